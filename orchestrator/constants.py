@@ -1,0 +1,90 @@
+"""Every tunable in one place: an ``X_ENV_VAR`` name and its ``DEFAULT_X``.
+
+Server-side settings only. A profile request never names a storage location;
+it is read from here by whoever creates the control actor.
+"""
+
+from __future__ import annotations
+
+import os
+
+CONTROLLER_NAME = "rayprof-controller"
+CONTROLLER_NAMESPACE = "rayprof"
+
+STORAGE_ENV_VAR = "RAYPROF_STORAGE"
+S3_ENDPOINT_URL_ENV_VAR = "RAYPROF_S3_ENDPOINT_URL"
+S3_REGION_ENV_VAR = "RAYPROF_S3_REGION"
+
+# Where profiles go when nobody configured a root: cluster storage on Anyscale,
+# a local folder elsewhere (fine for one machine, not shared across nodes).
+CLUSTER_STORAGE_ROOT = "/mnt/cluster_storage"
+
+MAX_STEPS_ENV_VAR = "RAYPROF_MAX_STEPS"
+DEFAULT_MAX_STEPS = 50
+
+MAX_WARMUP_STEPS_ENV_VAR = "RAYPROF_MAX_WARMUP_STEPS"
+DEFAULT_MAX_WARMUP_STEPS = 10
+
+# How long one long-poll from an agent may wait at the controller. It is also
+# the heartbeat: a worker silent for POLL_TIMEOUT + WORKER_EXPIRY_GRACE is gone.
+POLL_TIMEOUT_S_ENV_VAR = "RAYPROF_POLL_TIMEOUT_S"
+DEFAULT_POLL_TIMEOUT_S = 10.0
+
+WORKER_EXPIRY_GRACE_S_ENV_VAR = "RAYPROF_WORKER_EXPIRY_GRACE_S"
+DEFAULT_WORKER_EXPIRY_GRACE_S = 10.0
+
+# How far ahead of the fastest rank a window starts, in seconds of training;
+# converted to steps with the measured step time, never fewer than MIN_LEAD_STEPS.
+ARM_LEAD_S_ENV_VAR = "RAYPROF_ARM_LEAD_S"
+DEFAULT_ARM_LEAD_S = 0.3
+MIN_LEAD_STEPS = 2
+
+# How long the controller waits for fresh step counts before it picks S.
+SYNC_TIMEOUT_S_ENV_VAR = "RAYPROF_SYNC_TIMEOUT_S"
+DEFAULT_SYNC_TIMEOUT_S = 2.0
+
+REQUEST_TIMEOUT_S_ENV_VAR = "RAYPROF_REQUEST_TIMEOUT_S"
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+MAX_REQUEST_TIMEOUT_S_ENV_VAR = "RAYPROF_MAX_REQUEST_TIMEOUT_S"
+DEFAULT_MAX_REQUEST_TIMEOUT_S = 3600.0
+
+MAX_TRACE_BYTES_ENV_VAR = "RAYPROF_MAX_TRACE_BYTES"
+DEFAULT_MAX_TRACE_BYTES = 512 * 1024 * 1024
+
+MAX_QUEUED_PER_TARGET_ENV_VAR = "RAYPROF_MAX_QUEUED_PER_TARGET"
+DEFAULT_MAX_QUEUED_PER_TARGET = 8
+
+UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
+DEFAULT_UPLOAD_RETRIES = 5
+
+MULTIPART_THRESHOLD_BYTES = 16 * 1024 * 1024
+
+# Agents wait this long between attempts to find the control actor.
+DISCOVERY_INTERVAL_S_ENV_VAR = "RAYPROF_DISCOVERY_INTERVAL_S"
+DEFAULT_DISCOVERY_INTERVAL_S = 2.0
+
+TOKEN_ENV_VAR = "RAYPROF_TOKEN"
+
+MANIFEST_VERSION = 1
+
+
+def env_float(name: str, default: float) -> float:
+    """Read a float setting, failing loudly on a malformed value."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def env_int(name: str, default: int) -> int:
+    """Read an integer setting, failing loudly on a malformed value."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None

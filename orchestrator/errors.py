@@ -1,0 +1,86 @@
+"""The rayprof exception hierarchy.
+
+    RayprofError
+    ├── ConfigurationError        server-side settings are unusable
+    ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
+    ├── NotFoundError             unknown target or profile id (HTTP 404)
+    │   ├── TargetNotFoundError
+    │   └── ProfileNotFoundError
+    ├── ConflictError             a window already runs on the target (HTTP 409)
+    ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
+    ├── StorageError              reading or writing artifacts failed
+    │   └── IntegrityError        an artifact's bytes do not match the manifest
+    └── ProfileTimeoutError       waiting for a profile ran out of time
+
+Each exception carries the context a user needs (profile id, target, rank).
+"""
+
+from __future__ import annotations
+
+
+class RayprofError(Exception):
+    """Base class of every error rayprof raises on purpose."""
+
+    code = "rayprof_error"
+    http_status = 500
+
+    def __init__(self, message: str, *, profile_id: str | None = None, target: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.profile_id = profile_id
+        self.target = target
+
+    def __reduce__(self):
+        # Errors cross actor boundaries; keep their context when pickled.
+        return (_rebuild, (type(self), self.message, self.profile_id, self.target))
+
+
+def _rebuild(cls, message, profile_id, target):
+    return cls(message, profile_id=profile_id, target=target)
+
+
+class ConfigurationError(RayprofError):
+    code = "configuration_error"
+    http_status = 500
+
+
+class InvalidRequestError(RayprofError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class NotFoundError(RayprofError):
+    code = "not_found"
+    http_status = 404
+
+
+class TargetNotFoundError(NotFoundError):
+    code = "target_not_found"
+
+
+class ProfileNotFoundError(NotFoundError):
+    code = "profile_not_found"
+
+
+class ConflictError(RayprofError):
+    code = "conflict"
+    http_status = 409
+
+
+class ControllerUnavailableError(RayprofError):
+    code = "controller_unavailable"
+    http_status = 503
+
+
+class StorageError(RayprofError):
+    code = "storage_error"
+    http_status = 502
+
+
+class IntegrityError(StorageError):
+    code = "integrity_error"
+
+
+class ProfileTimeoutError(RayprofError):
+    code = "timeout"
+    http_status = 504

@@ -1,0 +1,71 @@
+"""Reading, writing and verifying ``manifest.json``, the commit point of a profile."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.models import Artifact, Manifest
+from orchestrator.storage import Storage
+
+__all__ = ["MANIFEST_NAME", "manifest_key", "profile_prefix", "read_manifest", "verify_manifest", "write_manifest"]
+
+MANIFEST_NAME = "manifest.json"
+
+
+def profile_prefix(target: str, profile_id: str) -> str:
+    """Folder of one profile, relative to the storage root."""
+    return f"{target}/{profile_id}"
+
+
+def manifest_key(target: str, profile_id: str) -> str:
+    """Key of a profile's manifest, relative to the storage root."""
+    return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
+
+
+def write_manifest(storage: Storage, manifest: Manifest) -> str:
+    """Write the manifest (last, after every artifact it lists); returns its URI.
+
+    Refuses to list an artifact that is not in storage: a manifest never
+    points at a missing file.
+    """
+    for artifact in manifest.all_artifacts():
+        rel = _relative_key(manifest, artifact)
+        if not storage.exists(rel):
+            raise IntegrityError(
+                f"{artifact.uri} is listed but missing from storage", profile_id=manifest.profile_id
+            )
+    key = manifest_key(manifest.target, manifest.profile_id)
+    storage.put_bytes(manifest.model_dump_json(indent=2).encode(), key, "manifest")
+    return storage.uri(key)
+
+
+def read_manifest(storage: Storage, target: str, profile_id: str) -> Manifest:
+    """Load and validate a manifest from storage."""
+    data = storage.get_bytes(manifest_key(target, profile_id))
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as e:
+        raise StorageError(f"manifest of {profile_id} is not valid: {e}", profile_id=profile_id) from e
+
+
+def verify_manifest(storage: Storage, manifest: Manifest) -> list[str]:
+    """Problems found re-reading every listed artifact (empty when all bytes match)."""
+    import hashlib
+
+    problems = []
+    for artifact in manifest.all_artifacts():
+        try:
+            data = storage.get_bytes(_relative_key(manifest, artifact))
+        except StorageError as e:
+            problems.append(f"{artifact.uri}: {e}")
+            continue
+        if len(data) != artifact.bytes:
+            problems.append(f"{artifact.uri}: {len(data)} bytes, manifest says {artifact.bytes}")
+        elif hashlib.sha256(data).hexdigest() != artifact.sha256:
+            problems.append(f"{artifact.uri}: sha256 differs from the manifest")
+    return problems
+
+
+def _relative_key(manifest: Manifest, artifact: Artifact) -> str:
+    return f"{profile_prefix(manifest.target, manifest.profile_id)}/{artifact.key}"

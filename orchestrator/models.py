@@ -1,0 +1,353 @@
+"""Pydantic models at every boundary: HTTP bodies, actor messages, the manifest on disk."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from orchestrator.constants import MANIFEST_VERSION
+
+__all__ = [
+    "Artifact",
+    "ArtifactKind",
+    "Command",
+    "ControllerConfig",
+    "Heartbeat",
+    "Manifest",
+    "Name",
+    "ProfileOptions",
+    "ProfileRequest",
+    "ProfileState",
+    "ProfileStatus",
+    "RankEvent",
+    "RankResult",
+    "RankState",
+    "StorageSpec",
+    "TargetInfo",
+    "WindowSpec",
+    "WorkerInfo",
+    "WorkerStatus",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, the only clock the manifest uses."""
+    return datetime.now(timezone.utc)
+
+
+def _check_name(value: str) -> str:
+    # Names become storage path components: refuse anything that could climb out.
+    if ".." in value:
+        raise ValueError("must not contain '..'")
+    return value
+
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"),
+    AfterValidator(_check_name),
+]
+"""A target or profile name: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileState(str, enum.Enum):
+    """Life of a profile request: PENDING -> SCHEDULED -> CAPTURING -> COLLECTING -> terminal."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    CAPTURING = "CAPTURING"
+    COLLECTING = "COLLECTING"
+    DONE = "DONE"
+    PARTIAL = "PARTIAL"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_PROFILE_STATES
+
+
+_TERMINAL_PROFILE_STATES = frozenset(
+    {ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED}
+)
+
+
+class RankState(str, enum.Enum):
+    """One rank's part in a profile."""
+
+    WAITING = "WAITING"
+    ARMED = "ARMED"
+    CAPTURING = "CAPTURING"
+    UPLOADING = "UPLOADING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RankState.DONE, RankState.FAILED, RankState.CANCELLED)
+
+
+class ProfileOptions(_Model):
+    """What to record; maps one to one onto ``torch.profiler.profile`` arguments."""
+
+    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
+    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
+    activities: list[Literal["cpu", "cuda"]] | None = Field(
+        default=None, description="Default: cpu, plus cuda where the worker has a GPU."
+    )
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="World ranks to profile; default all."
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Give up on ranks that have not reported by then."
+    )
+    queue: bool = Field(
+        default=False, description="Wait behind a running window instead of failing with 409."
+    )
+
+
+class ProfileRequest(ProfileOptions):
+    """``POST /v1/profiles`` body and ``ProfilingClient.profile`` arguments."""
+
+    target: Name
+
+
+class StorageSpec(_Model):
+    """Where artifacts go. Server configuration only, never taken from a request."""
+
+    uri: str
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+
+
+class WorkerInfo(_Model):
+    """What an agent tells the controller about itself when it registers."""
+
+    agent_id: str
+    target: Name
+    world_rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    local_rank: int = Field(ge=0)
+    node_rank: int = Field(ge=0)
+    node_id: str
+    host: str
+    pid: int
+    device: str
+    ray_job_id: str | None = None
+    submission_id: str | None = None
+    experiment_path: str | None = None
+    torch_version: str
+    cuda_available: bool = False
+
+
+class Heartbeat(_Model):
+    """Sent with every long-poll: progress of this worker's training loop."""
+
+    agent_id: str
+    step: int = Field(ge=0)
+    step_time_s: float | None = None
+
+
+class WindowSpec(_Model):
+    """One profiling window as an agent receives it."""
+
+    profile_id: str
+    target: str
+    start_step: int = Field(ge=0)
+    steps: int = Field(ge=1)
+    warmup: int = Field(ge=0)
+    activities: list[Literal["cpu", "cuda"]] | None
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    with_flops: bool
+    with_modules: bool
+    storage: StorageSpec
+    prefix: str
+    max_trace_bytes: int
+
+    @property
+    def stop_step(self) -> int:
+        """First step after the window."""
+        return self.start_step + self.steps
+
+
+class Command(_Model):
+    """Controller -> agent, the answer to a long-poll.
+
+    ``sync``: report your step count now. ``arm``: open ``window``.
+    ``cancel``: drop the window of ``profile_id``. ``register``: the controller
+    does not know you (it restarted); register again.
+    """
+
+    kind: Literal["sync", "arm", "cancel", "register"]
+    window: WindowSpec | None = None
+    profile_id: str | None = None
+
+
+ArtifactKind = Literal[
+    "trace", "memory_timeline", "op_table", "memory_snapshot", "merged_trace", "report", "manifest"
+]
+
+
+class Artifact(_Model):
+    """A file in storage, fully written before it is listed."""
+
+    kind: ArtifactKind
+    key: str = Field(description="Path relative to the profile folder.")
+    uri: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class RankEvent(_Model):
+    """Agent -> controller: a rank's window changed state."""
+
+    profile_id: str
+    agent_id: str
+    state: RankState
+    first_step: int | None = None
+    last_step: int | None = None
+    step_durations_ms: list[float] = Field(default_factory=list)
+    base_time_ns: int | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class RankResult(_Model):
+    """One rank in a profile: who it is, what it captured, what it uploaded."""
+
+    rank: int
+    local_rank: int | None = None
+    node_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    device: str | None = None
+    state: RankState
+    reason: str | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    step_durations_ms: list[float] = Field(default_factory=list)
+    base_time_ns: int | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    armed_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    capture_ended_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def bytes_uploaded(self) -> int:
+        return sum(a.bytes for a in self.artifacts)
+
+
+class ProfileStatus(_Model):
+    """A profile request as the controller sees it now."""
+
+    id: str
+    target: str
+    state: ProfileState
+    reason: str | None = None
+    request: ProfileRequest
+    start_step: int | None = None
+    storage_uri: str
+    manifest_uri: str | None = None
+    ranks: list[RankResult] = Field(default_factory=list)
+    created_at: datetime
+    scheduled_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class Manifest(_Model):
+    """``manifest.json``: the commit point of a profile, written last."""
+
+    version: Literal[1] = MANIFEST_VERSION
+    profile_id: str
+    target: str
+    status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
+    reason: str | None = None
+    request: ProfileRequest
+    storage_uri: str = Field(description="Folder that holds this profile.")
+    start_step: int | None
+    stop_step: int | None
+    cluster: dict[str, Any] = Field(default_factory=dict)
+    ranks: list[RankResult]
+    artifacts: list[Artifact] = Field(default_factory=list, description="Profile-level files.")
+    requested_at: datetime
+    scheduled_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    finished_at: datetime
+    summary: dict[str, Any] | None = None
+
+    def all_artifacts(self) -> list[Artifact]:
+        """Every file the manifest lists, rank artifacts first."""
+        return [a for r in self.ranks for a in r.artifacts] + list(self.artifacts)
+
+
+class WorkerStatus(_Model):
+    """A registered worker and its progress."""
+
+    info: WorkerInfo
+    step: int
+    step_time_s: float | None
+    last_seen_s: float = Field(description="Seconds since the last heartbeat.")
+
+
+class TargetInfo(_Model):
+    """A live Ray Train run that agents registered."""
+
+    name: str
+    world_size: int
+    ranks: list[WorkerStatus]
+    active_profile: str | None = None
+    queued_profiles: list[str] = Field(default_factory=list)
+
+
+class ControllerConfig(_Model):
+    """Server-side settings of the control actor; see ``orchestrator.constants``."""
+
+    storage: StorageSpec
+    max_steps: int = Field(ge=1)
+    max_warmup_steps: int = Field(ge=0)
+    poll_timeout_s: float = Field(gt=0)
+    worker_expiry_grace_s: float = Field(ge=0)
+    arm_lead_s: float = Field(ge=0)
+    sync_timeout_s: float = Field(gt=0)
+    request_timeout_s: float = Field(gt=0)
+    max_request_timeout_s: float = Field(gt=0)
+    max_trace_bytes: int = Field(ge=1)
+    max_queued_per_target: int = Field(ge=0)
+
+    @classmethod
+    def from_env(cls, storage: StorageSpec | None = None) -> "ControllerConfig":
+        """Settings from ``RAYPROF_*`` env vars, defaults for the rest."""
+        from orchestrator import constants as c
+        from orchestrator.storage import default_storage_spec
+
+        return cls(
+            storage=storage or default_storage_spec(),
+            max_steps=c.env_int(c.MAX_STEPS_ENV_VAR, c.DEFAULT_MAX_STEPS),
+            max_warmup_steps=c.env_int(c.MAX_WARMUP_STEPS_ENV_VAR, c.DEFAULT_MAX_WARMUP_STEPS),
+            poll_timeout_s=c.env_float(c.POLL_TIMEOUT_S_ENV_VAR, c.DEFAULT_POLL_TIMEOUT_S),
+            worker_expiry_grace_s=c.env_float(c.WORKER_EXPIRY_GRACE_S_ENV_VAR, c.DEFAULT_WORKER_EXPIRY_GRACE_S),
+            arm_lead_s=c.env_float(c.ARM_LEAD_S_ENV_VAR, c.DEFAULT_ARM_LEAD_S),
+            sync_timeout_s=c.env_float(c.SYNC_TIMEOUT_S_ENV_VAR, c.DEFAULT_SYNC_TIMEOUT_S),
+            request_timeout_s=c.env_float(c.REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_REQUEST_TIMEOUT_S),
+            max_request_timeout_s=c.env_float(c.MAX_REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_MAX_REQUEST_TIMEOUT_S),
+            max_trace_bytes=c.env_int(c.MAX_TRACE_BYTES_ENV_VAR, c.DEFAULT_MAX_TRACE_BYTES),
+            max_queued_per_target=c.env_int(c.MAX_QUEUED_PER_TARGET_ENV_VAR, c.DEFAULT_MAX_QUEUED_PER_TARGET),
+        )

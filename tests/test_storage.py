@@ -1,0 +1,107 @@
+"""File and S3 storage: complete writes, checksums, listing, bounded retries."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.models import StorageSpec
+from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, normalize_uri, open_storage
+
+
+@pytest.fixture(params=["file", "memory", "s3"])
+def storage(request, tmp_path):
+    if request.param == "file":
+        return FileStorage(tmp_path / "root")
+    if request.param == "memory":
+        return MemoryStorage()
+    s3 = request.getfixturevalue("s3_server")
+    return open_storage(
+        StorageSpec(uri=f"s3://{s3.bucket}/unit-{uuid.uuid4().hex[:8]}", s3_endpoint_url=s3.endpoint_url)
+    )
+
+
+def test_put_file_returns_size_and_sha256_of_the_stored_bytes(storage, tmp_path):
+    local = tmp_path / "a.bin"
+    local.write_bytes(os.urandom(10_000))
+
+    artifact = storage.put_file(local, "t/p/traces/a.bin", "trace", folder="t/p")
+
+    assert artifact.key == "traces/a.bin"
+    assert artifact.bytes == 10_000
+    assert artifact.sha256 == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert storage.get_bytes("t/p/traces/a.bin") == local.read_bytes()
+    assert artifact.uri == storage.uri("t/p/traces/a.bin")
+
+
+def test_list_returns_keys_under_a_prefix(storage):
+    for key in ["a/1", "a/b/2", "c/3"]:
+        storage.put_bytes(b"x", key, "trace")
+    assert storage.list("a/") == ["a/1", "a/b/2"]
+
+
+def test_download_verifies_the_checksum(storage, tmp_path):
+    storage.put_bytes(b"hello", "k", "trace")
+    with pytest.raises(IntegrityError, match="does not match"):
+        storage.download("k", tmp_path / "out", expected_sha256="0" * 64)
+    assert not (tmp_path / "out").exists()
+    assert storage.download("k", tmp_path / "ok", hashlib.sha256(b"hello").hexdigest()).read_bytes() == b"hello"
+
+
+def test_missing_key_is_a_storage_error(storage):
+    with pytest.raises(StorageError):
+        storage.get_bytes("nope")
+    assert not storage.exists("nope")
+
+
+@pytest.mark.parametrize("key", ["../x", "/abs", "a/../../b", "a//b"])
+def test_keys_cannot_escape_the_root(key):
+    with pytest.raises(StorageError, match="invalid storage key"):
+        MemoryStorage().put_bytes(b"x", key, "trace")
+
+
+def test_file_write_leaves_no_temporary_files(tmp_path):
+    storage = FileStorage(tmp_path)
+    storage.put_bytes(b"data", "p/f", "trace")
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["f"]
+
+
+def test_large_s3_upload_goes_multipart_and_keeps_its_checksum(s3_server, tmp_path):
+    storage = open_storage(StorageSpec(uri=f"s3://{s3_server.bucket}/big", s3_endpoint_url=s3_server.endpoint_url))
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(17 * 1024 * 1024))
+
+    artifact = storage.put_file(local, "big.bin", "trace")
+
+    head = storage._client.head_object(Bucket=s3_server.bucket, Key="big/big.bin")
+    assert "-" in head["ETag"]  # multipart ETags carry a part count
+    assert artifact.sha256 == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert storage.download("big.bin", tmp_path / "back", artifact.sha256).stat().st_size == artifact.bytes
+
+
+def test_unreachable_s3_fails_after_bounded_retries(tmp_path):
+    storage = S3Storage("bucket", endpoint_url="http://127.0.0.1:9", retries=2)
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(StorageError, match="after 2 attempts"):
+        storage.put_file(tmp_path / "f", "f", "trace")
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [("s3://b/p/", "s3://b/p"), ("/tmp/x/../y", "file:///tmp/y"), ("file:///tmp/z", "file:///tmp/z")],
+)
+def test_storage_uris_are_normalized(uri, expected):
+    assert normalize_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["s3:///prefix", "gs://bucket/x", "http://host/x"])
+def test_unsupported_storage_uris_are_refused(uri):
+    from orchestrator.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        normalize_uri(uri)
