@@ -1,0 +1,1 @@
+"""Ray-side pieces of rayprof: the control actor and the agent inside training workers."""

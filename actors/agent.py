@@ -1,0 +1,317 @@
+"""The agent that lives inside every Ray Train worker process.
+
+Public surface: :func:`install` (a ``worker_process_setup_hook``), :func:`attach`
+(call it in the train function) and :func:`step` (an explicit step boundary).
+
+Hot path: a step boundary increments a counter and checks one attribute. Only
+when a window is armed does it do more. All talking to the controller happens
+on a daemon thread with exactly one long-poll outstanding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from actors.capture import Capture
+from orchestrator.constants import (
+    DEFAULT_DISCOVERY_INTERVAL_S,
+    DEFAULT_POLL_TIMEOUT_S,
+    DISCOVERY_INTERVAL_S_ENV_VAR,
+    POLL_TIMEOUT_S_ENV_VAR,
+    env_float,
+)
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
+
+__all__ = ["Agent", "attach", "current", "install", "step"]
+
+logger = logging.getLogger(__name__)
+
+_agent: Agent | None = None
+_attach_lock = threading.Lock()
+_hook_handle: Any = None
+
+
+class Agent:
+    """One worker's agent: a step counter, an optional armed window, a poll thread."""
+
+    def __init__(self, info: WorkerInfo, *, poll_timeout_s: float | None = None) -> None:
+        self.info = info
+        self.step_count = 0
+        # The one attribute the step path checks; set by the poll thread, cleared
+        # by the training thread when the window closes.
+        self.capture: Capture | None = None
+        self._poll_timeout_s = poll_timeout_s or env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
+        self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
+        self._last_sample: tuple[int, float] | None = None
+        self._step_time_s: float | None = None
+
+    def start(self) -> None:
+        """Start the poll thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the poll thread (tests and shutdown)."""
+        self._stopped.set()
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout)
+
+    def step(self) -> None:
+        """A step boundary: the optimizer step just finished."""
+        self.step_count += 1
+        if self.capture is not None:
+            self.capture.on_boundary(self.step_count)
+
+    def _emit(self, event: RankEvent) -> None:
+        self._inbox.put(("event", event))
+
+    def _window_closed(self) -> None:
+        self.capture = None
+
+    def _heartbeat(self) -> Heartbeat:
+        now = time.monotonic()
+        count = self.step_count
+        last = self._last_sample
+        if last is not None and count > last[0]:
+            self._step_time_s = (now - last[1]) / (count - last[0])
+            self._last_sample = (count, now)
+        elif last is None:
+            self._last_sample = (count, now)
+        return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s)
+
+    def _handle(self, command: Command) -> None:
+        """Carry out ``arm`` or ``cancel``; ``sync`` needs nothing but the next poll."""
+        if command.kind == "arm":
+            window = command.window
+            assert window is not None
+            if self.capture is not None and not self.capture.closed:
+                self._emit(
+                    RankEvent(
+                        profile_id=window.profile_id,
+                        agent_id=self.info.agent_id,
+                        state=RankState.FAILED,
+                        reason=f"window {self.capture.window.profile_id} still open on this rank",
+                    )
+                )
+                return
+            self.capture = Capture(window, self.info, self._emit, self._window_closed)
+            self._emit(RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED))
+        elif command.kind == "cancel":
+            capture = self.capture
+            if capture is not None and capture.window.profile_id == command.profile_id:
+                capture.cancelled = True
+
+    def _run(self) -> None:
+        import ray
+
+        from actors.controller import get_controller
+
+        controller = None
+        registered = False
+        poll: Future | None = None
+        unsent: list[RankEvent] = []
+        while not self._stopped.is_set():
+            try:
+                if controller is None:
+                    controller = get_controller(create=False)
+                    if controller is None:
+                        self._wait_inbox(self._discovery_s, unsent)
+                        continue
+                if not registered:
+                    ray.get(controller.register.remote(self.info), timeout=30)
+                    registered = True
+                    poll = None
+                while unsent:
+                    ray.get(controller.report.remote(unsent[0]), timeout=30)
+                    unsent.pop(0)
+                if poll is None:
+                    poll = controller.poll.remote(self._heartbeat()).future()
+                    poll.add_done_callback(lambda f: self._inbox.put(("poll", f)))
+                kind, payload = self._inbox.get(timeout=self._poll_timeout_s + 30)
+                if kind == "event":
+                    unsent.append(payload)
+                elif kind == "poll" and payload is poll:
+                    poll = None
+                    command: Command | None = payload.result()
+                    if command is not None:
+                        if command.kind == "register":
+                            registered = False
+                        else:
+                            self._handle(command)
+            except queue.Empty:
+                poll = None
+            except Exception as e:
+                # Controller gone or restarting: find it again, re-register, resend.
+                logger.info("rayprof agent: controller call failed (%s); reconnecting", type(e).__name__)
+                controller, registered, poll = None, False, None
+                self._wait_inbox(self._discovery_s, unsent)
+
+    def _wait_inbox(self, timeout: float, unsent: list[RankEvent]) -> None:
+        """Sleep up to ``timeout`` but keep collecting events meanwhile."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and not self._stopped.is_set():
+            try:
+                kind, payload = self._inbox.get(timeout=left)
+            except queue.Empty:
+                return
+            if kind == "event":
+                unsent.append(payload)
+
+
+def current() -> Agent | None:
+    """The agent attached in this process, if any."""
+    return _agent
+
+
+def step() -> None:
+    """Mark a step boundary explicitly (gradient accumulation, no torch optimizer).
+
+    The first call switches this process from the optimizer hook to explicit steps.
+    """
+    agent = _agent
+    if agent is None:
+        return
+    if _hook_handle is not None:
+        _remove_hook()
+    agent.step()
+
+
+def attach(*, use_optimizer_hook: bool = True) -> Agent | None:
+    """Attach the agent to this Ray Train worker; returns ``None`` outside one.
+
+    Idempotent. With ``use_optimizer_hook`` every ``optimizer.step()`` is a step
+    boundary; otherwise call :func:`step` once per training step.
+    """
+    global _agent
+    with _attach_lock:
+        if _agent is not None:
+            return _agent
+        info = _worker_info()
+        if info is None:
+            return None
+        agent = Agent(info)
+        agent.start()
+        _agent = agent
+        if use_optimizer_hook:
+            _set_hook(agent)
+        else:
+            _remove_hook()
+        logger.info("rayprof agent attached: target=%s rank=%d", info.target, info.world_rank)
+        return agent
+
+
+def install() -> None:
+    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker.
+
+    Use with ``runtime_env={"worker_process_setup_hook": "actors.agent.install"}``.
+    In processes that are not Ray Train workers the hook removes itself. Never
+    raises: Ray kills a worker whose setup hook fails.
+    """
+    global _hook_handle
+    try:
+        if _hook_handle is None and _agent is None:
+            _hook_handle = register_optimizer_step_post_hook(_lazy_attach_hook)
+    except Exception:
+        logger.exception("rayprof: install() failed; this worker runs without an agent")
+
+
+def _lazy_attach_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        agent = attach()
+    except Exception:
+        logger.exception("rayprof: attaching the agent failed; this worker runs without one")
+        agent = None
+    if agent is None:
+        _remove_hook()
+        return
+    # This optimizer step is the first boundary the agent sees.
+    agent.step()
+
+
+def _set_hook(agent: Agent) -> None:
+    global _hook_handle
+    _remove_hook()
+    agent_step = agent.step
+    _hook_handle = register_optimizer_step_post_hook(
+        lambda optimizer, args, kwargs: agent_step()
+    )
+
+
+def _remove_hook() -> None:
+    global _hook_handle
+    if _hook_handle is not None:
+        _hook_handle.remove()
+        _hook_handle = None
+
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._=-]")
+
+
+def target_name(run_name: str) -> str:
+    """A Ray Train run name made safe as a storage path component."""
+    name = _NAME_BAD.sub("_", run_name).replace("..", "_")
+    if not name or not name[0].isalnum():
+        name = "run" + name
+    return name[:128]
+
+
+def _worker_info() -> WorkerInfo | None:
+    try:
+        import ray
+        import ray.train
+
+        ctx = ray.train.get_context()
+        run_name = ctx.get_experiment_name()
+    except Exception:
+        return None
+    runtime = ray.get_runtime_context()
+    device = "cpu"
+    try:
+        import ray.train.torch
+
+        device = str(ray.train.torch.get_device())
+    except Exception:
+        pass
+    experiment_path = None
+    try:
+        experiment_path = ctx.get_storage().experiment_fs_path
+    except Exception:
+        pass
+    submission_id = None
+    try:
+        from ray._private.worker import global_worker
+
+        submission_id = global_worker.core_worker.get_job_config().metadata.get("job_submission_id")
+    except Exception:
+        pass
+    return WorkerInfo(
+        agent_id=uuid.uuid4().hex,
+        target=target_name(run_name),
+        world_rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        local_rank=ctx.get_local_rank(),
+        node_rank=ctx.get_node_rank(),
+        node_id=runtime.get_node_id(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        device=device,
+        ray_job_id=runtime.get_job_id(),
+        submission_id=submission_id,
+        experiment_path=experiment_path,
+        torch_version=torch.__version__,
+        cuda_available=torch.cuda.is_available(),
+    )

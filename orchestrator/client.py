@@ -1,0 +1,227 @@
+"""``ProfilingClient``: one interface whether you talk to the control actor
+directly (inside the Ray cluster) or to the HTTP service."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from orchestrator.errors import ProfileTimeoutError, RayprofError
+from orchestrator.models import (
+    Manifest,
+    ProfileRequest,
+    ProfileState,
+    ProfileStatus,
+    StorageSpec,
+    TargetInfo,
+)
+from orchestrator.storage import open_storage
+
+__all__ = ["ProfileHandle", "ProfilingClient"]
+
+ProgressFn = Callable[[ProfileStatus], None]
+
+
+class Backend(Protocol):
+    """What a client needs from the service; the actor and HTTP backends implement it."""
+
+    def submit(self, request: ProfileRequest) -> ProfileStatus: ...
+    def get(self, profile_id: str) -> ProfileStatus: ...
+    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
+    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]: ...
+    def cancel(self, profile_id: str) -> ProfileStatus: ...
+    def manifest(self, profile_id: str) -> Manifest: ...
+    def targets(self) -> list[TargetInfo]: ...
+    def storage_for(self, storage_uri: str) -> StorageSpec: ...
+
+
+class _ActorBackend:
+    """Calls the control actor through Ray."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._config = self._call("config")
+
+    def _call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        from orchestrator.errors import ControllerUnavailableError
+
+        try:
+            return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
+        except RayTaskError as e:
+            if isinstance(e.cause, RayprofError):
+                raise e.cause from None
+            raise
+        except (RayActorError, ray.exceptions.GetTimeoutError) as e:
+            raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
+
+    def submit(self, request: ProfileRequest) -> ProfileStatus:
+        return self._call("submit", request)
+
+    def get(self, profile_id: str) -> ProfileStatus:
+        return self._call("get", profile_id)
+
+    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
+        return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
+
+    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
+        return self._call("list", target, state)
+
+    def cancel(self, profile_id: str) -> ProfileStatus:
+        return self._call("cancel", profile_id)
+
+    def manifest(self, profile_id: str) -> Manifest:
+        return self._call("manifest", profile_id)
+
+    def targets(self) -> list[TargetInfo]:
+        return self._call("targets")
+
+    def storage_for(self, storage_uri: str) -> StorageSpec:
+        spec = self._config.storage
+        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+
+
+class ProfileHandle:
+    """A submitted profile: poll it, wait for it, cancel it, download it."""
+
+    def __init__(self, backend: Backend, status: ProfileStatus) -> None:
+        self._backend = backend
+        self.id = status.id
+        self.target = status.target
+        self.last_status = status
+
+    def __repr__(self) -> str:
+        return f"ProfileHandle(id={self.id!r}, target={self.target!r}, state={self.last_status.state.value})"
+
+    def status(self) -> ProfileStatus:
+        """State now, with per-rank progress."""
+        self.last_status = self._backend.get(self.id)
+        return self.last_status
+
+    def wait(self, timeout: float = 300.0, progress: ProgressFn | None = None) -> Manifest:
+        """Block until the profile ends; returns its manifest (DONE, PARTIAL, FAILED or CANCELLED).
+
+        ``progress`` is called with each new status. Raises
+        :class:`ProfileTimeoutError` if it has not ended within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        status = self.last_status
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProfileTimeoutError(
+                    f"profile {self.id} still {status.state.value} after {timeout:g}s", profile_id=self.id
+                )
+            status = self._backend.wait(self.id, min(left, 10.0))
+            self.last_status = status
+            if progress is not None:
+                progress(status)
+            if status.state.is_terminal:
+                if status.manifest_uri is None:
+                    raise RayprofError(
+                        f"profile {self.id} ended {status.state.value} without a manifest: {status.reason}",
+                        profile_id=self.id,
+                    )
+                return self._backend.manifest(self.id)
+
+    def cancel(self) -> ProfileStatus:
+        """Ask every rank to drop the window."""
+        self.last_status = self._backend.cancel(self.id)
+        return self.last_status
+
+    def manifest(self) -> Manifest:
+        """The stored manifest (only once the profile has ended)."""
+        return self._backend.manifest(self.id)
+
+    def download(self, dest: str | Path) -> Path:
+        """Fetch the manifest and every artifact it lists into ``dest``, verifying sha256."""
+        manifest = self.manifest()
+        return download_profile(manifest, self._backend.storage_for(manifest.storage_uri), Path(dest))
+
+
+def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
+    """Copy a profile folder to ``dest``; raises :class:`IntegrityError` on a checksum mismatch."""
+    storage = open_storage(spec)
+    dest.mkdir(parents=True, exist_ok=True)
+    for artifact in manifest.all_artifacts():
+        storage.download(artifact.key, dest / artifact.key, expected_sha256=artifact.sha256)
+    (dest / "manifest.json").write_text(manifest.model_dump_json(indent=2))
+    return dest
+
+
+class ProfilingClient:
+    """Profile live Ray Train runs.
+
+    ``ProfilingClient.in_cluster()`` talks to the control actor (creating it if
+    absent); ``ProfilingClient(url, token)`` talks to the HTTP service. Both
+    offer the same methods.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, backend: Backend | None = None) -> None:
+        if backend is None:
+            if url is None:
+                raise ValueError("pass the service URL, e.g. ProfilingClient('http://127.0.0.1:8000')")
+            from orchestrator.http_backend import HttpBackend
+
+            backend = HttpBackend(url, token)
+        self._backend = backend
+
+    @classmethod
+    def in_cluster(
+        cls,
+        *,
+        storage: str | None = None,
+        s3_endpoint_url: str | None = None,
+        s3_region: str | None = None,
+        address: str | None = None,
+    ) -> ProfilingClient:
+        """Connect to the control actor of the current Ray cluster, creating it if absent.
+
+        ``storage`` (a path or ``s3://bucket/prefix``) sets where profiles are
+        stored; default: ``RAYPROF_STORAGE`` or a local folder.
+        """
+        import ray
+
+        from actors.controller import get_controller
+        from orchestrator.models import ControllerConfig
+        from orchestrator.storage import default_storage_spec, normalize_uri
+
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", log_to_driver=False)
+        spec = None
+        if storage is not None:
+            default = default_storage_spec()
+            spec = StorageSpec(
+                uri=normalize_uri(storage),
+                s3_endpoint_url=s3_endpoint_url or default.s3_endpoint_url,
+                s3_region=s3_region or default.s3_region,
+            )
+        handle = get_controller(create=True, config=ControllerConfig.from_env(spec))
+        if spec is not None:
+            ray.get(handle.configure.remote(spec))
+        return cls(backend=_ActorBackend(handle))
+
+    def targets(self) -> list[TargetInfo]:
+        """Live training runs with agents, their ranks and current steps."""
+        return self._backend.targets()
+
+    def profile(self, target: str, steps: int, **options: Any) -> ProfileHandle:
+        """Profile ``steps`` optimizer steps of ``target`` on every rank (or ``ranks=[...]``).
+
+        Options map to ``torch.profiler.profile``: ``record_shapes``,
+        ``profile_memory``, ``with_stack``, ``with_flops``, ``with_modules``,
+        ``activities``, ``warmup``; plus ``ranks``, ``timeout_s``, ``queue``.
+        """
+        request = ProfileRequest(target=target, steps=steps, **options)
+        return ProfileHandle(self._backend, self._backend.submit(request))
+
+    def get(self, profile_id: str) -> ProfileHandle:
+        """Handle to an existing profile."""
+        return ProfileHandle(self._backend, self._backend.get(profile_id))
+
+    def list(self, target: str | None = None, state: ProfileState | str | None = None) -> list[ProfileStatus]:
+        """Profiles, newest first."""
+        return self._backend.list(target, ProfileState(state) if state is not None else None)

@@ -1,0 +1,170 @@
+"""Shared fixtures: a real local Ray cluster on loopback, a real S3 server, a live training job.
+
+Environment for a real MinIO instead of moto's server (all four must be set):
+  RAYPROF_TEST_S3_ENDPOINT_URL   e.g. http://127.0.0.1:9000
+  RAYPROF_TEST_S3_BUCKET         an existing bucket the keys can write
+  AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_JOB = REPO / "deploy" / "examples" / "train_job.py"
+LIVE_TARGET = "live-run"
+
+# Set before Ray starts so every Ray process inherits them: loopback only,
+# fast heartbeats so tests notice vanished workers in seconds.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAYPROF_POLL_TIMEOUT_S", "2")
+os.environ.setdefault("RAYPROF_WORKER_EXPIRY_GRACE_S", "4")
+os.environ.setdefault("RAYPROF_DISCOVERY_INTERVAL_S", "0.5")
+os.environ.setdefault("RAYPROF_REQUEST_TIMEOUT_S", "120")
+
+
+@dataclass(frozen=True)
+class S3Target:
+    endpoint_url: str
+    bucket: str
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value, bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Target]:
+    """moto's threaded S3 server on 127.0.0.1, or a real MinIO named by env vars."""
+    endpoint = os.environ.get("RAYPROF_TEST_S3_ENDPOINT_URL")
+    if endpoint:
+        yield S3Target(endpoint, os.environ["RAYPROF_TEST_S3_BUCKET"])
+        return
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3
+
+    bucket = "rayprof-test"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    yield S3Target(endpoint, bucket)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_server: S3Target, tmp_path_factory) -> Iterator[str]:
+    """A local Ray cluster on loopback; returns its GCS address.
+
+    Starts after the S3 fixture so workers inherit its credentials.
+    """
+    import ray
+
+    os.environ.setdefault("RAYPROF_STORAGE", str(tmp_path_factory.mktemp("default-store")))
+    ctx = ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="rayprof-tests")
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client(ray_cluster: str):
+    """An in-cluster ProfilingClient (creates the control actor)."""
+    from orchestrator import ProfilingClient
+
+    return ProfilingClient.in_cluster()
+
+
+class TrainingJob:
+    """A training driver running in its own process against the test cluster."""
+
+    def __init__(self, address: str, name: str, log: Path, *extra: str) -> None:
+        self.name = name
+        self.stop_file = log.with_suffix(".stop")
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TRAIN_JOB), "--name", name, "--address", address,
+             "--max-seconds", "1500", "--stop-file", str(self.stop_file), *extra],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def wait_until_training(self, client, *, ranks: int = 2, min_step: int = 3, timeout: float = 240.0):
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"training job {self.name} exited: {self.log.read_text()[-3000:]}")
+            for t in client.targets():
+                if t.name == self.name and len(t.ranks) == ranks and min(r.step for r in t.ranks) >= min_step:
+                    return t
+            return None
+
+        return wait_for(ready, timeout=timeout, what=f"{self.name} to train on {ranks} ranks")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.stop_file.touch()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[TrainingJob]:
+    """The long-running job most tests profile: 2 CPU workers, instrumented
+    only through the runtime_env setup hook (no code change)."""
+    log = tmp_path_factory.mktemp("jobs") / f"{LIVE_TARGET}.log"
+    job = TrainingJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook")
+    try:
+        job.wait_until_training(client)
+        yield job
+    finally:
+        job.stop()
+
+
+@dataclass
+class StoreClient:
+    """A client whose controller writes to ``root`` (a folder or an s3:// URI)."""
+
+    client: object
+    root: str
+
+
+@pytest.fixture
+def file_store(ray_cluster: str, tmp_path: Path) -> StoreClient:
+    """The controller writes this test's profiles to a fresh cluster-storage folder."""
+    from orchestrator import ProfilingClient
+
+    root = tmp_path / "store"
+    return StoreClient(ProfilingClient.in_cluster(storage=str(root)), str(root))
+
+
+@pytest.fixture
+def s3_store(ray_cluster: str, s3_server: S3Target) -> StoreClient:
+    """The controller writes this test's profiles to a fresh prefix of the S3 test bucket."""
+    from orchestrator import ProfilingClient
+
+    uri = f"s3://{s3_server.bucket}/run-{uuid.uuid4().hex[:8]}"
+    return StoreClient(ProfilingClient.in_cluster(storage=uri, s3_endpoint_url=s3_server.endpoint_url), uri)

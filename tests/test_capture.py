@@ -1,0 +1,129 @@
+"""One profiling window driven by step boundaries, without Ray."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.agent import Agent
+from actors.capture import Capture
+from orchestrator.models import RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.storage import normalize_uri
+from tests.tracefiles import load_trace, profiler_steps
+
+INFO = WorkerInfo(
+    agent_id="a1", target="unit", world_rank=0, world_size=1, local_rank=0, node_rank=0,
+    node_id="n", host="h", pid=1, device="cpu", torch_version=torch.__version__,
+)
+
+
+def _window(tmp_path: Path, start: int, steps: int, **options) -> WindowSpec:
+    fields = dict(
+        profile_id="p1", target="unit", start_step=start, steps=steps, warmup=0, activities=None,
+        record_shapes=False, profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+        storage=StorageSpec(uri=normalize_uri(str(tmp_path / "store"))), prefix="unit/p1",
+        max_trace_bytes=10**9,
+    )
+    fields.update(options)
+    return WindowSpec(**fields)
+
+
+def _train(capture: Capture, boundaries: range) -> None:
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in boundaries:
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        capture.on_boundary(step)
+    if capture.finisher is not None:
+        capture.finisher.join(60)
+
+
+def _run(tmp_path: Path, window: WindowSpec, boundaries: range) -> list[RankEvent]:
+    events: list[RankEvent] = []
+    _train(Capture(window, INFO, events.append, lambda: None), boundaries)
+    return events
+
+
+def test_trace_has_markers_for_exactly_the_window_steps(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=5, steps=3), range(1, 12))
+
+    assert [e.state for e in events] == [RankState.CAPTURING, RankState.UPLOADING, RankState.DONE]
+    done = events[-1]
+    assert (done.first_step, done.last_step) == (5, 7)
+    trace_path = tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz"
+    assert profiler_steps(load_trace(trace_path)) == [5, 6, 7]
+    assert {a.kind for a in done.artifacts} == {"trace", "op_table"}
+
+
+def test_warmup_steps_are_not_in_the_window(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=6, steps=2, warmup=2), range(1, 12))
+
+    assert (events[-1].first_step, events[-1].last_step) == (6, 7)
+
+
+def test_memory_timeline_is_written_when_memory_is_profiled(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=2, steps=2, profile_memory=True), range(1, 6))
+
+    kinds = {a.kind for a in events[-1].artifacts}
+    assert kinds == {"trace", "op_table", "memory_timeline"}
+
+
+def test_window_whose_start_has_passed_fails_with_the_reason(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=3, steps=2), range(5, 9))
+
+    assert [e.state for e in events] == [RankState.FAILED]
+    assert "had passed (rank was at step 5)" in events[0].reason
+
+
+def test_trace_over_the_byte_cap_fails_and_uploads_nothing(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=2, steps=2, max_trace_bytes=100), range(1, 6))
+
+    assert events[-1].state == RankState.FAILED
+    assert "over the cap of 100 bytes" in events[-1].reason
+    assert not (tmp_path / "store" / "unit" / "p1" / "traces").exists()
+
+
+def test_cancel_mid_window_stops_the_profiler_without_upload(tmp_path):
+    events: list[RankEvent] = []
+    capture = Capture(_window(tmp_path, start=2, steps=10), INFO, events.append, lambda: None)
+    _train(capture, range(1, 4))
+    capture.cancelled = True
+    _train(capture, range(4, 5))
+
+    assert [e.state for e in events] == [RankState.CAPTURING, RankState.CANCELLED]
+    assert torch.autograd.profiler._is_profiler_enabled is False
+    assert not (tmp_path / "store").exists()
+
+
+def test_profiler_error_is_reported_and_training_continues(tmp_path):
+    window = _window(tmp_path, start=2, steps=1, activities=["cuda"])
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    events = _run(tmp_path, window, range(1, 4))
+
+    assert [e.state for e in events] == [RankState.FAILED]
+    assert "no CUDA device" in events[0].reason
+
+
+def test_idle_step_makes_no_calls():
+    agent = Agent(INFO)  # never started: no thread, no controller
+    calls: list[str] = []
+
+    def tracer(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls.append(f"{event}:{getattr(arg, '__name__', frame.f_code.co_name)}")
+
+    step = agent.step
+    sys.setprofile(tracer)
+    for _ in range(100):
+        step()
+    sys.setprofile(None)
+
+    # The step() frames themselves and nothing they call (the last entry is
+    # the profiler being switched off).
+    assert calls == ["call:step"] * 100 + ["c_call:setprofile"]
+    assert agent.step_count == 100
