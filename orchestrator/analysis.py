@@ -1,0 +1,60 @@
+"""Analysis front: a folder of rank traces in, a :class:`Summary` out.
+
+Thin on purpose (the shape of HTA's ``trace_analysis.py``): the loader maps
+ranks to files (:mod:`orchestrator.trace_loader`), each rank is analysed on
+its own and dropped before the next is loaded (:mod:`orchestrator.analysis_rank`),
+and the cross-rank analyses and findings are functions over the per-rank
+results (:mod:`orchestrator.analysis_cross`, :mod:`orchestrator.analysis_findings`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.analysis_cross import StragglerImpl, busy_time_stragglers, common_steps, step_spread
+from orchestrator.analysis_findings import find_all
+from orchestrator.analysis_models import Finding, RankSummary, Summary
+from orchestrator.analysis_rank import analyze_rank
+from orchestrator.trace_loader import RejectedTrace, TraceSet, discover_traces, load_rank
+from orchestrator.trace_stream import TraceParseError
+
+__all__ = ["Finding", "RankSummary", "Summary", "analyze_folder", "analyze_traces"]
+
+
+def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = busy_time_stragglers) -> Summary:
+    """Analyse a profile folder (``{profile}/traces/...``) or a plain folder of ``*.pt.trace.json[.gz]``.
+
+    Raises ``FileNotFoundError`` when ``path`` is not a folder. Unusable files
+    are listed in ``Summary.rejected`` with their reason; the other ranks are
+    still analysed.
+    """
+    return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl)
+
+
+def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = busy_time_stragglers) -> Summary:
+    """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm."""
+    ranks: list[RankSummary] = []
+    rejected: list[RejectedTrace] = list(traces.rejected)
+    for trace_file in traces.files:
+        try:
+            ranks.append(analyze_rank(load_rank(trace_file)))
+        except TraceParseError as exc:
+            rejected.append(RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}"))
+    issues = list(traces.issues)
+    issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
+    steps = common_steps(ranks)
+    if len({len(r.steps) for r in ranks if r.steps}) > 1:
+        issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
+    stragglers = straggler_impl(ranks)
+    sizes = {tf.world_size for tf in traces.files if tf.world_size is not None}
+    return Summary(
+        source=str(traces.folder),
+        world_size=sizes.pop() if len(sizes) == 1 else None,
+        steps=steps,
+        ranks=ranks,
+        rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
+        issues=issues,
+        step_spread=step_spread(ranks),
+        stragglers=stragglers,
+        findings=find_all(ranks, stragglers),
+    )

@@ -1,0 +1,97 @@
+"""Cross-rank analysis: step-time spread and straggler ranks.
+
+In synchronous data parallelism every rank's *step time* is about the same,
+because each waits for the slowest at the gradient allreduce. What differs is
+how the step is spent: the straggler is *busy* (computing, loading) for longer
+and *waits* in collectives the least, while the fast ranks show the difference
+as communication wait. So stragglers are found from busy time
+(step time minus communication wait), never from step time or comm time alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+from orchestrator.analysis_models import PHASES, RankSummary, StepSpread, Straggler
+
+__all__ = [
+    "STRAGGLER_MIN_EXCESS_FRACTION",
+    "STRAGGLER_MIN_EXCESS_MS",
+    "StragglerImpl",
+    "busy_time_stragglers",
+    "common_steps",
+    "step_spread",
+]
+
+# A rank is a straggler when its busy time per step exceeds the reference by
+# this share of the median step time, and by at least this many milliseconds
+# (so that microsecond noise on tiny steps is not called out).
+STRAGGLER_MIN_EXCESS_FRACTION = 0.15
+STRAGGLER_MIN_EXCESS_MS = 1.0
+
+StragglerImpl = Callable[[Sequence[RankSummary]], list[Straggler]]
+"""Pluggable straggler identification: ranks in, stragglers out (sorted by rank)."""
+
+
+def common_steps(ranks: Sequence[RankSummary]) -> list[int]:
+    """Step numbers present on every rank that has steps."""
+    sets = [{s.step for s in r.steps} for r in ranks if r.steps]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def step_spread(ranks: Sequence[RankSummary]) -> StepSpread | None:
+    """How far the per-rank median step times lie apart; None with fewer than two ranks."""
+    timed = [r for r in ranks if r.median_step_ms is not None]
+    if len(timed) < 2:
+        return None
+    slowest = max(timed, key=lambda r: r.median_step_ms)
+    fastest = min(timed, key=lambda r: r.median_step_ms)
+    median = statistics.median(r.median_step_ms for r in timed)
+    return StepSpread(
+        min_ms=fastest.median_step_ms,
+        median_ms=median,
+        max_ms=slowest.median_step_ms,
+        spread=(slowest.median_step_ms - fastest.median_step_ms) / median if median else 0.0,
+        slowest_rank=slowest.rank,
+        fastest_rank=fastest.rank,
+    )
+
+
+def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
+    """Default straggler identification: ranks whose busy time stands out.
+
+    Busy time is a rank's mean step time minus its communication wait. The
+    reference is the low median of all ranks' busy times (with two ranks, the
+    faster one; with many, the typical one), so a single slow rank does not
+    drag its own reference up. The phase named is the non-comm phase whose
+    mean exceeds the same phase's low median across ranks by the most.
+    """
+    timed = [r for r in ranks if r.mean_step_ms is not None]
+    if len(timed) < 2:
+        return []
+    busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
+    reference = statistics.median_low(busy.values())
+    median_step = statistics.median(r.mean_step_ms for r in timed)
+    reference_wait = statistics.median_low(r.comm_wait_ms for r in timed if busy[r.rank] <= reference)
+    out: list[Straggler] = []
+    for r in timed:
+        excess = busy[r.rank] - reference
+        if excess < STRAGGLER_MIN_EXCESS_MS or excess < STRAGGLER_MIN_EXCESS_FRACTION * median_step:
+            continue
+        phase_excess = {
+            p: r.mean_phases.get(p) - statistics.median_low(o.mean_phases.get(p) for o in timed) for p in PHASES if p != "comm"
+        }
+        phase = max(phase_excess, key=phase_excess.__getitem__)
+        out.append(
+            Straggler(
+                rank=r.rank,
+                excess_ms=excess,
+                excess_fraction=excess / median_step if median_step else 0.0,
+                phase=phase,
+                phase_excess_ms=phase_excess[phase],
+                comm_wait_ms=r.comm_wait_ms,
+                reference_comm_wait_ms=reference_wait,
+            )
+        )
+    return sorted(out, key=lambda s: s.rank)

@@ -1,0 +1,168 @@
+"""The analysis' results as pydantic models; ``Summary`` is the manifest's ``summary`` section."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.trace_loader import RejectedTrace
+
+__all__ = [
+    "PHASES",
+    "Finding",
+    "GpuStats",
+    "MemoryPeak",
+    "OpStat",
+    "Phase",
+    "PhaseTimes",
+    "RankSummary",
+    "StepBreakdown",
+    "StepSpread",
+    "Straggler",
+    "Summary",
+]
+
+SUMMARY_VERSION = 1
+
+Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other"]
+PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PhaseTimes(_Model):
+    """Milliseconds of main-thread time per phase; the fields add up to the step time."""
+
+    data: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    comm: float = 0.0
+    memcpy: float = 0.0
+    sync: float = 0.0
+    other: float = 0.0
+
+    def get(self, phase: Phase) -> float:
+        """Milliseconds of ``phase``."""
+        return float(getattr(self, phase))
+
+    def total(self) -> float:
+        """Sum over all phases."""
+        return sum(self.get(p) for p in PHASES)
+
+
+class StepBreakdown(_Model):
+    """One ``ProfilerStep#N`` on one rank."""
+
+    step: int
+    start_unix_us: float = Field(description="Step start on the wall clock, comparable across ranks.")
+    duration_ms: float
+    phases: PhaseTimes
+    sync_calls: int = 0
+    copy_calls: int = 0
+    gpu_busy_ms: float | None = None
+    kernel_ms: float | None = None
+    comm_kernel_ms: float | None = None
+    comm_exposed_ms: float | None = Field(default=None, description="Comm kernel time not overlapped by compute kernels.")
+
+
+class OpStat(_Model):
+    """An operator (self time on the host) or a GPU kernel, summed over the profiled steps."""
+
+    name: str
+    calls: int
+    total_ms: float
+
+
+class GpuStats(_Model):
+    """Device-side totals over the profiled steps, when the trace has GPU activity."""
+
+    utilization: float = Field(description="Busy fraction of step time (kernels, copies, memsets).")
+    kernel_ms_per_step: float
+    comm_kernel_ms_per_step: float
+    comm_exposed_ms_per_step: float
+    comm_overlap: float | None = Field(description="Fraction of comm kernel time overlapped by compute kernels.")
+    htod_copies_per_step: float
+    pageable_htod_copies_per_step: float
+    dtoh_copies_per_step: float
+
+
+class MemoryPeak(_Model):
+    """Peak of ``[memory]`` "Total Allocated" on one device during the window."""
+
+    device: str
+    peak_bytes: int
+    capacity_bytes: int | None = None
+
+
+class RankSummary(_Model):
+    """Everything computed from one rank's trace alone."""
+
+    rank: int
+    host: str | None
+    file: str
+    device: Literal["cpu", "cuda"]
+    steps: list[StepBreakdown]
+    mean_step_ms: float | None
+    median_step_ms: float | None
+    mean_phases: PhaseTimes
+    comm_wait_ms: float = Field(description="Mean per step of time this rank waited in collectives.")
+    data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
+    sync_ops: list[OpStat] = Field(default_factory=list, description="Outermost sync calls on the main thread.")
+    gpu: GpuStats | None = None
+    top_ops: list[OpStat] = Field(default_factory=list)
+    top_kernels: list[OpStat] = Field(default_factory=list)
+    memory: list[MemoryPeak] = Field(default_factory=list)
+    issues: list[str] = Field(default_factory=list)
+
+
+class StepSpread(_Model):
+    """How far ranks' median step times lie apart."""
+
+    min_ms: float
+    median_ms: float
+    max_ms: float
+    spread: float = Field(description="(max - min) / median of the per-rank median step times.")
+    slowest_rank: int
+    fastest_rank: int
+
+
+class Straggler(_Model):
+    """A rank that holds the others back, and where it spends the extra time."""
+
+    rank: int
+    excess_ms: float = Field(description="Extra busy (non-waiting) time per step versus the reference ranks.")
+    excess_fraction: float = Field(description="excess_ms over the median step time.")
+    phase: Phase
+    phase_excess_ms: float
+    comm_wait_ms: float
+    reference_comm_wait_ms: float
+
+
+class Finding(_Model):
+    """A plain-language finding with its evidence and a concrete fix."""
+
+    code: Literal["dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "comm_exposed", "straggler", "memory_peak"]
+    severity: Literal["warning", "info"]
+    title: str
+    evidence: str
+    fix: str
+    ranks: list[int]
+
+
+class Summary(_Model):
+    """The analysis of one profile: per-rank, cross-rank, and findings."""
+
+    version: Literal[1] = SUMMARY_VERSION
+    source: str
+    world_size: int | None
+    steps: list[int] = Field(description="Step numbers present on every analysed rank.")
+    ranks: list[RankSummary]
+    rejected: list[RejectedTrace] = Field(default_factory=list)
+    issues: list[str] = Field(default_factory=list)
+    step_spread: StepSpread | None = None
+    stragglers: list[Straggler] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)

@@ -1,0 +1,80 @@
+"""Sorted, disjoint time intervals: the arithmetic behind the phase split.
+
+An interval list is a list of ``(start, end)`` tuples, sorted, non-overlapping,
+with ``start < end``. Every function here returns one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+__all__ = ["Intervals", "clip", "intersect", "subtract", "total", "union"]
+
+Intervals = list[tuple[float, float]]
+
+
+def union(spans: Iterable[tuple[float, float]]) -> Intervals:
+    """Merge possibly overlapping spans into an interval list."""
+    out: Intervals = []
+    for start, end in sorted(spans):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def clip(intervals: Intervals, start: float, end: float) -> Intervals:
+    """The part of ``intervals`` inside ``[start, end)``, found by bisection."""
+    # Intervals are disjoint and sorted, so their ends are sorted too.
+    i = bisect.bisect_right(intervals, start, key=lambda iv: iv[1])
+    out: Intervals = []
+    for s, e in intervals[i:]:
+        if s >= end:
+            break
+        s, e = max(s, start), min(e, end)
+        if s < e:
+            out.append((s, e))
+    return out
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Time covered by both lists."""
+    out: Intervals = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """Time in ``a`` not covered by ``b``."""
+    out: Intervals = []
+    j = 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def total(intervals: Intervals) -> float:
+    """Summed length."""
+    return sum(e - s for s, e in intervals)

@@ -1,0 +1,199 @@
+"""Render a :class:`Summary` as one self-contained ``report.html``.
+
+Works offline: inline CSS and SVG only, no scripts, no fonts or styles from a
+CDN. Every value from a trace or manifest is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import os
+from html import escape
+from pathlib import Path
+
+from orchestrator.analysis_models import PHASES, RankSummary, Summary
+from orchestrator.models import Manifest
+
+__all__ = ["PHASE_COLORS", "render_report", "write_report"]
+
+PHASE_COLORS = {
+    "data": "#e15759",
+    "forward": "#4e79a7",
+    "backward": "#76b7b2",
+    "optimizer": "#59a14f",
+    "comm": "#f28e2b",
+    "memcpy": "#b07aa1",
+    "sync": "#edc948",
+    "other": "#bab0ac",
+}
+_RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+th:first-child,td:first-child,td.l,th.l{text-align:left}
+.finding{border-left:4px solid #e15759;padding:.4em .8em;margin:.8em 0;background:#fdf3f3}
+.finding.info{border-color:#4e79a7;background:#f2f6fa}.finding p{margin:.3em 0}
+.ok{color:#2d7a2d}.muted{color:#777}.legend span{display:inline-block;margin-right:1em}
+.sw{display:inline-block;width:.9em;height:.9em;vertical-align:-.1em;margin-right:.3em}
+"""
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _findings(summary: Summary) -> str:
+    if not summary.findings:
+        return '<p class="ok">No findings: nothing in these steps crosses a threshold.</p>'
+    parts = []
+    for f in summary.findings:
+        parts.append(
+            f'<div class="finding {escape(f.severity)}"><strong>{escape(f.title)}</strong>'
+            f' <span class="muted">({escape(f.severity)}, {escape(", ".join(f"rank {r}" for r in f.ranks))})</span>'
+            f"<p>{escape(f.evidence)}</p><p><em>Fix:</em> {escape(f.fix)}</p></div>"
+        )
+    return "".join(parts)
+
+
+def _rank_table(summary: Summary) -> str:
+    head = "".join(f"<th>{p} ms</th>" for p in PHASES)
+    rows = []
+    for r in summary.ranks:
+        util = f"{r.gpu.utilization:.0%}" if r.gpu else "–"
+        cells = "".join(f"<td>{_ms(r.mean_phases.get(p))}</td>" for p in PHASES)
+        rows.append(
+            f"<tr><td>{r.rank}</td><td class=l>{escape(r.host or '?')}</td><td class=l>{r.device}</td><td>{len(r.steps)}</td>"
+            f"<td>{_ms(r.mean_step_ms)}</td><td>{_ms(r.comm_wait_ms)}</td><td>{util}</td>{cells}</tr>"
+        )
+    return (
+        "<table><tr><th>rank</th><th class=l>host</th><th class=l>device</th><th>steps</th><th>mean step ms</th>"
+        f"<th>comm wait ms</th><th>GPU util</th>{head}</tr>{''.join(rows)}</table>"
+    )
+
+
+def _phase_bars(ranks: list[RankSummary]) -> str:
+    """One horizontal bar per rank, segments proportional to mean phase time."""
+    timed = [r for r in ranks if r.mean_step_ms]
+    if not timed:
+        return ""
+    longest = max(r.mean_phases.total() for r in timed) or 1.0
+    width, label, row = 900, 70, 26
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + label}" height="{row * len(timed) + 4}" role="img">']
+    for i, r in enumerate(timed):
+        y, x = i * row + 2, float(label)
+        parts.append(f'<text x="0" y="{y + 16}" font-size="12">rank {r.rank}</text>')
+        for p in PHASES:
+            w = r.mean_phases.get(p) / longest * width
+            if w > 0:
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{PHASE_COLORS[p]}">'
+                    f"<title>rank {r.rank} {p}: {r.mean_phases.get(p):.2f} ms</title></rect>"
+                )
+                x += w
+    parts.append("</svg>")
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{p}</span>' for p, c in PHASE_COLORS.items())
+    return f'<div class="legend">{legend}</div>' + "".join(parts)
+
+
+def _step_chart(ranks: list[RankSummary]) -> str:
+    """Step time per step number, one line per rank."""
+    points = [(s.step, s.duration_ms) for r in ranks for s in r.steps]
+    if not points:
+        return ""
+    width, height, pad = 900, 220, 40
+    steps = sorted({p[0] for p in points})
+    top = max(p[1] for p in points) * 1.1 or 1.0
+    span = max(steps[-1] - steps[0], 1)
+
+    def xy(step: int, ms: float) -> tuple[float, float]:
+        return pad + (step - steps[0]) / span * (width - 2 * pad), height - pad - ms / top * (height - 2 * pad)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">']
+    parts.append(f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>')
+    parts.append(f'<text x="2" y="{pad - 8}" font-size="11">{top:.0f} ms</text>')
+    for s in steps:
+        parts.append(f'<text x="{xy(s, 0)[0]:.1f}" y="{height - pad + 16}" font-size="11" text-anchor="middle">{s}</text>')
+    for i, r in enumerate(ranks):
+        color = _RANK_COLORS[i % len(_RANK_COLORS)]
+        coords = [xy(s.step, s.duration_ms) for s in r.steps]
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{line}"><title>rank {r.rank}</title></polyline>')
+        for s, (x, y) in zip(r.steps, coords):
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"><title>rank {r.rank} step {s.step}: {s.duration_ms:.1f} ms</title></circle>')
+    parts.append("</svg>")
+    legend = "".join(
+        f'<span><i class="sw" style="background:{_RANK_COLORS[i % len(_RANK_COLORS)]}"></i>rank {r.rank}</span>' for i, r in enumerate(ranks)
+    )
+    return f'<div class="legend">{legend}</div>' + "".join(parts)
+
+
+def _top_ops(ranks: list[RankSummary]) -> str:
+    parts = []
+    for r in ranks:
+        rows = "".join(f"<tr><td class=l>{escape(o.name)}</td><td>{o.calls}</td><td>{o.total_ms:.2f}</td></tr>" for o in r.top_ops)
+        kernels = "".join(f"<tr><td class=l>{escape(o.name)}</td><td>{o.calls}</td><td>{o.total_ms:.2f}</td></tr>" for o in r.top_kernels)
+        body = f"<table><tr><th class=l>operator (host self time)</th><th>calls</th><th>ms</th></tr>{rows}</table>"
+        if kernels:
+            body += f"<table><tr><th class=l>GPU kernel</th><th>calls</th><th>ms</th></tr>{kernels}</table>"
+        parts.append(f"<details><summary>rank {r.rank}</summary>{body}</details>")
+    return "".join(parts)
+
+
+def _problems(summary: Summary) -> str:
+    items = [f"<li>{escape(i)}</li>" for i in summary.issues]
+    items += [
+        f"<li>{escape(r.path.name)} (rank {r.rank if r.rank is not None else '?'}): {escape(r.reason)}</li>" for r in summary.rejected
+    ]
+    return f"<h2>Problems with the input</h2><ul>{''.join(items)}</ul>" if items else ""
+
+
+def _artifacts(manifest: Manifest | None, out_dir: Path) -> str:
+    if manifest is None:
+        return ""
+    rows = []
+    for a in manifest.all_artifacts():
+        # Artifact keys are relative to the profile folder, where report.html lives.
+        href = a.key if not os.path.isabs(a.key) else os.path.relpath(a.key, out_dir)
+        rows.append(f'<tr><td class=l><a href="{escape(href)}">{escape(a.key)}</a></td><td class=l>{escape(a.kind)}</td><td>{a.bytes:,}</td></tr>')
+    ranks = "".join(
+        f"<tr><td>{r.rank}</td><td class=l>{escape(r.state.value)}</td><td class=l>{escape(r.reason or '')}</td></tr>" for r in manifest.ranks
+    )
+    return (
+        f"<h2>Profile {escape(manifest.profile_id)}</h2><p>target {escape(manifest.target)}, status {escape(manifest.status.value)}, "
+        f"steps {manifest.start_step}–{manifest.stop_step}</p>"
+        f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
+        f"<h2>Artifacts</h2><table><tr><th class=l>file</th><th class=l>kind</th><th>bytes</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def render_report(summary: Summary, manifest: Manifest | None = None, out_dir: Path = Path(".")) -> str:
+    """The report as an HTML string."""
+    steps = f"{summary.steps[0]}–{summary.steps[-1]}" if summary.steps else "none"
+    spread = ""
+    if summary.step_spread:
+        sp = summary.step_spread
+        spread = f"; step time {sp.min_ms:.1f}–{sp.max_ms:.1f} ms across ranks (spread {sp.spread:.0%})"
+    title = f"rayprof report: {manifest.target} / {manifest.profile_id}" if manifest else "rayprof report"
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title><style>{_CSS}</style></head><body>'
+        f"<h1>{escape(title)}</h1>"
+        f'<p class="muted">{escape(summary.source)}: {len(summary.ranks)} rank(s) analysed'
+        f"{f' of world size {summary.world_size}' if summary.world_size else ''}, steps {steps}{spread}.</p>"
+        f"<h2>Findings</h2>{_findings(summary)}"
+        f"<h2>Ranks</h2>{_rank_table(summary)}"
+        f"<h2>Where each rank's step goes</h2>{_phase_bars(summary.ranks)}"
+        f"<h2>Step time</h2>{_step_chart(summary.ranks)}"
+        f"<h2>Top operators</h2>{_top_ops(summary.ranks)}"
+        f"{_problems(summary)}{_artifacts(manifest, out_dir)}"
+        "</body></html>"
+    )
+
+
+def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = None) -> Path:
+    """Write ``report.html`` (temp name, then rename) and return its path."""
+    out_path = Path(out_path)
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    tmp.write_text(render_report(summary, manifest, out_path.parent), encoding="utf-8")
+    os.replace(tmp, out_path)
+    return out_path

@@ -1,0 +1,171 @@
+"""Merging rank traces into one Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.merge import ID_STRIDE, merge_folder, merge_traces
+from orchestrator.trace_loader import discover_traces
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def case(name: str) -> Path:
+    path = TRACES / name
+    if not path.is_dir():
+        pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def processes(doc: dict[str, Any]) -> list[tuple[int, str]]:
+    """(sort index, name) of every process, in sort order."""
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    order = {e["pid"]: e["args"]["sort_index"] for e in doc["traceEvents"] if e.get("name") == "process_sort_index"}
+    return sorted((order[pid], name) for pid, name in names.items())
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("merge") / "merged.trace.json.gz"
+    merge_folder(case("straggler"), out)
+    return load(out)
+
+
+def test_merged_trace_has_one_process_per_rank_sorted(merged: dict[str, Any]) -> None:
+    mains = [name for _, name in processes(merged) if not name.split(")")[-1].strip()]
+    assert mains == ["rank 0 (vm)", "rank 1 (vm)"]
+    # Every process of rank 0 sorts before every process of rank 1.
+    assert [name.split()[1] for _, name in processes(merged)] == sorted(name.split()[1] for _, name in processes(merged))
+
+
+def test_merged_pids_never_collide_across_ranks(merged: dict[str, Any]) -> None:
+    pids_by_rank = defaultdict(set)
+    for rank in merged["rayprof"]["ranks"]:
+        pids_by_rank[rank["rank"]] = set(rank["pids"].values())
+    assert not pids_by_rank[0] & pids_by_rank[1]
+    steps = Counter(e["pid"] for e in merged["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert len(steps) == 2 and set(steps.values()) == {4}
+
+
+def test_merged_flow_ids_unique_per_rank(merged: dict[str, Any]) -> None:
+    flows = defaultdict(list)
+    for e in merged["traceEvents"]:
+        if e.get("ph") in ("s", "f"):
+            flows[(e["id"], e["ph"])].append(e["pid"])
+    assert flows, "the fixture has fwdbwd flows"
+    # Each flow start and end occurs once, and both ends of a flow stay in one rank.
+    assert all(len(pids) == 1 for pids in flows.values())
+    ends = {flow_id: pids[0] // 1000 for (flow_id, ph), pids in flows.items() if ph == "f"}
+    assert all(ends[flow_id] == pids[0] // 1000 for (flow_id, ph), pids in flows.items() if ph == "s")
+    assert {flow_id // ID_STRIDE for flow_id, _ in flows} == {0, 1}
+
+
+def test_merged_external_ids_are_unique_per_rank(merged: dict[str, Any]) -> None:
+    ids = [e["args"]["External id"] for e in merged["traceEvents"] if "External id" in e.get("args", {})]
+    by_rank = Counter(i // ID_STRIDE for i in ids)
+    assert set(by_rank) == {0, 1}
+
+
+def test_merged_steps_line_up_on_the_wall_clock(merged: dict[str, Any]) -> None:
+    starts = defaultdict(dict)
+    for e in merged["traceEvents"]:
+        if e.get("name", "").startswith("ProfilerStep#"):
+            starts[e["name"]][e["pid"]] = e["ts"]
+    # The ranks ran the same steps at the same time; DDP keeps them within a few ms.
+    assert all(max(t.values()) - min(t.values()) < 10_000 for t in starts.values())
+
+
+def write(path: Path, rank: int, base_ns: int, events: list[dict[str, Any]]) -> Path:
+    doc = {"distributedInfo": {"rank": rank, "world_size": 2}, "baseTimeNanoseconds": base_ns, "deviceProperties": [{"id": 0}], "traceEvents": events}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_clocks_are_aligned_through_base_time(tmp_path: Path) -> None:
+    # The same wall-clock instant, written against two different base times.
+    write(tmp_path / "rank0.pt.trace.json", 0, 1_000_000_000, [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 500.0, "dur": 1}])
+    write(tmp_path / "rank1.pt.trace.json", 1, 1_000_200_000, [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 300.0, "dur": 1}])
+    out = tmp_path / "m.json.gz"
+    merge_folder(tmp_path, out)
+    doc = load(out)
+    assert doc["baseTimeNanoseconds"] == 1_000_000_000
+    assert [e["ts"] for e in doc["traceEvents"] if e["name"] == "a"] == [500.0, 500.0]
+    assert [p["rank"] for p in doc["deviceProperties"]] == [0, 1]
+
+
+def test_duplicate_rank_is_skipped_with_reason(tmp_path: Path) -> None:
+    out = tmp_path / "m.json.gz"
+    stats = merge_folder(case("duplicate_rank"), out)
+    assert stats.ranks == [0]
+    assert {(s.rank, s.path.name) for s in stats.skipped} == {(1, "worker-b.pt.trace.json.gz"), (1, "worker-c.pt.trace.json.gz")}
+    assert all("duplicate rank 1" in s.reason for s in stats.skipped)
+
+
+def test_explicit_tuples_with_duplicate_rank_are_skipped(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.json", 0, 0, [])
+    b = write(tmp_path / "b.json", 0, 0, [])
+    stats = merge_traces([(0, "h", a), (0, "h", b)], tmp_path / "m.json.gz")
+    assert stats.ranks == [] and len(stats.skipped) == 2
+
+
+def test_damaged_rank_keeps_valid_output_and_is_reported(tmp_path: Path) -> None:
+    events = [{"ph": "X", "name": f"op{i}", "pid": 1, "tid": 1, "ts": float(i), "dur": 1} for i in range(100)]
+    text = json.dumps({"distributedInfo": {"rank": 1, "world_size": 2}, "baseTimeNanoseconds": 0, "traceEvents": events})
+    (tmp_path / "rank1.pt.trace.json").write_text(text[: len(text) // 2])
+    write(tmp_path / "rank0.pt.trace.json", 0, 0, events[:3])
+    out = tmp_path / "m.json.gz"
+    stats = merge_folder(tmp_path, out)
+    doc = load(out)  # still valid JSON
+    (damaged,) = stats.truncated
+    assert damaged.rank == 1 and "damaged after" in damaged.reason
+    assert ("rank 1 (unknown host) [truncated]") in [name for _, name in processes(doc)]
+    assert stats.ranks == [0, 1] and 3 < stats.events < 103
+
+
+def test_merge_stats_count_what_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "m.json.gz"
+    stats = merge_folder(case("healthy"), out)
+    doc = load(out)
+    metadata = sum(1 for e in doc["traceEvents"] if e.get("name") in ("process_name", "process_sort_index"))
+    assert stats.events == len(doc["traceEvents"]) - metadata
+    assert stats.output_bytes == out.stat().st_size
+    assert stats.input_bytes == sum(f.path.stat().st_size for f in discover_traces(case("healthy")).files)
+    assert not list(tmp_path.glob(".*tmp"))  # written under a temporary name, renamed
+
+
+def big_trace(path: Path, rank: int, events: int) -> int:
+    """A plain-JSON trace of ``events`` ~200-byte events, written piecewise; returns its size."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "baseTimeNanoseconds": 0})[:-1] + ',"traceEvents":[')
+        template = (
+            '{{"ph":"X","cat":"cpu_op","name":"aten::op{op}","pid":7,"tid":7,"ts":{ts},"dur":1.5,'
+            '"args":{{"External id":{i},"Record function id":0,"Ev Idx":{i}}}}}'
+        )
+        f.write(",".join(template.format(op=i % 50, ts=i * 2.0, i=i) for i in range(events)))
+        f.write("]}")
+    return path.stat().st_size
+
+
+def test_merge_memory_is_bounded(tmp_path: Path) -> None:
+    size = sum(big_trace(tmp_path / f"rank{r}.pt.trace.json", r, 40_000) for r in (0, 1))
+    tracemalloc.start()
+    try:
+        stats = merge_folder(tmp_path, tmp_path / "m.json.gz")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stats.events == 80_000
+    # Parsed events cost several times their JSON size; holding even one rank would exceed this.
+    assert peak < size / 4, f"peak {peak} bytes for {size} bytes of input"
