@@ -47,6 +47,7 @@ from orchestrator.models import (
     WorkerStatus,
     utcnow,
 )
+from orchestrator.postprocess import PostprocessResult, postprocess
 from orchestrator.storage import normalize_uri, open_storage
 
 __all__ = ["Controller", "get_controller"]
@@ -597,6 +598,8 @@ class Controller:
             capture_started_at=profile.capture_started_at,
             finished_at=profile.finished_at,
         )
+        if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
+            manifest = await self._postprocess(profile, manifest)
         storage = open_storage(profile.storage)
         try:
             profile.manifest_uri = await asyncio.to_thread(write_manifest, storage, manifest)
@@ -604,6 +607,16 @@ class Controller:
             state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
         profile.reason = reason
         await self._transition(profile, state)
+
+    async def _postprocess(self, profile: _Profile, manifest: Manifest) -> Manifest:
+        """Add the merged trace, report and summary; a failed analysis never fails the profile."""
+        try:
+            ref = _postprocess_task.remote(profile.storage, profile.prefix, manifest)
+            result: PostprocessResult = await asyncio.wait_for(ref, self._config.request_timeout_s)
+        except Exception as e:
+            logger.warning("rayprof controller: analysis of %s failed: %s", profile.id, e)
+            return manifest.model_copy(update={"analysis_error": f"{type(e).__name__}: {str(e)[:500]}"})
+        return manifest.model_copy(update={"artifacts": result.artifacts, "summary": result.summary})
 
     def _cluster_info(self, profile: _Profile) -> dict[str, Any]:
         infos = [w.info for w in self._workers.values() if w.info.target == profile.target]
@@ -651,6 +664,11 @@ class Controller:
             for agent_id, worker in list(self._workers.items()):
                 if now - worker.seen_at > expiry:
                     self._drop_worker(agent_id, f"no heartbeat for {now - worker.seen_at:.0f}s")
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _postprocess_task(spec: StorageSpec, prefix: str, draft: Manifest) -> PostprocessResult:
+    return postprocess(spec, prefix, draft)
 
 
 def _rank_result(info: WorkerInfo) -> RankResult:

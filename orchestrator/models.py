@@ -291,7 +291,8 @@ class Manifest(_Model):
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
+    analysis_error: str | None = None
 
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""

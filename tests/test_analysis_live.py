@@ -1,0 +1,81 @@
+"""Analysis on profiles of real jobs with planted bottlenecks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analysis_models import Summary
+from orchestrator.models import ProfileState
+from tests.conftest import LIVE_TARGET, TrainingJob
+from tests.tracefiles import load_trace
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def planted_jobs(ray_cluster, client, tmp_path_factory):
+    """A data-loading-bound job and a job whose rank 1 is slow, started together."""
+    logs = tmp_path_factory.mktemp("planted")
+    jobs = {
+        "slow-data": TrainingJob(ray_cluster, "slow-data", logs / "slow-data.log", "--data-delay-s", "0.004"),
+        "straggler": TrainingJob(
+            ray_cluster, "straggler", logs / "straggler.log", "--slow-rank", "1", "--slow-rank-delay-s", "0.15"
+        ),
+    }
+    try:
+        for job in jobs.values():
+            job.wait_until_training(client, min_step=2, timeout=300)
+        yield jobs
+    finally:
+        for job in jobs.values():
+            job.stop()
+
+
+def _summary(store, target: str, steps: int = 3) -> Summary:
+    manifest = store.client.profile(target, steps=steps).wait(timeout=180)
+    assert manifest.status == ProfileState.DONE, manifest.reason
+    assert manifest.analysis_error is None
+    return Summary.model_validate(manifest.summary)
+
+
+def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
+    manifest = file_store.client.profile(LIVE_TARGET, steps=2).wait(timeout=180)
+
+    folder = Path(file_store.root) / LIVE_TARGET / manifest.profile_id
+    assert sorted(a.kind for a in manifest.artifacts) == ["merged_trace", "report"]
+    merged = load_trace(folder / "merged.trace.json.gz")
+    names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert {"rank 0 (vm)", "rank 1 (vm)"} <= {n.replace(manifest.ranks[0].host, "vm") for n in names}
+    assert "<h2>Findings</h2>" in (folder / "report.html").read_text()
+    summary = Summary.model_validate(manifest.summary)
+    assert [r.rank for r in summary.ranks] == [0, 1]
+    assert summary.steps == [manifest.start_step, manifest.start_step + 1]
+    json.dumps(manifest.summary)
+
+
+def test_dataloader_bound_job_is_named(planted_jobs, file_store):
+    summary = _summary(file_store, "slow-data")
+
+    codes = {f.code: f for f in summary.findings}
+    assert "dataloader_bound" in codes, [f.title for f in summary.findings]
+    assert codes["dataloader_bound"].ranks == [0, 1]
+    assert "num_workers" in codes["dataloader_bound"].fix
+
+
+def test_straggler_rank_and_phase_are_named(planted_jobs, file_store):
+    summary = _summary(file_store, "straggler")
+
+    assert [s.rank for s in summary.stragglers] == [1]
+    assert summary.stragglers[0].phase == "forward"
+    (finding,) = [f for f in summary.findings if f.code == "straggler"]
+    assert finding.ranks == [1]
+
+
+def test_healthy_job_has_no_findings(live_job, file_store):
+    summary = _summary(file_store, LIVE_TARGET)
+
+    assert summary.findings == [], [f"{f.code}: {f.evidence}" for f in summary.findings]
+    assert summary.stragglers == []
