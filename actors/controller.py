@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import ray
+from pydantic import BaseModel, ConfigDict
 
 from orchestrator.constants import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MIN_LEAD_STEPS
 from orchestrator.errors import (
@@ -55,6 +56,16 @@ __all__ = ["Controller", "get_controller"]
 logger = logging.getLogger(__name__)
 
 _STATE_PREFIX = "_rayprof/profiles"
+_CONFIG_KEY = "_rayprof/storage.json"
+
+
+class _SavedProfile(BaseModel):
+    """A profile as persisted in the controller's home storage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: ProfileStatus
+    storage: StorageSpec
 
 
 @dataclass
@@ -144,6 +155,9 @@ class Controller:
 
     def __init__(self, config: ControllerConfig) -> None:
         self._config = config
+        # State lives where the constructor's config points: a restarted actor
+        # is constructed with the same config and finds it again.
+        self._home = config.storage
         self._workers: dict[str, _Worker] = {}
         self._profiles: dict[str, _Profile] = {}
         self._slots: dict[str, asyncio.Lock] = {}
@@ -151,18 +165,20 @@ class Controller:
         self._active: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self._persist_lock: asyncio.Lock | None = None
-        self._started = False
+        self._ready: asyncio.Event | None = None
 
     # ---- lifecycle -------------------------------------------------------
 
     async def _ensure_started(self) -> None:
-        # Async actors have no async constructor; start background work lazily.
-        if self._started:
-            return
-        self._started = True
-        self._persist_lock = asyncio.Lock()
-        self._spawn(self._reap_workers())
-        await self._restore()
+        # Async actors have no async constructor; start background work on the
+        # first call, and hold every call until saved state is restored.
+        if self._ready is None:
+            self._ready = asyncio.Event()
+            self._persist_lock = asyncio.Lock()
+            self._spawn(self._reap_workers())
+            await self._restore()
+            self._ready.set()
+        await self._ready.wait()
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -171,19 +187,22 @@ class Controller:
         return task
 
     async def _restore(self) -> None:
-        storage = open_storage(self._config.storage)
+        storage = open_storage(self._home)
         try:
+            if await asyncio.to_thread(storage.exists, _CONFIG_KEY):
+                configured = StorageSpec.model_validate_json(await asyncio.to_thread(storage.get_bytes, _CONFIG_KEY))
+                self._config = self._config.model_copy(update={"storage": configured})
             keys = await asyncio.to_thread(storage.list, _STATE_PREFIX)
         except RayprofError as e:
             logger.warning("rayprof controller: cannot read saved state: %s", e)
             return
         for key in keys:
             try:
-                status = ProfileStatus.model_validate_json(await asyncio.to_thread(storage.get_bytes, key))
+                saved = _SavedProfile.model_validate_json(await asyncio.to_thread(storage.get_bytes, key))
             except Exception as e:
                 logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
                 continue
-            profile = _Profile.restore(status, self._config.storage)
+            profile = _Profile.restore(saved.status, saved.storage)
             self._profiles[profile.id] = profile
             if not profile.state.is_terminal:
                 logger.info("rayprof controller: resuming %s in state %s", profile.id, profile.state.value)
@@ -198,6 +217,8 @@ class Controller:
         """Change where new profiles are stored (server configuration, never per request)."""
         await self._ensure_started()
         self._config = self._config.model_copy(update={"storage": storage})
+        data = storage.model_dump_json().encode()
+        await asyncio.to_thread(open_storage(self._home).put_bytes, data, _CONFIG_KEY, "manifest")
 
     async def config(self) -> ControllerConfig:
         """Settings in force."""
@@ -639,8 +660,8 @@ class Controller:
     async def _persist(self, profile: _Profile) -> None:
         assert self._persist_lock is not None
         async with self._persist_lock:
-            data = profile.snapshot().model_dump_json().encode()
-            storage = open_storage(self._config.storage)
+            data = _SavedProfile(status=profile.snapshot(), storage=profile.storage).model_dump_json().encode()
+            storage = open_storage(self._home)
             try:
                 await asyncio.to_thread(storage.put_bytes, data, f"{_STATE_PREFIX}/{profile.id}.json", "manifest")
             except RayprofError as e:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from orchestrator.errors import ProfileTimeoutError, RayprofError
+from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
 from orchestrator.models import (
     Manifest,
     ProfileRequest,
@@ -21,6 +21,7 @@ from orchestrator.storage import open_storage
 __all__ = ["ProfileHandle", "ProfilingClient"]
 
 ProgressFn = Callable[[ProfileStatus], None]
+_READ_RETRIES = 10
 
 
 class Backend(Protocol):
@@ -43,41 +44,47 @@ class _ActorBackend:
         self._handle = handle
         self._config = self._call("config")
 
-    def _call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+    def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        from orchestrator.errors import ControllerUnavailableError
+        for attempt in range(retries + 1):
+            try:
+                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
+            except RayTaskError as e:
+                if isinstance(e.cause, RayprofError):
+                    raise e.cause from None
+                raise
+            except (RayActorError, ray.exceptions.GetTimeoutError) as e:
+                if attempt == retries:
+                    raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
 
-        try:
-            return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
-        except RayTaskError as e:
-            if isinstance(e.cause, RayprofError):
-                raise e.cause from None
-            raise
-        except (RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
+    def _read(self, method: str, *args: Any) -> Any:
+        # Reads are idempotent: ride out a controller restart (it restores its state).
+        return self._call(method, *args, retries=_READ_RETRIES)
 
     def submit(self, request: ProfileRequest) -> ProfileStatus:
         return self._call("submit", request)
 
     def get(self, profile_id: str) -> ProfileStatus:
-        return self._call("get", profile_id)
+        return self._read("get", profile_id)
 
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
 
     def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        return self._call("list", target, state)
+        return self._read("list", target, state)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._call("cancel", profile_id)
 
     def manifest(self, profile_id: str) -> Manifest:
-        return self._call("manifest", profile_id)
+        return self._read("manifest", profile_id)
 
     def targets(self) -> list[TargetInfo]:
-        return self._call("targets")
+        return self._read("targets")
 
     def storage_for(self, storage_uri: str) -> StorageSpec:
         spec = self._config.storage
@@ -115,7 +122,12 @@ class ProfileHandle:
                 raise ProfileTimeoutError(
                     f"profile {self.id} still {status.state.value} after {timeout:g}s", profile_id=self.id
                 )
-            status = self._backend.wait(self.id, min(left, 10.0))
+            try:
+                status = self._backend.wait(self.id, min(left, 10.0))
+            except ControllerUnavailableError:
+                # The controller restarts and restores its state; keep waiting.
+                time.sleep(min(1.0, max(left, 0.0)))
+                continue
             self.last_status = status
             if progress is not None:
                 progress(status)

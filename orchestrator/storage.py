@@ -285,7 +285,8 @@ class S3Storage(Storage):
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        delay = 0.2
+        # Backoff 0.5, 1, 2, 4 s...: five attempts ride out ~7 s of outage.
+        delay = 0.5
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
@@ -298,7 +299,7 @@ class S3Storage(Storage):
                     raise StorageError(f"{what} failed after {attempt} attempts: {e}") from e
             logger.warning("%s: attempt %d/%d failed, retrying in %.1fs", what, attempt, self.retries, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
 
     def _put_file(self, local: Path, key: str) -> None:

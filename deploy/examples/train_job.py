@@ -141,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-delay-s", type=float, default=0.0, help="sleep per sample (a slow Dataset)")
     p.add_argument("--slow-rank", type=int, default=-1, help="a rank that sleeps every step (a straggler)")
     p.add_argument("--slow-rank-delay-s", type=float, default=0.0)
+    p.add_argument("--max-failures", type=int, default=0, help="worker group restarts Ray Train allows")
     p.add_argument("--storage-path", default=os.environ.get("RAYPROF_TRAIN_STORAGE", "/tmp/rayprof-train"))
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto/local)")
     return p.parse_args(argv)
@@ -149,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import ray
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     runtime_env = {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else None
@@ -171,7 +172,11 @@ def main(argv: list[str] | None = None) -> None:
             "slow_rank_delay_s": args.slow_rank_delay_s,
         },
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
-        run_config=RunConfig(name=args.name, storage_path=args.storage_path),
+        run_config=RunConfig(
+            name=args.name,
+            storage_path=args.storage_path,
+            failure_config=FailureConfig(max_failures=args.max_failures),
+        ),
     )
     result = trainer.fit()
     print(f"training finished: {result.metrics}")
