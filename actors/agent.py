@@ -34,7 +34,7 @@ from orchestrator.constants import (
 )
 from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
 
-__all__ = ["Agent", "attach", "current", "install", "step"]
+__all__ = ["Agent", "attach", "install", "step"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ class Agent:
         self._poll_timeout_s = poll_timeout_s or env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
         self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
         self._last_sample: tuple[int, float] | None = None
         self._step_time_s: float | None = None
@@ -63,12 +62,6 @@ class Agent:
     def start(self) -> None:
         """Start the poll thread."""
         self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the poll thread (tests and shutdown)."""
-        self._stopped.set()
-        self._inbox.put(("stop", None))
-        self._thread.join(timeout)
 
     def step(self) -> None:
         """A step boundary: the optimizer step just finished."""
@@ -124,7 +117,7 @@ class Agent:
         registered = False
         poll: Future | None = None
         unsent: list[RankEvent] = []
-        while not self._stopped.is_set():
+        while True:
             try:
                 if controller is None:
                     controller = get_controller(create=False)
@@ -163,18 +156,13 @@ class Agent:
     def _wait_inbox(self, timeout: float, unsent: list[RankEvent]) -> None:
         """Sleep up to ``timeout`` but keep collecting events meanwhile."""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0 and not self._stopped.is_set():
+        while (left := deadline - time.monotonic()) > 0:
             try:
                 kind, payload = self._inbox.get(timeout=left)
             except queue.Empty:
                 return
             if kind == "event":
                 unsent.append(payload)
-
-
-def current() -> Agent | None:
-    """The agent attached in this process, if any."""
-    return _agent
 
 
 def step() -> None:

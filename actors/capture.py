@@ -15,9 +15,9 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity

@@ -29,7 +29,7 @@ from orchestrator.errors import (
     RayprofError,
     TargetNotFoundError,
 )
-from orchestrator.manifest import manifest_key, profile_prefix, read_manifest, write_manifest
+from orchestrator.manifest import profile_prefix, read_manifest, write_manifest
 from orchestrator.models import (
     Command,
     ControllerConfig,
@@ -254,7 +254,7 @@ class Controller:
             worker.wake.clear()
             try:
                 await asyncio.wait_for(worker.wake.wait(), self._config.poll_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if worker.commands and self._workers.get(heartbeat.agent_id) is worker:
             return worker.commands.popleft()
@@ -334,7 +334,7 @@ class Controller:
             profile.changed.clear()
             try:
                 await asyncio.wait_for(profile.changed.wait(), max(0.0, min(timeout_s, 60.0)))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return profile.snapshot()
 
@@ -565,7 +565,7 @@ class Controller:
             profile.changed.clear()
             try:
                 await asyncio.wait_for(profile.changed.wait(), min(left, 1.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _fail_lost_ranks(self, profile: _Profile) -> None:

@@ -4,8 +4,9 @@ directly (inside the Ray cluster) or to the HTTP service."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
 from orchestrator.models import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -36,7 +36,7 @@ __all__ = [
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the manifest uses."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _check_name(value: str) -> str:
@@ -334,7 +334,7 @@ class ControllerConfig(_Model):
     max_queued_per_target: int = Field(ge=0)
 
     @classmethod
-    def from_env(cls, storage: StorageSpec | None = None) -> "ControllerConfig":
+    def from_env(cls, storage: StorageSpec | None = None) -> ControllerConfig:
         """Settings from ``RAYPROF_*`` env vars, defaults for the rest."""
         from orchestrator import constants as c
         from orchestrator.storage import default_storage_spec

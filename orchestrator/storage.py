@@ -17,8 +17,9 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from orchestrator.constants import (

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from actors.controller import get_controller
-from orchestrator import ProfilingClient, ProfileState, RankState, RayprofError
+from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
