@@ -300,18 +300,21 @@ class Controller:
         await self._ensure_started()
         self._validate(request)
         target = request.target
-        slot = self._slots.setdefault(target, asyncio.Lock())
-        waiting = self._waiting.setdefault(target, [])
-        if slot.locked() or waiting:
+        # A profile that has ended but not yet released its slot is not in the way.
+        queued = [p for p in self._waiting.get(target, []) if not self._profiles[p].state.is_terminal]
+        running = self._active.get(target)
+        if running is not None and self._profiles[running].state.is_terminal:
+            running = None
+        if running is not None or queued:
             if not request.queue:
                 raise ConflictError(
-                    f"profile {self._active.get(target)} is already running on {target!r}; "
+                    f"profile {running or queued[0]} is already running on {target!r}; "
                     "retry when it ends or pass queue=true",
                     target=target,
                 )
-            if len(waiting) >= self._config.max_queued_per_target:
+            if len(queued) >= self._config.max_queued_per_target:
                 raise ConflictError(
-                    f"{len(waiting)} profiles already queued on {target!r} "
+                    f"{len(queued)} profiles already queued on {target!r} "
                     f"(max {self._config.max_queued_per_target})",
                     target=target,
                 )
@@ -507,9 +510,12 @@ class Controller:
         now = time.monotonic()
         ahead = max(w.estimated_step(now) for w in present)
         step_times = [w.step_time_s for w in present if w.step_time_s]
+        # Delivering the arm costs about what the sync round did, and grows with
+        # the number of ranks: lead by twice that on top of the configured lead.
+        lead_s = self._config.arm_lead_s + 2 * (now - sync_sent)
         lead = MIN_LEAD_STEPS
         if step_times:
-            lead = max(lead, math.ceil(self._config.arm_lead_s / min(step_times)))
+            lead = max(lead, math.ceil(lead_s / min(step_times)))
         profile.start_step = math.floor(ahead) + lead + request.warmup
         profile.scheduled_at = utcnow()
         timeout = request.timeout_s or self._config.request_timeout_s
