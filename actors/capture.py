@@ -8,11 +8,11 @@ a short-lived thread so the next training step does not wait for it.
 
 from __future__ import annotations
 
-import csv
-import gzip
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -192,108 +192,38 @@ class Capture:
                 f"trace is {size} bytes, over the cap of {w.max_trace_bytes} bytes (RAYPROF_MAX_TRACE_BYTES); "
                 "profile fewer steps or turn off with_stack/record_shapes"
             )
-        with open(raw, "rb") as f:
-            trace = json.load(f)
-        steps = _step_spans(trace)
-        gz = tmp / "trace.json.gz"
-        _gzip(raw, gz)
+        result = _run_exporter(raw, tmp, memory=w.profile_memory, shapes=w.record_shapes)
         raw.unlink()
 
-        artifacts: list[Artifact] = [storage.put_file(gz, keys["trace"], "trace", folder=w.prefix)]
+        artifacts: list[Artifact] = [storage.put_file(tmp / "trace.json.gz", keys["trace"], "trace", folder=w.prefix)]
         if w.profile_memory:
-            timeline = tmp / "memory.json.gz"
-            with gzip.open(timeline, "wt", encoding="utf-8") as f:
-                json.dump(_memory_timeline(trace), f)
-            artifacts.append(storage.put_file(timeline, keys["memory_timeline"], "memory_timeline", folder=w.prefix))
-        ops = tmp / "ops.csv"
-        _write_op_table(prof, ops, by_shape=w.record_shapes)
-        artifacts.append(storage.put_file(ops, keys["op_table"], "op_table", folder=w.prefix))
+            artifacts.append(
+                storage.put_file(tmp / "memory.json.gz", keys["memory_timeline"], "memory_timeline", folder=w.prefix)
+            )
+        artifacts.append(storage.put_file(tmp / "ops.csv", keys["op_table"], "op_table", folder=w.prefix))
 
+        steps = {int(n): ms for n, ms in result["steps"].items()}
         numbers = sorted(steps)
         return self._event(
             RankState.DONE,
             first_step=numbers[0] if numbers else None,
             last_step=numbers[-1] if numbers else None,
             step_durations_ms=[steps[n] for n in numbers],
-            base_time_ns=trace.get("baseTimeNanoseconds"),
+            base_time_ns=result["base_time_ns"],
             artifacts=artifacts,
         )
 
 
-def _gzip(src: Path, dest: Path) -> None:
-    # Level 6 is within a few percent of 9 on traces at a third of the CPU.
-    with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=6) as fout:
-        shutil.copyfileobj(fin, fout, 1024 * 1024)
+def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool) -> dict[str, Any]:
+    """Parse the trace and write the artifacts in a child process (see actors.export)."""
+    cmd = [sys.executable, "-m", "actors.export", str(raw), str(out)]
+    cmd += ["--memory"] if memory else []
+    cmd += ["--shapes"] if shapes else []
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"trace export exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)
 
 
-def _step_spans(trace: dict[str, Any]) -> dict[int, float]:
-    """``ProfilerStep#N`` -> duration in ms, from the exported trace."""
-    steps: dict[int, float] = {}
-    for ev in trace.get("traceEvents", []):
-        name = ev.get("name", "")
-        if ev.get("ph") == "X" and name.startswith("ProfilerStep#"):
-            try:
-                steps[int(name[len("ProfilerStep#"):])] = float(ev.get("dur", 0)) / 1000.0
-            except ValueError:
-                continue
-    return steps
-
-
-def _memory_timeline(trace: dict[str, Any]) -> dict[str, Any]:
-    """Allocated and reserved bytes over time per device, from ``[memory]`` events."""
-    series: dict[str, dict[str, list[float]]] = {}
-    for ev in trace.get("traceEvents", []):
-        if ev.get("name") != "[memory]":
-            continue
-        args = ev.get("args", {})
-        device = f"{'cuda' if args.get('Device Type') == 1 else 'cpu'}:{args.get('Device Id', -1)}"
-        s = series.setdefault(device, {"ts_us": [], "allocated_bytes": [], "reserved_bytes": []})
-        s["ts_us"].append(ev.get("ts", 0))
-        s["allocated_bytes"].append(args.get("Total Allocated", 0))
-        s["reserved_bytes"].append(args.get("Total Reserved", 0))
-    return {
-        "base_time_ns": trace.get("baseTimeNanoseconds"),
-        "devices": {
-            d: {**s, "peak_allocated_bytes": max(s["allocated_bytes"], default=0)} for d, s in sorted(series.items())
-        },
-    }
-
-
-_OP_COLUMNS = [
-    "name",
-    "input_shapes",
-    "count",
-    "cpu_time_total_us",
-    "self_cpu_time_total_us",
-    "device_time_total_us",
-    "self_device_time_total_us",
-    "cpu_memory_usage_bytes",
-    "self_cpu_memory_usage_bytes",
-    "device_memory_usage_bytes",
-    "self_device_memory_usage_bytes",
-    "flops",
-]
-
-
-def _write_op_table(prof: torch.profiler.profile, path: Path, *, by_shape: bool) -> None:
-    rows = prof.key_averages(group_by_input_shape=by_shape)
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(_OP_COLUMNS)
-        for r in sorted(rows, key=lambda r: r.self_cpu_time_total, reverse=True):
-            writer.writerow(
-                [
-                    r.key,
-                    str(r.input_shapes) if by_shape else "",
-                    r.count,
-                    round(r.cpu_time_total, 3),
-                    round(r.self_cpu_time_total, 3),
-                    round(getattr(r, "device_time_total", 0.0), 3),
-                    round(getattr(r, "self_device_time_total", 0.0), 3),
-                    r.cpu_memory_usage,
-                    r.self_cpu_memory_usage,
-                    getattr(r, "device_memory_usage", 0),
-                    getattr(r, "self_device_memory_usage", 0),
-                    r.flops,
-                ]
-            )
+# Generous: a 512 MiB trace parses in well under a minute.
+_EXPORT_TIMEOUT_S = 600
