@@ -1,0 +1,26 @@
+"""rayprof benchmarks: ``python -m benchmarks [--quick] [NAME ...]`` (or ``make bench``).
+
+Each module measures one property the design promises and exposes
+``run(quick: bool, log: LogFn) -> list[Result]``:
+
+- ``idle``          cost of the agent's step path with no window armed
+- ``trigger``       request accepted -> every rank capturing, on a live TorchTrainer job
+- ``window``        step-time cost of an open window, and the stall after it closes
+- ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
+- ``control_plane`` one controller with hundreds to 1,024 simulated agents
+- ``scale``         manifest and merged trace for 64 ranks
+
+Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
+benchmark asserts anything: targets are reported as met or missed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+LogFn = Callable[[str], None]
+
+# Run order: the in-process benchmarks first, the ones that start Ray last.
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "trigger", "control_plane")
+
+__all__ = ["BENCHMARKS", "LogFn"]

@@ -1,0 +1,355 @@
+"""Control-plane scale: one real controller actor, hundreds to 1,024 simulated ranks.
+
+Simulated agents speak the real protocol (``register``, long-poll
+``poll(Heartbeat)``, ``report(RankEvent)``) from a few async Ray actors
+("sim hosts"), each running one asyncio task per rank, like the real agent's
+one outstanding long-poll per worker. Step counters advance at a fixed rate
+(``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
+its window: reports ARMED; FAILED if its step already passed the window's first
+boundary; else CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts)
+at ``stop_step``.
+
+Per scale (256 / 512 / 1,024 ranks, a fresh controller each, default
+``poll_timeout_s`` = 10 s):
+
+* registration time for all ranks,
+* idle: controller CPU and RSS (``/proc`` of its pid) and calls/s served while
+  every rank long-polls,
+* arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
+  ranks that missed the window, submit -> terminal,
+* capacity: calls/s the controller serves when the sim hosts fire cheap
+  ``report`` calls (unknown profile id) as fast as they can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from benchmarks import LogFn
+from benchmarks._stats import Result, ensure_ray, proc_cpu_seconds, proc_rss_bytes
+
+NAME = "control_plane"
+STEP_TIME_S = 0.1
+HOSTS = 4
+WINDOW_STEPS = 2
+
+
+@ray.remote(num_cpus=0)
+class SimHost:
+    """Many simulated agents in one async actor process."""
+
+    def __init__(self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float) -> None:
+        from orchestrator.models import WorkerInfo
+
+        self.infos = [
+            WorkerInfo(
+                agent_id=f"sim-{target}-{r}", target=target, world_rank=r, world_size=world_size, local_rank=r % 8,
+                node_rank=host, node_id=f"simnode{host}", host=f"sim{host}", pid=100_000 + r, device="cpu",
+                torch_version="sim",
+            )
+            for r in ranks
+        ]
+        self.step_time_s = step_time_s
+        self.t0 = time.monotonic() - 50 * step_time_s  # start at step 50, like a job already training
+        self.calls = {"register": 0, "poll": 0, "report": 0}
+        self.outstanding_polls = 0
+        self.arms = 0
+        self.tasks: list[asyncio.Task] = []
+        self.stopped = False
+        self.controller: Any = None
+
+    def step(self) -> int:
+        return int((time.monotonic() - self.t0) / self.step_time_s)
+
+    def _at_step(self, step: int) -> float:
+        return self.t0 + step * self.step_time_s
+
+    async def start(self, spread_s: float) -> float:
+        """Register every rank (concurrently, as real workers start together); returns seconds.
+
+        Each rank's first poll starts at a random point within ``spread_s``:
+        real workers attach at different moments, so their long-polls are out
+        of phase; started together they would all time out in the same instant.
+        """
+        from actors.controller import get_controller
+
+        self.controller = get_controller(create=False)
+        t0 = time.monotonic()
+        await asyncio.gather(*(self._call("register", info) for info in self.infos))
+        elapsed = time.monotonic() - t0
+        rng = random.Random(self.infos[0].world_rank)
+        self.tasks = [
+            asyncio.get_running_loop().create_task(self._agent(info, rng.uniform(0, spread_s))) for info in self.infos
+        ]
+        return elapsed
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        result = await getattr(self.controller, method).remote(*args)
+        self.calls[method] += 1
+        return result
+
+    async def _agent(self, info: Any, delay_s: float) -> None:
+        from orchestrator.models import Heartbeat
+
+        await asyncio.sleep(delay_s)
+        while not self.stopped:
+            try:
+                self.outstanding_polls += 1
+                try:
+                    command = await self._call(
+                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s)
+                    )
+                finally:
+                    self.outstanding_polls -= 1
+                if command is None or command.kind == "sync":
+                    continue
+                if command.kind == "register":
+                    await self._call("register", info)
+                elif command.kind == "arm":
+                    self.arms += 1
+                    asyncio.get_running_loop().create_task(self._window(info, command.window))
+            except asyncio.CancelledError:
+                return
+            except Exception:
+                # Like the real agent: keep going, never die of a failed call.
+                await asyncio.sleep(0.5)
+
+    async def _window(self, info: Any, window: Any) -> None:
+        from orchestrator.models import RankEvent, RankState
+
+        def event(state: RankState, **kw: Any) -> RankEvent:
+            return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
+
+        await self._call("report", event(RankState.ARMED))
+        first = window.start_step - window.warmup
+        now_step = self.step()
+        if now_step >= first:
+            await self._call("report", event(
+                RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})"))
+            return
+        await asyncio.sleep(max(0.0, self._at_step(window.start_step) - time.monotonic()))
+        await self._call("report", event(RankState.CAPTURING))
+        await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
+        await self._call("report", event(RankState.UPLOADING))
+        await self._call("report", event(
+            RankState.DONE, first_step=window.start_step, last_step=window.stop_step - 1,
+            step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
+
+    def counters(self) -> dict[str, Any]:
+        return {"calls": dict(self.calls), "outstanding_polls": self.outstanding_polls, "arms": self.arms,
+                "total": sum(self.calls.values())}
+
+    async def hammer(self, seconds: float, concurrency: int) -> int:
+        """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
+        from orchestrator.models import RankEvent, RankState
+
+        event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
+        deadline = time.monotonic() + seconds
+        done = 0
+
+        async def lane() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                await self.controller.report.remote(event)
+                done += 1
+
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return done
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def _controller_pid(handle: Any) -> int:
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+
+
+def _kill_controller() -> None:
+    from actors.controller import get_controller
+
+    handle = get_controller(create=False)
+    if handle is not None:
+        ray.kill(handle, no_restart=True)
+        deadline = time.monotonic() + 30
+        while get_controller(create=False) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def _sum_counters(hosts: list[Any]) -> dict[str, Any]:
+    got = ray.get([h.counters.remote() for h in hosts], timeout=60)
+    return {
+        "total": sum(c["total"] for c in got),
+        "outstanding_polls": sum(c["outstanding_polls"] for c in got),
+        "poll": sum(c["calls"]["poll"] for c in got),
+        "report": sum(c["calls"]["report"] for c in got),
+        "arms": sum(c["arms"] for c in got),
+    }
+
+
+def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
+    from actors.controller import get_controller
+    from orchestrator.client import ProfilingClient, _ActorBackend
+    from orchestrator.models import ControllerConfig, ProfileRequest, StorageSpec
+    from orchestrator.storage import normalize_uri
+
+    _kill_controller()
+    config = ControllerConfig.from_env(StorageSpec(uri=normalize_uri(str(store / f"n{n}"))))
+    handle = get_controller(create=True, config=config)
+    ray.get(handle.ping.remote(), timeout=60)
+    pid = _controller_pid(handle)
+    client = ProfilingClient(backend=_ActorBackend(handle))
+    out: dict[str, Any] = {"n": n, "poll_timeout_s": config.poll_timeout_s, "rss_empty": proc_rss_bytes(pid)}
+    target = f"sim-{n}"
+    per_host = [list(range(h, n, HOSTS)) for h in range(HOSTS)]
+    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S) for h, ranks in enumerate(per_host)]
+    try:
+        reg = ray.get([h.start.remote(2.0 if quick else config.poll_timeout_s) for h in hosts], timeout=300)
+        out["register_s"] = max(reg)
+        # Settle: every rank has a poll outstanding at the controller.
+        deadline = time.monotonic() + config.poll_timeout_s + 60
+        while time.monotonic() < deadline:
+            c = _sum_counters(hosts)
+            if c["outstanding_polls"] >= n:
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)
+
+        # Idle: everyone long-polls; measure in slices so we also get a spread.
+        idle_s = config.poll_timeout_s + 2 if quick else 2 * config.poll_timeout_s + 2
+        slices = 5
+        cpu_pct, rss, rate = [], [], []
+        c_start, w_start, k_start = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+        for _ in range(slices):
+            c0, w0, k0 = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+            time.sleep(idle_s / slices)
+            c1, w1, k1 = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+            cpu_pct.append(100 * (c1 - c0) / (w1 - w0))
+            rate.append((k1 - k0) / (w1 - w0))
+            rss.append(proc_rss_bytes(pid))
+        w_end = time.monotonic()
+        out.update(idle_cpu_pct=cpu_pct, idle_rss=rss, idle_calls_per_s=rate,
+                   idle_total_calls_per_s=(_sum_counters(hosts)["total"] - k_start) / (w_end - w_start),
+                   idle_total_cpu_pct=100 * (proc_cpu_seconds(pid) - c_start) / (w_end - w_start))
+        log(f"{NAME}[{n}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
+            f"rss {statistics.median(rss) / 2**20:.0f} MiB, {statistics.median(rate):.0f} calls/s")
+
+        # Arm: one request at a time, all ranks.
+        arms: list[dict[str, Any]] = []
+        for i in range(1 if quick else 3):
+            c0, k0, w0 = proc_cpu_seconds(pid), _sum_counters(hosts)["total"], time.monotonic()
+            status = client._backend.submit(ProfileRequest(target=target, steps=WINDOW_STEPS, timeout_s=120))
+            end = time.monotonic() + 150
+            while not status.state.is_terminal and time.monotonic() < end:
+                status = client._backend.wait(status.id, 10.0)
+            w1 = time.monotonic()
+            c1, k1 = proc_cpu_seconds(pid), _sum_counters(hosts)["total"]
+            created = status.created_at
+            armed = [r.armed_at for r in status.ranks if r.armed_at]
+            capturing = [r.capture_started_at for r in status.ranks if r.capture_started_at]
+            states: dict[str, int] = {}
+            for r in status.ranks:
+                states[r.state.value] = states.get(r.state.value, 0) + 1
+            arm = {
+                "state": status.state.value,
+                "rank_states": states,
+                "sync_s": (status.scheduled_at - created).total_seconds() if status.scheduled_at else None,
+                "all_armed_s": (max(armed) - created).total_seconds() if len(armed) == n else None,
+                "all_capturing_s": (max(capturing) - created).total_seconds() if len(capturing) == n else None,
+                "last_capturing_s": (max(capturing) - created).total_seconds() if capturing else None,
+                "first_capturing_s": (min(capturing) - created).total_seconds() if capturing else None,
+                "armed": len(armed),
+                "capturing": len(capturing),
+                "terminal_s": w1 - w0,
+                "calls_per_s": (k1 - k0) / (w1 - w0),
+                "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
+            }
+            arms.append(arm)
+            log(f"{NAME}[{n}]: request {i + 1}: {status.state.value} {states}; sync {arm['sync_s']}, "
+                f"all armed {arm['all_armed_s']}, all capturing {arm['all_capturing_s']} s; "
+                f"{arm['calls_per_s']:.0f} calls/s, controller cpu {arm['cpu_pct']:.0f}%")
+            time.sleep(1.0)
+        out["arms"] = arms
+        out["rss_after"] = proc_rss_bytes(pid)
+
+        # Capacity: cheap calls from every host at once.
+        seconds = 3.0 if quick else 6.0
+        c0, w0 = proc_cpu_seconds(pid), time.monotonic()
+        done = sum(ray.get([h.hammer.remote(seconds, 32) for h in hosts], timeout=seconds + 120))
+        w1 = time.monotonic()
+        out["capacity_calls_per_s"] = done / (w1 - w0)
+        out["capacity_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (w1 - w0)
+        log(f"{NAME}[{n}]: capacity {out['capacity_calls_per_s']:.0f} calls/s at {out['capacity_cpu_pct']:.0f}% cpu")
+    finally:
+        try:
+            ray.get([h.stop.remote() for h in hosts], timeout=30)
+        except Exception:
+            pass
+        for h in hosts:
+            ray.kill(h)
+        _kill_controller()
+    return out
+
+
+def run(quick: bool, log: LogFn) -> list[Result]:
+    """Controller behaviour at growing numbers of simulated ranks."""
+    scales = (128,) if quick else (256, 512, 1024)
+    store = Path(tempfile.mkdtemp(prefix="rayprof-bench-cp-"))
+    ensure_ray()
+    runs: list[dict[str, Any]] = []
+    try:
+        for n in scales:
+            runs.append(_one_scale(n, quick, store, log))
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+    results: list[Result] = []
+    for r in runs:
+        n = r["n"]
+        bench = f"{NAME}[{n} ranks]"
+        arms = r["arms"]
+        missed = [sum(v for k, v in a["rank_states"].items() if k != "DONE") for a in arms]
+        results += [
+            Result(bench, "register all ranks", "s", r["register_s"], n=1,
+                   note=f"{HOSTS} sim-host actors, {STEP_TIME_S * 1e3:.0f} ms simulated steps, poll_timeout_s "
+                   f"{r['poll_timeout_s']:g}, {WINDOW_STEPS}-step windows"),
+            Result.of(bench, "idle controller CPU", "%", r["idle_cpu_pct"]),
+            Result.of(bench, "idle controller RSS", "MiB", [x / 2**20 for x in r["idle_rss"]],
+                      note=f"empty controller: {r['rss_empty'] / 2**20:.0f} MiB; after the requests: "
+                      f"{r['rss_after'] / 2**20:.0f} MiB"),
+            Result.of(bench, "idle calls served", "calls/s", r["idle_calls_per_s"],
+                      note=f"whole idle window: {r['idle_total_calls_per_s']:.1f} calls/s at "
+                      f"{r['idle_total_cpu_pct']:.2f}% CPU; expected ~ ranks / poll_timeout = "
+                      f"{n / r['poll_timeout_s']:.1f}/s; spread over {len(r['idle_calls_per_s'])} slices"),
+            Result.of(bench, "submit -> schedule (sync round)", "s", [a["sync_s"] for a in arms if a["sync_s"]]),
+            Result.of(bench, "submit -> all ranks ARMED", "s",
+                      [a["all_armed_s"] for a in arms if a["all_armed_s"] is not None],
+                      note=f"{sum(1 for a in arms if a['all_armed_s'] is None)} of {len(arms)} requests never had "
+                      "every rank armed" if any(a["all_armed_s"] is None for a in arms) else ""),
+            Result.of(bench, "submit -> all ranks CAPTURING", "s",
+                      [a["all_capturing_s"] for a in arms if a["all_capturing_s"] is not None],
+                      note=f"requests: {[a['state'] + ' ' + str(a['rank_states']) for a in arms]}"),
+            Result.of(bench, "submit -> last rank CAPTURING (of those that did)", "s",
+                      [a["last_capturing_s"] for a in arms if a["last_capturing_s"] is not None],
+                      note=f"ranks capturing per request: {[a['capturing'] for a in arms]} of {n}"),
+            Result.of(bench, "ranks that missed the window", "ranks", missed,
+                      target="0", met=max(missed) == 0 if missed else None),
+            Result.of(bench, "calls/s during a request", "calls/s", [a["calls_per_s"] for a in arms]),
+            Result.of(bench, "controller CPU during a request", "%", [a["cpu_pct"] for a in arms]),
+            Result(bench, "capacity: cheap report() calls", "calls/s", r["capacity_calls_per_s"], n=1,
+                   note=f"controller at {r['capacity_cpu_pct']:.0f}% CPU (100% = one core; the actor runs one "
+                   "event loop)"),
+        ]
+    return results
