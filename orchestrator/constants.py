@@ -65,6 +65,9 @@ DEFAULT_DISCOVERY_INTERVAL_S = 2.0
 
 TOKEN_ENV_VAR = "RAYPROF_TOKEN"
 
+# Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
+MAX_HTTP_WAIT_S = 30.0
+
 MANIFEST_VERSION = 1
 
 

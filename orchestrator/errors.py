@@ -3,6 +3,7 @@
     RayprofError
     ├── ConfigurationError        server-side settings are unusable
     ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
+    ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
     │   └── ProfileNotFoundError
@@ -47,6 +48,11 @@ class ConfigurationError(RayprofError):
 class InvalidRequestError(RayprofError):
     code = "invalid_request"
     http_status = 400
+
+
+class UnauthorizedError(RayprofError):
+    code = "unauthorized"
+    http_status = 401
 
 
 class NotFoundError(RayprofError):

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ConflictError, InvalidRequestError, ProfileState, RankState, TargetNotFoundError
+from orchestrator import (
+    ConflictError,
+    InvalidRequestError,
+    ProfileState,
+    RankState,
+    TargetNotFoundError,
+)
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
@@ -36,7 +42,7 @@ def test_window_covers_the_same_steps_on_every_rank(live_job, file_store, tmp_pa
         assert len(rank.step_durations_ms) == 3
     traces = _traces(Path(file_store.root) / LIVE_TARGET / manifest.profile_id)
     assert sorted(traces) == [0, 1]
-    for rank, trace in traces.items():
+    for trace in traces.values():
         assert profiler_steps(trace) == window
         assert trace["distributedInfo"]["world_size"] == 2
 

@@ -1,0 +1,408 @@
+"""The rayprof HTTP service: a Ray Serve deployment with a FastAPI ingress.
+
+Thin on purpose: each route validates its input, makes one call to the
+control actor (:mod:`actors.controller`) and maps the answer or error to
+HTTP. Every error is JSON ``{"error": code, "detail": message}``.
+
+Deploy with ``rayprof serve``, ``serve run deploy/serve_config.yaml``, or in
+Python::
+
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    serve.run(build_app({"storage": "s3://bucket/prefix"}), name="rayprof")
+"""
+
+# No ``from __future__ import annotations`` here: Serve's class-based ingress
+# rebuilds route signatures and cannot resolve string annotations, so FastAPI
+# would treat the body, Request and dependencies as query parameters.
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestrator.constants import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
+from orchestrator.errors import (
+    ControllerUnavailableError,
+    IntegrityError,
+    NotFoundError,
+    RayprofError,
+)
+from orchestrator.models import (
+    ControllerConfig,
+    Manifest,
+    ProfileRequest,
+    ProfileState,
+    ProfileStatus,
+    StorageSpec,
+    TargetInfo,
+)
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ProfileList",
+    "ProfileView",
+    "ProfilingService",
+    "TargetList",
+    "api",
+    "app",
+    "build_app",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+"""Request bodies above this are refused with 413: a profile request is a few hundred bytes."""
+
+CALL_TIMEOUT_S = 30.0
+"""How long one call to the control actor may take before the service answers 503."""
+
+# Same rule as models.Name; checked here too so a bad id is a 422, not a controller round trip.
+_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
+ProfileId = Annotated[str, Path(min_length=1, max_length=128, pattern=_ID_PATTERN)]
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileView(ProfileStatus):
+    """A profile as the HTTP API shows it: its status, where to poll, and the manifest once it ended."""
+
+    status_url: str = Field(description="GET this URL for the current state.")
+    manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
+
+
+class ProfileList(_Response):
+    """``GET /v1/profiles``: newest first."""
+
+    profiles: list[ProfileStatus]
+
+
+class TargetList(_Response):
+    """``GET /v1/targets``: live training runs with agents."""
+
+    targets: list[TargetInfo]
+
+
+class ErrorBody(_Response):
+    """Every error response."""
+
+    error: str
+    detail: str
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: answer 413 for bodies over ``max_bytes``, declared or streamed.
+
+    A declared ``content-length`` is refused before reading; a chunked body is
+    read up to the limit and replayed to the app, so no handler ever sees more.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                await self._refuse(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read_body(receive)
+        except _BodyTooLarge:
+            await self._refuse(send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps({"error": "body_too_large", "detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+api = FastAPI(
+    title="rayprof",
+    version="1",
+    description="On-demand torch.profiler windows on live Ray Train runs.",
+    responses={
+        400: {"model": ErrorBody, "description": "A value the server refuses (e.g. steps over the maximum)."},
+        401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
+        404: {"model": ErrorBody, "description": "Unknown target or profile."},
+        422: {"model": ErrorBody, "description": "Malformed body, unknown field or invalid name."},
+        503: {"model": ErrorBody, "description": "The control actor is unavailable."},
+    },
+)
+api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+_bearer = HTTPBearer(auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR}).")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _error(status: int, code: str, detail: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+@api.exception_handler(RayprofError)
+async def _rayprof_error(request: Request, exc: RayprofError) -> JSONResponse:
+    return _error(exc.http_status, exc.code, exc.message)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err.get("loc", ()))
+        problems.append(f"{where}: {err.get('msg', 'invalid')}")
+    return _error(422, "validation_error", "; ".join(problems) or "invalid request")
+
+
+@api.exception_handler(Exception)
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # Still a JSON body for clients; Starlette logs the traceback in the replica.
+    return _error(500, "internal_error", f"{type(exc).__name__}: {exc}"[:500])
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    codes = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
+    return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+
+
+# Everything the routes use (handlers, middleware, helpers) is defined above the
+# class: @serve.ingress pickles the FastAPI app, route methods included, when the
+# class is decorated; a global defined later is missing in the replica.
+def _read_artifact(manifest: Manifest, server_storage: StorageSpec, key: str, sha256: str) -> bytes:
+    """Read one artifact of a profile folder and check it against the manifest."""
+    from orchestrator.storage import open_storage
+
+    spec = StorageSpec(
+        uri=manifest.storage_uri,
+        s3_endpoint_url=server_storage.s3_endpoint_url,
+        s3_region=server_storage.s3_region,
+    )
+    data = open_storage(spec).get_bytes(key)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise IntegrityError(f"{key} of {manifest.profile_id} does not match its manifest checksum")
+    return data
+
+
+@serve.deployment(
+    # The service only forwards calls: leave every CPU to training.
+    ray_actor_options={"num_cpus": 0},
+    # Long-polls (?wait_s=) hold a request each; the default of 5 would starve others.
+    max_ongoing_requests=200,
+)
+@serve.ingress(api)
+class ProfilingService:
+    """Routes of the v1 API; the control actor does the work.
+
+    ``storage``: when given, the control actor is (created and) configured to
+    store new profiles there. ``token``: bearer token required on every route
+    but ``/healthz`` (default ``RAYPROF_TOKEN``; none means open).
+    ``controller``: a control-actor handle to use instead of the named one.
+    """
+
+    def __init__(self, *, storage: StorageSpec | None = None, token: str | None = None, controller: Any = None) -> None:
+        token = token if token is not None else os.environ.get(TOKEN_ENV_VAR)
+        self._token = token.encode() if token else None
+        self._storage = storage
+        self._pinned = controller is not None
+        self._controller = controller
+        self._configured: Any = None
+        if controller is None:
+            # Create the control actor now, not on the first request: agents only
+            # discover an existing one, so jobs can register as soon as we are up.
+            self._connect()
+
+    def _connect(self) -> Any:
+        from actors.controller import get_controller
+
+        self._controller = get_controller(create=True, config=ControllerConfig.from_env(self._storage))
+        if self._storage is not None:
+            # An actor that already existed keeps its old storage unless told; the
+            # reply is awaited before the next call so errors are not lost.
+            self._configured = self._controller.configure.remote(self._storage)
+        return self._controller
+
+    async def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        try:
+            controller = self._controller if self._controller is not None else self._connect()
+            if self._configured is not None:
+                await asyncio.wait_for(self._configured, timeout)
+                self._configured = None
+            return await asyncio.wait_for(getattr(controller, method).remote(*args), timeout)
+        except RayTaskError as e:
+            if isinstance(e.cause, RayprofError):
+                raise e.cause from None
+            raise
+        except (TimeoutError, RayActorError, GetTimeoutError) as e:
+            if not self._pinned:
+                # Dropped so the next request finds (or recreates) the named actor.
+                self._controller = None
+            raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {type(e).__name__}") from e
+
+    def _authorize(self, credentials: HTTPAuthorizationCredentials | None) -> None:
+        if self._token is None:
+            return
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if not hmac.compare_digest(given, self._token):
+            raise HTTPException(401, "missing or wrong bearer token")
+
+    async def _view(self, status: ProfileStatus, request: Request) -> ProfileView:
+        manifest = None
+        if status.state.is_terminal and status.manifest_uri is not None:
+            manifest = await self._call("manifest", status.id)
+        url = str(request.url_for("get_profile", profile_id=status.id))
+        return ProfileView(**dict(status), status_url=url, manifest=manifest)
+
+    @api.get("/healthz", summary="Liveness: the service and its control actor answer")
+    async def healthz(self) -> dict[str, str]:
+        await self._call("ping", timeout=5.0)
+        return {"status": "ok"}
+
+    @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
+    async def create_profile(self, body: ProfileRequest, request: Request, credentials: Credentials) -> JSONResponse:
+        self._authorize(credentials)
+        view = await self._view(await self._call("submit", body), request)
+        return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
+
+    @api.get("/v1/profiles", response_model=ProfileList, summary="List profiles, newest first")
+    async def list_profiles(
+        self,
+        credentials: Credentials,
+        target: Annotated[str | None, Query(max_length=128, pattern=_ID_PATTERN)] = None,
+        state: ProfileState | None = None,
+    ) -> ProfileList:
+        self._authorize(credentials)
+        return ProfileList(profiles=await self._call("list", target, state))
+
+    @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
+    async def get_profile(
+        self,
+        profile_id: ProfileId,
+        request: Request,
+        credentials: Credentials,
+        wait_s: Annotated[
+            float, Query(ge=0, le=MAX_HTTP_WAIT_S, description="Long-poll: answer once the state changes or after this.")
+        ] = 0.0,
+    ) -> ProfileView:
+        self._authorize(credentials)
+        if wait_s > 0:
+            status = await self._call("wait", profile_id, wait_s, timeout=wait_s + CALL_TIMEOUT_S)
+        else:
+            status = await self._call("get", profile_id)
+        return await self._view(status, request)
+
+    @api.delete("/v1/profiles/{profile_id}", response_model=ProfileView, summary="Cancel a profile")
+    async def cancel_profile(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileView:
+        self._authorize(credentials)
+        return await self._view(await self._call("cancel", profile_id), request)
+
+    @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
+    async def get_manifest(self, profile_id: ProfileId, credentials: Credentials) -> Manifest:
+        self._authorize(credentials)
+        return await self._call("manifest", profile_id)
+
+    @api.get(
+        "/v1/profiles/{profile_id}/report",
+        response_class=HTMLResponse,
+        summary="The analysis report (report.html) listed in the manifest",
+    )
+    async def get_report(self, profile_id: ProfileId, credentials: Credentials) -> HTMLResponse:
+        self._authorize(credentials)
+        manifest: Manifest = await self._call("manifest", profile_id)
+        report = next((a for a in manifest.artifacts if a.kind == "report"), None)
+        if report is None:
+            raise NotFoundError(
+                f"profile {profile_id} has no report: its manifest lists no artifact of kind 'report'",
+                profile_id=profile_id,
+            )
+        config: ControllerConfig = await self._call("config")
+        data = await asyncio.to_thread(_read_artifact, manifest, config.storage, report.key, report.sha256)
+        return HTMLResponse(data.decode("utf-8", errors="replace"))
+
+    @api.get("/v1/targets", response_model=TargetList, summary="Live training runs and their ranks")
+    async def list_targets(self, credentials: Credentials) -> TargetList:
+        self._authorize(credentials)
+        return TargetList(targets=await self._call("targets"))
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """Application builder (``import_path: orchestrator.app:build_app``).
+
+    ``args``: ``storage`` (path or ``s3://bucket/prefix``), ``s3_endpoint_url``,
+    ``s3_region``, ``token``; unset ones fall back to ``RAYPROF_*`` env vars
+    read in the replica.
+    """
+    from orchestrator.storage import normalize_uri
+
+    args = dict(args or {})
+    unknown = set(args) - {"storage", "s3_endpoint_url", "s3_region", "token"}
+    if unknown:
+        raise ValueError(f"unknown rayprof app args: {sorted(unknown)}")
+    storage = None
+    if args.get("storage"):
+        storage = StorageSpec(
+            uri=normalize_uri(args["storage"]),
+            s3_endpoint_url=args.get("s3_endpoint_url") or None,
+            s3_region=args.get("s3_region") or None,
+        )
+    return ProfilingService.bind(storage=storage, token=args.get("token") or None)
+
+
+app = ProfilingService.bind()
+"""The service configured entirely by ``RAYPROF_*`` env vars (``import_path: orchestrator.app:app``)."""

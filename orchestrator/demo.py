@@ -1,0 +1,226 @@
+"""``rayprof demo``: the whole path on one machine, in a few minutes, with nothing to set up.
+
+Starts a local Ray cluster on loopback, launches the example training job
+(``deploy/examples/train_job.py``, instrumented only through the
+``worker_process_setup_hook``), deploys the HTTP service, profiles the job
+over HTTP with :class:`~orchestrator.client.ProfilingClient`, prints where
+everything landed, and shuts it all down. Profiles go to a local folder
+(``./rayprof-demo/store``), so no S3 is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from orchestrator.cli import ProgressPrinter, current_steps_lookup, format_size
+from orchestrator.client import ProfilingClient
+from orchestrator.constants import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
+from orchestrator.errors import RayprofError
+from orchestrator.models import Manifest, ProfileState, ProfileStatus, TargetInfo
+
+__all__ = ["DEMO_TARGET", "run_demo"]
+
+DEMO_TARGET = "rayprof-demo"
+MIN_STEP_BEFORE_PROFILING = 3
+
+_TRAIN_JOB = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "train_job.py"
+
+
+def _say(message: str) -> None:
+    print(f"rayprof demo: {message}", flush=True)
+
+
+def _free_port(preferred: int) -> int:
+    """``preferred`` if nothing listens on it, else any free port."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            pass
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _local_path(uri: str) -> Path | None:
+    parsed = urlparse(uri)
+    return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+
+
+class _Training:
+    """The example job as its own driver process, stopped through its --stop-file."""
+
+    def __init__(self, address: str, workdir: Path, workers: int, max_seconds: float) -> None:
+        self.stop_file = workdir / "train.stop"
+        self.stop_file.unlink(missing_ok=True)
+        self.log = workdir / "train.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_TRAIN_JOB),
+                    "--name",
+                    DEMO_TARGET,
+                    "--address",
+                    address,
+                    "--workers",
+                    str(workers),
+                    "--instrument",
+                    "setup-hook",
+                    "--stop-file",
+                    str(self.stop_file),
+                    "--max-seconds",
+                    str(int(max_seconds)),
+                    "--storage-path",
+                    str(workdir / "train"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the training job exited ({self.proc.returncode}); end of {self.log}:\n{tail}")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.stop_file.touch()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _wait_for_target(client: ProfilingClient, training: _Training, workers: int, deadline: float) -> TargetInfo:
+    """Until every rank registered and trained a few steps, bounded by ``deadline``."""
+    while time.monotonic() < deadline:
+        training.check_alive()
+        for target in client.targets():
+            steps = [w.step for w in target.ranks]
+            if target.name == DEMO_TARGET and len(steps) == workers and min(steps) >= MIN_STEP_BEFORE_PROFILING:
+                return target
+        time.sleep(1.0)
+    raise TimeoutError(f"{DEMO_TARGET} did not register {workers} ranks in time; see {training.log}")
+
+
+class _CaptureClock:
+    """Progress printing that also notes when the profile first reports CAPTURING."""
+
+    def __init__(self, printer: ProgressPrinter) -> None:
+        self._printer = printer
+        self.capturing_at: float | None = None
+
+    def __call__(self, status: ProfileStatus) -> None:
+        if self.capturing_at is None and status.state in (ProfileState.CAPTURING, ProfileState.COLLECTING):
+            self.capturing_at = time.monotonic()
+        self._printer(status)
+
+
+def _print_result(manifest: Manifest, elapsed_s: float, capture_latency_s: float | None, url: str) -> None:
+    folder = _local_path(manifest.storage_uri)
+    latency = f", capturing {capture_latency_s:.1f}s after the request" if capture_latency_s is not None else ""
+    print()
+    _say(f"profile {manifest.profile_id} of {manifest.target}: {manifest.status.value} in {elapsed_s:.1f}s{latency}")
+    if manifest.reason:
+        print(f"  reason:    {manifest.reason}")
+    print(f"  service:   {url} (POST /v1/profiles, GET /v1/profiles/{manifest.profile_id})")
+    print(f"  window:    steps {manifest.start_step}..{(manifest.stop_step or 1) - 1}")
+    for rank in manifest.ranks:
+        print(
+            f"  rank {rank.rank}:    {rank.state.value} steps {rank.first_step}..{rank.last_step} "
+            f"on {rank.host} pid {rank.pid}" + (f" ({rank.reason})" if rank.reason else "")
+        )
+    for artifact in manifest.all_artifacts():
+        print(f"    {artifact.key:<58} {format_size(artifact.bytes):>10}")
+    if folder is not None:
+        print(f"  manifest:  {folder / 'manifest.json'}")
+        print(f"  traces:    {folder / 'traces'}")
+        print(f"  view:      tensorboard --logdir {folder / 'traces'}")
+        print(f"  analyse:   rayprof analyze {folder}")
+    summary: dict[str, Any] = manifest.summary or {}
+    for finding in summary.get("findings") or []:
+        print(f"  finding:   {finding.get('title')} (ranks {finding.get('ranks')})")
+        print(f"             fix: {finding.get('fix')}")
+    report = next((a for a in manifest.artifacts if a.kind == "report"), None)
+    if report is not None:
+        print(f"  report:    {folder / report.key if folder is not None else report.uri}")
+
+
+def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 2, timeout_s: float = 600.0) -> int:
+    """Run the demo end to end; returns 0 when the profile ends DONE, 1 otherwise."""
+    # Before Ray starts, so every Ray process inherits them: loopback only, and
+    # agents that find the controller and notice a window within a second or two.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(DISCOVERY_INTERVAL_S_ENV_VAR, "0.5")
+    os.environ.setdefault(POLL_TIMEOUT_S_ENV_VAR, "5")
+    import ray
+    from ray import serve
+
+    from orchestrator.app import build_app
+
+    if not _TRAIN_JOB.is_file():
+        _say(f"cannot find the example job at {_TRAIN_JOB}; run the demo from a source checkout (`make demo`)")
+        return 1
+    started = time.monotonic()
+    deadline = started + timeout_s
+    workdir = workdir.resolve()
+    store = workdir / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    port = _free_port(port)
+    url = f"http://127.0.0.1:{port}"
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+
+    _say("starting a local Ray cluster (loopback only)")
+    # address="local": always a fresh cluster, even when RAY_ADDRESS names another one.
+    context = ray.init(
+        address="local",
+        num_cpus=workers + 2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        namespace="rayprof-demo",
+    )
+    training: _Training | None = None
+    try:
+        _say(f"launching the example training job {DEMO_TARGET!r} on {workers} workers (setup hook only)")
+        training = _Training(context.address_info["gcs_address"], workdir, workers, timeout_s)
+        _say(f"deploying the rayprof service at {url} (profiles go to {store})")
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+        serve.run(build_app({"storage": str(store)}), name="rayprof", route_prefix="/")
+        client = ProfilingClient(url)
+
+        _say("waiting for the job's ranks to register")
+        target = _wait_for_target(client, training, workers, deadline)
+        _say(
+            f"{target.name}: {len(target.ranks)} ranks at step {min(w.step for w in target.ranks)}; "
+            f'POST /v1/profiles {{"target": "{target.name}", "steps": {steps}, "profile_memory": true}}'
+        )
+        posted = time.monotonic()
+        handle = client.profile(DEMO_TARGET, steps, profile_memory=True, record_shapes=True)
+        clock = _CaptureClock(ProgressPrinter(current_steps_lookup(client), stream=sys.stdout))
+        manifest = handle.wait(timeout=max(1.0, deadline - time.monotonic()), progress=clock)
+        latency = clock.capturing_at - posted if clock.capturing_at is not None else None
+        _print_result(manifest, time.monotonic() - posted, latency, url)
+        ok = manifest.status == ProfileState.DONE
+    except (RayprofError, RuntimeError, TimeoutError) as e:
+        _say(f"failed: {e}")
+        ok = False
+    finally:
+        _say("shutting down (training job, service, cluster)")
+        if training is not None:
+            training.stop()
+        serve.shutdown()
+        ray.shutdown()
+    _say(f"{'done' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s; files in {workdir}")
+    return 0 if ok else 1

@@ -1,0 +1,154 @@
+"""``HttpBackend``: the client's :class:`~orchestrator.client.Backend` over the HTTP API.
+
+``ProfilingClient("http://127.0.0.1:8000", token)`` uses it. Error bodies
+``{"error": code, "detail": message}`` come back as the same exception classes
+the in-cluster client raises (``TargetNotFoundError``, ``ConflictError``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+from pydantic import TypeAdapter
+
+from orchestrator import errors
+from orchestrator.constants import (
+    MAX_HTTP_WAIT_S,
+    S3_ENDPOINT_URL_ENV_VAR,
+    S3_REGION_ENV_VAR,
+)
+from orchestrator.errors import (
+    ControllerUnavailableError,
+    InvalidRequestError,
+    RayprofError,
+    UnauthorizedError,
+)
+from orchestrator.models import (
+    Manifest,
+    ProfileRequest,
+    ProfileState,
+    ProfileStatus,
+    StorageSpec,
+    TargetInfo,
+)
+
+__all__ = ["HttpBackend", "error_for"]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+# Fields the HTTP views add to a ProfileStatus (orchestrator.app.ProfileView).
+_VIEW_ONLY_FIELDS = ("status_url", "manifest")
+
+
+def _subclasses(cls: type[RayprofError]) -> list[type[RayprofError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_subclasses(sub))
+    return found
+
+
+def error_for(status: int, code: str | None, detail: str) -> RayprofError:
+    """The exception an error response stands for: by its ``code``, else by HTTP status."""
+    by_code = {cls.code: cls for cls in _subclasses(RayprofError) if cls.__module__ == errors.__name__}
+    cls = by_code.get(code or "")
+    if cls is None:
+        # Codes the API adds on its own (validation_error, body_too_large, ...).
+        cls = {
+            400: InvalidRequestError,
+            401: UnauthorizedError,
+            404: errors.NotFoundError,
+            409: errors.ConflictError,
+            413: InvalidRequestError,
+            422: InvalidRequestError,
+            503: ControllerUnavailableError,
+        }.get(status, RayprofError)
+    return cls(detail)
+
+
+class HttpBackend:
+    """Talks to the rayprof service; one pooled connection per client.
+
+    Artifacts are fetched straight from storage (S3 or cluster storage), so a
+    download needs the storage's endpoint: ``s3_endpoint_url`` or
+    ``RAYPROF_S3_ENDPOINT_URL`` for MinIO.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        s3_endpoint_url: str | None = None,
+        s3_region: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        self._timeout_s = timeout_s
+        self._s3_endpoint_url = s3_endpoint_url or os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None
+        self._s3_region = s3_region or os.environ.get(S3_REGION_ENV_VAR) or None
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        try:
+            response = self._client.request(method, path, timeout=timeout or self._timeout_s, **kwargs)
+        except httpx.TransportError as e:
+            raise ControllerUnavailableError(f"cannot reach the rayprof service at {self.url}: {e}") from e
+        if response.is_success:
+            return response.json()
+        try:
+            body = response.json()
+            code, detail = body.get("error"), str(body.get("detail", response.text))
+        except ValueError:
+            code, detail = None, response.text or response.reason_phrase
+        raise error_for(response.status_code, code, detail)
+
+    @staticmethod
+    def _status(body: dict[str, Any]) -> ProfileStatus:
+        return ProfileStatus.model_validate({k: v for k, v in body.items() if k not in _VIEW_ONLY_FIELDS})
+
+    @staticmethod
+    def _path(profile_id: str) -> str:
+        return f"/v1/profiles/{quote(profile_id, safe='')}"
+
+    def submit(self, request: ProfileRequest) -> ProfileStatus:
+        return self._status(self._request("POST", "/v1/profiles", json=request.model_dump(mode="json")))
+
+    def get(self, profile_id: str) -> ProfileStatus:
+        return self._status(self._request("GET", self._path(profile_id)))
+
+    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
+        wait_s = max(0.0, min(timeout_s, MAX_HTTP_WAIT_S))
+        body = self._request("GET", self._path(profile_id), params={"wait_s": wait_s}, timeout=wait_s + self._timeout_s)
+        return self._status(body)
+
+    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
+        params = {k: v for k, v in (("target", target), ("state", state.value if state else None)) if v}
+        body = self._request("GET", "/v1/profiles", params=params)
+        return [ProfileStatus.model_validate(p) for p in body["profiles"]]
+
+    def cancel(self, profile_id: str) -> ProfileStatus:
+        return self._status(self._request("DELETE", self._path(profile_id)))
+
+    def manifest(self, profile_id: str) -> Manifest:
+        return Manifest.model_validate(self._request("GET", f"{self._path(profile_id)}/manifest"))
+
+    def targets(self) -> list[TargetInfo]:
+        return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
+
+    def storage_for(self, storage_uri: str) -> StorageSpec:
+        return StorageSpec(uri=storage_uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)

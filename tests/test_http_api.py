@@ -1,0 +1,369 @@
+"""The HTTP API through the real Serve proxy on 127.0.0.1, and the Python client over it."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestrator import (
+    ConflictError,
+    ProfileState,
+    ProfilingClient,
+    TargetNotFoundError,
+)
+from orchestrator.errors import ControllerUnavailableError, UnauthorizedError
+from orchestrator.models import Manifest
+from tests.conftest import LIVE_TARGET, TRAIN_JOB, wait_for
+from tests.serve_fixtures import (
+    TERMINAL_STATES,
+    artifact_problems,
+    submit_job,
+    wait_terminal,
+)
+
+pytest_plugins = ["tests.serve_fixtures"]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def finished(live_job, service, tmp_path_factory) -> dict:
+    """One profile run over HTTP to the end: the POST response, the final status, the store."""
+    root = tmp_path_factory.mktemp("http-store")
+    ProfilingClient.in_cluster(storage=str(root))
+    with httpx.Client(base_url=service.url, timeout=60) as http:
+        created = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 3, "profile_memory": True})
+        final = wait_terminal(http, created.json()["status_url"])
+    return {"created": created, "final": final, "root": root}
+
+
+# ---- the happy path ----------------------------------------------------------
+
+
+def test_post_answers_202_with_id_and_status_url(finished, service):
+    created = finished["created"]
+    body = created.json()
+
+    assert created.status_code == 202
+    assert body["status_url"] == f"{service.url}/v1/profiles/{body['id']}"
+    assert created.headers["location"] == body["status_url"]
+    assert body["target"] == LIVE_TARGET and body["request"]["steps"] == 3
+
+
+def test_finished_status_inlines_the_stored_manifest(finished, http):
+    final = finished["final"]
+    manifest = http.get(f"/v1/profiles/{final['id']}/manifest")
+
+    assert final["state"] == "DONE"
+    assert [r["state"] for r in final["ranks"]] == ["DONE", "DONE"]
+    assert manifest.status_code == 200
+    assert final["manifest"] == manifest.json()
+
+
+def test_manifest_artifacts_are_in_storage_with_matching_checksums(finished):
+    manifest = Manifest.model_validate(finished["final"]["manifest"])
+    folder = Path(finished["root"]) / LIVE_TARGET / manifest.profile_id
+
+    assert {a.kind for a in manifest.all_artifacts()} >= {"trace", "memory_timeline", "op_table"}
+    assert artifact_problems(folder, manifest) == []
+
+
+def test_status_shows_per_rank_progress_while_running(live_job, file_store, http):
+    created = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 5}).json()
+
+    running = wait_for(
+        lambda: (b := http.get(created["status_url"]).json())["state"] != "PENDING" and b,
+        timeout=60,
+        interval=0.05,
+        what="scheduling",
+    )
+    assert running["start_step"] is not None
+    assert [r["rank"] for r in running["ranks"]] == [0, 1]
+    assert all(r["state"] for r in running["ranks"])
+    assert wait_terminal(http, created["status_url"])["state"] == "DONE"
+
+
+def test_list_filters_by_target_and_state(finished, http):
+    profile_id = finished["final"]["id"]
+
+    done = http.get("/v1/profiles", params={"target": LIVE_TARGET, "state": "DONE"}).json()["profiles"]
+    other = http.get("/v1/profiles", params={"target": "no-such-run"}).json()["profiles"]
+    failed = http.get("/v1/profiles", params={"target": LIVE_TARGET, "state": "FAILED"}).json()["profiles"]
+
+    assert profile_id in [p["id"] for p in done]
+    assert {(p["target"], p["state"]) for p in done} == {(LIVE_TARGET, "DONE")}
+    assert other == []
+    assert profile_id not in [p["id"] for p in failed]
+
+
+def test_report_is_served_from_storage(finished, http):
+    report = http.get(f"/v1/profiles/{finished['final']['id']}/report")
+    stored = Path(finished["root"]) / LIVE_TARGET / finished["final"]["id"] / "report.html"
+
+    assert report.status_code == 200
+    assert report.headers["content-type"].startswith("text/html")
+    assert report.text == stored.read_text()
+
+
+def test_delete_cancels_and_the_profile_has_no_report(live_job, file_store, http):
+    created = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 40}).json()
+    cancelled = http.delete(f"/v1/profiles/{created['id']}")
+    final = wait_terminal(http, created["status_url"])
+    report = http.get(f"/v1/profiles/{created['id']}/report")
+
+    assert cancelled.status_code == 200
+    assert final["state"] == "CANCELLED"
+    assert final["manifest"]["status"] == "CANCELLED"
+    assert report.status_code == 404
+    assert report.json() == {
+        "error": "not_found",
+        "detail": f"profile {created['id']} has no report: its manifest lists no artifact of kind 'report'",
+    }
+
+
+def test_targets_lists_the_live_run_with_its_ranks(live_job, http):
+    targets = http.get("/v1/targets").json()["targets"]
+
+    (live,) = [t for t in targets if t["name"] == LIVE_TARGET]
+    assert live["world_size"] == 2
+    assert [r["info"]["world_rank"] for r in live["ranks"]] == [0, 1]
+
+
+def test_healthz_and_docs_are_served(service, http):
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/docs").status_code == 200
+    paths = http.get("/openapi.json").json()["paths"]
+    assert {"/v1/profiles", "/v1/profiles/{profile_id}", "/v1/profiles/{profile_id}/report", "/v1/targets"} <= set(
+        paths
+    )
+
+
+def test_job_from_the_jobs_api_with_only_the_setup_hook_is_profiled(jobs_client, service, file_store, http, tmp_path):
+    name = f"jobs-run-{uuid.uuid4().hex[:6]}"
+    stop = tmp_path / "stop"
+    submission_id = submit_job(
+        jobs_client,
+        entrypoint=f"{sys.executable} {TRAIN_JOB} --name {name} --instrument none --stop-file {stop} "
+        f"--max-seconds 900 --storage-path {tmp_path / 'train'}",
+        runtime_env={"worker_process_setup_hook": "actors.agent.install"},
+    )
+
+    def registered() -> bool:
+        if jobs_client.get_job_status(submission_id).is_terminal():
+            raise AssertionError(f"job {submission_id} ended: {jobs_client.get_job_logs(submission_id)[-3000:]}")
+        return any(t["name"] == name and len(t["ranks"]) == 2 for t in http.get("/v1/targets").json()["targets"])
+
+    try:
+        wait_for(registered, timeout=240, interval=1.0, what=f"{name} to register")
+        created = http.post("/v1/profiles", json={"target": name, "steps": 2}).json()
+        final = wait_terminal(http, created["status_url"])
+    finally:
+        stop.touch()
+        wait_for(lambda: jobs_client.get_job_status(submission_id).is_terminal(), timeout=120, what="the job to end")
+
+    assert final["state"] == "DONE"
+    assert final["manifest"]["cluster"]["submission_ids"] == [submission_id]
+
+
+# ---- errors: status and JSON body ------------------------------------------
+
+
+def test_missing_token_is_401(service):
+    r = httpx.get(f"{service.secure_url}/v1/targets")
+
+    assert r.status_code == 401
+    assert r.json() == {"error": "unauthorized", "detail": "missing or wrong bearer token"}
+    assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_wrong_token_is_401(service):
+    r = httpx.get(f"{service.secure_url}/v1/targets", headers={"Authorization": "Bearer not-the-token"})
+
+    assert r.status_code == 401
+    assert r.json()["error"] == "unauthorized"
+
+
+def test_right_token_is_accepted_and_healthz_needs_none(service):
+    authed = httpx.get(f"{service.secure_url}/v1/targets", headers={"Authorization": f"Bearer {service.token}"})
+    health = httpx.get(f"{service.secure_url}/healthz")
+
+    assert authed.status_code == 200
+    assert health.status_code == 200
+
+
+def test_unknown_target_is_404(http):
+    r = http.post("/v1/profiles", json={"target": "no-such-run", "steps": 1})
+
+    assert r.status_code == 404
+    assert r.json()["error"] == "target_not_found"
+    assert "no-such-run" in r.json()["detail"]
+
+
+def test_unknown_profile_id_is_404(http):
+    r = http.get("/v1/profiles/prof-unknown")
+
+    assert r.status_code == 404
+    assert r.json() == {"error": "profile_not_found", "detail": "no profile with id 'prof-unknown'"}
+
+
+def test_second_window_on_a_target_is_409_unless_queued(live_job, file_store, http):
+    first = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 5}).json()
+    conflict = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 1})
+    queued = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 1, "queue": True})
+
+    assert conflict.status_code == 409
+    assert conflict.json()["error"] == "conflict"
+    assert first["id"] in conflict.json()["detail"]
+    assert queued.status_code == 202
+    assert wait_terminal(http, first["status_url"])["state"] == "DONE"
+    assert wait_terminal(http, queued.json()["status_url"])["state"] == "DONE"
+
+
+def test_steps_over_the_maximum_are_400(http):
+    r = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 10_000})
+
+    assert r.status_code == 400
+    assert r.json()["error"] == "invalid_request"
+    assert "over the maximum" in r.json()["detail"]
+
+
+def test_body_over_64_kib_is_413(http):
+    r = http.post(
+        "/v1/profiles", content=b"{" + b" " * (65 * 1024) + b"}", headers={"content-type": "application/json"}
+    )
+
+    assert r.status_code == 413
+    assert r.json()["error"] == "body_too_large"
+
+
+def test_streamed_body_over_64_kib_is_413(http):
+    r = http.post(
+        "/v1/profiles", content=(b" " * 1024 for _ in range(70)), headers={"content-type": "application/json"}
+    )
+
+    assert r.status_code == 413
+    assert r.json()["error"] == "body_too_large"
+
+
+def test_malformed_json_is_422(http):
+    r = http.post("/v1/profiles", content=b'{"target": "x", "steps": ', headers={"content-type": "application/json"})
+
+    assert r.status_code == 422
+    assert r.json()["error"] == "validation_error"
+    assert "JSON" in r.json()["detail"]
+
+
+def test_unknown_field_is_422(http):
+    r = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 1, "bucket": "s3://elsewhere"})
+
+    assert r.status_code == 422
+    assert r.json() == {"error": "validation_error", "detail": "body.bucket: Extra inputs are not permitted"}
+
+
+@pytest.mark.parametrize("target", ["../x", "..", "a/b", ".hidden", "x..y"])
+def test_target_that_could_escape_storage_is_422(http, target):
+    r = http.post("/v1/profiles", json={"target": target, "steps": 1})
+
+    assert r.status_code == 422
+    assert r.json()["error"] == "validation_error"
+    assert r.json()["detail"].startswith("body.target:")
+
+
+def test_profile_id_that_could_escape_storage_is_422(http):
+    r = http.get("/v1/profiles/%2E%2E")
+
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("path.profile_id:")
+
+
+def test_unknown_state_filter_is_422(http):
+    r = http.get("/v1/profiles", params={"state": "RUNNING"})
+
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("query.state:")
+
+
+def test_dead_controller_is_503(service):
+    r = httpx.get(f"{service.down_url}/v1/targets", timeout=60)
+
+    assert r.status_code == 503
+    assert r.json()["error"] == "controller_unavailable"
+
+
+# ---- the Python client over HTTP -------------------------------------------
+
+
+def test_client_over_http_waits_and_downloads_with_verified_checksums(live_job, file_store, service, tmp_path):
+    seen: list[ProfileState] = []
+    handle = ProfilingClient(service.url).profile(LIVE_TARGET, steps=2)
+    manifest = handle.wait(timeout=120, progress=lambda s: seen.append(s.state))
+    folder = handle.download(tmp_path / "dl")
+
+    assert manifest.status == ProfileState.DONE
+    assert seen[-1] == ProfileState.DONE and {s.value for s in seen} <= TERMINAL_STATES | {
+        "PENDING",
+        "SCHEDULED",
+        "CAPTURING",
+        "COLLECTING",
+    }
+    assert artifact_problems(folder, manifest) == []
+    assert Manifest.model_validate_json((folder / "manifest.json").read_text()) == manifest
+
+
+def test_client_over_http_sees_the_same_targets_as_in_cluster(live_job, service, client):
+    over_http = ProfilingClient(service.url).targets()
+
+    assert [(t.name, t.world_size) for t in over_http] == [(t.name, t.world_size) for t in client.targets()]
+
+
+def test_client_over_http_raises_conflict_error(live_job, file_store, service):
+    http_client = ProfilingClient(service.url)
+    handle = http_client.profile(LIVE_TARGET, steps=5)
+    with pytest.raises(ConflictError, match="already running"):
+        http_client.profile(LIVE_TARGET, steps=1)
+    assert handle.wait(timeout=120).status == ProfileState.DONE
+
+
+def test_client_over_http_raises_target_not_found(service):
+    with pytest.raises(TargetNotFoundError, match="no-such-run"):
+        ProfilingClient(service.url).profile("no-such-run", steps=1)
+
+
+def test_client_with_wrong_token_raises_unauthorized(service):
+    with pytest.raises(UnauthorizedError):
+        ProfilingClient(service.secure_url, token="nope").targets()
+
+
+def test_client_with_token_lists_targets(live_job, service):
+    targets = ProfilingClient(service.secure_url, token=service.token).targets()
+
+    assert LIVE_TARGET in [t.name for t in targets]
+
+
+def test_client_reports_a_dead_controller_as_unavailable(service):
+    with pytest.raises(ControllerUnavailableError):
+        ProfilingClient(service.down_url).targets()
+
+
+def test_capture_starts_soon_after_the_request(live_job, file_store, service):
+    """HTTP-to-capture latency: POST accepted to state CAPTURING (printed; bounded loosely)."""
+    http_client = ProfilingClient(service.url)
+    posted = time.monotonic()
+    handle = http_client.profile(LIVE_TARGET, steps=3)
+    capturing = wait_for(
+        lambda: (
+            handle.status().state in (ProfileState.CAPTURING, ProfileState.COLLECTING, ProfileState.DONE)
+            and time.monotonic()
+        ),
+        timeout=60,
+        interval=0.05,
+        what="capture",
+    )
+    latency = capturing - posted
+    print(f"POST accepted -> CAPTURING: {latency:.2f}s")
+    assert handle.wait(timeout=120).status == ProfileState.DONE
+    assert latency < 30
