@@ -90,7 +90,7 @@ def _sizes(quick: bool, log: LogFn) -> list[Result]:
             results.append(Result(f"{NAME}[{name}]", "sizes", "", None, note="no DONE window"))
             continue
 
-        def kind_bytes(kind: str) -> list[float]:
+        def kind_bytes(kind: str, mine: list = mine) -> list[float]:
             return [sum(a["bytes"] for a in r.artifacts if a["kind"] == kind) for r in mine]
 
         raw = [r.trace_raw_bytes / r.steps / 1024 for r in mine]

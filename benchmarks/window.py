@@ -39,7 +39,7 @@ AFTER_TARGET = 1.1
 
 # Windows measured by this run, kept so ``artifacts`` can size their files
 # instead of profiling the same windows again.
-RUN_CACHE: list["WindowRun"] = []
+RUN_CACHE: list[WindowRun] = []
 
 OPTION_SETS: dict[str, dict[str, bool]] = {
     "default": {},
