@@ -1,7 +1,7 @@
 """Trigger latency: profile request accepted -> every rank capturing, on a live job.
 
 A real local Ray cluster on loopback, a live 2-worker TorchTrainer job started
-like ``tests/conftest.py``'s ``TrainingJob`` (a driver subprocess running
+like the tests, through ``orchestrator.example_job.ExampleJob`` (a driver subprocess running
 ``deploy/examples/train_job.py --instrument setup-hook``: agents come in only
 through the runtime_env setup hook), and ``ProfilingClient.in_cluster`` with a
 temp folder as storage. The HTTP service is not used: the in-cluster client
@@ -27,55 +27,18 @@ from __future__ import annotations
 import math
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import LogFn
-from benchmarks._stats import REPO, Result, ensure_ray, quantile
+from benchmarks._stats import Result, ensure_ray, quantile
+from orchestrator.example_job import ExampleJob
 
 NAME = "trigger"
 TARGET_NAME = "bench-trigger"
-TRAIN_JOB = REPO / "deploy" / "examples" / "train_job.py"
 BASE_TARGET_S = 0.5
-
-
-class TrainingJob:
-    """A training driver in its own process against our cluster (as in tests/conftest.py)."""
-
-    def __init__(self, address: str, name: str, log: Path, *extra: str) -> None:
-        self.name = name
-        self.log = log
-        self.stop_file = log.with_suffix(".stop")
-        self._out = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(TRAIN_JOB), "--name", name, "--address", address, "--max-seconds", "1200",
-             "--stop-file", str(self.stop_file), *extra],
-            stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO,
-        )
-
-    def wait_until_training(self, client: Any, *, ranks: int = 2, min_step: int = 3, timeout: float = 300.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"training job exited: {self.log.read_text()[-3000:]}")
-            for t in client.targets():
-                if t.name == self.name and len(t.ranks) == ranks and min(r.step for r in t.ranks) >= min_step:
-                    return t
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not start training within {timeout}s: {self.log.read_text()[-3000:]}")
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self.stop_file.touch()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._out.close()
 
 
 def _position(target: Any) -> tuple[float, int, float | None]:
@@ -116,7 +79,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     requests = 2 if quick else 24
     tmp = Path(tempfile.mkdtemp(prefix="rayprof-bench-trigger-"))
     address = ensure_ray()
-    job: TrainingJob | None = None
+    job: ExampleJob | None = None
     samples: list[dict[str, Any]] = []
     try:
         client = ProfilingClient.in_cluster(storage=str(tmp / "store"))
@@ -126,11 +89,11 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             # On an overloaded 2-core box Ray Train has been seen to fail a fresh
             # worker group ("A worker health check failed") before the first
             # step; one retry with a fresh job, reported in the log.
-            job = TrainingJob(address, TARGET_NAME, tmp / f"job{attempt}.log", "--instrument", "setup-hook")
+            job = ExampleJob(address, TARGET_NAME, tmp / f"job{attempt}.log", "--instrument", "setup-hook")
             try:
                 job.wait_until_training(client)
                 break
-            except RuntimeError as e:
+            except (RuntimeError, TimeoutError) as e:
                 job.stop(timeout=10)
                 job = None
                 if attempt == 2:

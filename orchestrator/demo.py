@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,14 +23,13 @@ from orchestrator.cli import ProgressPrinter, current_steps_lookup, format_size
 from orchestrator.client import ProfilingClient
 from orchestrator.constants import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
 from orchestrator.errors import RayprofError
-from orchestrator.models import Manifest, ProfileState, ProfileStatus, TargetInfo
+from orchestrator.example_job import TRAIN_JOB, ExampleJob
+from orchestrator.models import Manifest, ProfileState, ProfileStatus
 
 __all__ = ["DEMO_TARGET", "run_demo"]
 
 DEMO_TARGET = "rayprof-demo"
 MIN_STEP_BEFORE_PROFILING = 3
-
-_TRAIN_JOB = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "train_job.py"
 
 
 def _say(message: str) -> None:
@@ -54,63 +52,6 @@ def _free_port(preferred: int) -> int:
 def _local_path(uri: str) -> Path | None:
     parsed = urlparse(uri)
     return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
-
-
-class _Training:
-    """The example job as its own driver process, stopped through its --stop-file."""
-
-    def __init__(self, address: str, workdir: Path, workers: int, max_seconds: float) -> None:
-        self.stop_file = workdir / "train.stop"
-        self.stop_file.unlink(missing_ok=True)
-        self.log = workdir / "train.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(_TRAIN_JOB),
-                    "--name",
-                    DEMO_TARGET,
-                    "--address",
-                    address,
-                    "--workers",
-                    str(workers),
-                    "--instrument",
-                    "setup-hook",
-                    "--stop-file",
-                    str(self.stop_file),
-                    "--max-seconds",
-                    str(int(max_seconds)),
-                    "--storage-path",
-                    str(workdir / "train"),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the training job exited ({self.proc.returncode}); end of {self.log}:\n{tail}")
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self.stop_file.touch()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-def _wait_for_target(client: ProfilingClient, training: _Training, workers: int, deadline: float) -> TargetInfo:
-    """Until every rank registered and trained a few steps, bounded by ``deadline``."""
-    while time.monotonic() < deadline:
-        training.check_alive()
-        for target in client.targets():
-            steps = [w.step for w in target.ranks]
-            if target.name == DEMO_TARGET and len(steps) == workers and min(steps) >= MIN_STEP_BEFORE_PROFILING:
-                return target
-        time.sleep(1.0)
-    raise TimeoutError(f"{DEMO_TARGET} did not register {workers} ranks in time; see {training.log}")
 
 
 class _CaptureClock:
@@ -169,8 +110,8 @@ def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 
 
     from orchestrator.app import build_app
 
-    if not _TRAIN_JOB.is_file():
-        _say(f"cannot find the example job at {_TRAIN_JOB}; run the demo from a source checkout (`make demo`)")
+    if not TRAIN_JOB.is_file():
+        _say(f"cannot find the example job at {TRAIN_JOB}; run the demo from a source checkout (`make demo`)")
         return 1
     started = time.monotonic()
     deadline = started + timeout_s
@@ -191,17 +132,25 @@ def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 
         logging_level=logging.WARNING,
         namespace="rayprof-demo",
     )
-    training: _Training | None = None
+    training: ExampleJob | None = None
     try:
         _say(f"launching the example training job {DEMO_TARGET!r} on {workers} workers (setup hook only)")
-        training = _Training(context.address_info["gcs_address"], workdir, workers, timeout_s)
+        training = ExampleJob(
+            context.address_info["gcs_address"],
+            DEMO_TARGET,
+            workdir / "train.log",
+            "--workers", str(workers), "--instrument", "setup-hook", "--storage-path", str(workdir / "train"),
+            max_seconds=timeout_s,
+        )
         _say(f"deploying the rayprof service at {url} (profiles go to {store})")
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
         serve.run(build_app({"storage": str(store)}), name="rayprof", route_prefix="/")
         client = ProfilingClient(url)
 
         _say("waiting for the job's ranks to register")
-        target = _wait_for_target(client, training, workers, deadline)
+        target = training.wait_until_training(
+            client, ranks=workers, min_step=MIN_STEP_BEFORE_PROFILING, timeout=deadline - time.monotonic()
+        )
         _say(
             f"{target.name}: {len(target.ranks)} ranks at step {min(w.step for w in target.ranks)}; "
             f'POST /v1/profiles {{"target": "{target.name}", "steps": {steps}, "profile_memory": true}}'

@@ -9,8 +9,6 @@ Environment for a real MinIO instead of moto's server (all four must be set):
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_JOB = REPO / "deploy" / "examples" / "train_job.py"
+from orchestrator.example_job import ExampleJob
+
 LIVE_TARGET = "live-run"
 
 # Set before Ray starts so every Ray process inherits them: loopback only,
@@ -96,47 +94,12 @@ def client(ray_cluster: str):
     return ProfilingClient.in_cluster()
 
 
-class TrainingJob:
-    """A training driver running in its own process against the test cluster."""
-
-    def __init__(self, address: str, name: str, log: Path, *extra: str) -> None:
-        self.name = name
-        self.stop_file = log.with_suffix(".stop")
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, str(TRAIN_JOB), "--name", name, "--address", address,
-             "--max-seconds", "1500", "--stop-file", str(self.stop_file), *extra],
-            stdout=open(log, "w"),
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-
-    def wait_until_training(self, client, *, ranks: int = 2, min_step: int = 3, timeout: float = 240.0):
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"training job {self.name} exited: {self.log.read_text()[-3000:]}")
-            for t in client.targets():
-                if t.name == self.name and len(t.ranks) == ranks and min(r.step for r in t.ranks) >= min_step:
-                    return t
-            return None
-
-        return wait_for(ready, timeout=timeout, what=f"{self.name} to train on {ranks} ranks")
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self.stop_file.touch()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 @pytest.fixture(scope="session")
-def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[TrainingJob]:
+def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[ExampleJob]:
     """The long-running job most tests profile: 2 CPU workers, instrumented
     only through the runtime_env setup hook (no code change)."""
     log = tmp_path_factory.mktemp("jobs") / f"{LIVE_TARGET}.log"
-    job = TrainingJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook")
+    job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook")
     try:
         job.wait_until_training(client)
         yield job

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis_models import Summary
+from orchestrator.example_job import ExampleJob
 from orchestrator.models import ProfileState
-from tests.conftest import LIVE_TARGET, TrainingJob
+from tests.conftest import LIVE_TARGET
 from tests.tracefiles import load_trace
 
 pytestmark = pytest.mark.integration
@@ -20,8 +21,8 @@ def planted_jobs(ray_cluster, client, tmp_path_factory):
     """A data-loading-bound job and a job whose rank 1 is slow, started together."""
     logs = tmp_path_factory.mktemp("planted")
     jobs = {
-        "slow-data": TrainingJob(ray_cluster, "slow-data", logs / "slow-data.log", "--data-delay-s", "0.004"),
-        "straggler": TrainingJob(
+        "slow-data": ExampleJob(ray_cluster, "slow-data", logs / "slow-data.log", "--data-delay-s", "0.004"),
+        "straggler": ExampleJob(
             ray_cluster, "straggler", logs / "straggler.log", "--slow-rank", "1", "--slow-rank-delay-s", "0.15"
         ),
     }

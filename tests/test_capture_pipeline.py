@@ -13,10 +13,11 @@ from orchestrator import (
     RankState,
     TargetNotFoundError,
 )
+from orchestrator.example_job import ExampleJob
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
-from tests.conftest import LIVE_TARGET, TrainingJob, wait_for
+from tests.conftest import LIVE_TARGET, wait_for
 from tests.tracefiles import has_input_shapes, load_trace, profiler_steps
 
 pytestmark = pytest.mark.integration
@@ -161,7 +162,7 @@ def test_steps_over_the_maximum_are_rejected(live_job, client):
 
 
 def test_attached_job_with_explicit_steps_is_profiled(ray_cluster, client, file_store, tmp_path):
-    job = TrainingJob(
+    job = ExampleJob(
         ray_cluster, "attach-run", tmp_path / "attach-run.log", "--instrument", "attach", "--step-mode", "explicit"
     )
     try:

@@ -11,7 +11,8 @@ import ray
 from actors.controller import get_controller
 from orchestrator import ConflictError, ProfileState
 from orchestrator.constants import DEFAULT_MAX_QUEUED_PER_TARGET
-from tests.conftest import LIVE_TARGET, TrainingJob
+from orchestrator.example_job import ExampleJob
+from tests.conftest import LIVE_TARGET
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ def test_queue_beyond_its_bound_is_a_conflict(live_job, file_store):
 
 
 def test_targets_are_profiled_concurrently(ray_cluster, live_job, client, file_store, tmp_path):
-    other = TrainingJob(ray_cluster, "second-run", tmp_path / "second-run.log")
+    other = ExampleJob(ray_cluster, "second-run", tmp_path / "second-run.log")
     try:
         other.wait_until_training(client)
         handles = [file_store.client.profile(t, steps=5) for t in (LIVE_TARGET, "second-run")]
