@@ -38,6 +38,8 @@ __all__ = ["Agent", "attach", "install", "step"]
 
 logger = logging.getLogger(__name__)
 
+_STEP_TIME_WINDOW_S = 1.0
+
 _agent: Agent | None = None
 _attach_lock = threading.Lock()
 _hook_handle: Any = None
@@ -79,10 +81,13 @@ class Agent:
         now = time.monotonic()
         count = self.step_count
         last = self._last_sample
-        if last is not None and count > last[0]:
-            self._step_time_s = (now - last[1]) / (count - last[0])
+        if last is None:
             self._last_sample = (count, now)
-        elif last is None:
+        elif now - last[1] >= _STEP_TIME_WINDOW_S:
+            # Polls can come milliseconds apart (a sync round); a step time taken
+            # over so short a span is noise, and the controller's lead depends on it.
+            if count > last[0]:
+                self._step_time_s = (now - last[1]) / (count - last[0])
             self._last_sample = (count, now)
         return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s)
 

@@ -154,6 +154,8 @@ class Controller:
     """Registry of targets and the state machine of every profile request."""
 
     def __init__(self, config: ControllerConfig) -> None:
+        # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._config = config
         # State lives where the constructor's config points: a restarted actor
         # is constructed with the same config and finds it again.
@@ -291,6 +293,8 @@ class Controller:
                 artifacts=event.artifacts,
             )
         profile.ranks[rank] = current.model_copy(update=update)
+        if event.state in (RankState.FAILED, RankState.CANCELLED):
+            logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
         profile.changed.set()
 
     # ---- client API ------------------------------------------------------

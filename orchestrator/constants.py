@@ -37,7 +37,7 @@ DEFAULT_WORKER_EXPIRY_GRACE_S = 10.0
 # converted to steps with the measured step time, never fewer than MIN_LEAD_STEPS.
 ARM_LEAD_S_ENV_VAR = "RAYPROF_ARM_LEAD_S"
 DEFAULT_ARM_LEAD_S = 0.3
-MIN_LEAD_STEPS = 2
+MIN_LEAD_STEPS = 3
 
 # How long the controller waits for fresh step counts before it picks S.
 SYNC_TIMEOUT_S_ENV_VAR = "RAYPROF_SYNC_TIMEOUT_S"

@@ -127,3 +127,18 @@ def test_idle_step_makes_no_calls():
     # the profiler being switched off).
     assert calls == ["call:step"] * 100 + ["c_call:setprofile"]
     assert agent.step_count == 100
+
+
+def test_step_time_is_measured_over_at_least_a_second(monkeypatch):
+    agent = Agent(INFO)
+    clock = iter([100.0, 100.01, 101.5])
+    monkeypatch.setattr("actors.agent.time.monotonic", lambda: next(clock))
+
+    first = agent._heartbeat()
+    agent.step_count = 1  # one step in 10 ms: too short a span to trust
+    early = agent._heartbeat()
+    agent.step_count = 30
+    later = agent._heartbeat()
+
+    assert first.step_time_s is None and early.step_time_s is None
+    assert later.step_time_s == pytest.approx(1.5 / 30)

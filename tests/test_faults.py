@@ -12,10 +12,11 @@ import ray
 
 from actors.controller import get_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
+from orchestrator.example_job import ExampleJob
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
-from tests.conftest import LIVE_TARGET, TrainingJob, wait_for
+from tests.conftest import LIVE_TARGET, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def _wait_state(handle, *states, timeout: float = 60.0):
 
 
 def test_killed_worker_is_marked_failed_and_the_restarted_group_is_profiled(ray_cluster, client, file_store, tmp_path):
-    job = TrainingJob(ray_cluster, "fault-run", tmp_path / "fault-run.log", "--max-failures", "2")
+    job = ExampleJob(ray_cluster, "fault-run", tmp_path / "fault-run.log", "--max-failures", "2")
     try:
         job.wait_until_training(client)
         before = {rank: w.info.pid for rank, w in _ranks(client, "fault-run").items()}
@@ -133,7 +134,7 @@ def test_upload_rides_out_a_short_storage_outage(live_job, flaky_s3):
     flaky_s3.start()
     manifest = handle.wait(timeout=120)
 
-    assert manifest.status == ProfileState.DONE
+    assert manifest.status == ProfileState.DONE, [(r.rank, r.state.value, r.reason) for r in manifest.ranks]
     storage = open_storage(StorageSpec(uri=uri, s3_endpoint_url=flaky_s3.endpoint))
     assert verify_manifest(storage, manifest) == []
 
@@ -159,7 +160,7 @@ def test_storage_that_never_returns_fails_the_ranks_and_training_goes_on(live_jo
 
 
 def test_job_that_finishes_during_a_window_ends_the_request_with_a_reason(ray_cluster, client, file_store, tmp_path):
-    job = TrainingJob(ray_cluster, "ending-run", tmp_path / "ending-run.log")
+    job = ExampleJob(ray_cluster, "ending-run", tmp_path / "ending-run.log")
     job.wait_until_training(client)
     handle = file_store.client.profile("ending-run", steps=50)
     _wait_state(handle, ProfileState.CAPTURING)
