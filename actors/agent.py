@@ -48,13 +48,13 @@ _hook_handle: Any = None
 class Agent:
     """One worker's agent: a step counter, an optional armed window, a poll thread."""
 
-    def __init__(self, info: WorkerInfo, *, poll_timeout_s: float | None = None) -> None:
+    def __init__(self, info: WorkerInfo) -> None:
         self.info = info
         self.step_count = 0
         # The one attribute the step path checks; set by the poll thread, cleared
         # by the training thread when the window closes.
         self.capture: Capture | None = None
-        self._poll_timeout_s = poll_timeout_s or env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
+        self._poll_timeout_s = env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
         self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)

@@ -13,6 +13,7 @@ from orchestrator.errors import (
     RayprofError,
     StorageError,
     TargetNotFoundError,
+    UnauthorizedError,
 )
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, RankState, TargetInfo
 
@@ -36,4 +37,5 @@ __all__ = [
     "StorageError",
     "TargetInfo",
     "TargetNotFoundError",
+    "UnauthorizedError",
 ]

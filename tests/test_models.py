@@ -38,3 +38,11 @@ def test_request_round_trips_through_json():
 def test_terminal_states_are_exactly_the_four_endings():
     terminal = {s for s in ProfileState if s.is_terminal}
     assert terminal == {ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED}
+
+
+def test_package_exports_every_public_error():
+    import orchestrator
+    from orchestrator import errors
+
+    public = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, errors.RayprofError)}
+    assert public <= set(orchestrator.__all__)
