@@ -9,6 +9,7 @@ Environment for a real MinIO instead of moto's server (all four must be set):
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ import pytest
 
 from orchestrator.example_job import ExampleJob
 
+REPO = Path(__file__).resolve().parents[1]
+# The console script installed beside the interpreter running the tests.
+RAYPROF_CLI = str(Path(sys.executable).with_name("rayprof"))
 LIVE_TARGET = "live-run"
 
 # Set before Ray starts so every Ray process inherits them: loopback only,

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.models import Manifest
-from tests.conftest import LIVE_TARGET, REPO
+from tests.conftest import LIVE_TARGET, RAYPROF_CLI, REPO
 from tests.serve_fixtures import artifact_problems, free_port
 
 pytest_plugins = ["tests.serve_fixtures"]
 
-RAYPROF = str(REPO / ".venv" / "bin" / "rayprof")
+RAYPROF = RAYPROF_CLI
 TRACES = REPO / "tests" / "data" / "traces"
 
 

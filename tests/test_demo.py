@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.models import Manifest
-from tests.conftest import REPO
+from tests.conftest import RAYPROF_CLI
 from tests.serve_fixtures import artifact_problems, free_port
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     started = time.monotonic()
     result = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "rayprof"), "demo", "--dir", str(tmp_path / "demo"), "--port", str(free_port())],
+        [RAYPROF_CLI, "demo", "--dir", str(tmp_path / "demo"), "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=DEMO_BUDGET_S + 120,

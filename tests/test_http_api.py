@@ -17,8 +17,9 @@ from orchestrator import (
     TargetNotFoundError,
 )
 from orchestrator.errors import ControllerUnavailableError, UnauthorizedError
+from orchestrator.example_job import TRAIN_JOB
 from orchestrator.models import Manifest
-from tests.conftest import LIVE_TARGET, TRAIN_JOB, wait_for
+from tests.conftest import LIVE_TARGET, wait_for
 from tests.serve_fixtures import (
     TERMINAL_STATES,
     artifact_problems,
