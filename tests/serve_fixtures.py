@@ -83,15 +83,13 @@ def http(service: Service) -> Iterator[httpx.Client]:
 def jobs_client(ray_cluster: str) -> Any:
     """The Ray Jobs API of the session cluster (what ``ray job submit`` talks to).
 
-    Needs the dashboard: ``ray_cluster`` in tests/conftest.py must call
-    ``ray.init(..., include_dashboard=True)``; skipped otherwise.
+    Needs the dashboard, which ``ray_cluster`` in tests/conftest.py starts.
     """
     import ray
     from ray.job_submission import JobSubmissionClient
 
     url = ray._private.worker.get_dashboard_url()
-    if not url:
-        pytest.skip("the session Ray cluster runs without a dashboard (conftest: include_dashboard=False)")
+    assert url, "the session Ray cluster has no dashboard: the Jobs API needs one (tests/conftest.py)"
     return JobSubmissionClient(f"http://{url}")
 
 
