@@ -14,16 +14,7 @@ from orchestrator.analysis import analyze_folder
 from orchestrator.analysis_cross import busy_time_stragglers
 from orchestrator.analysis_models import PHASES, RankSummary, Straggler, Summary
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
-
-TRACES = Path(__file__).parent / "data" / "traces"
-
-
-def case(name: str) -> Path:
-    """A recorded fixture folder; fails loudly when it was not recorded."""
-    path = TRACES / name
-    if not path.is_dir():
-        pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
-    return path
+from tests.tracefiles import TRACES, case
 
 
 def codes(summary: Summary) -> list[str]:

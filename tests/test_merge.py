@@ -13,15 +13,7 @@ import pytest
 
 from orchestrator.merge import ID_STRIDE, merge_folder, merge_traces
 from orchestrator.trace_loader import discover_traces
-
-TRACES = Path(__file__).parent / "data" / "traces"
-
-
-def case(name: str) -> Path:
-    path = TRACES / name
-    if not path.is_dir():
-        pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
-    return path
+from tests.tracefiles import case
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -11,15 +11,7 @@ from orchestrator.analysis import analyze_folder
 from orchestrator.analysis_models import OpStat, PhaseTimes, RankSummary, Summary
 from orchestrator.models import Artifact, Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
 from orchestrator.report import render_report, write_report
-
-TRACES = Path(__file__).parent / "data" / "traces"
-
-
-def case(name: str) -> Path:
-    path = TRACES / name
-    if not path.is_dir():
-        pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
-    return path
+from tests.tracefiles import case
 
 
 @pytest.fixture(scope="module")

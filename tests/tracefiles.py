@@ -27,3 +27,16 @@ def profiler_steps(trace: dict[str, Any]) -> list[int]:
 def has_input_shapes(trace: dict[str, Any]) -> bool:
     """Whether any op in the trace recorded its input shapes."""
     return any("Input Dims" in e.get("args", {}) for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
+
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def case(name: str) -> Path:
+    """A recorded fixture folder under tests/data/traces; fails loudly when it was not recorded."""
+    import pytest
+
+    path = TRACES / name
+    if not path.is_dir():
+        pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
+    return path
