@@ -489,11 +489,19 @@ class Controller:
             return
         world_size = max(w.info.world_size for w in workers.values())
         selected = sorted(request.ranks) if request.ranks is not None else list(range(world_size))
+        # Right after a controller or worker-group restart some agents have not
+        # re-registered yet; they do within a poll timeout, so give them that long.
+        wait_until = time.monotonic() + self._config.poll_timeout_s
+        while any(r not in workers for r in selected) and time.monotonic() < wait_until:
+            await asyncio.sleep(0.05)
+            workers = self._target_workers(profile.target)
         for rank in selected:
             worker = workers.get(rank)
             if worker is None:
                 profile.ranks[rank] = RankResult(
-                    rank=rank, state=RankState.FAILED, reason="no agent registered for this rank"
+                    rank=rank,
+                    state=RankState.FAILED,
+                    reason=f"no agent registered for this rank within {self._config.poll_timeout_s:g}s",
                 )
             else:
                 profile.ranks[rank] = _rank_result(worker.info)

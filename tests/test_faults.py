@@ -96,6 +96,13 @@ def test_controller_restart_keeps_finished_profiles(live_job, file_store):
     assert restored.manifest() == done
 
 
+def test_request_right_after_a_controller_restart_waits_for_every_rank(live_job, file_store):
+    _restart_controller()
+    manifest = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
+
+    assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
+
+
 @pytest.fixture
 def flaky_s3(s3_server, ray_cluster):
     """A second S3 endpoint, backed by the same buckets, that tests can stop and restart."""
