@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis_models import PHASES, RankSummary, StepSpread, Straggler
+from orchestrator.analysis_models import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [
     "STRAGGLER_MIN_EXCESS_FRACTION",
@@ -61,33 +61,38 @@ def step_spread(ranks: Sequence[RankSummary]) -> StepSpread | None:
 def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     """Default straggler identification: ranks whose busy time stands out.
 
-    Busy time is a rank's mean step time minus its communication wait. The
-    reference is the low median of all ranks' busy times (with two ranks, the
-    faster one; with many, the typical one), so a single slow rank does not
-    drag its own reference up. The phase named is the non-comm phase whose
-    mean exceeds the same phase's low median across ranks by the most.
+    Busy time is a rank's step time minus its communication wait. Each step
+    is compared with the same step on the other ranks, against their low
+    median (with two ranks, the faster one; with many, the typical one), so a
+    single slow rank does not drag its own reference up. A rank is a
+    straggler on its *median* per-step excess: one step stretched by the OS
+    scheduler on a busy host is noise, a rank that is slower step after step
+    is not. The phase named is the non-comm phase whose mean exceeds the same
+    phase's low median across ranks by the most.
     """
     timed = [r for r in ranks if r.mean_step_ms is not None]
     if len(timed) < 2:
         return []
-    busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
-    reference = statistics.median_low(busy.values())
+    excess = _median_step_excess(timed)
     median_step = statistics.median(r.mean_step_ms for r in timed)
-    reference_wait = statistics.median_low(r.comm_wait_ms for r in timed if busy[r.rank] <= reference)
+    reference = statistics.median_low(excess.values())
+    reference_wait = statistics.median_low(r.comm_wait_ms for r in timed if excess[r.rank] <= reference)
     out: list[Straggler] = []
     for r in timed:
-        excess = busy[r.rank] - reference
-        if excess < STRAGGLER_MIN_EXCESS_MS or excess < STRAGGLER_MIN_EXCESS_FRACTION * median_step:
+        extra = excess[r.rank]
+        if extra < STRAGGLER_MIN_EXCESS_MS or extra < STRAGGLER_MIN_EXCESS_FRACTION * median_step:
             continue
         phase_excess = {
-            p: r.mean_phases.get(p) - statistics.median_low(o.mean_phases.get(p) for o in timed) for p in PHASES if p != "comm"
+            p: r.mean_phases.get(p) - statistics.median_low(o.mean_phases.get(p) for o in timed)
+            for p in PHASES
+            if p != "comm"
         }
         phase = max(phase_excess, key=phase_excess.__getitem__)
         out.append(
             Straggler(
                 rank=r.rank,
-                excess_ms=excess,
-                excess_fraction=excess / median_step if median_step else 0.0,
+                excess_ms=extra,
+                excess_fraction=extra / median_step if median_step else 0.0,
                 phase=phase,
                 phase_excess_ms=phase_excess[phase],
                 comm_wait_ms=r.comm_wait_ms,
@@ -95,3 +100,31 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
             )
         )
     return sorted(out, key=lambda s: s.rank)
+
+
+def _median_step_excess(timed: Sequence[RankSummary]) -> dict[int, float]:
+    """Per rank, the median over common steps of its busy time minus that step's reference.
+
+    Ranks whose traces share no step numbers (a trace cut short, say) fall
+    back to comparing mean busy times.
+    """
+    steps = common_steps(timed)
+    if not steps:
+        busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
+        reference = statistics.median_low(busy.values())
+        return {rank: b - reference for rank, b in busy.items()}
+    wanted = set(steps)
+    per_step: dict[int, dict[int, float]] = {
+        r.rank: {s.step: _busy_ms(s) for s in r.steps if s.step in wanted} for r in timed
+    }
+    excesses: dict[int, list[float]] = {r.rank: [] for r in timed}
+    for step in steps:
+        reference = statistics.median_low(per_step[r.rank][step] for r in timed)
+        for r in timed:
+            excesses[r.rank].append(per_step[r.rank][step] - reference)
+    return {rank: statistics.median(values) for rank, values in excesses.items()}
+
+
+def _busy_ms(step: StepBreakdown) -> float:
+    """A step's time not spent waiting in collectives, host-side or (on GPU) exposed comm kernels."""
+    return step.duration_ms - step.phases.comm - (step.comm_exposed_ms or 0.0)

@@ -87,12 +87,59 @@ def test_loss_item_every_step_is_reported_as_cpu_info() -> None:
 def test_straggler_impl_is_swappable() -> None:
     def everyone(ranks: list[RankSummary]) -> list[Straggler]:
         return [
-            Straggler(rank=r.rank, excess_ms=1, excess_fraction=0.1, phase="data", phase_excess_ms=1, comm_wait_ms=0, reference_comm_wait_ms=0)
+            Straggler(
+                rank=r.rank,
+                excess_ms=1,
+                excess_fraction=0.1,
+                phase="data",
+                phase_excess_ms=1,
+                comm_wait_ms=0,
+                reference_comm_wait_ms=0,
+            )
             for r in ranks
         ]
 
     assert [s.rank for s in analyze_folder(case("healthy"), straggler_impl=everyone).stragglers] == [0, 1]
     assert analyze_folder(case("straggler"), straggler_impl=busy_time_stragglers).stragglers[0].rank == 1
+
+
+def _stretch(rank: RankSummary, ms: float, steps: int) -> RankSummary:
+    """``rank`` with its first ``steps`` steps made ``ms`` longer in forward, means updated to match."""
+    stretched = [
+        s.model_copy(
+            update={
+                "duration_ms": s.duration_ms + ms,
+                "phases": s.phases.model_copy(update={"forward": s.phases.forward + ms}),
+            }
+        )
+        if i < steps
+        else s
+        for i, s in enumerate(rank.steps)
+    ]
+    extra = ms * steps / len(rank.steps)
+    return rank.model_copy(
+        update={
+            "steps": stretched,
+            "mean_step_ms": rank.mean_step_ms + extra,
+            "mean_phases": rank.mean_phases.model_copy(update={"forward": rank.mean_phases.forward + extra}),
+        }
+    )
+
+
+def test_one_stretched_step_does_not_make_a_straggler() -> None:
+    rank0, rank1 = analyze_folder(case("healthy")).ranks
+    assert len(rank0.steps) >= 3
+
+    assert busy_time_stragglers([_stretch(rank0, 3 * rank0.mean_step_ms, steps=1), rank1]) == []
+
+
+def test_a_rank_slower_on_most_steps_is_a_straggler() -> None:
+    rank0, rank1 = analyze_folder(case("healthy")).ranks
+    slow = _stretch(rank0, rank0.mean_step_ms, steps=len(rank0.steps) - 1)
+
+    (straggler,) = busy_time_stragglers([slow, rank1])
+    assert straggler.rank == 0
+    assert straggler.phase == "forward"
 
 
 def test_summary_fits_the_manifest() -> None:
@@ -160,8 +207,18 @@ MAIN = {"pid": 100, "tid": 1}
 MS = 1000.0
 
 
-def span(name: str, start_ms: float, end_ms: float, cat: str = "cpu_op", where: dict[str, Any] = MAIN, **args: Any) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, **where, "ts": start_ms * MS, "dur": (end_ms - start_ms) * MS, "args": args}
+def span(
+    name: str, start_ms: float, end_ms: float, cat: str = "cpu_op", where: dict[str, Any] = MAIN, **args: Any
+) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        **where,
+        "ts": start_ms * MS,
+        "dur": (end_ms - start_ms) * MS,
+        "args": args,
+    }
 
 
 def step(n: int, start_ms: float, end_ms: float) -> dict[str, Any]:
@@ -192,28 +249,48 @@ def gpu_step_events() -> list[dict[str, Any]]:
         span("aten::_to_copy", 10.1, 29.9),
         span("aten::copy_", 10.2, 29.8),
         span("cudaMemcpyAsync", 10.3, 29.7, cat="cuda_runtime", correlation=1),
-        span("Memcpy HtoD (Pageable -> Device)", 10.5, 29.5, cat="gpu_memcpy", where=stream, correlation=1, bytes=1 << 26),
+        span(
+            "Memcpy HtoD (Pageable -> Device)", 10.5, 29.5, cat="gpu_memcpy", where=stream, correlation=1, bytes=1 << 26
+        ),
         span("autograd::engine::evaluate_function: AddmmBackward0", 30, 50),
         span("sm90_xmma_gemm", 31, 45, cat="kernel", where=stream, correlation=2),
         span("aten::item", 50, 90),
         span("aten::_local_scalar_dense", 50.1, 89.9),
         span("cudaStreamSynchronize", 50.5, 89.5, cat="cuda_runtime"),
         span("Optimizer.step#AdamW.step", 90, 95, cat="user_annotation"),
-        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", **MAIN, "ts": 40 * MS,
-         "args": {"Total Allocated": 76 * 1024**3, "Device Type": 1, "Device Id": 0}},
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "s": "t",
+            "name": "[memory]",
+            **MAIN,
+            "ts": 40 * MS,
+            "args": {"Total Allocated": 76 * 1024**3, "Device Type": 1, "Device Id": 0},
+        },
     ]
 
 
 @pytest.fixture
 def gpu_summary(tmp_path: Path) -> Summary:
     props = [{"id": 0, "name": "synthetic GPU", "totalGlobalMem": 80 * 1024**3}]
-    write_trace(tmp_path / "rank0.pt.trace.json.gz", rank=0, world_size=1, events=gpu_step_events(), deviceProperties=props)
+    write_trace(
+        tmp_path / "rank0.pt.trace.json.gz", rank=0, world_size=1, events=gpu_step_events(), deviceProperties=props
+    )
     return analyze_folder(tmp_path)
 
 
 def test_synthetic_gpu_phases_follow_the_documented_rules(gpu_summary: Summary) -> None:
     phases = gpu_summary.ranks[0].steps[0].phases
-    expected = {"forward": 10, "memcpy": 20, "backward": 20, "sync": 40, "optimizer": 5, "other": 5, "data": 0, "comm": 0}
+    expected = {
+        "forward": 10,
+        "memcpy": 20,
+        "backward": 20,
+        "sync": 40,
+        "optimizer": 5,
+        "other": 5,
+        "data": 0,
+        "comm": 0,
+    }
     assert {p: round(phases.get(p), 6) for p in PHASES} == expected
 
 
