@@ -16,7 +16,7 @@ from tests.conftest import LIVE_TARGET
 
 pytestmark = pytest.mark.integration
 
-REPEATS = 30
+REPEATS = 50
 
 
 def _usage(pid: int) -> tuple[int, int, int]:
