@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
+from actors.export import EXIT_TOO_LARGE
 from orchestrator.models import Artifact, RankEvent, RankState, WindowSpec, WorkerInfo
 from orchestrator.storage import open_storage
 
@@ -44,7 +45,11 @@ def artifact_keys(window: WindowSpec, info: WorkerInfo) -> dict[str, str]:
 
 
 class CaptureTooLarge(Exception):
-    """The exported trace exceeds the configured byte cap."""
+    """Not even the window's first step fits under the configured byte cap."""
+
+    def __init__(self, message: str, trace_bytes: int) -> None:
+        super().__init__(message)
+        self.trace_bytes = trace_bytes
 
 
 class Capture:
@@ -171,7 +176,7 @@ class Capture:
         try:
             event = self._export_and_upload(prof, tmp)
         except CaptureTooLarge as e:
-            event = self._event(RankState.FAILED, reason=str(e))
+            event = self._event(RankState.FAILED, reason=str(e), trace_bytes=e.trace_bytes)
         except Exception as e:
             logger.exception("rayprof: export/upload of %s failed", self.window.profile_id)
             event = self._event(RankState.FAILED, reason=f"export/upload failed: {type(e).__name__}: {e}")
@@ -186,13 +191,7 @@ class Capture:
 
         raw = tmp / "trace.json"
         prof.export_chrome_trace(str(raw))
-        size = raw.stat().st_size
-        if size > w.max_trace_bytes:
-            raise CaptureTooLarge(
-                f"trace is {size} bytes, over the cap of {w.max_trace_bytes} bytes (RAYPROF_MAX_TRACE_BYTES); "
-                "profile fewer steps or turn off with_stack/record_shapes"
-            )
-        result = _run_exporter(raw, tmp, memory=w.profile_memory, shapes=w.record_shapes)
+        result = _run_exporter(raw, tmp, memory=w.profile_memory, shapes=w.record_shapes, max_bytes=w.max_trace_bytes)
         raw.unlink()
 
         artifacts: list[Artifact] = [storage.put_file(tmp / "trace.json.gz", keys["trace"], "trace", folder=w.prefix)]
@@ -204,22 +203,37 @@ class Capture:
 
         steps = {int(n): ms for n, ms in result["steps"].items()}
         numbers = sorted(steps)
+        reason = None
+        if result["cut"] and numbers:
+            reason = (
+                f"trace cut to steps {numbers[0]}..{numbers[-1]} of {w.start_step}..{w.stop_step - 1}: "
+                f"the window's trace was {result['raw_bytes']} bytes, over the cap of {w.max_trace_bytes} bytes "
+                "(RAYPROF_MAX_TRACE_BYTES)"
+            )
         return self._event(
             RankState.DONE,
+            reason=reason,
             first_step=numbers[0] if numbers else None,
             last_step=numbers[-1] if numbers else None,
             step_durations_ms=[steps[n] for n in numbers],
             base_time_ns=result["base_time_ns"],
+            trace_bytes=result["raw_bytes"],
             artifacts=artifacts,
         )
 
 
-def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool) -> dict[str, Any]:
+def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> dict[str, Any]:
     """Parse the trace and write the artifacts in a child process (see actors.export)."""
-    cmd = [sys.executable, "-m", "actors.export", str(raw), str(out)]
+    cmd = [sys.executable, "-m", "actors.export", str(raw), str(out), "--max-bytes", str(max_bytes)]
     cmd += ["--memory"] if memory else []
     cmd += ["--shapes"] if shapes else []
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
+    if done.returncode == EXIT_TOO_LARGE:
+        raise CaptureTooLarge(
+            f"{done.stderr.strip()[-300:]} (RAYPROF_MAX_TRACE_BYTES); nothing kept: "
+            "profile fewer steps or turn off with_stack/record_shapes",
+            trace_bytes=raw.stat().st_size,
+        )
     if done.returncode != 0:
         raise RuntimeError(f"trace export exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)

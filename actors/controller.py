@@ -29,7 +29,7 @@ from orchestrator.errors import (
     RayprofError,
     TargetNotFoundError,
 )
-from orchestrator.manifest import profile_prefix, read_manifest, write_manifest
+from orchestrator.manifest import manifest_key, profile_prefix, read_manifest, write_manifest
 from orchestrator.models import (
     Command,
     ControllerConfig,
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 _STATE_PREFIX = "_rayprof/profiles"
 _ARM_COST_PER_SYNC = 4.0
+# Plan shortened windows this far under the byte cap: step sizes vary a little.
+_CAP_MARGIN = 0.9
 _CONFIG_KEY = "_rayprof/storage.json"
 
 
@@ -97,6 +99,7 @@ class _Profile:
     state: ProfileState = ProfileState.PENDING
     reason: str | None = None
     start_step: int | None = None
+    steps: int | None = None
     manifest_uri: str | None = None
     ranks: dict[int, RankResult] = field(default_factory=dict)
     agents: dict[int, str] = field(default_factory=dict)
@@ -107,6 +110,9 @@ class _Profile:
     cancel_requested: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     deadline: float | None = None
+    # Group commit: changes asked to be saved / changes saved, as counters.
+    saves_asked: int = 0
+    saves_done: int = 0
 
     @property
     def target(self) -> str:
@@ -116,6 +122,10 @@ class _Profile:
     def prefix(self) -> str:
         return profile_prefix(self.target, self.id)
 
+    @property
+    def stop_step(self) -> int | None:
+        return None if self.start_step is None or self.steps is None else self.start_step + self.steps
+
     def snapshot(self) -> ProfileStatus:
         return ProfileStatus(
             id=self.id,
@@ -124,6 +134,7 @@ class _Profile:
             reason=self.reason,
             request=self.request,
             start_step=self.start_step,
+            stop_step=self.stop_step,
             storage_uri=f"{normalize_uri(self.storage.uri)}/{self.prefix}",
             manifest_uri=self.manifest_uri,
             ranks=[self.ranks[r] for r in sorted(self.ranks)],
@@ -142,6 +153,7 @@ class _Profile:
             state=status.state,
             reason=status.reason,
             start_step=status.start_step,
+            steps=None if status.start_step is None or status.stop_step is None else status.stop_step - status.start_step,
             manifest_uri=status.manifest_uri,
             ranks={r.rank: r for r in status.ranks},
             created_at=status.created_at,
@@ -169,6 +181,7 @@ class Controller:
         self._tasks: set[asyncio.Task] = set()
         self._persist_lock: asyncio.Lock | None = None
         self._ready: asyncio.Event | None = None
+        self._started_at = time.monotonic()
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -208,8 +221,26 @@ class Controller:
             profile = _Profile.restore(saved.status, saved.storage)
             self._profiles[profile.id] = profile
             if not profile.state.is_terminal:
+                await self._adopt_manifest(profile)
+            if not profile.state.is_terminal:
                 logger.info("rayprof controller: resuming %s in state %s", profile.id, profile.state.value)
                 self._start_profile(profile)
+
+    async def _adopt_manifest(self, profile: _Profile) -> None:
+        """Finish a restored profile whose manifest, the commit point, was written before the restart."""
+        storage = open_storage(profile.storage)
+        try:
+            if not await asyncio.to_thread(storage.exists, manifest_key(profile.target, profile.id)):
+                return
+            manifest = await asyncio.to_thread(read_manifest, storage, profile.target, profile.id)
+        except RayprofError as e:
+            logger.warning("rayprof controller: cannot read the manifest of %s: %s", profile.id, e)
+            return
+        profile.ranks = {r.rank: r for r in manifest.ranks}
+        profile.manifest_uri = storage.uri(manifest_key(profile.target, profile.id))
+        profile.reason = manifest.reason
+        profile.finished_at = manifest.finished_at
+        await self._transition(profile, manifest.status)
 
     async def ping(self) -> str:
         """Liveness check; also starts background work."""
@@ -291,18 +322,24 @@ class Controller:
                 last_step=event.last_step,
                 step_durations_ms=event.step_durations_ms,
                 base_time_ns=event.base_time_ns,
+                trace_bytes=event.trace_bytes,
                 artifacts=event.artifacts,
             )
         profile.ranks[rank] = current.model_copy(update=update)
         if event.state in (RankState.FAILED, RankState.CANCELLED):
             logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
         profile.changed.set()
+        if event.state.is_terminal:
+            # The agent drops a result once this call returns: save it first, or a
+            # controller restart before the manifest is written would lose it.
+            await self._persist(profile)
 
     # ---- client API ------------------------------------------------------
 
     async def submit(self, request: ProfileRequest) -> ProfileStatus:
         """Validate and accept a profile request; it runs in the background."""
         await self._ensure_started()
+        await self._await_target(request.target)
         self._validate(request)
         target = request.target
         # A profile that has ended but not yet released its slot is not in the way.
@@ -419,6 +456,13 @@ class Controller:
     def _target_workers(self, target: str) -> dict[int, _Worker]:
         return {w.info.world_rank: w for w in self._workers.values() if w.info.target == target}
 
+    async def _await_target(self, target: str) -> None:
+        """Give an unknown target until one poll timeout after this actor started:
+        after a restart, agents re-register within that and would otherwise get a 404."""
+        until = self._started_at + self._config.poll_timeout_s
+        while not self._target_workers(target) and time.monotonic() < until:
+            await asyncio.sleep(0.05)
+
     def _validate(self, request: ProfileRequest) -> None:
         cfg = self._config
         if request.steps > cfg.max_steps:
@@ -530,6 +574,7 @@ class Controller:
         if step_times:
             lead = max(lead, math.ceil(lead_s / min(step_times)))
         profile.start_step = math.floor(ahead) + lead + request.warmup
+        profile.steps = self._steps_under_cap(profile)
         profile.scheduled_at = utcnow()
         timeout = request.timeout_s or self._config.request_timeout_s
         profile.deadline = time.monotonic() + timeout
@@ -537,7 +582,7 @@ class Controller:
             profile_id=profile.id,
             target=profile.target,
             start_step=profile.start_step,
-            steps=request.steps,
+            steps=profile.steps,
             warmup=request.warmup,
             activities=request.activities,
             record_shapes=request.record_shapes,
@@ -608,16 +653,59 @@ class Controller:
     async def _finalize(self, profile: _Profile) -> None:
         ranks = list(profile.ranks.values())
         done = [r for r in ranks if r.state == RankState.DONE]
+        cut = sorted(r.rank for r in done if r.last_step is not None and r.last_step + 1 < (profile.stop_step or 0))
+        shortened = profile.steps is not None and profile.steps < profile.request.steps
         if profile.cancel_requested:
             state, reason = ProfileState.CANCELLED, "cancelled by request"
-        elif len(done) == len(ranks):
+        elif len(done) == len(ranks) and not cut and not shortened:
             state, reason = ProfileState.DONE, None
         elif done:
             failed = sorted(r.rank for r in ranks if r.state != RankState.DONE)
-            state, reason = ProfileState.PARTIAL, f"ranks {failed} did not complete"
+            notes = [f"ranks {failed} did not complete"] if failed else []
+            notes += [f"ranks {cut} cut their trace at the byte cap (see their reasons)"] if cut else []
+            # The shortening note set when the window was planned.
+            notes += [profile.reason] if shortened and profile.reason else []
+            state, reason = ProfileState.PARTIAL, "; ".join(notes)
         else:
             state, reason = ProfileState.FAILED, _common_reason(ranks)
         await self._finish(profile, state, reason)
+
+    def _steps_under_cap(self, profile: _Profile) -> int:
+        """The window's length: as asked, or shorter when the last like window showed it would pass the byte cap.
+
+        Stopping early is cheaper than cutting at export: the profiler holds
+        every event in memory until the window ends.
+        """
+        request = profile.request
+        per_step = self._trace_bytes_per_step(request)
+        cap = self._config.max_trace_bytes
+        if per_step is None or per_step * request.steps <= cap:
+            return request.steps
+        steps = max(1, min(request.steps, math.floor(_CAP_MARGIN * cap / per_step)))
+        profile.reason = (
+            f"window shortened from {request.steps} to {steps} steps: the last window on {request.target!r} with "
+            f"these options wrote up to {per_step:,.0f} trace bytes per step on one rank, and the cap is "
+            f"{cap:,} bytes (RAYPROF_MAX_TRACE_BYTES)"
+        )
+        return steps
+
+    def _trace_bytes_per_step(self, request: ProfileRequest) -> float | None:
+        """Largest raw trace bytes per step on any rank, in the latest finished window like ``request``."""
+        options = _size_options(request)
+        like = [
+            p
+            for p in self._profiles.values()
+            if p.target == request.target
+            and p.state.is_terminal
+            and p.steps
+            and p.finished_at is not None
+            and _size_options(p.request) == options
+            and any(r.trace_bytes for r in p.ranks.values())
+        ]
+        if not like:
+            return None
+        latest = max(like, key=lambda p: p.finished_at)
+        return max(r.trace_bytes / latest.steps for r in latest.ranks.values() if r.trace_bytes)
 
     async def _finish(self, profile: _Profile, state: ProfileState, reason: str | None) -> None:
         """Write the manifest (the commit point), then record the terminal state."""
@@ -630,7 +718,7 @@ class Controller:
             request=profile.request,
             storage_uri=f"{normalize_uri(profile.storage.uri)}/{profile.prefix}",
             start_step=profile.start_step,
-            stop_step=None if profile.start_step is None else profile.start_step + profile.request.steps,
+            stop_step=profile.stop_step,
             cluster=self._cluster_info(profile),
             ranks=[profile.ranks[r] for r in sorted(profile.ranks)],
             requested_at=profile.created_at,
@@ -677,14 +765,22 @@ class Controller:
         await self._persist(profile)
 
     async def _persist(self, profile: _Profile) -> None:
+        """Save ``profile`` as it is now. Callers that arrive during a write share
+        the next one, so a thousand ranks finishing at once cost a few writes."""
         assert self._persist_lock is not None
+        profile.saves_asked += 1
+        wanted = profile.saves_asked
         async with self._persist_lock:
+            if profile.saves_done >= wanted:
+                return
+            covered = profile.saves_asked
             data = _SavedProfile(status=profile.snapshot(), storage=profile.storage).model_dump_json().encode()
             storage = open_storage(self._home)
             try:
                 await asyncio.to_thread(storage.put_bytes, data, f"{_STATE_PREFIX}/{profile.id}.json", "manifest")
             except RayprofError as e:
                 logger.warning("rayprof controller: cannot persist %s: %s", profile.id, e)
+            profile.saves_done = covered
 
     def _drop_worker(self, agent_id: str, reason: str) -> None:
         worker = self._workers.pop(agent_id, None)
@@ -720,6 +816,18 @@ def _rank_result(info: WorkerInfo) -> RankResult:
         pid=info.pid,
         device=info.device,
         state=RankState.WAITING,
+    )
+
+
+def _size_options(request: ProfileRequest) -> tuple[Any, ...]:
+    """The request fields that decide how many trace bytes a step writes."""
+    return (
+        tuple(request.activities or ()),
+        request.record_shapes,
+        request.profile_memory,
+        request.with_stack,
+        request.with_flops,
+        request.with_modules,
     )
 
 

@@ -1,12 +1,14 @@
 """Turn an exported Chrome trace into a rank's artifacts, in a child process.
 
-Run as ``python -m actors.export RAW OUT_DIR [--memory] [--shapes]``. Parsing
+Run as ``python -m actors.export RAW OUT_DIR [--memory] [--shapes] [--max-bytes N]``. Parsing
 a trace is pure Python; done in the training process it would hold the GIL
 for hundreds of milliseconds and slow the steps after a window several-fold.
 This module imports only the standard library so the child starts fast.
 
 Writes into OUT_DIR: ``trace.json.gz``, ``ops.csv`` and, with ``--memory``,
-``memory.json.gz``; prints ``{"steps": {N: ms}, "base_time_ns": ...}`` on stdout.
+``memory.json.gz``; prints ``{"steps": {N: ms}, "base_time_ns": ..., "raw_bytes": ...,
+"cut": bool}`` on stdout. A trace over ``--max-bytes`` is cut to the leading
+whole steps that fit (``"cut": true``); exit status 3 when not even one does.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import gzip
 import json
 import shutil
 import sys
+from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OP_COLUMNS", "memory_timeline", "op_table", "step_spans"]
+__all__ = ["EXIT_TOO_LARGE", "OP_COLUMNS", "memory_timeline", "op_table", "step_spans", "trim_to_cap"]
+
+EXIT_TOO_LARGE = 3
 
 OP_COLUMNS = [
     "name",
@@ -35,20 +40,19 @@ OP_COLUMNS = [
 ]
 
 _DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+_RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # Operators and record_function ranges, as key_averages() counts them.
 _HOST_CATEGORIES = ("cpu_op", "user_annotation")
+# Parsing costs ~10x a trace's size in memory; far over the cap, refuse instead.
+TRIM_LIMIT_FACTOR = 2
 
 
 def step_spans(events: list[dict[str, Any]]) -> dict[int, float]:
     """``ProfilerStep#N`` -> duration in ms."""
     steps: dict[int, float] = {}
     for ev in events:
-        name = ev.get("name", "")
-        if ev.get("ph") == "X" and name.startswith("ProfilerStep#"):
-            try:
-                steps[int(name[len("ProfilerStep#") :])] = float(ev.get("dur", 0)) / 1000.0
-            except ValueError:
-                continue
+        if ev.get("ph") == "X" and (n := _step_number(ev.get("name", ""))) is not None:
+            steps[n] = float(ev.get("dur", 0)) / 1000.0
     return steps
 
 
@@ -128,16 +132,97 @@ def op_table(events: list[dict[str, Any]], *, by_shape: bool) -> list[list[Any]]
     return sorted(table, key=lambda row: row[4], reverse=True)
 
 
+def trim_to_cap(trace: dict[str, Any], max_bytes: int) -> dict[str, Any] | None:
+    """``trace`` cut to the leading whole profiler steps that fit in ``max_bytes``.
+
+    Host events belong to the step whose span they start in (events before
+    the first step, to the first step); GPU work and its flow arrows belong
+    to the step of the runtime call that launched it, even when the kernel
+    ends after that step. Metadata is always kept. Sizes are of the compact
+    JSON this function's caller writes. None when not even one step fits.
+    """
+    events = trace.get("traceEvents", [])
+    spans = sorted(
+        (ev["ts"], n)
+        for ev in events
+        if ev.get("ph") == "X" and "ts" in ev and (n := _step_number(ev.get("name", ""))) is not None
+    )
+    if not spans:
+        return None
+    starts = [ts for ts, _ in spans]
+
+    def by_time(ev: dict[str, Any]) -> int:
+        return max(0, bisect_right(starts, ev["ts"]) - 1)
+
+    launched = {
+        ev["args"]["correlation"]: by_time(ev)
+        for ev in events
+        if ev.get("cat") in _RUNTIME_CATEGORIES and "ts" in ev and "correlation" in ev.get("args", {})
+    }
+    sizes = [0] * len(spans)
+    buckets: list[int | None] = []
+    for ev in events:
+        if ev.get("ph") == "M" or "ts" not in ev:
+            buckets.append(None)
+            continue
+        if ev.get("cat") == "ac2g":
+            bucket = launched.get(ev.get("id"), by_time(ev))
+        elif ev.get("cat") in _DEVICE_CATEGORIES:
+            bucket = launched.get(ev.get("args", {}).get("correlation"), by_time(ev))
+        else:
+            bucket = by_time(ev)
+        buckets.append(bucket)
+        sizes[bucket] += len(json.dumps(ev, separators=(",", ":"))) + 1
+    total = len(json.dumps({k: v for k, v in trace.items() if k != "traceEvents"}, separators=(",", ":"))) + 16
+    total += sum(len(json.dumps(ev, separators=(",", ":"))) + 1 for ev, b in zip(events, buckets) if b is None)
+    keep = 0
+    for size in sizes:
+        if total + size > max_bytes:
+            break
+        total += size
+        keep += 1
+    if keep == 0:
+        return None
+    kept = [ev for ev, b in zip(events, buckets) if b is None or b < keep]
+    return {**trace, "traceEvents": kept}
+
+
+def _step_number(name: str) -> int | None:
+    if not name.startswith("ProfilerStep#"):
+        return None
+    try:
+        return int(name[len("ProfilerStep#") :])
+    except ValueError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("raw", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--shapes", action="store_true")
+    parser.add_argument("--max-bytes", type=int, default=None)
     args = parser.parse_args(argv)
 
+    raw_bytes = args.raw.stat().st_size
+    cap = args.max_bytes
+    if cap is not None and raw_bytes > TRIM_LIMIT_FACTOR * cap:
+        print(f"trace is {raw_bytes} bytes, more than {TRIM_LIMIT_FACTOR}x the cap of {cap} bytes", file=sys.stderr)
+        return EXIT_TOO_LARGE
     with open(args.raw, "rb") as f:
         trace = json.load(f)
+    cut = cap is not None and raw_bytes > cap
+    if cut:
+        trimmed = trim_to_cap(trace, cap)
+        if trimmed is None:
+            print(
+                f"trace is {raw_bytes} bytes and its first step alone is over the cap of {cap} bytes", file=sys.stderr
+            )
+            return EXIT_TOO_LARGE
+        trace = trimmed
+        with open(args.raw, "w", encoding="utf-8") as f:
+            json.dump(trace, f, separators=(",", ":"))
     events = trace.get("traceEvents", [])
     # Level 6 is within a few percent of 9 on traces at a third of the CPU.
     with open(args.raw, "rb") as fin, gzip.open(args.out / "trace.json.gz", "wb", compresslevel=6) as fout:
@@ -149,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.writer(f)
         writer.writerow(OP_COLUMNS)
         writer.writerows(op_table(events, by_shape=args.shapes))
-    json.dump({"steps": step_spans(events), "base_time_ns": trace.get("baseTimeNanoseconds")}, sys.stdout)
+    result = {
+        "steps": step_spans(events),
+        "base_time_ns": trace.get("baseTimeNanoseconds"),
+        "raw_bytes": raw_bytes,
+        "cut": cut,
+    }
+    json.dump(result, sys.stdout)
     return 0
 
 

@@ -115,15 +115,22 @@ def format_progress(status: ProfileStatus, steps_now: dict[int, int] | None = No
     parts = [head]
     for rank in status.ranks:
         captured = _steps_captured(rank, status, (steps_now or {}).get(rank.rank))
-        part = f"rank{rank.rank} {rank.state.value} {captured}/{status.request.steps} steps {format_size(rank.bytes_uploaded)}"
+        part = f"rank{rank.rank} {rank.state.value} {captured}/{_window_steps(status)} steps {format_size(rank.bytes_uploaded)}"
         if rank.reason and rank.state in (RankState.FAILED, RankState.CANCELLED):
             part += f" ({rank.reason})"
         parts.append(part)
     return " | ".join(parts)
 
 
+def _window_steps(status: ProfileStatus) -> int:
+    """Steps in the window as planned: fewer than asked when the byte cap shortened it."""
+    if status.start_step is not None and status.stop_step is not None:
+        return status.stop_step - status.start_step
+    return status.request.steps
+
+
 def _steps_captured(rank: RankResult, status: ProfileStatus, step_now: int | None) -> int:
-    steps = status.request.steps
+    steps = _window_steps(status)
     if rank.first_step is not None and rank.last_step is not None:
         return rank.last_step - rank.first_step + 1
     if rank.state == RankState.UPLOADING:
@@ -193,14 +200,14 @@ def _print_status(status: ProfileStatus) -> None:
         f"{status.id}  target {status.target}  {status.state.value}" + (f"  ({status.reason})" if status.reason else "")
     )
     if status.start_step is not None:
-        _out(f"steps {status.start_step}..{status.start_step + status.request.steps - 1}")
+        _out(f"steps {status.start_step}..{status.start_step + _window_steps(status) - 1}")
     if status.ranks:
         rows = [
             [
                 str(r.rank),
                 r.host or "",
                 r.state.value,
-                f"{_steps_captured(r, status, None)}/{status.request.steps}",
+                f"{_steps_captured(r, status, None)}/{_window_steps(status)}",
                 format_size(r.bytes_uploaded),
                 r.reason or "",
             ]

@@ -224,6 +224,7 @@ class RankEvent(_Model):
     last_step: int | None = None
     step_durations_ms: list[float] = Field(default_factory=list)
     base_time_ns: int | None = None
+    trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
     reason: str | None = None
 
@@ -243,6 +244,7 @@ class RankResult(_Model):
     last_step: int | None = None
     step_durations_ms: list[float] = Field(default_factory=list)
     base_time_ns: int | None = None
+    trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
     armed_at: datetime | None = None
     capture_started_at: datetime | None = None
@@ -263,6 +265,9 @@ class ProfileStatus(_Model):
     reason: str | None = None
     request: ProfileRequest
     start_step: int | None = None
+    stop_step: int | None = Field(
+        default=None, description="First step after the window; start_step + steps unless the byte cap shortened it."
+    )
     storage_uri: str
     manifest_uri: str | None = None
     ranks: list[RankResult] = Field(default_factory=list)

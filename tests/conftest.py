@@ -33,6 +33,10 @@ os.environ.setdefault("RAYPROF_POLL_TIMEOUT_S", "2")
 os.environ.setdefault("RAYPROF_WORKER_EXPIRY_GRACE_S", "4")
 os.environ.setdefault("RAYPROF_DISCOVERY_INTERVAL_S", "0.5")
 os.environ.setdefault("RAYPROF_REQUEST_TIMEOUT_S", "120")
+# Small enough that a long window with every option passes it, large enough
+# for every other test's windows (default options write ~160 KiB per step).
+MAX_TRACE_BYTES = 16 * 2**20
+os.environ.setdefault("RAYPROF_MAX_TRACE_BYTES", str(MAX_TRACE_BYTES))
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,27 @@ def test_window_whose_start_has_passed_fails_with_the_reason(tmp_path):
     assert "had passed (rank was at step 5)" in events[0].reason
 
 
-def test_trace_over_the_byte_cap_fails_and_uploads_nothing(tmp_path):
+def test_trace_far_over_the_byte_cap_fails_and_uploads_nothing(tmp_path):
     events = _run(tmp_path, _window(tmp_path, start=2, steps=2, max_trace_bytes=100), range(1, 6))
 
     assert events[-1].state == RankState.FAILED
-    assert "over the cap of 100 bytes" in events[-1].reason
+    assert "the cap of 100 bytes" in events[-1].reason and "nothing kept" in events[-1].reason
+    assert events[-1].trace_bytes > 100
     assert not (tmp_path / "store" / "unit" / "p1" / "traces").exists()
+
+
+def test_trace_over_the_byte_cap_keeps_the_steps_that_fit_and_says_so(tmp_path):
+    full = _run(tmp_path / "full", _window(tmp_path / "full", start=2, steps=4), range(1, 8))[-1]
+    cap = int(full.trace_bytes * 0.6)
+
+    done = _run(tmp_path, _window(tmp_path, start=2, steps=4, max_trace_bytes=cap), range(1, 8))[-1]
+
+    assert done.state == RankState.DONE
+    assert done.first_step == 2 and 2 <= done.last_step < 5
+    assert done.reason.startswith(f"trace cut to steps 2..{done.last_step} of 2..5")
+    assert done.trace_bytes > cap
+    trace_path = tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz"
+    assert profiler_steps(load_trace(trace_path)) == list(range(2, done.last_step + 1))
 
 
 def test_cancel_mid_window_stops_the_profiler_without_upload(tmp_path):

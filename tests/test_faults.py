@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,8 @@ from orchestrator.example_job import ExampleJob
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
-from tests.conftest import LIVE_TARGET, wait_for
+from tests.conftest import LIVE_TARGET, MAX_TRACE_BYTES, wait_for
+from tests.tracefiles import load_trace, profiler_steps
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +96,23 @@ def test_controller_restart_keeps_finished_profiles(live_job, file_store):
     restored = file_store.client.get(done.profile_id)
     assert restored.last_status.state == ProfileState.DONE
     assert restored.manifest() == done
+
+
+def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on_restart(live_job, file_store):
+    done = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
+    # What a crash between the manifest (the commit point) and the final state save leaves behind.
+    home = open_storage(StorageSpec(uri=os.environ["RAYPROF_STORAGE"]))
+    key = f"_rayprof/profiles/{done.profile_id}.json"
+    saved = json.loads(home.get_bytes(key))
+    saved["status"].update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
+    home.put_bytes(json.dumps(saved).encode(), key, "manifest")
+
+    _restart_controller()
+
+    restored = file_store.client.get(done.profile_id)
+    assert restored.last_status.state == ProfileState.DONE
+    assert restored.manifest() == done
+    assert file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120).status == ProfileState.DONE
 
 
 def test_request_right_after_a_controller_restart_waits_for_every_rank(live_job, file_store):
@@ -177,3 +196,49 @@ def test_job_that_finishes_during_a_window_ends_the_request_with_a_reason(ray_cl
     assert manifest.status == ProfileState.FAILED
     assert all(r.state == RankState.FAILED and "stopped responding" in r.reason for r in manifest.ranks)
     assert manifest.all_artifacts() == []
+
+
+# Every option on: ~1 MiB of raw trace per step and rank, so 25 steps pass the
+# tests' 16 MiB cap, but not twice it. activities=["cpu"] keys these windows
+# apart from other tests' all-option windows, whose sizes the controller learns from.
+BIG_STEPS = 25
+BIG_OPTIONS = dict(activities=["cpu"], record_shapes=True, profile_memory=True, with_stack=True, with_modules=True)
+
+
+@pytest.fixture(scope="module")
+def oversized(live_job, tmp_path_factory):
+    """The first window over the byte cap, then a second one just like it."""
+    root = tmp_path_factory.mktemp("oversized")
+    client = ProfilingClient.in_cluster(storage=str(root))
+    first = client.profile(LIVE_TARGET, steps=BIG_STEPS, **BIG_OPTIONS).wait(timeout=180)
+    second = client.profile(LIVE_TARGET, steps=BIG_STEPS, **BIG_OPTIONS).wait(timeout=180)
+    return root, first, second
+
+
+def test_trace_over_the_byte_cap_keeps_the_leading_steps_that_fit(oversized):
+    root, first, _ = oversized
+
+    assert first.status == ProfileState.PARTIAL, first.reason
+    assert "cut their trace at the byte cap" in first.reason
+    assert verify_manifest(open_storage(StorageSpec(uri=str(root))), first) == []
+    for rank in first.ranks:
+        assert rank.state == RankState.DONE
+        assert rank.trace_bytes > MAX_TRACE_BYTES
+        assert rank.first_step == first.start_step and rank.last_step < first.stop_step - 1
+        assert rank.reason.startswith(f"trace cut to steps {first.start_step}..{rank.last_step}")
+        (trace,) = [a for a in rank.artifacts if a.kind == "trace"]
+        kept = load_trace(root / LIVE_TARGET / first.profile_id / trace.key)
+        assert profiler_steps(kept) == list(range(rank.first_step, rank.last_step + 1))
+
+
+def test_window_like_one_over_the_cap_is_planned_shorter(oversized):
+    _, first, second = oversized
+    per_step = max(r.trace_bytes for r in first.ranks) / BIG_STEPS
+
+    assert second.status == ProfileState.PARTIAL, second.reason
+    assert f"window shortened from {BIG_STEPS} to" in second.reason
+    planned = second.stop_step - second.start_step
+    assert 1 <= planned <= MAX_TRACE_BYTES / per_step
+    for rank in second.ranks:
+        assert rank.state == RankState.DONE
+        assert (rank.first_step, rank.last_step) == (second.start_step, second.stop_step - 1)
