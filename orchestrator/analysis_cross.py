@@ -64,11 +64,14 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     Busy time is a rank's step time minus its communication wait. Each step
     is compared with the same step on the other ranks, against their low
     median (with two ranks, the faster one; with many, the typical one), so a
-    single slow rank does not drag its own reference up. A rank is a
-    straggler on its *median* per-step excess: one step stretched by the OS
-    scheduler on a busy host is noise, a rank that is slower step after step
-    is not. The phase named is the non-comm phase whose mean exceeds the same
-    phase's low median across ranks by the most.
+    single slow rank does not drag its own reference up. The extra busy time
+    counts only as far as the others waited for it: in lockstep training
+    they wait as long as the straggler is late, so a rank whose extra busy
+    time nobody waited for (step boundaries jittering on a shared host) is
+    not holding anyone back. A rank is a straggler on its *median* per-step
+    excess: one step stretched by the OS scheduler is noise, a rank that is
+    slower step after step is not. The phase named is the non-comm phase
+    whose mean exceeds the same phase's low median across ranks by the most.
     """
     timed = [r for r in ranks if r.mean_step_ms is not None]
     if len(timed) < 2:
@@ -103,28 +106,33 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
 
 
 def _median_step_excess(timed: Sequence[RankSummary]) -> dict[int, float]:
-    """Per rank, the median over common steps of its busy time minus that step's reference.
+    """Per rank, the median over common steps of its excess (see busy_time_stragglers).
 
     Ranks whose traces share no step numbers (a trace cut short, say) fall
-    back to comparing mean busy times.
+    back to comparing means.
     """
     steps = common_steps(timed)
     if not steps:
         busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
-        reference = statistics.median_low(busy.values())
-        return {rank: b - reference for rank, b in busy.items()}
+        return _excess(busy, {r.rank: r.comm_wait_ms for r in timed})
     wanted = set(steps)
-    per_step: dict[int, dict[int, float]] = {
-        r.rank: {s.step: _busy_ms(s) for s in r.steps if s.step in wanted} for r in timed
-    }
+    by_rank = {r.rank: {s.step: s for s in r.steps if s.step in wanted} for r in timed}
     excesses: dict[int, list[float]] = {r.rank: [] for r in timed}
     for step in steps:
-        reference = statistics.median_low(per_step[r.rank][step] for r in timed)
-        for r in timed:
-            excesses[r.rank].append(per_step[r.rank][step] - reference)
+        here = {rank: by_step[step] for rank, by_step in by_rank.items()}
+        busy = {rank: s.duration_ms - _wait_ms(s) for rank, s in here.items()}
+        for rank, value in _excess(busy, {rank: _wait_ms(s) for rank, s in here.items()}).items():
+            excesses[rank].append(value)
     return {rank: statistics.median(values) for rank, values in excesses.items()}
 
 
-def _busy_ms(step: StepBreakdown) -> float:
-    """A step's time not spent waiting in collectives, host-side or (on GPU) exposed comm kernels."""
-    return step.duration_ms - step.phases.comm - (step.comm_exposed_ms or 0.0)
+def _excess(busy: dict[int, float], wait: dict[int, float]) -> dict[int, float]:
+    """Extra busy time over the typical rank's, capped at how much longer the typical rank waited."""
+    reference_busy = statistics.median_low(busy.values())
+    reference_wait = statistics.median_high(wait.values())
+    return {rank: min(busy[rank] - reference_busy, reference_wait - wait[rank]) for rank in busy}
+
+
+def _wait_ms(step: StepBreakdown) -> float:
+    """A step's time waiting in collectives: host-side, plus (on GPU) exposed comm kernels."""
+    return step.phases.comm + (step.comm_exposed_ms or 0.0)
