@@ -45,7 +45,7 @@ def artifact_keys(window: WindowSpec, info: WorkerInfo) -> dict[str, str]:
 
 
 class CaptureTooLarge(Exception):
-    """Not even the window's first step fits under the configured byte cap."""
+    """Nothing of the trace can be kept: its first step alone, or the whole trace at over twice the byte cap."""
 
     def __init__(self, message: str, trace_bytes: int) -> None:
         super().__init__(message)

@@ -355,7 +355,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    status = _client(args).get(args.id).status()
+    return _show_status(args, _client(args).get(args.id).status())
+
+
+def _show_status(args: argparse.Namespace, status: ProfileStatus) -> int:
     if args.json:
         _emit_json(status)
     else:
@@ -377,12 +380,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    status = _client(args).get(args.id).cancel()
-    if args.json:
-        _emit_json(status)
-    else:
-        _print_status(status)
-    return EXIT_OK
+    return _show_status(args, _client(args).get(args.id).cancel())
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
