@@ -81,9 +81,9 @@ class SimHost:
         real workers attach at different moments, so their long-polls are out
         of phase; started together they would all time out in the same instant.
         """
-        from actors.controller import get_controller
+        from actors.controller.handle import find_controller
 
-        self.controller = get_controller(create=False)
+        self.controller = find_controller()
         t0 = time.monotonic()
         await asyncio.gather(*(self._call("register", info) for info in self.infos))
         elapsed = time.monotonic() - t0
@@ -178,13 +178,13 @@ def _controller_pid(handle: Any) -> int:
 
 
 def _kill_controller() -> None:
-    from actors.controller import get_controller
+    from actors.controller.handle import find_controller
 
-    handle = get_controller(create=False)
+    handle = find_controller()
     if handle is not None:
         ray.kill(handle, no_restart=True)
         deadline = time.monotonic() + 30
-        while get_controller(create=False) is not None and time.monotonic() < deadline:
+        while find_controller() is not None and time.monotonic() < deadline:
             time.sleep(0.2)
 
 
@@ -200,17 +200,18 @@ def _sum_counters(hosts: list[Any]) -> dict[str, Any]:
 
 
 def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
-    from actors.controller import get_controller
-    from orchestrator.client import ProfilingClient, _ActorBackend
-    from orchestrator.models import ControllerConfig, ProfileRequest, StorageSpec
-    from orchestrator.storage import normalize_uri
+    from actors.controller.actor import create_controller
+    from orchestrator.client import ProfilingClient
+    from orchestrator.client.actor import ActorBackend
+    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.models import ProfileRequest, StorageSpec
 
     _kill_controller()
-    config = ControllerConfig.from_env(StorageSpec(uri=normalize_uri(str(store / f"n{n}"))))
-    handle = get_controller(create=True, config=config)
+    config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"n{n}"))))
+    handle = create_controller(config)
     ray.get(handle.ping.remote(), timeout=60)
     pid = _controller_pid(handle)
-    client = ProfilingClient(backend=_ActorBackend(handle))
+    client = ProfilingClient(backend=ActorBackend(handle))
     out: dict[str, Any] = {"n": n, "poll_timeout_s": config.poll_timeout_s, "rss_empty": proc_rss_bytes(pid)}
     target = f"sim-{n}"
     per_host = [list(range(h, n, HOSTS)) for h in range(HOSTS)]

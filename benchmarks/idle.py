@@ -57,7 +57,7 @@ def _empty_loop_ns(n: int) -> float:
 
 def _fast_path(quick: bool, log: LogFn) -> list[Result]:
     import actors.agent as agent_mod
-    from actors.agent import Agent
+    from actors.agent.runtime import Agent
 
     agent = Agent(_worker_info())  # thread not started: no controller, only the step path
     blocks, n = (15, 50_000) if quick else (60, 200_000)
@@ -101,7 +101,7 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
     import actors.agent as agent_mod
-    from actors.agent import Agent
+    from actors.agent.runtime import Agent
 
     agent = Agent(_worker_info())
     # A one-element parameter keeps optimizer.step() itself tiny, so the hook's
@@ -177,7 +177,7 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
 def _train_step_ratio(quick: bool, log: LogFn) -> list[Result]:
     """A real small training step with the agent hook idle vs not installed."""
     import actors.agent as agent_mod
-    from actors.agent import Agent
+    from actors.agent.runtime import Agent
 
     tj = load_train_job()
     threads = torch.get_num_threads()

@@ -131,7 +131,6 @@ def _child(kind: str, spec_path: str, traced: bool) -> None:
     import tracemalloc
 
     from orchestrator.manifest import write_manifest
-    from orchestrator.merge import merge_traces
     from orchestrator.models import (
         Artifact,
         Manifest,
@@ -141,7 +140,8 @@ def _child(kind: str, spec_path: str, traced: bool) -> None:
         RankState,
     )
     from orchestrator.storage import FileStorage
-    from orchestrator.trace_loader import discover_traces
+    from orchestrator.traces.loader import discover_traces
+    from orchestrator.traces.merge import merge_traces
 
     spec = json.loads(Path(spec_path).read_text())
     root = Path(spec["root"])

@@ -1,7 +1,7 @@
 """Trigger latency: profile request accepted -> every rank capturing, on a live job.
 
 A real local Ray cluster on loopback, a live 2-worker TorchTrainer job started
-like the tests, through ``orchestrator.example_job.ExampleJob`` (a driver subprocess running
+like the tests, through ``orchestrator.cli.example_job.ExampleJob`` (a driver subprocess running
 ``deploy/examples/train_job.py --instrument setup-hook``: agents come in only
 through the runtime_env setup hook), and ``ProfilingClient.in_cluster`` with a
 temp folder as storage. The HTTP service is not used: the in-cluster client
@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks import LogFn
 from benchmarks._stats import Result, ensure_ray, quantile
-from orchestrator.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob
 
 NAME = "trigger"
 TARGET_NAME = "bench-trigger"

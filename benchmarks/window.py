@@ -2,7 +2,7 @@
 what closing it costs the training thread.
 
 In-process, no Ray: a SmallResNet training loop (batch 32, one thread, like the
-example job's workers) calls :meth:`actors.capture.Capture.on_boundary` after
+example job's workers) calls :meth:`actors.agent.capture.Capture.on_boundary` after
 every optimizer step, exactly as the agent does, with a
 :class:`~orchestrator.storage.FileStorage` in a temp folder. Every iteration is
 timed with ``perf_counter``, split into the training step and the boundary call.
@@ -101,8 +101,8 @@ def _info(rank: int = 0):
 
 
 def _window_spec(store: Path, start: int, steps: int, options: dict[str, bool]):
+    from orchestrator.config import normalize_uri
     from orchestrator.models import StorageSpec, WindowSpec
-    from orchestrator.storage import normalize_uri
 
     fields: dict[str, Any] = dict(
         profile_id=f"bench-{uuid.uuid4().hex[:8]}", target="bench", start_step=start, steps=steps, warmup=0,
@@ -130,7 +130,7 @@ def run_window(
 
     ``keep_trace_to``: copy the uploaded trace there (used to seed other benchmarks).
     """
-    from actors.capture import Capture
+    from actors.agent.capture import Capture
     from orchestrator.models import RankEvent
 
     events: list[RankEvent] = []
@@ -241,7 +241,7 @@ def stage_breakdown(trainer: Trainer, options_name: str, steps: int) -> dict[str
     the export thread; parsing, gzip, memory timeline and op table run in a
     child process (off the GIL).
     """
-    from actors.capture import _run_exporter
+    from actors.agent.capture import _run_exporter
 
     opts = OPTION_SETS[options_name]
     prof = torch.profiler.profile(

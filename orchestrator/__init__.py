@@ -1,6 +1,12 @@
-"""rayprof: on-demand torch.profiler windows on live Ray Train jobs."""
+"""rayprof: on-demand torch.profiler windows on live Ray Train jobs.
 
-from orchestrator.client import ProfileHandle, ProfilingClient
+The client classes load on first use: training workers import
+``orchestrator.models`` and ``orchestrator.storage`` and must not pay for the
+client, the service or the analysis.
+"""
+
+from typing import Any
+
 from orchestrator.errors import (
     ConfigurationError,
     ConflictError,
@@ -39,3 +45,11 @@ __all__ = [
     "TargetNotFoundError",
     "UnauthorizedError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ProfileHandle", "ProfilingClient"):
+        from orchestrator import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

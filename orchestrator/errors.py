@@ -13,10 +13,16 @@
     │   └── IntegrityError        an artifact's bytes do not match the manifest
     └── ProfileTimeoutError       waiting for a profile ran out of time
 
-Each exception carries the context a user needs (profile id, target, rank).
+Each exception carries the context a user needs (profile id, target, rank),
+its HTTP status and the CLI exit status it maps to: 2 for what the caller can
+fix (4xx), 1 for what went wrong on the way (5xx).
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 
 
 class RayprofError(Exception):
@@ -24,6 +30,11 @@ class RayprofError(Exception):
 
     code = "rayprof_error"
     http_status = 500
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status for this error."""
+        return EXIT_USAGE if 400 <= self.http_status < 500 else EXIT_FAILED
 
     def __init__(self, message: str, *, profile_id: str | None = None, target: str | None = None) -> None:
         super().__init__(message)

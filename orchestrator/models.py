@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from orchestrator.constants import MANIFEST_VERSION
+from orchestrator.settings import MANIFEST_VERSION
 
 __all__ = [
     "Artifact",
@@ -324,7 +324,7 @@ class TargetInfo(_Model):
 
 
 class ControllerConfig(_Model):
-    """Server-side settings of the control actor; see ``orchestrator.constants``."""
+    """Server-side settings of the control actor; see ``orchestrator.settings``."""
 
     storage: StorageSpec
     max_steps: int = Field(ge=1)
@@ -337,23 +337,3 @@ class ControllerConfig(_Model):
     max_request_timeout_s: float = Field(gt=0)
     max_trace_bytes: int = Field(ge=1)
     max_queued_per_target: int = Field(ge=0)
-
-    @classmethod
-    def from_env(cls, storage: StorageSpec | None = None) -> ControllerConfig:
-        """Settings from ``RAYPROF_*`` env vars, defaults for the rest."""
-        from orchestrator import constants as c
-        from orchestrator.storage import default_storage_spec
-
-        return cls(
-            storage=storage or default_storage_spec(),
-            max_steps=c.env_int(c.MAX_STEPS_ENV_VAR, c.DEFAULT_MAX_STEPS),
-            max_warmup_steps=c.env_int(c.MAX_WARMUP_STEPS_ENV_VAR, c.DEFAULT_MAX_WARMUP_STEPS),
-            poll_timeout_s=c.env_float(c.POLL_TIMEOUT_S_ENV_VAR, c.DEFAULT_POLL_TIMEOUT_S),
-            worker_expiry_grace_s=c.env_float(c.WORKER_EXPIRY_GRACE_S_ENV_VAR, c.DEFAULT_WORKER_EXPIRY_GRACE_S),
-            arm_lead_s=c.env_float(c.ARM_LEAD_S_ENV_VAR, c.DEFAULT_ARM_LEAD_S),
-            sync_timeout_s=c.env_float(c.SYNC_TIMEOUT_S_ENV_VAR, c.DEFAULT_SYNC_TIMEOUT_S),
-            request_timeout_s=c.env_float(c.REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_REQUEST_TIMEOUT_S),
-            max_request_timeout_s=c.env_float(c.MAX_REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_MAX_REQUEST_TIMEOUT_S),
-            max_trace_bytes=c.env_int(c.MAX_TRACE_BYTES_ENV_VAR, c.DEFAULT_MAX_TRACE_BYTES),
-            max_queued_per_target=c.env_int(c.MAX_QUEUED_PER_TARGET_ENV_VAR, c.DEFAULT_MAX_QUEUED_PER_TARGET),
-        )

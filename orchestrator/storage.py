@@ -22,25 +22,21 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from orchestrator.constants import (
-    CLUSTER_STORAGE_ROOT,
+from orchestrator.config import normalize_uri
+from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.models import Artifact, ArtifactKind, StorageSpec
+from orchestrator.settings import (
     DEFAULT_UPLOAD_RETRIES,
     MULTIPART_THRESHOLD_BYTES,
-    S3_ENDPOINT_URL_ENV_VAR,
-    S3_REGION_ENV_VAR,
-    STORAGE_ENV_VAR,
     UPLOAD_RETRIES_ENV_VAR,
     env_int,
 )
-from orchestrator.errors import ConfigurationError, IntegrityError, StorageError
-from orchestrator.models import Artifact, ArtifactKind, StorageSpec
 
 __all__ = [
     "FileStorage",
     "MemoryStorage",
     "S3Storage",
     "Storage",
-    "default_storage_spec",
     "open_storage",
     "sha256_file",
 ]
@@ -355,33 +351,6 @@ class S3Storage(Storage):
             f"delete {self.uri(key)}",
             lambda: self._client.delete_object(Bucket=self.bucket, Key=self._object_key(_check_key(key))),
         )
-
-
-def default_storage_spec() -> StorageSpec:
-    """The storage configured for this process through ``RAYPROF_*`` env vars."""
-    uri = os.environ.get(STORAGE_ENV_VAR)
-    if not uri:
-        base = Path(CLUSTER_STORAGE_ROOT)
-        uri = str(base / "rayprof") if base.is_dir() else str(Path("/tmp/rayprof"))
-    return StorageSpec(
-        uri=normalize_uri(uri),
-        s3_endpoint_url=os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None,
-        s3_region=os.environ.get(S3_REGION_ENV_VAR) or None,
-    )
-
-
-def normalize_uri(uri: str) -> str:
-    """``s3://b/p`` stays; a plain or ``file://`` path becomes an absolute ``file://`` URI."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ConfigurationError(f"storage {uri!r} names no bucket; use s3://bucket/prefix")
-        return uri.rstrip("/")
-    if parsed.scheme == "file":
-        return Path(parsed.path).expanduser().resolve().as_uri()
-    if parsed.scheme == "":
-        return Path(uri).expanduser().resolve().as_uri()
-    raise ConfigurationError(f"unsupported storage {uri!r}: use a path, file:///path or s3://bucket/prefix")
 
 
 @functools.lru_cache(maxsize=16)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob
 
 REPO = Path(__file__).resolve().parents[1]
 # The console script installed beside the interpreter running the tests.

@@ -54,15 +54,15 @@ def service(ray_cluster: str, client: Any) -> Iterator[Service]:
     import ray
     from ray import serve
 
-    from actors.controller import Controller
-    from orchestrator.app import ProfilingService, build_app
-    from orchestrator.models import ControllerConfig
+    from actors.controller.actor import Controller
+    from orchestrator.config import controller_config
+    from orchestrator.service.app import ProfilingService, build_app
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(), name="rayprof", route_prefix="/")
     serve.run(build_app({"token": TOKEN}), name="rayprof-secure", route_prefix="/secure")
-    dead = ray.remote(Controller).options(num_cpus=0).remote(ControllerConfig.from_env())
+    dead = ray.remote(Controller).options(num_cpus=0).remote(controller_config())
     ray.kill(dead, no_restart=True)
     serve.run(ProfilingService.bind(controller=dead), name="rayprof-down", route_prefix="/down")
     base = f"http://127.0.0.1:{port}"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis_cross import busy_time_stragglers
-from orchestrator.analysis_models import PHASES, RankSummary, Straggler, Summary
+from orchestrator.analysis.cross import busy_time_stragglers
+from orchestrator.analysis.models import PHASES, RankSummary, Straggler, Summary
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
 from tests.tracefiles import TRACES, case
 

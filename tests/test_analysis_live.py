@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.analysis_models import Summary
-from orchestrator.example_job import ExampleJob
+from orchestrator.analysis.models import Summary
+from orchestrator.cli.example_job import ExampleJob
 from orchestrator.models import ProfileState
 from tests.conftest import LIVE_TARGET
 from tests.tracefiles import load_trace

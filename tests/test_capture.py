@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.agent import Agent
-from actors.capture import Capture
+from actors.agent.capture import Capture
+from actors.agent.runtime import Agent
+from orchestrator.config import normalize_uri
 from orchestrator.models import RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo
-from orchestrator.storage import normalize_uri
 from tests.tracefiles import load_trace, profiler_steps
 
 INFO = WorkerInfo(
@@ -147,7 +147,7 @@ def test_idle_step_makes_no_calls():
 def test_step_time_is_measured_over_at_least_a_second(monkeypatch):
     agent = Agent(INFO)
     clock = iter([100.0, 100.01, 101.5])
-    monkeypatch.setattr("actors.agent.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("actors.agent.runtime.time.monotonic", lambda: next(clock))
 
     first = agent._heartbeat()
     agent.step_count = 1  # one step in 10 ms: too short a span to trust

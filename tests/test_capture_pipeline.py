@@ -13,7 +13,7 @@ from orchestrator import (
     RankState,
     TargetNotFoundError,
 )
-from orchestrator.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage

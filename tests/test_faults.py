@@ -11,9 +11,9 @@ import uuid
 import pytest
 import ray
 
-from actors.controller import get_controller
+from actors.controller.handle import find_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
-from orchestrator.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
@@ -64,7 +64,7 @@ def test_killed_worker_is_marked_failed_and_the_restarted_group_is_profiled(ray_
 
 def _controller_pid() -> int | None:
     try:
-        return ray.get(get_controller(create=False).__ray_call__.remote(lambda self: os.getpid()), timeout=10)
+        return ray.get(find_controller().__ray_call__.remote(lambda self: os.getpid()), timeout=10)
     except Exception:
         return None
 
@@ -72,7 +72,7 @@ def _controller_pid() -> int | None:
 def _restart_controller() -> None:
     """Kill the control actor and wait until Ray has brought up a new one."""
     before = _controller_pid()
-    ray.kill(get_controller(create=False), no_restart=False)
+    ray.kill(find_controller(), no_restart=False)
     wait_for(lambda: _controller_pid() not in (None, before), timeout=60, what="the controller to restart")
 
 

@@ -16,8 +16,8 @@ from orchestrator import (
     ProfilingClient,
     TargetNotFoundError,
 )
+from orchestrator.cli.example_job import TRAIN_JOB
 from orchestrator.errors import ControllerUnavailableError, UnauthorizedError
-from orchestrator.example_job import TRAIN_JOB
 from orchestrator.models import Manifest
 from tests.conftest import LIVE_TARGET, wait_for
 from tests.serve_fixtures import (

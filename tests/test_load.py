@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors.controller import get_controller
+from actors.controller.handle import find_controller
 from orchestrator import ConflictError, ProfileState
-from orchestrator.constants import DEFAULT_MAX_QUEUED_PER_TARGET
-from orchestrator.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob
+from orchestrator.settings import DEFAULT_MAX_QUEUED_PER_TARGET
 from tests.conftest import LIVE_TARGET
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def _usage(pid: int) -> tuple[int, int, int]:
 
 def _pids(client) -> list[int]:
     (target,) = [t for t in client.targets() if t.name == LIVE_TARGET]
-    controller = ray.get(get_controller(create=False).__ray_call__.remote(lambda self: os.getpid()))
+    controller = ray.get(find_controller().__ray_call__.remote(lambda self: os.getpid()))
     return [r.info.pid for r in target.ranks] + [controller]
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.merge import ID_STRIDE, merge_folder, merge_traces
-from orchestrator.trace_loader import discover_traces
+from orchestrator.traces.loader import discover_traces
+from orchestrator.traces.merge import ID_STRIDE, merge_folder, merge_traces
 from tests.tracefiles import case
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis_models import OpStat, PhaseTimes, RankSummary, Summary
+from orchestrator.analysis.models import OpStat, PhaseTimes, RankSummary, Summary
+from orchestrator.analysis.report import render_report, write_report
 from orchestrator.models import Artifact, Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
-from orchestrator.report import render_report, write_report
 from tests.tracefiles import case
 
 

@@ -8,9 +8,10 @@ import uuid
 
 import pytest
 
+from orchestrator.config import normalize_uri
 from orchestrator.errors import IntegrityError, StorageError
 from orchestrator.models import StorageSpec
-from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, normalize_uri, open_storage
+from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, open_storage
 
 
 @pytest.fixture(params=["file", "memory", "s3"])

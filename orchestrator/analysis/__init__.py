@@ -1,22 +1,22 @@
 """Analysis front: a folder of rank traces in, a :class:`Summary` out.
 
 Thin on purpose (the shape of HTA's ``trace_analysis.py``): the loader maps
-ranks to files (:mod:`orchestrator.trace_loader`), each rank is analysed on
-its own and dropped before the next is loaded (:mod:`orchestrator.analysis_rank`),
+ranks to files (:mod:`orchestrator.traces.loader`), each rank is analysed on
+its own and dropped before the next is loaded (:mod:`orchestrator.analysis.rank`),
 and the cross-rank analyses and findings are functions over the per-rank
-results (:mod:`orchestrator.analysis_cross`, :mod:`orchestrator.analysis_findings`).
+results (:mod:`orchestrator.analysis.cross`, :mod:`orchestrator.analysis.findings`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.analysis_cross import StragglerImpl, busy_time_stragglers, common_steps, step_spread
-from orchestrator.analysis_findings import find_all
-from orchestrator.analysis_models import Finding, RankSummary, Summary
-from orchestrator.analysis_rank import analyze_rank
-from orchestrator.trace_loader import RejectedTrace, TraceSet, discover_traces, load_rank
-from orchestrator.trace_stream import TraceParseError
+from orchestrator.analysis.cross import StragglerImpl, busy_time_stragglers, common_steps, step_spread
+from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.models import Finding, RankSummary, Summary
+from orchestrator.analysis.rank import analyze_rank
+from orchestrator.traces.loader import RejectedTrace, TraceSet, discover_traces, load_rank
+from orchestrator.traces.stream import TraceParseError
 
 __all__ = ["Finding", "RankSummary", "Summary", "analyze_folder", "analyze_traces"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis_models import Finding, RankSummary, Straggler
+from orchestrator.analysis.models import Finding, RankSummary, Straggler
 
 __all__ = [
     "COMM_EXPOSED_FRACTION",

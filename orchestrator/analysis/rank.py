@@ -43,7 +43,8 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
-from orchestrator.analysis_models import (
+from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
+from orchestrator.analysis.models import (
     PHASES,
     GpuStats,
     MemoryPeak,
@@ -53,8 +54,7 @@ from orchestrator.analysis_models import (
     RankSummary,
     StepBreakdown,
 )
-from orchestrator.intervals import Intervals, clip, intersect, subtract, total, union
-from orchestrator.trace_loader import RankTrace, Span
+from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank", "is_comm", "is_sync"]
 

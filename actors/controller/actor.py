@@ -21,7 +21,8 @@ from typing import Any
 import ray
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.constants import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MIN_LEAD_STEPS
+from orchestrator.analysis.postprocess import PostprocessResult, postprocess
+from orchestrator.config import controller_config, normalize_uri
 from orchestrator.errors import (
     ConflictError,
     InvalidRequestError,
@@ -48,10 +49,10 @@ from orchestrator.models import (
     WorkerStatus,
     utcnow,
 )
-from orchestrator.postprocess import PostprocessResult, postprocess
-from orchestrator.storage import normalize_uri, open_storage
+from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MIN_LEAD_STEPS
+from orchestrator.storage import open_storage
 
-__all__ = ["Controller", "get_controller"]
+__all__ = ["Controller", "create_controller"]
 
 logger = logging.getLogger(__name__)
 
@@ -840,16 +841,8 @@ def _new_profile_id() -> str:
     return f"prof-{utcnow().strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-def get_controller(create: bool = True, config: ControllerConfig | None = None) -> Any:
-    """Handle to the control actor; creates it (detached, restartable) when ``create``.
-
-    Returns ``None`` when it does not exist and ``create`` is false.
-    """
-    if not create:
-        try:
-            return ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE)
-        except ValueError:
-            return None
+def create_controller(config: ControllerConfig | None = None) -> Any:
+    """Handle to the control actor, created (detached, restartable) if it does not exist yet."""
     actor_cls = ray.remote(Controller)
     return actor_cls.options(
         name=CONTROLLER_NAME,
@@ -859,4 +852,4 @@ def get_controller(create: bool = True, config: ControllerConfig | None = None) 
         num_cpus=0,
         max_restarts=-1,
         max_concurrency=10_000,
-    ).remote(config or ControllerConfig.from_env())
+    ).remote(config or controller_config())

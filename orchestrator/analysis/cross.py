@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis_models import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
+from orchestrator.analysis.models import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [
     "STRAGGLER_MIN_EXCESS_FRACTION",

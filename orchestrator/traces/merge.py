@@ -37,8 +37,8 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.trace_loader import RejectedTrace, TraceFile, TraceSet, discover_traces
-from orchestrator.trace_stream import TraceParseError, iter_trace, read_header
+from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
+from orchestrator.traces.stream import TraceParseError, iter_trace, read_header
 
 __all__ = ["ID_STRIDE", "PID_STRIDE", "MergeStats", "merge_folder", "merge_traces"]
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from orchestrator.cli import ProgressPrinter, current_steps_lookup, format_size
+from orchestrator.cli.example_job import TRAIN_JOB, ExampleJob
+from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup, format_size
 from orchestrator.client import ProfilingClient
-from orchestrator.constants import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
 from orchestrator.errors import RayprofError
-from orchestrator.example_job import TRAIN_JOB, ExampleJob
 from orchestrator.models import Manifest, ProfileState, ProfileStatus
+from orchestrator.settings import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
 
 __all__ = ["DEMO_TARGET", "run_demo"]
 
@@ -108,7 +108,7 @@ def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 
     import ray
     from ray import serve
 
-    from orchestrator.app import build_app
+    from orchestrator.service.app import build_app
 
     if not TRAIN_JOB.is_file():
         _say(f"cannot find the example job at {TRAIN_JOB}; run the demo from a source checkout (`make demo`)")

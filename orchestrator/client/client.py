@@ -38,60 +38,6 @@ class Backend(Protocol):
     def storage_for(self, storage_uri: str) -> StorageSpec: ...
 
 
-class _ActorBackend:
-    """Calls the control actor through Ray."""
-
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
-        self._config = self._call("config")
-
-    def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
-        for attempt in range(retries + 1):
-            try:
-                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
-            except RayTaskError as e:
-                if isinstance(e.cause, RayprofError):
-                    raise e.cause from None
-                raise
-            except (RayActorError, ray.exceptions.GetTimeoutError) as e:
-                if attempt == retries:
-                    raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
-                time.sleep(1.0)
-        raise AssertionError("unreachable")
-
-    def _read(self, method: str, *args: Any) -> Any:
-        # Reads are idempotent: ride out a controller restart (it restores its state).
-        return self._call(method, *args, retries=_READ_RETRIES)
-
-    def submit(self, request: ProfileRequest) -> ProfileStatus:
-        return self._call("submit", request)
-
-    def get(self, profile_id: str) -> ProfileStatus:
-        return self._read("get", profile_id)
-
-    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
-        return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
-
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        return self._read("list", target, state)
-
-    def cancel(self, profile_id: str) -> ProfileStatus:
-        return self._call("cancel", profile_id)
-
-    def manifest(self, profile_id: str) -> Manifest:
-        return self._read("manifest", profile_id)
-
-    def targets(self) -> list[TargetInfo]:
-        return self._read("targets")
-
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        spec = self._config.storage
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
-
-
 class ProfileHandle:
     """A submitted profile: poll it, wait for it, cancel it, download it."""
 
@@ -177,7 +123,7 @@ class ProfilingClient:
         if backend is None:
             if url is None:
                 raise ValueError("pass the service URL, e.g. ProfilingClient('http://127.0.0.1:8000')")
-            from orchestrator.http_backend import HttpBackend
+            from orchestrator.client.http import HttpBackend
 
             backend = HttpBackend(url, token)
         self._backend = backend
@@ -198,9 +144,9 @@ class ProfilingClient:
         """
         import ray
 
-        from actors.controller import get_controller
-        from orchestrator.models import ControllerConfig
-        from orchestrator.storage import default_storage_spec, normalize_uri
+        from actors.controller.actor import create_controller
+        from orchestrator.client.actor import ActorBackend
+        from orchestrator.config import controller_config, default_storage_spec, normalize_uri
 
         if not ray.is_initialized():
             ray.init(address=address or "auto", log_to_driver=False)
@@ -212,10 +158,10 @@ class ProfilingClient:
                 s3_endpoint_url=s3_endpoint_url or default.s3_endpoint_url,
                 s3_region=s3_region or default.s3_region,
             )
-        handle = get_controller(create=True, config=ControllerConfig.from_env(spec))
+        handle = create_controller(controller_config(spec))
         if spec is not None:
             ray.get(handle.configure.remote(spec))
-        return cls(backend=_ActorBackend(handle))
+        return cls(backend=ActorBackend(handle))
 
     def targets(self) -> list[TargetInfo]:
         """Live training runs with agents, their ranks and current steps."""

@@ -1,7 +1,7 @@
 """The rayprof HTTP service: a Ray Serve deployment with a FastAPI ingress.
 
 Thin on purpose: each route validates its input, makes one call to the
-control actor (:mod:`actors.controller`) and maps the answer or error to
+control actor (:mod:`actors.controller.actor`) and maps the answer or error to
 HTTP. Every error is JSON ``{"error": code, "detail": message}``.
 
 Deploy with ``rayprof serve``, ``serve run deploy/serve_config.yaml``, or in
@@ -31,7 +31,6 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator.constants import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
 from orchestrator.errors import (
     ControllerUnavailableError,
     IntegrityError,
@@ -47,6 +46,7 @@ from orchestrator.models import (
     StorageSpec,
     TargetInfo,
 )
+from orchestrator.settings import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -267,9 +267,10 @@ class ProfilingService:
             self._connect()
 
     def _connect(self) -> Any:
-        from actors.controller import get_controller
+        from actors.controller.actor import create_controller
+        from orchestrator.config import controller_config
 
-        self._controller = get_controller(create=True, config=ControllerConfig.from_env(self._storage))
+        self._controller = create_controller(controller_config(self._storage))
         if self._storage is not None:
             # An actor that already existed keeps its old storage unless told; the
             # reply is awaited before the next call so errors are not lost.
@@ -382,13 +383,13 @@ class ProfilingService:
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    """Application builder (``import_path: orchestrator.app:build_app``).
+    """Application builder (``import_path: orchestrator.service.app:build_app``).
 
     ``args``: ``storage`` (path or ``s3://bucket/prefix``), ``s3_endpoint_url``,
     ``s3_region``, ``token``; unset ones fall back to ``RAYPROF_*`` env vars
     read in the replica.
     """
-    from orchestrator.storage import normalize_uri
+    from orchestrator.config import normalize_uri
 
     args = dict(args or {})
     unknown = set(args) - {"storage", "s3_endpoint_url", "s3_region", "token"}
@@ -405,4 +406,4 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
 
 
 app = ProfilingService.bind()
-"""The service configured entirely by ``RAYPROF_*`` env vars (``import_path: orchestrator.app:app``)."""
+"""The service configured entirely by ``RAYPROF_*`` env vars (``import_path: orchestrator.service.app:app``)."""

@@ -10,7 +10,7 @@ import os
 from html import escape
 from pathlib import Path
 
-from orchestrator.analysis_models import PHASES, RankSummary, Summary
+from orchestrator.analysis.models import PHASES, RankSummary, Summary
 from orchestrator.models import Manifest
 
 __all__ = ["PHASE_COLORS", "render_report", "write_report"]

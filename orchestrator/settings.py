@@ -65,6 +65,11 @@ DEFAULT_DISCOVERY_INTERVAL_S = 2.0
 
 TOKEN_ENV_VAR = "RAYPROF_TOKEN"
 
+# Where the CLI and HTTP client find the service, and the Serve app's name.
+URL_ENV_VAR = "RAYPROF_URL"
+DEFAULT_URL = "http://127.0.0.1:8000"
+SERVE_APP_NAME = "rayprof"
+
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0
 

@@ -15,10 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.merge import merge_traces
+from orchestrator.analysis.report import write_report
 from orchestrator.models import Artifact, Manifest, StorageSpec
-from orchestrator.report import write_report
 from orchestrator.storage import open_storage
+from orchestrator.traces.merge import merge_traces
 
 __all__ = ["MERGED_TRACE", "REPORT", "PostprocessResult", "postprocess"]
 

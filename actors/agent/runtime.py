@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from actors.capture import Capture
-from orchestrator.constants import (
+from actors.agent.capture import Capture
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
+from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
     DISCOVERY_INTERVAL_S_ENV_VAR,
     POLL_TIMEOUT_S_ENV_VAR,
     env_float,
 )
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
 
 __all__ = ["Agent", "attach", "install", "step"]
 
@@ -116,7 +116,7 @@ class Agent:
     def _run(self) -> None:
         import ray
 
-        from actors.controller import get_controller
+        from actors.controller.handle import find_controller
 
         controller = None
         registered = False
@@ -125,7 +125,7 @@ class Agent:
         while True:
             try:
                 if controller is None:
-                    controller = get_controller(create=False)
+                    controller = find_controller()
                     if controller is None:
                         self._wait_inbox(self._discovery_s, unsent)
                         continue

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.trace_loader import RejectedTrace
+from orchestrator.traces.loader import RejectedTrace
 
 __all__ = [
     "PHASES",

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.trace_stream import TraceParseError, iter_trace, read_header
+from orchestrator.traces.stream import TraceParseError, iter_trace, read_header
 
 __all__ = [
     "RankTrace",
@@ -203,7 +203,7 @@ def _keep(event: dict[str, Any]) -> bool:
 def load_rank(trace: TraceFile) -> RankTrace:
     """Stream one rank's trace and keep spans, memory peaks and device properties.
 
-    Raises :class:`~orchestrator.trace_stream.TraceParseError` when the file
+    Raises :class:`~orchestrator.traces.stream.TraceParseError` when the file
     is damaged anywhere: a truncated trace would silently understate the
     last steps, so the analysis rejects it instead.
     """

@@ -15,11 +15,6 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator import errors
-from orchestrator.constants import (
-    MAX_HTTP_WAIT_S,
-    S3_ENDPOINT_URL_ENV_VAR,
-    S3_REGION_ENV_VAR,
-)
 from orchestrator.errors import (
     ControllerUnavailableError,
     InvalidRequestError,
@@ -34,12 +29,17 @@ from orchestrator.models import (
     StorageSpec,
     TargetInfo,
 )
+from orchestrator.settings import (
+    MAX_HTTP_WAIT_S,
+    S3_ENDPOINT_URL_ENV_VAR,
+    S3_REGION_ENV_VAR,
+)
 
 __all__ = ["HttpBackend", "error_for"]
 
 DEFAULT_TIMEOUT_S = 30.0
 
-# Fields the HTTP views add to a ProfileStatus (orchestrator.app.ProfileView).
+# Fields the HTTP views add to a ProfileStatus (orchestrator.service.app.ProfileView).
 _VIEW_ONLY_FIELDS = ("status_url", "manifest")
 
 

@@ -243,6 +243,3 @@ def main(argv: list[str] | None = None) -> int:
     json.dump(result, sys.stdout)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The ``rayprof`` subcommands: each takes parsed arguments and returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.output import emit_json, out, print_analysis, print_manifest, print_status, table
+from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
+from orchestrator.client import ProfilingClient
+from orchestrator.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    InvalidRequestError,
+)
+from orchestrator.models import (
+    Manifest,
+    ProfileState,
+    ProfileStatus,
+)
+from orchestrator.settings import (
+    SERVE_APP_NAME,
+)
+
+
+def _client(args: argparse.Namespace) -> ProfilingClient:
+    if args.in_cluster:
+        return ProfilingClient.in_cluster(address=args.address)
+    from orchestrator.client.http import HttpBackend
+
+    return ProfilingClient(backend=HttpBackend(args.url, args.token, s3_endpoint_url=args.s3_endpoint))
+
+
+def serve(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from orchestrator.service.app import build_app
+
+    token = args.token
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
+        print(
+            f"rayprof: warning: serving on {args.host} without a token; anyone who can reach it can profile",
+            file=sys.stderr,
+        )
+    try:
+        ray.init(address=args.address or "auto", log_to_driver=False)
+    except ConnectionError as e:
+        print(
+            f"rayprof: no running Ray cluster to deploy onto ({e}); start one with `ray start --head`", file=sys.stderr
+        )
+        return EXIT_FAILED
+    app = build_app({"storage": args.storage, "s3_endpoint_url": args.s3_endpoint, "token": token})
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(app, name=SERVE_APP_NAME, route_prefix="/")
+    url = f"http://{args.host}:{args.port}"
+    # serve.start keeps the options of a Serve instance that was already running:
+    # check that the service answers where we say it does.
+    probe = f"http://127.0.0.1:{args.port}/healthz" if args.host in ("0.0.0.0", "::") else f"{url}/healthz"
+    import httpx
+
+    try:
+        httpx.get(probe, timeout=10).raise_for_status()
+    except httpx.HTTPError as e:
+        print(
+            f"rayprof: deployed, but {probe} does not answer ({e}); Serve may already run with other "
+            "http_options (see `serve status`)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if args.json:
+        emit_json({"url": url, "docs": f"{url}/docs", "app": SERVE_APP_NAME})
+    else:
+        out(f"rayprof service: {url}  (API docs: {url}/docs; stop with `serve delete {SERVE_APP_NAME}`)")
+    return EXIT_OK
+
+
+def targets(args: argparse.Namespace) -> int:
+    targets = _client(args).targets()
+    if args.json:
+        emit_json(targets)
+        return EXIT_OK
+    if not targets:
+        out("no live training runs with rayprof agents")
+        return EXIT_OK
+    rows = []
+    for t in targets:
+        steps = [w.step for w in t.ranks]
+        times = [w.step_time_s for w in t.ranks if w.step_time_s]
+        rows.append(
+            [
+                t.name,
+                f"{len(t.ranks)}/{t.world_size}",
+                f"{min(steps)}..{max(steps)}" if steps else "-",
+                f"{1000 * sum(times) / len(times):.0f} ms" if times else "-",
+                t.active_profile or "-",
+            ]
+        )
+    out(table(rows, ["target", "ranks", "step", "step time", "active profile"]))
+    return EXIT_OK
+
+
+def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "record_shapes": args.record_shapes,
+        "profile_memory": args.profile_memory,
+        "with_stack": args.with_stack,
+        "with_flops": args.with_flops,
+        "with_modules": args.with_modules,
+        "warmup": args.warmup,
+        "queue": args.queue,
+    }
+    if args.activities:
+        options["activities"] = [a.strip() for a in args.activities.split(",") if a.strip()]
+    if args.ranks:
+        try:
+            options["ranks"] = [int(r) for r in args.ranks.split(",") if r.strip()]
+        except ValueError:
+            raise InvalidRequestError(f"--ranks {args.ranks!r}: expected comma-separated integers") from None
+    if args.window_timeout is not None:
+        options["timeout_s"] = args.window_timeout
+    return options
+
+
+def profile(args: argparse.Namespace) -> int:
+    client = _client(args)
+    handle = client.profile(args.target, args.steps, **_profile_options(args))
+    print(f"submitted {handle.id} on {handle.target}", file=sys.stderr)
+    if not (args.wait or args.download):
+        if args.json:
+            emit_json(handle.last_status)
+        else:
+            out(handle.id)
+        return EXIT_OK
+    manifest = handle.wait(args.timeout, progress=ProgressPrinter(current_steps_lookup(client)))
+    downloaded = handle.download(Path(args.download) / manifest.profile_id) if args.download else None
+    if args.json:
+        emit_json({"manifest": manifest, "downloaded_to": downloaded})
+    else:
+        print_manifest(manifest, downloaded)
+    return EXIT_OK if manifest.status == ProfileState.DONE else EXIT_FAILED
+
+
+def status(args: argparse.Namespace) -> int:
+    return _show_status(args, _client(args).get(args.id).status())
+
+
+def _show_status(args: argparse.Namespace, status: ProfileStatus) -> int:
+    if args.json:
+        emit_json(status)
+    else:
+        print_status(status)
+    return EXIT_OK
+
+
+def list_profiles(args: argparse.Namespace) -> int:
+    profiles = _client(args).list(target=args.target, state=args.state)
+    if args.json:
+        emit_json(profiles)
+        return EXIT_OK
+    rows = [
+        [p.id, p.target, p.state.value, str(p.request.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
+        for p in profiles
+    ]
+    out(table(rows, ["id", "target", "state", "steps", "created (UTC)"]) if rows else "no profiles")
+    return EXIT_OK
+
+
+def cancel(args: argparse.Namespace) -> int:
+    return _show_status(args, _client(args).get(args.id).cancel())
+
+
+def download(args: argparse.Namespace) -> int:
+    handle = _client(args).get(args.id)
+    manifest = handle.manifest()
+    downloaded = handle.download(Path(args.dir) / manifest.profile_id)
+    if args.json:
+        emit_json({"manifest": manifest, "downloaded_to": downloaded})
+    else:
+        print_manifest(manifest, downloaded)
+    return EXIT_OK
+
+
+def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
+    """Analyse a folder of traces; writes ``report.html`` into it when ``write``."""
+    from orchestrator.analysis import analyze_folder
+    from orchestrator.analysis.report import write_report
+
+    if not folder.is_dir():
+        raise InvalidRequestError(f"{folder} is not a folder")
+    summary = analyze_folder(folder)
+    manifest_path = folder / "manifest.json"
+    manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
+    report = write_report(summary, folder / "report.html", manifest) if write and summary.ranks else None
+    if args.json:
+        emit_json({"summary": summary, "report": report})
+    else:
+        print_analysis(summary, report if report is not None else _existing_report(folder))
+    if not summary.ranks:
+        print(f"rayprof: no usable traces under {folder}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _existing_report(folder: Path) -> Path | None:
+    path = folder / "report.html"
+    return path if path.is_file() else None
+
+
+def analyze(args: argparse.Namespace) -> int:
+    return _analyze_folder(Path(args.dir), args)
+
+
+def report(args: argparse.Namespace) -> int:
+    if Path(args.source).is_dir():
+        return _analyze_folder(Path(args.source), args)
+    handle = _client(args).get(args.source)
+    manifest = handle.manifest()
+    dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
+    folder = handle.download(dest / manifest.profile_id)
+    stored = next((a for a in manifest.artifacts if a.kind == "report"), None)
+    if stored is not None:
+        print(f"stored report: {stored.uri}", file=sys.stderr)
+    # A report listed in the manifest was downloaded (and checksummed) as is; only
+    # write one when the profile has none.
+    return _analyze_folder(folder, args, write=stored is None)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from orchestrator.cli.demo import run_demo
+
+    return run_demo(
+        workdir=Path(args.dir), port=args.port, steps=args.steps, workers=args.workers, timeout_s=args.timeout
+    )
+
+

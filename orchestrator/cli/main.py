@@ -1,0 +1,187 @@
+"""``rayprof``: argument parsing and the one place errors become exit statuses."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.cli import commands as cmd
+from orchestrator.cli.output import fail, set_results
+from orchestrator.errors import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    RayprofError,
+)
+from orchestrator.models import (
+    ProfileState,
+)
+from orchestrator.settings import (
+    DEFAULT_URL,
+    S3_ENDPOINT_URL_ENV_VAR,
+    STORAGE_ENV_VAR,
+    TOKEN_ENV_VAR,
+    URL_ENV_VAR,
+)
+
+_DESCRIPTION = """\
+Profile live Ray Train runs with torch.profiler.
+
+Talks to the rayprof HTTP service (--url, default $RAYPROF_URL or
+http://127.0.0.1:8000; bearer token --token or $RAYPROF_TOKEN) or, with
+--in-cluster, straight to the control actor of the Ray cluster.
+"""
+
+_EPILOG = """\
+exit status:
+  0  success (a waited-for profile ended DONE)
+  1  the profile ended PARTIAL, FAILED or CANCELLED, timed out, or the
+     service or storage failed
+  2  usage error or a request the service refused: bad arguments, unknown
+     target or profile, a window already running (409), missing/wrong token
+
+examples:
+  rayprof serve --storage s3://traces/prof --s3-endpoint http://127.0.0.1:9000
+  rayprof targets
+  rayprof profile my-run --steps 5 --profile-memory --wait --download ./prof
+  rayprof analyze ./prof/<profile-id>
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    connection = argparse.ArgumentParser(add_help=False)
+    group = connection.add_argument_group("connection")
+    group.add_argument(
+        "--url",
+        default=os.environ.get(URL_ENV_VAR) or DEFAULT_URL,
+        help=f"service URL (default ${URL_ENV_VAR} or {DEFAULT_URL})",
+    )
+    group.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV_VAR) or None, help=f"bearer token (default ${TOKEN_ENV_VAR})"
+    )
+    group.add_argument(
+        "--in-cluster", action="store_true", help="talk to the control actor through Ray instead of HTTP"
+    )
+    group.add_argument("--address", default=None, help="Ray cluster address for --in-cluster (default: auto)")
+    group.add_argument(
+        "--s3-endpoint",
+        default=os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None,
+        help=f"S3 endpoint for downloads, e.g. MinIO (default ${S3_ENDPOINT_URL_ENV_VAR})",
+    )
+    group.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+
+    parser = argparse.ArgumentParser(
+        prog="rayprof", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, parents: Sequence[Any]) -> Any:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=list(parents),
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("serve", cmd.serve, "deploy the HTTP service onto the running Ray cluster and return", [output])
+    p.add_argument(
+        "--storage",
+        default=os.environ.get(STORAGE_ENV_VAR) or None,
+        help=f"where profiles go: a shared path or s3://bucket/prefix (default ${STORAGE_ENV_VAR})",
+    )
+    p.add_argument(
+        "--s3-endpoint",
+        default=os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None,
+        help="S3-compatible endpoint, e.g. MinIO",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV_VAR) or None,
+        help=f"require this bearer token (default ${TOKEN_ENV_VAR})",
+    )
+    p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
+
+    command("targets", cmd.targets, "list live training runs and their ranks", [connection])
+
+    p = command("profile", cmd.profile, "profile N optimizer steps of a live run", [connection])
+    p.add_argument("target", help="Ray Train run name (RunConfig(name=...))")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to record on every rank")
+    p.add_argument("--wait", action="store_true", help="wait for the end, showing per-rank progress on stderr")
+    p.add_argument("--download", metavar="DIR", help="then download into DIR/<profile-id> (implies --wait)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    p.add_argument(
+        "--window-timeout",
+        type=float,
+        default=None,
+        help="server side: give up on ranks that have not reported after this many seconds",
+    )
+    p.add_argument("--warmup", type=int, default=0, help="profiler warmup steps before the window")
+    p.add_argument("--activities", help="cpu,cuda (default: cpu, plus cuda on GPU workers)")
+    p.add_argument("--ranks", help="comma-separated world ranks, e.g. 0,1 (default: all)")
+    p.add_argument("--queue", action="store_true", help="wait behind a running window instead of failing")
+    for flag in ("record-shapes", "profile-memory", "with-stack", "with-flops", "with-modules"):
+        p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
+
+    p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
+    p.add_argument("id")
+
+    p = command("list", cmd.list_profiles, "profiles, newest first", [connection])
+    p.add_argument("--target")
+    p.add_argument("--state", choices=[s.value for s in ProfileState])
+
+    p = command("cancel", cmd.cancel, "cancel a profile", [connection])
+    p.add_argument("id")
+
+    p = command("download", cmd.download, "download a finished profile into DIR/<id>, verifying sha256", [connection])
+    p.add_argument("id")
+    p.add_argument("dir")
+
+    p = command("analyze", cmd.analyze, "analyse a folder of traces and write DIR/report.html", [output])
+    p.add_argument("dir", help="a downloaded profile or any folder of *.pt.trace.json[.gz]")
+
+    p = command("report", cmd.report, "report on a profile id (downloads it) or a folder of traces", [connection])
+    p.add_argument("source", metavar="ID|DIR")
+    p.add_argument("--dest", help="where to download a profile id (default: a new temp folder)")
+
+    p = command("demo", cmd.demo, "local end-to-end demo: cluster, training job, service, one profile", [])
+    p.add_argument("--dir", default="rayprof-demo", help="working folder (default ./rayprof-demo)")
+    p.add_argument("--port", type=int, default=8000, help="service port (a free one if taken)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rayprof`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    results = sys.stdout
+    previous = set_results(results)
+    if args.command == "serve" or getattr(args, "in_cluster", False):
+        sys.stdout = sys.stderr
+    try:
+        return args.handler(args)
+    except ValidationError as e:
+        return fail(args, EXIT_USAGE, "invalid_request", str(e))
+    except RayprofError as e:
+        return fail(args, e.exit_status, e.code, e.message)
+    except KeyboardInterrupt:
+        return fail(args, EXIT_FAILED, "interrupted", "interrupted")
+    finally:
+        sys.stdout = results
+        set_results(previous)
+
+

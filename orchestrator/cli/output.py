@@ -1,0 +1,140 @@
+"""What commands print: results on stdout (or --json), errors on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import BaseModel
+
+from orchestrator.cli.progress import format_size, steps_captured, window_steps
+from orchestrator.models import (
+    Manifest,
+    ProfileStatus,
+)
+
+__all__ = [
+    "emit_json",
+    "fail",
+    "out",
+    "print_analysis",
+    "print_manifest",
+    "print_status",
+    "set_results",
+    "table",
+]
+
+# Where results go. Ray drivers print cluster warnings to sys.stdout from a
+# background thread; commands that start one point sys.stdout at stderr so
+# results (and --json) stay clean, and write here.
+_results: TextIO = sys.stdout
+
+
+def out(*parts: object) -> None:
+    print(*parts, file=_results, flush=True)
+
+
+def emit_json(value: Any) -> None:
+    def plain(v: Any) -> Any:
+        if isinstance(v, BaseModel):
+            return v.model_dump(mode="json")
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        return v
+
+    out(json.dumps(plain(value), indent=2))
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def print_status(status: ProfileStatus) -> None:
+    out(
+        f"{status.id}  target {status.target}  {status.state.value}" + (f"  ({status.reason})" if status.reason else "")
+    )
+    if status.start_step is not None:
+        out(f"steps {status.start_step}..{status.start_step + window_steps(status) - 1}")
+    if status.ranks:
+        rows = [
+            [
+                str(r.rank),
+                r.host or "",
+                r.state.value,
+                f"{steps_captured(r, status, None)}/{window_steps(status)}",
+                format_size(r.bytes_uploaded),
+                r.reason or "",
+            ]
+            for r in status.ranks
+        ]
+        out(table(rows, ["rank", "host", "state", "steps", "uploaded", "reason"]))
+    if status.manifest_uri:
+        out(f"manifest: {status.manifest_uri}")
+
+
+def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
+    out(
+        f"{manifest.profile_id}  target {manifest.target}  {manifest.status.value}"
+        + (f"  ({manifest.reason})" if manifest.reason else "")
+    )
+    out(f"steps {manifest.start_step}..{(manifest.stop_step or 1) - 1} on ranks {[r.rank for r in manifest.ranks]}")
+    artifacts = manifest.all_artifacts()
+    out(
+        f"{len(artifacts)} artifacts, {format_size(sum(a.bytes for a in artifacts))}, stored under {manifest.storage_uri}"
+    )
+    if downloaded is not None:
+        out(f"downloaded to {downloaded} (sha256 verified)")
+        out(f"view: tensorboard --logdir {downloaded / 'traces'}")
+
+
+# ---- commands --------------------------------------------------------------
+
+
+def print_analysis(summary: Any, report: Path | None) -> None:
+    from orchestrator.analysis.models import PHASES
+
+    out(f"{summary.source}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
+    rows = [
+        [str(r.rank), r.host or "", f"{r.median_step_ms:.1f}" if r.median_step_ms is not None else "-"]
+        + [f"{r.mean_phases.get(p):.1f}" for p in PHASES]
+        for r in summary.ranks
+    ]
+    if rows:
+        out(table(rows, ["rank", "host", "step ms", *(f"{p} ms" for p in PHASES)]))
+    for rejected in summary.rejected:
+        out(f"skipped {rejected.path.name}: {rejected.reason}")
+    for issue in summary.issues:
+        out(f"note: {issue}")
+    if not summary.findings:
+        out("findings: none (nothing in these steps crosses a threshold)")
+    for finding in summary.findings:
+        out(
+            f"\n[{finding.severity}] {finding.title} (ranks {finding.ranks})\n  {finding.evidence}\n  fix: {finding.fix}"
+        )
+    if report is not None:
+        out(f"\nreport: {report}")
+
+
+
+def fail(args: argparse.Namespace, status: int, code: str, detail: str) -> int:
+    if getattr(args, "json", False):
+        emit_json({"error": code, "detail": detail})
+    print(f"rayprof: {code}: {detail}", file=sys.stderr)
+    return status
+
+
+def set_results(stream: TextIO) -> TextIO:
+    """Send results to ``stream``; returns where they went before."""
+    global _results
+    previous, _results = _results, stream
+    return previous
+

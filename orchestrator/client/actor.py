@@ -1,0 +1,67 @@
+"""The client's backend that calls the control actor through Ray (inside the cluster)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator.errors import ControllerUnavailableError, RayprofError
+from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec, TargetInfo
+
+__all__ = ["ActorBackend"]
+
+_READ_RETRIES = 10
+
+
+class ActorBackend:
+    """Calls the control actor through Ray."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._config = self._call("config")
+
+    def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        for attempt in range(retries + 1):
+            try:
+                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
+            except RayTaskError as e:
+                if isinstance(e.cause, RayprofError):
+                    raise e.cause from None
+                raise
+            except (RayActorError, ray.exceptions.GetTimeoutError) as e:
+                if attempt == retries:
+                    raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    def _read(self, method: str, *args: Any) -> Any:
+        # Reads are idempotent: ride out a controller restart (it restores its state).
+        return self._call(method, *args, retries=_READ_RETRIES)
+
+    def submit(self, request: ProfileRequest) -> ProfileStatus:
+        return self._call("submit", request)
+
+    def get(self, profile_id: str) -> ProfileStatus:
+        return self._read("get", profile_id)
+
+    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
+        return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
+
+    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
+        return self._read("list", target, state)
+
+    def cancel(self, profile_id: str) -> ProfileStatus:
+        return self._call("cancel", profile_id)
+
+    def manifest(self, profile_id: str) -> Manifest:
+        return self._read("manifest", profile_id)
+
+    def targets(self) -> list[TargetInfo]:
+        return self._read("targets")
+
+    def storage_for(self, storage_uri: str) -> StorageSpec:
+        spec = self._config.storage
+        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)

@@ -1,0 +1,61 @@
+"""Server configuration read from the environment: where profiles go and the controller's limits.
+
+The one place a ``RAYPROF_*`` variable becomes a value; names and defaults
+live in ``orchestrator.settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from orchestrator import settings as c
+from orchestrator.errors import ConfigurationError
+from orchestrator.models import ControllerConfig, StorageSpec
+
+__all__ = ["controller_config", "default_storage_spec", "normalize_uri"]
+
+
+def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
+    """Settings from ``RAYPROF_*`` env vars, defaults for the rest."""
+    return ControllerConfig(
+        storage=storage or default_storage_spec(),
+        max_steps=c.env_int(c.MAX_STEPS_ENV_VAR, c.DEFAULT_MAX_STEPS),
+        max_warmup_steps=c.env_int(c.MAX_WARMUP_STEPS_ENV_VAR, c.DEFAULT_MAX_WARMUP_STEPS),
+        poll_timeout_s=c.env_float(c.POLL_TIMEOUT_S_ENV_VAR, c.DEFAULT_POLL_TIMEOUT_S),
+        worker_expiry_grace_s=c.env_float(c.WORKER_EXPIRY_GRACE_S_ENV_VAR, c.DEFAULT_WORKER_EXPIRY_GRACE_S),
+        arm_lead_s=c.env_float(c.ARM_LEAD_S_ENV_VAR, c.DEFAULT_ARM_LEAD_S),
+        sync_timeout_s=c.env_float(c.SYNC_TIMEOUT_S_ENV_VAR, c.DEFAULT_SYNC_TIMEOUT_S),
+        request_timeout_s=c.env_float(c.REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_REQUEST_TIMEOUT_S),
+        max_request_timeout_s=c.env_float(c.MAX_REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_MAX_REQUEST_TIMEOUT_S),
+        max_trace_bytes=c.env_int(c.MAX_TRACE_BYTES_ENV_VAR, c.DEFAULT_MAX_TRACE_BYTES),
+        max_queued_per_target=c.env_int(c.MAX_QUEUED_PER_TARGET_ENV_VAR, c.DEFAULT_MAX_QUEUED_PER_TARGET),
+    )
+
+
+def default_storage_spec() -> StorageSpec:
+    """The storage configured for this process through ``RAYPROF_*`` env vars."""
+    uri = os.environ.get(c.STORAGE_ENV_VAR)
+    if not uri:
+        base = Path(c.CLUSTER_STORAGE_ROOT)
+        uri = str(base / "rayprof") if base.is_dir() else str(Path("/tmp/rayprof"))
+    return StorageSpec(
+        uri=normalize_uri(uri),
+        s3_endpoint_url=os.environ.get(c.S3_ENDPOINT_URL_ENV_VAR) or None,
+        s3_region=os.environ.get(c.S3_REGION_ENV_VAR) or None,
+    )
+
+
+def normalize_uri(uri: str) -> str:
+    """``s3://b/p`` stays; a plain or ``file://`` path becomes an absolute ``file://`` URI."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ConfigurationError(f"storage {uri!r} names no bucket; use s3://bucket/prefix")
+        return uri.rstrip("/")
+    if parsed.scheme == "file":
+        return Path(parsed.path).expanduser().resolve().as_uri()
+    if parsed.scheme == "":
+        return Path(uri).expanduser().resolve().as_uri()
+    raise ConfigurationError(f"unsupported storage {uri!r}: use a path, file:///path or s3://bucket/prefix")
