@@ -1,55 +1,45 @@
 """rayprof: on-demand torch.profiler windows on live Ray Train jobs.
 
-The client classes load on first use: training workers import
-``orchestrator.models`` and ``orchestrator.storage`` and must not pay for the
-client, the service or the analysis.
+Public names load on first use: the export child process imports
+``orchestrator.layout`` and training workers import ``orchestrator.models``;
+neither pays for the client, the service or the analysis.
 """
 
+from importlib import import_module
 from typing import Any
 
-from orchestrator.errors import (
-    ConfigurationError,
-    ConflictError,
-    ControllerUnavailableError,
-    IntegrityError,
-    InvalidRequestError,
-    NotFoundError,
-    ProfileNotFoundError,
-    ProfileTimeoutError,
-    RayprofError,
-    StorageError,
-    TargetNotFoundError,
-    UnauthorizedError,
-)
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, RankState, TargetInfo
+_EXPORTS = {
+    "ProfileHandle": "orchestrator.client",
+    "ProfilingClient": "orchestrator.client",
+    "ConfigurationError": "orchestrator.errors",
+    "ConflictError": "orchestrator.errors",
+    "ControllerUnavailableError": "orchestrator.errors",
+    "IntegrityError": "orchestrator.errors",
+    "InvalidRequestError": "orchestrator.errors",
+    "NotFoundError": "orchestrator.errors",
+    "ProfileNotFoundError": "orchestrator.errors",
+    "ProfileTimeoutError": "orchestrator.errors",
+    "RayprofError": "orchestrator.errors",
+    "StorageError": "orchestrator.errors",
+    "TargetNotFoundError": "orchestrator.errors",
+    "UnauthorizedError": "orchestrator.errors",
+    "Manifest": "orchestrator.models",
+    "ProfileRequest": "orchestrator.models",
+    "ProfileState": "orchestrator.models",
+    "ProfileStatus": "orchestrator.models",
+    "RankState": "orchestrator.models",
+    "TargetInfo": "orchestrator.models",
+}
 
-__all__ = [
-    "ConfigurationError",
-    "ConflictError",
-    "ControllerUnavailableError",
-    "IntegrityError",
-    "InvalidRequestError",
-    "Manifest",
-    "NotFoundError",
-    "ProfileHandle",
-    "ProfileNotFoundError",
-    "ProfileRequest",
-    "ProfileState",
-    "ProfileStatus",
-    "ProfileTimeoutError",
-    "ProfilingClient",
-    "RankState",
-    "RayprofError",
-    "StorageError",
-    "TargetInfo",
-    "TargetNotFoundError",
-    "UnauthorizedError",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ProfileHandle", "ProfilingClient"):
-        from orchestrator import client
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    return getattr(import_module(module), name)
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return __all__

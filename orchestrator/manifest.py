@@ -5,22 +5,11 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.layout import manifest_key, profile_prefix
 from orchestrator.models import Artifact, Manifest
 from orchestrator.storage import Storage
 
-__all__ = ["MANIFEST_NAME", "manifest_key", "profile_prefix", "read_manifest", "verify_manifest", "write_manifest"]
-
-MANIFEST_NAME = "manifest.json"
-
-
-def profile_prefix(target: str, profile_id: str) -> str:
-    """Folder of one profile, relative to the storage root."""
-    return f"{target}/{profile_id}"
-
-
-def manifest_key(target: str, profile_id: str) -> str:
-    """Key of a profile's manifest, relative to the storage root."""
-    return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
+__all__ = ["read_manifest", "verify_manifest", "write_manifest"]
 
 
 def write_manifest(storage: Storage, manifest: Manifest) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import IntegrityError
-from orchestrator.manifest import manifest_key, read_manifest, verify_manifest, write_manifest
+from orchestrator.layout import manifest_key
+from orchestrator.manifest import read_manifest, verify_manifest, write_manifest
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
 from orchestrator.storage import MemoryStorage
 

@@ -23,25 +23,15 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from actors.export import EXIT_TOO_LARGE
+from orchestrator.layout import rank_artifact_keys
 from orchestrator.models import Artifact, RankEvent, RankState, WindowSpec, WorkerInfo
 from orchestrator.storage import open_storage
 
-__all__ = ["Capture", "artifact_keys"]
+__all__ = ["Capture"]
 
 logger = logging.getLogger(__name__)
 
 EmitFn = Callable[[RankEvent], None]
-
-
-def artifact_keys(window: WindowSpec, info: WorkerInfo) -> dict[str, str]:
-    """Storage keys of one rank's artifacts, laid out as in DESIGN.md."""
-    rank = info.world_rank
-    base = window.prefix
-    return {
-        "trace": f"{base}/traces/rank{rank}.{info.host}.{info.pid}.pt.trace.json.gz",
-        "memory_timeline": f"{base}/memory/rank{rank}.memory_timeline.json.gz",
-        "op_table": f"{base}/ops/rank{rank}.key_averages.csv",
-    }
 
 
 class CaptureTooLarge(Exception):
@@ -186,7 +176,7 @@ class Capture:
 
     def _export_and_upload(self, prof: torch.profiler.profile, tmp: Path) -> RankEvent:
         w = self.window
-        keys = artifact_keys(w, self.info)
+        keys = rank_artifact_keys(w.prefix, self.info.world_rank, self.info.host, self.info.pid)
         storage = open_storage(w.storage)
 
         raw = tmp / "trace.json"

@@ -30,7 +30,8 @@ from orchestrator.errors import (
     RayprofError,
     TargetNotFoundError,
 )
-from orchestrator.manifest import manifest_key, profile_prefix, read_manifest, write_manifest
+from orchestrator.layout import CONFIG_KEY, STATE_PREFIX, manifest_key, profile_prefix, state_key
+from orchestrator.manifest import read_manifest, write_manifest
 from orchestrator.models import (
     Command,
     ControllerConfig,
@@ -56,11 +57,9 @@ __all__ = ["Controller", "create_controller"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_PREFIX = "_rayprof/profiles"
 _ARM_COST_PER_SYNC = 4.0
 # Plan shortened windows this far under the byte cap: step sizes vary a little.
 _CAP_MARGIN = 0.9
-_CONFIG_KEY = "_rayprof/storage.json"
 
 
 class _SavedProfile(BaseModel):
@@ -206,10 +205,10 @@ class Controller:
     async def _restore(self) -> None:
         storage = open_storage(self._home)
         try:
-            if await asyncio.to_thread(storage.exists, _CONFIG_KEY):
-                configured = StorageSpec.model_validate_json(await asyncio.to_thread(storage.get_bytes, _CONFIG_KEY))
+            if await asyncio.to_thread(storage.exists, CONFIG_KEY):
+                configured = StorageSpec.model_validate_json(await asyncio.to_thread(storage.get_bytes, CONFIG_KEY))
                 self._config = self._config.model_copy(update={"storage": configured})
-            keys = await asyncio.to_thread(storage.list, _STATE_PREFIX)
+            keys = await asyncio.to_thread(storage.list, STATE_PREFIX)
         except RayprofError as e:
             logger.warning("rayprof controller: cannot read saved state: %s", e)
             return
@@ -253,7 +252,7 @@ class Controller:
         await self._ensure_started()
         self._config = self._config.model_copy(update={"storage": storage})
         data = storage.model_dump_json().encode()
-        await asyncio.to_thread(open_storage(self._home).put_bytes, data, _CONFIG_KEY, "manifest")
+        await asyncio.to_thread(open_storage(self._home).put_bytes, data, CONFIG_KEY, "manifest")
 
     async def config(self) -> ControllerConfig:
         """Settings in force."""
@@ -778,7 +777,7 @@ class Controller:
             data = _SavedProfile(status=profile.snapshot(), storage=profile.storage).model_dump_json().encode()
             storage = open_storage(self._home)
             try:
-                await asyncio.to_thread(storage.put_bytes, data, f"{_STATE_PREFIX}/{profile.id}.json", "manifest")
+                await asyncio.to_thread(storage.put_bytes, data, state_key(profile.id), "manifest")
             except RayprofError as e:
                 logger.warning("rayprof controller: cannot persist %s: %s", profile.id, e)
             profile.saves_done = covered

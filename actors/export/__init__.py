@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.layout import parse_profiler_step
+
 __all__ = ["EXIT_TOO_LARGE", "OP_COLUMNS", "memory_timeline", "op_table", "step_spans", "trim_to_cap"]
 
 EXIT_TOO_LARGE = 3
@@ -51,7 +53,7 @@ def step_spans(events: list[dict[str, Any]]) -> dict[int, float]:
     """``ProfilerStep#N`` -> duration in ms."""
     steps: dict[int, float] = {}
     for ev in events:
-        if ev.get("ph") == "X" and (n := _step_number(ev.get("name", ""))) is not None:
+        if ev.get("ph") == "X" and (n := parse_profiler_step(ev.get("name", ""))) is not None:
             steps[n] = float(ev.get("dur", 0)) / 1000.0
     return steps
 
@@ -145,7 +147,7 @@ def trim_to_cap(trace: dict[str, Any], max_bytes: int) -> dict[str, Any] | None:
     spans = sorted(
         (ev["ts"], n)
         for ev in events
-        if ev.get("ph") == "X" and "ts" in ev and (n := _step_number(ev.get("name", ""))) is not None
+        if ev.get("ph") == "X" and "ts" in ev and (n := parse_profiler_step(ev.get("name", ""))) is not None
     )
     if not spans:
         return None
@@ -185,15 +187,6 @@ def trim_to_cap(trace: dict[str, Any], max_bytes: int) -> dict[str, Any] | None:
         return None
     kept = [ev for ev, b in zip(events, buckets) if b is None or b < keep]
     return {**trace, "traceEvents": kept}
-
-
-def _step_number(name: str) -> int | None:
-    if not name.startswith("ProfilerStep#"):
-        return None
-    try:
-        return int(name[len("ProfilerStep#") :])
-    except ValueError:
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

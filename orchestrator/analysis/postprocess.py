@@ -16,14 +16,12 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.report import write_report
+from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models import Artifact, Manifest, StorageSpec
 from orchestrator.storage import open_storage
 from orchestrator.traces.merge import merge_traces
 
-__all__ = ["MERGED_TRACE", "REPORT", "PostprocessResult", "postprocess"]
-
-MERGED_TRACE = "merged.trace.json.gz"
-REPORT = "report.html"
+__all__ = ["PostprocessResult", "postprocess"]
 
 
 class PostprocessResult(BaseModel):
@@ -46,10 +44,10 @@ def postprocess(spec: StorageSpec, prefix: str, draft: Manifest) -> PostprocessR
                 if artifact.kind == "trace":
                     local = storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
                     inputs.append((rank.rank, rank.host, local))
-        merge_traces(inputs, folder / MERGED_TRACE)
-        merged = storage.put_file(folder / MERGED_TRACE, f"{prefix}/{MERGED_TRACE}", "merged_trace", folder=prefix)
+        merge_traces(inputs, folder / MERGED_TRACE_NAME)
+        merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
         summary = analyze_folder(folder).model_copy(update={"source": draft.storage_uri})
         with_merged = draft.model_copy(update={"artifacts": [merged]})
-        write_report(summary, folder / REPORT, manifest=with_merged)
-        report = storage.put_file(folder / REPORT, f"{prefix}/{REPORT}", "report", folder=prefix)
+        write_report(summary, folder / REPORT_NAME, manifest=with_merged)
+        report = storage.put_file(folder / REPORT_NAME, f"{prefix}/{REPORT_NAME}", "report", folder=prefix)
     return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"))

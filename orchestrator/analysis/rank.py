@@ -38,7 +38,6 @@ allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
 from __future__ import annotations
 
 import bisect
-import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -54,13 +53,13 @@ from orchestrator.analysis.models import (
     RankSummary,
     StepBreakdown,
 )
+from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank", "is_comm", "is_sync"]
 
 TOP_N = 10
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _SYNC_NAMES = frozenset(
     {
         "aten::item",
@@ -148,7 +147,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         elif span.cat in _HOST_CATEGORIES:
             host_threads[(span.pid, span.tid)].append(span)
 
-    step_counts = Counter(key for key, spans in host_threads.items() for s in spans if _STEP.match(s.name))
+    step_counts = Counter(key for key, spans in host_threads.items() for s in spans if parse_profiler_step(s.name) is not None)
     issues: list[str] = []
     if not step_counts:
         issues.append("no ProfilerStep#N spans: the profiler ran without a schedule, so steps cannot be found")
@@ -194,7 +193,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ("backward", main_union(_is_backward)),
         ("forward", main_union(_is_forward)),
     ]
-    any_main_span = union((s.ts, s.end) for s in main if not _STEP.match(s.name))
+    any_main_span = union((s.ts, s.end) for s in main if not parse_profiler_step(s.name) is not None)
     backward_elsewhere = union((s.ts, s.end) for s in others if _is_backward(s))
     comm_elsewhere = union((s.ts, s.end) for s in others if is_comm(s))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
@@ -203,7 +202,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     comm_kernels = union((s.ts, s.end) for s in gpu if _is_comm_kernel(s))
     compute_kernels = union((s.ts, s.end) for s in gpu if s.cat == "kernel" and not _is_comm_kernel(s))
     kernels = [s for s in gpu if s.cat == "kernel"]
-    step_spans = sorted((s for s in main if _STEP.match(s.name)), key=lambda s: s.ts)
+    step_spans = sorted((s for s in main if parse_profiler_step(s.name) is not None), key=lambda s: s.ts)
     per_step_gpu = _gpu_work_per_step(gpu, step_spans)
 
     base_us = trace.file.base_time_ns / 1000
@@ -238,7 +237,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             gpu_rows.append(row)
         steps.append(
             StepBreakdown(
-                step=int(_STEP.match(step_span.name).group(1)),
+                step=parse_profiler_step(step_span.name),
                 start_unix_us=base_us + t0,
                 duration_ms=(t1 - t0) / 1000,
                 phases=PhaseTimes(**{p: v / 1000 for p, v in phase_us.items()}),

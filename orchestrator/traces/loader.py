@@ -13,7 +13,6 @@ Two steps, kept apart so that merge and analysis can share the first:
 
 from __future__ import annotations
 
-import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.layout import TRACE_SUFFIXES, parse_trace_name, rank_in_name
 from orchestrator.traces.stream import TraceParseError, iter_trace, read_header
 
 __all__ = [
@@ -32,14 +32,8 @@ __all__ = [
     "TraceSet",
     "discover_traces",
     "load_rank",
-    "rank_from_name",
 ]
 
-TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-
-_RANK_IN_NAME = re.compile(r"(?:^|[._-])rank[_-]?(\d+)(?=[._-]|$)", re.IGNORECASE)
-# rank{R}.{host}.{pid}.pt.trace.json[.gz], the capture pipeline's naming.
-_PIPELINE_NAME = re.compile(r"^rank(\d+)\.(.+)\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
 
 # Span categories the analysis reads; anything else (flows, instants, python
 # stacks) is skipped at load time to keep a rank's footprint small.
@@ -79,12 +73,6 @@ class TraceSet(_Model):
     issues: list[str]
 
 
-def rank_from_name(name: str) -> int | None:
-    """The ``N`` of a ``rankN`` token in a file name, if there is one."""
-    match = _RANK_IN_NAME.search(name)
-    return int(match.group(1)) if match else None
-
-
 def _trace_folder(folder: Path) -> Path:
     # A profile folder keeps its traces in traces/; a plain folder holds them directly.
     sub = folder / "traces"
@@ -92,7 +80,7 @@ def _trace_folder(folder: Path) -> Path:
 
 
 def _inspect(path: Path) -> TraceFile | RejectedTrace:
-    name_rank = rank_from_name(path.name)
+    name_rank = rank_in_name(path.name)
     try:
         header = read_header(path)
     except TraceParseError as exc:
@@ -111,8 +99,8 @@ def _inspect(path: Path) -> TraceFile | RejectedTrace:
     world_size = info.get("world_size") if isinstance(info, dict) else None
     host = header.get("host_name")
     if not isinstance(host, str):
-        match = _PIPELINE_NAME.match(path.name)
-        host = match.group(2) if match else None
+        parsed = parse_trace_name(path.name)
+        host = parsed[1] if parsed else None
     base = header.get("baseTimeNanoseconds", 0)
     return TraceFile(
         rank=rank,

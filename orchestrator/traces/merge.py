@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
 from orchestrator.traces.stream import TraceParseError, iter_trace, read_header
 
@@ -99,7 +100,7 @@ class _RankWriter:
             if event["name"] == "process_name":
                 self.names[pid] = str((event.get("args") or {}).get("name", pid))
             return None  # replaced by this rank's own labels in metadata()
-        if self.main_pid is None and str(event.get("name", "")).startswith("ProfilerStep#"):
+        if self.main_pid is None and parse_profiler_step(str(event.get("name", ""))) is not None:
             self.main_pid = pid
         new_pid = self.pids.get(pid)
         event["pid"] = new_pid if new_pid is not None else self.pid(pid)

@@ -1,0 +1,91 @@
+"""Where every file of a profile lives, and the one parser of each name.
+
+Storage layout (keys relative to the storage root)::
+
+    {target}/{profile_id}/
+      traces/rank{R}.{host}.{pid}.pt.trace.json.gz
+      memory/rank{R}.memory_timeline.json.gz
+      ops/rank{R}.key_averages.csv
+      merged.trace.json.gz
+      report.html
+      manifest.json                      written last: the commit point
+    _rayprof/profiles/{profile_id}.json  the controller's saved state
+    _rayprof/storage.json                the storage configured at run time
+
+Standard library only: the export child process imports it and must start fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "CONFIG_KEY",
+    "MANIFEST_NAME",
+    "MERGED_TRACE_NAME",
+    "REPORT_NAME",
+    "STATE_PREFIX",
+    "TRACE_SUFFIXES",
+    "manifest_key",
+    "parse_profiler_step",
+    "parse_trace_name",
+    "profile_prefix",
+    "rank_artifact_keys",
+    "rank_in_name",
+    "state_key",
+]
+
+MANIFEST_NAME = "manifest.json"
+MERGED_TRACE_NAME = "merged.trace.json.gz"
+REPORT_NAME = "report.html"
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+STATE_PREFIX = "_rayprof/profiles"
+CONFIG_KEY = "_rayprof/storage.json"
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# rank{R}.{host}.{pid}.pt.trace.json[.gz], as the capture pipeline names traces.
+_PIPELINE_NAME = re.compile(r"^rank(\d+)\.(.+)\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
+# "rank3" anywhere in other tools' names (HTA's rank-3.json, PARAM's *_rank3.*).
+_RANK_IN_NAME = re.compile(r"(?:^|[._-])rank[_-]?(\d+)(?=[._-]|$)", re.IGNORECASE)
+
+
+def profile_prefix(target: str, profile_id: str) -> str:
+    """Folder of one profile, relative to the storage root."""
+    return f"{target}/{profile_id}"
+
+
+def manifest_key(target: str, profile_id: str) -> str:
+    """Key of a profile's manifest, relative to the storage root."""
+    return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
+
+
+def state_key(profile_id: str) -> str:
+    """Key of a profile's saved controller state."""
+    return f"{STATE_PREFIX}/{profile_id}.json"
+
+
+def rank_artifact_keys(prefix: str, rank: int, host: str, pid: int) -> dict[str, str]:
+    """Keys of one rank's artifacts under a profile's folder, by artifact kind."""
+    return {
+        "trace": f"{prefix}/traces/rank{rank}.{host}.{pid}{TRACE_SUFFIXES[1]}",
+        "memory_timeline": f"{prefix}/memory/rank{rank}.memory_timeline.json.gz",
+        "op_table": f"{prefix}/ops/rank{rank}.key_averages.csv",
+    }
+
+
+def parse_trace_name(name: str) -> tuple[int, str, int] | None:
+    """``(rank, host, pid)`` of a trace file named by the capture pipeline, else ``None``."""
+    m = _PIPELINE_NAME.match(name)
+    return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
+
+
+def rank_in_name(name: str) -> int | None:
+    """A rank written into a file name by any tool (``rank3``, ``rank-3``, ``rank_3``), else ``None``."""
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_profiler_step(name: str) -> int | None:
+    """The global step of a ``ProfilerStep#N`` span name, else ``None``."""
+    m = _PROFILER_STEP.match(name)
+    return int(m.group(1)) if m else None
