@@ -14,6 +14,7 @@ How rayprof gets in (``--instrument``):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -129,6 +130,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="fashion-resnet", help="Ray Train run name: the rayprof target")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (nccl)")
+    p.add_argument(
+        "--resources-per-worker",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='e.g. \'{"CPU": 1, "trainer_slot": 1}\': a custom resource each node has one of puts every worker on its own node',
+    )
     p.add_argument("--instrument", choices=["setup-hook", "attach", "none"], default="setup-hook")
     p.add_argument("--step-mode", choices=["optimizer", "explicit"], default="optimizer")
     p.add_argument("--max-steps", type=int, default=0, help="0: no step limit")
@@ -147,14 +155,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def job_runtime_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """The runtime_env this driver passes to ray.init(): the agent's setup hook with ``--instrument setup-hook``."""
+    return {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    runtime_env = {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else None
-    ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=False)
+    ray.init(address=args.address, runtime_env=job_runtime_env(args), log_to_driver=False)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
@@ -171,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
             "slow_rank": args.slow_rank,
             "slow_rank_delay_s": args.slow_rank_delay_s,
         },
-        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
+        scaling_config=ScalingConfig(
+            num_workers=args.workers, use_gpu=args.gpu, resources_per_worker=args.resources_per_worker
+        ),
         run_config=RunConfig(
             name=args.name,
             storage_path=args.storage_path,

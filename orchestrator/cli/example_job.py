@@ -23,10 +23,20 @@ class ExampleJob:
     """The example job in a child process, connected to the cluster at ``address``.
 
     It stops cleanly when its stop file appears (checked every 20 steps), or
-    after ``max_seconds``. ``args`` go to ``train_job.py`` as they are.
+    after ``max_seconds``. ``args`` go to ``train_job.py`` as they are; ``env``
+    replaces the environment it inherits (e.g. ``RAY_AUTH_MODE=token`` to reach a
+    token-auth cluster by an explicit address).
     """
 
-    def __init__(self, address: str, name: str, log: Path, *args: str, max_seconds: float = 1500.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        log: Path,
+        *args: str,
+        max_seconds: float = 1500.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         if not TRAIN_JOB.is_file():
             raise FileNotFoundError(f"cannot find the example job at {TRAIN_JOB}; run from a source checkout")
         self.name = name
@@ -36,7 +46,9 @@ class ExampleJob:
         command = [sys.executable, str(TRAIN_JOB), "--name", name, "--address", address]
         command += ["--max-seconds", str(int(max_seconds)), "--stop-file", str(self.stop_file), *args]
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=TRAIN_JOB.parents[2])
+            self.proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, cwd=TRAIN_JOB.parents[2], env=env
+            )
 
     def check_alive(self) -> None:
         """Raise with the end of the job's log if it has exited."""
