@@ -34,6 +34,48 @@ def _client(args: argparse.Namespace) -> ProfilingClient:
     return ProfilingClient(backend=HttpBackend(args.url, args.token, s3_endpoint_url=args.s3_endpoint))
 
 
+def _ray_auth_refusal(address: str) -> str | None:
+    """Why the Ray cluster at ``address`` refuses this process's auth token, with the fix; None if it does not.
+
+    Asked before ray.init(), which answers a refusal with 20 s of retry log and
+    then "Failed to connect". Only explicit addresses (``--address``,
+    ``RAY_ADDRESS``) are asked: with the default address Ray finds the local
+    cluster and its token itself. GcsClient is the client `ray job submit` uses.
+    """
+    import os
+    import socket
+
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    explicit = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+    if not explicit or explicit == "auto" or "://" in explicit:
+        return None
+    host, _, port = explicit.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return None  # nothing listens there: ray.init() says so
+    try:
+        GcsClient(address=explicit)
+        return None
+    except AuthenticationError:
+        pass
+    except Exception:
+        return None  # not about auth: ray.init() reports it
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        why = "the Ray auth token this process sent is not the cluster's"
+        fix = "put the cluster's token (`ray get-auth-token` on the head node prints it) in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+    else:
+        why = "it uses Ray token auth, and RAY_AUTH_MODE is not 'token' here, so no token was sent"
+        fix = (
+            "export RAY_AUTH_MODE=token (Ray reads the token from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+            "RAY_AUTH_TOKEN); or, on a node of the cluster, unset RAY_ADDRESS and leave out --address, so Ray "
+            "finds the local cluster and its token itself"
+        )
+    return f"rayprof: the Ray cluster at {explicit} refused this process: {why}.\n  fix: {fix}"
+
+
 def serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
@@ -46,8 +88,15 @@ def serve(args: argparse.Namespace) -> int:
             f"rayprof: warning: serving on {args.host} without a token; anyone who can reach it can profile",
             file=sys.stderr,
         )
+    refusal = _ray_auth_refusal(args.address or "auto")
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return EXIT_FAILED
     try:
         ray.init(address=args.address or "auto", log_to_driver=False)
+    except ray.exceptions.AuthenticationError as e:
+        print(f"rayprof: the Ray cluster needs its auth token: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except ConnectionError as e:
         print(
             f"rayprof: no running Ray cluster to deploy onto ({e}); start one with `ray start --head`", file=sys.stderr
