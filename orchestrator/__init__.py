@@ -11,9 +11,11 @@ from typing import Any
 _EXPORTS = {
     "ProfileHandle": "orchestrator.client",
     "ProfilingClient": "orchestrator.client",
+    "AlreadyExistsError": "orchestrator.errors",
     "ConfigurationError": "orchestrator.errors",
     "ConflictError": "orchestrator.errors",
     "ControllerUnavailableError": "orchestrator.errors",
+    "IllegalTransitionError": "orchestrator.errors",
     "IntegrityError": "orchestrator.errors",
     "InvalidRequestError": "orchestrator.errors",
     "NotFoundError": "orchestrator.errors",

@@ -31,6 +31,10 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         max_request_timeout_s=c.env_float(c.MAX_REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_MAX_REQUEST_TIMEOUT_S),
         max_trace_bytes=c.env_int(c.MAX_TRACE_BYTES_ENV_VAR, c.DEFAULT_MAX_TRACE_BYTES),
         max_queued_per_target=c.env_int(c.MAX_QUEUED_PER_TARGET_ENV_VAR, c.DEFAULT_MAX_QUEUED_PER_TARGET),
+        postprocess_timeout_s=c.env_float(c.POSTPROCESS_TIMEOUT_S_ENV_VAR, c.DEFAULT_POSTPROCESS_TIMEOUT_S),
+        retention_count=c.env_int(c.RETENTION_COUNT_ENV_VAR, c.DEFAULT_RETENTION_COUNT),
+        retention_days=c.env_float(c.RETENTION_DAYS_ENV_VAR, c.DEFAULT_RETENTION_DAYS),
+        cluster_name=os.environ.get(c.CLUSTER_NAME_ENV_VAR) or None,
     )
 
 

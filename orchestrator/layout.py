@@ -9,8 +9,8 @@ Storage layout (keys relative to the storage root)::
       merged.trace.json.gz
       report.html
       manifest.json                      written last: the commit point
-    _rayprof/profiles/{profile_id}.json  the controller's saved state
-    _rayprof/storage.json                the storage configured at run time
+    _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
+    _rayprof/{cluster}/storage.json                the storage configured at run time
 
 Standard library only: the export child process imports it and must start fast.
 """
@@ -20,12 +20,11 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "CONFIG_KEY",
     "MANIFEST_NAME",
     "MERGED_TRACE_NAME",
     "REPORT_NAME",
-    "STATE_PREFIX",
     "TRACE_SUFFIXES",
+    "config_key",
     "manifest_key",
     "parse_profiler_step",
     "parse_trace_name",
@@ -33,14 +32,14 @@ __all__ = [
     "rank_artifact_keys",
     "rank_in_name",
     "state_key",
+    "state_prefix",
 ]
 
 MANIFEST_NAME = "manifest.json"
 MERGED_TRACE_NAME = "merged.trace.json.gz"
 REPORT_NAME = "report.html"
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-STATE_PREFIX = "_rayprof/profiles"
-CONFIG_KEY = "_rayprof/storage.json"
+_STATE_ROOT = "_rayprof"
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # rank{R}.{host}.{pid}.pt.trace.json[.gz], as the capture pipeline names traces.
@@ -59,9 +58,19 @@ def manifest_key(target: str, profile_id: str) -> str:
     return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
 
 
-def state_key(profile_id: str) -> str:
+def state_prefix(cluster: str) -> str:
+    """Folder of one cluster's saved controller state."""
+    return f"{_STATE_ROOT}/{cluster}/profiles"
+
+
+def state_key(cluster: str, profile_id: str) -> str:
     """Key of a profile's saved controller state."""
-    return f"{STATE_PREFIX}/{profile_id}.json"
+    return f"{state_prefix(cluster)}/{profile_id}.json"
+
+
+def config_key(cluster: str) -> str:
+    """Key of the storage a cluster's controller was configured with at run time."""
+    return f"{_STATE_ROOT}/{cluster}/storage.json"
 
 
 def rank_artifact_keys(prefix: str, rank: int, host: str, pid: int) -> dict[str, str]:

@@ -25,7 +25,8 @@ def write_manifest(storage: Storage, manifest: Manifest) -> str:
                 f"{artifact.uri} is listed but missing from storage", profile_id=manifest.profile_id
             )
     key = manifest_key(manifest.target, manifest.profile_id)
-    storage.put_bytes(manifest.model_dump_json(indent=2).encode(), key, "manifest")
+    # Written once: another controller on the same root, or a stale retry, must never replace it.
+    storage.put_bytes(manifest.model_dump_json(indent=2).encode(), key, "manifest", if_absent=True)
     return storage.uri(key)
 
 

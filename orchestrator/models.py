@@ -19,6 +19,7 @@ __all__ = [
     "Manifest",
     "Name",
     "ProfileOptions",
+    "ProfilePage",
     "ProfileRequest",
     "ProfileState",
     "ProfileStatus",
@@ -27,6 +28,7 @@ __all__ = [
     "RankState",
     "StorageSpec",
     "TargetInfo",
+    "TorchOptions",
     "WindowSpec",
     "WorkerInfo",
     "WorkerStatus",
@@ -96,11 +98,9 @@ class RankState(str, enum.Enum):
         return self in (RankState.DONE, RankState.FAILED, RankState.CANCELLED)
 
 
-class ProfileOptions(_Model):
-    """What to record; maps one to one onto ``torch.profiler.profile`` arguments."""
+class TorchOptions(_Model):
+    """What ``torch.profiler.profile`` records; one field per argument of the same name."""
 
-    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
-    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
     activities: list[Literal["cpu", "cuda"]] | None = Field(
         default=None, description="Default: cpu, plus cuda where the worker has a GPU."
     )
@@ -109,6 +109,13 @@ class ProfileOptions(_Model):
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
+
+
+class ProfileOptions(TorchOptions):
+    """A window's length and reach, plus what to record."""
+
+    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
+    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
     ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, description="World ranks to profile; default all."
     )
@@ -119,11 +126,20 @@ class ProfileOptions(_Model):
         default=False, description="Wait behind a running window instead of failing with 409."
     )
 
+    def torch_options(self) -> TorchOptions:
+        """The part of these options that ``torch.profiler.profile`` takes."""
+        return TorchOptions(**{name: getattr(self, name) for name in TorchOptions.model_fields})
+
 
 class ProfileRequest(ProfileOptions):
     """``POST /v1/profiles`` body and ``ProfilingClient.profile`` arguments."""
 
     target: Name
+    run: Name | None = Field(
+        default=None,
+        description="The run's Ray job (submission id or job id) when two live runs share the target name; "
+        "default the newest.",
+    )
 
 
 class StorageSpec(_Model):
@@ -170,12 +186,7 @@ class WindowSpec(_Model):
     start_step: int = Field(ge=0)
     steps: int = Field(ge=1)
     warmup: int = Field(ge=0)
-    activities: list[Literal["cpu", "cuda"]] | None
-    record_shapes: bool
-    profile_memory: bool
-    with_stack: bool
-    with_flops: bool
-    with_modules: bool
+    options: TorchOptions
     storage: StorageSpec
     prefix: str
     max_trace_bytes: int
@@ -261,6 +272,7 @@ class ProfileStatus(_Model):
 
     id: str
     target: str
+    run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
     state: ProfileState
     reason: str | None = None
     request: ProfileRequest
@@ -275,6 +287,15 @@ class ProfileStatus(_Model):
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime | None = None
+
+
+class ProfilePage(_Model):
+    """One page of profiles, newest first."""
+
+    profiles: list[ProfileStatus]
+    total: int = Field(ge=0, description="Profiles that match, on every page.")
+    offset: int = Field(ge=0)
+    limit: int = Field(ge=1)
 
 
 class Manifest(_Model):
@@ -317,6 +338,7 @@ class TargetInfo(_Model):
     """A live Ray Train run that agents registered."""
 
     name: str
+    run: str | None = Field(default=None, description="The Ray job (submission id or job id) of this run.")
     world_size: int
     ranks: list[WorkerStatus]
     active_profile: str | None = None
@@ -337,3 +359,7 @@ class ControllerConfig(_Model):
     max_request_timeout_s: float = Field(gt=0)
     max_trace_bytes: int = Field(ge=1)
     max_queued_per_target: int = Field(ge=0)
+    postprocess_timeout_s: float = Field(gt=0)
+    retention_count: int = Field(ge=1)
+    retention_days: float = Field(gt=0)
+    cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")

@@ -54,6 +54,21 @@ DEFAULT_MAX_TRACE_BYTES = 512 * 1024 * 1024
 MAX_QUEUED_PER_TARGET_ENV_VAR = "RAYPROF_MAX_QUEUED_PER_TARGET"
 DEFAULT_MAX_QUEUED_PER_TARGET = 8
 
+# Merging and analysing a profile's traces, after every rank reported.
+POSTPROCESS_TIMEOUT_S_ENV_VAR = "RAYPROF_POSTPROCESS_TIMEOUT_S"
+DEFAULT_POSTPROCESS_TIMEOUT_S = 600.0
+
+# Finished profiles kept: the newest RETENTION_COUNT, none older than RETENTION_DAYS.
+# Older ones are deleted from storage (their folder and saved state).
+RETENTION_COUNT_ENV_VAR = "RAYPROF_RETENTION_COUNT"
+DEFAULT_RETENTION_COUNT = 1000
+RETENTION_DAYS_ENV_VAR = "RAYPROF_RETENTION_DAYS"
+DEFAULT_RETENTION_DAYS = 30.0
+
+# Saved controller state is kept per cluster; set a name to keep history
+# across clusters that share one storage root (default: the Ray cluster id).
+CLUSTER_NAME_ENV_VAR = "RAYPROF_CLUSTER_NAME"
+
 UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
 DEFAULT_UPLOAD_RETRIES = 5
 
@@ -72,6 +87,10 @@ SERVE_APP_NAME = "rayprof"
 
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0
+
+# Profiles per page of a list (HTTP, client, CLI), and the most one page may hold.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 
 MANIFEST_VERSION = 1
 

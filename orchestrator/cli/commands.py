@@ -157,15 +157,25 @@ def _show_status(args: argparse.Namespace, status: ProfileStatus) -> int:
 
 
 def list_profiles(args: argparse.Namespace) -> int:
-    profiles = _client(args).list(target=args.target, state=args.state)
+    page = _client(args).list(target=args.target, state=args.state, limit=args.limit, offset=args.offset)
     if args.json:
-        emit_json(profiles)
+        emit_json(page)
         return EXIT_OK
     rows = [
         [p.id, p.target, p.state.value, str(p.request.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
-        for p in profiles
+        for p in page.profiles
     ]
     out(table(rows, ["id", "target", "state", "steps", "created (UTC)"]) if rows else "no profiles")
+    if page.total > page.offset + len(page.profiles):
+        out(f"{len(page.profiles)} of {page.total}; next page: --offset {page.offset + len(page.profiles)}")
+    return EXIT_OK
+
+
+def delete(args: argparse.Namespace) -> int:
+    client = _client(args)
+    for profile_id in args.ids:
+        client.delete(profile_id)
+        out(f"deleted {profile_id}")
     return EXIT_OK
 
 

@@ -21,6 +21,7 @@ from orchestrator.models import (
     ProfileState,
 )
 from orchestrator.settings import (
+    DEFAULT_PAGE_SIZE,
     DEFAULT_URL,
     S3_ENDPOINT_URL_ENV_VAR,
     STORAGE_ENV_VAR,
@@ -141,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     p = command("list", cmd.list_profiles, "profiles, newest first", [connection])
     p.add_argument("--target")
     p.add_argument("--state", choices=[s.value for s in ProfileState])
+    p.add_argument("--limit", type=int, default=DEFAULT_PAGE_SIZE, help=f"profiles per page (default {DEFAULT_PAGE_SIZE})")
+    p.add_argument("--offset", type=int, default=0, help="skip this many of the newest")
+
+    p = command("delete", cmd.delete, "delete finished profiles: their files in storage and their records", [connection])
+    p.add_argument("ids", nargs="+", metavar="ID")
 
     p = command("cancel", cmd.cancel, "cancel a profile", [connection])
     p.add_argument("id")

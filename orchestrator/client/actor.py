@@ -6,7 +6,15 @@ import time
 from typing import Any
 
 from orchestrator.errors import ControllerUnavailableError, RayprofError
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec, TargetInfo
+from orchestrator.models import (
+    Manifest,
+    ProfilePage,
+    ProfileRequest,
+    ProfileState,
+    ProfileStatus,
+    StorageSpec,
+    TargetInfo,
+)
 
 __all__ = ["ActorBackend"]
 
@@ -50,8 +58,11 @@ class ActorBackend:
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
 
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        return self._read("list", target, state)
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
+        return self._read("list", target, state, limit, offset)
+
+    def delete(self, profile_id: str) -> None:
+        self._call("delete", profile_id)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._call("cancel", profile_id)

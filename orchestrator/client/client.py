@@ -11,12 +11,14 @@ from typing import Any, Protocol
 from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
 from orchestrator.models import (
     Manifest,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
     StorageSpec,
     TargetInfo,
 )
+from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
 
 __all__ = ["ProfileHandle", "ProfilingClient"]
@@ -31,7 +33,8 @@ class Backend(Protocol):
     def submit(self, request: ProfileRequest) -> ProfileStatus: ...
     def get(self, profile_id: str) -> ProfileStatus: ...
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]: ...
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage: ...
+    def delete(self, profile_id: str) -> None: ...
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
@@ -181,6 +184,17 @@ class ProfilingClient:
         """Handle to an existing profile."""
         return ProfileHandle(self._backend, self._backend.get(profile_id))
 
-    def list(self, target: str | None = None, state: ProfileState | str | None = None) -> list[ProfileStatus]:
-        """Profiles, newest first."""
-        return self._backend.list(target, ProfileState(state) if state is not None else None)
+    def list(
+        self,
+        target: str | None = None,
+        state: ProfileState | str | None = None,
+        *,
+        limit: int = DEFAULT_PAGE_SIZE,
+        offset: int = 0,
+    ) -> ProfilePage:
+        """One page of profiles, newest first (``.profiles``, ``.total``)."""
+        return self._backend.list(target, ProfileState(state) if state is not None else None, limit, offset)
+
+    def delete(self, profile_id: str) -> None:
+        """Delete a finished profile: every file of it in storage, and its record."""
+        self._backend.delete(profile_id)

@@ -23,6 +23,7 @@ from orchestrator.errors import (
 )
 from orchestrator.models import (
     Manifest,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
@@ -136,10 +137,13 @@ class HttpBackend:
         body = self._request("GET", self._path(profile_id), params={"wait_s": wait_s}, timeout=wait_s + self._timeout_s)
         return self._status(body)
 
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        params = {k: v for k, v in (("target", target), ("state", state.value if state else None)) if v}
-        body = self._request("GET", "/v1/profiles", params=params)
-        return [ProfileStatus.model_validate(p) for p in body["profiles"]]
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
+        params: dict[str, str | int] = {"limit": limit, "offset": offset}
+        params.update({k: v for k, v in (("target", target), ("state", state.value if state else None)) if v})
+        return ProfilePage.model_validate(self._request("GET", "/v1/profiles", params=params))
+
+    def delete(self, profile_id: str) -> None:
+        self._request("DELETE", self._path(profile_id))
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._status(self._request("DELETE", self._path(profile_id)))

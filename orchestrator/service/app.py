@@ -40,17 +40,17 @@ from orchestrator.errors import (
 from orchestrator.models import (
     ControllerConfig,
     Manifest,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
     StorageSpec,
     TargetInfo,
 )
-from orchestrator.settings import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
+from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR
 
 __all__ = [
     "MAX_BODY_BYTES",
-    "ProfileList",
     "ProfileView",
     "ProfilingService",
     "TargetList",
@@ -83,10 +83,6 @@ class ProfileView(ProfileStatus):
     manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
 
 
-class ProfileList(_Response):
-    """``GET /v1/profiles``: newest first."""
-
-    profiles: list[ProfileStatus]
 
 
 class TargetList(_Response):
@@ -321,15 +317,17 @@ class ProfilingService:
         view = await self._view(await self._call("submit", body), request)
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
 
-    @api.get("/v1/profiles", response_model=ProfileList, summary="List profiles, newest first")
+    @api.get("/v1/profiles", response_model=ProfilePage, summary="One page of profiles, newest first")
     async def list_profiles(
         self,
         credentials: Credentials,
         target: Annotated[str | None, Query(max_length=128, pattern=_ID_PATTERN)] = None,
         state: ProfileState | None = None,
-    ) -> ProfileList:
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> ProfilePage:
         self._authorize(credentials)
-        return ProfileList(profiles=await self._call("list", target, state))
+        return await self._call("list", target, state, limit, offset)
 
     @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
     async def get_profile(
@@ -348,9 +346,17 @@ class ProfilingService:
             status = await self._call("get", profile_id)
         return await self._view(status, request)
 
-    @api.delete("/v1/profiles/{profile_id}", response_model=ProfileView, summary="Cancel a profile")
+    @api.delete(
+        "/v1/profiles/{profile_id}",
+        response_model=ProfileView,
+        summary="Cancel a running profile; delete a finished one (its files and its record)",
+    )
     async def cancel_profile(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileView:
         self._authorize(credentials)
+        status: ProfileStatus = await self._call("get", profile_id)
+        if status.state.is_terminal:
+            await self._call("delete", profile_id)
+            return ProfileView(**status.model_dump(), status_url=str(request.url))
         return await self._view(await self._call("cancel", profile_id), request)
 
     @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
