@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -121,12 +122,14 @@ def test_status_list_and_cancel_of_a_profile(live_job, file_store, service):
     profile_id = submitted.stdout.strip()
     cancelled = rayprof("cancel", profile_id, "--url", service.url, "--json")
     listed = rayprof("list", "--target", LIVE_TARGET, "--url", service.url, "--json")
+    file_store.client.get(profile_id).wait(timeout=120)
     status = rayprof("status", profile_id, "--url", service.url)
 
     assert submitted.returncode == 0, submitted.stderr
     assert json.loads(cancelled.stdout)["id"] == profile_id
-    assert profile_id in [p["id"] for p in json.loads(listed.stdout)]
-    assert status.returncode == 0 and profile_id in status.stdout
+    assert profile_id in [p["id"] for p in json.loads(listed.stdout)["profiles"]]
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[0].startswith(f"{profile_id}  target {LIVE_TARGET}  CANCELLED")
 
 
 @pytest.mark.integration
@@ -197,7 +200,8 @@ def test_in_cluster_profile_talks_to_the_control_actor(live_job, ray_cluster, fi
     result = rayprof("profile", LIVE_TARGET, "--steps", "1", "--wait", "--in-cluster", "--address", ray_cluster)
 
     assert result.returncode == 0, result.stderr
-    assert "DONE" in result.stdout
+    header = result.stdout.splitlines()[0]
+    assert re.fullmatch(rf"prof-\S+  target {LIVE_TARGET}  DONE", header), header
 
 
 @pytest.mark.integration

@@ -84,7 +84,7 @@ def test_status_shows_per_rank_progress_while_running(live_job, file_store, http
     )
     assert running["start_step"] is not None
     assert [r["rank"] for r in running["ranks"]] == [0, 1]
-    assert all(r["state"] for r in running["ranks"])
+    assert {r["state"] for r in running["ranks"]} <= {"WAITING", "ARMED", "CAPTURING", "UPLOADING", "DONE"}
     assert wait_terminal(http, created["status_url"])["state"] == "DONE"
 
 
