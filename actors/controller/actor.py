@@ -59,11 +59,11 @@ class Controller(AgentSide):
     def __init__(self, config: ControllerConfig, postprocess: Any = None, cluster: str | None = None) -> None:
         # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self._config = config
         # State lives where the constructor's config points: a restarted actor
         # is constructed with the same config and finds it again.
         self._home = config.storage
         self._cluster = config.cluster_name or cluster or _ray_cluster_id()
+        self._config = config.model_copy(update={"cluster_name": self._cluster})
         self._registry = Registry()
         self._persistence = Persistence(self._home, self._cluster)
         self._profiles: dict[str, Profile] = {}
