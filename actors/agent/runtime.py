@@ -39,8 +39,7 @@ __all__ = ["Agent", "attach", "install", "step"]
 logger = logging.getLogger(__name__)
 
 _STEP_TIME_WINDOW_S = 1.0
-_REREGISTER_WINDOW_S = 60.0
-_REREGISTER_MAX_DELAY_S = 30.0
+_MIN_REGISTER_INTERVAL_S = 1.0
 
 _agent: Agent | None = None
 _attach_lock = threading.Lock()
@@ -124,7 +123,7 @@ class Agent:
         registered = False
         poll: Future | None = None
         unsent: list[RankEvent] = []
-        registrations: list[float] = []
+        last_register = -_MIN_REGISTER_INTERVAL_S
         while True:
             try:
                 if controller is None:
@@ -133,12 +132,15 @@ class Agent:
                         self._wait_inbox(self._discovery_s, unsent)
                         continue
                 if not registered:
+                    # Told to register again right after registering: something keeps
+                    # dropping this worker. Never more than one register a second.
+                    time.sleep(max(0.0, last_register + _MIN_REGISTER_INTERVAL_S - time.monotonic()))
+                    last_register = time.monotonic()
                     if ray.get(controller.register.remote(self.info), timeout=30) is False:
                         logger.warning("rayprof agent: replaced on rank %d by a newer worker; stopping", self.info.world_rank)
                         return
                     registered = True
                     poll = None
-                    registrations = _backoff(registrations)
                 while unsent:
                     ray.get(controller.report.remote(unsent[0]), timeout=30)
                     unsent.pop(0)
@@ -174,19 +176,6 @@ class Agent:
                 return
             if kind == "event":
                 unsent.append(payload)
-
-
-def _backoff(registrations: list[float]) -> list[float]:
-    """Sleep before the next call when this agent keeps being told to register again.
-
-    Once is normal (the controller restarted); again and again within a
-    minute means something keeps dropping this worker: slow down, 2 s to 30 s.
-    """
-    now = time.monotonic()
-    recent = [t for t in registrations if now - t < _REREGISTER_WINDOW_S] + [now]
-    if len(recent) > 2:
-        time.sleep(min(_REREGISTER_MAX_DELAY_S, 2.0 ** (len(recent) - 2)))
-    return recent
 
 
 def step() -> None:
