@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
 from orchestrator.models import (
@@ -18,6 +18,9 @@ from orchestrator.models import (
     TargetInfo,
 )
 from orchestrator.storage import open_storage
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ProfileHandle", "ProfilingClient"]
 
@@ -36,6 +39,7 @@ class Backend(Protocol):
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
     def storage_for(self, storage_uri: str) -> StorageSpec: ...
+    def diff(self, a: str, b: str) -> ProfileDiff: ...
 
 
 class ProfileHandle:
@@ -184,3 +188,7 @@ class ProfilingClient:
     def list(self, target: str | None = None, state: ProfileState | str | None = None) -> list[ProfileStatus]:
         """Profiles, newest first."""
         return self._backend.list(target, ProfileState(state) if state is not None else None)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
+        return self._backend.diff(a, b)

@@ -46,6 +46,8 @@ from orchestrator.models import (
     StorageSpec,
     TargetInfo,
 )
+from orchestrator.service.console import ConsoleRoutes
+from orchestrator.service.console import router as console_router
 from orchestrator.settings import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
 
 __all__ = [
@@ -87,6 +89,7 @@ class ProfileList(_Response):
     """``GET /v1/profiles``: newest first."""
 
     profiles: list[ProfileStatus]
+    total: int = Field(description="Profiles matching the filters, before limit and offset.")
 
 
 class TargetList(_Response):
@@ -185,6 +188,7 @@ api = FastAPI(
     },
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+api.include_router(console_router)
 _bearer = HTTPBearer(auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR}).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
@@ -245,7 +249,7 @@ def _read_artifact(manifest: Manifest, server_storage: StorageSpec, key: str, sh
     max_ongoing_requests=200,
 )
 @serve.ingress(api)
-class ProfilingService:
+class ProfilingService(ConsoleRoutes):
     """Routes of the v1 API; the control actor does the work.
 
     ``storage``: when given, the control actor is (created and) configured to
@@ -327,9 +331,13 @@ class ProfilingService:
         credentials: Credentials,
         target: Annotated[str | None, Query(max_length=128, pattern=_ID_PATTERN)] = None,
         state: ProfileState | None = None,
+        limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
     ) -> ProfileList:
         self._authorize(credentials)
-        return ProfileList(profiles=await self._call("list", target, state))
+        found = await self._call("list", target, state)
+        page = found[offset : offset + limit if limit is not None else None]
+        return ProfileList(profiles=page, total=len(found))
 
     @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
     async def get_profile(
