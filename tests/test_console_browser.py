@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import LIVE_TARGET, REPO
 
@@ -37,7 +38,6 @@ DONE_TIMEOUT_MS = 180_000
 def browser() -> Iterator[Any]:
     if not CHROMIUM.is_file():
         pytest.fail(f"{CHROMIUM} is missing: `make setup` installs it (apt-get install -y chromium, as root)")
-    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -93,12 +93,11 @@ def test_targets_page_shows_the_live_run_its_ranks_and_a_step_time_chart(page, s
     card = page.locator(f'section[data-target="{LIVE_TARGET}"]')
     card.wait_for()
     assert card.locator("tbody tr").count() == 2
-    page.wait_for_function(
-        "document.querySelectorAll('section.target svg polyline').length >= 2"
-        " && [...document.querySelectorAll('section.target svg polyline')]"
-        ".every(p => p.getAttribute('points').split(' ').length >= 2)",
-        timeout=30_000,
-    )
+    lines = card.locator("svg polyline")
+    expect(lines).to_have_count(2)
+    # Each rank's line gains a point per refresh (every 2 s): wait for a second one.
+    for i in range(2):
+        expect(lines.nth(i)).to_have_attribute("points", re.compile(r"\S+ \S+"), timeout=30_000)
     shot(page, "targets")
 
 

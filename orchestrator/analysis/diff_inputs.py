@@ -32,7 +32,13 @@ def parse_op_table(text: str) -> list[OpRow]:
         acc[0] += int(row["count"])
         acc[1] += float(row["self_cpu_time_total_us"]) / 1000.0
         acc[2] += float(row["self_device_time_total_us"]) / 1000.0
-    return [OpRow(name=n, calls=int(c), self_cpu_ms=cpu, self_device_ms=dev) for n, (c, cpu, dev) in by_name.items()]
+    # A record_function range that overlaps its children (Optimizer.step#SGD.step) gets a negative self time:
+    # it measures nothing, so it is left out rather than reported as a change.
+    return [
+        OpRow(name=n, calls=int(c), self_cpu_ms=cpu, self_device_ms=dev)
+        for n, (c, cpu, dev) in by_name.items()
+        if cpu >= 0
+    ]
 
 
 def _summary_of(manifest: Manifest, label: str) -> Summary:
