@@ -156,7 +156,11 @@ def test_cli_diff_prints_the_change_and_json_has_the_verdicts():
         [RAYPROF_CLI, "diff", str(BEFORE), str(AFTER)], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     as_json = subprocess.run(
-        [RAYPROF_CLI, "diff", str(BEFORE), str(AFTER), "--json"], capture_output=True, text=True, timeout=120, check=True
+        [RAYPROF_CLI, "diff", str(BEFORE), str(AFTER), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
 
     assert "step time shrank by 38.79 ms per step" in text
@@ -188,7 +192,9 @@ def test_profiles_with_different_options_are_not_comparable_over_http(live_job, 
     body = http.get(f"/v1/profiles/{plain.profile_id}/diff/{shapes.profile_id}").json()
 
     assert body["comparable"] is False
-    assert body["not_comparable"] == ["different profiler option record_shapes: False vs True (it changes the profiler's overhead)"]
+    assert body["not_comparable"] == [
+        "different profiler option record_shapes: False vs True (it changes the profiler's overhead)"
+    ]
 
 
 def test_missing_before_folder_is_a_usage_error(tmp_path: Path):

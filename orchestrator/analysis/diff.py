@@ -224,7 +224,9 @@ def _job_phase_times(summary: Summary, phase: Phase) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(per_step.items())]
 
 
-def _phase_changes(a: Callable[[Phase], list[float]], b: Callable[[Phase], list[float]], scale: float | None) -> list[PhaseChange]:
+def _phase_changes(
+    a: Callable[[Phase], list[float]], b: Callable[[Phase], list[float]], scale: float | None
+) -> list[PhaseChange]:
     return [PhaseChange(phase=p, change=compare(a(p), b(p), scale_ms=scale)) for p in PHASES]
 
 
@@ -299,7 +301,12 @@ def _op_changes(a: DiffInput, b: DiffInput, kind: Literal["op", "kernel"], floor
         bounded = (va is None and bound_a is not None) or (vb is None and bound_b is not None)
         changes.append(
             OpChange(
-                name=name, kind=kind, status=status, a_ms_per_step=va, b_ms_per_step=vb, delta_ms_per_step=delta,
+                name=name,
+                kind=kind,
+                status=status,
+                a_ms_per_step=va,
+                b_ms_per_step=vb,
+                delta_ms_per_step=delta,
                 bound=bounded,
             )
         )
@@ -342,7 +349,10 @@ def _claims(step_time: Change, phases: list[PhaseChange], ranks: list[RankDiff])
 def _ref(side: DiffInput) -> ProfileRef:
     s = side.summary
     return ProfileRef(
-        label=side.label, profile_id=side.profile_id, world_size=s.world_size, ranks=[r.rank for r in s.ranks],
+        label=side.label,
+        profile_id=side.profile_id,
+        world_size=s.world_size,
+        ranks=[r.rank for r in s.ranks],
         steps=list(s.steps),
     )
 
@@ -352,9 +362,7 @@ def diff_profiles(a: DiffInput, b: DiffInput) -> ProfileDiff:
     reasons = _not_comparable(a, b)
     step_time = compare(_job_step_times(a.summary), _job_step_times(b.summary))
     scale = step_time.a.median_ms if step_time.a else None
-    phases = _phase_changes(
-        lambda p: _job_phase_times(a.summary, p), lambda p: _job_phase_times(b.summary, p), scale
-    )
+    phases = _phase_changes(lambda p: _job_phase_times(a.summary, p), lambda p: _job_phase_times(b.summary, p), scale)
     by_rank_b = {r.rank: r for r in b.summary.ranks}
     ranks = [_rank_diff(ra, by_rank_b[ra.rank]) for ra in a.summary.ranks if ra.rank in by_rank_b]
     notes = []
@@ -378,8 +386,12 @@ def diff_profiles(a: DiffInput, b: DiffInput) -> ProfileDiff:
         step_time=step_time,
         phases=phases,
         ranks=ranks,
-        ops=_op_changes(a.model_copy(update={"op_tables": a.op_tables if complete else None}),
-                        b.model_copy(update={"op_tables": b.op_tables if complete else None}), "op", op_floor),
+        ops=_op_changes(
+            a.model_copy(update={"op_tables": a.op_tables if complete else None}),
+            b.model_copy(update={"op_tables": b.op_tables if complete else None}),
+            "op",
+            op_floor,
+        ),
         kernels=_op_changes(a, b, "kernel", op_floor),
         ops_source="op_table" if complete else "top_list",
         findings=_findings(a.summary, b.summary),

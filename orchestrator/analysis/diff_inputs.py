@@ -92,7 +92,9 @@ def load_stored(manifest: Manifest, spec: StorageSpec) -> DiffInput:
     from orchestrator.storage import open_storage
 
     summary = _summary_of(manifest, manifest.profile_id)
-    storage = open_storage(StorageSpec(uri=manifest.storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region))
+    storage = open_storage(
+        StorageSpec(uri=manifest.storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+    )
     tables: dict[int, list[OpRow]] = {}
     for rank in manifest.ranks:
         for artifact in rank.artifacts:

@@ -60,8 +60,10 @@ def _ops_table(title: str, ops: list[OpChange]) -> str:
         return f"<h3>{escape(title)}</h3><p class=muted>No change above 1% of the step.</p>"
     rows = []
     for op in ops:
-        status = op.status if not op.bound else {"added": "entered top list", "removed": "left top list"}.get(
-            op.status, op.status
+        status = (
+            op.status
+            if not op.bound
+            else {"added": "entered top list", "removed": "left top list"}.get(op.status, op.status)
         )
         rows.append(
             f"<tr><td class=l>{escape(op.name[:120])}</td><td class=l>{escape(status)}</td><td>{_num(op.a_ms_per_step)}</td>"

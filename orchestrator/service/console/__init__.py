@@ -168,7 +168,8 @@ class ConsoleRoutes:
         after: Manifest = await self._call("manifest", b)
         config: ControllerConfig = await self._call("config")
         sides = await asyncio.gather(
-            asyncio.to_thread(load_stored, before, config.storage), asyncio.to_thread(load_stored, after, config.storage)
+            asyncio.to_thread(load_stored, before, config.storage),
+            asyncio.to_thread(load_stored, after, config.storage),
         )
         return await asyncio.to_thread(diff_profiles, *sides)
 
@@ -208,7 +209,9 @@ class ConsoleRoutes:
         artifact, _ = _find(manifest, key)
         data = await self._manifest_bytes(manifest, artifact)
         if artifact.kind == "report":
-            return Response(data, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP})
+            return Response(
+                data, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP}
+            )
         name = key.rsplit("/", 1)[-1]
         headers = {"Content-Disposition": f'attachment; filename="{name}"', "X-Content-Type-Options": "nosniff"}
         return Response(data, media_type="application/octet-stream", headers=headers)
