@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.cli import commands as cmd
+from orchestrator.cli import diff as diff_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
     EXIT_FAILED,
@@ -161,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     p = command("report", cmd.report, "report on a profile id (downloads it) or a folder of traces", [connection])
     p.add_argument("source", metavar="ID|DIR")
     p.add_argument("--dest", help="where to download a profile id (default: a new temp folder)")
+
+    p = command("diff", diff_cmd.diff, "compare two profiles (ids or folders): what changed, and is it noise", [connection])
+    diff_cmd.add_arguments(p)
 
     p = command("demo", cmd.demo, "local end-to-end demo: cluster, training job, service, one profile", [])
     p.add_argument("--dir", default="rayprof-demo", help="working folder (default ./rayprof-demo)")

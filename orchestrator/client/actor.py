@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ControllerUnavailableError, RayprofError
 from orchestrator.models import (
@@ -15,6 +15,9 @@ from orchestrator.models import (
     StorageSpec,
     TargetInfo,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ActorBackend"]
 
@@ -76,3 +79,12 @@ class ActorBackend:
     def storage_for(self, storage_uri: str) -> StorageSpec:
         spec = self._config.storage
         return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        from orchestrator.analysis.diff import diff_profiles
+        from orchestrator.analysis.diff_inputs import load_stored
+
+        before, after = self.manifest(a), self.manifest(b)
+        return diff_profiles(
+            load_stored(before, self.storage_for(before.storage_uri)), load_stored(after, self.storage_for(after.storage_uri))
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
 from orchestrator.models import (
@@ -20,6 +20,9 @@ from orchestrator.models import (
 )
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ProfileHandle", "ProfilingClient"]
 
@@ -39,6 +42,7 @@ class Backend(Protocol):
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
     def storage_for(self, storage_uri: str) -> StorageSpec: ...
+    def diff(self, a: str, b: str) -> ProfileDiff: ...
 
 
 class ProfileHandle:
@@ -198,3 +202,7 @@ class ProfilingClient:
     def delete(self, profile_id: str) -> None:
         """Delete a finished profile: every file of it in storage, and its record."""
         self._backend.delete(profile_id)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
+        return self._backend.diff(a, b)

@@ -8,7 +8,7 @@ the in-cluster client raises (``TargetNotFoundError``, ``ConflictError``, ...).
 from __future__ import annotations
 
 import os
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -35,6 +35,9 @@ from orchestrator.settings import (
     S3_ENDPOINT_URL_ENV_VAR,
     S3_REGION_ENV_VAR,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["HttpBackend", "error_for"]
 
@@ -156,3 +159,9 @@ class HttpBackend:
 
     def storage_for(self, storage_uri: str) -> StorageSpec:
         return StorageSpec(uri=storage_uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        from orchestrator.analysis.diff import ProfileDiff
+
+        path = f"{self._path(a)}/diff/{quote(b, safe='')}"
+        return ProfileDiff.model_validate(self._request("GET", path))

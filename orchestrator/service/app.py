@@ -47,6 +47,8 @@ from orchestrator.models import (
     StorageSpec,
     TargetInfo,
 )
+from orchestrator.service.console import ConsoleRoutes
+from orchestrator.service.console import router as console_router
 from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR
 
 __all__ = [
@@ -181,6 +183,7 @@ api = FastAPI(
     },
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+api.include_router(console_router)
 _bearer = HTTPBearer(auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR}).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
@@ -241,7 +244,7 @@ def _read_artifact(manifest: Manifest, server_storage: StorageSpec, key: str, sh
     max_ongoing_requests=200,
 )
 @serve.ingress(api)
-class ProfilingService:
+class ProfilingService(ConsoleRoutes):
     """Routes of the v1 API; the control actor does the work.
 
     ``storage``: when given, the control actor is (created and) configured to
