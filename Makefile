@@ -19,9 +19,9 @@ browser:
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "make: the console tests need /usr/bin/chromium: run 'sudo apt-get install -y chromium'" >&2; exit 1; fi
 
-setup: $(VENV)/.installed browser
+setup: $(VENV)/.installed
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q -ra
 
 test-unit: setup
