@@ -43,6 +43,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_VALUE_BYTES",
     "TraceParseError",
+    "TraceReader",
     "iter_batches",
     "iter_trace",
     "open_binary",
@@ -54,7 +55,7 @@ CHUNK_BYTES = 1 << 20
 # under 1 MB, a header (distributedInfo of a 10k-rank job) a few MB.
 MAX_VALUE_BYTES = 32 << 20
 FIRST_BATCH_BYTES = 64 << 10
-MAX_BATCH_BYTES = 4 << 20
+MAX_BATCH_BYTES = 1 << 20
 _EXACT_WINDOW = 64 << 10
 
 _CUT = re.compile(rb"\}[ \t\r\n]*([,\]])")
@@ -115,7 +116,7 @@ class _Buffer:
     def compact(self) -> None:
         # Dropping the parsed front keeps the buffer at one batch plus a chunk.
         if self.pos >= CHUNK_BYTES:
-            del self.buf[: self.pos]
+            self.buf = self.buf[self.pos :]
             self.consumed += self.pos
             self.pos = 0
 
@@ -217,8 +218,10 @@ class _Buffer:
             else:
                 return None
         cut = m.start() + 1
+        with memoryview(self.buf) as view, view[start:cut] as part:  # one copy; released before the buffer grows
+            text = b"".join((b"[", part, b"]"))
         try:
-            elements = decoder.decode(b"[" + self.buf[start:cut] + b"]")
+            elements = decoder.decode(text)
         except msgspec.ValidationError as exc:  # the cut decoded, so the type error is real
             raise self.fail(exc, start, wrapped=True) from None
         except RecursionError as exc:
@@ -229,11 +232,11 @@ class _Buffer:
         return elements, self.buf[m.end() - 1]
 
 
-def _events(buffer: _Buffer, element_type: Any) -> Iterator[BatchItem]:
+def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[BatchItem]:
     many = msgspec.json.Decoder(list[element_type])
     one = msgspec.json.Decoder(element_type)
     buffer.expect(b"[")
-    target = FIRST_BATCH_BYTES
+    target = min(FIRST_BATCH_BYTES, max_batch)
     while True:
         buffer.compact()
         head = buffer.peek()
@@ -249,7 +252,7 @@ def _events(buffer: _Buffer, element_type: Any) -> Iterator[BatchItem]:
                 elements, separator = result
                 buffer.events += len(elements)
                 yield ("events", None, elements)
-                target = min(MAX_BATCH_BYTES, target * 2)
+                target = min(max_batch, target * 2)
                 if separator == ord("]"):
                     return
                 break
@@ -257,7 +260,7 @@ def _events(buffer: _Buffer, element_type: Any) -> Iterator[BatchItem]:
                 element = buffer.exact(one, event=True)
                 buffer.events += 1
                 yield ("events", None, [element])
-                target = FIRST_BATCH_BYTES
+                target = min(FIRST_BATCH_BYTES, max_batch)
                 if buffer.peek() == ord("]"):
                     buffer.pos += 1
                     return
@@ -266,49 +269,82 @@ def _events(buffer: _Buffer, element_type: Any) -> Iterator[BatchItem]:
             want = 0 if result < 1024 else result // 4
 
 
-def iter_batches(
-    path: Path, element_type: Any = Any, *, events: bool = True, limit: int = MAX_VALUE_BYTES
-) -> Iterator[KeyItem | BatchItem]:
-    """Yield ``("key", name, value)`` per top-level key and ``("events", None, [event, ...])`` per batch.
+class TraceReader:
+    """One pass over a trace: iterate for items; ``bytes_read`` and ``events`` count what was read.
 
-    Events are decoded as ``element_type`` (a msgspec Struct, or ``Any`` for
-    dicts). Items come in file order; with ``events=False`` the walk stops at
-    ``traceEvents`` (torch writes its metadata first). A file that is a bare
-    JSON array (Chrome's array format) is all events. Raises
-    :class:`TraceParseError` where the file stops being a readable trace;
-    items yielded before that point are valid.
+    Yields ``("key", name, value)`` per top-level key and ``("events", None,
+    [event, ...])`` per batch, in file order. Events are decoded as
+    ``element_type`` (a msgspec Struct, ``msgspec.Raw``, or ``Any`` for dicts);
+    a batch holds at most about ``max_batch`` bytes of JSON, which bounds the
+    decoded objects in memory. With ``events=False`` the walk stops at
+    ``traceEvents`` (torch writes its metadata first). A bare JSON array
+    (Chrome's array format) is all events. Raises :class:`TraceParseError`
+    where the file stops being a readable trace; items yielded before are valid.
     """
-    try:
-        with open_binary(Path(path)) as stream:
-            buffer = _Buffer(stream, limit)
-            head = buffer.peek()
-            if head == ord("["):
-                if events:
-                    yield from _events(buffer, element_type)
-                return
-            buffer.expect(b"{")
-            if buffer.peek() == ord("}"):
-                return
-            while True:
-                buffer.compact()
-                if buffer.peek() != ord('"'):
-                    raise TraceParseError(f"expected a key at byte {buffer.offset()}")
-                key = buffer.exact(_KEY)
-                buffer.expect(b":")
-                if key == "traceEvents":
-                    if buffer.peek() != ord("["):
-                        raise TraceParseError(f"traceEvents is not an array (byte {buffer.offset()})")
-                    if not events:
-                        return
-                    yield from _events(buffer, element_type)
-                else:
-                    yield ("key", key, buffer.exact(_ANY))
-                if buffer.peek() == ord("}"):
+
+    def __init__(
+        self,
+        path: Path,
+        element_type: Any = Any,
+        *,
+        events: bool = True,
+        limit: int = MAX_VALUE_BYTES,
+        max_batch: int = MAX_BATCH_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.element_type = element_type
+        self.read_events = events
+        self.limit = limit
+        self.max_batch = max_batch
+        self.bytes_read = 0
+        self.events = 0
+
+    def __iter__(self) -> Iterator[KeyItem | BatchItem]:
+        buffer: _Buffer | None = None
+        try:
+            with open_binary(self.path) as stream:
+                buffer = _Buffer(stream, self.limit)
+                yield from self._walk(buffer)
+        except (OSError, EOFError, zlib.error) as exc:
+            # gzip raises BadGzipFile (an OSError) or EOFError on damaged or truncated members.
+            raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if buffer is not None:
+                self.bytes_read, self.events = buffer.offset(), buffer.events
+
+    def _walk(self, buffer: _Buffer) -> Iterator[KeyItem | BatchItem]:
+        head = buffer.peek()
+        if head == ord("["):
+            if self.read_events:
+                yield from _events(buffer, self.element_type, self.max_batch)
+            return
+        buffer.expect(b"{")
+        if buffer.peek() == ord("}"):
+            buffer.pos += 1
+            return
+        while True:
+            buffer.compact()
+            if buffer.peek() != ord('"'):
+                raise TraceParseError(f"expected a key at byte {buffer.offset()}")
+            key = buffer.exact(_KEY)
+            buffer.expect(b":")
+            if key == "traceEvents":
+                if buffer.peek() != ord("["):
+                    raise TraceParseError(f"traceEvents is not an array (byte {buffer.offset()})")
+                if not self.read_events:
                     return
-                buffer.expect(b",")
-    except (OSError, EOFError, zlib.error) as exc:
-        # gzip raises BadGzipFile (an OSError) or EOFError on damaged or truncated members.
-        raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
+                yield from _events(buffer, self.element_type, self.max_batch)
+            else:
+                yield ("key", key, buffer.exact(_ANY))
+            if buffer.peek() == ord("}"):
+                buffer.pos += 1
+                return
+            buffer.expect(b",")
+
+
+def iter_batches(path: Path, element_type: Any = Any, *, events: bool = True) -> Iterator[KeyItem | BatchItem]:
+    """Iterate a :class:`TraceReader` (when the byte counts are not needed)."""
+    return iter(TraceReader(path, element_type, events=events))
 
 
 def iter_trace(path: Path, *, events: bool = True) -> Iterator[tuple[str, str | None, Any]]:
