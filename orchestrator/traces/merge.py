@@ -369,34 +369,37 @@ class _Sink:
 def _copy_rank(scan: _Scan, writer: _RankWriter, sink: _Sink, keep: list[int], dropped: Counter[str]) -> str | None:
     """Pass 2 over one rank: write the events ``keep`` admits (min bucket per tier); the reason it stopped early."""
     tf, budget_left = scan.tf, scan.good_events
-    decode_scan = msgspec.json.Decoder(_ScanEvent).decode
     decode_any = msgspec.json.Decoder().decode
     everything = not any(keep)
     classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
-    reader = TraceReader(tf.path, Any if everything else msgspec.Raw, max_batch=_BATCH_BYTES)
+    # Over budget, each batch is decoded twice in C (typed, and as raw bytes per
+    # event) so that only the events kept are turned into dicts.
+    reader = TraceReader(tf.path, Any if everything else (_ScanEvent, msgspec.Raw), max_batch=_BATCH_BYTES)
     try:
         for kind, key, batch in reader:
             if kind == "key":
                 writer.header[key] = batch
                 continue
+            items = batch if everything else zip(*batch)
             if budget_left is not None:
-                batch, budget_left = batch[:budget_left], budget_left - len(batch)
+                items = list(items)[:budget_left]
+                budget_left -= len(items)
             markers: list[dict[str, Any]] = []
             kept: list[dict[str, Any]] = []
-            for item in batch:
+            for item in items:
                 if everything:
                     if item.__class__ is not dict:
                         continue
                     event, name = item, item.get("name")
                     marker = item.get("ph") == "M" or (name.__class__ is str and name.startswith("ProfilerStep#"))
                 else:
-                    e = decode_scan(item)
+                    e, raw = item
                     found = classes.get(cls_key := (e.ph, e.cat, e.name))
                     tier = (found if found is not None else classes.setdefault(cls_key, _classify(*cls_key)))[0]
                     if _bucket(e.dur) < keep[tier]:
                         dropped[_TIER_NAMES[tier]] += 1
                         continue
-                    event, marker = decode_any(item), tier == _MARKER
+                    event, marker = decode_any(raw), tier == _MARKER
                 if (event := writer.rewrite(event)) is not None:
                     (markers if marker else kept).append(event)
             sink.add(markers, capped=False)

@@ -134,9 +134,10 @@ class _Buffer:
 
     def expect(self, char: bytes) -> None:
         got = self.peek()
+        if got < 0:
+            raise TraceParseError(f"the file ends at byte {self.offset()} where {char.decode()!r} should be: truncated")
         if got != char[0]:
-            found = "end of file" if got < 0 else repr(chr(got))
-            raise TraceParseError(f"expected {char.decode()!r} at byte {self.offset()}, found {found}")
+            raise TraceParseError(f"expected {char.decode()!r} at byte {self.offset()}, found {chr(got)!r}")
         self.pos += 1
 
     def fail(self, exc: Exception, start: int, *, wrapped: bool = False, event: bool = False) -> TraceParseError:
@@ -155,8 +156,8 @@ class _Buffer:
             msg = msg.replace("`$", f"`event {self.events}: $")
         return TraceParseError(msg)
 
-    def exact(self, decoder: msgspec.json.Decoder, *, event: bool = False) -> Any:
-        """Decode the one JSON value at the current position, whatever its size up to the limit."""
+    def exact(self, decoders: tuple[msgspec.json.Decoder, ...], *, event: bool = False) -> list[Any]:
+        """Decode the one JSON value at the current position (once per decoder), whatever its size up to the limit."""
         if self.peek() < 0:
             raise TraceParseError(f"the file ends at byte {self.offset()} where a value should be")
         start = self.pos
@@ -186,14 +187,15 @@ class _Buffer:
                 window *= 2
                 continue
             size = end if text.isascii() else len(text[:end].encode("utf-8"))
+            text = bytes(self.buf[start : start + size])
             try:
-                value = decoder.decode(self.buf[start : start + size])
+                values = [decoder.decode(text) for decoder in decoders]
             except (msgspec.DecodeError, RecursionError) as exc:
                 raise self.fail(exc, start, event=event) from None
             self.pos = start + size
-            return value
+            return values
 
-    def batch(self, decoder: msgspec.json.Decoder, target: int) -> tuple[list[Any], int] | int | None:
+    def batch(self, decoders: tuple[msgspec.json.Decoder, ...], target: int) -> tuple[list[list[Any]], int] | int | None:
         """Decode elements from here to a cut past ``target`` bytes.
 
         Returns ``(elements, separator byte)`` when the cut was an element
@@ -221,7 +223,7 @@ class _Buffer:
         with memoryview(self.buf) as view, view[start:cut] as part:  # one copy; released before the buffer grows
             text = b"".join((b"[", part, b"]"))
         try:
-            elements = decoder.decode(text)
+            elements = [decoder.decode(text) for decoder in decoders]
         except msgspec.ValidationError as exc:  # the cut decoded, so the type error is real
             raise self.fail(exc, start, wrapped=True) from None
         except RecursionError as exc:
@@ -233,8 +235,10 @@ class _Buffer:
 
 
 def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[BatchItem]:
-    many = msgspec.json.Decoder(list[element_type])
-    one = msgspec.json.Decoder(element_type)
+    types = element_type if isinstance(element_type, tuple) else (element_type,)
+    many = tuple(msgspec.json.Decoder(list[t]) for t in types)
+    one = tuple(msgspec.json.Decoder(t) for t in types)
+    pack = (lambda lists: tuple(lists)) if isinstance(element_type, tuple) else (lambda lists: lists[0])
     buffer.expect(b"[")
     target = min(FIRST_BATCH_BYTES, max_batch)
     while True:
@@ -244,14 +248,14 @@ def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[Batc
             buffer.pos += 1
             return
         if head < 0:
-            raise TraceParseError(f"traceEvents never closed: the file ends at byte {buffer.offset()}")
+            raise TraceParseError(f"the file ends at byte {buffer.offset()} inside traceEvents: truncated")
         want = target
         while True:
             result = buffer.batch(many, want)
             if isinstance(result, tuple):
                 elements, separator = result
-                buffer.events += len(elements)
-                yield ("events", None, elements)
+                buffer.events += len(elements[0])
+                yield ("events", None, pack(elements))
                 target = min(max_batch, target * 2)
                 if separator == ord("]"):
                     return
@@ -259,7 +263,7 @@ def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[Batc
             if result is None or want == 0:
                 element = buffer.exact(one, event=True)
                 buffer.events += 1
-                yield ("events", None, [element])
+                yield ("events", None, pack([[value] for value in element]))
                 target = min(FIRST_BATCH_BYTES, max_batch)
                 if buffer.peek() == ord("]"):
                     buffer.pos += 1
@@ -274,7 +278,8 @@ class TraceReader:
 
     Yields ``("key", name, value)`` per top-level key and ``("events", None,
     [event, ...])`` per batch, in file order. Events are decoded as
-    ``element_type`` (a msgspec Struct, ``msgspec.Raw``, or ``Any`` for dicts);
+    ``element_type`` (a msgspec Struct, ``msgspec.Raw``, or ``Any`` for dicts;
+    a tuple of types decodes each batch once per type and yields a tuple of lists);
     a batch holds at most about ``max_batch`` bytes of JSON, which bounds the
     decoded objects in memory. With ``events=False`` the walk stops at
     ``traceEvents`` (torch writes its metadata first). A bare JSON array
@@ -325,8 +330,8 @@ class TraceReader:
         while True:
             buffer.compact()
             if buffer.peek() != ord('"'):
-                raise TraceParseError(f"expected a key at byte {buffer.offset()}")
-            key = buffer.exact(_KEY)
+                buffer.expect(b'"')
+            (key,) = buffer.exact((_KEY,))
             buffer.expect(b":")
             if key == "traceEvents":
                 if buffer.peek() != ord("["):
@@ -335,7 +340,7 @@ class TraceReader:
                     return
                 yield from _events(buffer, self.element_type, self.max_batch)
             else:
-                yield ("key", key, buffer.exact(_ANY))
+                yield ("key", key, buffer.exact((_ANY,))[0])
             if buffer.peek() == ord("}"):
                 buffer.pos += 1
                 return
