@@ -32,6 +32,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
 __all__ = [
     "LEGACY_CATEGORIES",
+    "TIME_RANGE_US",
     "Device",
     "RankTrace",
     "RejectedTrace",
@@ -68,7 +69,7 @@ _KEPT_CATEGORIES = frozenset(
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"})
 _TS, _END = attrgetter("ts"), attrgetter("end")
 # About 3,000 years in µs: wall-clock µs since 1970 (old Kineto) stay far inside it.
-_TIME_RANGE_US = 1e17
+TIME_RANGE_US = 1e17
 _ROCM_HEADER_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version", "rocprofiler_version")
 
 
@@ -355,9 +356,9 @@ def load_rank(trace: TraceFile) -> RankTrace:
                     if args.total_allocated > out.memory_peaks.get(device, -1):
                         out.memory_peaks[device] = args.total_allocated
     out.raw_bytes, out.events = reader.bytes_read, reader.events
-    if spans and not (_TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -_TIME_RANGE_US):
+    if spans and not (TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -TIME_RANGE_US):
         # JSON has no NaN or Infinity, but 1e308 is a number: refuse times no clock wrote.
-        raise TraceParseError(f"timestamps beyond ±{_TIME_RANGE_US:.0e} µs: not a trace any clock wrote")
+        raise TraceParseError(f"timestamps beyond ±{TIME_RANGE_US:.0e} µs: not a trace any clock wrote")
     out.category_aliases = {old: new for old, new in categories.items() if old != new}
     out.device = _detect_device(out, set(categories.values()), names)
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)

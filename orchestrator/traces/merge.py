@@ -48,7 +48,14 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator import settings
 from orchestrator.layout import parse_profiler_step
-from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, canonical_category, discover_traces
+from orchestrator.traces.loader import (
+    TIME_RANGE_US,
+    RejectedTrace,
+    TraceFile,
+    TraceSet,
+    canonical_category,
+    discover_traces,
+)
 from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
 __all__ = ["ID_STRIDE", "PID_STRIDE", "DroppedEvents", "MergeStats", "RankAlignment", "merge_folder", "merge_traces"]
@@ -155,10 +162,12 @@ def _classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
 
 def _new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any) -> bool:
     """Whether a metadata event is written: process labels are replaced, repeats dropped."""
-    if name in _PROCESS_METADATA:
+    if not isinstance(name, str) or name in _PROCESS_METADATA:
+        return False
+    if not isinstance(pid, int | str) or not isinstance(tid, int | str | None):
         return False
     key = (name, pid, tid)
-    if key in seen or not isinstance(pid, int | str) or not isinstance(tid, int | str | None):
+    if key in seen:
         return False
     seen.add(key)
     return True
@@ -174,7 +183,7 @@ class _Scan:
         self.good_events: int | None = None  # events before damage, when damaged
         self.reason: str | None = None
         self.raw_bytes = 0
-        collectives = 0
+        collectives = seen = 0
         classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
         metadata: set[tuple[Any, Any, Any]] = set()
         histogram, log2 = self.histogram, math.log2
@@ -184,6 +193,9 @@ class _Scan:
                 if kind == "key":
                     continue
                 for e in batch:
+                    if e.ts is not None and not -TIME_RANGE_US < e.ts + e.dur < TIME_RANGE_US:
+                        raise TraceParseError(f"event {seen}: time {e.ts + e.dur:g} µs is beyond what any clock writes")
+                    seen += 1
                     key = (e.ph, e.cat, e.name)
                     found = classes.get(key)
                     tier, together, device = found if found is not None else classes.setdefault(key, _classify(*key))
@@ -196,7 +208,7 @@ class _Scan:
                         self.ends[device][e.name].append(e.ts + dur)
                         collectives += 1
         except TraceParseError as exc:
-            self.good_events, self.reason = reader.events, str(exc)
+            self.good_events, self.reason = seen, str(exc)
         self.raw_bytes = reader.bytes_read
         for by_name in self.ends.values():
             for ends in by_name.values():
@@ -278,6 +290,8 @@ class _RankWriter:
     def rewrite(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """The event in merged-trace terms, or None for metadata this rank replaces or repeats."""
         pid, name = event.get("pid"), event.get("name")
+        if pid.__class__ is not int and not isinstance(pid, str | float | None):
+            pid = repr(pid)  # a list or object is no process id, but must not stop the merge
         if event.get("ph") == "M":
             if name == "process_name" and isinstance(event.get("args"), dict):
                 self.names.setdefault(pid, str(event["args"].get("name", pid)))

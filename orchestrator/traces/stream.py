@@ -66,6 +66,7 @@ _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _SCANNER = json.JSONDecoder(strict=False)
 _ANY = msgspec.json.Decoder()
 _KEY = msgspec.json.Decoder(str)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 KeyItem = tuple[Literal["key"], str, Any]
 BatchItem = tuple[Literal["events"], None, list[Any]]
@@ -225,13 +226,33 @@ class _Buffer:
         try:
             elements = [decoder.decode(text) for decoder in decoders]
         except msgspec.ValidationError as exc:  # the cut decoded, so the type error is real
-            raise self.fail(exc, start, wrapped=True) from None
-        except RecursionError as exc:
-            raise self.fail(exc, start) from None
-        except msgspec.DecodeError:
+            raise _Refused(self.fail(exc, start, wrapped=True), text, str(exc)) from None
+        except (msgspec.DecodeError, RecursionError):
+            # A false cut, damage, or nesting too deep: shrink until the bad element is
+            # read alone, so the elements before it are still yielded.
             return cut - start
         self.pos = m.end()
         return elements, self.buf[m.end() - 1]
+
+
+class _Refused(Exception):
+    """A batch with a wrongly typed element: the error, the batch's text and msgspec's message."""
+
+    def __init__(self, error: TraceParseError, text: bytes, message: str) -> None:
+        super().__init__(str(error))
+        self.error, self.text, self.message = error, text, message
+
+
+def _valid_prefix(text: bytes, decoders: tuple[msgspec.json.Decoder, ...], message: str) -> list[list[Any]]:
+    """The elements of a JSON array ``text`` before the one a ValidationError ``message`` names."""
+    m = _AT_INDEX.search(message)
+    if m is None:
+        return [[] for _ in decoders]
+    try:
+        raws = _RAWS.decode(text)[: int(m.group(1))]
+    except (msgspec.DecodeError, RecursionError):
+        return [[] for _ in decoders]
+    return [[decoder.decode(raw) for raw in raws] for decoder in decoders]
 
 
 def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[BatchItem]:
@@ -249,9 +270,17 @@ def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[Batc
             return
         if head < 0:
             raise TraceParseError(f"the file ends at byte {buffer.offset()} inside traceEvents: truncated")
-        want = target
+        want, failed_at = target, -1
         while True:
-            result = buffer.batch(many, want)
+            try:
+                result = buffer.batch(many, want)
+            except _Refused as refused:
+                # Yield what came before the bad event, so a reader can keep it.
+                before = _valid_prefix(refused.text, one, refused.message)
+                if before[0]:
+                    buffer.events += len(before[0])
+                    yield ("events", None, pack(before))
+                raise refused.error from None
             if isinstance(result, tuple):
                 elements, separator = result
                 buffer.events += len(elements[0])
@@ -270,7 +299,9 @@ def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[Batc
                     return
                 buffer.expect(b",")
                 break
-            want = 0 if result < 1024 else result // 4
+            # Shrink the batch; when the same cut comes back (no candidate in between), go to the first.
+            want = 0 if result < 1024 or result == failed_at else result // 4
+            failed_at = result
 
 
 class TraceReader:
