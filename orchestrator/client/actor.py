@@ -18,7 +18,6 @@ class ActorBackend:
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
-        self._config = self._call("config")
 
     def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
         import ray
@@ -62,6 +61,6 @@ class ActorBackend:
     def targets(self) -> list[TargetInfo]:
         return self._read("targets")
 
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        spec = self._config.storage
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+    def storage(self) -> StorageSpec:
+        # Asked each time: the storage can be reconfigured while this client lives.
+        return self._read("config").storage
