@@ -35,8 +35,15 @@ def _client(args: argparse.Namespace) -> ProfilingClient:
         return ProfilingClient.in_cluster(address=args.address)
     from orchestrator.client.http import HttpBackend
 
-    token = read_token(args.token, args.token_file)
-    return ProfilingClient(backend=HttpBackend(args.url, token, s3_endpoint_url=args.s3_endpoint))
+    return ProfilingClient(backend=HttpBackend(args.url, _token(args), s3_endpoint_url=args.s3_endpoint))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    # A token the user configured wrongly is theirs to fix: a usage error (exit 2).
+    try:
+        return read_token(args.token, args.token_file)
+    except ConfigurationError as e:
+        raise InvalidRequestError(e.message) from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -45,8 +52,8 @@ def serve(args: argparse.Namespace) -> int:
 
     from orchestrator.service.app import build_app
 
+    token = _token(args)
     try:
-        token = read_token(args.token, args.token_file)
         check_exposure(args.host, token, insecure=args.insecure)
     except ConfigurationError as e:
         return fail(args, EXIT_USAGE, e.code, e.message)
