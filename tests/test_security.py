@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Annotated
 
 import httpx
 import pytest
@@ -25,6 +26,9 @@ from orchestrator.service.security import (
 )
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.conftest import REPO
+
+# Module level: FastAPI resolves the (string) annotations of routes in this module's globals.
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
 
 @pytest.fixture(autouse=True)
@@ -137,12 +141,11 @@ def test_host_header_is_reduced_to_its_host(header, host):
 def _app(guard: Guard) -> FastAPI:
     api = FastAPI()
     api.add_middleware(SecurityHeaders)
-    bearer = HTTPBearer(auto_error=False)
     api.add_exception_handler(RayprofError, rayprof_error_response)  # type: ignore[arg-type]
     api.add_exception_handler(Exception, unexpected_error_response)
 
     @api.get("/data")
-    def data(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> dict:
+    def data(request: Request, credentials: Credentials) -> dict:
         guard.check(request, credentials)
         return {"ok": True}
 
