@@ -273,3 +273,14 @@ def test_serve_deploys_onto_the_running_cluster_and_returns(live_job, ray_cluste
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["url"] == service.url
     assert rayprof("targets", "--url", service.url, "--json").returncode == 0
+
+
+@pytest.mark.integration
+def test_token_file_authenticates_against_the_secure_service(service, tmp_path):
+    (tmp_path / "token").write_text(service.token + "\n")
+
+    from_flag = rayprof("targets", "--url", service.secure_url, "--token-file", str(tmp_path / "token"))
+    from_env = rayprof_env({"RAYPROF_TOKEN_FILE": str(tmp_path / "token")}, "targets", "--url", service.secure_url)
+
+    assert from_flag.returncode == 0, from_flag.stderr
+    assert from_env.returncode == 0, from_env.stderr

@@ -16,6 +16,7 @@ from orchestrator.errors import (
     InvalidRequestError,
     ProfileTimeoutError,
     RayprofError,
+    StorageError,
 )
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models import (
@@ -131,7 +132,17 @@ def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
     files = [(artifact, _inside(folder, artifact.key)) for artifact in manifest.all_artifacts()]
     folder.mkdir(parents=True, exist_ok=True)
     for artifact, path in files:
-        storage.download(f"{prefix}/{artifact.key}", path, expected_sha256=artifact.sha256)
+        try:
+            storage.download(f"{prefix}/{artifact.key}", path, expected_sha256=artifact.sha256)
+        except StorageError as e:
+            if manifest.storage_uri == storage.uri(prefix) or isinstance(e, IntegrityError):
+                raise
+            # Not read from there on purpose; say why the file is not where we looked.
+            raise StorageError(
+                f"{e.message}; the manifest says the profile was stored under {manifest.storage_uri}, outside the "
+                f"configured storage {storage.root_uri}: configure that storage to download it",
+                profile_id=manifest.profile_id,
+            ) from e
     _inside(folder, MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))
     return folder
 
