@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -11,7 +12,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from orchestrator.settings import MANIFEST_VERSION
 
 __all__ = [
+    "NAME_MAX_LENGTH",
+    "NAME_PATTERN",
     "Artifact",
+    "ArtifactKey",
     "ArtifactKind",
     "Command",
     "ControllerConfig",
@@ -41,6 +45,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
+NAME_MAX_LENGTH = 128
+_KEY_MAX_LENGTH = 1024
+# C0 controls, DEL and C1 controls: never part of a name, a key or a path.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _check_name(value: str) -> str:
     # Names become storage path components: refuse anything that could climb out.
     if ".." in value:
@@ -48,12 +59,27 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _check_key(value: str) -> str:
+    # Keys are joined onto a storage root and onto a download folder: a relative
+    # path of plain parts, nothing that climbs out or reaches the terminal.
+    if value.startswith("/") or "\\" in value:
+        raise ValueError("must be a relative path with '/' separators")
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        raise ValueError("must not have empty, '.' or '..' parts")
+    if _CONTROL_CHARS.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
 Name = Annotated[
     str,
-    Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"),
+    Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN),
     AfterValidator(_check_name),
 ]
-"""A target or profile name: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+"""A target or profile id: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+
+ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), AfterValidator(_check_key)]
+"""A storage key relative to a root or a profile folder: no absolute path, no '..', no control characters."""
 
 
 class _Model(BaseModel):
@@ -117,7 +143,7 @@ class ProfileOptions(TorchOptions):
     steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
     warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
     ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="World ranks to profile; default all."
+        default=None, min_length=1, description="World ranks to profile; default all (an empty list is refused)."
     )
     timeout_s: float | None = Field(
         default=None, gt=0, description="Give up on ranks that have not reported by then."
@@ -181,14 +207,14 @@ class Heartbeat(_Model):
 class WindowSpec(_Model):
     """One profiling window as an agent receives it."""
 
-    profile_id: str
-    target: str
+    profile_id: Name
+    target: Name
     start_step: int = Field(ge=0)
     steps: int = Field(ge=1)
     warmup: int = Field(ge=0)
     options: TorchOptions
     storage: StorageSpec
-    prefix: str
+    prefix: ArtifactKey
     max_trace_bytes: int
 
     @property
@@ -207,7 +233,7 @@ class Command(_Model):
 
     kind: Literal["sync", "arm", "cancel", "register"]
     window: WindowSpec | None = None
-    profile_id: str | None = None
+    profile_id: Name | None = None
 
 
 ArtifactKind = Literal[
@@ -219,7 +245,7 @@ class Artifact(_Model):
     """A file in storage, fully written before it is listed."""
 
     kind: ArtifactKind
-    key: str = Field(description="Path relative to the profile folder.")
+    key: ArtifactKey = Field(description="Path relative to the profile folder.")
     uri: str
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -228,7 +254,7 @@ class Artifact(_Model):
 class RankEvent(_Model):
     """Agent -> controller: a rank's window changed state."""
 
-    profile_id: str
+    profile_id: Name
     agent_id: str
     state: RankState
     first_step: int | None = None
@@ -270,8 +296,8 @@ class RankResult(_Model):
 class ProfileStatus(_Model):
     """A profile request as the controller sees it now."""
 
-    id: str
-    target: str
+    id: Name
+    target: Name
     run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
     state: ProfileState
     reason: str | None = None
@@ -302,8 +328,8 @@ class Manifest(_Model):
     """``manifest.json``: the commit point of a profile, written last."""
 
     version: Literal[1] = MANIFEST_VERSION
-    profile_id: str
-    target: str
+    profile_id: Name
+    target: Name
     status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
     reason: str | None = None
     request: ProfileRequest
@@ -337,7 +363,7 @@ class WorkerStatus(_Model):
 class TargetInfo(_Model):
     """A live Ray Train run that agents registered."""
 
-    name: str
+    name: Name
     run: str | None = Field(default=None, description="The Ray job (submission id or job id) of this run.")
     world_size: int
     ranks: list[WorkerStatus]

@@ -83,7 +83,15 @@ MULTIPART_THRESHOLD_BYTES = 16 * 1024 * 1024
 DISCOVERY_INTERVAL_S_ENV_VAR = "RAYPROF_DISCOVERY_INTERVAL_S"
 DEFAULT_DISCOVERY_INTERVAL_S = 2.0
 
+# The service's bearer token: the token itself, or a file that holds it (kept
+# out of argv, where `ps` shows it, and out of runtime_env, where the dashboard does).
 TOKEN_ENV_VAR = "RAYPROF_TOKEN"
+TOKEN_FILE_ENV_VAR = "RAYPROF_TOKEN_FILE"
+
+# Host names a service without a token answers (comma-separated, added to the
+# loopback names; "*" for any). Stops DNS rebinding from a browser on this machine.
+ALLOWED_HOSTS_ENV_VAR = "RAYPROF_ALLOWED_HOSTS"
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 # Where the CLI and HTTP client find the service, and the Serve app's name.
 URL_ENV_VAR = "RAYPROF_URL"

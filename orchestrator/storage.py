@@ -107,12 +107,16 @@ class Storage(abc.ABC):
         return self._get_bytes(_check_key(key))
 
     def download(self, key: str, dest: Path, expected_sha256: str | None = None) -> Path:
-        """Fetch ``key`` to ``dest`` (temp name + rename), verifying its sha256 when given."""
+        """Fetch ``key`` to ``dest`` (temp name + rename), verifying its sha256 when given.
+
+        The key is checked before anything is created: a bad key leaves no folder behind.
+        """
+        key = _check_key(key)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
         try:
-            self._download(_check_key(key), tmp)
+            self._download(key, tmp)
             if expected_sha256 is not None:
                 actual = sha256_file(tmp)
                 if actual != expected_sha256:

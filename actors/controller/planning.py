@@ -57,8 +57,6 @@ def validate(request: ProfileRequest, config: ControllerConfig, world_size: int 
             target=request.target,
         )
     if request.ranks is not None:
-        if not request.ranks:
-            raise InvalidRequestError("ranks is empty: leave it out to profile every rank", target=request.target)
         bad = sorted(r for r in set(request.ranks) if r >= world_size)
         if bad:
             raise InvalidRequestError(

@@ -9,7 +9,6 @@ checked against the manifest's sha256.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from pydantic import ValidationError
 
 from orchestrator.analysis.diff import DiffInput, OpRow
 from orchestrator.analysis.models import Summary
-from orchestrator.errors import IntegrityError, InvalidRequestError
+from orchestrator.errors import InvalidRequestError
 from orchestrator.layout import MANIFEST_NAME, rank_in_name
 from orchestrator.models import Manifest, StorageSpec
 
@@ -87,23 +86,19 @@ def load_folder(path: Path, label: str | None = None) -> DiffInput:
     )
 
 
-def load_stored(manifest: Manifest, spec: StorageSpec) -> DiffInput:
-    """A stored profile: ``spec`` carries the server's S3 endpoint and region for the manifest's folder."""
+def load_stored(manifest: Manifest, root: StorageSpec) -> DiffInput:
+    """A stored profile, read from the configured storage ``root`` (never the manifest's ``storage_uri``)."""
+    from orchestrator.manifest import read_artifact
     from orchestrator.storage import open_storage
 
     summary = _summary_of(manifest, manifest.profile_id)
-    storage = open_storage(
-        StorageSpec(uri=manifest.storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
-    )
+    storage = open_storage(root)
     tables: dict[int, list[OpRow]] = {}
     for rank in manifest.ranks:
         for artifact in rank.artifacts:
-            if artifact.kind != "op_table":
-                continue
-            data = storage.get_bytes(artifact.key)
-            if hashlib.sha256(data).hexdigest() != artifact.sha256:
-                raise IntegrityError(f"{artifact.key} of {manifest.profile_id} does not match its manifest checksum")
-            tables[rank.rank] = parse_op_table(data.decode("utf-8"))
+            if artifact.kind == "op_table":
+                data = read_artifact(storage, manifest, artifact.key, artifact.sha256)
+                tables[rank.rank] = parse_op_table(data.decode("utf-8"))
     return DiffInput(
         label=manifest.profile_id,
         profile_id=manifest.profile_id,

@@ -27,6 +27,7 @@ from orchestrator.settings import (
     S3_ENDPOINT_URL_ENV_VAR,
     STORAGE_ENV_VAR,
     TOKEN_ENV_VAR,
+    TOKEN_FILE_ENV_VAR,
     URL_ENV_VAR,
 )
 
@@ -34,8 +35,9 @@ _DESCRIPTION = """\
 Profile live Ray Train runs with torch.profiler.
 
 Talks to the rayprof HTTP service (--url, default $RAYPROF_URL or
-http://127.0.0.1:8000; bearer token --token or $RAYPROF_TOKEN) or, with
---in-cluster, straight to the control actor of the Ray cluster.
+http://127.0.0.1:8000; bearer token from --token-file, $RAYPROF_TOKEN_FILE
+or $RAYPROF_TOKEN) or, with --in-cluster, straight to the control actor of the
+Ray cluster.
 """
 
 _EPILOG = """\
@@ -54,6 +56,17 @@ examples:
 """
 
 
+def _token_arguments(group: Any, what: str) -> None:
+    # Neither option reads the environment here: orchestrator.auth.read_token does,
+    # so an empty variable is an error rather than "no token".
+    group.add_argument(
+        "--token-file",
+        default=None,
+        help=f"{what}: a file holding it (default ${TOKEN_FILE_ENV_VAR}, else ${TOKEN_ENV_VAR})",
+    )
+    group.add_argument("--token", default=None, help=f"{what} itself (visible in `ps`: prefer --token-file)")
+
+
 def _parser() -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
     group = connection.add_argument_group("connection")
@@ -62,9 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(URL_ENV_VAR) or DEFAULT_URL,
         help=f"service URL (default ${URL_ENV_VAR} or {DEFAULT_URL})",
     )
-    group.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV_VAR) or None, help=f"bearer token (default ${TOKEN_ENV_VAR})"
-    )
+    _token_arguments(group, "bearer token")
     group.add_argument(
         "--in-cluster", action="store_true", help="talk to the control actor through Ray instead of HTTP"
     )
@@ -109,10 +120,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
+    _token_arguments(p, "require this bearer token")
     p.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV_VAR) or None,
-        help=f"require this bearer token (default ${TOKEN_ENV_VAR})",
+        "--insecure",
+        action="store_true",
+        help="serve on a non-loopback --host without a token (anyone who can reach it can profile)",
     )
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
 

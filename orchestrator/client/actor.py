@@ -29,7 +29,6 @@ class ActorBackend:
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
-        self._config = self._call("config")
 
     def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
         import ray
@@ -76,15 +75,13 @@ class ActorBackend:
     def targets(self) -> list[TargetInfo]:
         return self._read("targets")
 
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        spec = self._config.storage
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+    def storage(self) -> StorageSpec:
+        # Asked each time: the storage can be reconfigured while this client lives.
+        return self._read("config").storage
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         from orchestrator.analysis.diff import diff_profiles
         from orchestrator.analysis.diff_inputs import load_stored
 
-        before, after = self.manifest(a), self.manifest(b)
-        return diff_profiles(
-            load_stored(before, self.storage_for(before.storage_uri)), load_stored(after, self.storage_for(after.storage_uri))
-        )
+        root = self.storage()
+        return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))

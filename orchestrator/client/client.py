@@ -8,9 +8,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.errors import (
+    ControllerUnavailableError,
+    IntegrityError,
+    InvalidRequestError,
+    ProfileTimeoutError,
+    RayprofError,
+    StorageError,
+)
+from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models import (
     Manifest,
+    Name,
     ProfilePage,
     ProfileRequest,
     ProfileState,
@@ -41,7 +52,7 @@ class Backend(Protocol):
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
-    def storage_for(self, storage_uri: str) -> StorageSpec: ...
+    def storage(self) -> StorageSpec: ...
     def diff(self, a: str, b: str) -> ProfileDiff: ...
 
 
@@ -99,23 +110,65 @@ class ProfileHandle:
         return self.last_status
 
     def manifest(self) -> Manifest:
-        """The stored manifest (only once the profile has ended)."""
-        return self._backend.manifest(self.id)
+        """The stored manifest (only once the profile has ended); it must be this profile's."""
+        manifest = self._backend.manifest(self.id)
+        if (manifest.profile_id, manifest.target) != (self.id, self.target):
+            raise IntegrityError(
+                f"asked for the manifest of {self.target}/{self.id} and got the one of "
+                f"{manifest.target}/{manifest.profile_id}",
+                profile_id=self.id,
+            )
+        return manifest
 
     def download(self, dest: str | Path) -> Path:
         """Fetch the manifest and every artifact it lists into ``dest``, verifying sha256."""
-        manifest = self.manifest()
-        return download_profile(manifest, self._backend.storage_for(manifest.storage_uri), Path(dest))
+        return download_profile(self.manifest(), self._backend.storage(), Path(dest))
 
 
 def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
-    """Copy a profile folder to ``dest``; raises :class:`IntegrityError` on a checksum mismatch."""
+    """Copy a profile's files into ``dest``; raises :class:`IntegrityError` on a checksum mismatch.
+
+    Files are read from ``spec`` (the configured storage root) under
+    ``{target}/{profile_id}``, never from a location the manifest names, and
+    every file is written inside ``dest`` or not at all.
+    """
     storage = open_storage(spec)
-    dest.mkdir(parents=True, exist_ok=True)
-    for artifact in manifest.all_artifacts():
-        storage.download(artifact.key, dest / artifact.key, expected_sha256=artifact.sha256)
-    (dest / "manifest.json").write_text(manifest.model_dump_json(indent=2))
-    return dest
+    prefix = profile_prefix(manifest.target, manifest.profile_id)
+    folder = Path(dest).resolve()
+    # Every destination is checked before the first byte is written.
+    files = [(artifact, _inside(folder, artifact.key)) for artifact in manifest.all_artifacts()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for artifact, path in files:
+        try:
+            storage.download(f"{prefix}/{artifact.key}", path, expected_sha256=artifact.sha256)
+        except StorageError as e:
+            if manifest.storage_uri == storage.uri(prefix) or isinstance(e, IntegrityError):
+                raise
+            # Not read from there on purpose; say why the file is not where we looked.
+            raise StorageError(
+                f"{e.message}; the manifest says the profile was stored under {manifest.storage_uri}, outside the "
+                f"configured storage {storage.root_uri}: configure that storage to download it",
+                profile_id=manifest.profile_id,
+            ) from e
+    _inside(folder, MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))
+    return folder
+
+
+def _inside(folder: Path, key: str) -> Path:
+    """``folder / key``, resolved (symlinks included); refused when it lands outside ``folder``."""
+    path = (folder / key).resolve()
+    if not path.is_relative_to(folder) or path == folder:
+        raise IntegrityError(f"artifact {key!r} would be written outside {folder}")
+    return path
+
+
+def _profile_id(value: str) -> str:
+    try:
+        return TypeAdapter(Name).validate_python(value)
+    except ValidationError:
+        raise InvalidRequestError(
+            f"invalid profile id {value!r}: letters, digits, '.', '_', '-' and '=' only, no '..'"
+        ) from None
 
 
 class ProfilingClient:
@@ -186,7 +239,7 @@ class ProfilingClient:
 
     def get(self, profile_id: str) -> ProfileHandle:
         """Handle to an existing profile."""
-        return ProfileHandle(self._backend, self._backend.get(profile_id))
+        return ProfileHandle(self._backend, self._backend.get(_profile_id(profile_id)))
 
     def list(
         self,

@@ -157,8 +157,11 @@ class HttpBackend:
     def targets(self) -> list[TargetInfo]:
         return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
 
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
+    def storage(self) -> StorageSpec:
+        # The service's root with this client's endpoint: the service may reach
+        # S3/MinIO under an address this machine cannot.
+        uri = self._request("GET", "/v1/storage")["uri"]
+        return StorageSpec(uri=uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         from orchestrator.analysis.diff import ProfileDiff

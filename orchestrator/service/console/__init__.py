@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.analysis.diff import ProfileDiff
 from orchestrator.errors import NotFoundError
 from orchestrator.models import Artifact, ArtifactKind, ControllerConfig, Manifest
+from orchestrator.service.security import Guard
 
 __all__ = ["CONSOLE_CSP", "LINK_TTL_S", "ArtifactLink", "ConsoleRoutes", "ProfileLinks", "router", "sign"]
 
@@ -143,27 +144,31 @@ def _downsample(series: dict[str, Any]) -> dict[str, Any]:
 class ConsoleRoutes:
     """Routes of :class:`~orchestrator.service.app.ProfilingService` that the console adds."""
 
-    _token: bytes | None
+    _guard: Guard
     _call: Callable[..., Awaitable[Any]]
-    _authorize: Callable[[HTTPAuthorizationCredentials | None], None]
 
     async def _manifest_bytes(self, manifest: Manifest, artifact: Artifact) -> bytes:
-        from orchestrator.service.app import _read_artifact
+        from orchestrator.manifest import read_artifact
+        from orchestrator.storage import open_storage
 
         config: ControllerConfig = await self._call("config")
-        return await asyncio.to_thread(_read_artifact, manifest, config.storage, artifact.key, artifact.sha256)
+        return await asyncio.to_thread(
+            read_artifact, open_storage(config.storage), manifest, artifact.key, artifact.sha256
+        )
 
     def _signed_ok(self, profile_id: str, key: str, expires: int | None, signature: str | None) -> bool:
-        if self._token is None or expires is None or signature is None or expires < time.time():
+        if self._guard.token is None or expires is None or signature is None or expires < time.time():
             return False
-        return hmac.compare_digest(sign(self._token, profile_id, key, expires), signature)
+        return hmac.compare_digest(sign(self._guard.token, profile_id, key, expires), signature)
 
     @router.get("/v1/profiles/{a}/diff/{b}", response_model=ProfileDiff, summary="Compare profile b with profile a")
-    async def diff_profiles(self, a: ProfileId, b: ProfileId, credentials: Credentials) -> ProfileDiff:
+    async def diff_profiles(
+        self, a: ProfileId, b: ProfileId, request: Request, credentials: Credentials
+    ) -> ProfileDiff:
         from orchestrator.analysis.diff import diff_profiles
         from orchestrator.analysis.diff_inputs import load_stored
 
-        self._authorize(credentials)
+        self._guard.check(request, credentials)
         before: Manifest = await self._call("manifest", a)
         after: Manifest = await self._call("manifest", b)
         config: ControllerConfig = await self._call("config")
@@ -175,16 +180,16 @@ class ConsoleRoutes:
 
     @router.get("/v1/profiles/{profile_id}/links", response_model=ProfileLinks, summary="Browser URLs of artifacts")
     async def profile_links(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileLinks:
-        self._authorize(credentials)
+        self._guard.check(request, credentials)
         manifest: Manifest = await self._call("manifest", profile_id)
-        expires = int(time.time()) + LINK_TTL_S if self._token is not None else None
+        expires = int(time.time()) + LINK_TTL_S if self._guard.token is not None else None
         base = f"{request.scope.get('root_path', '')}/v1/profiles/{quote(profile_id, safe='')}/artifacts/"
 
         def url(key: str) -> str:
             plain = base + quote(key)
-            if self._token is None or expires is None:
+            if self._guard.token is None or expires is None:
                 return plain
-            return f"{plain}?expires={expires}&signature={sign(self._token, profile_id, key, expires)}"
+            return f"{plain}?expires={expires}&signature={sign(self._guard.token, profile_id, key, expires)}"
 
         links = [
             ArtifactLink(kind=art.kind, key=art.key, rank=rank, bytes=art.bytes, url=url(art.key))
@@ -199,12 +204,13 @@ class ConsoleRoutes:
         self,
         profile_id: ProfileId,
         key: str,
+        request: Request,
         credentials: Credentials,
         expires: Annotated[int | None, Query(description="Expiry of a signed URL (from /links).")] = None,
         signature: Annotated[str | None, Query(max_length=64)] = None,
     ) -> Response:
         if not self._signed_ok(profile_id, key, expires, signature):
-            self._authorize(credentials)
+            self._guard.check(request, credentials)
         manifest: Manifest = await self._call("manifest", profile_id)
         artifact, _ = _find(manifest, key)
         data = await self._manifest_bytes(manifest, artifact)
@@ -217,8 +223,10 @@ class ConsoleRoutes:
         return Response(data, media_type="application/octet-stream", headers=headers)
 
     @router.get("/v1/profiles/{profile_id}/memory/{rank}", summary="A rank's memory timeline, downsampled")
-    async def memory_timeline(self, profile_id: ProfileId, rank: int, credentials: Credentials) -> dict[str, Any]:
-        self._authorize(credentials)
+    async def memory_timeline(
+        self, profile_id: ProfileId, rank: int, request: Request, credentials: Credentials
+    ) -> dict[str, Any]:
+        self._guard.check(request, credentials)
         manifest: Manifest = await self._call("manifest", profile_id)
         found = [a for r in manifest.ranks if r.rank == rank for a in r.artifacts if a.kind == "memory_timeline"]
         if not found:
