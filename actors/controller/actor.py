@@ -22,6 +22,7 @@ from actors.controller.planning import validate
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
+from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
 from orchestrator.config import controller_config, normalize_uri
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
@@ -35,6 +36,7 @@ from orchestrator.models import (
     ProfileState,
     ProfileStatus,
     RankState,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
     utcnow,
@@ -81,6 +83,7 @@ class Controller(AgentSide):
             self._registry, self._persistence, lambda: self._config, self._all, postprocess, self._cluster_info
         )
         self._retention = Retention(self._persistence, lambda: self._config)
+        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles)
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -286,6 +289,14 @@ class Controller(AgentSide):
         """Live Ray Train runs with registered agents."""
         await self._ensure_started()
         return self._registry.target_infos(self._active, self._waiting)
+
+    async def stacks(self, target: str, native: bool = False, run: str | None = None) -> StacksBundle:
+        """Every live rank's stacks, grouped and stored as a bundle of kind ``stacks``."""
+        await self._ensure_started()
+        await self._await_target(target)
+        bundle = await self._stacks.take(target, run, native)
+        await self._retention.enforce(self._profiles)
+        return bundle
 
     # ---- internals -------------------------------------------------------
 

@@ -27,8 +27,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
@@ -153,6 +156,23 @@ class HttpBackend:
 
     def targets(self) -> list[TargetInfo]:
         return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
+
+    def stacks(self, target: str, native: bool) -> StacksBundle:
+        path = f"/v1/targets/{quote(target, safe='')}/stacks"
+        body = self._request("GET", path, params={"native": native}, timeout=self._timeout_s + 60)
+        return StacksBundle.model_validate(body)
+
+    def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("POST", "/v1/watches", json=spec.model_dump(mode="json")))
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("GET", f"/v1/watches/{quote(watch_id, safe='')}"))
+
+    def list_watches(self) -> list[WatchStatus]:
+        return TypeAdapter(list[WatchStatus]).validate_python(self._request("GET", "/v1/watches")["watches"])
+
+    def delete_watch(self, watch_id: str) -> None:
+        self._request("DELETE", f"/v1/watches/{quote(watch_id, safe='')}")
 
     def storage_for(self, storage_uri: str) -> StorageSpec:
         return StorageSpec(uri=storage_uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)

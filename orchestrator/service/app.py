@@ -44,8 +44,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR
 
@@ -89,6 +92,12 @@ class TargetList(_Response):
     """``GET /v1/targets``: live training runs with agents."""
 
     targets: list[TargetInfo]
+
+
+class WatchList(_Response):
+    """``GET /v1/watches``: every watch."""
+
+    watches: list[WatchStatus]
 
 
 class ErrorBody(_Response):
@@ -386,6 +395,35 @@ class ProfilingService:
     async def list_targets(self, credentials: Credentials) -> TargetList:
         self._authorize(credentials)
         return TargetList(targets=await self._call("targets"))
+
+    @api.get(
+        "/v1/targets/{target}/stacks",
+        response_model=StacksBundle,
+        summary="Every live rank's stacks now, grouped; stored as a bundle of kind 'stacks'",
+    )
+    async def get_stacks(self, target: ProfileId, credentials: Credentials, native: bool = False) -> StacksBundle:
+        self._authorize(credentials)
+        return await self._call("stacks", target, native, timeout=CALL_TIMEOUT_S + 60)
+
+    @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
+    async def create_watch(self, body: WatchSpec, credentials: Credentials) -> WatchStatus:
+        self._authorize(credentials)
+        return await self._call("create_watch", body)
+
+    @api.get("/v1/watches", response_model=WatchList, summary="Every watch")
+    async def list_watches(self, credentials: Credentials) -> WatchList:
+        self._authorize(credentials)
+        return WatchList(watches=await self._call("list_watches"))
+
+    @api.get("/v1/watches/{watch_id}", response_model=WatchStatus, summary="One watch: state, baseline, firings")
+    async def get_watch(self, watch_id: ProfileId, credentials: Credentials) -> WatchStatus:
+        self._authorize(credentials)
+        return await self._call("get_watch", watch_id)
+
+    @api.delete("/v1/watches/{watch_id}", response_model=WatchStatus, summary="Stop and forget a watch")
+    async def delete_watch(self, watch_id: ProfileId, credentials: Credentials) -> WatchStatus:
+        self._authorize(credentials)
+        return await self._call("delete_watch", watch_id)
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
