@@ -81,6 +81,10 @@ class ProfileNotFoundError(NotFoundError):
     code = "profile_not_found"
 
 
+class WatchNotFoundError(NotFoundError):
+    code = "watch_not_found"
+
+
 class ConflictError(RayprofError):
     code = "conflict"
     http_status = 409

@@ -7,9 +7,18 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator.settings import MANIFEST_VERSION
+from orchestrator.settings import (
+    DEFAULT_LAG_STEPS,
+    DEFAULT_MAX_WATCHES,
+    DEFAULT_MONITOR_INTERVAL_S,
+    DEFAULT_STACKS_TIMEOUT_S,
+    DEFAULT_STALL_AUTO_STACKS,
+    DEFAULT_STALL_MIN_S,
+    DEFAULT_STALL_STEP_FACTOR,
+    MANIFEST_VERSION,
+)
 
 __all__ = [
     "NAME_MAX_LENGTH",
@@ -17,9 +26,13 @@ __all__ = [
     "Artifact",
     "ArtifactKey",
     "ArtifactKind",
+    "BundleKind",
+    "Collective",
     "Command",
     "ControllerConfig",
+    "Frame",
     "Heartbeat",
+    "MissingRank",
     "Manifest",
     "Name",
     "ProfileOptions",
@@ -29,10 +42,18 @@ __all__ = [
     "ProfileStatus",
     "RankEvent",
     "RankResult",
+    "RankStacks",
     "RankState",
+    "StackGroup",
+    "StacksBundle",
     "StorageSpec",
     "TargetInfo",
+    "ThreadStack",
     "TorchOptions",
+    "Trigger",
+    "WatchFiring",
+    "WatchSpec",
+    "WatchStatus",
     "WindowSpec",
     "WorkerInfo",
     "WorkerStatus",
@@ -228,17 +249,31 @@ class Command(_Model):
 
     ``sync``: report your step count now. ``arm``: open ``window``.
     ``cancel``: drop the window of ``profile_id``. ``register``: the controller
-    does not know you (it restarted); register again.
+    does not know you (it restarted); register again. ``stacks``: answer with
+    every thread's stacks (bundle ``profile_id``), from the agent's own thread.
     """
 
-    kind: Literal["sync", "arm", "cancel", "register"]
+    kind: Literal["sync", "arm", "cancel", "register", "stacks"]
     window: WindowSpec | None = None
-    profile_id: Name | None = None
+    profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
+    native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
 
 
 ArtifactKind = Literal[
-    "trace", "memory_timeline", "op_table", "memory_snapshot", "merged_trace", "report", "manifest"
+    "trace",
+    "memory_timeline",
+    "op_table",
+    "memory_snapshot",
+    "merged_trace",
+    "report",
+    "manifest",
+    "stacks",
+    "stacks_summary",
+    "flight_recorder",
 ]
+
+BundleKind = Literal["profile", "stacks"]
+"""What a profile folder holds: a profiler window's traces, or every rank's stacks."""
 
 
 class Artifact(_Model):
@@ -264,6 +299,99 @@ class RankEvent(_Model):
     trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
     reason: str | None = None
+
+
+class Trigger(_Model):
+    """Why the controller took a profile or stacks by itself."""
+
+    kind: Literal["slower_than", "rank_lag", "stalled"]
+    watch_id: str | None = Field(default=None, description="The watch that fired; none for the stall detector.")
+    baseline: float | None = Field(default=None, description="slower_than: baseline step time (s); rank_lag: 0.")
+    observed: float | None = Field(default=None, description="Step time (s), steps behind, or seconds without progress.")
+    threshold: float | None = None
+    at: datetime
+    detail: str = Field(description="The trigger in words.")
+
+
+class Frame(_Model):
+    """One Python frame."""
+
+    filename: str
+    line: int
+    function: str
+    code: str | None = Field(default=None, description="The source line, where readable.")
+    library: bool = Field(default=False, description="In the standard library or an installed package.")
+
+
+class ThreadStack(_Model):
+    """One thread's Python stack, outermost frame first."""
+
+    thread_id: int
+    name: str
+    training: bool = Field(default=False, description="The thread that runs the training loop.")
+    frames: list[Frame]
+
+
+class Collective(_Model):
+    """One collective from a rank's torch flight recorder."""
+
+    process_group: str
+    seq: int
+    op: str
+    completed: bool
+
+
+class RankStacks(_Model):
+    """Agent -> controller: one rank's answer to a ``stacks`` command."""
+
+    bundle_id: str
+    agent_id: str
+    step: int
+    taken_at: datetime
+    threads: list[ThreadStack]
+    native: str | None = Field(default=None, description="py-spy dump --native output.")
+    native_note: str | None = Field(default=None, description="Why native frames are missing, when asked for.")
+    collectives: list[Collective] = Field(default_factory=list, description="Last flight recorder entries.")
+    flight_recorder: str | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
+    flight_recorder_note: str | None = None
+
+
+class StackGroup(_Model):
+    """Ranks whose training thread is in the same place."""
+
+    ranks: list[int]
+    ranks_text: str = Field(description="'rank 1', 'ranks 0, 2-7'.")
+    where: str = Field(description="Where the training thread is, in words.")
+    waiting: bool = Field(description="Inside torch.distributed (waiting on other ranks).")
+    majority: bool
+    frames: list[Frame]
+
+
+class MissingRank(_Model):
+    """A rank that did not answer, and why."""
+
+    rank: int
+    reason: str
+
+
+class StacksBundle(_Model):
+    """Every rank's stacks, grouped; ``stacks.json`` of a bundle of kind ``stacks``."""
+
+    id: str
+    target: str
+    run: str | None = None
+    state: ProfileState
+    summary: str = Field(description="One line: ranks that differ from the majority first.")
+    groups: list[StackGroup] = Field(description="Outliers first, the majority last.")
+    missing: list[MissingRank] = Field(default_factory=list)
+    collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
+    flight_recorder_note: str | None = None
+    native_notes: list[str] = Field(default_factory=list)
+    storage_uri: str
+    manifest_uri: str | None = None
+    trigger: Trigger | None = None
+    taken_at: datetime
+    finished_at: datetime
 
 
 class RankResult(_Model):
@@ -297,6 +425,7 @@ class ProfileStatus(_Model):
     """A profile request as the controller sees it now."""
 
     id: Name
+    kind: BundleKind = "profile"
     target: Name
     run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
     state: ProfileState
@@ -313,6 +442,7 @@ class ProfileStatus(_Model):
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
 
 
 class ProfilePage(_Model):
@@ -329,6 +459,7 @@ class Manifest(_Model):
 
     version: Literal[1] = MANIFEST_VERSION
     profile_id: Name
+    kind: BundleKind = "profile"
     target: Name
     status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
     reason: str | None = None
@@ -345,6 +476,7 @@ class Manifest(_Model):
     finished_at: datetime
     summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
     analysis_error: str | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
 
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""
@@ -358,6 +490,8 @@ class WorkerStatus(_Model):
     step: int
     step_time_s: float | None
     last_seen_s: float = Field(description="Seconds since the last heartbeat.")
+    advanced_s: float | None = Field(default=None, description="Seconds since its step last advanced.")
+    steps_behind: int | None = Field(default=None, description="Steps behind the leading rank, at one instant.")
 
 
 class TargetInfo(_Model):
@@ -369,6 +503,12 @@ class TargetInfo(_Model):
     ranks: list[WorkerStatus]
     active_profile: str | None = None
     queued_profiles: list[str] = Field(default_factory=list)
+    health: Literal["TRAINING", "STALLED"] = "TRAINING"
+    stalled_s: float | None = Field(default=None, description="Seconds since any rank advanced, when STALLED.")
+    stall_threshold_s: float | None = Field(default=None, description="max(stall min, factor x median step time).")
+    median_step_time_s: float | None = None
+    lagging_ranks: list[int] = Field(default_factory=list, description="Ranks at least RAYPROF_LAG_STEPS behind.")
+    stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
 
 
 class ControllerConfig(_Model):
@@ -389,3 +529,69 @@ class ControllerConfig(_Model):
     retention_count: int = Field(ge=1)
     retention_days: float = Field(gt=0)
     cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")
+    stacks_timeout_s: float = Field(default=DEFAULT_STACKS_TIMEOUT_S, gt=0)
+    stall_min_s: float = Field(default=DEFAULT_STALL_MIN_S, gt=0)
+    stall_step_factor: float = Field(default=DEFAULT_STALL_STEP_FACTOR, ge=0)
+    stall_auto_stacks: bool = Field(default=bool(DEFAULT_STALL_AUTO_STACKS))
+    lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
+    monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
+    max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
+
+
+class WatchSpec(_Model):
+    """``POST /v1/watches``: a condition on a target and what to do when it holds.
+
+    Exactly one condition: ``slower_than`` (median step time over the rolling
+    baseline), ``rank_lag`` (a rank this many steps behind the leader) or
+    ``stalled``. The action: ``profile`` (a window of ``profile_steps`` steps)
+    or ``stacks``.
+    """
+
+    target: Name
+    slower_than: float | None = Field(default=None, gt=1, description="Ratio of step time to the baseline.")
+    rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
+    stalled: bool = False
+    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
+    action: Literal["profile", "stacks"] = "profile"
+    profile_steps: int = Field(default=5, ge=1)
+    ranks: Literal["all", "lagging"] = Field(
+        default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
+    )
+    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median.")
+    cooldown_s: float = Field(default=600.0, ge=0, le=86400)
+    max_per_hour: int = Field(default=4, ge=1, le=60)
+
+    @model_validator(mode="after")
+    def _one_condition(self) -> WatchSpec:
+        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled]
+        if sum(conditions) != 1:
+            raise ValueError("give exactly one condition: slower_than, rank_lag or stalled")
+        if self.ranks == "lagging" and self.rank_lag is None:
+            raise ValueError("ranks='lagging' needs rank_lag")
+        return self
+
+
+class WatchFiring(_Model):
+    """One time a watch ran its action."""
+
+    at: datetime
+    profile_id: str | None = None
+    trigger: Trigger
+    error: str | None = Field(default=None, description="Why the action could not run.")
+
+
+class WatchStatus(_Model):
+    """A watch as the controller holds it now."""
+
+    id: str
+    spec: WatchSpec
+    created_at: datetime
+    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED"] = Field(
+        description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
+        "it fired and waits for the cooldown or the hourly cap."
+    )
+    baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
+    observed: float | None = Field(default=None, description="The value the condition compares now.")
+    holding_s: float | None = Field(default=None, description="How long the condition has held.")
+    note: str | None = None
+    firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")

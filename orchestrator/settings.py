@@ -74,6 +74,28 @@ DEFAULT_RETENTION_DAYS = 30.0
 # across clusters that share one storage root (default: the Ray cluster id).
 CLUSTER_NAME_ENV_VAR = "RAYPROF_CLUSTER_NAME"
 
+# Stacks of every rank: how long the controller waits for the ranks' answers.
+STACKS_TIMEOUT_S_ENV_VAR = "RAYPROF_STACKS_TIMEOUT_S"
+DEFAULT_STACKS_TIMEOUT_S = 10.0
+
+# A target is STALLED when no rank advanced for max(STALL_MIN_S, STALL_STEP_FACTOR x its median step time).
+STALL_MIN_S_ENV_VAR = "RAYPROF_STALL_MIN_S"
+DEFAULT_STALL_MIN_S = 60.0
+STALL_STEP_FACTOR_ENV_VAR = "RAYPROF_STALL_STEP_FACTOR"
+DEFAULT_STALL_STEP_FACTOR = 20.0
+# On entering STALLED the controller takes every rank's stacks once by itself (0 turns it off).
+STALL_AUTO_STACKS_ENV_VAR = "RAYPROF_STALL_AUTO_STACKS"
+DEFAULT_STALL_AUTO_STACKS = 1
+# A rank this many steps behind the leader is named as lagging in `targets`.
+LAG_STEPS_ENV_VAR = "RAYPROF_LAG_STEPS"
+DEFAULT_LAG_STEPS = 3
+# How often the controller checks health and watches (it reads heartbeats only; no call to any rank).
+MONITOR_INTERVAL_S_ENV_VAR = "RAYPROF_MONITOR_INTERVAL_S"
+DEFAULT_MONITOR_INTERVAL_S = 1.0
+# Most watches one controller keeps.
+MAX_WATCHES_ENV_VAR = "RAYPROF_MAX_WATCHES"
+DEFAULT_MAX_WATCHES = 100
+
 UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
 DEFAULT_UPLOAD_RETRIES = 5
 

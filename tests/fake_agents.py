@@ -19,20 +19,32 @@ import torch
 from actors.controller.actor import Controller
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models import (
+    Collective,
     Command,
     ControllerConfig,
+    Frame,
     Heartbeat,
     RankEvent,
+    RankStacks,
     RankState,
     StorageSpec,
+    ThreadStack,
     WindowSpec,
     WorkerInfo,
+    utcnow,
 )
 from orchestrator.storage import open_storage
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload"]
 STEP_S = 0.01
 UPLOAD_S = 0.1
+
+TRAIN_FRAME = Frame(filename="/job/train.py", line=30, function="train_loop", code="loss.backward()")
+ALL_REDUCE = [
+    TRAIN_FRAME.model_copy(update={"line": 41, "code": "dist.all_reduce(loss)"}),
+    Frame(filename="/venv/site-packages/torch/distributed/distributed_c10d.py", line=3245, function="all_reduce", library=True),
+]
+SLOW_THING = [TRAIN_FRAME, Frame(filename="/job/train.py", line=57, function="slow_thing", code="time.sleep(3600)")]
 
 
 def fast_config(home: StorageSpec, **overrides: object) -> ControllerConfig:
@@ -91,6 +103,12 @@ class FakeAgent:
     _tasks: list[asyncio.Task] = field(default_factory=list)
     window_task: asyncio.Task | None = None
     stopped: bool = False
+    # What a ``stacks`` command sees in the training thread; None: this agent never answers one.
+    stack: list[Frame] | None = field(default_factory=lambda: list(ALL_REDUCE))
+    collectives: list[Collective] = field(default_factory=list)
+    # Steps advance while True; a stuck rank stops counting but its agent still heartbeats.
+    training: bool = True
+    step_s: float = STEP_S
 
     async def start(self) -> None:
         assert await self.controller.register(self.info)
@@ -104,15 +122,20 @@ class FakeAgent:
 
     async def _train(self) -> None:
         while True:
-            await asyncio.sleep(STEP_S)
-            self.step += 1
+            await asyncio.sleep(self.step_s)
+            if self.training:
+                self.step += 1
 
     async def _poll(self) -> None:
         while not self.stopped:
             command: Command | None = await self.controller.poll(
-                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=STEP_S)
+                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s)
             )
             if command is None or command.kind == "sync":
+                continue
+            if command.kind == "stacks":
+                if self.stack is not None:
+                    await self.controller.stacks_reply(self.stacks(command.profile_id))
                 continue
             if command.kind == "register":
                 await self.controller.register(self.info)
@@ -124,6 +147,19 @@ class FakeAgent:
             elif command.kind == "cancel":
                 assert command.profile_id is not None
                 self.cancelled.add(command.profile_id)
+
+    def stacks(self, bundle_id: str | None) -> RankStacks:
+        assert bundle_id is not None and self.stack is not None
+        threads = [
+            ThreadStack(thread_id=1, name="MainThread", frames=[Frame(filename="/ray/worker.py", line=1, function="main_loop", library=True)]),
+            ThreadStack(thread_id=2, name="train", training=True, frames=self.stack),
+        ]
+        return RankStacks(
+            bundle_id=bundle_id, agent_id=self.info.agent_id, step=self.step, taken_at=utcnow(), threads=threads,
+            collectives=self.collectives,
+            flight_recorder='{"entries": []}' if self.collectives else None,
+            flight_recorder_note=None if self.collectives else "torch flight recorder is off",
+        )
 
     async def report(self, window: WindowSpec, state: RankState, **fields: object) -> None:
         await self.controller.report(

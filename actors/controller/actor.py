@@ -22,7 +22,9 @@ from actors.controller.planning import validate
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
+from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
+from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.layout import MANIFEST_NAME
@@ -35,8 +37,12 @@ from orchestrator.models import (
     ProfileState,
     ProfileStatus,
     RankState,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    Trigger,
+    WatchSpec,
+    WatchStatus,
     utcnow,
 )
 from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
@@ -81,6 +87,10 @@ class Controller(AgentSide):
             self._registry, self._persistence, lambda: self._config, self._all, postprocess, self._cluster_info
         )
         self._retention = Retention(self._persistence, lambda: self._config)
+        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles)
+        self._watches = Watches(
+            self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
+        )
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -91,6 +101,7 @@ class Controller(AgentSide):
         if self._ready is None:
             self._ready = asyncio.Event()
             self._spawn(self._reap_workers())
+            self._spawn(self._monitor())
             if not await self._restore():
                 self._spawn(self._retry_restore())
             self._ready.set()
@@ -110,6 +121,7 @@ class Controller(AgentSide):
         try:
             configured = await self._persistence.load_config()
             saved = await self._persistence.load_profiles()
+            self._watches.restore(await self._persistence.load_watches())
         except StorageError as e:
             logger.warning("rayprof controller: cannot read saved state (will retry): %s", e)
             return False
@@ -168,6 +180,9 @@ class Controller(AgentSide):
     async def submit(self, request: ProfileRequest) -> ProfileStatus:
         """Validate and accept a profile request; it runs in the background."""
         await self._ensure_started()
+        return await self._submit(request)
+
+    async def _submit(self, request: ProfileRequest, trigger: Trigger | None = None) -> ProfileStatus:
         await self._await_target(request.target)
         workers = self._registry.run_workers(request.target, request.run)
         world_size = max((w.info.world_size for w in workers.values()), default=None)
@@ -198,6 +213,7 @@ class Controller(AgentSide):
             storage=storage,
             storage_uri=f"{normalize_uri(storage.uri)}/{target}/{profile_id}",
             run=request.run,
+            trigger=trigger,
         )
         # Saved before it is accepted: a profile the caller was told about survives a restart.
         await self._persistence.save(profile)
@@ -285,7 +301,50 @@ class Controller(AgentSide):
     async def targets(self) -> list[TargetInfo]:
         """Live Ray Train runs with registered agents."""
         await self._ensure_started()
-        return self._registry.target_infos(self._active, self._waiting)
+        now = time.monotonic()
+        return self._registry.target_infos(
+            self._active, self._waiting, lambda workers: self._watches.assess(workers, now), self._watches.stall_stacks
+        )
+
+    async def stacks(self, target: str, native: bool = False, run: str | None = None) -> StacksBundle:
+        """Every live rank's stacks, grouped and stored as a bundle of kind ``stacks``."""
+        await self._ensure_started()
+        await self._await_target(target)
+        return await self._take_stacks(target, run, native)
+
+    async def _take_stacks(
+        self, target: str, run: str | None, native: bool, trigger: Trigger | None = None
+    ) -> StacksBundle:
+        bundle = await self._stacks.take(target, run, native, trigger)
+        await self._retention.enforce(self._profiles)
+        return bundle
+
+    async def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        """Start watching a target; saved, so it survives a controller restart."""
+        await self._ensure_started()
+        return await self._watches.create(spec)
+
+    async def get_watch(self, watch_id: str) -> WatchStatus:
+        await self._ensure_started()
+        return self._watches.get(watch_id)
+
+    async def list_watches(self) -> list[WatchStatus]:
+        await self._ensure_started()
+        return self._watches.list()
+
+    async def delete_watch(self, watch_id: str) -> WatchStatus:
+        """Stop and forget a watch; returns it as it was."""
+        await self._ensure_started()
+        return await self._watches.delete(watch_id)
+
+    async def _monitor(self) -> None:
+        """Health and watches, from the heartbeats held here; a failed tick is logged, never fatal."""
+        while True:
+            await asyncio.sleep(self._config.monitor_interval_s)
+            try:
+                self._watches.tick(time.monotonic())
+            except Exception:
+                logger.exception("rayprof controller: monitor tick failed")
 
     # ---- internals -------------------------------------------------------
 

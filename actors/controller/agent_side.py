@@ -9,8 +9,18 @@ from typing import Any
 
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry
+from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
-from orchestrator.models import Command, ControllerConfig, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
+from orchestrator.models import (
+    Command,
+    ControllerConfig,
+    Heartbeat,
+    RankEvent,
+    RankStacks,
+    RankState,
+    WorkerInfo,
+    utcnow,
+)
 
 __all__ = ["AgentSide"]
 
@@ -24,6 +34,7 @@ class AgentSide:
     _registry: Registry
     _persistence: Persistence
     _profiles: dict[str, Profile]
+    _stacks: StacksTaker
 
     async def _ensure_started(self) -> None:
         raise NotImplementedError
@@ -98,6 +109,11 @@ class AgentSide:
         profile.changed.set()
         if event.state.is_terminal:
             await self._persistence.save(profile)
+
+    async def stacks_reply(self, stacks: RankStacks) -> None:
+        """An agent's answer to a ``stacks`` command."""
+        await self._ensure_started()
+        self._stacks.receive(stacks)
 
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from actors.controller.state import Profile
 from orchestrator.errors import StorageError
-from orchestrator.layout import config_key, manifest_key, state_key, state_prefix
+from orchestrator.layout import config_key, manifest_key, state_key, state_prefix, watch_key, watches_prefix
 from orchestrator.manifest import read_manifest, write_manifest
-from orchestrator.models import Manifest, ProfileStatus, StorageSpec
+from orchestrator.models import Manifest, ProfileStatus, StorageSpec, WatchStatus
 from orchestrator.storage import open_storage
 
 __all__ = ["Persistence", "SavedProfile"]
@@ -112,6 +112,28 @@ class Persistence:
                 raise
             except ValueError as e:
                 logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
+        return found
+
+    async def save_watch(self, watch: WatchStatus) -> None:
+        storage = open_storage(self._home)
+        await asyncio.to_thread(
+            storage.put_bytes, watch.model_dump_json().encode(), watch_key(self._cluster, watch.id), "manifest"
+        )
+
+    async def delete_watch(self, watch_id: str) -> None:
+        await asyncio.to_thread(open_storage(self._home).delete, watch_key(self._cluster, watch_id))
+
+    async def load_watches(self) -> list[WatchStatus]:
+        """Every watch this cluster's controller saved; unreadable ones are logged and skipped."""
+        storage = open_storage(self._home)
+        found: list[WatchStatus] = []
+        for key in await asyncio.to_thread(storage.list, watches_prefix(self._cluster)):
+            try:
+                found.append(WatchStatus.model_validate_json(await asyncio.to_thread(storage.get_bytes, key)))
+            except StorageError:
+                raise
+            except ValueError as e:
+                logger.warning("rayprof controller: skipping unreadable watch %s: %s", key, e)
         return found
 
     @staticmethod

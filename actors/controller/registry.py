@@ -16,12 +16,15 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from actors.controller.health import Health
 from orchestrator.models import Command, TargetInfo, WorkerInfo, WorkerStatus
 
 __all__ = ["Registry", "Worker", "run_of"]
 
 # Retired agent ids remembered; a worker group restart retires world_size of them.
 _RETIRED_KEPT = 65_536
+# (time, step) heartbeats kept per worker: enough to read every rank's step at one common instant.
+_SAMPLES_KEPT = 4
 
 
 def run_of(info: WorkerInfo) -> str:
@@ -36,6 +39,9 @@ class Worker:
     seen_at: float
     step: int = 0
     step_time_s: float | None = None
+    # When its step count last went up (a heartbeat showed progress), and recent (time, step) heartbeats.
+    advanced_at: float = 0.0
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
     commands: deque[Command] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -83,7 +89,7 @@ class Registry:
         now = self._clock()
         existing = self.workers.get(info.agent_id)
         if existing is None:
-            self.workers[info.agent_id] = Worker(info=info, registered_at=now, seen_at=now)
+            self.workers[info.agent_id] = Worker(info=info, registered_at=now, seen_at=now, advanced_at=now)
         else:
             existing.info = info
             existing.seen_at = now
@@ -97,9 +103,13 @@ class Registry:
     def heartbeat(self, agent_id: str, step: int, step_time_s: float | None) -> Worker | None:
         worker = self.workers.get(agent_id)
         if worker is not None:
+            now = self._clock()
+            if step > worker.step or not worker.samples:
+                worker.advanced_at = now
             worker.step = step
             worker.step_time_s = step_time_s
-            worker.seen_at = self._clock()
+            worker.seen_at = now
+            worker.samples.append((now, step))
         return worker
 
     def drop(self, agent_id: str) -> Worker | None:
@@ -135,13 +145,20 @@ class Registry:
     def infos(self, target: str) -> Iterable[WorkerInfo]:
         return (w.info for w in self.workers.values() if w.info.target == target)
 
-    def target_infos(self, active: dict[str, str], queued: dict[str, list[str]]) -> list[TargetInfo]:
-        """Every live run, grouped by target name, newest run first."""
+    def target_infos(
+        self,
+        active: dict[str, str],
+        queued: dict[str, list[str]],
+        health: Callable[[dict[int, Worker]], Health],
+        stall_stacks: dict[tuple[str, str], str],
+    ) -> list[TargetInfo]:
+        """Every live run, grouped by target name, newest run first, with its health."""
         now = self._clock()
         found: list[TargetInfo] = []
         for name in self.names():
             for run, workers in self.runs(name).items():
                 ranks = [workers[r] for r in sorted(workers)]
+                h = health(workers)
                 found.append(
                     TargetInfo(
                         name=name,
@@ -149,12 +166,23 @@ class Registry:
                         world_size=max(w.info.world_size for w in ranks),
                         ranks=[
                             WorkerStatus(
-                                info=w.info, step=w.step, step_time_s=w.step_time_s, last_seen_s=now - w.seen_at
+                                info=w.info,
+                                step=w.step,
+                                step_time_s=w.step_time_s,
+                                last_seen_s=now - w.seen_at,
+                                advanced_s=now - w.advanced_at,
+                                steps_behind=h.behind.get(w.info.world_rank),
                             )
                             for w in ranks
                         ],
                         active_profile=active.get(name),
                         queued_profiles=list(queued.get(name, [])),
+                        health="STALLED" if h.stalled else "TRAINING",
+                        stalled_s=h.stalled_s if h.stalled else None,
+                        stall_threshold_s=h.threshold_s,
+                        median_step_time_s=h.median_step_s,
+                        lagging_ranks=h.lagging,
+                        stall_stacks=stall_stacks.get((name, run)),
                     )
                 )
         return found

@@ -202,6 +202,7 @@ class Runner:
         window = profile.window
         manifest = Manifest(
             profile_id=profile.id,
+            trigger=profile.trigger,
             target=profile.target,
             status=state,
             reason=reason,

@@ -20,12 +20,14 @@ from datetime import datetime
 from orchestrator.errors import IllegalTransitionError
 from orchestrator.layout import profile_prefix
 from orchestrator.models import (
+    BundleKind,
     Manifest,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
     RankResult,
     StorageSpec,
+    Trigger,
     utcnow,
 )
 
@@ -95,6 +97,8 @@ class Profile:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # The manifest once written: clients that wait get it without a storage read.
     manifest: Manifest | None = None
+    kind: BundleKind = "profile"
+    trigger: Trigger | None = None
 
     @property
     def target(self) -> str:
@@ -117,6 +121,8 @@ class Profile:
     def snapshot(self) -> ProfileStatus:
         return ProfileStatus(
             id=self.id,
+            kind=self.kind,
+            trigger=self.trigger,
             target=self.target,
             run=self.run,
             state=self.state,
@@ -156,4 +162,6 @@ class Profile:
             capture_started_at=status.capture_started_at,
             finished_at=status.finished_at,
             cancel_requested=cancel_requested,
+            kind=status.kind,
+            trigger=status.trigger,
         )

@@ -174,7 +174,9 @@ def _artifacts(manifest: Manifest | None) -> str:
     return (
         f"<h2>Profile {escape(manifest.profile_id)}</h2><p>target {escape(manifest.target)}, status {escape(manifest.status.value)}, "
         f"steps {manifest.start_step}–{manifest.stop_step}</p>"
-        f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
+        + (f"<p>Taken by itself ({escape(manifest.trigger.watch_id or 'stall detector')}, "
+           f"{escape(manifest.trigger.at.isoformat())}): {escape(manifest.trigger.detail)}</p>" if manifest.trigger else "")
+        + f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
         f"<h2>Artifacts</h2><table><tr><th class=l>file</th><th class=l>kind</th><th>bytes</th></tr>{''.join(rows)}</table>"
     )
 

@@ -119,10 +119,16 @@ def targets(args: argparse.Namespace) -> int:
                 f"{len(t.ranks)}/{t.world_size}",
                 f"{min(steps)}..{max(steps)}" if steps else "-",
                 f"{1000 * sum(times) / len(times):.0f} ms" if times else "-",
+                t.health + (f" {t.stalled_s:.0f}s" if t.stalled_s is not None else ""),
+                ", ".join(f"{r.info.world_rank} (-{r.steps_behind})" for r in t.ranks if r.info.world_rank in t.lagging_ranks)
+                or "-",
                 t.active_profile or "-",
             ]
         )
-    out(table(rows, ["target", "ranks", "step", "step time", "active profile"]))
+    out(table(rows, ["target", "ranks", "step", "step time", "health", "lagging (steps behind)", "active profile"]))
+    for t in targets:
+        if t.stall_stacks:
+            out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof status {t.stall_stacks})")
     return EXIT_OK
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from orchestrator.cli import commands as cmd
 from orchestrator.cli import diff as diff_cmd
+from orchestrator.cli import stacks as stacks_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
     EXIT_FAILED,
@@ -148,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", action="store_true", help="wait behind a running window instead of failing")
     for flag in ("record-shapes", "profile-memory", "with-stack", "with-flops", "with-modules"):
         p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
+
+    stacks_cmd.add_commands(command, [connection])
 
     p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
     p.add_argument("id")

@@ -12,8 +12,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 
 if TYPE_CHECKING:
@@ -85,3 +88,18 @@ class ActorBackend:
 
         root = self.storage()
         return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))
+
+    def stacks(self, target: str, native: bool) -> StacksBundle:
+        return self._call("stacks", target, native, timeout=120.0)
+
+    def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        return self._call("create_watch", spec)
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        return self._read("get_watch", watch_id)
+
+    def list_watches(self) -> list[WatchStatus]:
+        return self._read("list_watches")
+
+    def delete_watch(self, watch_id: str) -> None:
+        self._call("delete_watch", watch_id)

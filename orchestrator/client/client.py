@@ -26,8 +26,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
@@ -54,6 +57,11 @@ class Backend(Protocol):
     def targets(self) -> list[TargetInfo]: ...
     def storage(self) -> StorageSpec: ...
     def diff(self, a: str, b: str) -> ProfileDiff: ...
+    def stacks(self, target: str, native: bool) -> StacksBundle: ...
+    def create_watch(self, spec: WatchSpec) -> WatchStatus: ...
+    def get_watch(self, watch_id: str) -> WatchStatus: ...
+    def list_watches(self) -> list[WatchStatus]: ...
+    def delete_watch(self, watch_id: str) -> None: ...
 
 
 class ProfileHandle:
@@ -259,3 +267,30 @@ class ProfilingClient:
     def diff(self, a: str, b: str) -> ProfileDiff:
         """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
         return self._backend.diff(a, b)
+
+    def stacks(self, target: str, *, native: bool = False) -> StacksBundle:
+        """Every live rank's stacks now, grouped (ranks unlike the majority first), stored like a profile.
+
+        ``native`` adds native frames through py-spy where it is installed and may attach.
+        """
+        return self._backend.stacks(target, native)
+
+    def watch(self, target: str, **options: Any) -> WatchStatus:
+        """Watch ``target`` and act when a condition holds; options are :class:`WatchSpec` fields.
+
+        E.g. ``watch("run", slower_than=1.3, for_s=30, profile_steps=5)``,
+        ``watch("run", rank_lag=3)``, ``watch("run", stalled=True, action="stacks")``.
+        """
+        return self._backend.create_watch(WatchSpec(target=target, **options))
+
+    def watches(self) -> list[WatchStatus]:
+        """Every watch, with its state and firings."""
+        return self._backend.list_watches()
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        """One watch now."""
+        return self._backend.get_watch(watch_id)
+
+    def delete_watch(self, watch_id: str) -> None:
+        """Stop and forget a watch."""
+        self._backend.delete_watch(watch_id)

@@ -27,8 +27,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
@@ -168,3 +171,20 @@ class HttpBackend:
 
         path = f"{self._path(a)}/diff/{quote(b, safe='')}"
         return ProfileDiff.model_validate(self._request("GET", path))
+
+    def stacks(self, target: str, native: bool) -> StacksBundle:
+        path = f"/v1/targets/{quote(target, safe='')}/stacks"
+        body = self._request("GET", path, params={"native": native}, timeout=self._timeout_s + 60)
+        return StacksBundle.model_validate(body)
+
+    def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("POST", "/v1/watches", json=spec.model_dump(mode="json")))
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("GET", f"/v1/watches/{quote(watch_id, safe='')}"))
+
+    def list_watches(self) -> list[WatchStatus]:
+        return TypeAdapter(list[WatchStatus]).validate_python(self._request("GET", "/v1/watches")["watches"])
+
+    def delete_watch(self, watch_id: str) -> None:
+        self._request("DELETE", f"/v1/watches/{quote(watch_id, safe='')}")

@@ -41,8 +41,11 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router
@@ -100,6 +103,12 @@ class StorageView(_Response):
     """``GET /v1/storage``: the root clients download profiles from (``{uri}/{target}/{id}/``)."""
 
     uri: str
+
+
+class WatchList(_Response):
+    """``GET /v1/watches``: every watch."""
+
+    watches: list[WatchStatus]
 
 
 class ErrorBody(_Response):
@@ -324,6 +333,35 @@ class ProfilingService(ConsoleRoutes):
     async def list_targets(self, request: Request, credentials: Credentials) -> TargetList:
         self._guard.check(request, credentials)
         return TargetList(targets=await self._call("targets"))
+
+    @api.get(
+        "/v1/targets/{target}/stacks",
+        response_model=StacksBundle,
+        summary="Every live rank's stacks now, grouped; stored as a bundle of kind 'stacks'",
+    )
+    async def get_stacks(self, target: ProfileId, request: Request, credentials: Credentials, native: bool = False) -> StacksBundle:
+        self._guard.check(request, credentials)
+        return await self._call("stacks", target, native, timeout=CALL_TIMEOUT_S + 60)
+
+    @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
+    async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("create_watch", body)
+
+    @api.get("/v1/watches", response_model=WatchList, summary="Every watch")
+    async def list_watches(self, request: Request, credentials: Credentials) -> WatchList:
+        self._guard.check(request, credentials)
+        return WatchList(watches=await self._call("list_watches"))
+
+    @api.get("/v1/watches/{watch_id}", response_model=WatchStatus, summary="One watch: state, baseline, firings")
+    async def get_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("get_watch", watch_id)
+
+    @api.delete("/v1/watches/{watch_id}", response_model=WatchStatus, summary="Stop and forget a watch")
+    async def delete_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("delete_watch", watch_id)
 
 
 _APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts"}
