@@ -23,8 +23,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # `ray`, `rayprof` and `python` of the interpreter running the tests come first on PATH.
 VENV_BIN = str(Path(sys.executable).parent)
-# What a fresh shell would not have: the session's own Ray settings.
-_NOT_IN_A_FRESH_SHELL = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+# What a fresh shell would not have: the session's own Ray settings, and conftest's
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps any node from joining a cluster (on Linux too).
+_NOT_IN_A_FRESH_SHELL = (
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+)
 
 
 @pytest.hookimpl(trylast=True)
