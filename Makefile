@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup test test-unit demo bench clean
+.PHONY: setup browser test test-unit demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,9 +13,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The console's browser tests drive Debian's chromium (never a downloaded one).
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "make: the console tests need /usr/bin/chromium: run 'sudo apt-get install -y chromium'" >&2; exit 1; fi
+
 setup: $(VENV)/.installed
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q -ra
 
 test-unit: setup

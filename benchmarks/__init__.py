@@ -9,6 +9,7 @@ Each module measures one property the design promises and exposes
 - ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
 - ``control_plane`` one controller with hundreds to 1,024 simulated agents
 - ``scale``         manifest and merged trace for 64 ranks
+- ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -21,6 +22,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "trigger", "control_plane")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane")
 
 __all__ = ["BENCHMARKS", "LogFn"]

@@ -102,16 +102,14 @@ def _info(rank: int = 0):
 
 def _window_spec(store: Path, start: int, steps: int, options: dict[str, bool]):
     from orchestrator.config import normalize_uri
-    from orchestrator.models import StorageSpec, WindowSpec
+    from orchestrator.models import StorageSpec, TorchOptions, WindowSpec
 
-    fields: dict[str, Any] = dict(
-        profile_id=f"bench-{uuid.uuid4().hex[:8]}", target="bench", start_step=start, steps=steps, warmup=0,
-        activities=None, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False,
-        with_modules=False, storage=StorageSpec(uri=normalize_uri(str(store))), prefix="", max_trace_bytes=2**31,
+    profile_id = f"bench-{uuid.uuid4().hex[:8]}"
+    return WindowSpec(
+        profile_id=profile_id, target="bench", start_step=start, steps=steps, warmup=0,
+        options=TorchOptions(**options), storage=StorageSpec(uri=normalize_uri(str(store))),
+        prefix=f"bench/{profile_id}", max_trace_bytes=2**31,
     )
-    fields.update(options)
-    fields["prefix"] = f"bench/{fields['profile_id']}"
-    return WindowSpec(**fields)
 
 
 def run_window(

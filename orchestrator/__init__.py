@@ -11,9 +11,11 @@ from typing import Any
 _EXPORTS = {
     "ProfileHandle": "orchestrator.client",
     "ProfilingClient": "orchestrator.client",
+    "AlreadyExistsError": "orchestrator.errors",
     "ConfigurationError": "orchestrator.errors",
     "ConflictError": "orchestrator.errors",
     "ControllerUnavailableError": "orchestrator.errors",
+    "IllegalTransitionError": "orchestrator.errors",
     "IntegrityError": "orchestrator.errors",
     "InvalidRequestError": "orchestrator.errors",
     "NotFoundError": "orchestrator.errors",
@@ -23,12 +25,16 @@ _EXPORTS = {
     "StorageError": "orchestrator.errors",
     "TargetNotFoundError": "orchestrator.errors",
     "UnauthorizedError": "orchestrator.errors",
+    "WatchNotFoundError": "orchestrator.errors",
     "Manifest": "orchestrator.models",
     "ProfileRequest": "orchestrator.models",
     "ProfileState": "orchestrator.models",
     "ProfileStatus": "orchestrator.models",
     "RankState": "orchestrator.models",
+    "StacksBundle": "orchestrator.models",
     "TargetInfo": "orchestrator.models",
+    "WatchSpec": "orchestrator.models",
+    "WatchStatus": "orchestrator.models",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -31,6 +31,17 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         max_request_timeout_s=c.env_float(c.MAX_REQUEST_TIMEOUT_S_ENV_VAR, c.DEFAULT_MAX_REQUEST_TIMEOUT_S),
         max_trace_bytes=c.env_int(c.MAX_TRACE_BYTES_ENV_VAR, c.DEFAULT_MAX_TRACE_BYTES),
         max_queued_per_target=c.env_int(c.MAX_QUEUED_PER_TARGET_ENV_VAR, c.DEFAULT_MAX_QUEUED_PER_TARGET),
+        postprocess_timeout_s=c.env_float(c.POSTPROCESS_TIMEOUT_S_ENV_VAR, c.DEFAULT_POSTPROCESS_TIMEOUT_S),
+        retention_count=c.env_int(c.RETENTION_COUNT_ENV_VAR, c.DEFAULT_RETENTION_COUNT),
+        retention_days=c.env_float(c.RETENTION_DAYS_ENV_VAR, c.DEFAULT_RETENTION_DAYS),
+        cluster_name=os.environ.get(c.CLUSTER_NAME_ENV_VAR) or None,
+        stacks_timeout_s=c.env_float(c.STACKS_TIMEOUT_S_ENV_VAR, c.DEFAULT_STACKS_TIMEOUT_S),
+        stall_min_s=c.env_float(c.STALL_MIN_S_ENV_VAR, c.DEFAULT_STALL_MIN_S),
+        stall_step_factor=c.env_float(c.STALL_STEP_FACTOR_ENV_VAR, c.DEFAULT_STALL_STEP_FACTOR),
+        stall_auto_stacks=bool(c.env_int(c.STALL_AUTO_STACKS_ENV_VAR, c.DEFAULT_STALL_AUTO_STACKS)),
+        lag_steps=c.env_int(c.LAG_STEPS_ENV_VAR, c.DEFAULT_LAG_STEPS),
+        monitor_interval_s=c.env_float(c.MONITOR_INTERVAL_S_ENV_VAR, c.DEFAULT_MONITOR_INTERVAL_S),
+        max_watches=c.env_int(c.MAX_WATCHES_ENV_VAR, c.DEFAULT_MAX_WATCHES),
     )
 
 

@@ -10,8 +10,10 @@
     ├── ConflictError             a window already runs on the target (HTTP 409)
     ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
     ├── StorageError              reading or writing artifacts failed
-    │   └── IntegrityError        an artifact's bytes do not match the manifest
-    └── ProfileTimeoutError       waiting for a profile ran out of time
+    │   ├── IntegrityError        an artifact's bytes do not match the manifest
+    │   └── AlreadyExistsError    a write that must not replace an object found one (a manifest)
+    ├── ProfileTimeoutError       waiting for a profile ran out of time
+    └── IllegalTransitionError    a bug: the controller tried a state change its diagram forbids
 
 Each exception carries the context a user needs (profile id, target, rank),
 its HTTP status and the CLI exit status it maps to: 2 for what the caller can
@@ -79,6 +81,10 @@ class ProfileNotFoundError(NotFoundError):
     code = "profile_not_found"
 
 
+class WatchNotFoundError(NotFoundError):
+    code = "watch_not_found"
+
+
 class ConflictError(RayprofError):
     code = "conflict"
     http_status = 409
@@ -98,6 +104,16 @@ class IntegrityError(StorageError):
     code = "integrity_error"
 
 
+class AlreadyExistsError(StorageError):
+    code = "already_exists"
+    http_status = 409
+
+
 class ProfileTimeoutError(RayprofError):
     code = "timeout"
     http_status = 504
+
+
+class IllegalTransitionError(RayprofError):
+    code = "internal_error"
+    http_status = 500

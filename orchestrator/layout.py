@@ -8,9 +8,13 @@ Storage layout (keys relative to the storage root)::
       ops/rank{R}.key_averages.csv
       merged.trace.json.gz
       report.html
+      stacks/rank{R}.txt                 a stacks bundle (kind "stacks"): each rank's stacks, as text
+      stacks/rank{R}.flight_recorder.json   the rank's torch flight recorder dump, where one is kept
+      stacks.json                        the grouped stacks of every rank
       manifest.json                      written last: the commit point
-    _rayprof/profiles/{profile_id}.json  the controller's saved state
-    _rayprof/storage.json                the storage configured at run time
+    _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
+    _rayprof/{cluster}/storage.json                the storage configured at run time
+    _rayprof/{cluster}/watches/{watch_id}.json     a watch, kept across controller restarts
 
 Standard library only: the export child process imports it and must start fast.
 """
@@ -20,27 +24,31 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "CONFIG_KEY",
     "MANIFEST_NAME",
     "MERGED_TRACE_NAME",
     "REPORT_NAME",
-    "STATE_PREFIX",
+    "STACKS_NAME",
     "TRACE_SUFFIXES",
+    "config_key",
     "manifest_key",
     "parse_profiler_step",
     "parse_trace_name",
     "profile_prefix",
     "rank_artifact_keys",
     "rank_in_name",
+    "rank_stacks_keys",
     "state_key",
+    "state_prefix",
+    "watch_key",
+    "watches_prefix",
 ]
 
 MANIFEST_NAME = "manifest.json"
 MERGED_TRACE_NAME = "merged.trace.json.gz"
 REPORT_NAME = "report.html"
+STACKS_NAME = "stacks.json"
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-STATE_PREFIX = "_rayprof/profiles"
-CONFIG_KEY = "_rayprof/storage.json"
+_STATE_ROOT = "_rayprof"
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # rank{R}.{host}.{pid}.pt.trace.json[.gz], as the capture pipeline names traces.
@@ -59,9 +67,37 @@ def manifest_key(target: str, profile_id: str) -> str:
     return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
 
 
-def state_key(profile_id: str) -> str:
+def state_prefix(cluster: str) -> str:
+    """Folder of one cluster's saved controller state."""
+    return f"{_STATE_ROOT}/{cluster}/profiles"
+
+
+def state_key(cluster: str, profile_id: str) -> str:
     """Key of a profile's saved controller state."""
-    return f"{STATE_PREFIX}/{profile_id}.json"
+    return f"{state_prefix(cluster)}/{profile_id}.json"
+
+
+def config_key(cluster: str) -> str:
+    """Key of the storage a cluster's controller was configured with at run time."""
+    return f"{_STATE_ROOT}/{cluster}/storage.json"
+
+
+def watches_prefix(cluster: str) -> str:
+    """Folder of one cluster's saved watches."""
+    return f"{_STATE_ROOT}/{cluster}/watches"
+
+
+def watch_key(cluster: str, watch_id: str) -> str:
+    """Key of one saved watch."""
+    return f"{watches_prefix(cluster)}/{watch_id}.json"
+
+
+def rank_stacks_keys(prefix: str, rank: int) -> dict[str, str]:
+    """Keys of one rank's files in a stacks bundle, by artifact kind."""
+    return {
+        "stacks": f"{prefix}/stacks/rank{rank}.txt",
+        "flight_recorder": f"{prefix}/stacks/rank{rank}.flight_recorder.json",
+    }
 
 
 def rank_artifact_keys(prefix: str, rank: int, host: str, pid: int) -> dict[str, str]:

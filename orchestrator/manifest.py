@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pydantic import ValidationError
 
 from orchestrator.errors import IntegrityError, StorageError
@@ -9,7 +11,16 @@ from orchestrator.layout import manifest_key, profile_prefix
 from orchestrator.models import Artifact, Manifest
 from orchestrator.storage import Storage
 
-__all__ = ["read_manifest", "verify_manifest", "write_manifest"]
+__all__ = ["read_artifact", "read_manifest", "verify_manifest", "write_manifest"]
+
+
+def read_artifact(storage: Storage, manifest: Manifest, key: str, sha256: str) -> bytes:
+    """One artifact of a profile, from ``{storage}/{target}/{profile_id}/{key}`` (never the manifest's
+    ``storage_uri``), checked against the checksum the manifest lists."""
+    data = storage.get_bytes(f"{profile_prefix(manifest.target, manifest.profile_id)}/{key}")
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise IntegrityError(f"{key} of {manifest.profile_id} does not match its manifest checksum")
+    return data
 
 
 def write_manifest(storage: Storage, manifest: Manifest) -> str:
@@ -25,7 +36,8 @@ def write_manifest(storage: Storage, manifest: Manifest) -> str:
                 f"{artifact.uri} is listed but missing from storage", profile_id=manifest.profile_id
             )
     key = manifest_key(manifest.target, manifest.profile_id)
-    storage.put_bytes(manifest.model_dump_json(indent=2).encode(), key, "manifest")
+    # Written once: another controller on the same root, or a stale retry, must never replace it.
+    storage.put_bytes(manifest.model_dump_json(indent=2).encode(), key, "manifest", if_absent=True)
     return storage.uri(key)
 
 

@@ -3,30 +3,57 @@
 from __future__ import annotations
 
 import enum
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator.settings import MANIFEST_VERSION
+from orchestrator.settings import (
+    DEFAULT_LAG_STEPS,
+    DEFAULT_MAX_WATCHES,
+    DEFAULT_MONITOR_INTERVAL_S,
+    DEFAULT_STACKS_TIMEOUT_S,
+    DEFAULT_STALL_AUTO_STACKS,
+    DEFAULT_STALL_MIN_S,
+    DEFAULT_STALL_STEP_FACTOR,
+    MANIFEST_VERSION,
+)
 
 __all__ = [
+    "NAME_MAX_LENGTH",
+    "NAME_PATTERN",
     "Artifact",
+    "ArtifactKey",
     "ArtifactKind",
+    "BundleKind",
+    "Collective",
     "Command",
     "ControllerConfig",
+    "Frame",
     "Heartbeat",
+    "MissingRank",
     "Manifest",
     "Name",
     "ProfileOptions",
+    "ProfilePage",
     "ProfileRequest",
     "ProfileState",
     "ProfileStatus",
     "RankEvent",
     "RankResult",
+    "RankStacks",
     "RankState",
+    "StackGroup",
+    "StacksBundle",
     "StorageSpec",
     "TargetInfo",
+    "ThreadStack",
+    "TorchOptions",
+    "Trigger",
+    "WatchFiring",
+    "WatchSpec",
+    "WatchStatus",
     "WindowSpec",
     "WorkerInfo",
     "WorkerStatus",
@@ -39,6 +66,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
+NAME_MAX_LENGTH = 128
+_KEY_MAX_LENGTH = 1024
+# C0 controls, DEL and C1 controls: never part of a name, a key or a path.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _check_name(value: str) -> str:
     # Names become storage path components: refuse anything that could climb out.
     if ".." in value:
@@ -46,12 +80,27 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _check_key(value: str) -> str:
+    # Keys are joined onto a storage root and onto a download folder: a relative
+    # path of plain parts, nothing that climbs out or reaches the terminal.
+    if value.startswith("/") or "\\" in value:
+        raise ValueError("must be a relative path with '/' separators")
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        raise ValueError("must not have empty, '.' or '..' parts")
+    if _CONTROL_CHARS.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
 Name = Annotated[
     str,
-    Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"),
+    Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN),
     AfterValidator(_check_name),
 ]
-"""A target or profile name: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+"""A target or profile id: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+
+ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), AfterValidator(_check_key)]
+"""A storage key relative to a root or a profile folder: no absolute path, no '..', no control characters."""
 
 
 class _Model(BaseModel):
@@ -96,11 +145,9 @@ class RankState(str, enum.Enum):
         return self in (RankState.DONE, RankState.FAILED, RankState.CANCELLED)
 
 
-class ProfileOptions(_Model):
-    """What to record; maps one to one onto ``torch.profiler.profile`` arguments."""
+class TorchOptions(_Model):
+    """What ``torch.profiler.profile`` records; one field per argument of the same name."""
 
-    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
-    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
     activities: list[Literal["cpu", "cuda"]] | None = Field(
         default=None, description="Default: cpu, plus cuda where the worker has a GPU."
     )
@@ -109,8 +156,15 @@ class ProfileOptions(_Model):
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
+
+
+class ProfileOptions(TorchOptions):
+    """A window's length and reach, plus what to record."""
+
+    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
+    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
     ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="World ranks to profile; default all."
+        default=None, min_length=1, description="World ranks to profile; default all (an empty list is refused)."
     )
     timeout_s: float | None = Field(
         default=None, gt=0, description="Give up on ranks that have not reported by then."
@@ -119,11 +173,20 @@ class ProfileOptions(_Model):
         default=False, description="Wait behind a running window instead of failing with 409."
     )
 
+    def torch_options(self) -> TorchOptions:
+        """The part of these options that ``torch.profiler.profile`` takes."""
+        return TorchOptions(**{name: getattr(self, name) for name in TorchOptions.model_fields})
+
 
 class ProfileRequest(ProfileOptions):
     """``POST /v1/profiles`` body and ``ProfilingClient.profile`` arguments."""
 
     target: Name
+    run: Name | None = Field(
+        default=None,
+        description="The run's Ray job (submission id or job id) when two live runs share the target name; "
+        "default the newest.",
+    )
 
 
 class StorageSpec(_Model):
@@ -165,19 +228,14 @@ class Heartbeat(_Model):
 class WindowSpec(_Model):
     """One profiling window as an agent receives it."""
 
-    profile_id: str
-    target: str
+    profile_id: Name
+    target: Name
     start_step: int = Field(ge=0)
     steps: int = Field(ge=1)
     warmup: int = Field(ge=0)
-    activities: list[Literal["cpu", "cuda"]] | None
-    record_shapes: bool
-    profile_memory: bool
-    with_stack: bool
-    with_flops: bool
-    with_modules: bool
+    options: TorchOptions
     storage: StorageSpec
-    prefix: str
+    prefix: ArtifactKey
     max_trace_bytes: int
 
     @property
@@ -191,24 +249,38 @@ class Command(_Model):
 
     ``sync``: report your step count now. ``arm``: open ``window``.
     ``cancel``: drop the window of ``profile_id``. ``register``: the controller
-    does not know you (it restarted); register again.
+    does not know you (it restarted); register again. ``stacks``: answer with
+    every thread's stacks (bundle ``profile_id``), from the agent's own thread.
     """
 
-    kind: Literal["sync", "arm", "cancel", "register"]
+    kind: Literal["sync", "arm", "cancel", "register", "stacks"]
     window: WindowSpec | None = None
-    profile_id: str | None = None
+    profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
+    native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
 
 
 ArtifactKind = Literal[
-    "trace", "memory_timeline", "op_table", "memory_snapshot", "merged_trace", "report", "manifest"
+    "trace",
+    "memory_timeline",
+    "op_table",
+    "memory_snapshot",
+    "merged_trace",
+    "report",
+    "manifest",
+    "stacks",
+    "stacks_summary",
+    "flight_recorder",
 ]
+
+BundleKind = Literal["profile", "stacks"]
+"""What a profile folder holds: a profiler window's traces, or every rank's stacks."""
 
 
 class Artifact(_Model):
     """A file in storage, fully written before it is listed."""
 
     kind: ArtifactKind
-    key: str = Field(description="Path relative to the profile folder.")
+    key: ArtifactKey = Field(description="Path relative to the profile folder.")
     uri: str
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -217,7 +289,7 @@ class Artifact(_Model):
 class RankEvent(_Model):
     """Agent -> controller: a rank's window changed state."""
 
-    profile_id: str
+    profile_id: Name
     agent_id: str
     state: RankState
     first_step: int | None = None
@@ -227,6 +299,99 @@ class RankEvent(_Model):
     trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
     reason: str | None = None
+
+
+class Trigger(_Model):
+    """Why the controller took a profile or stacks by itself."""
+
+    kind: Literal["slower_than", "rank_lag", "stalled"]
+    watch_id: str | None = Field(default=None, description="The watch that fired; none for the stall detector.")
+    baseline: float | None = Field(default=None, description="slower_than: baseline step time (s); rank_lag: 0.")
+    observed: float | None = Field(default=None, description="Step time (s), steps behind, or seconds without progress.")
+    threshold: float | None = None
+    at: datetime
+    detail: str = Field(description="The trigger in words.")
+
+
+class Frame(_Model):
+    """One Python frame."""
+
+    filename: str
+    line: int
+    function: str
+    code: str | None = Field(default=None, description="The source line, where readable.")
+    library: bool = Field(default=False, description="In the standard library or an installed package.")
+
+
+class ThreadStack(_Model):
+    """One thread's Python stack, outermost frame first."""
+
+    thread_id: int
+    name: str
+    training: bool = Field(default=False, description="The thread that runs the training loop.")
+    frames: list[Frame]
+
+
+class Collective(_Model):
+    """One collective from a rank's torch flight recorder."""
+
+    process_group: str
+    seq: int
+    op: str
+    completed: bool
+
+
+class RankStacks(_Model):
+    """Agent -> controller: one rank's answer to a ``stacks`` command."""
+
+    bundle_id: str
+    agent_id: str
+    step: int
+    taken_at: datetime
+    threads: list[ThreadStack]
+    native: str | None = Field(default=None, description="py-spy dump --native output.")
+    native_note: str | None = Field(default=None, description="Why native frames are missing, when asked for.")
+    collectives: list[Collective] = Field(default_factory=list, description="Last flight recorder entries.")
+    flight_recorder: str | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
+    flight_recorder_note: str | None = None
+
+
+class StackGroup(_Model):
+    """Ranks whose training thread is in the same place."""
+
+    ranks: list[int]
+    ranks_text: str = Field(description="'rank 1', 'ranks 0, 2-7'.")
+    where: str = Field(description="Where the training thread is, in words.")
+    waiting: bool = Field(description="Inside torch.distributed (waiting on other ranks).")
+    majority: bool
+    frames: list[Frame]
+
+
+class MissingRank(_Model):
+    """A rank that did not answer, and why."""
+
+    rank: int
+    reason: str
+
+
+class StacksBundle(_Model):
+    """Every rank's stacks, grouped; ``stacks.json`` of a bundle of kind ``stacks``."""
+
+    id: str
+    target: str
+    run: str | None = None
+    state: ProfileState
+    summary: str = Field(description="One line: ranks that differ from the majority first.")
+    groups: list[StackGroup] = Field(description="Outliers first, the majority last.")
+    missing: list[MissingRank] = Field(default_factory=list)
+    collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
+    flight_recorder_note: str | None = None
+    native_notes: list[str] = Field(default_factory=list)
+    storage_uri: str
+    manifest_uri: str | None = None
+    trigger: Trigger | None = None
+    taken_at: datetime
+    finished_at: datetime
 
 
 class RankResult(_Model):
@@ -259,8 +424,10 @@ class RankResult(_Model):
 class ProfileStatus(_Model):
     """A profile request as the controller sees it now."""
 
-    id: str
-    target: str
+    id: Name
+    kind: BundleKind = "profile"
+    target: Name
+    run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
     state: ProfileState
     reason: str | None = None
     request: ProfileRequest
@@ -275,14 +442,25 @@ class ProfileStatus(_Model):
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
+
+
+class ProfilePage(_Model):
+    """One page of profiles, newest first."""
+
+    profiles: list[ProfileStatus]
+    total: int = Field(ge=0, description="Profiles that match, on every page.")
+    offset: int = Field(ge=0)
+    limit: int = Field(ge=1)
 
 
 class Manifest(_Model):
     """``manifest.json``: the commit point of a profile, written last."""
 
     version: Literal[1] = MANIFEST_VERSION
-    profile_id: str
-    target: str
+    profile_id: Name
+    kind: BundleKind = "profile"
+    target: Name
     status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
     reason: str | None = None
     request: ProfileRequest
@@ -298,6 +476,7 @@ class Manifest(_Model):
     finished_at: datetime
     summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
     analysis_error: str | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
 
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""
@@ -311,16 +490,25 @@ class WorkerStatus(_Model):
     step: int
     step_time_s: float | None
     last_seen_s: float = Field(description="Seconds since the last heartbeat.")
+    advanced_s: float | None = Field(default=None, description="Seconds since its step last advanced.")
+    steps_behind: int | None = Field(default=None, description="Steps behind the leading rank, at one instant.")
 
 
 class TargetInfo(_Model):
     """A live Ray Train run that agents registered."""
 
-    name: str
+    name: Name
+    run: str | None = Field(default=None, description="The Ray job (submission id or job id) of this run.")
     world_size: int
     ranks: list[WorkerStatus]
     active_profile: str | None = None
     queued_profiles: list[str] = Field(default_factory=list)
+    health: Literal["TRAINING", "STALLED"] = "TRAINING"
+    stalled_s: float | None = Field(default=None, description="Seconds since any rank advanced, when STALLED.")
+    stall_threshold_s: float | None = Field(default=None, description="max(stall min, factor x median step time).")
+    median_step_time_s: float | None = None
+    lagging_ranks: list[int] = Field(default_factory=list, description="Ranks at least RAYPROF_LAG_STEPS behind.")
+    stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
 
 
 class ControllerConfig(_Model):
@@ -337,3 +525,73 @@ class ControllerConfig(_Model):
     max_request_timeout_s: float = Field(gt=0)
     max_trace_bytes: int = Field(ge=1)
     max_queued_per_target: int = Field(ge=0)
+    postprocess_timeout_s: float = Field(gt=0)
+    retention_count: int = Field(ge=1)
+    retention_days: float = Field(gt=0)
+    cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")
+    stacks_timeout_s: float = Field(default=DEFAULT_STACKS_TIMEOUT_S, gt=0)
+    stall_min_s: float = Field(default=DEFAULT_STALL_MIN_S, gt=0)
+    stall_step_factor: float = Field(default=DEFAULT_STALL_STEP_FACTOR, ge=0)
+    stall_auto_stacks: bool = Field(default=bool(DEFAULT_STALL_AUTO_STACKS))
+    lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
+    monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
+    max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
+
+
+class WatchSpec(_Model):
+    """``POST /v1/watches``: a condition on a target and what to do when it holds.
+
+    Exactly one condition: ``slower_than`` (median step time over the rolling
+    baseline), ``rank_lag`` (a rank this many steps behind the leader) or
+    ``stalled``. The action: ``profile`` (a window of ``profile_steps`` steps)
+    or ``stacks``.
+    """
+
+    target: Name
+    slower_than: float | None = Field(default=None, gt=1, description="Ratio of step time to the baseline.")
+    rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
+    stalled: bool = False
+    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
+    action: Literal["profile", "stacks"] = "profile"
+    profile_steps: int = Field(default=5, ge=1)
+    ranks: Literal["all", "lagging"] = Field(
+        default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
+    )
+    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median.")
+    cooldown_s: float = Field(default=600.0, ge=0, le=86400)
+    max_per_hour: int = Field(default=4, ge=1, le=60)
+
+    @model_validator(mode="after")
+    def _one_condition(self) -> WatchSpec:
+        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled]
+        if sum(conditions) != 1:
+            raise ValueError("give exactly one condition: slower_than, rank_lag or stalled")
+        if self.ranks == "lagging" and self.rank_lag is None:
+            raise ValueError("ranks='lagging' needs rank_lag")
+        return self
+
+
+class WatchFiring(_Model):
+    """One time a watch ran its action."""
+
+    at: datetime
+    profile_id: str | None = None
+    trigger: Trigger
+    error: str | None = Field(default=None, description="Why the action could not run.")
+
+
+class WatchStatus(_Model):
+    """A watch as the controller holds it now."""
+
+    id: str
+    spec: WatchSpec
+    created_at: datetime
+    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED"] = Field(
+        description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
+        "it fired and waits for the cooldown or the hourly cap."
+    )
+    baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
+    observed: float | None = Field(default=None, description="The value the condition compares now.")
+    holding_s: float | None = Field(default=None, description="How long the condition has held.")
+    note: str | None = None
+    firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")

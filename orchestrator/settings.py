@@ -51,8 +51,50 @@ DEFAULT_MAX_REQUEST_TIMEOUT_S = 3600.0
 MAX_TRACE_BYTES_ENV_VAR = "RAYPROF_MAX_TRACE_BYTES"
 DEFAULT_MAX_TRACE_BYTES = 512 * 1024 * 1024
 
+# Raw (uncompressed) JSON bytes of merged.trace.json.gz; past it the merge keeps
+# step markers, collectives, copies and the longest ops and kernels.
+MAX_MERGED_BYTES_ENV_VAR = "RAYPROF_MAX_MERGED_BYTES"
+DEFAULT_MAX_MERGED_BYTES = 256 * 1024 * 1024
+
 MAX_QUEUED_PER_TARGET_ENV_VAR = "RAYPROF_MAX_QUEUED_PER_TARGET"
 DEFAULT_MAX_QUEUED_PER_TARGET = 8
+
+# Merging and analysing a profile's traces, after every rank reported.
+POSTPROCESS_TIMEOUT_S_ENV_VAR = "RAYPROF_POSTPROCESS_TIMEOUT_S"
+DEFAULT_POSTPROCESS_TIMEOUT_S = 600.0
+
+# Finished profiles kept: the newest RETENTION_COUNT, none older than RETENTION_DAYS.
+# Older ones are deleted from storage (their folder and saved state).
+RETENTION_COUNT_ENV_VAR = "RAYPROF_RETENTION_COUNT"
+DEFAULT_RETENTION_COUNT = 1000
+RETENTION_DAYS_ENV_VAR = "RAYPROF_RETENTION_DAYS"
+DEFAULT_RETENTION_DAYS = 30.0
+
+# Saved controller state is kept per cluster; set a name to keep history
+# across clusters that share one storage root (default: the Ray cluster id).
+CLUSTER_NAME_ENV_VAR = "RAYPROF_CLUSTER_NAME"
+
+# Stacks of every rank: how long the controller waits for the ranks' answers.
+STACKS_TIMEOUT_S_ENV_VAR = "RAYPROF_STACKS_TIMEOUT_S"
+DEFAULT_STACKS_TIMEOUT_S = 10.0
+
+# A target is STALLED when no rank advanced for max(STALL_MIN_S, STALL_STEP_FACTOR x its median step time).
+STALL_MIN_S_ENV_VAR = "RAYPROF_STALL_MIN_S"
+DEFAULT_STALL_MIN_S = 60.0
+STALL_STEP_FACTOR_ENV_VAR = "RAYPROF_STALL_STEP_FACTOR"
+DEFAULT_STALL_STEP_FACTOR = 20.0
+# On entering STALLED the controller takes every rank's stacks once by itself (0 turns it off).
+STALL_AUTO_STACKS_ENV_VAR = "RAYPROF_STALL_AUTO_STACKS"
+DEFAULT_STALL_AUTO_STACKS = 1
+# A rank this many steps behind the leader is named as lagging in `targets`.
+LAG_STEPS_ENV_VAR = "RAYPROF_LAG_STEPS"
+DEFAULT_LAG_STEPS = 3
+# How often the controller checks health and watches (it reads heartbeats only; no call to any rank).
+MONITOR_INTERVAL_S_ENV_VAR = "RAYPROF_MONITOR_INTERVAL_S"
+DEFAULT_MONITOR_INTERVAL_S = 1.0
+# Most watches one controller keeps.
+MAX_WATCHES_ENV_VAR = "RAYPROF_MAX_WATCHES"
+DEFAULT_MAX_WATCHES = 100
 
 UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
 DEFAULT_UPLOAD_RETRIES = 5
@@ -63,7 +105,15 @@ MULTIPART_THRESHOLD_BYTES = 16 * 1024 * 1024
 DISCOVERY_INTERVAL_S_ENV_VAR = "RAYPROF_DISCOVERY_INTERVAL_S"
 DEFAULT_DISCOVERY_INTERVAL_S = 2.0
 
+# The service's bearer token: the token itself, or a file that holds it (kept
+# out of argv, where `ps` shows it, and out of runtime_env, where the dashboard does).
 TOKEN_ENV_VAR = "RAYPROF_TOKEN"
+TOKEN_FILE_ENV_VAR = "RAYPROF_TOKEN_FILE"
+
+# Host names a service without a token answers (comma-separated, added to the
+# loopback names; "*" for any). Stops DNS rebinding from a browser on this machine.
+ALLOWED_HOSTS_ENV_VAR = "RAYPROF_ALLOWED_HOSTS"
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 # Where the CLI and HTTP client find the service, and the Serve app's name.
 URL_ENV_VAR = "RAYPROF_URL"
@@ -72,6 +122,10 @@ SERVE_APP_NAME = "rayprof"
 
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0
+
+# Profiles per page of a list (HTTP, client, CLI), and the most one page may hold.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 
 MANIFEST_VERSION = 1
 

@@ -23,7 +23,8 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 from orchestrator.config import normalize_uri
-from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.errors import AlreadyExistsError, IntegrityError, StorageError
+from orchestrator.layout import MANIFEST_NAME
 from orchestrator.models import Artifact, ArtifactKind, StorageSpec
 from orchestrator.settings import (
     DEFAULT_UPLOAD_RETRIES,
@@ -84,9 +85,17 @@ class Storage(abc.ABC):
         self._put_file(local, _check_key(key))
         return self._artifact(kind, key, folder, size, digest)
 
-    def put_bytes(self, data: bytes, key: str, kind: ArtifactKind, *, folder: str = "") -> Artifact:
-        """Store ``data`` completely, then describe it (``key`` relative to ``folder``)."""
-        self._put_bytes(data, _check_key(key))
+    def put_bytes(
+        self, data: bytes, key: str, kind: ArtifactKind, *, folder: str = "", if_absent: bool = False
+    ) -> Artifact:
+        """Store ``data`` completely, then describe it (``key`` relative to ``folder``).
+
+        ``if_absent``: never replace an existing object; :class:`AlreadyExistsError` instead.
+        """
+        if if_absent:
+            self._put_new(data, _check_key(key))
+        else:
+            self._put_bytes(data, _check_key(key))
         return self._artifact(kind, key, folder, len(data), hashlib.sha256(data).hexdigest())
 
     def _artifact(self, kind: ArtifactKind, key: str, folder: str, size: int, digest: str) -> Artifact:
@@ -98,12 +107,16 @@ class Storage(abc.ABC):
         return self._get_bytes(_check_key(key))
 
     def download(self, key: str, dest: Path, expected_sha256: str | None = None) -> Path:
-        """Fetch ``key`` to ``dest`` (temp name + rename), verifying its sha256 when given."""
+        """Fetch ``key`` to ``dest`` (temp name + rename), verifying its sha256 when given.
+
+        The key is checked before anything is created: a bad key leaves no folder behind.
+        """
+        key = _check_key(key)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
         try:
-            self._download(_check_key(key), tmp)
+            self._download(key, tmp)
             if expected_sha256 is not None:
                 actual = sha256_file(tmp)
                 if actual != expected_sha256:
@@ -125,11 +138,21 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
 
+    def delete_tree(self, prefix: str) -> None:
+        """Remove every key under the folder ``prefix``, its manifest first: a half-deleted
+        profile is never one that looks complete."""
+        keys = self.list(_check_key(prefix) + "/")
+        for key in sorted(keys, key=lambda k: not k.endswith("/" + MANIFEST_NAME)):
+            self.delete(key)
+
     @abc.abstractmethod
     def _put_file(self, local: Path, key: str) -> None: ...
 
     @abc.abstractmethod
     def _put_bytes(self, data: bytes, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def _put_new(self, data: bytes, key: str) -> None: ...
 
     @abc.abstractmethod
     def _get_bytes(self, key: str) -> bytes: ...
@@ -169,6 +192,24 @@ class FileStorage(Storage):
     def _put_bytes(self, data: bytes, key: str) -> None:
         self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
 
+    def _put_new(self, data: bytes, key: str) -> None:
+        dest = self._path(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    os.fsync(f.fileno())
+                # link() fails if dest exists, where rename() would replace it.
+                os.link(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except FileExistsError:
+            raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced") from None
+        except OSError as e:
+            raise StorageError(f"cannot write {dest}: {e}") from e
+
     def _get_bytes(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -182,20 +223,33 @@ class FileStorage(Storage):
             raise StorageError(f"cannot read {self.uri(key)}: {e}") from e
 
     def exists(self, key: str) -> bool:
-        return self._path(_check_key(key)).is_file()
+        path = self._path(_check_key(key))
+        try:
+            path.stat()
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise StorageError(f"cannot stat {self.uri(key)}: {e}") from e
+        return path.is_file()
 
     def list(self, prefix: str) -> list[str]:
         base = self.root / prefix if prefix else self.root
-        if not base.exists():
-            return []
-        return sorted(
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
-        )
+        try:
+            if not base.exists():
+                return []
+            return sorted(
+                p.relative_to(self.root).as_posix()
+                for p in base.rglob("*")
+                if p.is_file() and not p.name.startswith(".")
+            )
+        except OSError as e:
+            raise StorageError(f"cannot list {base}: {e}") from e
 
     def delete(self, key: str) -> None:
-        self._path(_check_key(key)).unlink(missing_ok=True)
+        try:
+            self._path(_check_key(key)).unlink(missing_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot delete {self.uri(key)}: {e}") from e
 
 
 class MemoryStorage(Storage):
@@ -211,6 +265,12 @@ class MemoryStorage(Storage):
 
     def _put_bytes(self, data: bytes, key: str) -> None:
         with self._lock:
+            self.objects[key] = bytes(data)
+
+    def _put_new(self, data: bytes, key: str) -> None:
+        with self._lock:
+            if key in self.objects:
+                raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced")
             self.objects[key] = bytes(data)
 
     def _get_bytes(self, key: str) -> bytes:
@@ -311,6 +371,22 @@ class S3Storage(Storage):
             lambda: self._client.put_object(Bucket=self.bucket, Key=self._object_key(key), Body=data),
         )
 
+    def _put_new(self, data: bytes, key: str) -> None:
+        # S3's conditional write: the PUT fails with 412 when the key exists.
+        try:
+            self._retrying(
+                f"upload {self.uri(key)}",
+                lambda: self._client.put_object(
+                    Bucket=self.bucket, Key=self._object_key(key), Body=data, IfNoneMatch="*"
+                ),
+            )
+        except StorageError as e:
+            cause = e.__cause__
+            status = getattr(cause, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412):
+                raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced") from cause
+            raise
+
     def _get_bytes(self, key: str) -> bytes:
         return self._retrying(
             f"read {self.uri(key)}",
@@ -326,25 +402,28 @@ class S3Storage(Storage):
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=self._object_key(_check_key(key)))
-            return True
-        except ClientError as e:
-            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
-                return False
-            raise StorageError(f"cannot stat {self.uri(key)}: {e}") from e
+        def head() -> bool:
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=self._object_key(_check_key(key)))
+                return True
+            except ClientError as e:
+                if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                    return False
+                raise
+
+        return self._retrying(f"stat {self.uri(key)}", head)
 
     def list(self, prefix: str) -> list[str]:
         full = self._object_key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
         strip = len(self.prefix) + 1 if self.prefix else 0
-        keys: list[str] = []
-        paginator = self._client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+
+        def pages() -> list[str]:
+            keys: list[str] = []
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
-        except Exception as e:
-            raise StorageError(f"cannot list {self.root_uri}/{prefix}: {e}") from e
-        return sorted(keys)
+            return keys
+
+        return sorted(self._retrying(f"list {self.root_uri}/{prefix}", pages))
 
     def delete(self, key: str) -> None:
         self._retrying(

@@ -191,12 +191,11 @@ def test_unparseable_files_are_rejected_and_the_rest_analyzed() -> None:
     assert "expected '{'" in reasons["rank2.pt.trace.json"]
 
 
-def test_missing_distributed_info_uses_file_name_and_never_guesses_zero() -> None:
+def test_a_trace_that_names_no_rank_takes_the_next_free_rank_and_says_so() -> None:
     summary = analyze_folder(case("no_distributed_info"))
-    assert [(r.rank, r.file) for r in summary.ranks] == [(0, "rank0.pt.trace.json.gz")]
-    (rejected,) = summary.rejected
-    assert rejected.path.name == "trainer.pt.trace.json.gz"
-    assert rejected.rank is None and "no rank" in rejected.reason
+    assert [(r.rank, r.file) for r in summary.ranks] == [(0, "rank0.pt.trace.json.gz"), (1, "trainer.pt.trace.json.gz")]
+    assert summary.rejected == []
+    assert "trainer.pt.trace.json.gz names no rank: taken as rank 1 by file name order" in summary.issues
 
 
 def test_rank_in_name_contradicting_distributed_info_is_rejected(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
     summary = Summary.model_validate(manifest.summary)
     assert [r.rank for r in summary.ranks] == [0, 1]
     assert summary.steps == [manifest.start_step, manifest.start_step + 1]
-    json.dumps(manifest.summary)
+    assert Summary.model_validate_json(json.dumps(manifest.summary)) == summary
 
 
 # Before the planted jobs start (their module fixture starts at first use):

@@ -11,7 +11,7 @@ import torch
 from actors.agent.capture import Capture
 from actors.agent.runtime import Agent
 from orchestrator.config import normalize_uri
-from orchestrator.models import RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.models import RankEvent, RankState, StorageSpec, TorchOptions, WindowSpec, WorkerInfo
 from tests.tracefiles import load_trace, profiler_steps
 
 INFO = WorkerInfo(
@@ -20,15 +20,14 @@ INFO = WorkerInfo(
 )
 
 
-def _window(tmp_path: Path, start: int, steps: int, **options) -> WindowSpec:
-    fields = dict(
-        profile_id="p1", target="unit", start_step=start, steps=steps, warmup=0, activities=None,
-        record_shapes=False, profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+def _window(
+    tmp_path: Path, start: int, steps: int, *, warmup: int = 0, max_trace_bytes: int = 10**9, **options
+) -> WindowSpec:
+    return WindowSpec(
+        profile_id="p1", target="unit", start_step=start, steps=steps, warmup=warmup, options=TorchOptions(**options),
         storage=StorageSpec(uri=normalize_uri(str(tmp_path / "store"))), prefix="unit/p1",
-        max_trace_bytes=10**9,
+        max_trace_bytes=max_trace_bytes,
     )
-    fields.update(options)
-    return WindowSpec(**fields)
 
 
 def _train(capture: Capture, boundaries: range) -> None:

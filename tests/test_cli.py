@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.models import Manifest
+from orchestrator.settings import TOKEN_ENV_VAR
 from tests.conftest import LIVE_TARGET, RAYPROF_CLI, REPO
 from tests.serve_fixtures import artifact_problems, free_port
 
@@ -22,6 +26,14 @@ TRACES = REPO / "tests" / "data" / "traces"
 def rayprof(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the console script; output captured as text."""
     return subprocess.run([RAYPROF, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+
+
+def rayprof_env(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the console script with ``env`` added to this process's environment."""
+    return subprocess.run(
+        [RAYPROF, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False,
+        env={**os.environ, **env},
+    )
 
 
 # ---- no cluster needed -------------------------------------------------------
@@ -46,6 +58,60 @@ def test_invalid_target_name_exits_2_before_any_request():
 
     assert result.returncode == 2
     assert "invalid_request" in result.stderr
+
+
+def test_empty_rank_list_exits_2_before_any_request():
+    result = rayprof("profile", "my-run", "--steps", "1", "--ranks", ",", "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "--ranks names no rank" in result.stderr
+
+
+def test_invalid_profile_id_exits_2_before_any_request():
+    result = rayprof("download", "../../etc", "/tmp", "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "invalid profile id" in result.stderr
+
+
+def test_empty_token_variable_is_an_error_not_no_auth():
+    result = rayprof_env({TOKEN_ENV_VAR: ""}, "targets", "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "RAYPROF_TOKEN is empty" in result.stderr
+
+
+def test_empty_token_file_is_an_error(tmp_path):
+    (tmp_path / "token").write_text("\n")
+
+    result = rayprof("targets", "--token-file", str(tmp_path / "token"), "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "is empty" in result.stderr
+
+
+def test_serve_on_a_public_address_without_a_token_is_refused():
+    # --address names no cluster: should the refusal be missing, nothing gets deployed anywhere.
+    result = rayprof("serve", "--host", "0.0.0.0", "--address", f"127.0.0.1:{free_port()}", timeout=120)
+
+    assert result.returncode == 2
+    assert "would listen on every interface with no token" in result.stderr
+    assert "--insecure" in result.stderr
+
+
+def test_analyze_prints_no_terminal_control_characters_from_traces(tmp_path):
+    folder = tmp_path / "hostile"
+    shutil.copytree(TRACES / "healthy", folder)
+    path = next((folder / "traces").glob("rank0.*"))
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    trace["host_name"] = "vm\x1b]0;pwned\x07\x1b[2J\u202e"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+
+    result = rayprof("analyze", str(folder))
+
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert "vm\\x1b]0;pwned\\x07" in result.stdout
 
 
 def test_analyze_writes_a_report_and_prints_the_findings(tmp_path):
@@ -121,12 +187,14 @@ def test_status_list_and_cancel_of_a_profile(live_job, file_store, service):
     profile_id = submitted.stdout.strip()
     cancelled = rayprof("cancel", profile_id, "--url", service.url, "--json")
     listed = rayprof("list", "--target", LIVE_TARGET, "--url", service.url, "--json")
+    file_store.client.get(profile_id).wait(timeout=120)
     status = rayprof("status", profile_id, "--url", service.url)
 
     assert submitted.returncode == 0, submitted.stderr
     assert json.loads(cancelled.stdout)["id"] == profile_id
-    assert profile_id in [p["id"] for p in json.loads(listed.stdout)]
-    assert status.returncode == 0 and profile_id in status.stdout
+    assert profile_id in [p["id"] for p in json.loads(listed.stdout)["profiles"]]
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[0].startswith(f"{profile_id}  target {LIVE_TARGET}  CANCELLED")
 
 
 @pytest.mark.integration
@@ -197,7 +265,8 @@ def test_in_cluster_profile_talks_to_the_control_actor(live_job, ray_cluster, fi
     result = rayprof("profile", LIVE_TARGET, "--steps", "1", "--wait", "--in-cluster", "--address", ray_cluster)
 
     assert result.returncode == 0, result.stderr
-    assert "DONE" in result.stdout
+    header = result.stdout.splitlines()[0]
+    assert re.fullmatch(rf"prof-\S+  target {LIVE_TARGET}  DONE", header), header
 
 
 @pytest.mark.integration
@@ -208,3 +277,14 @@ def test_serve_deploys_onto_the_running_cluster_and_returns(live_job, ray_cluste
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["url"] == service.url
     assert rayprof("targets", "--url", service.url, "--json").returncode == 0
+
+
+@pytest.mark.integration
+def test_token_file_authenticates_against_the_secure_service(service, tmp_path):
+    (tmp_path / "token").write_text(service.token + "\n")
+
+    from_flag = rayprof("targets", "--url", service.secure_url, "--token-file", str(tmp_path / "token"))
+    from_env = rayprof_env({"RAYPROF_TOKEN_FILE": str(tmp_path / "token")}, "targets", "--url", service.secure_url)
+
+    assert from_flag.returncode == 0, from_flag.stderr
+    assert from_env.returncode == 0, from_env.stderr

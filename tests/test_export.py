@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import subprocess
 import sys
@@ -11,7 +12,10 @@ import sys
 import pytest
 import torch
 
-from actors.export import EXIT_TOO_LARGE, op_table, step_spans, trim_to_cap
+from actors.export import EXIT_MALFORMED, EXIT_TOO_LARGE, op_table, step_spans
+from actors.export.cut import plan_cut, write_kept
+from actors.export.reader import MalformedTrace, TraceReader
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +134,160 @@ def _gpu_trace() -> dict:
     }
 
 
-def test_gpu_work_stays_with_the_step_that_launched_it():
+def _cut(tmp_path, trace: dict, cap: int) -> dict | None:
+    """``trace`` written compactly, cut to ``cap`` by the two streaming passes; ``None`` when nothing fits."""
+    raw = tmp_path / "trace.json"
+    raw.write_text(json.dumps(trace, separators=(",", ":")))
+    first = TraceReader(raw)
+    cut = plan_cut(first.events(), first.header, cap)
+    if cut is None:
+        return None
+    out = io.StringIO()
+    kept = list(write_kept(out, TraceReader(raw, keep_text=True).events(), cut, first.header))
+    assert len(out.getvalue().encode()) <= cap
+    written = json.loads(out.getvalue())
+    assert written["traceEvents"] == kept
+    return written
+
+
+def test_gpu_work_stays_with_the_step_that_launched_it(tmp_path):
     trace = _gpu_trace()
     full = len(json.dumps(trace, separators=(",", ":")))
 
-    cut = trim_to_cap(trace, full - 300)
+    cut = _cut(tmp_path, trace, full - 300)
 
     names = [e["name"] for e in cut["traceEvents"]]
     assert names == ["process_name", "ProfilerStep#7", "cudaLaunchKernel", "ac2g", "gemm", "ac2g"]
+    assert cut["schemaVersion"] == 1
 
 
-def test_no_cut_when_not_even_the_first_step_fits():
-    assert trim_to_cap(_gpu_trace(), 200) is None
+def test_no_cut_when_not_even_the_first_step_fits(tmp_path):
+    assert _cut(tmp_path, _gpu_trace(), 200) is None
+
+
+def test_cut_leaves_the_raw_trace_as_it_was_and_writes_only_the_artifacts(profiled, tmp_path):
+    _, fixture = profiled
+    raw = tmp_path / "raw" / "trace.json"
+    raw.parent.mkdir()
+    raw.write_bytes(fixture.read_bytes())
+    out = tmp_path / "out"
+    out.mkdir()
+
+    done = _export(raw, out, "--memory", "--max-bytes", str(int(raw.stat().st_size * 0.7)))
+
+    assert done.returncode == 0, done.stderr
+    assert raw.read_bytes() == fixture.read_bytes()
+    assert sorted(p.name for p in raw.parent.iterdir()) == ["trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["memory.json.gz", "ops.csv", "trace.json.gz"]
+
+
+# ---- streaming: memory bounded by the largest event, not the trace --------------
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 4096])
+def test_reader_yields_what_json_load_reads_whatever_the_chunk_size(profiled, chunk_bytes):
+    _, raw = profiled
+    whole = json.loads(raw.read_text())
+
+    reader = TraceReader(raw, chunk_bytes=chunk_bytes)
+    events = [ev for ev, _, _ in reader.events()]
+
+    assert events == whole["traceEvents"]
+    assert reader.header == {k: v for k, v in whole.items() if k != "traceEvents"}
+
+
+def test_reader_sizes_are_the_utf8_bytes_of_each_event(tmp_path):
+    raw = tmp_path / "t.json"
+    events = ['{"name": "h\u00e9"}', '{"name": "\u00e9t\u00e9", "args": {"x": [1, 2]}}', "17"]
+    raw.write_text('{"traceEvents": [' + ", ".join(events) + "], \"x\": 1}".replace("\\", ""), encoding="utf-8")
+
+    sized = [(size, text) for _, size, text in TraceReader(raw, keep_text=True, chunk_bytes=3).events()]
+
+    assert sized == [(len(e.encode()), e) for e in events]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"traceEvents": [{"a": 1}', '{"traceEvents": [{"a": 1} {"b": 2}]}', '["not", "an", "object"]', '{"traceEvents": [1]} x'],
+)
+def test_malformed_trace_is_refused_with_a_reason(tmp_path, text):
+    raw = tmp_path / "t.json"
+    raw.write_text(text)
+
+    with pytest.raises(MalformedTrace):
+        list(TraceReader(raw).events())
+
+
+def test_event_over_the_value_limit_is_refused_not_loaded(tmp_path):
+    raw = tmp_path / "t.json"
+    raw.write_text('{"traceEvents": [{"name": "' + "x" * 5000 + '"}]}')
+
+    with pytest.raises(MalformedTrace, match="over 1000 bytes"):
+        list(TraceReader(raw, chunk_bytes=100, max_value_bytes=1000).events())
+
+
+def test_child_exits_with_its_own_status_on_a_malformed_trace(tmp_path):
+    raw = tmp_path / "t.json"
+    raw.write_text('{"traceEvents": [{"ph": "X",')
+
+    done = _export(raw, tmp_path)
+
+    assert done.returncode == EXIT_MALFORMED
+    assert "cannot read the trace" in done.stderr
+
+
+def _large_trace(path, profiled_raw, target_bytes: int) -> int:
+    """The profiled trace's events repeated, shifted in time and renumbered, up to ``target_bytes``."""
+    trace = json.loads(profiled_raw.read_text())
+    events = trace.pop("traceEvents")
+    span = max(e.get("ts", 0) + e.get("dur", 0) for e in events) + 1000
+    with open(path, "w") as f:
+        f.write(json.dumps(trace)[:-1] + ', "traceEvents": [\n')
+        written, copy, first = 0, 0, True
+        while written < target_bytes:
+            for ev in events:
+                if "ts" in ev:
+                    ev = {**ev, "ts": ev["ts"] + copy * span}
+                if str(ev.get("name", "")).startswith("ProfilerStep#"):
+                    ev = {**ev, "name": f"ProfilerStep#{int(ev['name'].split('#')[1]) + 100 * copy}"}
+                text = json.dumps(ev)
+                f.write(text if first else ",\n" + text)
+                written += len(text) + 2
+                first = False
+            copy += 1
+        f.write("]}")
+    return path.stat().st_size
+
+
+# Linux keeps a process's peak RSS across exec, so a child forked from this
+# (large) test process would report our size: a small launcher forks it instead.
+_LAUNCHER = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(child.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+"""
+
+
+def _peak_rss_of_child(raw, out, *args) -> int:
+    """Run the export child; returns its own peak RSS in bytes."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "actors.export", str(raw), str(out), *args],
+        capture_output=True, text=True, cwd=REPO, check=False,
+    )
+    status, peak = (int(v) for v in done.stdout.split())
+    assert status == 0, done.stderr[-2000:]
+    return peak
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_child_memory_is_a_fraction_of_the_trace_not_a_multiple(profiled, tmp_path, cut):
+    # json.load held ~5.6x a trace's size; streaming holds a window and per-op numbers.
+    _, fixture = profiled
+    raw = tmp_path / "large.json"
+    size = _large_trace(raw, fixture, 80 * 2**20)
+    args = ["--memory", "--shapes", *(["--max-bytes", str(int(size * 0.6))] if cut else [])]
+
+    peak = _peak_rss_of_child(raw, tmp_path, *args)
+
+    assert peak < 0.5 * size, f"peak RSS {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB trace"

@@ -14,6 +14,7 @@ import ray
 from actors.controller.handle import find_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
 from orchestrator.cli.example_job import ExampleJob
+from orchestrator.layout import state_key
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
@@ -102,7 +103,8 @@ def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on
     done = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
     # What a crash between the manifest (the commit point) and the final state save leaves behind.
     home = open_storage(StorageSpec(uri=os.environ["RAYPROF_STORAGE"]))
-    key = f"_rayprof/profiles/{done.profile_id}.json"
+    cluster = ray.get(find_controller().config.remote(), timeout=30).cluster_name
+    key = state_key(cluster, done.profile_id)
     saved = json.loads(home.get_bytes(key))
     saved["status"].update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
     home.put_bytes(json.dumps(saved).encode(), key, "manifest")

@@ -84,7 +84,7 @@ def test_status_shows_per_rank_progress_while_running(live_job, file_store, http
     )
     assert running["start_step"] is not None
     assert [r["rank"] for r in running["ranks"]] == [0, 1]
-    assert all(r["state"] for r in running["ranks"])
+    assert {r["state"] for r in running["ranks"]} <= {"WAITING", "ARMED", "CAPTURING", "UPLOADING", "DONE"}
     assert wait_terminal(http, created["status_url"])["state"] == "DONE"
 
 
@@ -102,6 +102,8 @@ def test_list_filters_by_target_and_state(finished, http):
 
 
 def test_report_is_served_from_storage(finished, http):
+    # Reports are read from the configured storage: the one this module's profile went to.
+    ProfilingClient.in_cluster(storage=str(finished["root"]))
     report = http.get(f"/v1/profiles/{finished['final']['id']}/report")
     stored = Path(finished["root"]) / LIVE_TARGET / finished["final"]["id"] / "report.html"
 
@@ -368,3 +370,71 @@ def test_capture_starts_soon_after_the_request(live_job, file_store, service):
     print(f"POST accepted -> CAPTURING: {latency:.2f}s")
     assert handle.wait(timeout=120).status == ProfileState.DONE
     assert latency < 30
+
+
+# ---- hardening: empty rank lists, report headers, Host allow-list, 500 bodies ------
+
+
+def test_empty_rank_list_is_422(http):
+    r = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 1, "ranks": []})
+
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("body.ranks:")
+
+
+def test_report_is_served_under_a_strict_content_security_policy(finished, http):
+    ProfilingClient.in_cluster(storage=str(finished["root"]))
+    report = http.get(f"/v1/profiles/{finished['final']['id']}/report")
+
+    csp = report.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "script-src" not in csp
+    assert report.headers["x-content-type-options"] == "nosniff"
+
+
+def test_request_under_a_foreign_host_name_is_refused_without_a_token(service):
+    rebound = httpx.get(f"{service.url}/v1/targets", headers={"Host": "attacker.example"})
+    local = httpx.get(f"{service.url}/v1/targets")
+
+    assert rebound.status_code == 400
+    assert "not allowed" in rebound.json()["detail"]
+    assert local.status_code == 200
+
+
+def test_storage_root_is_served_for_downloads(file_store, http):
+    assert http.get("/v1/storage").json() == {"uri": Path(file_store.root).resolve().as_uri()}
+
+
+class _BrokenController:
+    """A control actor whose calls fail the way a library error would: with an address in the text."""
+
+    async def ping(self) -> str:
+        return "pong"
+
+    async def targets(self) -> list:
+        raise RuntimeError("connect to 10.9.8.7:9000 refused")
+
+
+@pytest.fixture(scope="module")
+def broken_url(service):
+    import ray
+    from ray import serve
+
+    from orchestrator.service.app import ProfilingService
+
+    controller = ray.remote(_BrokenController).options(num_cpus=0).remote()
+    serve.run(ProfilingService.bind(controller=controller), name="rayprof-broken", route_prefix="/broken")
+    try:
+        yield f"{service.url}/broken"
+    finally:
+        serve.delete("rayprof-broken")
+        ray.kill(controller)
+
+
+def test_unexpected_error_is_a_generic_500_with_an_error_id(broken_url):
+    r = httpx.get(f"{broken_url}/v1/targets", timeout=60)
+
+    body = r.json()
+    assert r.status_code == 500
+    assert body["error"] == "internal_error" and body["error_id"] in body["detail"]
+    assert "10.9.8.7" not in r.text and "Traceback" not in r.text and "RuntimeError" not in r.text
+

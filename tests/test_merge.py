@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.traces.loader import discover_traces
 from orchestrator.traces.merge import ID_STRIDE, merge_folder, merge_traces
-from tests.tracefiles import case
+from tests.tracefiles import case, shared, write_trace, x_event
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -150,14 +150,98 @@ def big_trace(path: Path, rank: int, events: int) -> int:
     return path.stat().st_size
 
 
-def test_merge_memory_is_bounded(tmp_path: Path) -> None:
-    size = sum(big_trace(tmp_path / f"rank{r}.pt.trace.json", r, 40_000) for r in (0, 1))
+def merge_peak(folder: Path, events: int) -> tuple[int, int]:
+    """(tracemalloc peak of a merge, input bytes) for two ranks of ``events`` events each."""
+    folder.mkdir()
+    size = sum(big_trace(folder / f"rank{r}.pt.trace.json", r, events) for r in (0, 1))
     tracemalloc.start()
     try:
-        stats = merge_folder(tmp_path, tmp_path / "m.json.gz")
+        stats = merge_folder(folder, folder / "m.json.gz")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert stats.events == 80_000
-    # Parsed events cost several times their JSON size; holding even one rank would exceed this.
-    assert peak < size / 4, f"peak {peak} bytes for {size} bytes of input"
+    assert stats.events == 2 * events
+    return peak, size
+
+
+def test_merge_memory_does_not_grow_with_the_traces(tmp_path: Path) -> None:
+    small, _ = merge_peak(tmp_path / "small", 20_000)
+    big, size = merge_peak(tmp_path / "big", 80_000)
+    # Four times the input, about the same peak: one batch of one rank is held at a time.
+    assert big < small * 1.5, f"peak {small} -> {big} bytes for 4x the input"
+    assert big < size / 2
+
+
+def budget_rank(path: Path, rank: int, clock_error_us: float = 0.0) -> Path:
+    """Two steps with many short ops, a few long ones, NCCL collectives, copies and flows."""
+    events: list[dict[str, Any]] = []
+    for step in range(2):
+        t0 = step * 10_000.0 + clock_error_us
+        events.append(x_event(f"ProfilerStep#{step + 5}", t0, 10_000, cat="user_annotation"))
+        events += [x_event(f"aten::short{i % 7}", t0 + i, 0.5) for i in range(2000)]
+        events += [x_event("aten::long", t0 + 3000 + i, 800.0) for i in range(3)]
+        events.append(x_event("ncclKernel_AllReduce_RING", t0 + 5000, 2000.0 - 50 * rank, cat="kernel", pid=0, tid=7))
+        events.append(x_event("Memcpy HtoD (Pageable -> Device)", t0 + 100, 3.0, cat="gpu_memcpy", pid=0, tid=7))
+        events += [{"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": t0 + i, "cat": "ac2g", "name": "ac2g"} for i in range(300)]
+    return write_trace(path, events, rank=rank, baseTimeNanoseconds=10**18)
+
+
+def test_merge_within_budget_keeps_every_event(tmp_path: Path) -> None:
+    for r in (0, 1):
+        budget_rank(tmp_path / f"rank{r}.pt.trace.json", r)
+    stats = merge_folder(tmp_path, tmp_path / "m.json.gz", max_bytes=64 << 20)
+    assert stats.dropped is None and stats.events == 2 * 2 * (1 + 2000 + 3 + 2 + 300)
+    assert load(tmp_path / "m.json.gz")["rayprof"]["dropped"] is None
+
+
+def test_merge_over_budget_keeps_markers_collectives_copies_and_the_longest_ops(tmp_path: Path) -> None:
+    for r in (0, 1):
+        budget_rank(tmp_path / f"rank{r}.pt.trace.json", r)
+    stats = merge_folder(tmp_path, tmp_path / "m.json.gz", max_bytes=200_000)
+    doc = load(tmp_path / "m.json.gz")
+    names = Counter(e.get("name") for e in doc["traceEvents"])
+    assert stats.output_raw_bytes <= 200_000
+    assert names["ProfilerStep#5"] == names["ProfilerStep#6"] == 2
+    assert names["ncclKernel_AllReduce_RING"] == names["Memcpy HtoD (Pageable -> Device)"] == 4
+    assert names["aten::long"] == 12 and names["ac2g"] == 0
+    assert sum(n for name, n in names.items() if str(name).startswith("aten::short")) < 8000
+    assert stats.dropped is not None and stats.dropped.by_kind["flows, instants and counters"] == 1200
+    assert stats.dropped.min_span_us is not None and stats.dropped.min_span_us > 0.5
+    assert doc["rayprof"]["dropped"] == stats.dropped.model_dump()
+
+
+def test_merge_budget_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    budget_rank(tmp_path / "rank0.pt.trace.json", 0)
+    monkeypatch.setenv("RAYPROF_MAX_MERGED_BYTES", "150000")
+    stats = merge_folder(tmp_path, tmp_path / "m.json.gz")
+    assert stats.max_bytes == 150_000 and stats.output_raw_bytes <= 150_000
+
+
+def test_ranks_are_aligned_on_collective_end_times(tmp_path: Path) -> None:
+    # Rank 1's clock runs 700 µs late; its collectives start later but end with rank 0's.
+    budget_rank(tmp_path / "rank0.pt.trace.json", 0)
+    budget_rank(tmp_path / "rank1.pt.trace.json", 1, clock_error_us=700.0)
+    stats = merge_folder(tmp_path, tmp_path / "m.json.gz")
+    rank1 = stats.alignment[1]
+    assert rank1.method == "collectives" and rank1.matched == 2
+    assert rank1.shift_us == pytest.approx(-650.0) and rank1.residual_us == pytest.approx(0.0)
+
+
+def test_without_collectives_ranks_are_aligned_on_base_time(tmp_path: Path) -> None:
+    write_trace(tmp_path / "rank0.pt.trace.json", [x_event("a", 1, 1)], rank=0, baseTimeNanoseconds=1_000_000)
+    write_trace(tmp_path / "rank1.pt.trace.json", [x_event("a", 1, 1)], rank=1, baseTimeNanoseconds=3_000_000)
+    stats = merge_folder(tmp_path, tmp_path / "m.json.gz")
+    assert [(a.method, a.shift_us) for a in stats.alignment] == [("base time", 0.0), ("base time", 2000.0)]
+
+
+def test_real_eight_rank_dlrm_aligns_within_microseconds(tmp_path: Path) -> None:
+    stats = merge_folder(shared("external-traces", "param_dlrm_v100_8ranks"), tmp_path / "m.json.gz")
+    assert [a.method for a in stats.alignment] == ["collectives"] * 8
+    assert all(a.residual_us is not None and a.residual_us < 5 for a in stats.alignment)
+
+
+def test_repeated_thread_names_are_written_once(tmp_path: Path) -> None:
+    meta = {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}}
+    write_trace(tmp_path / "rank0.pt.trace.json", [meta] * 500 + [x_event("a", 1, 1)], rank=0)
+    merge_folder(tmp_path, tmp_path / "m.json.gz")
+    assert sum(e.get("name") == "thread_name" for e in load(tmp_path / "m.json.gz")["traceEvents"]) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.models import ProfileRequest, ProfileState
+from orchestrator.models import Artifact, Manifest, ProfileRequest, ProfileState
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "a..b", "", ".hidden", "a\\b", "x" * 129])
@@ -46,3 +46,50 @@ def test_package_exports_every_public_error():
 
     public = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, errors.RayprofError)}
     assert public <= set(orchestrator.__all__)
+
+
+def test_empty_rank_list_is_rejected():
+    with pytest.raises(ValidationError, match="ranks"):
+        ProfileRequest(target="run", steps=1, ranks=[])
+
+
+def _manifest(**fields) -> dict:
+    base = {
+        "profile_id": "prof-1",
+        "target": "run",
+        "status": "DONE",
+        "request": {"target": "run", "steps": 1},
+        "storage_uri": "file:///store/run/prof-1",
+        "start_step": 1,
+        "stop_step": 2,
+        "ranks": [],
+        "requested_at": "2024-01-01T00:00:00Z",
+        "finished_at": "2024-01-01T00:00:01Z",
+    }
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize("profile_id", ["/tmp/x", "../../x", "..", "a/b", "a\x00b", "a\x1b[2Jb", "x" * 129])
+def test_manifest_with_an_unsafe_profile_id_is_rejected(profile_id):
+    with pytest.raises(ValidationError, match="profile_id"):
+        Manifest.model_validate(_manifest(profile_id=profile_id))
+
+
+@pytest.mark.parametrize("target", ["/etc", "../x", "a/b", "run\n"])
+def test_manifest_with_an_unsafe_target_is_rejected(target):
+    with pytest.raises(ValidationError, match="target"):
+        Manifest.model_validate(_manifest(target=target))
+
+
+@pytest.mark.parametrize(
+    "key", ["/etc/passwd", "../x", "traces/../../x", "a//b", "./a", "a\\b", "a\x00b", "a\x1bb", "x" * 1025, ""]
+)
+def test_artifact_keys_that_could_escape_a_folder_are_rejected(key):
+    with pytest.raises(ValidationError, match="key"):
+        Artifact(kind="trace", key=key, uri="file:///x", bytes=0, sha256="0" * 64)
+
+
+def test_ordinary_artifact_keys_are_accepted():
+    key = "traces/rank0.host-1.42.pt.trace.json.gz"
+
+    assert Artifact(kind="trace", key=key, uri="file:///x", bytes=0, sha256="0" * 64).key == key

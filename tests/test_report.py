@@ -45,9 +45,9 @@ def test_report_lists_rejected_files(tmp_path: Path) -> None:
     assert "worker-b.pt.trace.json.gz (rank 1): duplicate rank 1" in html
 
 
-def test_report_links_artifacts_from_manifest(tmp_path: Path) -> None:
-    artifact = Artifact(kind="merged_trace", key="merged.trace.json.gz", uri="file:///p/merged.trace.json.gz", bytes=12, sha256="0" * 64)
-    manifest = Manifest(
+def _manifest(*keys: str, reason: str = "export failed") -> Manifest:
+    artifacts = [Artifact(kind="merged_trace", key=k, uri=f"file:///p/{k}", bytes=12, sha256="0" * 64) for k in keys]
+    return Manifest(
         profile_id="p-42",
         target="resnet",
         status=ProfileState.PARTIAL,
@@ -55,14 +55,33 @@ def test_report_links_artifacts_from_manifest(tmp_path: Path) -> None:
         storage_uri="file:///p",
         start_step=121,
         stop_step=125,
-        ranks=[RankResult(rank=0, state=RankState.DONE), RankResult(rank=1, state=RankState.FAILED, reason="export failed")],
-        artifacts=[artifact],
+        ranks=[RankResult(rank=0, state=RankState.DONE), RankResult(rank=1, state=RankState.FAILED, reason=reason)],
+        artifacts=artifacts,
         requested_at=utcnow(),
         finished_at=utcnow(),
     )
-    html = render_report(analyze_folder(case("healthy")), manifest)
-    assert '<a href="merged.trace.json.gz">merged.trace.json.gz</a>' in html
+
+
+def test_report_links_artifacts_from_manifest() -> None:
+    html = render_report(analyze_folder(case("healthy")), _manifest("merged.trace.json.gz"))
+    assert '<a href="./merged.trace.json.gz">merged.trace.json.gz</a>' in html
     assert "export failed" in html and "resnet / p-42" in html
+
+
+@pytest.mark.parametrize("key", ["javascript:alert(1)", "JaVaScRiPt:alert(1)", "data:text/html,x", "https:evil.example/x"])
+def test_artifact_key_with_a_scheme_never_becomes_a_live_link(key: str) -> None:
+    html = render_report(analyze_folder(case("healthy")), _manifest(key))
+
+    hrefs = re.findall(r'href="([^"]*)"', html)
+    assert hrefs and all(h.startswith("./") and ":" not in h for h in hrefs)
+
+
+def test_artifact_links_are_escaped_and_stay_in_the_report_folder() -> None:
+    html = render_report(analyze_folder(case("healthy")), _manifest('traces/a"><script>x</script>.json', "ops/r 1.csv"))
+
+    assert "<script>" not in html
+    assert 'href="./traces/a%22%3E%3Cscript%3Ex%3C/script%3E.json"' in html
+    assert 'href="./ops/r%201.csv"' in html
 
 
 def test_report_escapes_text_from_traces() -> None:

@@ -105,3 +105,12 @@ def test_unsupported_storage_uris_are_refused(uri):
 
     with pytest.raises(ConfigurationError):
         normalize_uri(uri)
+
+
+@pytest.mark.parametrize("key", ["../x", "/abs", "a/../../b"])
+def test_download_of_a_bad_key_creates_no_folder(storage, tmp_path, key):
+    dest = tmp_path / "dl" / "sub" / "f"
+
+    with pytest.raises(StorageError, match="invalid storage key"):
+        storage.download(key, dest)
+    assert not (tmp_path / "dl").exists()

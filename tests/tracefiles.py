@@ -40,3 +40,40 @@ def case(name: str) -> Path:
     if not path.is_dir():
         pytest.fail(f"fixture {path} is missing: run python tests/data/make_traces.py")
     return path
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+EXTERNAL = SHARED / "external-traces"
+
+
+def shared(*parts: str) -> Path:
+    """A folder of real traces under ../shared (beside the clone); fails loudly when it is missing."""
+    import pytest
+
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.fail(f"shared traces {path} are missing: check out ../shared beside the repository")
+    return path
+
+
+def write_trace(path: Path, events: list[Any], *, rank: int | None = 0, world_size: int = 2, **top: Any) -> Path:
+    """A small trace file (gzipped when ``path`` ends in .gz); ``rank=None`` writes no distributedInfo."""
+    doc: dict[str, Any] = {"schemaVersion": 1, **top}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+    doc["traceEvents"] = events
+    text = json.dumps(doc)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def x_event(name: str, ts: float, dur: float, cat: str = "cpu_op", pid: int = 1, tid: int = 1, **args: Any) -> dict[str, Any]:
+    """A complete ("X") event."""
+    event: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        event["args"] = args
+    return event

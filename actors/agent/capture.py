@@ -100,7 +100,7 @@ class Capture:
         return ProfilerAction.NONE
 
     def _activities(self) -> list[ProfilerActivity]:
-        names = self.window.activities
+        names = self.window.options.activities
         if names is None:
             names = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
         if "cuda" in names and not torch.cuda.is_available():
@@ -112,11 +112,7 @@ class Capture:
         prof = torch.profiler.profile(
             activities=self._activities(),
             schedule=self._schedule,
-            record_shapes=w.record_shapes,
-            profile_memory=w.profile_memory,
-            with_stack=w.with_stack,
-            with_flops=w.with_flops,
-            with_modules=w.with_modules,
+            **w.options.model_dump(exclude={"activities"}),
         )
         # Number profiler steps by the global optimizer step so every rank's
         # trace carries the same ProfilerStep#N markers.
@@ -181,11 +177,11 @@ class Capture:
 
         raw = tmp / "trace.json"
         prof.export_chrome_trace(str(raw))
-        result = _run_exporter(raw, tmp, memory=w.profile_memory, shapes=w.record_shapes, max_bytes=w.max_trace_bytes)
+        result = _run_exporter(raw, tmp, memory=w.options.profile_memory, shapes=w.options.record_shapes, max_bytes=w.max_trace_bytes)
         raw.unlink()
 
         artifacts: list[Artifact] = [storage.put_file(tmp / "trace.json.gz", keys["trace"], "trace", folder=w.prefix)]
-        if w.profile_memory:
+        if w.options.profile_memory:
             artifacts.append(
                 storage.put_file(tmp / "memory.json.gz", keys["memory_timeline"], "memory_timeline", folder=w.prefix)
             )

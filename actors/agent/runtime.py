@@ -25,7 +25,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from actors.agent.capture import Capture
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
+from actors.agent.stacks import take_stacks
+from orchestrator.models import Command, Heartbeat, RankEvent, RankStacks, RankState, WorkerInfo
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
@@ -39,6 +40,7 @@ __all__ = ["Agent", "attach", "install", "step"]
 logger = logging.getLogger(__name__)
 
 _STEP_TIME_WINDOW_S = 1.0
+_MIN_REGISTER_INTERVAL_S = 1.0
 
 _agent: Agent | None = None
 _attach_lock = threading.Lock()
@@ -60,6 +62,8 @@ class Agent:
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
         self._last_sample: tuple[int, float] | None = None
         self._step_time_s: float | None = None
+        # attach() runs in the training thread (the train function, or its first optimizer step).
+        self.training_thread = threading.get_ident()
 
     def start(self) -> None:
         """Start the poll thread."""
@@ -92,8 +96,14 @@ class Agent:
         return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s)
 
     def _handle(self, command: Command) -> None:
-        """Carry out ``arm`` or ``cancel``; ``sync`` needs nothing but the next poll."""
-        if command.kind == "arm":
+        """Carry out ``arm``, ``cancel`` or ``stacks``; ``sync`` needs nothing but the next poll."""
+        if command.kind == "stacks":
+            assert command.profile_id is not None
+            stacks = take_stacks(
+                command.profile_id, self.info.agent_id, self.step_count, self.training_thread, command.native
+            )
+            self._inbox.put(("event", stacks))
+        elif command.kind == "arm":
             window = command.window
             assert window is not None
             if self.capture is not None and not self.capture.closed:
@@ -121,7 +131,8 @@ class Agent:
         controller = None
         registered = False
         poll: Future | None = None
-        unsent: list[RankEvent] = []
+        unsent: list[RankEvent | RankStacks] = []
+        last_register = -_MIN_REGISTER_INTERVAL_S
         while True:
             try:
                 if controller is None:
@@ -130,11 +141,18 @@ class Agent:
                         self._wait_inbox(self._discovery_s, unsent)
                         continue
                 if not registered:
-                    ray.get(controller.register.remote(self.info), timeout=30)
+                    # Told to register again right after registering: something keeps
+                    # dropping this worker. Never more than one register a second.
+                    time.sleep(max(0.0, last_register + _MIN_REGISTER_INTERVAL_S - time.monotonic()))
+                    last_register = time.monotonic()
+                    if ray.get(controller.register.remote(self.info), timeout=30) is False:
+                        logger.warning("rayprof agent: replaced on rank %d by a newer worker; stopping", self.info.world_rank)
+                        return
                     registered = True
                     poll = None
                 while unsent:
-                    ray.get(controller.report.remote(unsent[0]), timeout=30)
+                    send = controller.stacks_reply if isinstance(unsent[0], RankStacks) else controller.report
+                    ray.get(send.remote(unsent[0]), timeout=30)
                     unsent.pop(0)
                 if poll is None:
                     poll = controller.poll.remote(self._heartbeat()).future()
@@ -158,7 +176,7 @@ class Agent:
                 controller, registered, poll = None, False, None
                 self._wait_inbox(self._discovery_s, unsent)
 
-    def _wait_inbox(self, timeout: float, unsent: list[RankEvent]) -> None:
+    def _wait_inbox(self, timeout: float, unsent: list[RankEvent | RankStacks]) -> None:
         """Sleep up to ``timeout`` but keep collecting events meanwhile."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:

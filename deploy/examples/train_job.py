@@ -5,6 +5,14 @@ default so nothing is downloaded. Runs on CPU (gloo) or GPU (nccl).
 
     python deploy/examples/train_job.py --name my-run --workers 2 --max-seconds 600
 
+Planted faults (for rayprof's own tests of stacks, stall and watches):
+  --hang-rank R --hang-at-step N   every step also all-reduces the loss (a global loss for logging);
+                                   rank R sleeps forever just before it at step N, the others block in it
+  --slow-from-step N --slowdown F  from step N every step takes F times as long (all ranks)
+  --no-ddp                         each rank trains its own model: ranks are not coupled, so a
+                                   --slow-rank falls steps behind instead of slowing everyone
+  --flight-recorder N              keep torch's flight recorder (TORCH_FR_BUFFER_SIZE=N)
+
 How rayprof gets in (``--instrument``):
   setup-hook  ray.init(runtime_env={"worker_process_setup_hook": "actors.agent.install"}); no code change
   attach      the train function calls actors.agent.attach()
@@ -80,6 +88,12 @@ class SmallResNet(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+def _planted_hang() -> None:
+    """Sleep forever, as a rank stuck in its own code would."""
+    while True:
+        time.sleep(3600)
+
+
 def train_loop(config: dict) -> None:
     """The per-worker training function."""
     import ray.train
@@ -93,7 +107,9 @@ def train_loop(config: dict) -> None:
 
     rank = ray.train.get_context().get_world_rank()
     delay = config["data_delay_s"]
-    model = ray.train.torch.prepare_model(SmallResNet(width=config["width"]))
+    model = SmallResNet(width=config["width"])
+    if not config["no_ddp"]:
+        model = ray.train.torch.prepare_model(model)
     loader = DataLoader(
         SyntheticFashionMNIST(size=config["dataset_size"], seed=rank, delay_s=delay),
         batch_size=config["batch_size"],
@@ -105,19 +121,36 @@ def train_loop(config: dict) -> None:
     stop_file = Path(config["stop_file"]) if config["stop_file"] else None
     deadline = time.monotonic() + config["max_seconds"]
     slow_rank, slow_s = config["slow_rank"], config["slow_rank_delay_s"]
+    hang_rank, hang_at = config["hang_rank"], config["hang_at_step"]
+    slow_from, slowdown = config["slow_from_step"], config["slowdown"]
+    # Mean step time over the steps before slow_from, measured here so the slowdown is a true factor.
+    before: list[float] = []
+    extra_s = 0.0
 
     step, loss = 0, torch.tensor(0.0)
     while True:
         for images, labels in loader:
+            started = time.monotonic()
             loss = F.cross_entropy(model(images), labels)
             if rank == slow_rank and slow_s:
                 time.sleep(slow_s)
+            if extra_s:
+                time.sleep(extra_s)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             if config["instrument"] == "attach" and config["step_mode"] == "explicit":
                 agent.step()
             step += 1
+            if hang_rank >= 0:
+                global_loss = loss.detach().clone()
+                if rank == hang_rank and step == hang_at:
+                    _planted_hang()
+                torch.distributed.all_reduce(global_loss)
+            if slow_from > 0 and step < slow_from:
+                before = [*before[-49:], time.monotonic() - started]
+            elif slow_from > 0 and step == slow_from and before:
+                extra_s = (slowdown - 1.0) * sum(before) / len(before)
             done = step >= config["max_steps"] > 0 or time.monotonic() > deadline
             if done or (stop_file is not None and step % 20 == 0 and stop_file.exists()):
                 ray.train.report({"step": step, "loss": float(loss)})
@@ -141,6 +174,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-delay-s", type=float, default=0.0, help="sleep per sample (a slow Dataset)")
     p.add_argument("--slow-rank", type=int, default=-1, help="a rank that sleeps every step (a straggler)")
     p.add_argument("--slow-rank-delay-s", type=float, default=0.0)
+    p.add_argument("--hang-rank", type=int, default=-1, help="a rank that sleeps forever at --hang-at-step")
+    p.add_argument("--hang-at-step", type=int, default=40)
+    p.add_argument("--slow-from-step", type=int, default=0, help="from this step every step takes --slowdown x as long")
+    p.add_argument("--slowdown", type=float, default=1.5)
+    p.add_argument("--no-ddp", action="store_true", help="each rank trains its own model (ranks not coupled)")
+    p.add_argument("--flight-recorder", type=int, default=0, help="TORCH_FR_BUFFER_SIZE for the workers (0: off)")
     p.add_argument("--max-failures", type=int, default=0, help="worker group restarts Ray Train allows")
     p.add_argument("--storage-path", default=os.environ.get("RAYPROF_TRAIN_STORAGE", "/tmp/rayprof-train"))
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto/local)")
@@ -153,8 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    runtime_env = {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else None
-    ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=False)
+    runtime_env: dict = {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else {}
+    if args.flight_recorder:
+        runtime_env["env_vars"] = {"TORCH_FR_BUFFER_SIZE": str(args.flight_recorder)}
+    ray.init(address=args.address, runtime_env=runtime_env or None, log_to_driver=False)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
@@ -170,6 +211,11 @@ def main(argv: list[str] | None = None) -> None:
             "data_delay_s": args.data_delay_s,
             "slow_rank": args.slow_rank,
             "slow_rank_delay_s": args.slow_rank_delay_s,
+            "hang_rank": args.hang_rank,
+            "hang_at_step": args.hang_at_step,
+            "slow_from_step": args.slow_from_step,
+            "slowdown": args.slowdown,
+            "no_ddp": args.no_ddp,
         },
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu),
         run_config=RunConfig(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 from orchestrator.analysis.models import PHASES, RankSummary, Summary
 from orchestrator.models import Manifest
@@ -63,7 +64,7 @@ def _rank_table(summary: Summary) -> str:
         util = f"{r.gpu.utilization:.0%}" if r.gpu else "–"
         cells = "".join(f"<td>{_ms(r.mean_phases.get(p))}</td>" for p in PHASES)
         rows.append(
-            f"<tr><td>{r.rank}</td><td class=l>{escape(r.host or '?')}</td><td class=l>{r.device}</td><td>{len(r.steps)}</td>"
+            f"<tr><td>{r.rank}</td><td class=l>{escape(r.host or '?')}</td><td class=l>{escape(r.device)}</td><td>{len(r.steps)}</td>"
             f"<td>{_ms(r.mean_step_ms)}</td><td>{_ms(r.comm_wait_ms)}</td><td>{util}</td>{cells}</tr>"
         )
     return (
@@ -148,26 +149,39 @@ def _problems(summary: Summary) -> str:
     return f"<h2>Problems with the input</h2><ul>{''.join(items)}</ul>" if items else ""
 
 
-def _artifacts(manifest: Manifest | None, out_dir: Path) -> str:
+def _relative_href(key: str) -> str:
+    """A link to ``key`` that can only be a path under the report's folder.
+
+    Every segment is percent-encoded (``javascript:x`` becomes ``javascript%3Ax``,
+    so no segment reads as a scheme) and the link starts with ``./``.
+    """
+    return "./" + "/".join(quote(part, safe="") for part in key.split("/") if part not in ("", ".", ".."))
+
+
+def _artifacts(manifest: Manifest | None) -> str:
     if manifest is None:
         return ""
     rows = []
     for a in manifest.all_artifacts():
         # Artifact keys are relative to the profile folder, where report.html lives.
-        href = a.key if not os.path.isabs(a.key) else os.path.relpath(a.key, out_dir)
-        rows.append(f'<tr><td class=l><a href="{escape(href)}">{escape(a.key)}</a></td><td class=l>{escape(a.kind)}</td><td>{a.bytes:,}</td></tr>')
+        rows.append(
+            f'<tr><td class=l><a href="{escape(_relative_href(a.key))}">{escape(a.key)}</a></td>'
+            f"<td class=l>{escape(a.kind)}</td><td>{a.bytes:,}</td></tr>"
+        )
     ranks = "".join(
         f"<tr><td>{r.rank}</td><td class=l>{escape(r.state.value)}</td><td class=l>{escape(r.reason or '')}</td></tr>" for r in manifest.ranks
     )
     return (
         f"<h2>Profile {escape(manifest.profile_id)}</h2><p>target {escape(manifest.target)}, status {escape(manifest.status.value)}, "
         f"steps {manifest.start_step}–{manifest.stop_step}</p>"
-        f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
+        + (f"<p>Taken by itself ({escape(manifest.trigger.watch_id or 'stall detector')}, "
+           f"{escape(manifest.trigger.at.isoformat())}): {escape(manifest.trigger.detail)}</p>" if manifest.trigger else "")
+        + f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
         f"<h2>Artifacts</h2><table><tr><th class=l>file</th><th class=l>kind</th><th>bytes</th></tr>{''.join(rows)}</table>"
     )
 
 
-def render_report(summary: Summary, manifest: Manifest | None = None, out_dir: Path = Path(".")) -> str:
+def render_report(summary: Summary, manifest: Manifest | None = None) -> str:
     """The report as an HTML string."""
     steps = f"{summary.steps[0]}–{summary.steps[-1]}" if summary.steps else "none"
     spread = ""
@@ -185,7 +199,7 @@ def render_report(summary: Summary, manifest: Manifest | None = None, out_dir: P
         f"<h2>Where each rank's step goes</h2>{_phase_bars(summary.ranks)}"
         f"<h2>Step time</h2>{_step_chart(summary.ranks)}"
         f"<h2>Top operators</h2>{_top_ops(summary.ranks)}"
-        f"{_problems(summary)}{_artifacts(manifest, out_dir)}"
+        f"{_problems(summary)}{_artifacts(manifest)}"
         "</body></html>"
     )
 
@@ -194,6 +208,6 @@ def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = N
     """Write ``report.html`` (temp name, then rename) and return its path."""
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
-    tmp.write_text(render_report(summary, manifest, out_path.parent), encoding="utf-8")
+    tmp.write_text(render_report(summary, manifest), encoding="utf-8")
     os.replace(tmp, out_path)
     return out_path

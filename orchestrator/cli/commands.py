@@ -8,12 +8,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.output import emit_json, out, print_analysis, print_manifest, print_status, table
+from orchestrator.auth import check_exposure, is_loopback, read_token
+from orchestrator.cli.output import emit_json, fail, out, print_analysis, print_manifest, print_status, table
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
+from orchestrator.cli.terminal import printable
 from orchestrator.client import ProfilingClient
 from orchestrator.errors import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
+    ConfigurationError,
     InvalidRequestError,
 )
 from orchestrator.models import (
@@ -31,7 +35,15 @@ def _client(args: argparse.Namespace) -> ProfilingClient:
         return ProfilingClient.in_cluster(address=args.address)
     from orchestrator.client.http import HttpBackend
 
-    return ProfilingClient(backend=HttpBackend(args.url, args.token, s3_endpoint_url=args.s3_endpoint))
+    return ProfilingClient(backend=HttpBackend(args.url, _token(args), s3_endpoint_url=args.s3_endpoint))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    # A token the user configured wrongly is theirs to fix: a usage error (exit 2).
+    try:
+        return read_token(args.token, args.token_file)
+    except ConfigurationError as e:
+        raise InvalidRequestError(e.message) from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -40,12 +52,13 @@ def serve(args: argparse.Namespace) -> int:
 
     from orchestrator.service.app import build_app
 
-    token = args.token
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
-        print(
-            f"rayprof: warning: serving on {args.host} without a token; anyone who can reach it can profile",
-            file=sys.stderr,
-        )
+    token = _token(args)
+    try:
+        check_exposure(args.host, token, insecure=args.insecure)
+    except ConfigurationError as e:
+        return fail(args, EXIT_USAGE, e.code, e.message)
+    if token is None and not is_loopback(args.host):
+        print(f"rayprof: warning: serving on {args.host} without a token (--insecure)", file=sys.stderr)
     try:
         ray.init(address=args.address or "auto", log_to_driver=False)
     except ConnectionError as e:
@@ -53,8 +66,18 @@ def serve(args: argparse.Namespace) -> int:
             f"rayprof: no running Ray cluster to deploy onto ({e}); start one with `ray start --head`", file=sys.stderr
         )
         return EXIT_FAILED
-    app = build_app({"storage": args.storage, "s3_endpoint_url": args.s3_endpoint, "token": token})
     serve.start(http_options={"host": args.host, "port": args.port})
+    # After serve.start: the build checks the address Serve really binds.
+    app = build_app(
+        {
+            "storage": args.storage,
+            "s3_endpoint_url": args.s3_endpoint,
+            "token": token,
+            "insecure": args.insecure,
+            # Without a token only these Host names are answered: loopback, and the address asked for.
+            "allowed_hosts": [] if args.host in ("0.0.0.0", "::") else [args.host],
+        }
+    )
     serve.run(app, name=SERVE_APP_NAME, route_prefix="/")
     url = f"http://{args.host}:{args.port}"
     # serve.start keeps the options of a Serve instance that was already running:
@@ -96,10 +119,16 @@ def targets(args: argparse.Namespace) -> int:
                 f"{len(t.ranks)}/{t.world_size}",
                 f"{min(steps)}..{max(steps)}" if steps else "-",
                 f"{1000 * sum(times) / len(times):.0f} ms" if times else "-",
+                t.health + (f" {t.stalled_s:.0f}s" if t.stalled_s is not None else ""),
+                ", ".join(f"{r.info.world_rank} (-{r.steps_behind})" for r in t.ranks if r.info.world_rank in t.lagging_ranks)
+                or "-",
                 t.active_profile or "-",
             ]
         )
-    out(table(rows, ["target", "ranks", "step", "step time", "active profile"]))
+    out(table(rows, ["target", "ranks", "step", "step time", "health", "lagging (steps behind)", "active profile"]))
+    for t in targets:
+        if t.stall_stacks:
+            out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof status {t.stall_stacks})")
     return EXIT_OK
 
 
@@ -115,11 +144,13 @@ def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.activities:
         options["activities"] = [a.strip() for a in args.activities.split(",") if a.strip()]
-    if args.ranks:
+    if args.ranks is not None:
         try:
             options["ranks"] = [int(r) for r in args.ranks.split(",") if r.strip()]
         except ValueError:
             raise InvalidRequestError(f"--ranks {args.ranks!r}: expected comma-separated integers") from None
+        if not options["ranks"]:
+            raise InvalidRequestError("--ranks names no rank; leave it out to profile every rank")
     if args.window_timeout is not None:
         options["timeout_s"] = args.window_timeout
     return options
@@ -136,7 +167,7 @@ def profile(args: argparse.Namespace) -> int:
             out(handle.id)
         return EXIT_OK
     manifest = handle.wait(args.timeout, progress=ProgressPrinter(current_steps_lookup(client)))
-    downloaded = handle.download(Path(args.download) / manifest.profile_id) if args.download else None
+    downloaded = handle.download(Path(args.download) / handle.id) if args.download else None
     if args.json:
         emit_json({"manifest": manifest, "downloaded_to": downloaded})
     else:
@@ -157,15 +188,25 @@ def _show_status(args: argparse.Namespace, status: ProfileStatus) -> int:
 
 
 def list_profiles(args: argparse.Namespace) -> int:
-    profiles = _client(args).list(target=args.target, state=args.state)
+    page = _client(args).list(target=args.target, state=args.state, limit=args.limit, offset=args.offset)
     if args.json:
-        emit_json(profiles)
+        emit_json(page)
         return EXIT_OK
     rows = [
         [p.id, p.target, p.state.value, str(p.request.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
-        for p in profiles
+        for p in page.profiles
     ]
     out(table(rows, ["id", "target", "state", "steps", "created (UTC)"]) if rows else "no profiles")
+    if page.total > page.offset + len(page.profiles):
+        out(f"{len(page.profiles)} of {page.total}; next page: --offset {page.offset + len(page.profiles)}")
+    return EXIT_OK
+
+
+def delete(args: argparse.Namespace) -> int:
+    client = _client(args)
+    for profile_id in args.ids:
+        client.delete(profile_id)
+        out(f"deleted {profile_id}")
     return EXIT_OK
 
 
@@ -176,7 +217,7 @@ def cancel(args: argparse.Namespace) -> int:
 def download(args: argparse.Namespace) -> int:
     handle = _client(args).get(args.id)
     manifest = handle.manifest()
-    downloaded = handle.download(Path(args.dir) / manifest.profile_id)
+    downloaded = handle.download(Path(args.dir) / handle.id)
     if args.json:
         emit_json({"manifest": manifest, "downloaded_to": downloaded})
     else:
@@ -220,10 +261,10 @@ def report(args: argparse.Namespace) -> int:
     handle = _client(args).get(args.source)
     manifest = handle.manifest()
     dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
-    folder = handle.download(dest / manifest.profile_id)
+    folder = handle.download(dest / handle.id)
     stored = next((a for a in manifest.artifacts if a.kind == "report"), None)
     if stored is not None:
-        print(f"stored report: {stored.uri}", file=sys.stderr)
+        print(f"stored report: {printable(stored.uri)}", file=sys.stderr)
     # A report listed in the manifest was downloaded (and checksummed) as is; only
     # write one when the profile has none.
     return _analyze_folder(folder, args, write=stored is None)

@@ -16,7 +16,7 @@ from orchestrator.models import TargetInfo
 
 __all__ = ["TRAIN_JOB", "ExampleJob"]
 
-TRAIN_JOB = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "train_job.py"
+TRAIN_JOB = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "train_job.py"
 
 
 class ExampleJob:

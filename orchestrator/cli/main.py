@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.cli import commands as cmd
+from orchestrator.cli import diff as diff_cmd
+from orchestrator.cli import stacks as stacks_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
     EXIT_FAILED,
@@ -21,10 +23,12 @@ from orchestrator.models import (
     ProfileState,
 )
 from orchestrator.settings import (
+    DEFAULT_PAGE_SIZE,
     DEFAULT_URL,
     S3_ENDPOINT_URL_ENV_VAR,
     STORAGE_ENV_VAR,
     TOKEN_ENV_VAR,
+    TOKEN_FILE_ENV_VAR,
     URL_ENV_VAR,
 )
 
@@ -32,8 +36,9 @@ _DESCRIPTION = """\
 Profile live Ray Train runs with torch.profiler.
 
 Talks to the rayprof HTTP service (--url, default $RAYPROF_URL or
-http://127.0.0.1:8000; bearer token --token or $RAYPROF_TOKEN) or, with
---in-cluster, straight to the control actor of the Ray cluster.
+http://127.0.0.1:8000; bearer token from --token-file, $RAYPROF_TOKEN_FILE
+or $RAYPROF_TOKEN) or, with --in-cluster, straight to the control actor of the
+Ray cluster.
 """
 
 _EPILOG = """\
@@ -52,6 +57,17 @@ examples:
 """
 
 
+def _token_arguments(group: Any, what: str) -> None:
+    # Neither option reads the environment here: orchestrator.auth.read_token does,
+    # so an empty variable is an error rather than "no token".
+    group.add_argument(
+        "--token-file",
+        default=None,
+        help=f"{what}: a file holding it (default ${TOKEN_FILE_ENV_VAR}, else ${TOKEN_ENV_VAR})",
+    )
+    group.add_argument("--token", default=None, help=f"{what} itself (visible in `ps`: prefer --token-file)")
+
+
 def _parser() -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
     group = connection.add_argument_group("connection")
@@ -60,9 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(URL_ENV_VAR) or DEFAULT_URL,
         help=f"service URL (default ${URL_ENV_VAR} or {DEFAULT_URL})",
     )
-    group.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV_VAR) or None, help=f"bearer token (default ${TOKEN_ENV_VAR})"
-    )
+    _token_arguments(group, "bearer token")
     group.add_argument(
         "--in-cluster", action="store_true", help="talk to the control actor through Ray instead of HTTP"
     )
@@ -107,10 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
+    _token_arguments(p, "require this bearer token")
     p.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV_VAR) or None,
-        help=f"require this bearer token (default ${TOKEN_ENV_VAR})",
+        "--insecure",
+        action="store_true",
+        help="serve on a non-loopback --host without a token (anyone who can reach it can profile)",
     )
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
 
@@ -135,12 +150,19 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("record-shapes", "profile-memory", "with-stack", "with-flops", "with-modules"):
         p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
 
+    stacks_cmd.add_commands(command, [connection])
+
     p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
     p.add_argument("id")
 
     p = command("list", cmd.list_profiles, "profiles, newest first", [connection])
     p.add_argument("--target")
     p.add_argument("--state", choices=[s.value for s in ProfileState])
+    p.add_argument("--limit", type=int, default=DEFAULT_PAGE_SIZE, help=f"profiles per page (default {DEFAULT_PAGE_SIZE})")
+    p.add_argument("--offset", type=int, default=0, help="skip this many of the newest")
+
+    p = command("delete", cmd.delete, "delete finished profiles: their files in storage and their records", [connection])
+    p.add_argument("ids", nargs="+", metavar="ID")
 
     p = command("cancel", cmd.cancel, "cancel a profile", [connection])
     p.add_argument("id")
@@ -155,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     p = command("report", cmd.report, "report on a profile id (downloads it) or a folder of traces", [connection])
     p.add_argument("source", metavar="ID|DIR")
     p.add_argument("--dest", help="where to download a profile id (default: a new temp folder)")
+
+    p = command("diff", diff_cmd.diff, "compare two profiles (ids or folders): what changed, and is it noise", [connection])
+    diff_cmd.add_arguments(p)
 
     p = command("demo", cmd.demo, "local end-to-end demo: cluster, training job, service, one profile", [])
     p.add_argument("--dir", default="rayprof-demo", help="working folder (default ./rayprof-demo)")

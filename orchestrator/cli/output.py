@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 
 from orchestrator.cli.progress import format_size, steps_captured, window_steps
+from orchestrator.cli.terminal import printable, printable_lines
 from orchestrator.models import (
     Manifest,
     ProfileStatus,
@@ -34,7 +35,8 @@ _results: TextIO = sys.stdout
 
 
 def out(*parts: object) -> None:
-    print(*parts, file=_results, flush=True)
+    """Print a result line; control characters from traces or the service are shown escaped."""
+    print(printable_lines(" ".join(str(p) for p in parts)), file=_results, flush=True)
 
 
 def emit_json(value: Any) -> None:
@@ -53,14 +55,16 @@ def emit_json(value: Any) -> None:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    cells = [[printable(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(c) for c in col) for col in zip(*cells)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
 
 
 def print_status(status: ProfileStatus) -> None:
     out(
-        f"{status.id}  target {status.target}  {status.state.value}" + (f"  ({status.reason})" if status.reason else "")
+        f"{status.id}  target {status.target}  {status.state.value}"
+        + (f"  ({printable(status.reason)})" if status.reason else "")
     )
     if status.start_step is not None:
         out(f"steps {status.start_step}..{status.start_step + window_steps(status) - 1}")
@@ -78,31 +82,29 @@ def print_status(status: ProfileStatus) -> None:
         ]
         out(table(rows, ["rank", "host", "state", "steps", "uploaded", "reason"]))
     if status.manifest_uri:
-        out(f"manifest: {status.manifest_uri}")
+        out(f"manifest: {printable(status.manifest_uri)}")
 
 
 def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
     out(
         f"{manifest.profile_id}  target {manifest.target}  {manifest.status.value}"
-        + (f"  ({manifest.reason})" if manifest.reason else "")
+        + (f"  ({printable(manifest.reason)})" if manifest.reason else "")
     )
     out(f"steps {manifest.start_step}..{(manifest.stop_step or 1) - 1} on ranks {[r.rank for r in manifest.ranks]}")
     artifacts = manifest.all_artifacts()
     out(
-        f"{len(artifacts)} artifacts, {format_size(sum(a.bytes for a in artifacts))}, stored under {manifest.storage_uri}"
+        f"{len(artifacts)} artifacts, {format_size(sum(a.bytes for a in artifacts))}, "
+        f"stored under {printable(manifest.storage_uri)}"
     )
     if downloaded is not None:
         out(f"downloaded to {downloaded} (sha256 verified)")
         out(f"view: tensorboard --logdir {downloaded / 'traces'}")
 
 
-# ---- commands --------------------------------------------------------------
-
-
 def print_analysis(summary: Any, report: Path | None) -> None:
     from orchestrator.analysis.models import PHASES
 
-    out(f"{summary.source}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
+    out(f"{printable(summary.source)}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
     rows = [
         [str(r.rank), r.host or "", f"{r.median_step_ms:.1f}" if r.median_step_ms is not None else "-"]
         + [f"{r.mean_phases.get(p):.1f}" for p in PHASES]
@@ -111,15 +113,14 @@ def print_analysis(summary: Any, report: Path | None) -> None:
     if rows:
         out(table(rows, ["rank", "host", "step ms", *(f"{p} ms" for p in PHASES)]))
     for rejected in summary.rejected:
-        out(f"skipped {rejected.path.name}: {rejected.reason}")
+        out(f"skipped {printable(rejected.path.name)}: {printable(rejected.reason)}")
     for issue in summary.issues:
-        out(f"note: {issue}")
+        out(f"note: {printable(issue)}")
     if not summary.findings:
         out("findings: none (nothing in these steps crosses a threshold)")
     for finding in summary.findings:
-        out(
-            f"\n[{finding.severity}] {finding.title} (ranks {finding.ranks})\n  {finding.evidence}\n  fix: {finding.fix}"
-        )
+        title, evidence, fix = printable(finding.title), printable(finding.evidence), printable(finding.fix)
+        out(f"\n[{finding.severity}] {title} (ranks {finding.ranks})\n  {evidence}\n  fix: {fix}")
     if report is not None:
         out(f"\nreport: {report}")
 
@@ -128,7 +129,7 @@ def print_analysis(summary: Any, report: Path | None) -> None:
 def fail(args: argparse.Namespace, status: int, code: str, detail: str) -> int:
     if getattr(args, "json", False):
         emit_json({"error": code, "detail": detail})
-    print(f"rayprof: {code}: {detail}", file=sys.stderr)
+    print(f"rayprof: {printable(code)}: {printable(detail)}", file=sys.stderr)
     return status
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from orchestrator.cli.terminal import printable
 from orchestrator.client import ProfilingClient
 from orchestrator.errors import (
     RayprofError,
@@ -47,7 +48,7 @@ class ProgressPrinter:
         line = format_progress(status, steps_now)
         if line != self._last:
             self._last = line
-            print(f"[{time.monotonic() - self._started:6.1f}s] {line}", file=self._stream, flush=True)
+            print(f"[{time.monotonic() - self._started:6.1f}s] {printable(line)}", file=self._stream, flush=True)
 
 
 def format_progress(status: ProfileStatus, steps_now: dict[int, int] | None = None) -> str:
@@ -60,7 +61,7 @@ def format_progress(status: ProfileStatus, steps_now: dict[int, int] | None = No
         captured = steps_captured(rank, status, (steps_now or {}).get(rank.rank))
         part = f"rank{rank.rank} {rank.state.value} {captured}/{window_steps(status)} steps {format_size(rank.bytes_uploaded)}"
         if rank.reason and rank.state in (RankState.FAILED, RankState.CANCELLED):
-            part += f" ({rank.reason})"
+            part += f" ({printable(rank.reason)})"
         parts.append(part)
     return " | ".join(parts)
 
@@ -104,11 +105,4 @@ def current_steps_lookup(client: ProfilingClient) -> Callable[[str], dict[int, i
 
     return lookup
 
-
-# ---- output ---------------------------------------------------------------
-
-# Where results go. Ray drivers print cluster warnings to sys.stdout from a
-# background thread; commands that start one point sys.stdout at stderr so
-# results (and --json) stay clean, and write here.
-_results: TextIO = sys.stdout
 

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ControllerUnavailableError, RayprofError
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec, TargetInfo
+from orchestrator.models import (
+    Manifest,
+    ProfilePage,
+    ProfileRequest,
+    ProfileState,
+    ProfileStatus,
+    StacksBundle,
+    StorageSpec,
+    TargetInfo,
+    WatchSpec,
+    WatchStatus,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ActorBackend"]
 
@@ -18,7 +32,6 @@ class ActorBackend:
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
-        self._config = self._call("config")
 
     def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
         import ray
@@ -50,8 +63,11 @@ class ActorBackend:
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
 
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        return self._read("list", target, state)
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
+        return self._read("list", target, state, limit, offset)
+
+    def delete(self, profile_id: str) -> None:
+        self._call("delete", profile_id)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._call("cancel", profile_id)
@@ -62,6 +78,28 @@ class ActorBackend:
     def targets(self) -> list[TargetInfo]:
         return self._read("targets")
 
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        spec = self._config.storage
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=spec.s3_endpoint_url, s3_region=spec.s3_region)
+    def storage(self) -> StorageSpec:
+        # Asked each time: the storage can be reconfigured while this client lives.
+        return self._read("config").storage
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        from orchestrator.analysis.diff import diff_profiles
+        from orchestrator.analysis.diff_inputs import load_stored
+
+        root = self.storage()
+        return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))
+
+    def stacks(self, target: str, native: bool) -> StacksBundle:
+        return self._call("stacks", target, native, timeout=120.0)
+
+    def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        return self._call("create_watch", spec)
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        return self._read("get_watch", watch_id)
+
+    def list_watches(self) -> list[WatchStatus]:
+        return self._read("list_watches")
+
+    def delete_watch(self, watch_id: str) -> None:
+        self._call("delete_watch", watch_id)

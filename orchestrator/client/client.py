@@ -6,18 +6,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.errors import ControllerUnavailableError, ProfileTimeoutError, RayprofError
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.errors import (
+    ControllerUnavailableError,
+    IntegrityError,
+    InvalidRequestError,
+    ProfileTimeoutError,
+    RayprofError,
+    StorageError,
+)
+from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models import (
     Manifest,
+    Name,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
+from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ProfileHandle", "ProfilingClient"]
 
@@ -31,11 +50,18 @@ class Backend(Protocol):
     def submit(self, request: ProfileRequest) -> ProfileStatus: ...
     def get(self, profile_id: str) -> ProfileStatus: ...
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]: ...
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage: ...
+    def delete(self, profile_id: str) -> None: ...
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
-    def storage_for(self, storage_uri: str) -> StorageSpec: ...
+    def storage(self) -> StorageSpec: ...
+    def diff(self, a: str, b: str) -> ProfileDiff: ...
+    def stacks(self, target: str, native: bool) -> StacksBundle: ...
+    def create_watch(self, spec: WatchSpec) -> WatchStatus: ...
+    def get_watch(self, watch_id: str) -> WatchStatus: ...
+    def list_watches(self) -> list[WatchStatus]: ...
+    def delete_watch(self, watch_id: str) -> None: ...
 
 
 class ProfileHandle:
@@ -92,23 +118,65 @@ class ProfileHandle:
         return self.last_status
 
     def manifest(self) -> Manifest:
-        """The stored manifest (only once the profile has ended)."""
-        return self._backend.manifest(self.id)
+        """The stored manifest (only once the profile has ended); it must be this profile's."""
+        manifest = self._backend.manifest(self.id)
+        if (manifest.profile_id, manifest.target) != (self.id, self.target):
+            raise IntegrityError(
+                f"asked for the manifest of {self.target}/{self.id} and got the one of "
+                f"{manifest.target}/{manifest.profile_id}",
+                profile_id=self.id,
+            )
+        return manifest
 
     def download(self, dest: str | Path) -> Path:
         """Fetch the manifest and every artifact it lists into ``dest``, verifying sha256."""
-        manifest = self.manifest()
-        return download_profile(manifest, self._backend.storage_for(manifest.storage_uri), Path(dest))
+        return download_profile(self.manifest(), self._backend.storage(), Path(dest))
 
 
 def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
-    """Copy a profile folder to ``dest``; raises :class:`IntegrityError` on a checksum mismatch."""
+    """Copy a profile's files into ``dest``; raises :class:`IntegrityError` on a checksum mismatch.
+
+    Files are read from ``spec`` (the configured storage root) under
+    ``{target}/{profile_id}``, never from a location the manifest names, and
+    every file is written inside ``dest`` or not at all.
+    """
     storage = open_storage(spec)
-    dest.mkdir(parents=True, exist_ok=True)
-    for artifact in manifest.all_artifacts():
-        storage.download(artifact.key, dest / artifact.key, expected_sha256=artifact.sha256)
-    (dest / "manifest.json").write_text(manifest.model_dump_json(indent=2))
-    return dest
+    prefix = profile_prefix(manifest.target, manifest.profile_id)
+    folder = Path(dest).resolve()
+    # Every destination is checked before the first byte is written.
+    files = [(artifact, _inside(folder, artifact.key)) for artifact in manifest.all_artifacts()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for artifact, path in files:
+        try:
+            storage.download(f"{prefix}/{artifact.key}", path, expected_sha256=artifact.sha256)
+        except StorageError as e:
+            if manifest.storage_uri == storage.uri(prefix) or isinstance(e, IntegrityError):
+                raise
+            # Not read from there on purpose; say why the file is not where we looked.
+            raise StorageError(
+                f"{e.message}; the manifest says the profile was stored under {manifest.storage_uri}, outside the "
+                f"configured storage {storage.root_uri}: configure that storage to download it",
+                profile_id=manifest.profile_id,
+            ) from e
+    _inside(folder, MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))
+    return folder
+
+
+def _inside(folder: Path, key: str) -> Path:
+    """``folder / key``, resolved (symlinks included); refused when it lands outside ``folder``."""
+    path = (folder / key).resolve()
+    if not path.is_relative_to(folder) or path == folder:
+        raise IntegrityError(f"artifact {key!r} would be written outside {folder}")
+    return path
+
+
+def _profile_id(value: str) -> str:
+    try:
+        return TypeAdapter(Name).validate_python(value)
+    except ValidationError:
+        raise InvalidRequestError(
+            f"invalid profile id {value!r}: letters, digits, '.', '_', '-' and '=' only, no '..'"
+        ) from None
 
 
 class ProfilingClient:
@@ -179,8 +247,50 @@ class ProfilingClient:
 
     def get(self, profile_id: str) -> ProfileHandle:
         """Handle to an existing profile."""
-        return ProfileHandle(self._backend, self._backend.get(profile_id))
+        return ProfileHandle(self._backend, self._backend.get(_profile_id(profile_id)))
 
-    def list(self, target: str | None = None, state: ProfileState | str | None = None) -> list[ProfileStatus]:
-        """Profiles, newest first."""
-        return self._backend.list(target, ProfileState(state) if state is not None else None)
+    def list(
+        self,
+        target: str | None = None,
+        state: ProfileState | str | None = None,
+        *,
+        limit: int = DEFAULT_PAGE_SIZE,
+        offset: int = 0,
+    ) -> ProfilePage:
+        """One page of profiles, newest first (``.profiles``, ``.total``)."""
+        return self._backend.list(target, ProfileState(state) if state is not None else None, limit, offset)
+
+    def delete(self, profile_id: str) -> None:
+        """Delete a finished profile: every file of it in storage, and its record."""
+        self._backend.delete(profile_id)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
+        return self._backend.diff(a, b)
+
+    def stacks(self, target: str, *, native: bool = False) -> StacksBundle:
+        """Every live rank's stacks now, grouped (ranks unlike the majority first), stored like a profile.
+
+        ``native`` adds native frames through py-spy where it is installed and may attach.
+        """
+        return self._backend.stacks(target, native)
+
+    def watch(self, target: str, **options: Any) -> WatchStatus:
+        """Watch ``target`` and act when a condition holds; options are :class:`WatchSpec` fields.
+
+        E.g. ``watch("run", slower_than=1.3, for_s=30, profile_steps=5)``,
+        ``watch("run", rank_lag=3)``, ``watch("run", stalled=True, action="stacks")``.
+        """
+        return self._backend.create_watch(WatchSpec(target=target, **options))
+
+    def watches(self) -> list[WatchStatus]:
+        """Every watch, with its state and firings."""
+        return self._backend.list_watches()
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        """One watch now."""
+        return self._backend.get_watch(watch_id)
+
+    def delete_watch(self, watch_id: str) -> None:
+        """Stop and forget a watch."""
+        self._backend.delete_watch(watch_id)

@@ -8,7 +8,7 @@ the in-cluster client raises (``TargetNotFoundError``, ``ConflictError``, ...).
 from __future__ import annotations
 
 import os
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -23,17 +23,24 @@ from orchestrator.errors import (
 )
 from orchestrator.models import (
     Manifest,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
     S3_ENDPOINT_URL_ENV_VAR,
     S3_REGION_ENV_VAR,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["HttpBackend", "error_for"]
 
@@ -136,10 +143,13 @@ class HttpBackend:
         body = self._request("GET", self._path(profile_id), params={"wait_s": wait_s}, timeout=wait_s + self._timeout_s)
         return self._status(body)
 
-    def list(self, target: str | None, state: ProfileState | None) -> list[ProfileStatus]:
-        params = {k: v for k, v in (("target", target), ("state", state.value if state else None)) if v}
-        body = self._request("GET", "/v1/profiles", params=params)
-        return [ProfileStatus.model_validate(p) for p in body["profiles"]]
+    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
+        params: dict[str, str | int] = {"limit": limit, "offset": offset}
+        params.update({k: v for k, v in (("target", target), ("state", state.value if state else None)) if v})
+        return ProfilePage.model_validate(self._request("GET", "/v1/profiles", params=params))
+
+    def delete(self, profile_id: str) -> None:
+        self._request("DELETE", self._path(profile_id))
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._status(self._request("DELETE", self._path(profile_id)))
@@ -150,5 +160,31 @@ class HttpBackend:
     def targets(self) -> list[TargetInfo]:
         return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
 
-    def storage_for(self, storage_uri: str) -> StorageSpec:
-        return StorageSpec(uri=storage_uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
+    def storage(self) -> StorageSpec:
+        # The service's root with this client's endpoint: the service may reach
+        # S3/MinIO under an address this machine cannot.
+        uri = self._request("GET", "/v1/storage")["uri"]
+        return StorageSpec(uri=uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
+
+    def diff(self, a: str, b: str) -> ProfileDiff:
+        from orchestrator.analysis.diff import ProfileDiff
+
+        path = f"{self._path(a)}/diff/{quote(b, safe='')}"
+        return ProfileDiff.model_validate(self._request("GET", path))
+
+    def stacks(self, target: str, native: bool) -> StacksBundle:
+        path = f"/v1/targets/{quote(target, safe='')}/stacks"
+        body = self._request("GET", path, params={"native": native}, timeout=self._timeout_s + 60)
+        return StacksBundle.model_validate(body)
+
+    def create_watch(self, spec: WatchSpec) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("POST", "/v1/watches", json=spec.model_dump(mode="json")))
+
+    def get_watch(self, watch_id: str) -> WatchStatus:
+        return WatchStatus.model_validate(self._request("GET", f"/v1/watches/{quote(watch_id, safe='')}"))
+
+    def list_watches(self) -> list[WatchStatus]:
+        return TypeAdapter(list[WatchStatus]).validate_python(self._request("GET", "/v1/watches")["watches"])
+
+    def delete_watch(self, watch_id: str) -> None:
+        self._request("DELETE", f"/v1/watches/{quote(watch_id, safe='')}")

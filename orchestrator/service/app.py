@@ -15,61 +15,69 @@ Python::
 # rebuilds route signatures and cannot resolve string annotations, so FastAPI
 # would treat the body, Request and dependencies as query parameters.
 import asyncio
-import hashlib
-import hmac
-import json
-import logging
-import os
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchestrator.auth import check_exposure, read_token
 from orchestrator.errors import (
     ControllerUnavailableError,
-    IntegrityError,
     NotFoundError,
     RayprofError,
 )
+from orchestrator.manifest import read_artifact
 from orchestrator.models import (
+    NAME_MAX_LENGTH,
+    NAME_PATTERN,
     ControllerConfig,
     Manifest,
+    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
+    StacksBundle,
     StorageSpec,
     TargetInfo,
+    WatchSpec,
+    WatchStatus,
 )
-from orchestrator.settings import MAX_HTTP_WAIT_S, TOKEN_ENV_VAR
+from orchestrator.service.console import ConsoleRoutes
+from orchestrator.service.console import router as console_router
+from orchestrator.service.security import (
+    MAX_BODY_BYTES,
+    REPORT_HEADERS,
+    BodyLimit,
+    Guard,
+    SecurityHeaders,
+    error_response,
+    rayprof_error_response,
+    serve_http_host,
+    unexpected_error_response,
+)
+from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
+from orchestrator.storage import open_storage
 
 __all__ = [
-    "MAX_BODY_BYTES",
-    "ProfileList",
     "ProfileView",
     "ProfilingService",
+    "StorageView",
     "TargetList",
     "api",
     "app",
     "build_app",
 ]
 
-logger = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 64 * 1024
-"""Request bodies above this are refused with 413: a profile request is a few hundred bytes."""
-
 CALL_TIMEOUT_S = 30.0
 """How long one call to the control actor may take before the service answers 503."""
 
-# Same rule as models.Name; checked here too so a bad id is a 422, not a controller round trip.
-_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
-ProfileId = Annotated[str, Path(min_length=1, max_length=128, pattern=_ID_PATTERN)]
+# Checked here too so a bad id is a 422, not a controller round trip.
+ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
 
 
 class _Response(BaseModel):
@@ -83,10 +91,6 @@ class ProfileView(ProfileStatus):
     manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
 
 
-class ProfileList(_Response):
-    """``GET /v1/profiles``: newest first."""
-
-    profiles: list[ProfileStatus]
 
 
 class TargetList(_Response):
@@ -95,81 +99,24 @@ class TargetList(_Response):
     targets: list[TargetInfo]
 
 
+class StorageView(_Response):
+    """``GET /v1/storage``: the root clients download profiles from (``{uri}/{target}/{id}/``)."""
+
+    uri: str
+
+
+class WatchList(_Response):
+    """``GET /v1/watches``: every watch."""
+
+    watches: list[WatchStatus]
+
+
 class ErrorBody(_Response):
-    """Every error response."""
+    """Every error response; server errors (5xx) add an ``error_id`` to find the logged details by."""
 
     error: str
     detail: str
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class BodyLimit:
-    """ASGI middleware: answer 413 for bodies over ``max_bytes``, declared or streamed.
-
-    A declared ``content-length`` is refused before reading; a chunked body is
-    read up to the limit and replayed to the app, so no handler ever sees more.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit() or int(declared) > self.max_bytes:
-                await self._refuse(send)
-                return
-            await self.app(scope, receive, send)
-            return
-        try:
-            body = await self._read_body(receive)
-        except _BodyTooLarge:
-            await self._refuse(send)
-            return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b"".join(chunks)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise _BodyTooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"error": "body_too_large", "detail": f"request body over {self.max_bytes} bytes"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    error_id: str | None = None
 
 
 api = FastAPI(
@@ -177,26 +124,26 @@ api = FastAPI(
     version="1",
     description="On-demand torch.profiler windows on live Ray Train runs.",
     responses={
-        400: {"model": ErrorBody, "description": "A value the server refuses (e.g. steps over the maximum)."},
+        400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
         401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
         404: {"model": ErrorBody, "description": "Unknown target or profile."},
         422: {"model": ErrorBody, "description": "Malformed body, unknown field or invalid name."},
+        500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
         503: {"model": ErrorBody, "description": "The control actor is unavailable."},
     },
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-_bearer = HTTPBearer(auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR}).")
+api.include_router(console_router)
+api.add_middleware(SecurityHeaders)
+_bearer = HTTPBearer(
+    auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR} or {TOKEN_FILE_ENV_VAR})."
+)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-def _error(status: int, code: str, detail: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
 @api.exception_handler(RayprofError)
 async def _rayprof_error(request: Request, exc: RayprofError) -> JSONResponse:
-    return _error(exc.http_status, exc.code, exc.message)
+    return rayprof_error_response(request, exc)
 
 
 @api.exception_handler(RequestValidationError)
@@ -205,39 +152,23 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     for err in exc.errors():
         where = ".".join(str(part) for part in err.get("loc", ()))
         problems.append(f"{where}: {err.get('msg', 'invalid')}")
-    return _error(422, "validation_error", "; ".join(problems) or "invalid request")
+    return error_response(422, "validation_error", "; ".join(problems) or "invalid request")
 
 
 @api.exception_handler(Exception)
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    # Still a JSON body for clients; Starlette logs the traceback in the replica.
-    return _error(500, "internal_error", f"{type(exc).__name__}: {exc}"[:500])
+    return unexpected_error_response(request, exc)
 
 
 @api.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     codes = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
-    return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+    return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
 
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
 # class: @serve.ingress pickles the FastAPI app, route methods included, when the
 # class is decorated; a global defined later is missing in the replica.
-def _read_artifact(manifest: Manifest, server_storage: StorageSpec, key: str, sha256: str) -> bytes:
-    """Read one artifact of a profile folder and check it against the manifest."""
-    from orchestrator.storage import open_storage
-
-    spec = StorageSpec(
-        uri=manifest.storage_uri,
-        s3_endpoint_url=server_storage.s3_endpoint_url,
-        s3_region=server_storage.s3_region,
-    )
-    data = open_storage(spec).get_bytes(key)
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise IntegrityError(f"{key} of {manifest.profile_id} does not match its manifest checksum")
-    return data
-
-
 @serve.deployment(
     # The service only forwards calls: leave every CPU to training.
     ray_actor_options={"num_cpus": 0},
@@ -245,18 +176,30 @@ def _read_artifact(manifest: Manifest, server_storage: StorageSpec, key: str, sh
     max_ongoing_requests=200,
 )
 @serve.ingress(api)
-class ProfilingService:
+class ProfilingService(ConsoleRoutes):
     """Routes of the v1 API; the control actor does the work.
 
     ``storage``: when given, the control actor is (created and) configured to
     store new profiles there. ``token``: bearer token required on every route
-    but ``/healthz`` (default ``RAYPROF_TOKEN``; none means open).
-    ``controller``: a control-actor handle to use instead of the named one.
+    but ``/healthz`` (default ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``; none
+    means open to loopback Host names and ``allowed_hosts``). ``insecure``:
+    accept a non-loopback bind without a token. ``controller``: a control-actor
+    handle to use instead of the named one.
     """
 
-    def __init__(self, *, storage: StorageSpec | None = None, token: str | None = None, controller: Any = None) -> None:
-        token = token if token is not None else os.environ.get(TOKEN_ENV_VAR)
-        self._token = token.encode() if token else None
+    def __init__(
+        self,
+        *,
+        storage: StorageSpec | None = None,
+        token: str | None = None,
+        controller: Any = None,
+        insecure: bool = False,
+        allowed_hosts: tuple[str, ...] = (),
+    ) -> None:
+        token = read_token(token)
+        # Also checked here, not only at build time: ``app`` and Python callers have no builder.
+        check_exposure(serve_http_host(), token, insecure=insecure)
+        self._guard = Guard(token, allowed_hosts)
         self._storage = storage
         self._pinned = controller is not None
         self._controller = controller
@@ -296,13 +239,6 @@ class ProfilingService:
                 self._controller = None
             raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {type(e).__name__}") from e
 
-    def _authorize(self, credentials: HTTPAuthorizationCredentials | None) -> None:
-        if self._token is None:
-            return
-        given = credentials.credentials.encode() if credentials is not None else b""
-        if not hmac.compare_digest(given, self._token):
-            raise HTTPException(401, "missing or wrong bearer token")
-
     async def _view(self, status: ProfileStatus, request: Request) -> ProfileView:
         manifest = None
         if status.state.is_terminal and status.manifest_uri is not None:
@@ -317,19 +253,22 @@ class ProfilingService:
 
     @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
     async def create_profile(self, body: ProfileRequest, request: Request, credentials: Credentials) -> JSONResponse:
-        self._authorize(credentials)
+        self._guard.check(request, credentials)
         view = await self._view(await self._call("submit", body), request)
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
 
-    @api.get("/v1/profiles", response_model=ProfileList, summary="List profiles, newest first")
+    @api.get("/v1/profiles", response_model=ProfilePage, summary="One page of profiles, newest first")
     async def list_profiles(
         self,
+        request: Request,
         credentials: Credentials,
-        target: Annotated[str | None, Query(max_length=128, pattern=_ID_PATTERN)] = None,
+        target: Annotated[str | None, Query(max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)] = None,
         state: ProfileState | None = None,
-    ) -> ProfileList:
-        self._authorize(credentials)
-        return ProfileList(profiles=await self._call("list", target, state))
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> ProfilePage:
+        self._guard.check(request, credentials)
+        return await self._call("list", target, state, limit, offset)
 
     @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
     async def get_profile(
@@ -341,30 +280,38 @@ class ProfilingService:
             float, Query(ge=0, le=MAX_HTTP_WAIT_S, description="Long-poll: answer once the state changes or after this.")
         ] = 0.0,
     ) -> ProfileView:
-        self._authorize(credentials)
+        self._guard.check(request, credentials)
         if wait_s > 0:
             status = await self._call("wait", profile_id, wait_s, timeout=wait_s + CALL_TIMEOUT_S)
         else:
             status = await self._call("get", profile_id)
         return await self._view(status, request)
 
-    @api.delete("/v1/profiles/{profile_id}", response_model=ProfileView, summary="Cancel a profile")
+    @api.delete(
+        "/v1/profiles/{profile_id}",
+        response_model=ProfileView,
+        summary="Cancel a running profile; delete a finished one (its files and its record)",
+    )
     async def cancel_profile(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileView:
-        self._authorize(credentials)
+        self._guard.check(request, credentials)
+        status: ProfileStatus = await self._call("get", profile_id)
+        if status.state.is_terminal:
+            await self._call("delete", profile_id)
+            return ProfileView(**status.model_dump(), status_url=str(request.url))
         return await self._view(await self._call("cancel", profile_id), request)
 
     @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
-    async def get_manifest(self, profile_id: ProfileId, credentials: Credentials) -> Manifest:
-        self._authorize(credentials)
+    async def get_manifest(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> Manifest:
+        self._guard.check(request, credentials)
         return await self._call("manifest", profile_id)
 
     @api.get(
         "/v1/profiles/{profile_id}/report",
         response_class=HTMLResponse,
-        summary="The analysis report (report.html) listed in the manifest",
+        summary="The analysis report (report.html) listed in the manifest, under a strict Content-Security-Policy",
     )
-    async def get_report(self, profile_id: ProfileId, credentials: Credentials) -> HTMLResponse:
-        self._authorize(credentials)
+    async def get_report(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> HTMLResponse:
+        self._guard.check(request, credentials)
         manifest: Manifest = await self._call("manifest", profile_id)
         report = next((a for a in manifest.artifacts if a.kind == "report"), None)
         if report is None:
@@ -373,28 +320,74 @@ class ProfilingService:
                 profile_id=profile_id,
             )
         config: ControllerConfig = await self._call("config")
-        data = await asyncio.to_thread(_read_artifact, manifest, config.storage, report.key, report.sha256)
-        return HTMLResponse(data.decode("utf-8", errors="replace"))
+        data = await asyncio.to_thread(read_artifact, open_storage(config.storage), manifest, report.key, report.sha256)
+        return HTMLResponse(data.decode("utf-8", errors="replace"), headers=REPORT_HEADERS)
+
+    @api.get("/v1/storage", response_model=StorageView, summary="Where clients download profiles from")
+    async def get_storage(self, request: Request, credentials: Credentials) -> StorageView:
+        self._guard.check(request, credentials)
+        config: ControllerConfig = await self._call("config")
+        return StorageView(uri=config.storage.uri)
 
     @api.get("/v1/targets", response_model=TargetList, summary="Live training runs and their ranks")
-    async def list_targets(self, credentials: Credentials) -> TargetList:
-        self._authorize(credentials)
+    async def list_targets(self, request: Request, credentials: Credentials) -> TargetList:
+        self._guard.check(request, credentials)
         return TargetList(targets=await self._call("targets"))
+
+    @api.get(
+        "/v1/targets/{target}/stacks",
+        response_model=StacksBundle,
+        summary="Every live rank's stacks now, grouped; stored as a bundle of kind 'stacks'",
+    )
+    async def get_stacks(self, target: ProfileId, request: Request, credentials: Credentials, native: bool = False) -> StacksBundle:
+        self._guard.check(request, credentials)
+        return await self._call("stacks", target, native, timeout=CALL_TIMEOUT_S + 60)
+
+    @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
+    async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("create_watch", body)
+
+    @api.get("/v1/watches", response_model=WatchList, summary="Every watch")
+    async def list_watches(self, request: Request, credentials: Credentials) -> WatchList:
+        self._guard.check(request, credentials)
+        return WatchList(watches=await self._call("list_watches"))
+
+    @api.get("/v1/watches/{watch_id}", response_model=WatchStatus, summary="One watch: state, baseline, firings")
+    async def get_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("get_watch", watch_id)
+
+    @api.delete("/v1/watches/{watch_id}", response_model=WatchStatus, summary="Stop and forget a watch")
+    async def delete_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
+        self._guard.check(request, credentials)
+        return await self._call("delete_watch", watch_id)
+
+
+_APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts"}
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """Application builder (``import_path: orchestrator.service.app:build_app``).
 
     ``args``: ``storage`` (path or ``s3://bucket/prefix``), ``s3_endpoint_url``,
-    ``s3_region``, ``token``; unset ones fall back to ``RAYPROF_*`` env vars
-    read in the replica.
+    ``s3_region``, ``token``, ``insecure`` (serve on a non-loopback address
+    without a token), ``allowed_hosts`` (Host names answered without a token,
+    besides loopback); unset ones fall back to ``RAYPROF_*`` env vars.
+
+    Raises :class:`~orchestrator.errors.ConfigurationError` here, at build time,
+    when Serve listens on a non-loopback address and no token is configured
+    (argument, ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``) unless ``insecure``.
     """
     from orchestrator.config import normalize_uri
 
     args = dict(args or {})
-    unknown = set(args) - {"storage", "s3_endpoint_url", "s3_region", "token"}
+    unknown = set(args) - _APP_ARGS
     if unknown:
         raise ValueError(f"unknown rayprof app args: {sorted(unknown)}")
+    insecure = bool(args.get("insecure", False))
+    token = args.get("token")
+    check_exposure(serve_http_host(), read_token(token), insecure=insecure)
     storage = None
     if args.get("storage"):
         storage = StorageSpec(
@@ -402,7 +395,13 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
             s3_endpoint_url=args.get("s3_endpoint_url") or None,
             s3_region=args.get("s3_region") or None,
         )
-    return ProfilingService.bind(storage=storage, token=args.get("token") or None)
+    hosts = args.get("allowed_hosts") or ()
+    return ProfilingService.bind(
+        storage=storage,
+        token=token,
+        insecure=insecure,
+        allowed_hosts=tuple([hosts] if isinstance(hosts, str) else hosts),
+    )
 
 
 app = ProfilingService.bind()

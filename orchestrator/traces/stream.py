@@ -1,185 +1,407 @@
-"""Stream a Chrome trace file (``.json`` or ``.json.gz``) without loading it whole.
+"""Stream a Chrome trace file (``.json`` or ``.json.gz``) in bounded memory and linear time.
 
 A torch.profiler trace is one JSON object whose ``traceEvents`` array holds
-nearly all of its bytes. :func:`iter_trace` walks the top-level object and
-yields each top-level key with its value, except that ``traceEvents`` is
-yielded one event at a time, so memory stays bounded by the largest single
-event, not the file. It uses the C JSON scanner (``json.JSONDecoder.raw_decode``)
-on a sliding text buffer, so no extra dependency is needed.
+nearly all of its bytes. :func:`iter_batches` walks the top-level object and
+yields each other key with its value, and the events in batches of up to
+:data:`MAX_BATCH_BYTES` of JSON, decoded by msgspec straight into the caller's
+typed structs (measured on a 54 MB V100 trace: msgspec typed 164-380 MB/s,
+orjson 71 MB/s, msgspec untyped 77 MB/s, the stdlib 51 MB/s; orjson has no
+typed decoding, so it would pay for a dict per event).
+
+How a batch is cut without a byte-by-byte scanner: the array's elements are
+separated by ``}``, whitespace, ``,``. The reader picks such a place past the
+batch's target size and decodes ``[`` + the bytes up to it + ``]``. A place
+inside a string or a nested value leaves an unterminated string or an unclosed
+bracket, so the decode fails: a batch that decodes was cut at a true element
+boundary. On a failed cut the target shrinks (x1/4); when even the first
+candidate fails (an event holding ``},`` in a string, damage, or a huge value),
+one element is read exactly: the stdlib scanner finds its end in a window that
+doubles up to :data:`MAX_VALUE_BYTES`, and msgspec decodes that slice. Every
+step costs at most a constant factor of the bytes it consumes, so time stays
+linear; the buffer never holds more than one value's bound plus a chunk.
+
+Anything that is not a readable trace (damage, gzip or UTF-8 errors, NaN,
+integers beyond 64 bits, nesting past msgspec's limit, a value over the bound,
+a type the caller's struct refuses) raises :class:`TraceParseError` with the
+byte offset; nothing else escapes.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
-import io
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
-__all__ = ["TraceParseError", "iter_trace", "open_text", "read_header"]
+import msgspec
 
-# Big enough that the per-chunk Python overhead disappears, small enough to stay
-# far below a rank's trace size.
-CHUNK_CHARS = 1 << 18
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "MAX_VALUE_BYTES",
+    "TraceParseError",
+    "TraceReader",
+    "iter_batches",
+    "iter_trace",
+    "open_binary",
+    "read_header",
+]
 
-_WHITESPACE = " \t\n\r"
-_SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
+CHUNK_BYTES = 1 << 20
+# One event or header value larger than this rejects the trace: real events are
+# under 1 MB, a header (distributedInfo of a 10k-rank job) a few MB.
+MAX_VALUE_BYTES = 32 << 20
+FIRST_BATCH_BYTES = 64 << 10
+MAX_BATCH_BYTES = 1 << 20
+_EXACT_WINDOW = 64 << 10
 
-Item = tuple[Literal["key"], str, Any] | tuple[Literal["event"], None, dict[str, Any]]
+_CUT = re.compile(rb"\}[ \t\r\n]*([,\]])")
+_NON_WS = re.compile(rb"[^ \t\r\n]")
+_AT_INDEX = re.compile(r"`\$\[(\d+)\]")
+_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+# strict=False: control characters in strings are msgspec's call; this scanner only finds ends.
+_SCANNER = json.JSONDecoder(strict=False)
+_ANY = msgspec.json.Decoder()
+_KEY = msgspec.json.Decoder(str)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+
+KeyItem = tuple[Literal["key"], str, Any]
+BatchItem = tuple[Literal["events"], None, list[Any]]
 
 
 class TraceParseError(ValueError):
     """The file is not a Chrome trace we can read; the message says where and why."""
 
 
-def open_text(path: Path) -> io.TextIOBase:
-    """Open a trace as text, gunzipping when the file starts with the gzip magic."""
+def open_binary(path: Path) -> BinaryIO:
+    """Open a trace for reading bytes, gunzipping when the file starts with the gzip magic."""
     with open(path, "rb") as raw:
         magic = raw.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
 
 
-class _Reader:
-    """A text buffer over a file that refills on demand; positions are buffer-relative."""
+class _Buffer:
+    """Bytes of one file read on demand; positions are buffer-relative, ``consumed`` makes them absolute."""
 
-    def __init__(self, stream: io.TextIOBase) -> None:
+    def __init__(self, stream: BinaryIO, limit: int) -> None:
         self._stream = stream
-        self.buf = ""
+        self.limit = limit
+        self.buf = bytearray()
         self.pos = 0
+        self.consumed = 0
         self.eof = False
-        self.consumed = 0  # characters dropped from the front, for error offsets
+        self.events = 0
 
-    def _refill(self) -> bool:
+    def offset(self, pos: int | None = None) -> int:
+        return self.consumed + (self.pos if pos is None else pos)
+
+    def read_more(self) -> bool:
         if self.eof:
             return False
-        chunk = self._stream.read(CHUNK_CHARS)
+        chunk = self._stream.read(CHUNK_BYTES)
         if not chunk:
             self.eof = True
             return False
-        # Drop what was already parsed so the buffer never grows with the file.
-        self.consumed += self.pos
-        self.buf = self.buf[self.pos :] + chunk
-        self.pos = 0
+        self.buf += chunk
         return True
 
-    def peek(self) -> str:
-        """Next non-whitespace character, or '' at end of file."""
-        while True:
-            buf, pos, n = self.buf, self.pos, len(self.buf)
-            while pos < n and buf[pos] in _WHITESPACE:
-                pos += 1
-            self.pos = pos
-            if pos < n:
-                return buf[pos]
-            if not self._refill():
-                return ""
+    def fill(self, end: int) -> None:
+        while len(self.buf) < end and self.read_more():
+            pass
 
-    def expect(self, char: str) -> None:
+    def compact(self) -> None:
+        # Dropping the parsed front keeps the buffer at one batch plus a chunk.
+        if self.pos >= CHUNK_BYTES:
+            self.buf = self.buf[self.pos :]
+            self.consumed += self.pos
+            self.pos = 0
+
+    def peek(self) -> int:
+        """The next non-whitespace byte (without consuming it), or -1 at end of file."""
+        while True:
+            m = _NON_WS.search(self.buf, self.pos)
+            if m is not None:
+                self.pos = m.start()
+                return self.buf[self.pos]
+            self.pos = len(self.buf)
+            self.compact()
+            if not self.read_more():
+                return -1
+
+    def expect(self, char: bytes) -> None:
         got = self.peek()
-        if got != char:
-            raise TraceParseError(f"expected {char!r} at character {self.consumed + self.pos}, found {got or 'end of file'!r}")
+        if got < 0:
+            raise TraceParseError(f"the file ends at byte {self.offset()} where {char.decode()!r} should be: truncated")
+        if got != char[0]:
+            raise TraceParseError(f"expected {char.decode()!r} at byte {self.offset()}, found {chr(got)!r}")
         self.pos += 1
 
-    def value(self) -> Any:
-        """Decode one JSON value, reading more text until it is complete."""
-        self.peek()
+    def fail(self, exc: Exception, start: int, *, wrapped: bool = False, event: bool = False) -> TraceParseError:
+        """A TraceParseError for a msgspec error in the text that began at ``start``.
+
+        ``wrapped``: the text was a batch of events decoded inside ``[...]``;
+        ``event``: it was one event. Both name the event by its index in the file.
+        """
+        if isinstance(exc, RecursionError):
+            return TraceParseError(f"value nested too deep at byte {self.offset(start)}")
+        shift = self.offset(start) - (1 if wrapped else 0)
+        msg = _BYTE_POS.sub(lambda m: f"(byte {shift + int(m.group(1))})", str(exc))
+        if wrapped:
+            msg = _AT_INDEX.sub(lambda m: f"`event {self.events + int(m.group(1))}: $", msg)
+        elif event:
+            msg = msg.replace("`$", f"`event {self.events}: $")
+        return TraceParseError(msg)
+
+    def exact(self, decoders: tuple[msgspec.json.Decoder, ...], *, event: bool = False) -> list[Any]:
+        """Decode the one JSON value at the current position (once per decoder), whatever its size up to the limit."""
+        if self.peek() < 0:
+            raise TraceParseError(f"the file ends at byte {self.offset()} where a value should be")
+        start = self.pos
+        window = _EXACT_WINDOW
+        while True:
+            self.fill(start + window + 1)
+            whole = self.eof and len(self.buf) - start <= window
+            part = bytes(self.buf[start : start + window])
+            try:
+                text = codecs.getincrementaldecoder("utf-8")().decode(part, final=whole)
+                _, end = _SCANNER.raw_decode(text)
+            except UnicodeDecodeError as exc:
+                raise TraceParseError(f"not UTF-8 at byte {self.offset(start) + exc.start}") from None
+            except RecursionError:
+                raise TraceParseError(f"value nested too deep at byte {self.offset(start)}") from None
+            except ValueError as exc:  # JSONDecodeError, or an integer past the stdlib's digit limit
+                if not whole and window >= self.limit:
+                    raise TraceParseError(
+                        f"a value at byte {self.offset(start)} is over the {self.limit >> 20} MiB limit, or damaged"
+                    ) from None
+                if whole:
+                    where = self.offset(start) + getattr(exc, "pos", 0)
+                    raise TraceParseError(f"invalid JSON at byte {where}: {getattr(exc, 'msg', exc)}") from None
+                window *= 2
+                continue
+            if end == len(text) and not whole:  # a number at the window's edge may go on
+                window *= 2
+                continue
+            size = end if text.isascii() else len(text[:end].encode("utf-8"))
+            text = bytes(self.buf[start : start + size])
+            try:
+                values = [decoder.decode(text) for decoder in decoders]
+            except (msgspec.DecodeError, RecursionError) as exc:
+                raise self.fail(exc, start, event=event) from None
+            self.pos = start + size
+            return values
+
+    def batch(self, decoders: tuple[msgspec.json.Decoder, ...], target: int) -> tuple[list[list[Any]], int] | int | None:
+        """Decode elements from here to a cut past ``target`` bytes.
+
+        Returns ``(elements, separator byte)`` when the cut was an element
+        boundary, the cut's distance when it was not, or None when no cut is
+        in reach (the caller then reads one element exactly).
+        """
+        start = self.pos
+        self.fill(start + target + 1)
+        search_from = start + min(target, max(len(self.buf) - start - 1, 0))
+        while True:
+            m = _CUT.search(self.buf, search_from)
+            if m is not None:
+                break
+            if len(self.buf) - start > self.limit:
+                return None
+            end = len(self.buf)
+            if self.read_more():
+                search_from = max(search_from, end - 64)
+            elif search_from > start:
+                # The file ends before the target: look for the last cut in halving steps.
+                search_from = start + (search_from - start) // 2
+            else:
+                return None
+        cut = m.start() + 1
+        with memoryview(self.buf) as view, view[start:cut] as part:  # one copy; released before the buffer grows
+            text = b"".join((b"[", part, b"]"))
+        try:
+            elements = [decoder.decode(text) for decoder in decoders]
+        except msgspec.ValidationError as exc:  # the cut decoded, so the type error is real
+            raise _Refused(self.fail(exc, start, wrapped=True), text, str(exc)) from None
+        except (msgspec.DecodeError, RecursionError):
+            # A false cut, damage, or nesting too deep: shrink until the bad element is
+            # read alone, so the elements before it are still yielded.
+            return cut - start
+        self.pos = m.end()
+        return elements, self.buf[m.end() - 1]
+
+
+class _Refused(Exception):
+    """A batch with a wrongly typed element: the error, the batch's text and msgspec's message."""
+
+    def __init__(self, error: TraceParseError, text: bytes, message: str) -> None:
+        super().__init__(str(error))
+        self.error, self.text, self.message = error, text, message
+
+
+def _valid_prefix(text: bytes, decoders: tuple[msgspec.json.Decoder, ...], message: str) -> list[list[Any]]:
+    """The elements of a JSON array ``text`` before the one a ValidationError ``message`` names."""
+    m = _AT_INDEX.search(message)
+    if m is None:
+        return [[] for _ in decoders]
+    try:
+        raws = _RAWS.decode(text)[: int(m.group(1))]
+    except (msgspec.DecodeError, RecursionError):
+        return [[] for _ in decoders]
+    return [[decoder.decode(raw) for raw in raws] for decoder in decoders]
+
+
+def _events(buffer: _Buffer, element_type: Any, max_batch: int) -> Iterator[BatchItem]:
+    types = element_type if isinstance(element_type, tuple) else (element_type,)
+    many = tuple(msgspec.json.Decoder(list[t]) for t in types)
+    one = tuple(msgspec.json.Decoder(t) for t in types)
+    pack = (lambda lists: tuple(lists)) if isinstance(element_type, tuple) else (lambda lists: lists[0])
+    buffer.expect(b"[")
+    target = min(FIRST_BATCH_BYTES, max_batch)
+    while True:
+        buffer.compact()
+        head = buffer.peek()
+        if head == ord("]"):  # also after a trailing comma, as some older kineto versions write
+            buffer.pos += 1
+            return
+        if head < 0:
+            raise TraceParseError(f"the file ends at byte {buffer.offset()} inside traceEvents: truncated")
+        want, failed_at = target, -1
         while True:
             try:
-                value, end = _DECODER.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as exc:
-                if self._refill():
-                    continue
-                raise TraceParseError(f"invalid JSON at character {self.consumed + exc.pos}: {exc.msg}") from None
-            # A number cut at the buffer's end decodes fine but may go on: read more first.
-            if end == len(self.buf) and self._refill():
-                continue
-            self.pos = end
-            return value
-
-
-def iter_trace(path: Path, *, events: bool = True) -> Iterator[Item]:
-    """Yield ``("key", name, value)`` for top-level keys and ``("event", None, event)`` per trace event.
-
-    Items come in file order. With ``events=False`` the walk stops at the
-    ``traceEvents`` key (torch writes its metadata before it), which makes
-    reading a header cheap. Raises :class:`TraceParseError` (also for gzip
-    and encoding damage) where the file stops being a readable trace; items
-    yielded before that point are valid.
-    """
-    try:
-        with open_text(path) as stream:
-            reader = _Reader(stream)
-            reader.expect("{")
-            if reader.peek() == "}":
-                return
-            while True:
-                key = reader.value()
-                if not isinstance(key, str):
-                    raise TraceParseError(f"expected a key at character {reader.consumed + reader.pos}")
-                reader.expect(":")
-                if key == "traceEvents":
-                    if not events:
-                        return
-                    yield from _iter_events(reader)
-                else:
-                    yield ("key", key, reader.value())
-                sep = reader.peek()
-                if sep == "}":
+                result = buffer.batch(many, want)
+            except _Refused as refused:
+                # Yield what came before the bad event, so a reader can keep it.
+                before = _valid_prefix(refused.text, one, refused.message)
+                if before[0]:
+                    buffer.events += len(before[0])
+                    yield ("events", None, pack(before))
+                raise refused.error from None
+            if isinstance(result, tuple):
+                elements, separator = result
+                buffer.events += len(elements[0])
+                yield ("events", None, pack(elements))
+                target = min(max_batch, target * 2)
+                if separator == ord("]"):
                     return
-                reader.expect(",")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        # gzip raises BadGzipFile (an OSError) or EOFError on truncated members.
-        raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
+                break
+            if result is None or want == 0:
+                element = buffer.exact(one, event=True)
+                buffer.events += 1
+                yield ("events", None, pack([[value] for value in element]))
+                target = min(FIRST_BATCH_BYTES, max_batch)
+                if buffer.peek() == ord("]"):
+                    buffer.pos += 1
+                    return
+                buffer.expect(b",")
+                break
+            # Shrink the batch; when the same cut comes back (no candidate in between), go to the first.
+            want = 0 if result < 1024 or result == failed_at else result // 4
+            failed_at = result
 
 
-def _iter_events(reader: _Reader) -> Iterator[Item]:
-    reader.expect("[")
-    if reader.peek() == "]":
-        reader.pos += 1
-        return
-    decode, separator = _DECODER.raw_decode, _SEPARATOR.match
-    while True:
-        # Fast path: the event and the separator after it are both in the buffer.
-        buf, start = reader.buf, reader.pos
+class TraceReader:
+    """One pass over a trace: iterate for items; ``bytes_read`` and ``events`` count what was read.
+
+    Yields ``("key", name, value)`` per top-level key and ``("events", None,
+    [event, ...])`` per batch, in file order. Events are decoded as
+    ``element_type`` (a msgspec Struct, ``msgspec.Raw``, or ``Any`` for dicts;
+    a tuple of types decodes each batch once per type and yields a tuple of lists);
+    a batch holds at most about ``max_batch`` bytes of JSON, which bounds the
+    decoded objects in memory. With ``events=False`` the walk stops at
+    ``traceEvents`` (torch writes its metadata first). A bare JSON array
+    (Chrome's array format) is all events. Raises :class:`TraceParseError`
+    where the file stops being a readable trace; items yielded before are valid.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        element_type: Any = Any,
+        *,
+        events: bool = True,
+        limit: int = MAX_VALUE_BYTES,
+        max_batch: int = MAX_BATCH_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.element_type = element_type
+        self.read_events = events
+        self.limit = limit
+        self.max_batch = max_batch
+        self.bytes_read = 0
+        self.events = 0
+
+    def __iter__(self) -> Iterator[KeyItem | BatchItem]:
+        buffer: _Buffer | None = None
         try:
-            event, end = decode(buf, start)
-            match = separator(buf, end)
-        except json.JSONDecodeError:
-            match = None
-        if match is not None and match.end() < len(buf):
-            reader.pos = match.end()
+            with open_binary(self.path) as stream:
+                buffer = _Buffer(stream, self.limit)
+                yield from self._walk(buffer)
+        except (OSError, EOFError, zlib.error) as exc:
+            # gzip raises BadGzipFile (an OSError) or EOFError on damaged or truncated members.
+            raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if buffer is not None:
+                self.bytes_read, self.events = buffer.offset(), buffer.events
+
+    def _walk(self, buffer: _Buffer) -> Iterator[KeyItem | BatchItem]:
+        head = buffer.peek()
+        if head == ord("["):
+            if self.read_events:
+                yield from _events(buffer, self.element_type, self.max_batch)
+            return
+        buffer.expect(b"{")
+        if buffer.peek() == ord("}"):
+            buffer.pos += 1
+            return
+        while True:
+            buffer.compact()
+            if buffer.peek() != ord('"'):
+                buffer.expect(b'"')
+            (key,) = buffer.exact((_KEY,))
+            buffer.expect(b":")
+            if key == "traceEvents":
+                if buffer.peek() != ord("["):
+                    raise TraceParseError(f"traceEvents is not an array (byte {buffer.offset()})")
+                if not self.read_events:
+                    return
+                yield from _events(buffer, self.element_type, self.max_batch)
+            else:
+                yield ("key", key, buffer.exact((_ANY,))[0])
+            if buffer.peek() == ord("}"):
+                buffer.pos += 1
+                return
+            buffer.expect(b",")
+
+
+def iter_batches(path: Path, element_type: Any = Any, *, events: bool = True) -> Iterator[KeyItem | BatchItem]:
+    """Iterate a :class:`TraceReader` (when the byte counts are not needed)."""
+    return iter(TraceReader(path, element_type, events=events))
+
+
+def iter_trace(path: Path, *, events: bool = True) -> Iterator[tuple[str, str | None, Any]]:
+    """Like :func:`iter_batches` with dict events, one ``("event", None, event)`` per event object."""
+    for kind, key, value in iter_batches(path, events=events):
+        if kind == "key":
+            yield (kind, key, value)
+            continue
+        for event in value:
             if isinstance(event, dict):
                 yield ("event", None, event)
-            if match.group(1) == "]":
-                return
-            continue
-        # Slow path at a buffer boundary (or a damaged file): read on, or fail with a position.
-        reader.pos = start
-        if reader.peek() == "]":  # a trailing comma, as some older kineto versions write
-            reader.pos += 1
-            return
-        event = reader.value()
-        if isinstance(event, dict):
-            yield ("event", None, event)
-        if reader.peek() == "]":
-            reader.pos += 1
-            return
-        reader.expect(",")
 
 
 def read_header(path: Path) -> dict[str, Any]:
     """Top-level keys other than ``traceEvents``; reads past the events only when needed.
 
     torch writes ``distributedInfo`` and ``baseTimeNanoseconds`` before the
-    events, so usually only the first few hundred bytes are read.
+    events, so usually only the first few kilobytes are read.
     """
-    header = {key: value for _, key, value in iter_trace(path, events=False)}
-    if "baseTimeNanoseconds" in header or "distributedInfo" in header:
+    header = {key: value for _, key, value in iter_batches(path, events=False)}
+    if "baseTimeNanoseconds" in header or "distributedInfo" in header or "deviceProperties" in header:
         return header
-    # Not torch's layout: the metadata may follow the events.
-    return {key: value for kind, key, value in iter_trace(path) if kind == "key"}
+    # Not torch's layout: the metadata may follow the events, which need not be decoded.
+    return {key: value for kind, key, value in iter_batches(path, msgspec.Raw) if kind == "key"}

@@ -1,0 +1,130 @@
+"""The agent side of the control actor: registration, the long-poll (also the heartbeat),
+rank reports, and dropping workers that went silent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from actors.controller.persistence import Persistence
+from actors.controller.registry import Registry
+from actors.controller.stacks import StacksTaker
+from actors.controller.state import Profile, wait_event
+from orchestrator.models import (
+    Command,
+    ControllerConfig,
+    Heartbeat,
+    RankEvent,
+    RankStacks,
+    RankState,
+    WorkerInfo,
+    utcnow,
+)
+
+__all__ = ["AgentSide"]
+
+logger = logging.getLogger(__name__)
+
+
+class AgentSide:
+    """Methods agents call; mixed into :class:`actors.controller.actor.Controller`."""
+
+    _config: ControllerConfig
+    _registry: Registry
+    _persistence: Persistence
+    _profiles: dict[str, Profile]
+    _stacks: StacksTaker
+
+    async def _ensure_started(self) -> None:
+        raise NotImplementedError
+
+    async def register(self, info: WorkerInfo) -> bool:
+        """An agent announces itself. False: it was replaced on its rank and must stop calling."""
+        await self._ensure_started()
+        accepted, replaced = self._registry.register(info)
+        for old in replaced:
+            self._worker_gone(old.info.agent_id, "the worker was replaced (worker group restarted)")
+        if not accepted:
+            return False
+        for profile in self._profiles.values():
+            rank = info.world_rank
+            same_run = profile.run is None or profile.run == self._registry.workers[info.agent_id].run
+            if profile.target == info.target and same_run and not profile.state.is_terminal and rank in profile.ranks:
+                profile.agents.setdefault(rank, info.agent_id)
+        logger.info("rayprof controller: registered %s rank %d (%s)", info.target, info.world_rank, info.host)
+        return True
+
+    async def poll(self, heartbeat: Heartbeat) -> Command | None:
+        """Long-poll: record progress, then wait for a command up to the poll timeout."""
+        await self._ensure_started()
+        worker = self._registry.heartbeat(heartbeat.agent_id, heartbeat.step, heartbeat.step_time_s)
+        if worker is None:
+            return Command(kind="register")
+        if not worker.commands:
+            worker.wake.clear()
+            await wait_event(worker.wake, self._config.poll_timeout_s)
+        if worker.commands and self._registry.workers.get(heartbeat.agent_id) is worker:
+            return worker.commands.popleft()
+        return None
+
+    async def report(self, event: RankEvent) -> None:
+        """An agent's window changed state. A rank's final result is saved before this returns:
+        the agent drops it once acknowledged, and resends it when this raises."""
+        await self._ensure_started()
+        profile = self._profiles.get(event.profile_id)
+        worker = self._registry.workers.get(event.agent_id)
+        if profile is None or profile.state.is_terminal or worker is None:
+            return
+        rank = worker.info.world_rank
+        current = profile.ranks.get(rank)
+        if worker.info.target != profile.target or current is None:
+            return
+        if current.state.is_terminal:
+            if event.state.is_terminal:
+                await self._persistence.save(profile)  # a resend after a failed save
+            return
+        now = utcnow()
+        update: dict[str, Any] = {"state": event.state, "reason": event.reason}
+        if event.state == RankState.ARMED:
+            update["armed_at"] = now
+        elif event.state == RankState.CAPTURING:
+            update["capture_started_at"] = now
+            profile.capture_started_at = profile.capture_started_at or now
+        elif event.state == RankState.UPLOADING:
+            update["capture_ended_at"] = now
+        if event.state.is_terminal:
+            update.update(
+                finished_at=now,
+                first_step=event.first_step,
+                last_step=event.last_step,
+                step_durations_ms=event.step_durations_ms,
+                base_time_ns=event.base_time_ns,
+                trace_bytes=event.trace_bytes,
+                artifacts=event.artifacts,
+            )
+        profile.ranks[rank] = current.model_copy(update=update)
+        if event.state in (RankState.FAILED, RankState.CANCELLED):
+            logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
+        profile.changed.set()
+        if event.state.is_terminal:
+            await self._persistence.save(profile)
+
+    async def stacks_reply(self, stacks: RankStacks) -> None:
+        """An agent's answer to a ``stacks`` command."""
+        await self._ensure_started()
+        self._stacks.receive(stacks)
+
+    def _worker_gone(self, agent_id: str, reason: str) -> None:
+        logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)
+        for profile in self._profiles.values():
+            if not profile.state.is_terminal and agent_id in profile.agents.values():
+                profile.changed.set()
+
+    async def _reap_workers(self) -> None:
+        expiry = self._config.poll_timeout_s + self._config.worker_expiry_grace_s
+        while True:
+            await asyncio.sleep(min(1.0, expiry / 4))
+            for worker in self._registry.expired(expiry):
+                self._registry.drop(worker.info.agent_id)
+                self._worker_gone(worker.info.agent_id, f"no heartbeat for over {expiry:.0f}s")

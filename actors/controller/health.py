@@ -1,0 +1,94 @@
+"""Stall and lag of a run, from the heartbeats the registry already holds (pure functions).
+
+Every agent heartbeats with each long-poll from its own thread, so a rank
+blocked in a collective still reports: its step count simply stops going up.
+A run is STALLED when no rank advanced for ``max(stall_min_s, factor x its
+median step time)``, never less than two heartbeats (progress is only seen
+once per heartbeat). Steps behind are read at one common instant, the oldest
+of the ranks' latest heartbeats, by interpolating each rank's recent
+heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
+older is not taken for one that lags.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["Health", "Progress", "assess", "step_at"]
+
+
+class _Info(Protocol):
+    world_rank: int
+
+
+class Progress(Protocol):
+    """What health needs of a worker (``registry.Worker`` has it)."""
+
+    info: _Info
+    step: int
+    step_time_s: float | None
+    advanced_at: float
+    samples: Sequence[tuple[float, int]]
+
+
+@dataclass(frozen=True)
+class Health:
+    """One run's health at one instant."""
+
+    stalled: bool
+    stalled_s: float
+    threshold_s: float
+    median_step_s: float | None
+    behind: dict[int, int] = field(default_factory=dict)
+    lagging: list[int] = field(default_factory=list)
+
+    @property
+    def most_behind(self) -> int:
+        return max(self.behind.values(), default=0)
+
+
+def step_at(samples: Sequence[tuple[float, int]], t: float) -> float:
+    """A rank's step at time ``t``, interpolated between its heartbeats; clamped at both ends."""
+    if not samples:
+        return 0.0
+    if t <= samples[0][0]:
+        return float(samples[0][1])
+    for (t0, s0), (t1, s1) in zip(samples, list(samples)[1:]):
+        if t0 <= t <= t1:
+            return s0 + (s1 - s0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+    return float(samples[-1][1])
+
+
+def assess(
+    workers: Iterable[Progress],
+    now: float,
+    *,
+    stall_min_s: float,
+    step_factor: float,
+    lag_steps: int,
+    heartbeat_s: float,
+) -> Health:
+    """Stalled or not, and each rank's steps behind the leader."""
+    ranks = list(workers)
+    times = [w.step_time_s for w in ranks if w.step_time_s]
+    median = statistics.median(times) if times else None
+    threshold = max(stall_min_s, step_factor * (median or 0.0), 2 * heartbeat_s)
+    stalled_s = now - max((w.advanced_at for w in ranks), default=now)
+    sampled = [w for w in ranks if w.samples]
+    behind: dict[int, int] = {}
+    if sampled:
+        instant = min(w.samples[-1][0] for w in sampled)
+        steps = {w.info.world_rank: step_at(w.samples, instant) for w in sampled}
+        lead = max(steps.values())
+        behind = {rank: int(round(lead - s)) for rank, s in steps.items()}
+    return Health(
+        stalled=bool(ranks) and stalled_s >= threshold,
+        stalled_s=stalled_s,
+        threshold_s=threshold,
+        median_step_s=median,
+        behind=behind,
+        lagging=sorted(r for r, b in behind.items() if b >= lag_steps),
+    )

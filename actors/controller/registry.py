@@ -1,0 +1,188 @@
+"""Which training workers are alive, where they are, and how to reach each one.
+
+A worker is keyed by its agent id and belongs to a *run*: a target name plus
+the Ray job (submission id, else job id) it runs in. Two live jobs that use
+the same run name are two runs, listed side by side; neither evicts the
+other. Within one run, a new agent on a rank replaces the old one (the
+worker group restarted) and the old one is retired: if it calls again it is
+told so, instead of evicting its replacement in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from actors.controller.health import Health
+from orchestrator.models import Command, TargetInfo, WorkerInfo, WorkerStatus
+
+__all__ = ["Registry", "Worker", "run_of"]
+
+# Retired agent ids remembered; a worker group restart retires world_size of them.
+_RETIRED_KEPT = 65_536
+# (time, step) heartbeats kept per worker: enough to read every rank's step at one common instant.
+_SAMPLES_KEPT = 4
+
+
+def run_of(info: WorkerInfo) -> str:
+    """The run a worker belongs to within its target name: its Ray job."""
+    return info.submission_id or info.ray_job_id or "local"
+
+
+@dataclass
+class Worker:
+    info: WorkerInfo
+    registered_at: float
+    seen_at: float
+    step: int = 0
+    step_time_s: float | None = None
+    # When its step count last went up (a heartbeat showed progress), and recent (time, step) heartbeats.
+    advanced_at: float = 0.0
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
+    commands: deque[Command] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def run(self) -> str:
+        return run_of(self.info)
+
+    def send(self, command: Command) -> None:
+        self.commands.append(command)
+        self.wake.set()
+
+    def estimated_step(self, now: float) -> float:
+        """Where this worker probably is now, extrapolated from its last heartbeat."""
+        if not self.step_time_s:
+            return float(self.step)
+        return self.step + (now - self.seen_at) / self.step_time_s
+
+
+class Registry:
+    """Live workers by agent id; ``clock`` is injectable so tests control time."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.workers: dict[str, Worker] = {}
+        self._retired: OrderedDict[str, str] = OrderedDict()
+
+    def register(self, info: WorkerInfo) -> tuple[bool, list[Worker]]:
+        """Add or refresh a worker. Returns (accepted, workers it replaced).
+
+        A retired agent is not accepted: it was replaced on its rank.
+        """
+        if info.agent_id in self._retired:
+            return False, []
+        replaced = [
+            w
+            for agent_id, w in self.workers.items()
+            if agent_id != info.agent_id
+            and w.info.target == info.target
+            and w.run == run_of(info)
+            and w.info.world_rank == info.world_rank
+        ]
+        for old in replaced:
+            self.drop(old.info.agent_id)
+            self._retire(old.info.agent_id, "replaced on its rank (worker group restarted)")
+        now = self._clock()
+        existing = self.workers.get(info.agent_id)
+        if existing is None:
+            self.workers[info.agent_id] = Worker(info=info, registered_at=now, seen_at=now, advanced_at=now)
+        else:
+            existing.info = info
+            existing.seen_at = now
+        return True, replaced
+
+    def _retire(self, agent_id: str, reason: str) -> None:
+        self._retired[agent_id] = reason
+        while len(self._retired) > _RETIRED_KEPT:
+            self._retired.popitem(last=False)
+
+    def heartbeat(self, agent_id: str, step: int, step_time_s: float | None) -> Worker | None:
+        worker = self.workers.get(agent_id)
+        if worker is not None:
+            now = self._clock()
+            if step > worker.step or not worker.samples:
+                worker.advanced_at = now
+            worker.step = step
+            worker.step_time_s = step_time_s
+            worker.seen_at = now
+            worker.samples.append((now, step))
+        return worker
+
+    def drop(self, agent_id: str) -> Worker | None:
+        """Forget a worker; wakes its outstanding poll so it returns at once."""
+        worker = self.workers.pop(agent_id, None)
+        if worker is not None:
+            worker.wake.set()
+        return worker
+
+    def expired(self, expiry_s: float) -> list[Worker]:
+        """Workers silent for longer than ``expiry_s``."""
+        now = self._clock()
+        return [w for w in self.workers.values() if now - w.seen_at > expiry_s]
+
+    def names(self) -> list[str]:
+        return sorted({w.info.target for w in self.workers.values()})
+
+    def runs(self, target: str) -> dict[str, dict[int, Worker]]:
+        """Live runs of ``target``, newest first (by first registration), each rank -> worker."""
+        by_run: dict[str, dict[int, Worker]] = {}
+        for w in self.workers.values():
+            if w.info.target == target:
+                by_run.setdefault(w.run, {})[w.info.world_rank] = w
+        return dict(sorted(by_run.items(), key=lambda kv: -min(w.registered_at for w in kv[1].values())))
+
+    def run_workers(self, target: str, run: str | None) -> dict[int, Worker]:
+        """Rank -> worker of one run of ``target``: the named one, else the newest."""
+        runs = self.runs(target)
+        if run is not None:
+            return runs.get(run, {})
+        return next(iter(runs.values()), {})
+
+    def infos(self, target: str) -> Iterable[WorkerInfo]:
+        return (w.info for w in self.workers.values() if w.info.target == target)
+
+    def target_infos(
+        self,
+        active: dict[str, str],
+        queued: dict[str, list[str]],
+        health: Callable[[dict[int, Worker]], Health],
+        stall_stacks: dict[tuple[str, str], str],
+    ) -> list[TargetInfo]:
+        """Every live run, grouped by target name, newest run first, with its health."""
+        now = self._clock()
+        found: list[TargetInfo] = []
+        for name in self.names():
+            for run, workers in self.runs(name).items():
+                ranks = [workers[r] for r in sorted(workers)]
+                h = health(workers)
+                found.append(
+                    TargetInfo(
+                        name=name,
+                        run=run,
+                        world_size=max(w.info.world_size for w in ranks),
+                        ranks=[
+                            WorkerStatus(
+                                info=w.info,
+                                step=w.step,
+                                step_time_s=w.step_time_s,
+                                last_seen_s=now - w.seen_at,
+                                advanced_s=now - w.advanced_at,
+                                steps_behind=h.behind.get(w.info.world_rank),
+                            )
+                            for w in ranks
+                        ],
+                        active_profile=active.get(name),
+                        queued_profiles=list(queued.get(name, [])),
+                        health="STALLED" if h.stalled else "TRAINING",
+                        stalled_s=h.stalled_s if h.stalled else None,
+                        stall_threshold_s=h.threshold_s,
+                        median_step_time_s=h.median_step_s,
+                        lagging_ranks=h.lagging,
+                        stall_stacks=stall_stacks.get((name, run)),
+                    )
+                )
+        return found

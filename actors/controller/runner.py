@@ -1,0 +1,244 @@
+"""The run of one profile, from PENDING to a terminal state, on the controller's event loop.
+
+Facts come from the registry (who is alive, where each rank is); decisions
+come from :mod:`actors.controller.planning`; every state change goes through
+:meth:`Runner.transition`, which saves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actors.controller.persistence import Persistence
+from actors.controller.planning import outcome, plan_window, selected_ranks, start_step, timeout_s, trace_bytes_per_step
+from actors.controller.registry import Registry, Worker
+from actors.controller.state import Profile, wait_event
+from orchestrator.errors import StorageError
+from orchestrator.models import (
+    Command,
+    ControllerConfig,
+    Manifest,
+    ProfileState,
+    RankResult,
+    RankState,
+    WindowSpec,
+    WorkerInfo,
+    utcnow,
+)
+
+__all__ = ["PostprocessFn", "Runner"]
+
+logger = logging.getLogger(__name__)
+
+# (draft manifest, profile, timeout) -> manifest with the merged trace, report and summary added.
+PostprocessFn = Callable[[Manifest, Profile, float], Awaitable[Manifest]]
+
+
+class Runner:
+    """Carries profiles through their states; shared by every profile of one controller."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        persistence: Persistence,
+        config: Callable[[], ControllerConfig],
+        profiles: Callable[[], list[Profile]],
+        postprocess: PostprocessFn,
+        cluster_info: Callable[[Profile], dict[str, Any]],
+    ) -> None:
+        self._registry = registry
+        self._persistence = persistence
+        self._config = config
+        self._profiles = profiles
+        self._postprocess = postprocess
+        self._cluster_info = cluster_info
+
+    async def run(self, profile: Profile) -> None:
+        """Schedule (unless restored past that), wait for every rank, then finish."""
+        try:
+            if profile.cancel_requested and profile.window is None:
+                await self.finish(profile, ProfileState.CANCELLED, "cancelled before it was scheduled")
+                return
+            if profile.window is None:
+                await self._schedule(profile)
+            if not profile.state.is_terminal:
+                await self._await_ranks(profile)
+                state, reason = outcome(list(profile.ranks.values()), profile.window, profile.cancel_requested)
+                await self.finish(profile, state, reason)
+        except Exception as e:
+            logger.exception("rayprof controller: profile %s failed", profile.id)
+            if not profile.state.is_terminal:
+                await self.fail_without_storage(profile, f"controller error: {type(e).__name__}: {str(e)[:300]}")
+
+    async def transition(self, profile: Profile, state: ProfileState) -> None:
+        """Change state, then save it; a save that fails is logged, and the next change saves again."""
+        previous = profile.transition(state)
+        logger.info("rayprof controller: %s %s -> %s", profile.id, previous.value, state.value)
+        try:
+            await self._persistence.save(profile)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
+
+    async def fail_without_storage(self, profile: Profile, reason: str) -> None:
+        """The last resort: record FAILED with the reason in memory; storage is tried once, never waited on."""
+        profile.reason = reason
+        profile.finished_at = profile.finished_at or utcnow()
+        if not profile.state.is_terminal:
+            await self.transition(profile, ProfileState.FAILED)
+
+    async def _schedule(self, profile: Profile) -> None:
+        """Pick the start step ahead of the fastest rank and arm every selected rank."""
+        config = self._config()
+        workers = self._registry.run_workers(profile.target, profile.run)
+        if not workers:
+            await self.finish(profile, ProfileState.FAILED, f"target {profile.target!r} has no live workers")
+            return
+        profile.run = profile.run or next(iter(workers.values())).run
+        selected = selected_ranks(profile.request, max(w.info.world_size for w in workers.values()))
+        # Right after a controller or worker-group restart some agents have not
+        # re-registered yet; they do within a poll timeout, so give them that long.
+        wait_until = time.monotonic() + config.poll_timeout_s
+        while any(r not in workers for r in selected) and time.monotonic() < wait_until:
+            await asyncio.sleep(0.05)
+            workers = self._registry.run_workers(profile.target, profile.run)
+        for rank in selected:
+            worker = workers.get(rank)
+            if worker is None:
+                profile.ranks[rank] = RankResult(
+                    rank=rank,
+                    state=RankState.FAILED,
+                    reason=f"no agent registered for this rank within {config.poll_timeout_s:g}s",
+                )
+            else:
+                profile.ranks[rank] = _rank_result(worker.info)
+                profile.agents[rank] = worker.info.agent_id
+        present = [workers[r] for r in selected if r in workers]
+        if not present:
+            return
+        sync_round_s = await self._sync(present, config.sync_timeout_s)
+        if profile.cancel_requested:
+            return
+        now = time.monotonic()
+        start = start_step(
+            max(w.estimated_step(now) for w in present),
+            (w.step_time_s for w in present if w.step_time_s),
+            sync_round_s,
+            config.arm_lead_s,
+            profile.request.warmup,
+        )
+        per_step = trace_bytes_per_step(profile.request, self._profiles())
+        profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
+        profile.scheduled_at = utcnow()
+        profile.deadline = time.monotonic() + timeout_s(profile.request, config)
+        window = WindowSpec(
+            profile_id=profile.id,
+            target=profile.target,
+            start_step=profile.window.start_step,
+            steps=profile.window.steps,
+            warmup=profile.request.warmup,
+            options=profile.request.torch_options(),
+            storage=profile.storage,
+            prefix=profile.prefix,
+            max_trace_bytes=config.max_trace_bytes,
+        )
+        for worker in present:
+            worker.send(Command(kind="arm", window=window))
+        await self.transition(profile, ProfileState.SCHEDULED)
+
+    @staticmethod
+    async def _sync(present: list[Worker], timeout: float) -> float:
+        """Ask for fresh step counts so the start step is chosen from where ranks are now; returns the round's length."""
+        sent = time.monotonic()
+        for worker in present:
+            worker.send(Command(kind="sync"))
+        while any(w.seen_at < sent for w in present) and time.monotonic() < sent + timeout:
+            await asyncio.sleep(0.005)
+        return time.monotonic() - sent
+
+    async def _await_ranks(self, profile: Profile) -> None:
+        """Wait until every rank is terminal, failing the ones that time out or vanish."""
+        limit = timeout_s(profile.request, self._config())
+        if profile.deadline is None:
+            profile.deadline = time.monotonic() + limit
+        while True:
+            self._end_lost_ranks(profile)
+            ranks = profile.ranks.values()
+            if all(r.state.is_terminal for r in ranks):
+                return
+            if profile.state == ProfileState.SCHEDULED and profile.capture_started_at is not None:
+                await self.transition(profile, ProfileState.CAPTURING)
+            capture_over = all(r.state == RankState.UPLOADING or r.state.is_terminal for r in ranks)
+            if profile.state in (ProfileState.SCHEDULED, ProfileState.CAPTURING) and capture_over:
+                await self.transition(profile, ProfileState.COLLECTING)
+            left = profile.deadline - time.monotonic()
+            if left <= 0:
+                for rank, result in profile.ranks.items():
+                    if not result.state.is_terminal:
+                        reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
+                        profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                return
+            profile.changed.clear()
+            await wait_event(profile.changed, min(left, 1.0))
+
+    def _end_lost_ranks(self, profile: Profile) -> None:
+        workers = self._registry.workers
+        for rank, result in profile.ranks.items():
+            if result.state.is_terminal:
+                continue
+            agent_id = profile.agents.get(rank)
+            if profile.cancel_requested and (agent_id is None or agent_id not in workers):
+                profile.ranks[rank] = _ended(result, RankState.CANCELLED, "cancelled")
+            elif agent_id is not None and agent_id not in workers:
+                reason = "worker stopped responding during the window (process exited or was restarted)"
+                profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+
+    async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
+        """Write the manifest (the commit point), then record the terminal state."""
+        profile.finished_at = utcnow()
+        window = profile.window
+        manifest = Manifest(
+            profile_id=profile.id,
+            trigger=profile.trigger,
+            target=profile.target,
+            status=state,
+            reason=reason,
+            request=profile.request,
+            storage_uri=profile.storage_uri,
+            start_step=window.start_step if window else None,
+            stop_step=window.stop_step if window else None,
+            cluster=self._cluster_info(profile),
+            ranks=[profile.ranks[r] for r in sorted(profile.ranks)],
+            requested_at=profile.created_at,
+            scheduled_at=profile.scheduled_at,
+            capture_started_at=profile.capture_started_at,
+            finished_at=profile.finished_at,
+        )
+        if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
+            manifest = await self._postprocess(manifest, profile, self._config().postprocess_timeout_s)
+        try:
+            profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
+            profile.manifest = manifest
+        except StorageError as e:
+            state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
+        profile.reason = reason
+        await self.transition(profile, state)
+
+
+def _rank_result(info: WorkerInfo) -> RankResult:
+    return RankResult(
+        rank=info.world_rank,
+        local_rank=info.local_rank,
+        node_id=info.node_id,
+        host=info.host,
+        pid=info.pid,
+        device=info.device,
+        state=RankState.WAITING,
+    )
+
+
+def _ended(result: RankResult, state: RankState, reason: str) -> RankResult:
+    return result.model_copy(update={"state": state, "reason": reason, "finished_at": utcnow()})

@@ -1,0 +1,153 @@
+"""Pure functions over every rank's stacks: group, describe, and find collectives some ranks never joined."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import PurePath
+
+from orchestrator.models import Frame, MissingRank, RankStacks, StackGroup, ThreadStack, WorkerInfo
+
+__all__ = ["collective_notes", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
+
+# A training thread inside torch.distributed waits on other ranks.
+_DISTRIBUTED = "torch/distributed/"
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``rank 1``, ``ranks 0, 2–7``."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}, {ordered[j]}" if j == i + 1 else f"{ordered[i]}–{ordered[j]}")
+        i = j + 1
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _short(frame: Frame) -> str:
+    return f"{PurePath(frame.filename).name}:{frame.line}"
+
+
+def where(frames: list[Frame]) -> str:
+    """Where a stack is, in words: the innermost frame, and the innermost frame of the job's own code."""
+    if not frames:
+        return "no Python frames"
+    inner = frames[-1]
+    user = next((f for f in reversed(frames) if not f.library), None)
+    if user is None or user is inner:
+        return f"{_short(inner)} in {inner.function}"
+    return f"{inner.function} ({_short(inner)}) from {_short(user)} in {user.function}"
+
+
+def _training(stacks: RankStacks) -> ThreadStack | None:
+    return next((t for t in stacks.threads if t.training), None) or next(
+        (t for t in stacks.threads if t.name == "MainThread"), None
+    )
+
+
+def group_stacks(answers: dict[int, RankStacks]) -> list[StackGroup]:
+    """Ranks grouped by identical training-thread stacks; the majority last, outliers first.
+
+    The majority is the largest group; on a tie, the group waiting in
+    torch.distributed (the others wait on the odd one out), then the one
+    with the lowest rank.
+    """
+    by_key: dict[tuple[tuple[str, int, str], ...], list[int]] = {}
+    frames_of: dict[tuple[tuple[str, int, str], ...], list[Frame]] = {}
+    for rank in sorted(answers):
+        thread = _training(answers[rank])
+        frames = thread.frames if thread is not None else []
+        key = tuple((f.filename, f.line, f.function) for f in frames)
+        by_key.setdefault(key, []).append(rank)
+        frames_of.setdefault(key, frames)
+    if not by_key:
+        return []
+
+    def waiting(key: tuple[tuple[str, int, str], ...]) -> bool:
+        return any(_DISTRIBUTED in f[0] for f in key)
+
+    majority = max(by_key, key=lambda k: (len(by_key[k]), waiting(k), -by_key[k][0]))
+    others = sorted((k for k in by_key if k != majority), key=lambda k: (len(by_key[k]), by_key[k][0]))
+    return [
+        StackGroup(
+            ranks=by_key[k],
+            ranks_text=ranks_text(by_key[k]),
+            where=where(frames_of[k]),
+            waiting=waiting(k),
+            majority=k == majority and len(by_key) > 1,
+            frames=frames_of[k],
+        )
+        for k in [*others, majority]
+    ]
+
+
+def summary_line(groups: list[StackGroup], missing: list[MissingRank]) -> str:
+    """``rank 1 is in train.py:57 in slow_thing; ranks 0, 2–7 wait in all_reduce (...)``."""
+    parts = []
+    for g in groups:
+        many = len(g.ranks) > 1
+        verb = ("wait" if many else "waits") if g.waiting else ("are" if many else "is")
+        parts.append(f"{g.ranks_text} {verb} in {g.where}")
+    if missing:
+        parts.append(f"{ranks_text(m.rank for m in missing)} did not answer")
+    return "; ".join(parts) or "no rank answered"
+
+
+def collective_notes(answers: dict[int, RankStacks]) -> list[str]:
+    """Collectives some ranks entered and others never joined, from the flight recorders."""
+    seen: dict[str, dict[int, int]] = {}
+    ops: dict[tuple[str, int], str] = {}
+    open_: dict[tuple[str, int], bool] = {}
+    for rank, stacks in answers.items():
+        for c in stacks.collectives:
+            group = seen.setdefault(c.process_group, {})
+            group[rank] = max(group.get(rank, 0), c.seq)
+            ops[(c.process_group, c.seq)] = c.op
+            open_[(c.process_group, c.seq)] = open_.get((c.process_group, c.seq), False) or not c.completed
+    notes = []
+    for pg, by_rank in sorted(seen.items()):
+        lead = max(by_rank.values())
+        behind = sorted(r for r, seq in by_rank.items() if seq < lead)
+        op = ops.get((pg, lead), "?")
+        if behind:
+            joined = sorted(r for r, seq in by_rank.items() if seq == lead)
+            lasts = sorted({by_rank[r] for r in behind})
+            notes.append(
+                f"process group {pg}: collective #{lead} ({op}) was entered by {ranks_text(joined)}; "
+                f"{ranks_text(behind)} never joined it (last entered: #{', #'.join(map(str, lasts))})"
+            )
+        elif open_.get((pg, lead)):
+            notes.append(f"process group {pg}: every rank is in collective #{lead} ({op}) and it has not completed")
+    return notes
+
+
+def rank_text(rank: int, info: WorkerInfo, stacks: RankStacks) -> str:
+    """``stacks/rank{R}.txt``: every thread, outermost frame first, like a Python traceback."""
+    lines = [
+        f"rank {rank}  host {info.host}  pid {info.pid}  step {stacks.step}  taken {stacks.taken_at.isoformat()}",
+        "",
+    ]
+    for thread in stacks.threads:
+        mark = "  (training thread)" if thread.training else ""
+        lines.append(f'Thread {thread.thread_id} "{thread.name}"{mark}')
+        for f in thread.frames:
+            lines.append(f'  File "{f.filename}", line {f.line}, in {f.function}')
+            if f.code:
+                lines.append(f"    {f.code}")
+        lines.append("")
+    if stacks.native is not None:
+        lines += ["native frames (py-spy dump --native):", stacks.native, ""]
+    elif stacks.native_note:
+        lines += [stacks.native_note, ""]
+    if stacks.collectives:
+        lines.append("flight recorder, last collectives:")
+        lines += [
+            f"  {c.process_group} #{c.seq} {c.op} {'completed' if c.completed else 'NOT COMPLETED'}"
+            for c in stacks.collectives[-16:]
+        ]
+    elif stacks.flight_recorder_note:
+        lines.append(stacks.flight_recorder_note)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,293 @@
+"""Detection that acts: watches, and the stall detector's stacks taken once per stall.
+
+Once per ``monitor_interval_s`` the controller reads the heartbeats it
+already holds (no call to any rank, no work on training ranks): each run's
+health (:mod:`actors.controller.health`) and, per target, the median step
+time across ranks, kept as a rolling series. A watch's condition
+(``slower_than`` x the rolling median, ``rank_lag`` steps, ``stalled``) that
+holds for ``for_s`` runs its action: a profile window or every rank's stacks,
+with the :class:`Trigger` recorded in the profile's status and manifest. A
+cooldown and an hourly cap bound how often; watches are saved and come back
+after a controller restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from actors.controller.health import Health, assess
+from actors.controller.persistence import Persistence
+from actors.controller.registry import Registry, Worker
+from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
+from orchestrator.models import ControllerConfig, ProfileRequest, Trigger, WatchFiring, WatchSpec, WatchStatus, utcnow
+
+__all__ = ["Watches"]
+
+logger = logging.getLogger(__name__)
+
+_FIRINGS_KEPT = 20
+_SERIES_KEPT = 3600
+# Samples a baseline needs before it is trusted.
+_MIN_BASELINE_SAMPLES = 5
+# Healthy ranks profiled beside the lagging ones (ranks="lagging").
+_HEALTHY_BESIDE_LAGGING = 2
+
+TakeStacks = Callable[[str, str | None, bool, Trigger], Awaitable[Any]]
+Submit = Callable[[ProfileRequest, Trigger], Awaitable[Any]]
+
+
+@dataclass
+class _Watch:
+    id: str
+    spec: WatchSpec
+    created_at: datetime
+    firings: list[WatchFiring] = field(default_factory=list)
+    state: str = "WAITING"
+    baseline: float | None = None
+    observed: float | None = None
+    note: str | None = None
+    holding_since: float | None = None
+    busy: bool = False
+
+    def status(self, now: float) -> WatchStatus:
+        return WatchStatus(
+            id=self.id,
+            spec=self.spec,
+            created_at=self.created_at,
+            state=self.state,
+            baseline=self.baseline,
+            observed=self.observed,
+            holding_s=now - self.holding_since if self.holding_since is not None else None,
+            note=self.note,
+            firings=self.firings[-_FIRINGS_KEPT:],
+        )
+
+
+class Watches:
+    """Every watch of one controller, the per-target step-time series, and stall episodes."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        persistence: Persistence,
+        config: Callable[[], ControllerConfig],
+        take_stacks: TakeStacks,
+        submit: Submit,
+        spawn: Callable[[Any], Any],
+    ) -> None:
+        self._registry = registry
+        self._persistence = persistence
+        self._config = config
+        self._take_stacks = take_stacks
+        self._submit = submit
+        self._spawn = spawn
+        self._watches: dict[str, _Watch] = {}
+        self._series: dict[str, deque[tuple[float, float]]] = {}
+        self._stalled: set[tuple[str, str]] = set()
+        self.stall_stacks: dict[tuple[str, str], str] = {}
+
+    # ---- the API ----------------------------------------------------------
+
+    async def create(self, spec: WatchSpec) -> WatchStatus:
+        limit = self._config().max_watches
+        if len(self._watches) >= limit:
+            raise InvalidRequestError(f"{len(self._watches)} watches already (max {limit}, RAYPROF_MAX_WATCHES)")
+        watch = _Watch(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=utcnow())
+        status = watch.status(time.monotonic())
+        await self._persistence.save_watch(status)
+        self._watches[watch.id] = watch
+        return status
+
+    def get(self, watch_id: str) -> WatchStatus:
+        return self._watch(watch_id).status(time.monotonic())
+
+    def list(self) -> list[WatchStatus]:
+        now = time.monotonic()
+        return [w.status(now) for w in sorted(self._watches.values(), key=lambda w: w.created_at)]
+
+    async def delete(self, watch_id: str) -> WatchStatus:
+        status = self.get(watch_id)
+        await self._persistence.delete_watch(watch_id)
+        self._watches.pop(watch_id, None)
+        return status
+
+    def restore(self, saved: list[WatchStatus]) -> None:
+        for s in saved:
+            self._watches.setdefault(s.id, _Watch(id=s.id, spec=s.spec, created_at=s.created_at, firings=list(s.firings)))
+
+    def _watch(self, watch_id: str) -> _Watch:
+        try:
+            return self._watches[watch_id]
+        except KeyError:
+            raise WatchNotFoundError(f"no watch with id {watch_id!r}") from None
+
+    # ---- one monitor tick ---------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Assess every run, take stacks on a new stall, advance every watch; actions run as tasks."""
+        config = self._config()
+        healths: dict[tuple[str, str], tuple[dict[int, Worker], Health]] = {}
+        stalled_now: set[tuple[str, str]] = set()
+        for name in self._registry.names():
+            for run, workers in self._registry.runs(name).items():
+                health = self.assess(workers, now)
+                healths[(name, run)] = (workers, health)
+                if health.stalled:
+                    stalled_now.add((name, run))
+        for key in sorted(stalled_now - self._stalled):
+            health = healths[key][1]
+            logger.info("rayprof controller: %s run %s STALLED (%.0fs without progress)", key[0], key[1], health.stalled_s)
+            if config.stall_auto_stacks:
+                trigger = Trigger(
+                    kind="stalled",
+                    observed=health.stalled_s,
+                    threshold=health.threshold_s,
+                    at=utcnow(),
+                    detail=f"no rank advanced for {health.stalled_s:.0f}s (threshold {health.threshold_s:.0f}s)",
+                )
+                self._spawn(self._stall_stacks(key, trigger))
+        self._stalled = stalled_now
+        newest: dict[str, tuple[dict[int, Worker], Health]] = {}
+        for (name, _run), value in healths.items():
+            newest.setdefault(name, value)  # runs() lists the newest run first
+        for name, (_workers, health) in newest.items():
+            if health.median_step_s is not None:
+                series = self._series.setdefault(name, deque(maxlen=_SERIES_KEPT))
+                series.append((now, health.median_step_s))
+        for watch in list(self._watches.values()):
+            self._advance(watch, newest.get(watch.spec.target), now)
+
+    def assess(self, workers: dict[int, Worker], now: float) -> Health:
+        config = self._config()
+        return assess(
+            workers.values(),
+            now,
+            stall_min_s=config.stall_min_s,
+            step_factor=config.stall_step_factor,
+            lag_steps=config.lag_steps,
+            heartbeat_s=config.poll_timeout_s,
+        )
+
+    async def _stall_stacks(self, key: tuple[str, str], trigger: Trigger) -> None:
+        try:
+            bundle = await self._take_stacks(key[0], key[1], False, trigger)
+            self.stall_stacks[key] = bundle.id
+        except RayprofError as e:
+            logger.warning("rayprof controller: stacks of stalled %s failed: %s", key[0], e)
+
+    def _baseline(self, target: str, since: float, until: float) -> float | None:
+        values = [v for t, v in self._series.get(target, ()) if since <= t <= until]
+        return statistics.median(values) if len(values) >= _MIN_BASELINE_SAMPLES else None
+
+    def _advance(self, watch: _Watch, run: tuple[dict[int, Worker], Health] | None, now: float) -> None:
+        spec = watch.spec
+        if run is None:
+            watch.state, watch.holding_since, watch.observed, watch.note = "WAITING", None, None, "target not live"
+            return
+        workers, health = run
+        holds, trigger_args = self._condition(watch, health, now)
+        if not holds:
+            watch.holding_since = None
+            watch.state = "WAITING"
+        else:
+            watch.holding_since = watch.holding_since if watch.holding_since is not None else now
+            watch.state = "HOLDING"
+        blocked = self._blocked(watch)
+        if blocked is not None:
+            watch.state = blocked
+        if not holds or now - (watch.holding_since or now) < spec.for_s or watch.busy or blocked is not None:
+            return
+        trigger = Trigger(watch_id=watch.id, at=utcnow(), **trigger_args)
+        watch.busy = True
+        self._spawn(self._fire(watch, trigger, workers, health))
+
+    def _condition(self, watch: _Watch, health: Health, now: float) -> tuple[bool, dict[str, Any]]:
+        spec = watch.spec
+        if spec.slower_than is not None:
+            if watch.holding_since is None:
+                # The baseline is frozen while the condition holds: slow samples never raise it.
+                watch.baseline = self._baseline(spec.target, now - spec.baseline_s, now)
+            watch.observed = health.median_step_s
+            if watch.baseline is None or watch.observed is None:
+                watch.note = "baseline warming up"
+                return False, {}
+            watch.note = None
+            threshold = spec.slower_than * watch.baseline
+            return watch.observed > threshold, dict(
+                kind="slower_than",
+                baseline=watch.baseline,
+                observed=watch.observed,
+                threshold=threshold,
+                detail=f"median step time {watch.observed * 1000:.0f} ms > {spec.slower_than:g} x baseline "
+                f"{watch.baseline * 1000:.0f} ms for {spec.for_s:g}s",
+            )
+        if spec.rank_lag is not None:
+            watch.observed = float(health.most_behind)
+            lagging = sorted(r for r, b in health.behind.items() if b >= spec.rank_lag)
+            return bool(lagging), dict(
+                kind="rank_lag",
+                baseline=0.0,
+                observed=watch.observed,
+                threshold=float(spec.rank_lag),
+                detail=f"ranks {lagging} at least {spec.rank_lag} steps behind the leader for {spec.for_s:g}s",
+            )
+        watch.observed = health.stalled_s
+        return health.stalled, dict(
+            kind="stalled",
+            observed=health.stalled_s,
+            threshold=health.threshold_s,
+            detail=f"no rank advanced for {health.stalled_s:.0f}s (threshold {health.threshold_s:.0f}s)",
+        )
+
+    @staticmethod
+    def _blocked(watch: _Watch) -> str | None:
+        """COOLDOWN or CAPPED when the watch may not fire now, else None."""
+        done = [f for f in watch.firings if f.error is None]
+        wall = utcnow()
+        if done and wall - done[-1].at < timedelta(seconds=watch.spec.cooldown_s):
+            return "COOLDOWN"
+        if sum(1 for f in done if wall - f.at < timedelta(hours=1)) >= watch.spec.max_per_hour:
+            return "CAPPED"
+        return None
+
+    async def _fire(self, watch: _Watch, trigger: Trigger, workers: dict[int, Worker], health: Health) -> None:
+        spec = watch.spec
+        firing: WatchFiring | None = None
+        try:
+            if spec.action == "stacks":
+                bundle = await self._take_stacks(spec.target, None, False, trigger)
+                firing = WatchFiring(at=trigger.at, profile_id=bundle.id, trigger=trigger)
+            else:
+                ranks = None
+                if spec.ranks == "lagging" and spec.rank_lag is not None:
+                    lagging = [r for r, b in health.behind.items() if b >= spec.rank_lag]
+                    healthy = [r for r in sorted(workers) if r not in lagging][:_HEALTHY_BESIDE_LAGGING]
+                    ranks = sorted(lagging + healthy)
+                request = ProfileRequest(target=spec.target, steps=spec.profile_steps, ranks=ranks)
+                status = await self._submit(request, trigger)
+                firing = WatchFiring(at=trigger.at, profile_id=status.id, trigger=trigger)
+            logger.info("rayprof controller: %s fired on %s: %s -> %s", watch.id, spec.target, trigger.detail, firing.profile_id)
+        except ConflictError as e:
+            # A window is already running on the target: try again on a later tick while it holds.
+            watch.note = f"not fired yet: {e.message}"
+        except RayprofError as e:
+            firing = WatchFiring(at=trigger.at, trigger=trigger, error=e.message)
+        finally:
+            watch.busy = False
+        if firing is None:
+            return
+        watch.firings = [*watch.firings, firing][-_FIRINGS_KEPT:]
+        watch.holding_since = None
+        if watch.id in self._watches:
+            try:
+                await self._persistence.save_watch(watch.status(time.monotonic()))
+            except StorageError as e:
+                logger.warning("rayprof controller: cannot save %s: %s", watch.id, e)

@@ -1,0 +1,219 @@
+"""Analysis and merge at real size, side by side with Holistic Trace Analysis (HTA) on the same folders.
+
+Folders (built in a temp dir, deleted after), from the real traces in
+``../shared/external-traces`` re-ranked (``distributedInfo.rank``/``world_size``
+rewritten in place, every other byte kept) and gzipped as an agent writes them:
+
+* ``64 ranks``: HTA's A100 traces ``nccl_parser`` (9.8 MB raw, rank 0 of 2) and
+  ``negative_queue`` (25.8 MB, rank 0 of 16) alternated over 64 ranks: ~1.14 GB raw.
+* ``8 ranks``: eight copies of ``trace_diff_control`` (A100, 34.8 MB): the 279 MB
+  folder issue 11 measured (rayprof 61 s / 67 MiB, HTA 24 s / 521 MiB).
+* ``--quick``: eight ranks of ``nccl_parser`` (78 MB), to stay under two minutes.
+
+Each tool runs in a fresh child process:
+
+* rayprof: ``analyze_folder`` then ``merge_folder`` (default 256 MiB budget).
+* HTA: ``TraceAnalysis(trace_dir=...)`` (which parses in a pool of up to one
+  process per core) then ``get_temporal_breakdown()``.
+
+Peak memory is the largest summed RSS of the child and its children, sampled
+every 50 ms (HTA's parser pool is in the children), and never less than the
+child's own ``VmHWM``. HTA gets a time limit on the 64-rank folder; when it
+does not finish, the row says so and the ratio comes from the 8-rank folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks import LogFn
+from benchmarks._stats import REPO, Result
+
+NAME = "analysis_scale"
+EXTERNAL = REPO.parent / "shared" / "external-traces"
+_SOURCES = {
+    "nccl_parser": EXTERNAL / "hta_nccl_parser_a100_r0of2" / "traces" / "nccl_data.pt.trace.json.gz",
+    "negative_queue": EXTERNAL / "hta_negative_queue_a100_r0of16" / "traces" / "rank0.pt.trace.json.gz",
+    "control": EXTERNAL / "hta_trace_diff_control_a100_r3of8" / "traces" / "control.pt.trace.json.gz",
+}
+TARGET_SECONDS = 60.0
+TARGET_RSS_MIB = 1024.0
+TARGET_RATIO = 0.2
+_SAMPLE_S = 0.05
+
+
+def _reranked(source: bytes, rank: int, world_size: int) -> bytes:
+    """The trace with its ``distributedInfo`` replaced; the events are untouched."""
+    head = source[: 1 << 20].decode("utf-8", errors="replace")
+    key = head.index('"distributedInfo"')
+    start = head.index("{", key)
+    _, end = json.JSONDecoder().raw_decode(head, start)
+    info = {"backend": "nccl", "rank": rank, "world_size": world_size}
+    prefix = head[:start].encode()
+    return prefix + json.dumps(info).encode() + source[len(head[:end].encode()) :]
+
+
+def build_folder(folder: Path, sources: list[str], ranks: int, log: LogFn) -> int:
+    """Write ``ranks`` gzipped traces cycling over ``sources``; returns their raw bytes."""
+    folder.mkdir(parents=True)
+    texts = {}
+    for name in sources:
+        with gzip.open(_SOURCES[name], "rb") as f:
+            texts[name] = f.read()
+    total = 0
+    for rank in range(ranks):
+        data = _reranked(texts[sources[rank % len(sources)]], rank, ranks)
+        with gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb", compresslevel=1) as f:
+            f.write(data)
+        total += len(data)
+    log(f"{NAME}: {ranks} ranks of {'+'.join(sources)}: {total / 1e9:.2f} GB raw, "
+        f"{sum(p.stat().st_size for p in folder.iterdir()) / 1e6:.0f} MB gz")
+    return total
+
+
+def _child(kind: str, folder: str) -> None:
+    folder_path = Path(folder)
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {}
+    if kind == "rayprof":
+        from orchestrator.analysis import analyze_folder
+        from orchestrator.traces.merge import merge_folder
+
+        summary = analyze_folder(folder_path)
+        info["analyze_s"] = time.perf_counter() - t0
+        info["ranks"] = len(summary.ranks)
+        info["rejected"] = [r.reason for r in summary.rejected][:3]
+        with tempfile.TemporaryDirectory() as out:
+            t1 = time.perf_counter()
+            stats = merge_folder(folder_path, Path(out) / "merged.trace.json.gz")
+            info["merge_s"] = time.perf_counter() - t1
+        info.update(
+            merged_raw_bytes=stats.output_raw_bytes, merged_gz_bytes=stats.output_bytes,
+            dropped=stats.dropped.events if stats.dropped else 0, merged_events=stats.events,
+        )
+    else:
+        import logging
+
+        logging.disable(logging.WARNING)
+        from hta.trace_analysis import TraceAnalysis
+
+        analysis = TraceAnalysis(trace_dir=str(folder_path))
+        info["load_s"] = time.perf_counter() - t0
+        breakdown = analysis.get_temporal_breakdown(visualize=False)
+        info["ranks"] = len(breakdown)
+    info["seconds"] = time.perf_counter() - t0
+    with open("/proc/self/status") as f:
+        info["vmhwm"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    print("RESULT " + json.dumps(info), flush=True)
+
+
+def measure(kind: str, folder: Path, timeout: float) -> dict[str, Any] | None:
+    """Run one tool on ``folder`` in a child; None when it ran past ``timeout`` (then it is killed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.analysis_scale", "--child", kind, str(folder)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    peak = 0
+    started = time.monotonic()
+    parent = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        if time.monotonic() - started > timeout:
+            for p in [*parent.children(recursive=True), parent]:
+                p.kill()
+            proc.communicate()
+            return None
+        try:
+            tree = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree))
+        except psutil.Error:
+            pass  # a pool worker exited between listing and reading
+        time.sleep(_SAMPLE_S)
+    out, err = proc.communicate()
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+            result["peak_rss"] = max(peak, result["vmhwm"])
+            return result
+    raise RuntimeError(f"{kind} child failed (rc {proc.returncode}): {err[-2000:]}")
+
+
+def _pair(label: str, folder: Path, raw: int, hta_timeout: float, log: LogFn) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    ours = measure("rayprof", folder, timeout=1800)
+    assert ours is not None
+    log(f"{NAME}[{label}]: rayprof {ours['seconds']:.1f}s (analyze {ours['analyze_s']:.1f}s, merge {ours['merge_s']:.1f}s), "
+        f"{raw / 1e6 / ours['seconds']:.0f} MB/s, peak RSS {ours['peak_rss'] / 2**20:.0f} MiB")
+    hta = measure("hta", folder, timeout=hta_timeout)
+    if hta is None:
+        log(f"{NAME}[{label}]: HTA did not finish within {hta_timeout:.0f}s")
+    else:
+        log(f"{NAME}[{label}]: HTA {hta['seconds']:.1f}s (load {hta['load_s']:.1f}s), peak RSS {hta['peak_rss'] / 2**20:.0f} MiB")
+    return ours, hta
+
+
+def _rows(label: str, raw: int, ours: dict[str, Any], hta: dict[str, Any] | None, hta_timeout: float, targets: bool) -> list[Result]:
+    bench = f"{NAME}[{label}]"
+    mib = ours["peak_rss"] / 2**20
+    rows = [
+        Result(bench, "rayprof analyze+merge wall time", "s", ours["seconds"], n=1,
+               target=f"< {TARGET_SECONDS:.0f} s" if targets else "",
+               met=ours["seconds"] < TARGET_SECONDS if targets else None,
+               note=f"{raw / 1e9:.2f} GB raw, {ours['ranks']} ranks analysed; analyze {ours['analyze_s']:.1f}s + "
+               f"merge {ours['merge_s']:.1f}s; merged {ours['merged_raw_bytes'] / 2**20:.0f} MiB raw "
+               f"({ours['merged_gz_bytes'] / 1e6:.0f} MB gz), {ours['dropped']:,} events left out for the budget"),
+        Result(bench, "rayprof throughput (raw JSON in, analyze+merge)", "MB/s", raw / 1e6 / ours["seconds"], n=1),
+        Result(bench, "rayprof peak RSS", "MiB", mib, n=1,
+               target=f"< {TARGET_RSS_MIB:.0f} MiB" if targets else "", met=mib < TARGET_RSS_MIB if targets else None),
+    ]
+    if hta is None:
+        rows.append(Result(bench, "HTA load + temporal breakdown", "s", None, note=f"did not finish within {hta_timeout:.0f}s"))
+        return rows
+    rows += [
+        Result(bench, "HTA load + temporal breakdown wall time", "s", hta["seconds"], n=1, note=f"load {hta['load_s']:.1f}s"),
+        Result(bench, "HTA peak RSS (process tree)", "MiB", hta["peak_rss"] / 2**20, n=1),
+        Result(bench, "time ratio rayprof / HTA", "x", ours["seconds"] / hta["seconds"], n=1,
+               target=f"<= {TARGET_RATIO}", met=ours["seconds"] / hta["seconds"] <= TARGET_RATIO),
+        Result(bench, "memory ratio rayprof / HTA", "x", ours["peak_rss"] / hta["peak_rss"], n=1,
+               target=f"<= {TARGET_RATIO}", met=ours["peak_rss"] / hta["peak_rss"] <= TARGET_RATIO),
+    ]
+    return rows
+
+
+def run(quick: bool, log: LogFn) -> list[Result]:
+    """rayprof vs HTA: 8 ranks of nccl_parser with --quick; else 64 ranks (>= 1 GB) and the issue's 8-rank folder."""
+    missing = [str(p) for p in _SOURCES.values() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"external traces missing: {missing}")
+    tmp = Path(tempfile.mkdtemp(prefix="rayprof-bench-analysis-"))
+    results: list[Result] = []
+    try:
+        plans = [("8 ranks nccl_parser", ["nccl_parser"], 8, 120.0, False)] if quick else [
+            ("64 ranks", ["nccl_parser", "negative_queue"], 64, 900.0, True),
+            ("8 ranks control (issue 11)", ["control"], 8, 600.0, False),
+        ]
+        for label, sources, ranks, hta_timeout, targets in plans:
+            folder = tmp / label.replace(" ", "_")
+            raw = build_folder(folder, sources, ranks, log)
+            ours, hta = _pair(label, folder, raw, hta_timeout, log)
+            results += _rows(label, raw, ours, hta, hta_timeout, targets)
+            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    # Child mode: python -m benchmarks.analysis_scale --child {rayprof|hta} FOLDER
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("run the benchmarks with: python -m benchmarks analysis_scale")

@@ -1,0 +1,55 @@
+"""``rayprof diff A B``: compare two profiles, each a profile id or a local folder."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from orchestrator.analysis.diff import DiffInput, ProfileDiff, diff_profiles
+from orchestrator.cli import commands
+from orchestrator.cli.output import emit_json, out
+from orchestrator.errors import EXIT_OK
+
+__all__ = ["add_arguments", "diff"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``diff`` command's own arguments."""
+    parser.add_argument("a", metavar="A", help="the profile before the change: a profile id or a folder")
+    parser.add_argument("b", metavar="B", help="the profile after the change: a profile id or a folder")
+    parser.add_argument("--html", metavar="FILE", help="also write the comparison as an HTML page")
+
+
+def _side(args: argparse.Namespace, source: str, tmp: Path) -> DiffInput:
+    from orchestrator.analysis.diff_inputs import load_folder
+
+    if Path(source).is_dir():
+        return load_folder(Path(source), label=source)
+    # One side stored, one local: fetch the stored one (sha256 verified) and read it like a folder.
+    folder = commands._client(args).get(source).download(tmp / source)
+    return load_folder(folder, label=source)
+
+
+def _compute(args: argparse.Namespace) -> ProfileDiff:
+    if not Path(args.a).is_dir() and not Path(args.b).is_dir():
+        # Both stored: the service computes it, so the CLI needs no access to storage.
+        return commands._client(args).diff(args.a, args.b)
+    with tempfile.TemporaryDirectory(prefix="rayprof-diff-") as tmp:
+        return diff_profiles(_side(args, args.a, Path(tmp)), _side(args, args.b, Path(tmp)))
+
+
+def diff(args: argparse.Namespace) -> int:
+    from orchestrator.analysis.report_diff import diff_lines, write_diff_report
+
+    result = _compute(args)
+    if args.html:
+        write_diff_report(result, Path(args.html))
+    if args.json:
+        emit_json(result)
+    else:
+        for line in diff_lines(result):
+            out(line)
+        if args.html:
+            out(f"report: {args.html}")
+    return EXIT_OK

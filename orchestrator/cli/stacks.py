@@ -1,0 +1,164 @@
+"""``rayprof stacks`` and the watch commands (``watch``, ``watches``, ``unwatch``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.cli.commands import _client
+from orchestrator.cli.output import emit_json, out, table
+from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
+from orchestrator.models import ProfileState, StacksBundle, WatchSpec, WatchStatus
+
+__all__ = ["add_commands", "parse_duration"]
+
+# Frames of each group shown on the terminal; the stored rank files hold every frame.
+_FRAMES_SHOWN = 8
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``30``, ``30s``, ``10m``, ``1h`` -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m or 1h")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
+    """Register the commands on the ``rayprof`` parser (``command`` is main's subparser factory)."""
+    p = command("stacks", stacks, "every rank's stacks now, grouped; stored like a profile", parents)
+    p.add_argument("target", help="Ray Train run name")
+    p.add_argument("--native", action="store_true", help="add native frames through py-spy (rayprof[native])")
+
+    p = command("watch", watch, "watch a target and profile (or take stacks) when it slows, lags or stalls", parents)
+    p.add_argument("target", help="Ray Train run name")
+    cond = p.add_mutually_exclusive_group(required=True)
+    cond.add_argument("--slower-than", type=float, metavar="RATIO", help="median step time over the baseline, e.g. 1.3")
+    cond.add_argument("--rank-lag", type=int, metavar="STEPS", help="a rank this many steps behind the leader")
+    cond.add_argument("--stalled", action="store_true", help="no rank advanced (see RAYPROF_STALL_MIN_S)")
+    p.add_argument("--for", dest="for_s", type=parse_duration, default=30.0, help="how long it must hold (default 30s)")
+    then = p.add_mutually_exclusive_group()
+    then.add_argument("--then-profile", type=int, metavar="STEPS", help="then profile this many steps (default 5)")
+    then.add_argument("--then-stacks", action="store_true", help="then take every rank's stacks")
+    p.add_argument("--ranks", choices=["all", "lagging"], default="all", help="with --rank-lag: lagging ranks + 2 healthy")
+    p.add_argument("--baseline", type=parse_duration, default=300.0, help="rolling baseline window (default 5m)")
+    p.add_argument("--cooldown", type=parse_duration, default=600.0, help="quiet time after it fires (default 10m)")
+    p.add_argument("--max-per-hour", type=int, default=4, help="most firings in any hour (default 4)")
+
+    command("watches", watches, "every watch, its state and firings", parents)
+
+    p = command("unwatch", unwatch, "stop and forget watches", parents)
+    p.add_argument("ids", nargs="+", metavar="ID")
+
+
+def stacks(args: argparse.Namespace) -> int:
+    bundle = _client(args).stacks(args.target, native=args.native)
+    if args.json:
+        emit_json(bundle)
+    else:
+        print_stacks(bundle)
+    return EXIT_OK if bundle.state == ProfileState.DONE else EXIT_FAILED
+
+
+def print_stacks(bundle: StacksBundle) -> None:
+    out(f"{bundle.id}  target {bundle.target}  {bundle.state.value}")
+    out(bundle.summary)
+    for group in bundle.groups:
+        out(f"\n{group.ranks_text}{'' if group.majority or len(bundle.groups) == 1 else '  (differs from the majority)'}:")
+        shown = group.frames[-_FRAMES_SHOWN:]
+        if len(group.frames) > len(shown):
+            out(f"  ... {len(group.frames) - len(shown)} outer frames")
+        for f in shown:
+            out(f'  File "{f.filename}", line {f.line}, in {f.function}')
+            if f.code:
+                out(f"    {f.code}")
+    for m in bundle.missing:
+        out(f"\nrank {m.rank} did not answer: {m.reason}")
+    if bundle.collectives:
+        out("\ncollectives (torch flight recorder):")
+        for note in bundle.collectives:
+            out(f"  {note}")
+    elif bundle.flight_recorder_note:
+        out(f"\ncollectives: not available ({bundle.flight_recorder_note})")
+    for note in bundle.native_notes:
+        out(f"note: {note}")
+    if bundle.manifest_uri:
+        out(f"\nstored: {bundle.manifest_uri}")
+
+
+def watch(args: argparse.Namespace) -> int:
+    if args.ranks == "lagging" and args.rank_lag is None:
+        raise InvalidRequestError("--ranks lagging needs --rank-lag")
+    spec = WatchSpec(
+        target=args.target,
+        slower_than=args.slower_than,
+        rank_lag=args.rank_lag,
+        stalled=args.stalled,
+        for_s=args.for_s,
+        action="stacks" if args.then_stacks else "profile",
+        profile_steps=args.then_profile or 5,
+        ranks=args.ranks,
+        baseline_s=args.baseline,
+        cooldown_s=args.cooldown,
+        max_per_hour=args.max_per_hour,
+    )
+    status = _client(args).watch(spec.target, **spec.model_dump(exclude={"target"}))
+    if args.json:
+        emit_json(status)
+    else:
+        out(f"{status.id}  watching {spec.target}: {describe(spec)}")
+    return EXIT_OK
+
+
+def describe(spec: WatchSpec) -> str:
+    """A watch in words."""
+    if spec.slower_than is not None:
+        cond = f"median step time over {spec.slower_than:g}x its {spec.baseline_s:g}s baseline"
+    elif spec.rank_lag is not None:
+        cond = f"a rank {spec.rank_lag}+ steps behind the leader"
+    else:
+        cond = "no rank advancing (STALLED)"
+    then = "take every rank's stacks" if spec.action == "stacks" else f"profile {spec.profile_steps} steps on {spec.ranks} ranks"
+    return (
+        f"when {cond} for {spec.for_s:g}s, {then}; cooldown {spec.cooldown_s:g}s, at most {spec.max_per_hour}/hour"
+    )
+
+
+def watches(args: argparse.Namespace) -> int:
+    found: list[WatchStatus] = _client(args).watches()
+    if args.json:
+        emit_json(found)
+        return EXIT_OK
+    if not found:
+        out("no watches")
+        return EXIT_OK
+    rows = [
+        [
+            w.id,
+            w.spec.target,
+            w.state,
+            f"{w.baseline * 1000:.0f} ms" if w.baseline is not None else "-",
+            f"{w.observed:g}" if w.observed is not None else "-",
+            str(len(w.firings)),
+            (w.firings[-1].profile_id or w.firings[-1].error or "-") if w.firings else "-",
+        ]
+        for w in found
+    ]
+    out(table(rows, ["watch", "target", "state", "baseline", "observed", "fired", "last"]))
+    for w in found:
+        out(f"{w.id}: {describe(w.spec)}" + (f" ({w.note})" if w.note else ""))
+    return EXIT_OK
+
+
+def unwatch(args: argparse.Namespace) -> int:
+    client = _client(args)
+    for watch_id in args.ids:
+        client.delete_watch(watch_id)
+        if not args.json:
+            out(f"{watch_id} deleted")
+    if args.json:
+        emit_json({"deleted": args.ids})
+    return EXIT_OK

@@ -1,0 +1,243 @@
+"""What the HTTP service does before and around its routes: body limit, auth,
+Host allow-list, security headers, and error bodies that leak nothing.
+
+Kept apart from :mod:`orchestrator.service.app` so the routes stay thin.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestrator.auth import allowed_hosts, host_of
+from orchestrator.errors import (
+    ControllerUnavailableError,
+    IntegrityError,
+    InvalidRequestError,
+    ProfileTimeoutError,
+    RayprofError,
+)
+from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "REPORT_HEADERS",
+    "BodyLimit",
+    "Guard",
+    "SecurityHeaders",
+    "error_response",
+    "rayprof_error_response",
+    "serve_http_host",
+    "unexpected_error_response",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+"""Request bodies above this are refused with 413: a profile request is a few hundred bytes."""
+
+# report.html is inline CSS and SVG only: nothing may load, run, submit or frame it.
+REPORT_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'; sandbox"
+)
+REPORT_HEADERS = {
+    "content-security-policy": REPORT_CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+# Every response: no MIME sniffing, never inside a frame (the /docs page still loads its scripts).
+_DEFAULT_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-frame-options", b"DENY"),
+)
+
+# 5xx errors whose message rayprof composes from its own words; any other
+# server error may carry a library's text (addresses, paths) and is hidden.
+_PUBLIC_SERVER_ERRORS = (ControllerUnavailableError, ProfileTimeoutError, IntegrityError)
+
+
+def error_response(status: int, code: str, detail: str) -> JSONResponse:
+    """Every error body: ``{"error": code, "detail": message}``."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+def rayprof_error_response(request: Request, exc: RayprofError) -> JSONResponse:
+    """A rayprof error as its status and code; server-side details only in the log."""
+    if exc.http_status >= 500 and not isinstance(exc, _PUBLIC_SERVER_ERRORS):
+        return _hidden(request, exc, exc.http_status, exc.code)
+    return error_response(exc.http_status, exc.code, exc.message)
+
+
+def unexpected_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """A bug or a library's error: a generic 500 with an id to find the logged traceback by."""
+    return _hidden(request, exc, 500, "internal_error")
+
+
+def _hidden(request: Request, exc: Exception, status: int, code: str) -> JSONResponse:
+    error_id = uuid.uuid4().hex[:16]
+    logger.error(
+        "rayprof error %s on %s %s: %s", error_id, request.method, request.url.path, code, exc_info=exc
+    )
+    detail = f"the rayprof service failed ({code}); error id {error_id} is in the service log"
+    return JSONResponse({"error": code, "detail": detail, "error_id": error_id}, status_code=status)
+
+
+class Guard:
+    """Bearer-token check, and the Host allow-list of a service that has no token.
+
+    A browser on a machine that can reach the service can be made to send it
+    requests under an attacker's host name (DNS rebinding). With a token the
+    attacker's page cannot authenticate; without one, only requests whose
+    ``Host`` is loopback or explicitly allowed are answered.
+    """
+
+    def __init__(self, token: str | None, extra_hosts: list[str] | tuple[str, ...] = ()) -> None:
+        self._token = token.encode() if token is not None else None
+        self._hosts = allowed_hosts(extra_hosts)
+
+    @property
+    def has_token(self) -> bool:
+        return self._token is not None
+
+    @property
+    def token(self) -> bytes | None:
+        """The token's bytes, for signing URLs a browser follows without a header."""
+        return self._token
+
+    def check(self, request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
+        if self._token is not None:
+            given = credentials.credentials.encode() if credentials is not None else b""
+            if not hmac.compare_digest(given, self._token):
+                raise HTTPException(401, "missing or wrong bearer token")
+            return
+        host = host_of(request.headers.get("host", ""))
+        if "*" not in self._hosts and host not in self._hosts:
+            shown = host[:100] or "(none)"
+            raise InvalidRequestError(
+                f"Host {shown!r} is not allowed: a service without a token answers only loopback names "
+                f"and those in {ALLOWED_HOSTS_ENV_VAR}"
+            )
+
+
+class SecurityHeaders:
+    """ASGI middleware: the default security headers on every response that has none of its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(name, value) for name, value in _DEFAULT_HEADERS if name not in present]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: answer 413 for bodies over ``max_bytes``, declared or streamed.
+
+    A declared ``content-length`` is refused before reading; a chunked body is
+    read up to the limit and replayed to the app, so no handler ever sees more.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                await self._refuse(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read_body(receive)
+        except _BodyTooLarge:
+            await self._refuse(send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps({"error": "body_too_large", "detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def serve_http_host() -> str | None:
+    """The address Serve's proxies bind, as its controller has it; ``None`` when no Serve runs here.
+
+    Asked at app build time (``serve deploy``/``serve run`` build the app in the
+    cluster after applying ``http_options``) and when a replica starts.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    # Serve has no public call for its HTTP options; its controller answers this one.
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        controller: Any = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return None
+    return ray.get(controller.get_http_config.remote(), timeout=30).host

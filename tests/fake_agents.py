@@ -1,0 +1,229 @@
+"""Fake agents that drive the real ``Controller`` class on one asyncio loop, without Ray.
+
+Each fake speaks the agent protocol (register, long-poll with heartbeats,
+report) and trains by counting steps on a timer. ``behaviour`` plants a
+fault: ``fail`` reports its window FAILED, ``hang`` never reports after
+capturing, ``stall_upload`` stays UPLOADING, ``vanish`` stops calling once armed. A finished window uploads a
+small real file to the profile's storage and lists it, as the capture
+pipeline does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from actors.controller.actor import Controller
+from orchestrator.layout import rank_artifact_keys
+from orchestrator.models import (
+    Collective,
+    Command,
+    ControllerConfig,
+    Frame,
+    Heartbeat,
+    RankEvent,
+    RankStacks,
+    RankState,
+    StorageSpec,
+    ThreadStack,
+    WindowSpec,
+    WorkerInfo,
+    utcnow,
+)
+from orchestrator.storage import open_storage
+
+Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload"]
+STEP_S = 0.01
+UPLOAD_S = 0.1
+
+TRAIN_FRAME = Frame(filename="/job/train.py", line=30, function="train_loop", code="loss.backward()")
+ALL_REDUCE = [
+    TRAIN_FRAME.model_copy(update={"line": 41, "code": "dist.all_reduce(loss)"}),
+    Frame(filename="/venv/site-packages/torch/distributed/distributed_c10d.py", line=3245, function="all_reduce", library=True),
+]
+SLOW_THING = [TRAIN_FRAME, Frame(filename="/job/train.py", line=57, function="slow_thing", code="time.sleep(3600)")]
+
+
+def fast_config(home: StorageSpec, **overrides: object) -> ControllerConfig:
+    """Settings that make a window take well under a second."""
+    values: dict[str, object] = dict(
+        storage=home,
+        max_steps=50,
+        max_warmup_steps=10,
+        poll_timeout_s=0.2,
+        worker_expiry_grace_s=0.3,
+        arm_lead_s=0.02,
+        sync_timeout_s=0.5,
+        request_timeout_s=5.0,
+        max_request_timeout_s=60.0,
+        max_trace_bytes=10**9,
+        max_queued_per_target=2,
+        postprocess_timeout_s=5.0,
+        retention_count=1000,
+        retention_days=30.0,
+        cluster_name="unit",
+    )
+    values.update(overrides)
+    return ControllerConfig(**values)
+
+
+async def no_postprocess(draft, profile, timeout_s):
+    return draft
+
+
+def worker_info(rank: int, world_size: int, target: str = "run", job: str = "job1", agent: str | None = None) -> WorkerInfo:
+    return WorkerInfo(
+        agent_id=agent or f"{target}-{job}-r{rank}",
+        target=target,
+        world_rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        node_rank=0,
+        node_id=f"node{rank % 2}",
+        host=f"host{rank % 2}",
+        pid=1000 + rank,
+        device="cpu",
+        ray_job_id=job,
+        torch_version=torch.__version__,
+    )
+
+
+@dataclass
+class FakeAgent:
+    controller: Controller
+    info: WorkerInfo
+    behaviour: Behaviour = "ok"
+    trace_bytes: int = 1000
+    step: int = 0
+    windows: list[WindowSpec] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+    window_task: asyncio.Task | None = None
+    stopped: bool = False
+    # What a ``stacks`` command sees in the training thread; None: this agent never answers one.
+    stack: list[Frame] | None = field(default_factory=lambda: list(ALL_REDUCE))
+    collectives: list[Collective] = field(default_factory=list)
+    # Steps advance while True; a stuck rank stops counting but its agent still heartbeats.
+    training: bool = True
+    step_s: float = STEP_S
+
+    async def start(self) -> None:
+        assert await self.controller.register(self.info)
+        self._tasks = [asyncio.create_task(self._train()), asyncio.create_task(self._poll())]
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _train(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_s)
+            if self.training:
+                self.step += 1
+
+    async def _poll(self) -> None:
+        while not self.stopped:
+            command: Command | None = await self.controller.poll(
+                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s)
+            )
+            if command is None or command.kind == "sync":
+                continue
+            if command.kind == "stacks":
+                if self.stack is not None:
+                    await self.controller.stacks_reply(self.stacks(command.profile_id))
+                continue
+            if command.kind == "register":
+                await self.controller.register(self.info)
+            elif command.kind == "arm":
+                assert command.window is not None
+                self.windows.append(command.window)
+                self.window_task = asyncio.create_task(self._window(command.window))
+                self._tasks.append(self.window_task)
+            elif command.kind == "cancel":
+                assert command.profile_id is not None
+                self.cancelled.add(command.profile_id)
+
+    def stacks(self, bundle_id: str | None) -> RankStacks:
+        assert bundle_id is not None and self.stack is not None
+        threads = [
+            ThreadStack(thread_id=1, name="MainThread", frames=[Frame(filename="/ray/worker.py", line=1, function="main_loop", library=True)]),
+            ThreadStack(thread_id=2, name="train", training=True, frames=self.stack),
+        ]
+        return RankStacks(
+            bundle_id=bundle_id, agent_id=self.info.agent_id, step=self.step, taken_at=utcnow(), threads=threads,
+            collectives=self.collectives,
+            flight_recorder='{"entries": []}' if self.collectives else None,
+            flight_recorder_note=None if self.collectives else "torch flight recorder is off",
+        )
+
+    async def report(self, window: WindowSpec, state: RankState, **fields: object) -> None:
+        await self.controller.report(
+            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=state, **fields)
+        )
+
+    async def _window(self, window: WindowSpec) -> None:
+        await self.report(window, RankState.ARMED)
+        if self.behaviour == "vanish":
+            self.stopped = True
+            return
+        while self.step < window.start_step and window.profile_id not in self.cancelled:
+            await asyncio.sleep(STEP_S / 2)
+        if window.profile_id in self.cancelled:
+            await self.report(window, RankState.CANCELLED, reason="cancelled")
+            return
+        await self.report(window, RankState.CAPTURING)
+        while self.step < window.stop_step and window.profile_id not in self.cancelled:
+            await asyncio.sleep(STEP_S / 2)
+        if window.profile_id in self.cancelled:
+            await self.report(window, RankState.CANCELLED, reason="cancelled while capturing")
+            return
+        if self.behaviour == "hang":
+            return
+        await self.report(window, RankState.UPLOADING)
+        await asyncio.sleep(UPLOAD_S)
+        if self.behaviour == "fail":
+            await self.report(window, RankState.FAILED, reason="export failed: planted")
+        elif self.behaviour != "stall_upload":
+            await self.finish(window)
+
+    async def finish(self, window: WindowSpec) -> None:
+        """Upload this rank's file and report the window DONE."""
+        key = rank_artifact_keys(window.prefix, self.info.world_rank, self.info.host, self.info.pid)["op_table"]
+        artifact = open_storage(window.storage).put_bytes(b"name,count\n", key, "op_table", folder=window.prefix)
+        await self.report(
+            window,
+            RankState.DONE,
+            first_step=window.start_step,
+            last_step=window.stop_step - 1,
+            step_durations_ms=[STEP_S * 1000] * window.steps,
+            trace_bytes=self.trace_bytes,
+            artifacts=[artifact],
+        )
+
+
+async def start_agents(controller: Controller, world_size: int, **kwargs: object) -> list[FakeAgent]:
+    agents = [FakeAgent(controller, worker_info(r, world_size)) for r in range(world_size)]
+    for agent in agents:
+        for key, value in kwargs.items():
+            setattr(agent, key, value)
+        await agent.start()
+    return agents
+
+
+async def wait_terminal(controller: Controller, profile_id: str, timeout_s: float = 10.0):
+    """Poll with ``wait`` until terminal; returns the status and every state seen."""
+    seen = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        status = await controller.wait(profile_id, 0.5)
+        if not seen or seen[-1] != status.state:
+            seen.append(status.state)
+        if status.state.is_terminal:
+            return status, seen
+    raise AssertionError(f"{profile_id} did not end within {timeout_s}s; states seen {seen}")

@@ -1,0 +1,119 @@
+"""Downloads by the client, without Ray: files come from the configured storage and stay in their folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator.client.client import ProfileHandle, download_profile
+from orchestrator.errors import IntegrityError, InvalidRequestError
+from orchestrator.models import Artifact, Manifest, ProfileStatus, StorageSpec
+from orchestrator.storage import FileStorage
+
+TARGET, PROFILE_ID = "run", "prof-1"
+
+
+def _stored(root, key: str, data: bytes) -> Artifact:
+    """``data`` stored under the profile folder of ``root``; its artifact (key relative to that folder)."""
+    folder = f"{TARGET}/{PROFILE_ID}"
+    return FileStorage(root).put_bytes(data, f"{folder}/{key}", "trace", folder=folder)
+
+
+def _manifest(artifacts: list[Artifact], *, profile_id: str = PROFILE_ID, storage_uri: str = "file:///elsewhere") -> dict:
+    return {
+        "profile_id": profile_id,
+        "target": TARGET,
+        "status": "DONE",
+        "request": {"target": TARGET, "steps": 1},
+        "storage_uri": storage_uri,
+        "start_step": 1,
+        "stop_step": 2,
+        "ranks": [{"rank": 0, "state": "DONE", "artifacts": [a.model_dump() for a in artifacts]}],
+        "requested_at": "2024-01-01T00:00:00Z",
+        "finished_at": "2024-01-01T00:00:01Z",
+    }
+
+
+class _Backend:
+    """The two calls a download makes, answered from fixed values."""
+
+    def __init__(self, manifest: dict, storage: StorageSpec) -> None:
+        self._manifest = Manifest.model_validate(manifest)
+        self._storage = storage
+
+    def manifest(self, profile_id: str) -> Manifest:
+        return self._manifest
+
+    def storage(self) -> StorageSpec:
+        return self._storage
+
+
+def _handle(backend: _Backend, profile_id: str = PROFILE_ID) -> ProfileHandle:
+    status = ProfileStatus.model_validate(
+        {
+            "id": profile_id,
+            "target": TARGET,
+            "state": "DONE",
+            "request": {"target": TARGET, "steps": 1},
+            "storage_uri": "file:///x",
+            "created_at": "2024-01-01T00:00:00Z",
+        }
+    )
+    return ProfileHandle(backend, status)  # type: ignore[arg-type]
+
+
+def test_download_reads_the_configured_storage_not_the_manifests_storage_uri(tmp_path):
+    configured, decoy = tmp_path / "configured", tmp_path / "decoy"
+    artifact = _stored(configured, "traces/r0.json", b"real")
+    _stored(decoy, "traces/r0.json", b"decoy")
+    manifest = _manifest([artifact], storage_uri=FileStorage(decoy).uri(f"{TARGET}/{PROFILE_ID}"))
+
+    folder = _handle(_Backend(manifest, StorageSpec(uri=configured.as_uri()))).download(tmp_path / "dl")
+
+    assert (folder / "traces" / "r0.json").read_bytes() == b"real"
+
+
+def test_manifest_of_another_profile_is_refused(tmp_path):
+    artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    backend = _Backend(_manifest([artifact], profile_id="prof-other"), StorageSpec(uri=(tmp_path / "store").as_uri()))
+
+    with pytest.raises(IntegrityError, match="got the one of run/prof-other"):
+        _handle(backend).download(tmp_path / "dl")
+    assert not (tmp_path / "dl").exists()
+
+
+def test_artifact_key_that_escapes_the_destination_writes_nothing(tmp_path):
+    good = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    # model_construct skips validation: a manifest as a hostile or buggy server could send it.
+    evil = Artifact.model_construct(**{**good.model_dump(), "key": "../../outside.txt"})
+    manifest = Manifest.model_construct(**{**Manifest.model_validate(_manifest([good])).__dict__, "artifacts": [evil]})
+
+    with pytest.raises(IntegrityError, match="outside"):
+        download_profile(manifest, StorageSpec(uri=(tmp_path / "store").as_uri()), tmp_path / "a" / "dl")
+    assert not (tmp_path / "outside.txt").exists()
+    assert not (tmp_path / "a").exists()
+
+
+def test_symlink_in_the_destination_cannot_lead_files_out(tmp_path):
+    artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    dest, outside = tmp_path / "dl", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    os.symlink(outside, dest / "traces")
+
+    with pytest.raises(IntegrityError, match="outside"):
+        download_profile(Manifest.model_validate(_manifest([artifact])), StorageSpec(uri=(tmp_path / "store").as_uri()), dest)
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("profile_id", ["../x", "/abs", "a/b", "x\x1b[2J"])
+def test_unsafe_profile_id_is_refused_before_any_call(profile_id):
+    from orchestrator.client import ProfilingClient
+
+    class _Unreachable:
+        def get(self, profile_id: str):
+            raise AssertionError("no call may be made")
+
+    with pytest.raises(InvalidRequestError, match="invalid profile id"):
+        ProfilingClient(backend=_Unreachable()).get(profile_id)  # type: ignore[arg-type]

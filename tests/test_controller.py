@@ -1,0 +1,423 @@
+"""The control actor's state machine, driven without Ray: the real ``Controller`` class,
+fake agents on one event loop, and real storage in a temp folder."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from actors.controller.actor import Controller
+from actors.controller.state import Profile
+from orchestrator.config import normalize_uri
+from orchestrator.errors import ConflictError, IllegalTransitionError, StorageError
+from orchestrator.layout import manifest_key
+from orchestrator.manifest import read_manifest
+from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
+from orchestrator.storage import open_storage
+from tests.fake_agents import fast_config, no_postprocess, start_agents, wait_terminal, worker_info
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> StorageSpec:
+    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
+
+
+def controller(home: StorageSpec, **overrides) -> Controller:
+    return Controller(fast_config(home, **overrides), postprocess=no_postprocess)
+
+
+def request(steps: int = 10, **options) -> ProfileRequest:
+    return ProfileRequest(target="run", steps=steps, **options)
+
+
+def test_a_profile_goes_through_every_state_to_done_and_writes_its_manifest(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=20))
+        status, seen = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return status, seen, agents
+
+    status, seen, agents = run(go())
+    assert status.state == ProfileState.DONE
+    assert [s for s in seen if s in (ProfileState.CAPTURING, ProfileState.COLLECTING)] == [
+        ProfileState.CAPTURING,
+        ProfileState.COLLECTING,
+    ]
+    assert {a.windows[0].start_step for a in agents} == {status.start_step}
+    manifest = read_manifest(open_storage(home), "run", status.id)
+    assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
+    assert manifest.cluster["nodes"] == 2
+
+
+def test_a_rank_that_fails_makes_the_profile_partial_with_its_reason(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        agents[1].behaviour = "fail"
+        status, _ = await wait_terminal(c, (await c.submit(request())).id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    status = run(go())
+    assert status.state == ProfileState.PARTIAL
+    assert "ranks [1] did not complete" in status.reason
+    assert status.ranks[1].reason == "export failed: planted"
+
+
+def test_a_rank_that_never_reports_is_failed_at_the_timeout(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        agents[0].behaviour = "hang"
+        status, _ = await wait_terminal(c, (await c.submit(request(timeout_s=1.0))).id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    status = run(go())
+    assert status.state == ProfileState.PARTIAL
+    assert status.ranks[0].state == RankState.FAILED
+    assert "no result within the 1s timeout (last state CAPTURING)" in status.ranks[0].reason
+
+
+def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        agents[1].behaviour = "vanish"
+        status, _ = await wait_terminal(c, (await c.submit(request())).id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    status = run(go())
+    assert status.ranks[1].state == RankState.FAILED
+    assert "worker stopped responding" in status.ranks[1].reason
+
+
+@pytest.mark.parametrize("when", [RankState.ARMED, RankState.CAPTURING])
+def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=40, warmup=5))
+        for _ in range(400):
+            status = await c.get(submitted.id)
+            if status.ranks and all(r.state == when for r in status.ranks):
+                break
+            await asyncio.sleep(0.005)
+        await c.cancel(submitted.id)
+        status, _ = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return status, agents
+
+    status, agents = run(go())
+    assert status.state == ProfileState.CANCELLED
+    assert all(status.id in a.cancelled for a in agents)
+    assert {r.state for r in status.ranks} == {RankState.CANCELLED}
+
+
+def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
+    async def go():
+        first = controller(home)
+        agents = await start_agents(first, 2)
+        agents[1].behaviour = "stall_upload"
+        submitted = await first.submit(request(steps=5, timeout_s=20))
+        for _ in range(400):
+            status = await first.get(submitted.id)
+            if status.state == ProfileState.COLLECTING and status.ranks[0].state == RankState.DONE:
+                break
+            await asyncio.sleep(0.01)
+        await agents[0].window_task  # rank 0's result is acknowledged, so it is saved
+        # The actor restarts: same agents, a new controller on the same home storage.
+        second = controller(home)
+        restored = await second.get(submitted.id)
+        for a in agents:
+            a.controller = second
+            await second.register(a.info)
+        await agents[1].finish(agents[1].windows[0])
+        status, _ = await wait_terminal(second, submitted.id)
+        for a in agents:
+            await a.stop()
+        return restored, status
+
+    restored, status = run(go())
+    assert restored.state == ProfileState.COLLECTING
+    assert [r.state for r in restored.ranks] == [RankState.DONE, RankState.UPLOADING]
+    assert status.state == ProfileState.DONE
+
+
+def test_a_cancel_survives_a_restart(home):
+    async def go():
+        first = controller(home)
+        agents = await start_agents(first, 1)
+        agents[0].behaviour = "hang"
+        submitted = await first.submit(request(steps=5, timeout_s=20))
+        await asyncio.sleep(0.1)
+        for a in agents:
+            await a.stop()
+        await first.cancel(submitted.id)
+        second = controller(home)
+        status, _ = await wait_terminal(second, submitted.id)
+        return status
+
+    assert run(go()).state == ProfileState.CANCELLED
+
+
+def test_the_next_window_like_one_over_the_byte_cap_is_planned_shorter(home):
+    async def go():
+        c = controller(home, max_trace_bytes=10_000)
+        agents = await start_agents(c, 2, trace_bytes=8_000)
+        first, _ = await wait_terminal(c, (await c.submit(request(steps=4))).id)
+        second, _ = await wait_terminal(c, (await c.submit(request(steps=4))).id)
+        for a in agents:
+            await a.stop()
+        return first, second
+
+    first, second = run(go())
+    assert first.stop_step - first.start_step == 4
+    # 8,000 bytes over 4 steps = 2,000 per step; 90% of 10,000 fits 4 steps... so plan 4.
+    assert second.stop_step - second.start_step == 4
+    assert second.state == ProfileState.DONE
+
+
+def test_a_window_whose_like_predecessor_passed_the_cap_is_shortened_and_partial(home):
+    async def go():
+        c = controller(home, max_trace_bytes=10_000)
+        agents = await start_agents(c, 1, trace_bytes=40_000)
+        await wait_terminal(c, (await c.submit(request(steps=4))).id)
+        second, _ = await wait_terminal(c, (await c.submit(request(steps=4))).id)
+        for a in agents:
+            await a.stop()
+        return second
+
+    second = run(go())
+    assert second.stop_step - second.start_step == 1
+    assert second.state == ProfileState.PARTIAL
+    assert "window shortened from 4 to 1 steps" in second.reason
+
+
+def test_an_illegal_transition_raises():
+    profile = Profile(id="p", request=request(), storage=StorageSpec(uri="file:///x"), storage_uri="file:///x/run/p")
+    profile.transition(ProfileState.FAILED)
+    with pytest.raises(IllegalTransitionError, match="cannot go from FAILED to SCHEDULED"):
+        profile.transition(ProfileState.SCHEDULED)
+
+
+def test_a_second_request_on_a_busy_target_is_a_conflict(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        await c.submit(request(steps=30))
+        try:
+            with pytest.raises(ConflictError, match="already running"):
+                await c.submit(request())
+        finally:
+            for a in agents:
+                await a.stop()
+
+    run(go())
+
+
+def _broken_home(tmp_path: Path) -> StorageSpec:
+    # A folder whose parent is a plain file: every read and write fails with an OSError.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    return StorageSpec(uri=normalize_uri(str(blocker / "store")))
+
+
+def test_unreachable_home_storage_does_not_wedge_the_controller(tmp_path):
+    async def go():
+        c = Controller(fast_config(_broken_home(tmp_path)), postprocess=no_postprocess)
+        pong = await asyncio.wait_for(c.ping(), 5)
+        await c.register(worker_info(0, 1))
+        targets = await c.targets()
+        with pytest.raises(StorageError):
+            await c.submit(request())
+        page = await c.list()
+        return pong, targets, page
+
+    pong, targets, page = run(go())
+    assert pong == "ok"
+    assert [t.name for t in targets] == ["run"]
+    assert page.total == 0
+
+
+async def saved_as(store: Path, profile_id: str, state: str) -> None:
+    """Wait until the controller's saved copy of a profile shows ``state`` (saves trail the in-memory state)."""
+    for _ in range(100):
+        saved = list(store.glob(f"_rayprof/*/profiles/{profile_id}.json"))
+        if saved and f'"state":"{state}"' in saved[0].read_text().replace(" ", ""):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{profile_id} never saved as {state}")
+
+
+def test_saved_state_is_restored_once_storage_comes_back(tmp_path, home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        done, _ = await wait_terminal(c, (await c.submit(request(steps=3))).id)
+        for a in agents:
+            await a.stop()
+        store = Path(home.uri.removeprefix("file://"))
+        await saved_as(store, done.id, "DONE")
+        hidden = store.with_name("hidden")
+        store.rename(hidden)
+        store.parent.joinpath("store").write_text("outage")  # the root is now a file: every read fails
+        restarted = controller(home)
+        before = (await restarted.list()).total
+        Path(store).unlink()
+        hidden.rename(store)
+        for _ in range(100):
+            if (await restarted.list()).total:
+                break
+            await asyncio.sleep(0.1)
+        return done, before, await restarted.get(done.id)
+
+    done, before, after = run(go())
+    assert before == 0
+    assert after.state == done.state == ProfileState.DONE
+
+
+def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        agents[0].behaviour = "hang"
+        submitted = await c.submit(request(steps=3, timeout_s=20))
+        for _ in range(400):
+            ranks = (await c.get(submitted.id)).ranks
+            if ranks and ranks[0].state == RankState.CAPTURING:
+                break
+            await asyncio.sleep(0.01)
+        store = Path(home.uri.removeprefix("file://"))
+        store.rename(store.with_name("away"))
+        store.write_text("outage")
+        window = agents[0].windows[0]
+        with pytest.raises(StorageError):
+            await agents[0].report(window, RankState.FAILED, reason="planted")
+        await agents[0].stop()
+
+    run(go())
+
+
+def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reason(tmp_path, home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        agents[0].behaviour = "hang"
+        submitted = await c.submit(request(steps=3, timeout_s=1.0))
+        # The profile's folder becomes a file: the manifest cannot be written there.
+        folder = Path(home.uri.removeprefix("file://")) / "run" / submitted.id
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.write_text("in the way")
+        status, _ = await wait_terminal(c, submitted.id)
+        await agents[0].stop()
+        return status
+
+    status = run(go())
+    assert status.state == ProfileState.FAILED
+    assert status.reason.startswith("could not write the manifest")
+
+
+def test_two_controllers_on_one_root_do_not_adopt_each_others_profiles(home):
+    async def go():
+        a = controller(home, cluster_name="cluster-a")
+        agents = await start_agents(a, 1)
+        agents[0].behaviour = "hang"
+        submitted = await a.submit(request(steps=3, timeout_s=20))
+        b = controller(home, cluster_name="cluster-b")
+        seen_by_b = (await b.list()).total
+        await a.cancel(submitted.id)
+        await agents[0].stop()
+        return seen_by_b
+
+    assert run(go()) == 0
+
+
+def test_a_manifest_is_never_replaced(home):
+    from orchestrator.errors import AlreadyExistsError
+
+    storage = open_storage(home)
+    storage.put_bytes(b"{}", manifest_key("run", "p1"), "manifest", if_absent=True)
+    with pytest.raises(AlreadyExistsError):
+        storage.put_bytes(b"{}", manifest_key("run", "p1"), "manifest", if_absent=True)
+
+
+def test_two_live_runs_with_one_name_are_listed_side_by_side_without_evicting_each_other(home):
+    async def go():
+        c = controller(home)
+        assert await c.register(worker_info(0, 1, job="job1"))
+        assert await c.register(worker_info(0, 1, job="job2"))
+        return await c.targets()
+
+    targets = run(go())
+    assert sorted((t.name, t.run) for t in targets) == [("run", "job1"), ("run", "job2")]
+
+
+def test_an_agent_replaced_on_its_rank_is_told_to_stop_instead_of_evicting_its_replacement(home):
+    async def go():
+        c = controller(home)
+        first = worker_info(0, 1, agent="old")
+        second = worker_info(0, 1, agent="new")
+        await c.register(first)
+        await c.register(second)
+        again = await c.register(first)
+        return again, await c.targets()
+
+    again, targets = run(go())
+    assert again is False
+    assert [r.info.agent_id for r in targets[0].ranks] == ["new"]
+
+
+def test_finished_profiles_past_the_retention_count_are_deleted_from_storage(home):
+    async def go():
+        c = controller(home, retention_count=2)
+        agents = await start_agents(c, 1)
+        ids = []
+        for _ in range(3):
+            status, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
+            ids.append(status.id)
+        for a in agents:
+            await a.stop()
+        for _ in range(100):  # expiry runs once the third profile has released its target
+            if (await c.list()).total == 2:
+                break
+            await asyncio.sleep(0.01)
+        return ids, await c.list()
+
+    ids, page = run(go())
+    assert [p.id for p in page.profiles] == [ids[2], ids[1]]
+    assert not open_storage(home).exists(manifest_key("run", ids[0]))
+    assert open_storage(home).exists(manifest_key("run", ids[2]))
+
+
+def test_deleting_a_running_profile_is_a_conflict_and_a_finished_one_is_removed(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        done, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
+        running = await c.submit(request(steps=40))
+        with pytest.raises(ConflictError, match="cancel it before deleting"):
+            await c.delete(running.id)
+        await c.delete(done.id)
+        await c.cancel(running.id)
+        for a in agents:
+            await a.stop()
+        return done, await c.list()
+
+    done, page = run(go())
+    assert done.id not in [p.id for p in page.profiles]
+    assert not open_storage(StorageSpec(uri=done.storage_uri.rsplit("/run/", 1)[0])).list(f"run/{done.id}/")

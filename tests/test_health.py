@@ -1,0 +1,199 @@
+"""Stall and lag: the pure assessment over heartbeats, and the controller acting on it with fake agents."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from actors.controller.actor import Controller
+from actors.controller.health import assess, step_at
+from actors.controller.registry import Registry
+from orchestrator.config import normalize_uri
+from orchestrator.models import StorageSpec
+from tests.fake_agents import SLOW_THING, fast_config, no_postprocess, start_agents, worker_info
+
+
+@dataclass
+class _Info:
+    world_rank: int
+
+
+@dataclass
+class _Rank:
+    info: _Info
+    step: int
+    step_time_s: float | None
+    advanced_at: float
+    samples: deque = field(default_factory=deque)
+
+
+def rank(r: int, samples: list[tuple[float, int]], step_time_s: float = 0.1, advanced_at: float | None = None) -> _Rank:
+    return _Rank(
+        _Info(r), samples[-1][1], step_time_s, samples[-1][0] if advanced_at is None else advanced_at, deque(samples)
+    )
+
+
+def health(ranks, now, **kw):
+    values = dict(stall_min_s=60.0, step_factor=20.0, lag_steps=3, heartbeat_s=10.0)
+    values.update(kw)
+    return assess(ranks, now, **values)
+
+
+def test_step_at_interpolates_between_heartbeats_and_never_extrapolates():
+    samples = [(0.0, 100), (10.0, 200)]
+    assert step_at(samples, 5.0) == 150
+    assert step_at(samples, 20.0) == 200
+    assert step_at(samples, -1.0) == 100
+
+
+def test_ranks_heartbeating_out_of_phase_are_not_taken_for_laggards():
+    # Both train 10 steps/s; rank 1's last heartbeat is 7 s older than rank 0's.
+    r0 = rank(0, [(0.0, 0), (10.0, 100), (20.0, 200)])
+    r1 = rank(1, [(3.0, 30), (13.0, 130)])
+    h = health([r0, r1], 20.0)
+    assert h.behind == {0: 0, 1: 0}
+    assert h.lagging == []
+
+
+def test_a_rank_three_steps_behind_at_the_same_instant_is_lagging():
+    r0 = rank(0, [(0.0, 0), (10.0, 100)])
+    r1 = rank(1, [(0.0, 0), (10.0, 96)])
+    h = health([r0, r1], 10.0)
+    assert h.behind == {0: 0, 1: 4}
+    assert h.lagging == [1]
+
+
+def test_stalled_once_no_rank_advanced_for_the_threshold():
+    ranks = [rank(r, [(0.0, 40), (70.0, 40)], advanced_at=0.0) for r in range(2)]
+    assert not health(ranks, 59.0).stalled
+    h = health(ranks, 61.0)
+    assert h.stalled and h.threshold_s == 60.0 and h.stalled_s == pytest.approx(61.0)
+
+
+def test_slow_steps_raise_the_stall_threshold_to_a_multiple_of_the_median_step():
+    ranks = [rank(r, [(0.0, 40)], step_time_s=5.0, advanced_at=0.0) for r in range(3)]
+    h = health(ranks, 99.0)
+    assert h.threshold_s == 100.0 and not h.stalled
+
+
+def test_one_rank_advancing_keeps_the_target_training():
+    ranks = [rank(0, [(0.0, 40)], advanced_at=0.0), rank(1, [(0.0, 40), (99.0, 41)])]
+    assert not health(ranks, 100.0).stalled
+
+
+def test_the_registry_records_when_a_step_last_advanced_not_just_the_last_heartbeat():
+    now = [0.0]
+    registry = Registry(clock=lambda: now[0])
+    registry.register(worker_info(0, 1))
+    registry.heartbeat("run-job1-r0", 5, 0.1)
+    now[0] = 10.0
+    worker = registry.heartbeat("run-job1-r0", 5, 0.1)
+    assert worker is not None and worker.seen_at == 10.0 and worker.advanced_at == 0.0
+    now[0] = 20.0
+    registry.heartbeat("run-job1-r0", 6, 0.1)
+    assert worker.advanced_at == 20.0
+
+
+# ---- the controller, with fake agents ---------------------------------------
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> StorageSpec:
+    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
+
+
+def controller(home: StorageSpec, **overrides) -> Controller:
+    values = dict(stall_min_s=0.5, monitor_interval_s=0.05)
+    values.update(overrides)
+    return Controller(fast_config(home, **values), postprocess=no_postprocess)
+
+
+async def until(predicate, timeout_s: float = 10.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        await c.ping()
+        await asyncio.sleep(0.5)
+        assert (await c.targets())[0].health == "TRAINING"
+        agents[1].stack = list(SLOW_THING)
+        for a in agents:
+            a.training = False  # stuck; the agents keep heartbeating
+
+        async def stalled_with_stacks():
+            t = (await c.targets())[0]
+            return t if t.health == "STALLED" and t.stall_stacks else None
+
+        target = await until(stalled_with_stacks)
+        await asyncio.sleep(1.0)
+        page = await c.list()
+        for a in agents:
+            await a.stop()
+        return target, page
+
+    target, page = run(go())
+    assert target.stalled_s >= target.stall_threshold_s == 0.5
+    stacks = [p for p in page.profiles if p.kind == "stacks"]
+    assert [p.id for p in stacks] == [target.stall_stacks]
+    assert stacks[0].trigger.kind == "stalled" and stacks[0].trigger.watch_id is None
+    assert stacks[0].reason is None
+
+
+def test_automatic_stacks_on_stall_can_be_turned_off(home):
+    async def go():
+        c = controller(home, stall_auto_stacks=False)
+        agents = await start_agents(c, 2)
+        for a in agents:
+            a.training = False
+        await until(lambda: _health_is(c, "STALLED"))
+        await asyncio.sleep(0.5)
+        page = await c.list()
+        for a in agents:
+            await a.stop()
+        return page
+
+    assert run(go()).total == 0
+
+
+async def _health_is(c: Controller, value: str) -> bool:
+    targets = await c.targets()
+    return bool(targets) and targets[0].health == value
+
+
+def test_a_rank_that_falls_behind_is_named_in_targets_with_its_steps_behind(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 3)
+        agents[2].step_s = 0.03
+
+        async def lagging():
+            t = (await c.targets())[0]
+            return t if t.lagging_ranks else None
+
+        target = await until(lagging)
+        for a in agents:
+            await a.stop()
+        return target
+
+    target = run(go())
+    assert target.lagging_ranks == [2]
+    assert target.ranks[2].steps_behind >= 3 and target.ranks[0].steps_behind <= 1
+    assert target.health == "TRAINING"

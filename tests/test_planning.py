@@ -1,0 +1,59 @@
+"""The controller's decisions as pure functions: start step, window length, outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.controller.planning import outcome, plan_window, start_step
+from actors.controller.state import Window
+from orchestrator.models import ProfileRequest, ProfileState, RankResult, RankState
+
+
+def rank(r: int, state: RankState, last_step: int | None = None, reason: str | None = None) -> RankResult:
+    return RankResult(rank=r, state=state, first_step=None if last_step is None else 0, last_step=last_step, reason=reason)
+
+
+def test_the_start_step_leads_the_fastest_rank_by_at_least_three_steps():
+    assert start_step(100.4, [1.0], sync_round_s=0.0, arm_lead_s=0.0, warmup=0) == 103
+
+
+def test_the_lead_covers_the_arm_time_at_the_fastest_step_time():
+    # 0.3 s + 4 x 0.05 s = 0.5 s of training at 0.01 s a step: 50 steps ahead.
+    assert start_step(10.0, [0.02, 0.01], sync_round_s=0.05, arm_lead_s=0.3, warmup=0) == 60
+
+
+def test_warmup_steps_come_before_the_window():
+    assert start_step(10.0, [], sync_round_s=0.0, arm_lead_s=0.0, warmup=2) == 15
+
+
+def test_a_window_that_fits_the_cap_keeps_every_step():
+    window = plan_window(ProfileRequest(target="t", steps=10), 50, per_step_bytes=100.0, cap=1000)
+    assert window == Window(50, 10, None)
+
+
+def test_a_window_that_would_pass_the_cap_is_shortened_and_says_why():
+    window = plan_window(ProfileRequest(target="t", steps=10), 50, per_step_bytes=300.0, cap=1000)
+    assert (window.steps, window.stop_step) == (3, 53)
+    assert window.note.startswith("window shortened from 10 to 3 steps")
+
+
+def test_every_rank_done_on_every_step_is_done():
+    assert outcome([rank(0, RankState.DONE, 9), rank(1, RankState.DONE, 9)], Window(0, 10), False) == (
+        ProfileState.DONE,
+        None,
+    )
+
+
+def test_a_rank_cut_at_the_byte_cap_makes_the_profile_partial():
+    state, reason = outcome([rank(0, RankState.DONE, 9), rank(1, RankState.DONE, 4)], Window(0, 10), False)
+    assert state == ProfileState.PARTIAL
+    assert "ranks [1] cut their trace" in reason
+
+
+@pytest.mark.parametrize("ranks", [[], [rank(0, RankState.FAILED, reason="boom")]])
+def test_no_rank_done_is_failed_never_done(ranks):
+    assert outcome(ranks, Window(0, 10), False)[0] == ProfileState.FAILED
+
+
+def test_a_cancelled_profile_is_cancelled_whatever_its_ranks_did():
+    assert outcome([rank(0, RankState.DONE, 9)], Window(0, 10), True)[0] == ProfileState.CANCELLED
