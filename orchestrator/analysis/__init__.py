@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.analysis.cross import StragglerImpl, common_steps, step_spread, stragglers
+from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
-from orchestrator.analysis.loader_compat import discover_any, load_any
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
-from orchestrator.traces.loader import RejectedTrace, TraceSet
+from orchestrator.traces.loader import RejectedTrace, TraceSet, discover_traces, load_rank
 from orchestrator.traces.stream import TraceParseError
 
 __all__ = ["Finding", "RankSummary", "Summary", "analyze_folder", "analyze_traces"]
@@ -29,7 +28,7 @@ def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = stragglers) ->
     are listed in ``Summary.rejected`` with their reason; the other ranks are
     still analysed.
     """
-    return analyze_traces(discover_any(Path(path)), straggler_impl=straggler_impl)
+    return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl)
 
 
 def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers) -> Summary:
@@ -38,11 +37,15 @@ def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = straggle
     rejected: list[RejectedTrace] = list(traces.rejected)
     for trace_file in traces.files:
         try:
-            ranks.append(analyze_rank(load_any(trace_file)))
+            ranks.append(analyze_rank(load_rank(trace_file)))
         except TraceParseError as exc:
             rejected.append(RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}"))
     issues = list(traces.issues)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
+    arr = arrivals(ranks)
+    if arr is not None:
+        # Time a waiter spends waiting for late arrivers is theirs to fix, not its own syncs'.
+        ranks = [r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}) if r.rank in arr.waiting else r for r in ranks]
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))

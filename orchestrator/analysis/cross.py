@@ -11,10 +11,10 @@ A rank can also hold the others back without being busier: it *arrives
 late*, starting its step after the others (work between steps, a slow host).
 Then the early ranks wait in the step's first collective or in a
 ``cudaStreamSynchronize`` on it, and their steps look longest. So each common
-step compares each rank's start lag behind the earliest rank with its extra
-wait over the least-waiting rank: a rank that waits longer than it started late
-is a *waiter*, one that started later than it waits is a *late arriver* (each
-only beyond ``ARRIVAL_MIN_*``). Start times are only comparable
+step measures each rank's start lag behind the earliest rank and its extra
+wait over the least-waiting rank: the *late arrivers* are the ranks that start
+last (within ``ARRIVAL_MIN_*`` of the latest start), the *waiters* the others
+that wait by more than ``ARRIVAL_MIN_*``. Start times are only comparable
 when the ranks' clocks are, which holds on one host and under NTP to ~1 ms.
 """
 
@@ -66,14 +66,21 @@ class Arrivals:
         self.lag_ms, self.extra_wait_ms, self.ready_ms, self.threshold_ms = lag_ms, extra_wait_ms, ready_ms, threshold_ms
 
     @property
-    def waiting(self) -> list[int]:
-        """Ranks that wait for others longer than they started late."""
-        return sorted(r for r, w in self.extra_wait_ms.items() if w >= self.threshold_ms and w >= self.lag_ms[r])
+    def late(self) -> list[int]:
+        """The last to arrive: within the threshold of the latest start, and late by at least the threshold.
+
+        Only they hold the step back: a rank that starts late but before them
+        waits for them as well (rank 0 of PARAM's DLRM starts 5.5 ms late and
+        still waits 4 ms for ranks 2, 6 and 7).
+        """
+        latest = max(self.lag_ms.values())
+        return sorted(r for r, lag in self.lag_ms.items() if lag >= self.threshold_ms and lag >= latest - self.threshold_ms)
 
     @property
-    def late(self) -> list[int]:
-        """Ranks that started late by more than they wait."""
-        return sorted(r for r, lag in self.lag_ms.items() if lag >= self.threshold_ms and lag > self.extra_wait_ms[r])
+    def waiting(self) -> list[int]:
+        """Ranks that are not late and wait for the others by at least the threshold."""
+        late = set(self.late)
+        return sorted(r for r, w in self.extra_wait_ms.items() if w >= self.threshold_ms and r not in late)
 
 
 def arrivals(ranks: Sequence[RankSummary]) -> Arrivals | None:

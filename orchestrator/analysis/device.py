@@ -51,9 +51,10 @@ class DeviceView:
         self.comm = union((s.ts, s.end) for s in self.spans if is_comm_kernel(s))
         self.compute = union((s.ts, s.end) for s in self.spans if is_compute_kernel(s))
         # correlation id -> (direction, memory) of the device copy it started.
-        self.copy_by_correlation: dict[int, CopyKind] = {
-            s.correlation: copy_kind(s) for s in self.spans if s.cat == "gpu_memcpy" and s.correlation is not None
-        }
+        copies = [s for s in self.spans if s.cat == "gpu_memcpy" and s.correlation is not None]
+        self.copy_by_correlation: dict[int, CopyKind] = {s.correlation: copy_kind(s) for s in copies}
+        # correlation id -> when the device began the copy: a host wait before it is for earlier queued work.
+        self.copy_start: dict[int, float] = {s.correlation: s.ts for s in copies}
 
     def window(self, t0: float, t1: float, kernel_us: float) -> WindowGpu:
         """Busy, kernel, collective and exposed-collective µs inside ``[t0, t1)``."""

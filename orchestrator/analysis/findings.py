@@ -77,6 +77,11 @@ def _host_fix_bound(r: RankSummary, ms: float) -> float:
     return min(ms, r.gpu.idle_ms_per_step) if r.gpu else ms
 
 
+def _sync_bound(r: RankSummary) -> float:
+    """A sync's removal cannot win the time its rank waits for late arrivers: the collective still waits for them."""
+    return _host_fix_bound(r, max(r.mean_phases.sync - r.waits_for_others_ms, 0.0))
+
+
 def _finding(code: str, r: RankSummary, saving_ms: float, *, title: str, evidence: str, fix: str, ranks: list[int], severity: str | None = None) -> Finding:
     """A finding whose evidence ends with its bound, as a warning when the bound is a large share of the step."""
     fraction = _share(r, saving_ms)
@@ -128,16 +133,22 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     hit = [r for r in ranks if r.steps and all(s.sync_calls > 0 for s in r.steps)]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: _host_fix_bound(r, r.mean_phases.sync))
+    worst = max(hit, key=_sync_bound)
     calls = sum(s.sync_calls for s in worst.steps) / len(worst.steps)
     names = ", ".join(op.name for op in worst.sync_ops) or "sync"
     on_device = worst.device != "cpu"
-    saving = _host_fix_bound(worst, worst.mean_phases.sync)
+    saving = _sync_bound(worst)
     if on_device and _share(worst, saving) < MIN_SYNC_SAVING_FRACTION:
         return None
     bounded = ""
     if on_device and saving < worst.mean_phases.sync:
         bounded = f" The device is idle only {worst.gpu.idle_ms_per_step:.1f} ms per step, so removing the waits cannot win more."
+    waiters = [r for r in hit if r.waits_for_others_ms > 0]
+    if waiters:
+        bounded += (
+            f" On {_ranks(waiters)} the waits are mostly for late-arriving ranks (up to "
+            f"{max(r.waits_for_others_ms for r in waiters):.1f} ms), which removing them would not win back."
+        )
     return _finding(
         "host_sync",
         worst,

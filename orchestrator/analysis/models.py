@@ -126,6 +126,11 @@ class RankSummary(_Model):
     median_step_ms: float | None
     mean_phases: PhaseTimes
     comm_wait_ms: float = Field(description="Mean per step of time this rank waited in collectives.")
+    waits_for_others_ms: float = Field(
+        default=0.0,
+        description="Cross-rank: on a rank that waits for late arrivers, its median extra wait per step over the "
+        "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
+    )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
     sync_ops: list[OpStat] = Field(default_factory=list, description="Outermost sync calls on the main thread.")
     gpu: GpuStats | None = None

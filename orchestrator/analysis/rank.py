@@ -19,8 +19,8 @@ counted twice and the phases add up to the step time:
                   step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync.
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``gloo:*``, ``record_param_comms``).
  4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device
-                  copy is HtoD (or unknown), widened to the outermost ``aten::to`` /
-                  ``aten::_to_copy`` / ``aten::copy_`` around it. Device-to-device copies
+                  copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
+                  ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it). Device-to-device copies
                   never block the host for long and get no phase of their own.
  5. ``optimizer`` inside ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``.
  6. ``backward``  inside a span that names backward on the main thread: autograd nodes
@@ -51,7 +51,6 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from typing import Literal
 
 from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
@@ -71,23 +70,13 @@ from orchestrator.analysis.spans import (
 from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import RankTrace, Span
 
-__all__ = ["TOP_N", "analyze_rank", "detect_device"]
+__all__ = ["TOP_N", "analyze_rank"]
 
 TOP_N = 10
 
 Thread = tuple[object, object]
-Device = Literal["cpu", "cuda", "rocm", "mtia"]
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
-
-
-def detect_device(device_spans: list[Span], host_spans: Iterable[Span]) -> Device:
-    """The accelerator the trace recorded: MTIA's own categories, HIP runtime calls for ROCm, else CUDA."""
-    if not device_spans:
-        return "cpu"
-    if any(s.cat == "mtia_ccp_events" for s in device_spans):
-        return "mtia"
-    return "rocm" if any(s.cat == "cuda_runtime" and s.name.startswith("hip") for s in host_spans) else "cuda"
 
 
 def _walk_thread(spans: list[Span], on_span: Callable[[Span, list[Span]], None]) -> dict[int, float]:
@@ -134,7 +123,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             device_spans.append(span)
         elif span.cat in HOST_CATEGORIES:
             threads[(span.pid, span.tid)].append(span)
-    device = detect_device(device_spans, (s for spans in threads.values() for s in spans))
     dev = DeviceView(device_spans)
 
     main_key, step_spans = _main_thread(threads)
@@ -164,6 +152,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     sync_spans: list[tuple[float, float]] = []
     copy_calls: list[Span] = []
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    upload_copy_start = [0.0]  # device start of the latest upload's copy
 
     def on_main(span: Span, ancestors: list[Span]) -> None:
         # On a device, a sync is a runtime call that waits for it (a *Synchronize,
@@ -176,13 +165,24 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             if direction == "DtoH":
                 waits = True
             elif direction not in ("DtoD", "PtoP"):
-                outer = next((a for a in ancestors if a.name in COPY_OPS), span)
+                # The innermost copy op: an enclosing aten::to also allocates, and the first one
+                # initialises CUDA (30 s in HTA's AlexNet trace), which no copy fix removes.
+                outer = next((a for a in reversed(ancestors) if a.name in COPY_OPS), span)
                 upload_spans.append((outer.ts, outer.end))
+                upload_copy_start[0] = dev.copy_start.get(span.correlation, span.ts)
         if not waits:
             return
-        if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
-            return  # the stream sync a blocking (pageable) upload makes is part of the copy
         outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span) if device_spans else span
+        if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
+            # A pageable upload syncs its stream: until the device starts the copy the host waits for
+            # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
+            # from then on it waits for the copy itself.
+            waited = (span.ts, min(span.end, upload_copy_start[0]))
+            if waited[1] > waited[0]:
+                sync_spans.append(waited)
+                sync_calls[outer.name][0] += 1
+                sync_calls[outer.name][1] += waited[1] - waited[0]
+            return
         if any(outer.ts <= s0 and e0 <= outer.end for s0, e0 in sync_spans[-1:]):
             return  # a second wait inside the same item() / .to()
         sync_spans.append((outer.ts, outer.end))
@@ -266,7 +266,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         rank=trace.file.rank,
         host=trace.file.host,
         file=trace.file.path.name,
-        device=device,
+        device=trace.device,
         window="profiler_steps" if step_spans or not windows else "whole_trace",
         steps=steps,
         mean_step_ms=_mean(durations) if steps else None,
