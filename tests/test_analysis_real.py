@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.analysis.models import PHASES
+from orchestrator.analysis.report import render_report
 from tests.realtraces import EXTERNAL_CASES, codes, external, finding, h100, only_rank
 
 # ---- every trace ------------------------------------------------------------
@@ -223,3 +224,8 @@ def test_the_h100_recording_is_dataloader_bound_before_its_fix_and_not_after() -
     assert before.findings[0].max_saving_fraction == pytest.approx(0.84, abs=0.01)
     assert "dataloader_bound" not in codes(after)
     assert only_rank(after).gpu.kernel_ms_per_step == pytest.approx(1.4, abs=0.05)
+
+
+def test_the_report_says_who_arrives_late_and_who_waits() -> None:
+    html = render_report(external("param_dlrm_v100_8ranks"))
+    assert "ranks 2, 6, 7 start their steps up to 7.5 ms late and ranks 0, 1, 3, 4, 5 wait for them" in html
