@@ -183,8 +183,8 @@ def test_an_almost_fully_busy_gpu_leads_with_gpu_bound() -> None:
 def test_the_device_kind_is_named(case: str, device: str) -> None:
     summary = external(case)
     assert {r.device for r in summary.ranks} == {device}
-    cpu_only = any("CPU-only" in f.evidence for f in summary.findings)
-    assert cpu_only == (device == "cpu" and "host_sync" in codes(summary))
+    if device != "cpu":
+        assert not any("CPU-only" in f.evidence for f in summary.findings)
 
 
 def test_an_mtia_trace_has_device_statistics() -> None:
@@ -229,3 +229,9 @@ def test_the_h100_recording_is_dataloader_bound_before_its_fix_and_not_after() -
 def test_the_report_says_who_arrives_late_and_who_waits() -> None:
     html = render_report(external("param_dlrm_v100_8ranks"))
     assert "ranks 2, 6, 7 start their steps up to 7.5 ms late and ranks 0, 1, 3, 4, 5 wait for them" in html
+
+
+def test_an_idle_rocm_gpu_is_named_as_such() -> None:
+    # HTA's MI250 mini toy: 0.1 ms of kernels in a 4.7 ms step.
+    top = external("hta_amd_mi250_minitoy").findings[0]
+    assert (top.code, top.title) == ("low_gpu_utilization", "The ROCm device is busy 2% of the step")

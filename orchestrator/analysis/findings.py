@@ -57,6 +57,7 @@ WARNING_SAVING_FRACTION = 0.05
 # On a device, a per-step sync whose removal could save less than this share of the step is not reported.
 MIN_SYNC_SAVING_FRACTION = 0.01
 _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+_DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "cpu": "CPU"}
 
 
 def _ranks(ranks: Sequence[RankSummary]) -> str:
@@ -234,7 +235,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         "low_gpu_utilization",
         worst,
         _unexplained_idle(worst),
-        title=f"The {worst.device.upper()} device is busy {worst.gpu.utilization:.0%} of the {_step_word(worst)}",
+        title=f"The {_DEVICE_NAMES[worst.device]} device is busy {worst.gpu.utilization:.0%} of the {_step_word(worst)}",
         evidence=(
             f"Kernels and copies cover {worst.gpu.utilization:.0%} of the {_step_word(worst)} on rank {worst.rank} "
             f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels, {worst.gpu.idle_ms_per_step:.1f} ms idle per "
