@@ -235,3 +235,11 @@ def test_an_idle_rocm_gpu_is_named_as_such() -> None:
     # HTA's MI250 mini toy: 0.1 ms of kernels in a 4.7 ms step.
     top = external("hta_amd_mi250_minitoy").findings[0]
     assert (top.code, top.title) == ("low_gpu_utilization", "The ROCm device is busy 2% of the step")
+
+
+def test_exposed_communication_on_a_lone_rank_of_a_larger_job_says_it_may_be_waiting() -> None:
+    # HTA's CPU-only trace: rank 34 of 300 spends 179 ms of a 210 ms step in collectives.
+    summary = external("hta_cpu_only_r34of300")
+    comm = finding(summary, "comm_exposed")
+    assert comm.ranks == [34] and comm.max_saving_ms == pytest.approx(178.8, abs=0.1)
+    assert "part of the wait may be for slower ranks" in comm.evidence

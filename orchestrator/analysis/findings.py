@@ -295,6 +295,9 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     overlap = ""
     if least.gpu and least.gpu.comm_overlap is not None:
         overlap = f" Only {least.gpu.comm_overlap:.0%} of collective kernel time overlaps compute kernels."
+    if len(timed) == 1:
+        # With no other rank to compare, a wait for a slower peer looks the same as an exposed collective.
+        overlap += " Only this rank's trace was analysed: part of the wait may be for slower ranks; analyse all ranks to tell."
     return _finding(
         "comm_exposed",
         least,
