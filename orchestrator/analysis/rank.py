@@ -17,11 +17,13 @@ counted twice and the phases add up to the step time:
                   ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
                   device trace an ``aten::item`` with no such call reads a CPU scalar (Adam's
                   step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync.
+                  A pageable upload's own stream sync is a sync only until the device starts
+                  the copy (it waits for earlier queued work), then it is the copy's (rule 4).
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``gloo:*``, ``record_param_comms``).
  4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device
                   copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
-                  ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it). Device-to-device copies
-                  never block the host for long and get no phase of their own.
+                  ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
+                  Device-to-device copies never block the host for long and get no phase of their own.
  5. ``optimizer`` inside ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``.
  6. ``backward``  inside a span that names backward on the main thread: autograd nodes
                   (``autograd::engine::evaluate_function: ...``, 1.8's ``...Backward``) or a
