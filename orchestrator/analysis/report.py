@@ -199,6 +199,12 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
     if summary.step_spread:
         sp = summary.step_spread
         spread = f"; step time {sp.min_ms:.1f}–{sp.max_ms:.1f} ms across ranks (spread {sp.spread:.0%})"
+        if sp.late_ranks:
+            # The longest steps are the waiters': say who they wait for, so a waiter is not taken for the slow one.
+            spread += (
+                f"; ranks {', '.join(map(str, sp.late_ranks))} start their steps up to {sp.arrival_spread_ms:.1f} ms late"
+                f" and ranks {', '.join(map(str, sp.waiting_ranks)) or 'none'} wait for them"
+            )
     title = f"rayprof report: {manifest.target} / {manifest.profile_id}" if manifest else "rayprof report"
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title><style>{_CSS}</style></head><body>'
