@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.analysis.cross import StragglerImpl, busy_time_stragglers, common_steps, step_spread
+from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
@@ -21,7 +21,7 @@ from orchestrator.traces.stream import TraceParseError
 __all__ = ["Finding", "RankSummary", "Summary", "analyze_folder", "analyze_traces"]
 
 
-def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = busy_time_stragglers) -> Summary:
+def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = stragglers) -> Summary:
     """Analyse a profile folder (``{profile}/traces/...``) or a plain folder of ``*.pt.trace.json[.gz]``.
 
     Raises ``FileNotFoundError`` when ``path`` is not a folder. Unusable files
@@ -31,7 +31,7 @@ def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = busy_time_stra
     return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl)
 
 
-def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = busy_time_stragglers) -> Summary:
+def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers) -> Summary:
     """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm."""
     ranks: list[RankSummary] = []
     rejected: list[RejectedTrace] = list(traces.rejected)
@@ -42,10 +42,14 @@ def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = busy_tim
             rejected.append(RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}"))
     issues = list(traces.issues)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
+    arr = arrivals(ranks)
+    if arr is not None:
+        # Time a waiter spends waiting for late arrivers is theirs to fix, not its own syncs'.
+        ranks = [r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}) if r.rank in arr.waiting else r for r in ranks]
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
-    stragglers = straggler_impl(ranks)
+    slow = straggler_impl(ranks)
     sizes = {tf.world_size for tf in traces.files if tf.world_size is not None}
     return Summary(
         source=str(traces.folder),
@@ -55,6 +59,6 @@ def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = busy_tim
         rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
         issues=issues,
         step_spread=step_spread(ranks),
-        stragglers=stragglers,
-        findings=find_all(ranks, stragglers),
+        stragglers=slow,
+        findings=find_all(ranks, slow),
     )

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models import Artifact, Manifest, StorageSpec
@@ -44,10 +45,12 @@ def postprocess(spec: StorageSpec, prefix: str, draft: Manifest) -> PostprocessR
                 if artifact.kind == "trace":
                     local = storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
                     inputs.append((rank.rank, rank.host, local))
+                elif artifact.kind == "memory_timeline":
+                    storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
         merge_traces(inputs, folder / MERGED_TRACE_NAME)
         merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
         summary = analyze_folder(folder).model_copy(update={"source": draft.storage_uri})
         with_merged = draft.model_copy(update={"artifacts": [merged]})
-        write_report(summary, folder / REPORT_NAME, manifest=with_merged)
+        write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))
         report = storage.put_file(folder / REPORT_NAME, f"{prefix}/{REPORT_NAME}", "report", folder=prefix)
     return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"))
