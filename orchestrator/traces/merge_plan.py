@@ -1,0 +1,263 @@
+"""The merge's first pass and its budget: what each rank would cost, how clocks line up, what fits.
+
+:func:`scan_rank` reads one rank (typed, args left undecoded) into a small
+:class:`RankScan`: the bytes each kind of event would take, by duration, and
+the end times of its collectives. It runs once per rank, in parallel where a
+fan-out is given (see :mod:`orchestrator.traces.fanout`); :func:`align` and
+:func:`plan` join the scans of all ranks in the caller.
+
+Kinds of events, most kept first (``tier``): metadata and ``ProfilerStep#``
+markers; collectives and copies; other spans (ops, kernels, runtime calls);
+flows, instants and counters. Over budget, a tier is kept down to the
+duration that fills what is left of it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator import settings
+from orchestrator.traces.loader import TIME_RANGE_US, RejectedTrace, TraceFile, canonical_category
+from orchestrator.traces.stream import TraceParseError, TraceReader
+
+__all__ = [
+    "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "ScanEvent",
+    "align", "classify", "new_metadata", "plan", "scan_rank",
+]
+
+MARKER, COMM, SPAN, OTHER = range(4)
+TIER_NAMES = ("markers", "collectives and copies", "ops and kernels", "flows, instants and counters")
+_PROCESS_METADATA = frozenset({"process_name", "process_labels", "process_sort_index"})
+_HOST_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms")
+_MAX_COLLECTIVES = 4096  # per rank: plenty for a median, bounded memory
+_SAFETY = 0.95  # the estimate runs above the written size; this covers the rest
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RankAlignment(_Model):
+    """How one rank's clock was put on the merged trace's."""
+
+    rank: int
+    method: Literal["collectives", "base time"]
+    shift_us: float  # added to the rank's own timestamps
+    matched: int = 0  # collectives matched with the reference rank
+    residual_us: float | None = None  # median |end - reference end| after the shift
+    max_residual_us: float | None = None
+
+
+class DroppedEvents(_Model):
+    """What a merge over budget left out."""
+
+    events: int
+    by_kind: dict[str, int]
+    min_span_us: float | None = None  # ops and kernels shorter than this were dropped
+    min_comm_us: float | None = None  # collectives and copies shorter than this were dropped
+    reason: str
+
+
+class MergeStats(_Model):
+    """What a merge read and wrote; the manifest carries it as ``merge``."""
+
+    ranks: list[int]
+    events: int
+    input_bytes: int
+    output_bytes: int
+    seconds: float
+    skipped: list[RejectedTrace] = []
+    truncated: list[RejectedTrace] = []
+    input_raw_bytes: int = 0
+    output_raw_bytes: int = 0
+    max_bytes: int = settings.DEFAULT_MAX_MERGED_BYTES
+    dropped: DroppedEvents | None = None
+    alignment: list[RankAlignment] = []
+
+
+class ScanEvent(msgspec.Struct):
+    """The fields both passes read; ``args`` stays raw bytes (its length is the size estimate)."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw()
+
+
+def bucket(dur: float) -> int:
+    """Quarter-octave duration bucket: 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs."""
+    if dur <= 0.001:
+        return 0
+    b = int(4 * math.log2(dur)) + 40
+    return b if b < 255 else 255
+
+
+def bucket_floor_us(b: int) -> float:
+    """The shortest duration in bucket ``b`` (0: keep everything; 256: nothing)."""
+    if b <= 0:
+        return -math.inf
+    return math.inf if b >= 256 else 2 ** ((b - 40) / 4)
+
+
+def classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
+    """(tier, whether it is a collective that ends together on every rank, whether it is a device event).
+
+    NCCL kernels and gloo's worker-thread ops end together on all ranks;
+    ``c10d::``, ``nccl:`` and ``record_param_comms`` host ops only enqueue the
+    work, so their ends drift and are not used to align clocks.
+    """
+    cat = canonical_category(raw_cat)
+    if ph == "M" or (ph == "X" and name.startswith("ProfilerStep#")):
+        return MARKER, False, False
+    if ph != "X":
+        return OTHER, False, False
+    device_comm = cat == "kernel" and "nccl" in name.lower()
+    if device_comm or name.startswith(_HOST_COMM_PREFIXES):
+        return COMM, device_comm or name.startswith("gloo:"), cat == "kernel"
+    if cat == "gpu_memcpy" or (cat in ("cuda_runtime", "cuda_driver") and "Memcpy" in name):
+        return COMM, False, False
+    return SPAN, False, False
+
+
+def new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any) -> bool:
+    """Whether a metadata event is written: process labels are replaced, repeats dropped."""
+    if not isinstance(name, str) or name in _PROCESS_METADATA:
+        return False
+    if not isinstance(pid, int | str) or not isinstance(tid, int | str | None):
+        return False
+    key = (name, pid, tid)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+@dataclass
+class RankScan:
+    """Pass 1 over one rank: byte estimates by tier and duration, collective end times, damage."""
+
+    rank: int
+    base_time_ns: int
+    histogram: list[int] = field(default_factory=lambda: [0] * (4 * 256))  # tier * 256 + bucket
+    ends: dict[bool, dict[str, list[float]]] = field(default_factory=lambda: {True: {}, False: {}})
+    good_events: int | None = None  # events before damage, when damaged
+    reason: str | None = None
+    raw_bytes: int = 0
+
+    def tier(self, tier: int) -> list[int]:
+        return self.histogram[tier * 256 : (tier + 1) * 256]
+
+
+def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
+    """Read one rank once; a damaged file keeps what came before the damage."""
+    out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns)
+    ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
+    collectives = seen = 0
+    classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
+    metadata: set[tuple[Any, Any, Any]] = set()
+    histogram, log2 = out.histogram, math.log2
+    reader = TraceReader(tf.path, ScanEvent)
+    try:
+        for kind, _, batch in reader:
+            if kind == "key":
+                continue
+            for e in batch:
+                if e.ts is not None and not -TIME_RANGE_US < e.ts + e.dur < TIME_RANGE_US:
+                    raise TraceParseError(f"event {seen}: time {e.ts + e.dur:g} µs is beyond what any clock writes")
+                seen += 1
+                key = (e.ph, e.cat, e.name)
+                found = classes.get(key)
+                tier, together, device = found if found is not None else classes.setdefault(key, classify(*key))
+                if tier == MARKER and e.ph == "M" and not new_metadata(metadata, e.name, e.pid, e.tid):
+                    continue
+                dur = e.dur  # bucket(), inlined: this loop runs once per event
+                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+                histogram[tier * 256 + (b if b < 255 else 255)] += 90 + len(key[1]) + len(key[2]) + len(e.args)
+                if together and e.ts is not None and collectives < _MAX_COLLECTIVES:
+                    ends[device][e.name].append(e.ts + dur)
+                    collectives += 1
+    except TraceParseError as exc:
+        out.good_events, out.reason = seen, str(exc)
+    out.raw_bytes = reader.bytes_read
+    # Files are not in time order across threads; the k-th of a name is the k-th in time.
+    out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in ends.items()}
+    return out
+
+
+def align(scans: list[RankScan], reference_ns: int) -> list[RankAlignment]:
+    """Each rank's shift: base time, refined by collective end times where ranks share some."""
+    base = {s.rank: (s.base_time_ns - reference_ns) / 1000 for s in scans}
+    device = all(s.ends[True] for s in scans)
+    with_comm = [s for s in scans if s.ends[device]]
+    ref = with_comm[0] if with_comm else None
+    out: dict[int, RankAlignment] = {}
+    for s in scans:
+        diffs: list[float] = []
+        if ref is not None and s is not ref:
+            for name, ends in s.ends[device].items():
+                ref_ends = ref.ends[device].get(name, [])
+                diffs += [(r + base[ref.rank]) - (e + base[s.rank]) for r, e in zip(ref_ends, ends)]
+        if not diffs:
+            out[s.rank] = RankAlignment(rank=s.rank, method="base time", shift_us=base[s.rank])
+            continue
+        offset = statistics.median(diffs)
+        residuals = [abs(d - offset) for d in diffs]
+        out[s.rank] = RankAlignment(
+            rank=s.rank, method="collectives", shift_us=base[s.rank] + offset, matched=len(diffs),
+            residual_us=statistics.median(residuals), max_residual_us=max(residuals),
+        )
+    if ref is not None and any(a.method == "collectives" for a in out.values()):
+        # The reference defines the merged clock: its residual is zero by construction.
+        out[ref.rank] = RankAlignment(
+            rank=ref.rank, method="collectives", shift_us=base[ref.rank], residual_us=0.0, max_residual_us=0.0
+        )
+    return [out[s.rank] for s in scans]
+
+
+def _threshold(histogram: list[int], room: float) -> int:
+    """The lowest bucket such that it and every longer one fit in ``room`` bytes (256: none fit)."""
+    used = 0
+    for b in range(255, -1, -1):
+        used += histogram[b]
+        if used > room:
+            return b + 1
+    return 0
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """Min duration bucket per tier (0: all, 256: none), each rank's byte cap, and why anything is left out."""
+
+    keep: tuple[int, int, int, int]
+    caps: dict[int, int]
+    why: str | None
+
+
+def plan(scans: list[RankScan], max_bytes: int, cap: int) -> MergePlan:
+    """What fits ``max_bytes``; ``cap`` (the hard limit on events written) is shared by the ranks'
+    estimated kept bytes, so a rank whose estimate ran low cannot starve the ranks after it."""
+    merged = [[sum(col) for col in zip(*(s.tier(t) for s in scans))] or [0] * 256 for t in range(4)]
+    totals = [sum(h) for h in merged]
+    keep, why = (0, 0, 0, 0), None
+    if sum(totals) > max_bytes * _SAFETY:
+        room = max_bytes * _SAFETY - totals[MARKER]
+        comm = _threshold(merged[COMM], room)
+        keep = (0, comm, _threshold(merged[SPAN], room - totals[COMM]) if comm == 0 else 256, 256)
+        why = (
+            f"about {sum(totals) / 2**20:.0f} MiB of events is over the {max_bytes / 2**20:.0f} MiB budget "
+            f"({settings.MAX_MERGED_BYTES_ENV_VAR}): kept step markers, collectives, copies and the longest ops and kernels"
+        )
+    kept = {s.rank: sum(sum(s.tier(t)[keep[t]:]) for t in (COMM, SPAN, OTHER)) for s in scans}
+    total = sum(kept.values()) or 1
+    return MergePlan(keep=keep, caps={rank: int(cap * k / total) for rank, k in kept.items()}, why=why)
