@@ -11,14 +11,18 @@ the caller joins them.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from orchestrator.traces.loader import TraceFile
+from orchestrator.models import StorageSpec
+from orchestrator.storage import open_storage
+from orchestrator.traces.loader import RejectedTrace, TraceFile
 
-__all__ = ["RankFn", "RankMap", "process_pool", "serial"]
+__all__ = ["RankFn", "RankMap", "fetching", "process_pool", "serial"]
 
 R = TypeVar("R")
 RankFn = Callable[[TraceFile, Any], R]
@@ -52,3 +56,27 @@ def process_pool(workers: int) -> Iterator[RankMap]:
             return pool.map(_call, [(fn, tf, arg) for tf, arg in items], chunksize=1)
 
         yield run
+
+
+class _FetchThen:
+    """``fn`` on a local copy of the rank's file, downloaded (sha256 checked) where it runs, then deleted."""
+
+    def __init__(self, fn: RankFn[Any], spec: StorageSpec, prefix: str) -> None:
+        self.fn, self.spec, self.prefix = fn, spec, prefix
+
+    def __call__(self, tf: TraceFile, packed: tuple[Any, str]) -> Any:
+        arg, sha256 = packed
+        with tempfile.TemporaryDirectory(prefix="rayprof-rank-") as tmp:
+            local = open_storage(self.spec).download(f"{self.prefix}/{tf.path}", Path(tmp) / tf.path.name, sha256)
+            result = self.fn(tf.model_copy(update={"path": local}), arg)
+        # Name the file by its key, not by the copy that is gone.
+        return result.model_copy(update={"path": tf.path}) if isinstance(result, RejectedTrace) else result
+
+
+def fetching(rank_map: RankMap, spec: StorageSpec, prefix: str, sha256: dict[Path, str]) -> RankMap:
+    """``rank_map`` over trace files whose ``path`` is a storage key under ``prefix``: each call fetches its file."""
+
+    def run(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
+        return rank_map(_FetchThen(fn, spec, prefix), [(tf, (arg, sha256[tf.path])) for tf, arg in items], phase)
+
+    return run

@@ -380,7 +380,7 @@ def merge_traces(
     return MergeStats(
         ranks=[tf.rank for tf in files],
         events=events,
-        input_bytes=sum(tf.path.stat().st_size for tf in files),
+        input_bytes=sum(s.file_bytes for s in scans),
         output_bytes=out.stat().st_size,
         seconds=time.perf_counter() - started,
         skipped=skipped,

@@ -18,13 +18,13 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
-from pydantic import BaseModel, ConfigDict
 
 from orchestrator import settings
-from orchestrator.traces.loader import TIME_RANGE_US, RejectedTrace, TraceFile, canonical_category
+from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
@@ -38,48 +38,6 @@ _PROCESS_METADATA = frozenset({"process_name", "process_labels", "process_sort_i
 _HOST_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms")
 _MAX_COLLECTIVES = 4096  # per rank: plenty for a median, bounded memory
 _SAFETY = 0.95  # the estimate runs above the written size; this covers the rest
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RankAlignment(_Model):
-    """How one rank's clock was put on the merged trace's."""
-
-    rank: int
-    method: Literal["collectives", "base time"]
-    shift_us: float  # added to the rank's own timestamps
-    matched: int = 0  # collectives matched with the reference rank
-    residual_us: float | None = None  # median |end - reference end| after the shift
-    max_residual_us: float | None = None
-
-
-class DroppedEvents(_Model):
-    """What a merge over budget left out."""
-
-    events: int
-    by_kind: dict[str, int]
-    min_span_us: float | None = None  # ops and kernels shorter than this were dropped
-    min_comm_us: float | None = None  # collectives and copies shorter than this were dropped
-    reason: str
-
-
-class MergeStats(_Model):
-    """What a merge read and wrote; the manifest carries it as ``merge``."""
-
-    ranks: list[int]
-    events: int
-    input_bytes: int
-    output_bytes: int
-    seconds: float
-    skipped: list[RejectedTrace] = []
-    truncated: list[RejectedTrace] = []
-    input_raw_bytes: int = 0
-    output_raw_bytes: int = 0
-    max_bytes: int = settings.DEFAULT_MAX_MERGED_BYTES
-    dropped: DroppedEvents | None = None
-    alignment: list[RankAlignment] = []
 
 
 class ScanEvent(msgspec.Struct):
@@ -154,6 +112,7 @@ class RankScan:
     good_events: int | None = None  # events before damage, when damaged
     reason: str | None = None
     raw_bytes: int = 0
+    file_bytes: int = 0  # as stored (gzipped); measured where the rank is read, which may be another node
 
     def tier(self, tier: int) -> list[int]:
         return self.histogram[tier * 256 : (tier + 1) * 256]
@@ -161,7 +120,7 @@ class RankScan:
 
 def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
     """Read one rank once; a damaged file keeps what came before the damage."""
-    out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns)
+    out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns, file_bytes=tf.path.stat().st_size)
     ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
     collectives = seen = 0
     classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
