@@ -31,10 +31,10 @@ _EXPORTS = {
     "ProfileState": "orchestrator.models",
     "ProfileStatus": "orchestrator.models",
     "RankState": "orchestrator.models",
-    "StacksBundle": "orchestrator.models",
+    "StacksBundle": "orchestrator.diagnosis",
     "TargetInfo": "orchestrator.models",
-    "WatchSpec": "orchestrator.models",
-    "WatchStatus": "orchestrator.models",
+    "WatchSpec": "orchestrator.diagnosis",
+    "WatchStatus": "orchestrator.diagnosis",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,7 +7,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from orchestrator.merge_stats import MergeStats
 from orchestrator.settings import (
@@ -28,33 +28,25 @@ __all__ = [
     "ArtifactKey",
     "ArtifactKind",
     "BundleKind",
-    "Collective",
     "Command",
     "ControllerConfig",
-    "Frame",
     "Heartbeat",
-    "MissingRank",
     "Manifest",
     "Name",
     "ProfileOptions",
+    "PostprocessProgress",
     "ProfilePage",
     "ProfileRequest",
     "ProfileState",
     "ProfileStatus",
     "RankEvent",
     "RankResult",
-    "RankStacks",
     "RankState",
-    "StackGroup",
-    "StacksBundle",
     "StorageSpec",
+    "StrictModel",
     "TargetInfo",
-    "ThreadStack",
     "TorchOptions",
     "Trigger",
-    "WatchFiring",
-    "WatchSpec",
-    "WatchStatus",
     "WindowSpec",
     "WorkerInfo",
     "WorkerStatus",
@@ -104,7 +96,7 @@ ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), Af
 """A storage key relative to a root or a profile folder: no absolute path, no '..', no control characters."""
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -146,7 +138,7 @@ class RankState(str, enum.Enum):
         return self in (RankState.DONE, RankState.FAILED, RankState.CANCELLED)
 
 
-class TorchOptions(_Model):
+class TorchOptions(StrictModel):
     """What ``torch.profiler.profile`` records; one field per argument of the same name."""
 
     activities: list[Literal["cpu", "cuda"]] | None = Field(
@@ -190,7 +182,7 @@ class ProfileRequest(ProfileOptions):
     )
 
 
-class StorageSpec(_Model):
+class StorageSpec(StrictModel):
     """Where artifacts go. Server configuration only, never taken from a request."""
 
     uri: str
@@ -198,7 +190,7 @@ class StorageSpec(_Model):
     s3_region: str | None = None
 
 
-class WorkerInfo(_Model):
+class WorkerInfo(StrictModel):
     """What an agent tells the controller about itself when it registers."""
 
     agent_id: str
@@ -218,7 +210,7 @@ class WorkerInfo(_Model):
     cuda_available: bool = False
 
 
-class Heartbeat(_Model):
+class Heartbeat(StrictModel):
     """Sent with every long-poll: progress of this worker's training loop."""
 
     agent_id: str
@@ -226,7 +218,7 @@ class Heartbeat(_Model):
     step_time_s: float | None = None
 
 
-class WindowSpec(_Model):
+class WindowSpec(StrictModel):
     """One profiling window as an agent receives it."""
 
     profile_id: Name
@@ -245,7 +237,7 @@ class WindowSpec(_Model):
         return self.start_step + self.steps
 
 
-class Command(_Model):
+class Command(StrictModel):
     """Controller -> agent, the answer to a long-poll.
 
     ``sync``: report your step count now. ``arm``: open ``window``.
@@ -277,7 +269,7 @@ BundleKind = Literal["profile", "stacks"]
 """What a profile folder holds: a profiler window's traces, or every rank's stacks."""
 
 
-class Artifact(_Model):
+class Artifact(StrictModel):
     """A file in storage, fully written before it is listed."""
 
     kind: ArtifactKind
@@ -287,7 +279,7 @@ class Artifact(_Model):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-class RankEvent(_Model):
+class RankEvent(StrictModel):
     """Agent -> controller: a rank's window changed state."""
 
     profile_id: Name
@@ -302,7 +294,7 @@ class RankEvent(_Model):
     reason: str | None = None
 
 
-class Trigger(_Model):
+class Trigger(StrictModel):
     """Why the controller took a profile or stacks by itself."""
 
     kind: Literal["slower_than", "rank_lag", "stalled"]
@@ -314,88 +306,7 @@ class Trigger(_Model):
     detail: str = Field(description="The trigger in words.")
 
 
-class Frame(_Model):
-    """One Python frame."""
-
-    filename: str
-    line: int
-    function: str
-    code: str | None = Field(default=None, description="The source line, where readable.")
-    library: bool = Field(default=False, description="In the standard library or an installed package.")
-
-
-class ThreadStack(_Model):
-    """One thread's Python stack, outermost frame first."""
-
-    thread_id: int
-    name: str
-    training: bool = Field(default=False, description="The thread that runs the training loop.")
-    frames: list[Frame]
-
-
-class Collective(_Model):
-    """One collective from a rank's torch flight recorder."""
-
-    process_group: str
-    seq: int
-    op: str
-    completed: bool
-
-
-class RankStacks(_Model):
-    """Agent -> controller: one rank's answer to a ``stacks`` command."""
-
-    bundle_id: str
-    agent_id: str
-    step: int
-    taken_at: datetime
-    threads: list[ThreadStack]
-    native: str | None = Field(default=None, description="py-spy dump --native output.")
-    native_note: str | None = Field(default=None, description="Why native frames are missing, when asked for.")
-    collectives: list[Collective] = Field(default_factory=list, description="Last flight recorder entries.")
-    flight_recorder: str | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
-    flight_recorder_note: str | None = None
-
-
-class StackGroup(_Model):
-    """Ranks whose training thread is in the same place."""
-
-    ranks: list[int]
-    ranks_text: str = Field(description="'rank 1', 'ranks 0, 2-7'.")
-    where: str = Field(description="Where the training thread is, in words.")
-    waiting: bool = Field(description="Inside torch.distributed (waiting on other ranks).")
-    majority: bool
-    frames: list[Frame]
-
-
-class MissingRank(_Model):
-    """A rank that did not answer, and why."""
-
-    rank: int
-    reason: str
-
-
-class StacksBundle(_Model):
-    """Every rank's stacks, grouped; ``stacks.json`` of a bundle of kind ``stacks``."""
-
-    id: str
-    target: str
-    run: str | None = None
-    state: ProfileState
-    summary: str = Field(description="One line: ranks that differ from the majority first.")
-    groups: list[StackGroup] = Field(description="Outliers first, the majority last.")
-    missing: list[MissingRank] = Field(default_factory=list)
-    collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
-    flight_recorder_note: str | None = None
-    native_notes: list[str] = Field(default_factory=list)
-    storage_uri: str
-    manifest_uri: str | None = None
-    trigger: Trigger | None = None
-    taken_at: datetime
-    finished_at: datetime
-
-
-class RankResult(_Model):
+class RankResult(StrictModel):
     """One rank in a profile: who it is, what it captured, what it uploaded."""
 
     rank: int
@@ -422,7 +333,7 @@ class RankResult(_Model):
         return sum(a.bytes for a in self.artifacts)
 
 
-class PostprocessProgress(_Model):
+class PostprocessProgress(StrictModel):
     """Per-rank postprocessing done so far, e.g. "analysing 12/64 ranks"."""
 
     phase: Literal["analysing", "scanning", "merging"]
@@ -433,7 +344,7 @@ class PostprocessProgress(_Model):
         return f"{self.phase} {self.done}/{self.total} ranks"
 
 
-class ProfileStatus(_Model):
+class ProfileStatus(StrictModel):
     """A profile request as the controller sees it now."""
 
     id: Name
@@ -460,7 +371,7 @@ class ProfileStatus(_Model):
     )
 
 
-class ProfilePage(_Model):
+class ProfilePage(StrictModel):
     """One page of profiles, newest first."""
 
     profiles: list[ProfileStatus]
@@ -469,7 +380,7 @@ class ProfilePage(_Model):
     limit: int = Field(ge=1)
 
 
-class Manifest(_Model):
+class Manifest(StrictModel):
     """``manifest.json``: the commit point of a profile, written last."""
 
     version: Literal[1] = MANIFEST_VERSION
@@ -501,7 +412,7 @@ class Manifest(_Model):
         return [a for r in self.ranks for a in r.artifacts] + list(self.artifacts)
 
 
-class WorkerStatus(_Model):
+class WorkerStatus(StrictModel):
     """A registered worker and its progress."""
 
     info: WorkerInfo
@@ -512,7 +423,7 @@ class WorkerStatus(_Model):
     steps_behind: int | None = Field(default=None, description="Steps behind the leading rank, at one instant.")
 
 
-class TargetInfo(_Model):
+class TargetInfo(StrictModel):
     """A live Ray Train run that agents registered."""
 
     name: Name
@@ -529,7 +440,7 @@ class TargetInfo(_Model):
     stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
 
 
-class ControllerConfig(_Model):
+class ControllerConfig(StrictModel):
     """Server-side settings of the control actor; see ``orchestrator.settings``."""
 
     storage: StorageSpec
@@ -554,62 +465,3 @@ class ControllerConfig(_Model):
     lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
-
-
-class WatchSpec(_Model):
-    """``POST /v1/watches``: a condition on a target and what to do when it holds.
-
-    Exactly one condition: ``slower_than`` (median step time over the rolling
-    baseline), ``rank_lag`` (a rank this many steps behind the leader) or
-    ``stalled``. The action: ``profile`` (a window of ``profile_steps`` steps)
-    or ``stacks``.
-    """
-
-    target: Name
-    slower_than: float | None = Field(default=None, gt=1, description="Ratio of step time to the baseline.")
-    rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
-    stalled: bool = False
-    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
-    action: Literal["profile", "stacks"] = "profile"
-    profile_steps: int = Field(default=5, ge=1)
-    ranks: Literal["all", "lagging"] = Field(
-        default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
-    )
-    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median.")
-    cooldown_s: float = Field(default=600.0, ge=0, le=86400)
-    max_per_hour: int = Field(default=4, ge=1, le=60)
-
-    @model_validator(mode="after")
-    def _one_condition(self) -> WatchSpec:
-        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled]
-        if sum(conditions) != 1:
-            raise ValueError("give exactly one condition: slower_than, rank_lag or stalled")
-        if self.ranks == "lagging" and self.rank_lag is None:
-            raise ValueError("ranks='lagging' needs rank_lag")
-        return self
-
-
-class WatchFiring(_Model):
-    """One time a watch ran its action."""
-
-    at: datetime
-    profile_id: str | None = None
-    trigger: Trigger
-    error: str | None = Field(default=None, description="Why the action could not run.")
-
-
-class WatchStatus(_Model):
-    """A watch as the controller holds it now."""
-
-    id: str
-    spec: WatchSpec
-    created_at: datetime
-    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED"] = Field(
-        description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
-        "it fired and waits for the cooldown or the hourly cap."
-    )
-    baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
-    observed: float | None = Field(default=None, description="The value the condition compares now.")
-    holding_s: float | None = Field(default=None, description="How long the condition has held.")
-    note: str | None = None
-    firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")

@@ -17,18 +17,15 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
+from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models import (
-    Collective,
     Command,
     ControllerConfig,
-    Frame,
     Heartbeat,
     RankEvent,
-    RankStacks,
     RankState,
     StorageSpec,
-    ThreadStack,
     WindowSpec,
     WorkerInfo,
     utcnow,

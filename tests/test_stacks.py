@@ -14,10 +14,11 @@ from actors.agent.stacks import take_stacks
 from actors.controller.actor import Controller
 from actors.controller.stack_groups import ranks_text
 from orchestrator.config import normalize_uri
+from orchestrator.diagnosis import Collective
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.layout import STACKS_NAME
 from orchestrator.manifest import read_manifest, verify_manifest
-from orchestrator.models import Collective, ProfileState, RankState, StorageSpec
+from orchestrator.models import ProfileState, RankState, StorageSpec
 from orchestrator.storage import open_storage
 from tests.fake_agents import SLOW_THING, fast_config, no_postprocess, start_agents
 

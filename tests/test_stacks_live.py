@@ -79,7 +79,7 @@ def test_stacks_name_the_hung_rank_and_its_frame_and_the_target_turns_stalled(ra
 
 
 def test_a_rank_that_falls_behind_is_named_in_targets(ray_cluster, client, tmp_path):
-    args = ["--workers", "2", "--no-ddp", "--slow-rank", "1", "--slow-rank-delay-s", "0.05"]
+    args = ["--workers", "2", "--no-ddp", "--slow-rank", "1", "--slow-rank-delay-s", "0.25"]
     job = ExampleJob(ray_cluster, "lag-run", tmp_path / "lag-run.log", *args)
     try:
         job.wait_until_training(client, min_step=1, timeout=300)

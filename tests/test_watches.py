@@ -11,9 +11,10 @@ from pydantic import ValidationError
 
 from actors.controller.actor import Controller
 from orchestrator.config import normalize_uri
+from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import InvalidRequestError, WatchNotFoundError
 from orchestrator.manifest import read_manifest
-from orchestrator.models import ProfileState, StorageSpec, WatchSpec
+from orchestrator.models import ProfileState, StorageSpec
 from orchestrator.storage import open_storage
 from tests.fake_agents import STEP_S, fast_config, no_postprocess, start_agents, wait_terminal
 

@@ -26,7 +26,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from actors.agent.capture import Capture
 from actors.agent.stacks import take_stacks
-from orchestrator.models import Command, Heartbeat, RankEvent, RankStacks, RankState, WorkerInfo
+from orchestrator.diagnosis import RankStacks
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,

@@ -19,7 +19,8 @@ import sysconfig
 import threading
 from pathlib import Path
 
-from orchestrator.models import Collective, Frame, RankStacks, ThreadStack, utcnow
+from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
+from orchestrator.models import utcnow
 
 __all__ = ["take_stacks"]
 

@@ -26,6 +26,7 @@ from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
+from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.layout import MANIFEST_NAME
 from orchestrator.models import (
@@ -37,12 +38,9 @@ from orchestrator.models import (
     ProfileState,
     ProfileStatus,
     RankState,
-    StacksBundle,
     StorageSpec,
     TargetInfo,
     Trigger,
-    WatchSpec,
-    WatchStatus,
     utcnow,
 )
 from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE

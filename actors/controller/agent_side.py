@@ -11,16 +11,8 @@ from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry
 from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
-from orchestrator.models import (
-    Command,
-    ControllerConfig,
-    Heartbeat,
-    RankEvent,
-    RankStacks,
-    RankState,
-    WorkerInfo,
-    utcnow,
-)
+from orchestrator.diagnosis import RankStacks
+from orchestrator.models import Command, ControllerConfig, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
 
 __all__ = ["AgentSide"]
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from actors.controller.state import Profile
+from orchestrator.diagnosis import WatchStatus
 from orchestrator.errors import StorageError
 from orchestrator.layout import config_key, manifest_key, state_key, state_prefix, watch_key, watches_prefix
 from orchestrator.manifest import read_manifest, write_manifest
-from orchestrator.models import Manifest, ProfileStatus, StorageSpec, WatchStatus
+from orchestrator.models import Manifest, ProfileStatus, StorageSpec
 from orchestrator.storage import open_storage
 
 __all__ = ["Persistence", "SavedProfile"]

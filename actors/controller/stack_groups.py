@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import PurePath
 
-from orchestrator.models import Frame, MissingRank, RankStacks, StackGroup, ThreadStack, WorkerInfo
+from orchestrator.diagnosis import Frame, MissingRank, RankStacks, StackGroup, ThreadStack
+from orchestrator.models import WorkerInfo
 
 __all__ = ["collective_notes", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
 

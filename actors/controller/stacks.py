@@ -28,6 +28,7 @@ from actors.controller.stack_groups import (
 )
 from actors.controller.state import Profile, wait_event
 from orchestrator.config import normalize_uri
+from orchestrator.diagnosis import MissingRank, RankStacks, StacksBundle
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.models import (
@@ -35,13 +36,10 @@ from orchestrator.models import (
     Command,
     ControllerConfig,
     Manifest,
-    MissingRank,
     ProfileRequest,
     ProfileState,
     RankResult,
-    RankStacks,
     RankState,
-    StacksBundle,
     Trigger,
     utcnow,
 )

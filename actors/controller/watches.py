@@ -26,8 +26,9 @@ from typing import Any
 from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
+from orchestrator.diagnosis import WatchFiring, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
-from orchestrator.models import ControllerConfig, ProfileRequest, Trigger, WatchFiring, WatchSpec, WatchStatus, utcnow
+from orchestrator.models import ControllerConfig, ProfileRequest, Trigger, utcnow
 
 __all__ = ["Watches"]
 

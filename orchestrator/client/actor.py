@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ControllerUnavailableError, RayprofError
 from orchestrator.models import (
     Manifest,
@@ -12,11 +13,8 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
-    StacksBundle,
     StorageSpec,
     TargetInfo,
-    WatchSpec,
-    WatchStatus,
 )
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
+from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     IntegrityError,
@@ -26,11 +27,8 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
-    StacksBundle,
     StorageSpec,
     TargetInfo,
-    WatchSpec,
-    WatchStatus,
 )
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage

@@ -15,6 +15,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator import errors
+from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     InvalidRequestError,
@@ -27,11 +28,8 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
-    StacksBundle,
     StorageSpec,
     TargetInfo,
-    WatchSpec,
-    WatchStatus,
 )
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,

@@ -26,6 +26,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.auth import check_exposure, read_token
+from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     NotFoundError,
@@ -41,11 +42,8 @@ from orchestrator.models import (
     ProfileRequest,
     ProfileState,
     ProfileStatus,
-    StacksBundle,
     StorageSpec,
     TargetInfo,
-    WatchSpec,
-    WatchStatus,
 )
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router

@@ -1,0 +1,163 @@
+"""Models of stuck and slowing jobs: every rank's stacks, and watches that act on a condition."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator.models import Name, ProfileState, StrictModel, Trigger
+
+__all__ = [
+    "Collective",
+    "Frame",
+    "MissingRank",
+    "RankStacks",
+    "StackGroup",
+    "StacksBundle",
+    "ThreadStack",
+    "WatchFiring",
+    "WatchSpec",
+    "WatchStatus",
+]
+
+
+class Frame(StrictModel):
+    """One Python frame."""
+
+    filename: str
+    line: int
+    function: str
+    code: str | None = Field(default=None, description="The source line, where readable.")
+    library: bool = Field(default=False, description="In the standard library or an installed package.")
+
+
+class ThreadStack(StrictModel):
+    """One thread's Python stack, outermost frame first."""
+
+    thread_id: int
+    name: str
+    training: bool = Field(default=False, description="The thread that runs the training loop.")
+    frames: list[Frame]
+
+
+class Collective(StrictModel):
+    """One collective from a rank's torch flight recorder."""
+
+    process_group: str
+    seq: int
+    op: str
+    completed: bool
+
+
+class RankStacks(StrictModel):
+    """Agent -> controller: one rank's answer to a ``stacks`` command."""
+
+    bundle_id: str
+    agent_id: str
+    step: int
+    taken_at: datetime
+    threads: list[ThreadStack]
+    native: str | None = Field(default=None, description="py-spy dump --native output.")
+    native_note: str | None = Field(default=None, description="Why native frames are missing, when asked for.")
+    collectives: list[Collective] = Field(default_factory=list, description="Last flight recorder entries.")
+    flight_recorder: str | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
+    flight_recorder_note: str | None = None
+
+
+class StackGroup(StrictModel):
+    """Ranks whose training thread is in the same place."""
+
+    ranks: list[int]
+    ranks_text: str = Field(description="'rank 1', 'ranks 0, 2-7'.")
+    where: str = Field(description="Where the training thread is, in words.")
+    waiting: bool = Field(description="Inside torch.distributed (waiting on other ranks).")
+    majority: bool
+    frames: list[Frame]
+
+
+class MissingRank(StrictModel):
+    """A rank that did not answer, and why."""
+
+    rank: int
+    reason: str
+
+
+class StacksBundle(StrictModel):
+    """Every rank's stacks, grouped; ``stacks.json`` of a bundle of kind ``stacks``."""
+
+    id: str
+    target: str
+    run: str | None = None
+    state: ProfileState
+    summary: str = Field(description="One line: ranks that differ from the majority first.")
+    groups: list[StackGroup] = Field(description="Outliers first, the majority last.")
+    missing: list[MissingRank] = Field(default_factory=list)
+    collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
+    flight_recorder_note: str | None = None
+    native_notes: list[str] = Field(default_factory=list)
+    storage_uri: str
+    manifest_uri: str | None = None
+    trigger: Trigger | None = None
+    taken_at: datetime
+    finished_at: datetime
+
+
+class WatchSpec(StrictModel):
+    """``POST /v1/watches``: a condition on a target and what to do when it holds.
+
+    Exactly one condition: ``slower_than`` (median step time over the rolling
+    baseline), ``rank_lag`` (a rank this many steps behind the leader) or
+    ``stalled``. The action: ``profile`` (a window of ``profile_steps`` steps)
+    or ``stacks``.
+    """
+
+    target: Name
+    slower_than: float | None = Field(default=None, gt=1, description="Ratio of step time to the baseline.")
+    rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
+    stalled: bool = False
+    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
+    action: Literal["profile", "stacks"] = "profile"
+    profile_steps: int = Field(default=5, ge=1)
+    ranks: Literal["all", "lagging"] = Field(
+        default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
+    )
+    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median.")
+    cooldown_s: float = Field(default=600.0, ge=0, le=86400)
+    max_per_hour: int = Field(default=4, ge=1, le=60)
+
+    @model_validator(mode="after")
+    def _one_condition(self) -> WatchSpec:
+        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled]
+        if sum(conditions) != 1:
+            raise ValueError("give exactly one condition: slower_than, rank_lag or stalled")
+        if self.ranks == "lagging" and self.rank_lag is None:
+            raise ValueError("ranks='lagging' needs rank_lag")
+        return self
+
+
+class WatchFiring(StrictModel):
+    """One time a watch ran its action."""
+
+    at: datetime
+    profile_id: str | None = None
+    trigger: Trigger
+    error: str | None = Field(default=None, description="Why the action could not run.")
+
+
+class WatchStatus(StrictModel):
+    """A watch as the controller holds it now."""
+
+    id: str
+    spec: WatchSpec
+    created_at: datetime
+    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED"] = Field(
+        description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
+        "it fired and waits for the cooldown or the hourly cap."
+    )
+    baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
+    observed: float | None = Field(default=None, description="The value the condition compares now.")
+    holding_s: float | None = Field(default=None, description="How long the condition has held.")
+    note: str | None = None
+    firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")
