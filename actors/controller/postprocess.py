@@ -53,7 +53,9 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
         result: PostprocessResult = await asyncio.wait_for(asyncio.shield(job), timeout_s)
     except TimeoutError:
         fan.cancel()
-        await asyncio.wait([job], timeout=_CANCEL_GRACE_S)
+        done, _ = await asyncio.wait([job], timeout=_CANCEL_GRACE_S)
+        for finished in done:
+            finished.exception()  # PostprocessCancelled is the expected end; retrieved so it is not logged as lost
         storage = open_storage(profile.storage)
         for name in (MERGED_TRACE_NAME, REPORT_NAME):
             await asyncio.to_thread(storage.delete, f"{profile.prefix}/{name}")
