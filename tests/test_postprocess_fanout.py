@@ -139,3 +139,28 @@ def test_postprocess_carries_budget_drops_and_alignment_into_the_manifest(tmp_pa
     merged = open_storage(spec).get_bytes(f"{prefix}/merged.trace.json.gz")
     meta = json.loads(gzip.decompress(merged))["rayprof"]
     assert meta["max_bytes"] == 40_000 and [a["rank"] for a in meta["alignment"]] == [0, 1]
+
+
+def test_a_postprocess_past_its_timeout_leaves_no_unlisted_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+
+    from actors.controller import postprocess as controller_post
+    from actors.controller.state import Profile
+
+    spec = StorageSpec(uri=(tmp_path / "store").as_uri())
+    draft = _draft(tmp_path, spec, "job/p1")
+    profile = Profile(id="p1", request=draft.request, storage=spec, storage_uri=draft.storage_uri)
+    uploaded = threading.Event()
+
+    def slow_postprocess(spec: StorageSpec, prefix: str, draft: Manifest, **_: Any) -> None:
+        open_storage(spec).put_bytes(b"{}", f"{prefix}/merged.trace.json.gz", "merged_trace", folder=prefix)
+        uploaded.set()
+        threading.Event().wait(1.0)  # still joining when the timeout comes
+
+    monkeypatch.setattr(controller_post, "postprocess", slow_postprocess)
+    monkeypatch.setattr(controller_post, "_CANCEL_GRACE_S", 0.05)
+    manifest = asyncio.run(controller_post.postprocess_in_task(draft, profile, timeout_s=0.3))
+    assert uploaded.is_set() and "ran past its 0.3s timeout" in (manifest.analysis_error or "")
+    assert not open_storage(spec).exists(f"{profile.prefix}/merged.trace.json.gz")
+    assert manifest.merge is None and profile.postprocess is None
