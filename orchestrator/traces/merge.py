@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +58,8 @@ from orchestrator.traces.merge_plan import (
     DroppedEvents,
     MergeStats,
     RankAlignment,
-    ScanEvent,
     align,
     bucket_floor_us,
-    classify,
     new_metadata,
     plan,
     scan_rank,
@@ -193,7 +194,8 @@ class WriteJob:
     """What pass 2 needs to know about one rank: its clock shift, what to keep, its cap."""
 
     shift_us: float
-    min_dur_us: tuple[float, float, float, float]  # per tier: shorter events are dropped
+    keep: tuple[int, int, int, int]  # per tier: the shortest duration bucket kept (256: none)
+    codes: bytes  # the scan's per-event codes (see RankScan.codes)
     cap: int
     good_events: int | None  # events before damage the scan found
     damage: str | None
@@ -220,49 +222,44 @@ def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     writer = _RankWriter(tf, job.shift_us)
     part = _Part(job.cap)
     header: dict[str, Any] = {}
-    dropped: Counter[str] = Counter()
-    classes: dict[tuple[str, str, str], int] = {}
-    min_dur, left = job.min_dur_us, job.good_events
+    dropped: Counter[int] = Counter()
+    codes = array("H")
+    codes.frombytes(zlib.decompress(job.codes))
+    # Lookup tables by code (tier * 256 + bucket): the filtering runs in C, per batch, not per event in Python.
+    is_marker = bytes(int(code >> 8 == MARKER) for code in range(1024))
+    is_kept = bytes(int(code >> 8 != MARKER and code & 255 >= job.keep[code >> 8]) for code in range(1024))
+    is_dropped = bytes(int(code & 255 < job.keep[code >> 8]) for code in range(1024))
+    done, left = 0, job.good_events if job.good_events is not None else len(codes)
     reason = None
-    # Each batch is decoded twice in C (typed, and as raw bytes per event) so
-    # that only the events kept are turned into dicts, all in one call.
-    reader = TraceReader(tf.path, (ScanEvent, msgspec.Raw), max_batch=_BATCH_BYTES)
+    reader = TraceReader(tf.path, msgspec.Raw, max_batch=_BATCH_BYTES)
     try:
         for kind, key, batch in reader:
             if kind == "key":
                 if key in _HEADER_KEYS:
                     header[key] = batch
                 continue
-            typed, raws = batch
-            if left is not None:
-                typed, raws, left = typed[:left], raws[:left], left - len(typed)
-            markers: list[msgspec.Raw] = []
-            kept: list[msgspec.Raw] = []
-            for e, raw in zip(typed, raws):
-                tier = classes.get(cls_key := (e.ph, e.cat, e.name))
-                if tier is None:
-                    tier = classes[cls_key] = classify(*cls_key)[0]
-                if e.dur < min_dur[tier]:
-                    dropped[TIER_NAMES[tier]] += 1
-                elif tier == MARKER:
-                    markers.append(raw)
-                else:
-                    kept.append(raw)
-            part.add(writer.rewrite_all(markers), capped=False)
-            over = part.add(writer.rewrite_all(kept))
+            raws = batch[: left - done]
+            these = codes[done : done + len(raws)]
+            done += len(raws)
+            dropped.update(compress(these, map(is_dropped.__getitem__, these)))
+            part.add(writer.rewrite_all(list(compress(raws, map(is_marker.__getitem__, these)))), capped=False)
+            over = part.add(writer.rewrite_all(list(compress(raws, map(is_kept.__getitem__, these)))))
             if over:
-                dropped["at the byte cap"] += over
+                dropped[-1] += over
                 writer.events -= over
-            if left is not None and left <= 0:
+            if done >= left:
                 break
     except (TraceParseError, msgspec.DecodeError, RecursionError) as exc:
         reason = f"damaged after {writer.events} events: {exc}"
     if reason is None and job.damage is not None:
         reason = f"damaged after {writer.events} events: {job.damage}"
     labels = writer.metadata(truncated=reason is not None)
+    by_kind: Counter[str] = Counter()
+    for code, n in dropped.items():
+        by_kind["at the byte cap" if code < 0 else TIER_NAMES[code >> 8]] += n
     return RankPart(
         rank=tf.rank, data=part.finish(), crc=part.crc, raw=part.raw, events=writer.events,
-        metadata=msgspec.json.encode(labels)[1:-1], dropped=dict(dropped), truncated=reason,
+        metadata=msgspec.json.encode(labels)[1:-1], dropped=dict(by_kind), truncated=reason,
         pids={str(k): v for k, v in writer.pids.items()}, header=header,
     )
 
@@ -321,9 +318,8 @@ def merge_traces(
     alignment = align(scans, min((tf.base_time_ns for tf in files), default=0))
     # Room for each rank's process labels and header in the trailer.
     the_plan = plan(scans, max_bytes, cap=max_bytes - (32 << 10) * (len(files) + 2))
-    floors = tuple(bucket_floor_us(k) for k in the_plan.keep)
     jobs = [
-        WriteJob(a.shift_us, floors, the_plan.caps[tf.rank], s.good_events, s.reason)  # type: ignore[arg-type]
+        WriteJob(a.shift_us, the_plan.keep, s.codes, the_plan.caps[tf.rank], s.good_events, s.reason)
         for tf, s, a in zip(files, scans, alignment)
     ]
     out = Path(out)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
     "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "ScanEvent",
-    "align", "classify", "new_metadata", "plan", "scan_rank",
+    "align", "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank",
 ]
 
 MARKER, COMM, SPAN, OTHER = range(4)
@@ -51,14 +53,6 @@ class ScanEvent(msgspec.Struct):
     ts: float | None = None
     dur: float = 0.0
     args: msgspec.Raw = msgspec.Raw()
-
-
-def bucket(dur: float) -> int:
-    """Quarter-octave duration bucket: 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs."""
-    if dur <= 0.001:
-        return 0
-    b = int(4 * math.log2(dur)) + 40
-    return b if b < 255 else 255
 
 
 def bucket_floor_us(b: int) -> float:
@@ -109,6 +103,9 @@ class RankScan:
     base_time_ns: int
     histogram: list[int] = field(default_factory=lambda: [0] * (4 * 256))  # tier * 256 + bucket
     ends: dict[bool, dict[str, list[float]]] = field(default_factory=lambda: {True: {}, False: {}})
+    # Each event's tier * 256 + duration bucket, in file order (uint16, zlib-compressed: a few KB per rank),
+    # so the write pass decides what to keep without decoding the events' fields again.
+    codes: bytes = b""
     good_events: int | None = None  # events before damage, when damaged
     reason: str | None = None
     raw_bytes: int = 0
@@ -126,6 +123,7 @@ def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
     classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
     metadata: set[tuple[Any, Any, Any]] = set()
     histogram, log2 = out.histogram, math.log2
+    codes = array("H")
     reader = TraceReader(tf.path, ScanEvent)
     try:
         for kind, _, batch in reader:
@@ -138,17 +136,21 @@ def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
                 key = (e.ph, e.cat, e.name)
                 found = classes.get(key)
                 tier, together, device = found if found is not None else classes.setdefault(key, classify(*key))
+                # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
+                dur = e.dur
+                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+                code = tier * 256 + (b if b < 255 else 255)
+                codes.append(code)
                 if tier == MARKER and e.ph == "M" and not new_metadata(metadata, e.name, e.pid, e.tid):
                     continue
-                dur = e.dur  # bucket(), inlined: this loop runs once per event
-                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
-                histogram[tier * 256 + (b if b < 255 else 255)] += 90 + len(key[1]) + len(key[2]) + len(e.args)
+                histogram[code] += 90 + len(key[1]) + len(key[2]) + len(e.args)
                 if together and e.ts is not None and collectives < _MAX_COLLECTIVES:
                     ends[device][e.name].append(e.ts + dur)
                     collectives += 1
     except TraceParseError as exc:
         out.good_events, out.reason = seen, str(exc)
     out.raw_bytes = reader.bytes_read
+    out.codes = zlib.compress(codes.tobytes(), 1)
     # Files are not in time order across threads; the k-th of a name is the k-th in time.
     out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in ends.items()}
     return out
