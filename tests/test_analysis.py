@@ -1,5 +1,5 @@
-"""Analysis on real recorded traces (tests/data/traces, see make_traces.py) and on
-tiny *synthetic* hand-written traces for what needs a GPU."""
+"""Analysis on this project's CPU recordings (tests/data/traces, see make_traces.py) and on
+small hand-written CPU traces. GPU semantics are tested on real GPU traces in test_analysis_real.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.cross import busy_time_stragglers
-from orchestrator.analysis.models import PHASES, RankSummary, Straggler, Summary
+from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.models import RankSummary, Straggler, Summary
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
+from tests.realtraces import external
 from tests.tracefiles import TRACES, case
 
 
@@ -210,7 +212,7 @@ def test_missing_folder_raises() -> None:
         analyze_folder(TRACES / "no-such-case")
 
 
-# ---- synthetic traces (hand-written: no GPU here) ---------------------------
+# ---- hand-written CPU traces and one real GPU rank -----------------------------
 
 MAIN = {"pid": 100, "tid": 1}
 MS = 1000.0
@@ -247,87 +249,17 @@ def write_trace(path: Path, *, rank: int, events: list[dict[str, Any]], world_si
     return path
 
 
-def gpu_step_events() -> list[dict[str, Any]]:
-    """A 100 ms synthetic GPU step: 10 ms forward, 20 ms pageable H2D copy, 20 ms backward,
-    40 ms cudaStreamSynchronize under loss.item(), 5 ms optimizer, 5 ms other; 14 ms of kernels."""
-    stream = {"pid": 0, "tid": 7}
-    return [
-        step(5, 0, 100),
-        span("aten::linear", 0, 10),
-        span("aten::to", 10, 30),
-        span("aten::_to_copy", 10.1, 29.9),
-        span("aten::copy_", 10.2, 29.8),
-        span("cudaMemcpyAsync", 10.3, 29.7, cat="cuda_runtime", correlation=1),
-        span(
-            "Memcpy HtoD (Pageable -> Device)", 10.5, 29.5, cat="gpu_memcpy", where=stream, correlation=1, bytes=1 << 26
-        ),
-        span("autograd::engine::evaluate_function: AddmmBackward0", 30, 50),
-        span("sm90_xmma_gemm", 31, 45, cat="kernel", where=stream, correlation=2),
-        span("aten::item", 50, 90),
-        span("aten::_local_scalar_dense", 50.1, 89.9),
-        span("cudaStreamSynchronize", 50.5, 89.5, cat="cuda_runtime"),
-        span("Optimizer.step#AdamW.step", 90, 95, cat="user_annotation"),
-        {
-            "ph": "i",
-            "cat": "cpu_instant_event",
-            "s": "t",
-            "name": "[memory]",
-            **MAIN,
-            "ts": 40 * MS,
-            "args": {"Total Allocated": 76 * 1024**3, "Device Type": 1, "Device Id": 0},
-        },
-    ]
-
-
-@pytest.fixture
-def gpu_summary(tmp_path: Path) -> Summary:
-    props = [{"id": 0, "name": "synthetic GPU", "totalGlobalMem": 80 * 1024**3}]
-    write_trace(
-        tmp_path / "rank0.pt.trace.json.gz", rank=0, world_size=1, events=gpu_step_events(), deviceProperties=props
-    )
-    return analyze_folder(tmp_path)
-
-
-def test_synthetic_gpu_phases_follow_the_documented_rules(gpu_summary: Summary) -> None:
-    phases = gpu_summary.ranks[0].steps[0].phases
-    expected = {
-        "forward": 10,
-        "memcpy": 20,
-        "backward": 20,
-        "sync": 40,
-        "optimizer": 5,
-        "other": 5,
-        "data": 0,
-        "comm": 0,
-    }
-    assert {p: round(phases.get(p), 6) for p in PHASES} == expected
-
-
-def test_synthetic_gpu_sync_every_step_is_a_warning(gpu_summary: Summary) -> None:
-    finding = next(f for f in gpu_summary.findings if f.code == "host_sync")
-    assert finding.severity == "warning"
-    assert "aten::item" in finding.evidence and "40.00 ms (40.0%)" in finding.evidence
-
-
-def test_synthetic_pageable_htod_copies_are_named(gpu_summary: Summary) -> None:
-    finding = next(f for f in gpu_summary.findings if f.code == "htod_copy")
-    assert "1 of 1 host-to-device copies per step read pageable" in finding.evidence
-    assert "pin_memory=True" in finding.fix and "non_blocking=True" in finding.fix
-
-
-def test_synthetic_low_gpu_utilization_is_named(gpu_summary: Summary) -> None:
-    gpu = gpu_summary.ranks[0].gpu
-    assert gpu is not None and gpu.utilization == pytest.approx(0.33)  # 14 ms kernel + 19 ms copy of 100 ms
-    finding = next(f for f in gpu_summary.findings if f.code == "low_gpu_utilization")
-    assert "sync" in finding.evidence  # the host phase keeping the GPU idle
-    assert gpu_summary.ranks[0].top_kernels[0].name == "sm90_xmma_gemm"
-
-
-def test_synthetic_memory_peak_near_capacity_is_named(gpu_summary: Summary) -> None:
-    (peak,) = gpu_summary.ranks[0].memory
-    assert (peak.device, peak.peak_bytes, peak.capacity_bytes) == ("cuda:0", 76 * 1024**3, 80 * 1024**3)
-    finding = next(f for f in gpu_summary.findings if f.code == "memory_peak")
-    assert "95%" in finding.title
+def test_memory_peak_reads_the_device_capacity_and_warns_near_it() -> None:
+    # HTA's df_index_resolver trace: 6.17 GiB allocated at most on a 31.7 GiB V100, no risk.
+    summary = external("hta_df_index_resolver_v100_r1of2")
+    rank = summary.ranks[0]
+    peak = next(m for m in rank.memory if m.device == "cuda:1")
+    assert peak.capacity_bytes == 34089730048 and peak.peak_bytes == pytest.approx(6.17 * 1024**3, rel=1e-3)
+    assert "memory_peak" not in codes(summary)
+    # The same rank with its peak at 95% of the device.
+    full = rank.model_copy(update={"memory": [peak.model_copy(update={"peak_bytes": int(0.95 * peak.capacity_bytes)})]})
+    (found,) = find_all([full], [])
+    assert (found.code, found.severity, found.title) == ("memory_peak", "warning", "Memory peaks at 95% of cuda:1")
 
 
 def comm_bound_events(rank: int) -> list[dict[str, Any]]:

@@ -58,6 +58,17 @@ def test_every_listed_artifact_exists_with_matching_checksum(live_job, file_stor
     assert read_manifest(storage, LIVE_TARGET, manifest.profile_id) == manifest
 
 
+def test_the_report_draws_each_ranks_memory_timeline(live_job, file_store):
+    manifest = file_store.client.profile(LIVE_TARGET, steps=2, profile_memory=True).wait(timeout=120)
+
+    storage = open_storage(StorageSpec(uri=file_store.root))
+    report = next(a for a in manifest.artifacts if a.kind == "report")
+    html = storage.get_bytes(f"{LIVE_TARGET}/{manifest.profile_id}/{report.key}").decode()
+    assert '<section id="memory"><h2>Memory timeline</h2>' in html
+    assert "memory of rank 0 on cpu" in html and "memory of rank 1 on cpu" in html
+    assert "https://ui.perfetto.dev" in html
+
+
 def test_profile_is_collected_to_s3(live_job, s3_store, s3_server, tmp_path):
     handle = s3_store.client.profile(LIVE_TARGET, steps=2)
     manifest = handle.wait(timeout=120)

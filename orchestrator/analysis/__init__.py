@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis.cross import StragglerImpl, busy_time_stragglers, common_steps, step_spread
+from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
@@ -24,7 +24,7 @@ __all__ = ["Finding", "RankSummary", "Summary", "analyze_file", "analyze_folder"
 
 
 def analyze_folder(
-    path: Path, *, straggler_impl: StragglerImpl = busy_time_stragglers, rank_map: RankMap = serial
+    path: Path, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
 ) -> Summary:
     """Analyse a profile folder (``{profile}/traces/...``) or a plain folder of ``*.pt.trace.json[.gz]``.
 
@@ -44,7 +44,7 @@ def analyze_file(trace_file: TraceFile, _: Any = None) -> RankSummary | Rejected
 
 
 def analyze_traces(
-    traces: TraceSet, *, straggler_impl: StragglerImpl = busy_time_stragglers, rank_map: RankMap = serial
+    traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
 ) -> Summary:
     """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm, ``rank_map``
     runs the per-rank part (:func:`analyze_file`), and the cross-rank part joins the small summaries here."""
@@ -54,10 +54,14 @@ def analyze_traces(
         (rejected if isinstance(result, RejectedTrace) else ranks).append(result)  # type: ignore[arg-type]
     issues = list(traces.issues)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
+    arr = arrivals(ranks)
+    if arr is not None:
+        # Time a waiter spends waiting for late arrivers is theirs to fix, not its own syncs'.
+        ranks = [r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}) if r.rank in arr.waiting else r for r in ranks]
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
-    stragglers = straggler_impl(ranks)
+    slow = straggler_impl(ranks)
     sizes = {tf.world_size for tf in traces.files if tf.world_size is not None}
     return Summary(
         source=str(traces.folder),
@@ -67,6 +71,6 @@ def analyze_traces(
         rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
         issues=issues,
         step_spread=step_spread(ranks),
-        stragglers=stragglers,
-        findings=find_all(ranks, stragglers),
+        stragglers=slow,
+        findings=find_all(ranks, slow),
     )

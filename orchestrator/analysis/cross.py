@@ -6,6 +6,16 @@ how the step is spent: the straggler is *busy* (computing, loading) for longer
 and *waits* in collectives the least, while the fast ranks show the difference
 as communication wait. So stragglers are found from busy time
 (step time minus communication wait), never from step time or comm time alone.
+
+A rank can also hold the others back without being busier: it *arrives
+late*, starting its step after the others (work between steps, a slow host).
+Then the early ranks wait in the step's first collective or in a
+``cudaStreamSynchronize`` on it, and their steps look longest. So each common
+step measures each rank's start lag behind the earliest rank and its extra
+wait over the least-waiting rank: the *late arrivers* are the ranks that start
+last (within ``ARRIVAL_MIN_*`` of the latest start), the *waiters* the others
+that wait by more than ``ARRIVAL_MIN_*``. Start times are only comparable
+when the ranks' clocks are, which holds on one host and under NTP to ~1 ms.
 """
 
 from __future__ import annotations
@@ -16,12 +26,17 @@ from collections.abc import Callable, Sequence
 from orchestrator.analysis.models import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [
+    "ARRIVAL_MIN_FRACTION",
+    "ARRIVAL_MIN_MS",
     "STRAGGLER_MIN_EXCESS_FRACTION",
     "STRAGGLER_MIN_EXCESS_MS",
     "StragglerImpl",
     "busy_time_stragglers",
+    "arrivals",
     "common_steps",
+    "late_arrivers",
     "step_spread",
+    "stragglers",
 ]
 
 # A rank is a straggler when its busy time per step exceeds the reference by
@@ -29,33 +44,137 @@ __all__ = [
 # (so that microsecond noise on tiny steps is not called out).
 STRAGGLER_MIN_EXCESS_FRACTION = 0.15
 STRAGGLER_MIN_EXCESS_MS = 1.0
+# A rank waits, or arrives late, when it does so by more than this share of the
+# median step time and at least this many milliseconds (clock offsets between hosts are ~1 ms).
+ARRIVAL_MIN_FRACTION = 0.05
+ARRIVAL_MIN_MS = 1.0
 
 StragglerImpl = Callable[[Sequence[RankSummary]], list[Straggler]]
 """Pluggable straggler identification: ranks in, stragglers out (sorted by rank)."""
 
 
 def common_steps(ranks: Sequence[RankSummary]) -> list[int]:
-    """Step numbers present on every rank that has steps."""
-    sets = [{s.step for s in r.steps} for r in ranks if r.steps]
+    """Step numbers present on every rank that has ProfilerStep spans."""
+    sets = [{s.step for s in r.steps} for r in ranks if r.steps and r.window == "profiler_steps"]
     return sorted(set.intersection(*sets)) if sets else []
 
 
+class Arrivals:
+    """Per rank, medians over common steps: start lag behind the earliest rank, extra wait over the least-waiting one."""
+
+    def __init__(self, lag_ms: dict[int, float], extra_wait_ms: dict[int, float], ready_ms: dict[int, float], threshold_ms: float):
+        self.lag_ms, self.extra_wait_ms, self.ready_ms, self.threshold_ms = lag_ms, extra_wait_ms, ready_ms, threshold_ms
+
+    @property
+    def late(self) -> list[int]:
+        """The last to arrive: within the threshold of the latest start, and late by at least the threshold.
+
+        Only they hold the step back: a rank that starts late but before them
+        waits for them as well (rank 0 of PARAM's DLRM starts 5.5 ms late and
+        still waits 4 ms for ranks 2, 6 and 7).
+        """
+        latest = max(self.lag_ms.values())
+        return sorted(r for r, lag in self.lag_ms.items() if lag >= self.threshold_ms and lag >= latest - self.threshold_ms)
+
+    @property
+    def waiting(self) -> list[int]:
+        """Ranks that are not late and wait for the others by at least the threshold."""
+        late = set(self.late)
+        return sorted(r for r, w in self.extra_wait_ms.items() if w >= self.threshold_ms and r not in late)
+
+
+def arrivals(ranks: Sequence[RankSummary]) -> Arrivals | None:
+    """Start lags, extra waits and ready times (start lag + busy time) over the common steps; None without two such ranks."""
+    steps = common_steps(ranks)
+    timed = [r for r in ranks if r.window == "profiler_steps" and r.steps]
+    if len(timed) < 2 or not steps:
+        return None
+    wanted = set(steps)
+    by_rank = {r.rank: {s.step: s for s in r.steps if s.step in wanted} for r in timed}
+    lags: dict[int, list[float]] = {r.rank: [] for r in timed}
+    waits: dict[int, list[float]] = {r.rank: [] for r in timed}
+    ready: dict[int, list[float]] = {r.rank: [] for r in timed}
+    for step in steps:
+        here = {rank: by_step[step] for rank, by_step in by_rank.items()}
+        first = min(s.start_unix_us for s in here.values())
+        least = min(_wait_ms(s) for s in here.values())
+        for rank, s in here.items():
+            lag = (s.start_unix_us - first) / 1000
+            lags[rank].append(lag)
+            waits[rank].append(_wait_ms(s) - least)
+            ready[rank].append(lag + s.duration_ms - _wait_ms(s))
+    median_step = statistics.median(r.median_step_ms for r in timed if r.median_step_ms is not None)
+    return Arrivals(
+        lag_ms={r: statistics.median(v) for r, v in lags.items()},
+        extra_wait_ms={r: statistics.median(v) for r, v in waits.items()},
+        ready_ms={r: statistics.median(v) for r, v in ready.items()},
+        threshold_ms=max(ARRIVAL_MIN_MS, ARRIVAL_MIN_FRACTION * median_step),
+    )
+
+
 def step_spread(ranks: Sequence[RankSummary]) -> StepSpread | None:
-    """How far the per-rank median step times lie apart; None with fewer than two ranks."""
+    """How far the per-rank median step times lie apart, who arrives late and who waits; None with fewer than two ranks.
+
+    The slowest rank is the one whose own work ends last (start lag plus busy
+    time), never a rank whose step is long because it waits for the others.
+    """
     timed = [r for r in ranks if r.median_step_ms is not None]
     if len(timed) < 2:
         return None
-    slowest = max(timed, key=lambda r: r.median_step_ms)
-    fastest = min(timed, key=lambda r: r.median_step_ms)
+    longest = max(r.median_step_ms for r in timed)
+    shortest = min(r.median_step_ms for r in timed)
     median = statistics.median(r.median_step_ms for r in timed)
+    arr = arrivals(timed)
+    if arr is not None:
+        slowest = max(arr.ready_ms, key=lambda k: (arr.ready_ms[k], -k))
+        fastest = min(arr.ready_ms, key=lambda k: (arr.ready_ms[k], k))
+    else:
+        busy = {r.rank: r.median_step_ms - r.comm_wait_ms for r in timed}
+        slowest, fastest = max(busy, key=busy.__getitem__), min(busy, key=busy.__getitem__)
     return StepSpread(
-        min_ms=fastest.median_step_ms,
+        min_ms=shortest,
         median_ms=median,
-        max_ms=slowest.median_step_ms,
-        spread=(slowest.median_step_ms - fastest.median_step_ms) / median if median else 0.0,
-        slowest_rank=slowest.rank,
-        fastest_rank=fastest.rank,
+        max_ms=longest,
+        spread=(longest - shortest) / median if median else 0.0,
+        slowest_rank=slowest,
+        fastest_rank=fastest,
+        arrival_spread_ms=max(arr.lag_ms.values()) if arr else 0.0,
+        late_ranks=arr.late if arr else [],
+        waiting_ranks=arr.waiting if arr else [],
     )
+
+
+def late_arrivers(ranks: Sequence[RankSummary]) -> list[Straggler]:
+    """Ranks that start their steps late while the others wait for them.
+
+    The time lost is the rank's start lag, as far as the waiting ranks waited
+    for it (their extra wait); a late start nobody waited for costs nothing.
+    """
+    arr = arrivals(ranks)
+    if arr is None or not arr.waiting:
+        return []
+    timed = {r.rank: r for r in ranks if r.rank in arr.lag_ms}
+    median_step = statistics.median(r.median_step_ms for r in timed.values() if r.median_step_ms is not None)
+    waited = max(arr.extra_wait_ms[w] for w in arr.waiting)
+    reference_wait = statistics.median(timed[w].comm_wait_ms for w in arr.waiting)
+    out = []
+    for rank in arr.late:
+        lost = min(arr.lag_ms[rank], waited)
+        if lost < max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * median_step):
+            continue
+        out.append(
+            Straggler(
+                rank=rank,
+                cause="late_arrival",
+                excess_ms=lost,
+                excess_fraction=lost / median_step if median_step else 0.0,
+                phase="other",
+                phase_excess_ms=arr.lag_ms[rank],
+                comm_wait_ms=timed[rank].comm_wait_ms,
+                reference_comm_wait_ms=reference_wait,
+            )
+        )
+    return out
 
 
 def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
@@ -73,7 +192,7 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     slower step after step is not. The phase named is the non-comm phase
     whose mean exceeds the same phase's low median across ranks by the most.
     """
-    timed = [r for r in ranks if r.mean_step_ms is not None]
+    timed = [r for r in ranks if r.mean_step_ms is not None and r.window == "profiler_steps"]
     if len(timed) < 2:
         return []
     excess = _median_step_excess(timed)
@@ -103,6 +222,15 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
             )
         )
     return sorted(out, key=lambda s: s.rank)
+
+
+def stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
+    """Default straggler identification: late arrivers and busy stragglers; a rank that is both is named for the larger loss."""
+    found: dict[int, Straggler] = {}
+    for s in late_arrivers(ranks) + busy_time_stragglers(ranks):
+        if s.rank not in found or s.excess_ms > found[s.rank].excess_ms:
+            found[s.rank] = s
+    return [found[r] for r in sorted(found)]
 
 
 def _median_step_excess(timed: Sequence[RankSummary]) -> dict[int, float]:

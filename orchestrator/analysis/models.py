@@ -11,6 +11,7 @@ from orchestrator.traces.loader import RejectedTrace
 __all__ = [
     "PHASES",
     "Finding",
+    "CopyStats",
     "GpuStats",
     "MemoryPeak",
     "OpStat",
@@ -78,16 +79,28 @@ class OpStat(_Model):
 
 
 class GpuStats(_Model):
-    """Device-side totals over the profiled steps, when the trace has GPU activity."""
+    """Device-side totals over the analysed windows, when the trace has device activity."""
 
     utilization: float = Field(description="Busy fraction of step time (kernels, copies, memsets).")
+    busy_ms_per_step: float
+    idle_ms_per_step: float = Field(description="Step time with no device work: what host-side fixes can win back at most.")
     kernel_ms_per_step: float
     comm_kernel_ms_per_step: float
     comm_exposed_ms_per_step: float
+    active_span_ms: float = Field(description="First to last device event of the analysed windows.")
+    active_busy_share: float = Field(description="Busy share of the active span (1 - HTA's idle_time).")
+    active_compute_share: float = Field(description="Compute-kernel share of the active span (HTA's compute_time).")
     comm_overlap: float | None = Field(description="Fraction of comm kernel time overlapped by compute kernels.")
-    htod_copies_per_step: float
-    pageable_htod_copies_per_step: float
-    dtoh_copies_per_step: float
+
+
+class CopyStats(_Model):
+    """Device copies of one direction and host memory kind, per analysed window."""
+
+    direction: Literal["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"]
+    host_memory: Literal["pageable", "pinned"] | None = Field(description="Host side of an HtoD/DtoH copy, when named.")
+    calls_per_step: float
+    device_ms_per_step: float
+    host_blocked_ms_per_step: float = Field(description="Main-thread time inside the runtime calls that started them.")
 
 
 class MemoryPeak(_Model):
@@ -104,15 +117,24 @@ class RankSummary(_Model):
     rank: int
     host: str | None
     file: str
-    device: Literal["cpu", "cuda"]
+    device: Literal["cpu", "cuda", "rocm", "mtia"]
+    window: Literal["profiler_steps", "whole_trace"] = Field(
+        default="profiler_steps", description="whole_trace: no ProfilerStep#N spans, the trace is one window (step 0)."
+    )
     steps: list[StepBreakdown]
     mean_step_ms: float | None
     median_step_ms: float | None
     mean_phases: PhaseTimes
     comm_wait_ms: float = Field(description="Mean per step of time this rank waited in collectives.")
+    waits_for_others_ms: float = Field(
+        default=0.0,
+        description="Cross-rank: on a rank that waits for late arrivers, its median extra wait per step over the "
+        "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
+    )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
     sync_ops: list[OpStat] = Field(default_factory=list, description="Outermost sync calls on the main thread.")
     gpu: GpuStats | None = None
+    copies: list[CopyStats] = Field(default_factory=list)
     top_ops: list[OpStat] = Field(default_factory=list)
     top_kernels: list[OpStat] = Field(default_factory=list)
     memory: list[MemoryPeak] = Field(default_factory=list)
@@ -120,20 +142,32 @@ class RankSummary(_Model):
 
 
 class StepSpread(_Model):
-    """How far ranks' median step times lie apart."""
+    """How far ranks' step times lie apart, and who holds whom back.
+
+    In lockstep training the ranks that arrive early wait for the late ones, so
+    the longest *step* belongs to a waiter. ``slowest_rank`` is instead the rank
+    whose own work ends last (arrival lag plus busy time, i.e. step time minus
+    waiting), the one the others wait for.
+    """
 
     min_ms: float
     median_ms: float
     max_ms: float
     spread: float = Field(description="(max - min) / median of the per-rank median step times.")
-    slowest_rank: int
-    fastest_rank: int
+    slowest_rank: int = Field(description="The rank whose work ends last: late start plus busy time.")
+    fastest_rank: int = Field(description="The rank whose work ends first.")
+    arrival_spread_ms: float = Field(default=0.0, description="Median over steps of latest minus earliest step start.")
+    late_ranks: list[int] = Field(default_factory=list, description="Ranks that start their steps late.")
+    waiting_ranks: list[int] = Field(default_factory=list, description="Ranks that wait for others (sync, collectives).")
 
 
 class Straggler(_Model):
     """A rank that holds the others back, and where it spends the extra time."""
 
     rank: int
+    cause: Literal["busy", "late_arrival"] = Field(
+        default="busy", description="busy: works longer each step; late_arrival: starts its steps late."
+    )
     excess_ms: float = Field(description="Extra busy (non-waiting) time per step versus the reference ranks.")
     excess_fraction: float = Field(description="excess_ms over the median step time.")
     phase: Phase
@@ -145,8 +179,12 @@ class Straggler(_Model):
 class Finding(_Model):
     """A plain-language finding with its evidence and a concrete fix."""
 
-    code: Literal["dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "comm_exposed", "straggler", "memory_peak"]
+    code: Literal[
+        "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak"
+    ]
     severity: Literal["warning", "info"]
+    max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")
+    max_saving_fraction: float = Field(default=0.0, description="max_saving_ms over the step time.")
     title: str
     evidence: str
     fix: str

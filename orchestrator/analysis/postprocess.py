@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.analysis import analyze_traces
+from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models import Artifact, Manifest, StorageSpec
@@ -72,9 +73,13 @@ def postprocess(
     summary = analyze_traces(traces, rank_map=each_rank).model_copy(update={"source": draft.storage_uri})
     with tempfile.TemporaryDirectory(prefix="rayprof-post-") as tmp:
         folder = Path(tmp)
+        for rank in draft.ranks:  # memory timelines are small: the report reads them here
+            for artifact in rank.artifacts:
+                if artifact.kind == "memory_timeline":
+                    storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
         stats = merge_traces(files, folder / MERGED_TRACE_NAME, max_bytes=max_bytes, rank_map=each_rank)
         merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
         with_merged = draft.model_copy(update={"artifacts": [merged], "merge": stats})
-        write_report(summary, folder / REPORT_NAME, manifest=with_merged)
+        write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))
         report = storage.put_file(folder / REPORT_NAME, f"{prefix}/{REPORT_NAME}", "report", folder=prefix)
     return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"), merge=stats)

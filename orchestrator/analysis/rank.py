@@ -3,24 +3,37 @@
 How a step's time is split into phases
 --------------------------------------
 A step is the ``ProfilerStep#N`` span on the *main thread* (the thread that
-carries those spans). Every instant of it is given to exactly one phase, by
+carries those spans). A trace without such spans (the profiler ran without a
+schedule) is analysed as one window, step 0, from the first to the last span of
+its main thread (then the thread with the most span time); ``RankSummary.window``
+and an issue say so. Every instant of a step is given to exactly one phase, by
 the first rule below that holds at that instant, so nested spans are never
 counted twice and the phases add up to the step time:
 
  1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
                   or ``_next_data``): whatever the loader does, the fix is the loader's.
- 2. ``sync``      inside ``aten::item`` / ``aten::_local_scalar_dense`` /
-                  ``cuda{Stream,Device,Event}Synchronize``: the host waits for the device.
+ 2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize``
+                  or device-to-host copy call, widened to the outermost ``aten::item`` /
+                  ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
+                  device trace an ``aten::item`` with no such call reads a CPU scalar (Adam's
+                  step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync.
+                  A pageable upload's own stream sync is a sync only until the device starts
+                  the copy (it waits for earlier queued work), then it is the copy's (rule 4).
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``gloo:*``, ``record_param_comms``).
- 4. ``memcpy``    inside a host-device copy: a ``cudaMemcpy*`` runtime call, widened to
-                  the outermost ``aten::to`` / ``aten::_to_copy`` / ``aten::copy_`` around it.
+ 4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device
+                  copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
+                  ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
+                  Device-to-device copies never block the host for long and get no phase of their own.
  5. ``optimizer`` inside ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``.
- 6. ``backward``  inside ``autograd::engine::evaluate_function`` on the main thread.
+ 6. ``backward``  inside a span that names backward on the main thread: autograd nodes
+                  (``autograd::engine::evaluate_function: ...``, 1.8's ``...Backward``) or a
+                  ``record_function`` such as HTA's ``## backward ##``.
  7. ``forward``   inside a module forward span (``*.forward`` annotations such as
-                  ``DistributedDataParallel.forward``, or ``nn.Module:`` with with_modules).
+                  ``DistributedDataParallel.forward``, ``## forward ##``, or ``nn.Module:``).
  8. The main thread is in no span of rules 1-7 (an untraced gap, or an op of no
     phase). Then the other threads of the process say what it waits for:
-    ``backward`` while autograd runs on another thread (GPU backward),
+    ``backward`` while an autograd thread (a thread that runs backward spans)
+    is busy (GPU backward),
     else ``comm`` while a collective runs on another thread (gloo's worker
     thread: this is the allreduce wait of synchronous data parallelism).
  9. ``forward``   before the step's first backward span: the model and loss,
@@ -37,79 +50,35 @@ allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
+from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
-from orchestrator.analysis.models import (
-    PHASES,
-    GpuStats,
-    MemoryPeak,
-    OpStat,
-    Phase,
-    PhaseTimes,
-    RankSummary,
-    StepBreakdown,
+from orchestrator.analysis.models import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.analysis.spans import (
+    COPY_OPS,
+    DEVICE_CATEGORIES,
+    HOST_CATEGORIES,
+    is_backward,
+    is_comm,
+    is_copy_call,
+    is_data,
+    is_forward,
+    is_optimizer,
+    is_sync,
 )
 from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import RankTrace, Span
 
-__all__ = ["TOP_N", "analyze_rank", "is_comm", "is_sync"]
+__all__ = ["TOP_N", "analyze_rank"]
 
 TOP_N = 10
 
-_SYNC_NAMES = frozenset(
-    {
-        "aten::item",
-        "aten::_local_scalar_dense",
-        "cudaStreamSynchronize",
-        "cudaDeviceSynchronize",
-        "cudaEventSynchronize",
-        "hipStreamSynchronize",
-        "hipDeviceSynchronize",
-        "hipEventSynchronize",
-    }
-)
-_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:")
-_COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
-_GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"})
-
-
-def is_sync(span: Span) -> bool:
-    """A call that blocks the host until the device catches up."""
-    return span.name in _SYNC_NAMES
-
-
-def is_comm(span: Span) -> bool:
-    """A host-side collective call or its worker span."""
-    return span.name.startswith(_COMM_PREFIXES) or span.name == "record_param_comms"
-
-
-def _is_memcpy_call(span: Span) -> bool:
-    return span.cat in ("cuda_runtime", "cuda_driver") and "Memcpy" in span.name
-
-
-def _is_data(span: Span) -> bool:
-    return span.name.startswith("enumerate(DataLoader)#") or (span.cat == "python_function" and "_next_data" in span.name)
-
-
-def _is_optimizer(span: Span) -> bool:
-    return span.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
-
-
-def _is_backward(span: Span) -> bool:
-    return span.name.startswith("autograd::engine::evaluate_function")
-
-
-def _is_forward(span: Span) -> bool:
-    return (span.cat == "user_annotation" and span.name.endswith(".forward")) or span.name.startswith("nn.Module:")
-
-
-def _is_comm_kernel(span: Span) -> bool:
-    return span.cat == "kernel" and "nccl" in span.name.lower()
+Thread = tuple[object, object]
+_RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
+_SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 
 
 def _walk_thread(spans: list[Span], on_span: Callable[[Span, list[Span]], None]) -> dict[int, float]:
@@ -137,44 +106,93 @@ def _mean(values: Iterable[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
-    """Steps, phase split, GPU use, top ops/kernels and memory peaks of one rank."""
-    host_threads: dict[tuple[object, object], list[Span]] = defaultdict(list)
-    gpu: list[Span] = []
-    for span in trace.spans:
-        if span.cat in _GPU_CATEGORIES:
-            gpu.append(span)
-        elif span.cat in _HOST_CATEGORIES:
-            host_threads[(span.pid, span.tid)].append(span)
+def _main_thread(threads: dict[Thread, list[Span]]) -> tuple[Thread | None, list[Span]]:
+    """The thread carrying ProfilerStep spans, else the one with the most span time; and its step spans."""
+    step_counts = Counter(key for key, spans in threads.items() for s in spans if parse_profiler_step(s.name) is not None)
+    if step_counts:
+        key = step_counts.most_common(1)[0][0]
+        return key, sorted((s for s in threads[key] if parse_profiler_step(s.name) is not None), key=lambda s: s.ts)
+    busiest = max(threads, key=lambda k: total(union((s.ts, s.end) for s in threads[k])), default=None)
+    return busiest, []
 
-    step_counts = Counter(key for key, spans in host_threads.items() for s in spans if parse_profiler_step(s.name) is not None)
+
+def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
+    """Steps (or one whole-trace window), phase split, device use, copies, top ops/kernels and memory peaks of one rank."""
+    threads: dict[Thread, list[Span]] = defaultdict(list)
+    device_spans: list[Span] = []
+    for span in trace.spans:
+        if span.cat in DEVICE_CATEGORIES:
+            device_spans.append(span)
+        elif span.cat in HOST_CATEGORIES:
+            threads[(span.pid, span.tid)].append(span)
+    dev = DeviceView(device_spans)
+
+    main_key, step_spans = _main_thread(threads)
+    main = threads.get(main_key, []) if main_key is not None else []
     issues: list[str] = []
-    if not step_counts:
-        issues.append("no ProfilerStep#N spans: the profiler ran without a schedule, so steps cannot be found")
-    main_key = step_counts.most_common(1)[0][0] if step_counts else None
-    main = host_threads.get(main_key, [])
+    if step_spans:
+        windows = [(s.ts, s.end) for s in step_spans]
+        numbers = [parse_profiler_step(s.name) or 0 for s in step_spans]
+    elif main:
+        windows = [(min(s.ts for s in main), max(s.end for s in main))]
+        numbers = [0]
+        issues.append(
+            "no ProfilerStep#N spans (the profiler ran without a schedule): the whole trace, "
+            f"{(windows[0][1] - windows[0][0]) / 1000:.1f} ms of its main thread, is analysed as one window"
+        )
+    else:
+        windows, numbers = [], []
+        issues.append("no host spans: nothing to analyse")
     # Other threads of the main thread's process: autograd and collective workers.
-    others = [s for key, spans in host_threads.items() if main_key and key != main_key and key[0] == main_key[0] for s in spans]
+    others = {k: v for k, v in threads.items() if main_key is not None and k != main_key and k[0] == main_key[0]}
+    autograd = [s for spans in others.values() if any(is_backward(x) for x in spans) for s in spans]
 
     # Host-side walk over every thread: operator self times, and on the main
-    # thread the copy intervals and the outermost sync call names.
+    # thread the copy intervals (split by direction) and the outermost sync calls.
     op_self: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    copy_spans: list[tuple[float, float]] = []
+    upload_spans: list[tuple[float, float]] = []
+    sync_spans: list[tuple[float, float]] = []
+    copy_calls: list[Span] = []
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for key, spans in host_threads.items():
-        is_main = key == main_key
+    upload_copy_start = [0.0]  # device start of the latest upload's copy
 
-        def on_span(span: Span, ancestors: list[Span], is_main: bool = is_main) -> None:
-            if not is_main:
-                return
-            if _is_memcpy_call(span):
-                outer = next((a for a in ancestors if a.name in _COPY_OPS), span)
-                copy_spans.append((outer.ts, outer.end))
-            if is_sync(span) and not any(is_sync(a) for a in ancestors):
-                sync_calls[span.name][0] += 1
-                sync_calls[span.name][1] += span.end - span.ts
+    def on_main(span: Span, ancestors: list[Span]) -> None:
+        # On a device, a sync is a runtime call that waits for it (a *Synchronize,
+        # or a device-to-host copy) widened to the aten::item / .to() that made it;
+        # an aten::item without one reads a CPU scalar. On a CPU trace item() is the sync.
+        waits = is_sync(span) and (not device_spans or span.cat in ("cuda_runtime", "cuda_driver"))
+        if is_copy_call(span):
+            copy_calls.append(span)
+            direction = dev.copy_by_correlation.get(span.correlation, ("other", None))[0]
+            if direction == "DtoH":
+                waits = True
+            elif direction not in ("DtoD", "PtoP"):
+                # The innermost copy op: an enclosing aten::to also allocates, and the first one
+                # initialises CUDA (30 s in HTA's AlexNet trace), which no copy fix removes.
+                outer = next((a for a in reversed(ancestors) if a.name in COPY_OPS), span)
+                upload_spans.append((outer.ts, outer.end))
+                upload_copy_start[0] = dev.copy_start.get(span.correlation, span.ts)
+        if not waits:
+            return
+        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span) if device_spans else span
+        if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
+            # A pageable upload syncs its stream: until the device starts the copy the host waits for
+            # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
+            # from then on it waits for the copy itself.
+            waited = (span.ts, min(span.end, upload_copy_start[0]))
+            if waited[1] > waited[0]:
+                sync_spans.append(waited)
+                sync_calls[outer.name][0] += 1
+                sync_calls[outer.name][1] += waited[1] - waited[0]
+            return
+        if any(outer.ts <= s0 and e0 <= outer.end for s0, e0 in sync_spans[-1:]):
+            return  # a second wait inside the same item() / .to()
+        sync_spans.append((outer.ts, outer.end))
+        sync_calls[outer.name][0] += 1
+        sync_calls[outer.name][1] += outer.end - outer.ts
 
-        self_us = _walk_thread(spans, on_span)
+    for key, spans in threads.items():
+        self_us = _walk_thread(spans, on_main if key == main_key else lambda s, a: None)
         for span in spans:
             if span.cat == "cpu_op":
                 entry = op_self[span.name]
@@ -184,32 +202,26 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     def main_union(pred: Callable[[Span], bool]) -> Intervals:
         return union((s.ts, s.end) for s in main if pred(s))
 
+    sync_rule = union(sync_spans)
     rules: list[tuple[Phase, Intervals]] = [
-        ("data", main_union(_is_data)),
-        ("sync", main_union(is_sync)),
+        ("data", main_union(is_data)),
+        ("sync", sync_rule),
         ("comm", main_union(is_comm)),
-        ("memcpy", union(copy_spans)),
-        ("optimizer", main_union(_is_optimizer)),
-        ("backward", main_union(_is_backward)),
-        ("forward", main_union(_is_forward)),
+        ("memcpy", union(upload_spans)),
+        ("optimizer", main_union(is_optimizer)),
+        ("backward", main_union(is_backward)),
+        ("forward", main_union(is_forward)),
     ]
-    any_main_span = union((s.ts, s.end) for s in main if not parse_profiler_step(s.name) is not None)
-    backward_elsewhere = union((s.ts, s.end) for s in others if _is_backward(s))
-    comm_elsewhere = union((s.ts, s.end) for s in others if is_comm(s))
+    any_main_span = union((s.ts, s.end) for s in main if parse_profiler_step(s.name) is None)
+    backward_elsewhere = union((s.ts, s.end) for s in autograd)
+    comm_elsewhere = union((s.ts, s.end) for spans in others.values() for s in spans if is_comm(s))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
 
-    gpu_busy = union((s.ts, s.end) for s in gpu)
-    comm_kernels = union((s.ts, s.end) for s in gpu if _is_comm_kernel(s))
-    compute_kernels = union((s.ts, s.end) for s in gpu if s.cat == "kernel" and not _is_comm_kernel(s))
-    kernels = [s for s in gpu if s.cat == "kernel"]
-    step_spans = sorted((s for s in main if parse_profiler_step(s.name) is not None), key=lambda s: s.ts)
-    per_step_gpu = _gpu_work_per_step(gpu, step_spans)
-
+    kernel_us = dev.kernel_us_per_window(windows)
     base_us = trace.file.base_time_ns / 1000
     steps: list[StepBreakdown] = []
-    gpu_rows: list[tuple[float, float, float, float, int, int, int]] = []
-    for index, step_span in enumerate(step_spans):
-        t0, t1 = step_span.ts, step_span.end
+    gpu_rows: list[WindowGpu] = []
+    for index, (t0, t1) in enumerate(windows):
         remaining: Intervals = [(t0, t1)] if t1 > t0 else []
         phase_us: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
         for phase, intervals in rules:
@@ -228,38 +240,36 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         phase_us["forward"] += total(before)
         phase_us["other"] += total(remaining) - total(before)
 
-        row = None
-        if gpu:
-            busy = total(clip(gpu_busy, t0, t1))
-            comm_in = clip(comm_kernels, t0, t1)
-            exposed = total(subtract(comm_in, clip(compute_kernels, t0, t1)))
-            row = (busy, per_step_gpu[index][0], total(comm_in), exposed, *per_step_gpu[index][1:])
+        row = dev.window(t0, t1, kernel_us[index]) if device_spans else None
+        if row is not None:
             gpu_rows.append(row)
         steps.append(
             StepBreakdown(
-                step=parse_profiler_step(step_span.name),
+                step=numbers[index],
                 start_unix_us=base_us + t0,
                 duration_ms=(t1 - t0) / 1000,
                 phases=PhaseTimes(**{p: v / 1000 for p, v in phase_us.items()}),
-                sync_calls=len(clip(rules[1][1], t0, t1)),
+                sync_calls=len(clip(sync_rule, t0, t1)),
                 copy_calls=len(clip(rules[3][1], t0, t1)),
-                gpu_busy_ms=row[0] / 1000 if row else None,
-                kernel_ms=row[1] / 1000 if row else None,
-                comm_kernel_ms=row[2] / 1000 if row else None,
-                comm_exposed_ms=row[3] / 1000 if row else None,
+                gpu_busy_ms=row.busy / 1000 if row else None,
+                kernel_ms=row.kernel / 1000 if row else None,
+                comm_kernel_ms=row.comm / 1000 if row else None,
+                comm_exposed_ms=row.exposed / 1000 if row else None,
             )
         )
 
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: _mean(s.phases.get(p) for s in steps) for p in PHASES})
-    gpu_stats = _gpu_stats(gpu_rows, durations, comm_kernels, compute_kernels) if gpu else None
+    launches = {s.correlation: s.ts for spans in threads.values() for s in spans if s.correlation is not None and s.cat in _RUNTIME}
+    gpu_stats = dev.stats(windows, gpu_rows, launches) if device_spans and windows else None
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     loader = next((s.name.split("#", 1)[1].split(".")[0] for s in main if s.name.startswith("enumerate(DataLoader)#")), None)
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host,
         file=trace.file.path.name,
-        device="cuda" if gpu else "cpu",
+        device=trace.device,
+        window="profiler_steps" if step_spans or not windows else "whole_trace",
         steps=steps,
         mean_step_ms=_mean(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
@@ -268,52 +278,15 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader,
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
         gpu=gpu_stats,
+        copies=dev.copies(windows, copy_calls) if windows else [],
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
-        top_kernels=_top(_sum_by_name(kernels))[:top_n],
+        top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=_memory(trace),
         issues=issues,
     )
 
 
-def _gpu_stats(rows: list[tuple[float, ...]], durations: list[float], comm: Intervals, compute: Intervals) -> GpuStats:
-    n = max(len(rows), 1)
-    comm_total = total(comm)
-    return GpuStats(
-        utilization=sum(r[0] for r in rows) / 1000 / sum(durations) if sum(durations) else 0.0,
-        kernel_ms_per_step=sum(r[1] for r in rows) / 1000 / n,
-        comm_kernel_ms_per_step=sum(r[2] for r in rows) / 1000 / n,
-        comm_exposed_ms_per_step=sum(r[3] for r in rows) / 1000 / n,
-        comm_overlap=total(intersect(comm, compute)) / comm_total if comm_total else None,
-        htod_copies_per_step=sum(r[4] for r in rows) / n,
-        pageable_htod_copies_per_step=sum(r[5] for r in rows) / n,
-        dtoh_copies_per_step=sum(r[6] for r in rows) / n,
-    )
-
-
-def _gpu_work_per_step(gpu: list[Span], steps: list[Span]) -> list[list[float]]:
-    """Per step: kernel µs, HtoD copies, pageable HtoD copies, DtoH copies.
-
-    Device work is charged to the step in which it *starts* (one bisection per
-    event, not a scan per step), since kernels queued late in a step run into the next.
-    """
-    starts = [s.ts for s in steps]
-    rows = [[0.0, 0, 0, 0] for _ in steps]
-    for span in gpu:
-        i = bisect.bisect_right(starts, span.ts) - 1
-        if i < 0 or span.ts >= steps[i].end:
-            continue
-        row = rows[i]
-        if span.cat == "kernel":
-            row[0] += span.end - span.ts
-        elif span.cat == "gpu_memcpy" and "HtoD" in span.name:
-            row[1] += 1
-            row[2] += "Pageable" in span.name
-        elif span.cat == "gpu_memcpy" and "DtoH" in span.name:
-            row[3] += 1
-    return rows
-
-
-def _sum_by_name(spans: list[Span]) -> Iterable[tuple[str, int, float]]:
+def _sum_by_name(spans: Iterable[Span]) -> Iterable[tuple[str, int, float]]:
     acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for s in spans:
         acc[s.name][0] += 1

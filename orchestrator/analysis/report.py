@@ -181,13 +181,30 @@ def _artifacts(manifest: Manifest | None) -> str:
     )
 
 
-def render_report(summary: Summary, manifest: Manifest | None = None) -> str:
-    """The report as an HTML string."""
+def _perfetto(manifest: Manifest | None) -> str:
+    merged = [a for a in manifest.all_artifacts() if a.kind == "merged_trace"] if manifest else []
+    if not merged:
+        return ""
+    return (
+        f"<h2>Every rank on one timeline</h2><p>Download <code>{escape(merged[0].key)}</code> (below) and open it at "
+        "<code>https://ui.perfetto.dev</code> (<em>Open trace file</em>; it reads the .gz as is), or in "
+        "<code>chrome://tracing</code>. Each rank is a process named <em>rank N (host)</em>; ranks are aligned on their collectives where there are any.</p>"
+    )
+
+
+def render_report(summary: Summary, manifest: Manifest | None = None, memory: str = "") -> str:
+    """The report as an HTML string; ``memory`` is the rendered memory section, if one was recorded."""
     steps = f"{summary.steps[0]}–{summary.steps[-1]}" if summary.steps else "none"
     spread = ""
     if summary.step_spread:
         sp = summary.step_spread
         spread = f"; step time {sp.min_ms:.1f}–{sp.max_ms:.1f} ms across ranks (spread {sp.spread:.0%})"
+        if sp.late_ranks:
+            # The longest steps are the waiters': say who they wait for, so a waiter is not taken for the slow one.
+            spread += (
+                f"; ranks {', '.join(map(str, sp.late_ranks))} start their steps up to {sp.arrival_spread_ms:.1f} ms late"
+                f" and ranks {', '.join(map(str, sp.waiting_ranks)) or 'none'} wait for them"
+            )
     title = f"rayprof report: {manifest.target} / {manifest.profile_id}" if manifest else "rayprof report"
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title><style>{_CSS}</style></head><body>'
@@ -199,15 +216,15 @@ def render_report(summary: Summary, manifest: Manifest | None = None) -> str:
         f"<h2>Where each rank's step goes</h2>{_phase_bars(summary.ranks)}"
         f"<h2>Step time</h2>{_step_chart(summary.ranks)}"
         f"<h2>Top operators</h2>{_top_ops(summary.ranks)}"
-        f"{_problems(summary)}{_artifacts(manifest)}"
+        f"{memory}{_problems(summary)}{_perfetto(manifest)}{_artifacts(manifest)}"
         "</body></html>"
     )
 
 
-def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = None) -> Path:
+def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = None, memory: str = "") -> Path:
     """Write ``report.html`` (temp name, then rename) and return its path."""
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
-    tmp.write_text(render_report(summary, manifest), encoding="utf-8")
+    tmp.write_text(render_report(summary, manifest, memory), encoding="utf-8")
     os.replace(tmp, out_path)
     return out_path

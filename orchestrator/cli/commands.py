@@ -228,6 +228,7 @@ def download(args: argparse.Namespace) -> int:
 def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
     """Analyse a folder of traces; writes ``report.html`` into it when ``write``."""
     from orchestrator.analysis import analyze_folder
+    from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
 
     if not folder.is_dir():
@@ -235,7 +236,8 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
     summary = analyze_folder(folder)
     manifest_path = folder / "manifest.json"
     manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
-    report = write_report(summary, folder / "report.html", manifest) if write and summary.ranks else None
+    memory = render_memory_section(*load_timelines(folder))
+    report = write_report(summary, folder / "report.html", manifest, memory) if write and summary.ranks else None
     if args.json:
         emit_json({"summary": summary, "report": report})
     else:

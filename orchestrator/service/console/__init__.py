@@ -19,10 +19,8 @@ control actor); ``router`` holds both them and the static routes, and
 # No ``from __future__ import annotations``: Serve's class-based ingress needs
 # real annotations on route signatures (see orchestrator/service/app.py).
 import asyncio
-import gzip
 import hashlib
 import hmac
-import json
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -35,7 +33,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.analysis.diff import ProfileDiff
-from orchestrator.errors import NotFoundError
+from orchestrator.analysis.memory_chart import downsample, parse_timeline
+from orchestrator.errors import IntegrityError, NotFoundError
 from orchestrator.models import Artifact, ArtifactKind, ControllerConfig, Manifest
 from orchestrator.service.security import Guard
 
@@ -43,9 +42,6 @@ __all__ = ["CONSOLE_CSP", "LINK_TTL_S", "ArtifactLink", "ConsoleRoutes", "Profil
 
 LINK_TTL_S = 15 * 60
 """How long a signed artifact URL works."""
-MEMORY_POINTS = 2000
-"""A memory timeline is cut to this many points per device before it goes to the browser."""
-
 CONSOLE_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -123,22 +119,6 @@ def _find(manifest: Manifest, key: str) -> tuple[Artifact, int | None]:
         if artifact.key == key:
             return artifact, None
     raise NotFoundError(f"profile {manifest.profile_id} lists no artifact {key!r}", profile_id=manifest.profile_id)
-
-
-def _downsample(series: dict[str, Any]) -> dict[str, Any]:
-    """Every n-th point, plus each window's peak, so a spike survives the cut."""
-    ts, alloc, reserved = series.get("ts_us", []), series.get("allocated_bytes", []), series.get("reserved_bytes", [])
-    stride = max(1, -(-len(ts) // MEMORY_POINTS))
-    keep = []
-    for start in range(0, len(ts), stride):
-        window = range(start, min(start + stride, len(ts)))
-        keep.append(max(window, key=lambda i: alloc[i]))
-    return {
-        "ts_us": [ts[i] for i in keep],
-        "allocated_bytes": [alloc[i] for i in keep],
-        "reserved_bytes": [reserved[i] for i in keep] if len(reserved) == len(ts) else [],
-        "peak_allocated_bytes": series.get("peak_allocated_bytes", max(alloc, default=0)),
-    }
 
 
 class ConsoleRoutes:
@@ -234,6 +214,8 @@ class ConsoleRoutes:
                 f"rank {rank} of profile {profile_id} recorded no memory timeline (profile with profile_memory)",
                 profile_id=profile_id,
             )
-        timeline = json.loads(gzip.decompress(await self._manifest_bytes(manifest, found[0])))
-        devices = {name: _downsample(series) for name, series in (timeline.get("devices") or {}).items()}
-        return {"rank": rank, "base_time_ns": timeline.get("base_time_ns"), "devices": devices}
+        try:
+            timeline = parse_timeline(await self._manifest_bytes(manifest, found[0]))
+        except ValueError as e:
+            raise IntegrityError(f"rank {rank}'s memory timeline of {profile_id} is unreadable: {e}") from e
+        return {"rank": rank, "devices": {name: downsample(s).model_dump() for name, s in timeline.items()}}

@@ -1,0 +1,141 @@
+"""Device-side statistics of one rank: busy time, collectives, copies.
+
+Two views of the same device spans:
+
+* per analysed window (a ``ProfilerStep#N``, or the whole trace when it has
+  none): busy time, kernel time, collective time and how much of it no
+  compute kernel hides. These feed the per-step breakdown and the findings.
+* over the device's *active span* (first device event to last, of the events
+  launched inside the analysed windows but the last): busy, compute and idle shares and
+  the communication/computation overlap, defined as Holistic Trace Analysis
+  defines them (``get_temporal_breakdown``, ``get_comm_comp_overlap``), so the
+  two tools can be checked against each other.
+
+Copies are split by direction (HtoD, DtoH, DtoD...) and host memory kind
+(pageable, pinned), from the device copy's name, because each has its own cause
+and fix: a pageable upload blocks the host, a download makes the host wait for
+the device, a device-to-device copy never involves the host.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Sequence
+
+from orchestrator.analysis.intervals import clip, intersect, subtract, total, union
+from orchestrator.analysis.models import CopyStats, GpuStats
+from orchestrator.analysis.spans import CopyKind, copy_kind, is_comm_kernel, is_compute_kernel
+from orchestrator.traces.loader import Span
+
+__all__ = ["DeviceView", "WindowGpu"]
+
+Window = tuple[float, float]
+
+
+class WindowGpu:
+    """Device time inside one analysed window, in µs."""
+
+    __slots__ = ("busy", "comm", "exposed", "kernel")
+
+    def __init__(self, busy: float, kernel: float, comm: float, exposed: float) -> None:
+        self.busy, self.kernel, self.comm, self.exposed = busy, kernel, comm, exposed
+
+
+class DeviceView:
+    """One rank's device spans, indexed for per-window and whole-span questions."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.spans = list(spans)
+        self.busy = union((s.ts, s.end) for s in self.spans)
+        self.comm = union((s.ts, s.end) for s in self.spans if is_comm_kernel(s))
+        self.compute = union((s.ts, s.end) for s in self.spans if is_compute_kernel(s))
+        # correlation id -> (direction, memory) of the device copy it started.
+        copies = [s for s in self.spans if s.cat == "gpu_memcpy" and s.correlation is not None]
+        self.copy_by_correlation: dict[int, CopyKind] = {s.correlation: copy_kind(s) for s in copies}
+        # correlation id -> when the device began the copy: a host wait before it is for earlier queued work.
+        self.copy_start: dict[int, float] = {s.correlation: s.ts for s in copies}
+
+    def window(self, t0: float, t1: float, kernel_us: float) -> WindowGpu:
+        """Busy, kernel, collective and exposed-collective µs inside ``[t0, t1)``."""
+        comm_in = clip(self.comm, t0, t1)
+        exposed = total(subtract(comm_in, clip(self.compute, t0, t1)))
+        return WindowGpu(total(clip(self.busy, t0, t1)), kernel_us, total(comm_in), exposed)
+
+    def kernel_us_per_window(self, windows: Sequence[Window]) -> list[float]:
+        """Kernel µs charged to the window each kernel *starts* in (kernels queued late run into the next)."""
+        out = [0.0] * len(windows)
+        for s in self.spans:
+            if s.cat in ("kernel", "mtia_ccp_events") and (i := _window_of(windows, s.ts)) is not None:
+                out[i] += s.end - s.ts
+        return out
+
+    def stats(self, windows: Sequence[Window], rows: Sequence[WindowGpu], launches: dict[int, float]) -> GpuStats:
+        """Totals over the windows, and the active-span shares (HTA's definitions).
+
+        Like HTA, the active span leaves out the device work launched in the
+        last step when there are several (it may run past the end of the
+        trace): it holds the device events whose launching call (``launches``:
+        correlation id -> host start) starts before the last step does. With
+        one window (one step, or a trace without steps) it is the whole trace.
+        """
+        n = max(len(rows), 1)
+        duration = sum(t1 - t0 for t0, t1 in windows)
+        busy = sum(r.busy for r in rows)
+        last = windows[-1][0]
+        if len(windows) < 2:
+            inside = self.spans  # one window or none: HTA takes the whole trace
+        else:
+            # Device work whose launch the trace did not record (begun before the profiler) is left out, as HTA does.
+            inside = [s for s in self.spans if s.correlation in launches and launches[s.correlation] < last]
+        active = union((s.ts, s.end) for s in inside)
+        extent = active[-1][1] - active[0][0] if active else 0.0
+        compute = union((s.ts, s.end) for s in inside if is_compute_kernel(s))
+        comm = union((s.ts, s.end) for s in inside if is_comm_kernel(s))
+        return GpuStats(
+            utilization=busy / duration if duration else 0.0,
+            busy_ms_per_step=busy / 1000 / n,
+            idle_ms_per_step=(duration - busy) / 1000 / n,
+            kernel_ms_per_step=sum(r.kernel for r in rows) / 1000 / n,
+            comm_kernel_ms_per_step=sum(r.comm for r in rows) / 1000 / n,
+            comm_exposed_ms_per_step=sum(r.exposed for r in rows) / 1000 / n,
+            active_span_ms=extent / 1000,
+            active_busy_share=total(active) / extent if extent else 0.0,
+            active_compute_share=total(compute) / extent if extent else 0.0,
+            comm_overlap=total(intersect(comm, compute)) / total(comm) if comm else None,
+        )
+
+    def in_windows(self, windows: Sequence[Window]) -> list[Span]:
+        """The device spans that start inside one of the windows."""
+        return [s for s in self.spans if _window_of(windows, s.ts) is not None]
+
+    def copies(self, windows: Sequence[Window], host_calls: Sequence[Span]) -> list[CopyStats]:
+        """Copies per direction and memory kind: count and device time per window, host time blocked in their calls."""
+        n = max(len(windows), 1)
+        acc: dict[CopyKind, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        for s in self.in_windows(windows):
+            if s.cat == "gpu_memcpy":
+                row = acc[copy_kind(s)]
+                row[0] += 1
+                row[1] += s.end - s.ts
+        for call in host_calls:
+            kind = self.copy_by_correlation.get(call.correlation) if call.correlation is not None else None
+            if kind is not None and kind in acc:
+                acc[kind][2] += total(intersect([(call.ts, call.end)], union(windows)))
+        return [
+            CopyStats(
+                direction=direction,
+                host_memory=memory,
+                calls_per_step=row[0] / n,
+                device_ms_per_step=row[1] / 1000 / n,
+                host_blocked_ms_per_step=row[2] / 1000 / n,
+            )
+            for (direction, memory), row in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        ]
+
+
+
+def _window_of(windows: Sequence[Window], ts: float) -> int | None:
+    """Index of the window (sorted, disjoint) that ``ts`` falls in, if any."""
+    i = bisect.bisect_right(windows, ts, key=lambda w: w[0]) - 1
+    return i if i >= 0 and ts < windows[i][1] else None

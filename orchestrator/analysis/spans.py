@@ -1,0 +1,134 @@
+"""What a span is: the name and category rules every analysis module shares.
+
+One home for "is this a sync / a collective / backward / a copy, and which
+kind": the phase split (:mod:`orchestrator.analysis.rank`) and the device
+statistics (:mod:`orchestrator.analysis.device`) ask these functions, never
+the names directly.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from orchestrator.traces.loader import Span
+
+__all__ = [
+    "COPY_OPS",
+    "DEVICE_CATEGORIES",
+    "HOST_CATEGORIES",
+    "CopyDirection",
+    "CopyKind",
+    "HostMemory",
+    "copy_kind",
+    "is_backward",
+    "is_comm",
+    "is_comm_kernel",
+    "is_compute_kernel",
+    "is_copy_call",
+    "is_data",
+    "is_forward",
+    "is_optimizer",
+    "is_sync",
+]
+
+CopyDirection = Literal["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"]
+HostMemory = Literal["pageable", "pinned"]
+CopyKind = tuple[CopyDirection, HostMemory | None]
+
+_SYNC_NAMES = frozenset(
+    {
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+    }
+)
+_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:")
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+# Device-side work: CUDA/ROCm kernels, copies and memsets, MTIA's command processor events.
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+HOST_CATEGORIES = frozenset(
+    {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "mtia_runtime"}
+)
+_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
+# A record_function or autograd node that names backward: "## backward ##",
+# "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
+_BACKWARD = re.compile(r"backward", re.IGNORECASE)
+# HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it.
+_COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+_MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+_COPY_NAME = re.compile(r"Memcpy (?P<dir>HtoD|DtoH|DtoD|HtoH|PtoP)\b(?: \((?P<src>\w+) -> (?P<dst>\w+)\))?")
+
+
+def is_sync(span: Span) -> bool:
+    """A call that blocks the host until the device catches up."""
+    return span.name in _SYNC_NAMES
+
+
+def is_comm(span: Span) -> bool:
+    """A host-side collective call or its worker span."""
+    return span.name.startswith(_COMM_PREFIXES) or span.name == "record_param_comms"
+
+
+def is_copy_call(span: Span) -> bool:
+    """A host-side runtime call that starts a copy (``cudaMemcpyAsync``, ``hipMemcpyWithStream``...)."""
+    return span.cat in _RUNTIME_CATEGORIES and "Memcpy" in span.name
+
+
+def is_data(span: Span) -> bool:
+    """A DataLoader ``__next__`` span."""
+    return span.name.startswith("enumerate(DataLoader)#") or (span.cat == "python_function" and "_next_data" in span.name)
+
+
+def is_optimizer(span: Span) -> bool:
+    """``Optimizer.step`` / ``zero_grad``, as the optimizer's profiling hook names them."""
+    return span.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+
+
+def is_backward(span: Span) -> bool:
+    """An autograd node or a ``record_function`` that names backward, on any host thread."""
+    return span.cat in ("cpu_op", "user_annotation") and _BACKWARD.search(span.name) is not None and not is_comm(span)
+
+
+def is_forward(span: Span) -> bool:
+    """A module's forward: ``*.forward`` annotations, ``nn.Module:`` spans, or ``## forward ##``."""
+    if span.name.startswith("nn.Module:"):
+        return True
+    return span.cat == "user_annotation" and (span.name.endswith(".forward") or span.name.strip("# ") == "forward")
+
+
+def is_comm_kernel(span: Span) -> bool:
+    """A collective's device kernel (NCCL / RCCL)."""
+    return span.cat == "kernel" and _COMM_KERNEL.match(span.name) is not None
+
+
+def is_compute_kernel(span: Span) -> bool:
+    """Device work that computes: not a collective, copy, memset, DMA or sync (HTA's COMPUTATION)."""
+    return (
+        span.cat in ("kernel", "mtia_ccp_events")
+        and _MEMORY_KERNEL.match(span.name) is None
+        and _NOT_COMPUTE.match(span.name) is None
+    )
+
+
+def copy_kind(span: Span) -> CopyKind:
+    """Direction and host memory kind of a device copy, from its name.
+
+    Kineto names copies ``Memcpy HtoD (Pageable -> Device)``; PyTorch 1.8 wrote
+    ``Memcpy HtoD`` alone, and MTIA's DMA has no direction (``other``).
+    """
+    m = _COPY_NAME.search(span.name)
+    if m is None:
+        return ("other", None)
+    direction: CopyDirection = m["dir"]  # type: ignore[assignment]
+    host_side = m["src"] if direction == "HtoD" else m["dst"] if direction == "DtoH" else None
+    memory: HostMemory | None = None
+    if host_side in ("Pageable", "Pinned"):
+        memory = "pageable" if host_side == "Pageable" else "pinned"
+    return (direction, memory)
