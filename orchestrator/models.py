@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from orchestrator.merge_stats import MergeStats
 from orchestrator.settings import (
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
@@ -33,6 +34,7 @@ __all__ = [
     "Manifest",
     "Name",
     "ProfileOptions",
+    "PostprocessProgress",
     "ProfilePage",
     "ProfileRequest",
     "ProfileState",
@@ -331,6 +333,17 @@ class RankResult(StrictModel):
         return sum(a.bytes for a in self.artifacts)
 
 
+class PostprocessProgress(StrictModel):
+    """Per-rank postprocessing done so far, e.g. "analysing 12/64 ranks"."""
+
+    phase: Literal["analysing", "scanning", "merging"]
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+    def __str__(self) -> str:
+        return f"{self.phase} {self.done}/{self.total} ranks"
+
+
 class ProfileStatus(StrictModel):
     """A profile request as the controller sees it now."""
 
@@ -353,6 +366,9 @@ class ProfileStatus(StrictModel):
     capture_started_at: datetime | None = None
     finished_at: datetime | None = None
     trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
+    postprocess: PostprocessProgress | None = Field(
+        default=None, description="While COLLECTING: how far the per-rank analysis and merge have got."
+    )
 
 
 class ProfilePage(StrictModel):
@@ -387,6 +403,9 @@ class Manifest(StrictModel):
     summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
     analysis_error: str | None = None
     trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
+    merge: MergeStats | None = Field(
+        default=None, description="What the merged trace holds: its budget, what was dropped, each rank's clock alignment."
+    )
 
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""

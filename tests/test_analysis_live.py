@@ -55,6 +55,9 @@ def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
     assert [r.rank for r in summary.ranks] == [0, 1]
     assert summary.steps == [manifest.start_step, manifest.start_step + 1]
     assert Summary.model_validate_json(json.dumps(manifest.summary)) == summary
+    # The per-rank Ray tasks' merge: its budget and each rank's clock alignment are in the manifest.
+    assert manifest.merge is not None and manifest.merge.ranks == [0, 1]
+    assert [a.rank for a in manifest.merge.alignment] == [0, 1] and manifest.merge.events > 0
 
 
 # Before the planted jobs start (their module fixture starts at first use):

@@ -1,8 +1,15 @@
-"""Run a profile's merge and analysis as a Ray task, bounded by its own timeout.
+"""Run a profile's analysis and merge with per-rank Ray tasks, bounded by its own timeout.
+
+The join (cross-rank analysis, assembling the merged trace from the ranks'
+compressed parts, the report) runs in a thread of the controller, so its
+event loop stays responsive; the parsing runs in the tasks
+(:mod:`actors.controller.fanout`). While it runs, the profile's status says
+how far it got ("analysing 12/64 ranks").
 
 A failed or timed-out analysis never fails the profile: the manifest says
-what went wrong. A task that runs past its timeout is cancelled, so it never
-uploads files that no manifest lists.
+what went wrong. Past ``RAYPROF_POSTPROCESS_TIMEOUT_S`` the tasks are
+cancelled and whatever the join managed to upload is deleted, so storage
+never holds files that no manifest lists.
 """
 
 from __future__ import annotations
@@ -12,27 +19,46 @@ import logging
 
 import ray
 
+from actors.controller.fanout import RayRankMap
 from actors.controller.state import Profile
+from orchestrator import settings
 from orchestrator.analysis.postprocess import PostprocessResult, postprocess
-from orchestrator.models import Manifest, StorageSpec
+from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
+from orchestrator.models import Manifest, PostprocessProgress
+from orchestrator.storage import open_storage
 
 __all__ = ["postprocess_in_task"]
 
 logger = logging.getLogger(__name__)
+_CANCEL_GRACE_S = 30.0  # for the join to notice the cancel (or finish an upload) before its files are removed
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def _postprocess_task(spec: StorageSpec, prefix: str, draft: Manifest) -> PostprocessResult:
-    return postprocess(spec, prefix, draft)
+def _cluster_cpus() -> int:
+    return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1
 
 
 async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: float) -> Manifest:
-    """``draft`` with the merged trace, report and summary added, or with ``analysis_error`` set."""
-    ref = _postprocess_task.remote(profile.storage, profile.prefix, draft)
+    """``draft`` with the merged trace, report, summary and merge stats added, or with ``analysis_error`` set."""
+    loop = asyncio.get_running_loop()
+
+    def progress(p: PostprocessProgress) -> None:
+        loop.call_soon_threadsafe(setattr, profile, "postprocess", p)
+
+    fan = RayRankMap(progress, in_flight=_cluster_cpus())
+    max_bytes = settings.env_int(settings.MAX_MERGED_BYTES_ENV_VAR, settings.DEFAULT_MAX_MERGED_BYTES)
+    job = asyncio.ensure_future(
+        asyncio.to_thread(postprocess, profile.storage, profile.prefix, draft, max_bytes=max_bytes, rank_map=fan)
+    )
     try:
-        result: PostprocessResult = await asyncio.wait_for(asyncio.shield(ref), timeout_s)
+        result: PostprocessResult = await asyncio.wait_for(asyncio.shield(job), timeout_s)
     except TimeoutError:
-        ray.cancel(ref, force=True)
+        fan.cancel()
+        done, _ = await asyncio.wait([job], timeout=_CANCEL_GRACE_S)
+        for finished in done:
+            finished.exception()  # PostprocessCancelled is the expected end; retrieved so it is not logged as lost
+        storage = open_storage(profile.storage)
+        for name in (MERGED_TRACE_NAME, REPORT_NAME):
+            await asyncio.to_thread(storage.delete, f"{profile.prefix}/{name}")
         logger.warning("rayprof controller: analysis of %s ran past %gs; cancelled", profile.id, timeout_s)
         return draft.model_copy(
             update={"analysis_error": f"analysis ran past its {timeout_s:g}s timeout (RAYPROF_POSTPROCESS_TIMEOUT_S)"}
@@ -40,4 +66,6 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
     except Exception as e:
         logger.warning("rayprof controller: analysis of %s failed: %s", profile.id, e)
         return draft.model_copy(update={"analysis_error": f"{type(e).__name__}: {str(e)[:500]}"})
-    return draft.model_copy(update={"artifacts": result.artifacts, "summary": result.summary})
+    finally:
+        loop.call_soon(setattr, profile, "postprocess", None)
+    return draft.model_copy(update={"artifacts": result.artifacts, "summary": result.summary, "merge": result.merge})

@@ -22,6 +22,7 @@ from orchestrator.layout import profile_prefix
 from orchestrator.models import (
     BundleKind,
     Manifest,
+    PostprocessProgress,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
@@ -99,6 +100,8 @@ class Profile:
     manifest: Manifest | None = None
     kind: BundleKind = "profile"
     trigger: Trigger | None = None
+    # Set while COLLECTING by the postprocess's per-rank tasks.
+    postprocess: PostprocessProgress | None = None
 
     @property
     def target(self) -> str:
@@ -137,6 +140,7 @@ class Profile:
             scheduled_at=self.scheduled_at,
             capture_started_at=self.capture_started_at,
             finished_at=self.finished_at,
+            postprocess=self.postprocess,
         )
 
     @classmethod

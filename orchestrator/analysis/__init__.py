@@ -10,36 +10,48 @@ results (:mod:`orchestrator.analysis.cross`, :mod:`orchestrator.analysis.finding
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
-from orchestrator.traces.loader import RejectedTrace, TraceSet, discover_traces, load_rank
+from orchestrator.traces.fanout import RankMap, serial
+from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
 from orchestrator.traces.stream import TraceParseError
 
-__all__ = ["Finding", "RankSummary", "Summary", "analyze_folder", "analyze_traces"]
+__all__ = ["Finding", "RankSummary", "Summary", "analyze_file", "analyze_folder", "analyze_traces"]
 
 
-def analyze_folder(path: Path, *, straggler_impl: StragglerImpl = stragglers) -> Summary:
+def analyze_folder(
+    path: Path, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
+) -> Summary:
     """Analyse a profile folder (``{profile}/traces/...``) or a plain folder of ``*.pt.trace.json[.gz]``.
 
     Raises ``FileNotFoundError`` when ``path`` is not a folder. Unusable files
     are listed in ``Summary.rejected`` with their reason; the other ranks are
     still analysed.
     """
-    return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl)
+    return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl, rank_map=rank_map)
 
 
-def analyze_traces(traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers) -> Summary:
-    """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm."""
+def analyze_file(trace_file: TraceFile, _: Any = None) -> RankSummary | RejectedTrace:
+    """One rank on its own (the part a fan-out runs where the file is): its summary, or why it was refused."""
+    try:
+        return analyze_rank(load_rank(trace_file))
+    except TraceParseError as exc:
+        return RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}")
+
+
+def analyze_traces(
+    traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
+) -> Summary:
+    """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm, ``rank_map``
+    runs the per-rank part (:func:`analyze_file`), and the cross-rank part joins the small summaries here."""
     ranks: list[RankSummary] = []
     rejected: list[RejectedTrace] = list(traces.rejected)
-    for trace_file in traces.files:
-        try:
-            ranks.append(analyze_rank(load_rank(trace_file)))
-        except TraceParseError as exc:
-            rejected.append(RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}"))
+    for result in rank_map(analyze_file, [(tf, None) for tf in traces.files], "analysing"):
+        (rejected if isinstance(result, RejectedTrace) else ranks).append(result)  # type: ignore[arg-type]
     issues = list(traces.issues)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
     arr = arrivals(ranks)

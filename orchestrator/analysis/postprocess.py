@@ -1,9 +1,13 @@
-"""After the ranks finish: merge their traces, analyse them, write the report.
+"""After the ranks finish: analyse and merge their traces, write the report.
 
-Runs as a Ray task so the controller's event loop stays responsive while
-traces are parsed. It downloads the rank traces it is given (verifying
-sha256), and uploads ``merged.trace.json.gz`` and ``report.html`` beside
-them; the controller then lists both in the manifest and writes it last.
+The per-rank work (parse, per-rank summary, the merge's scan and its
+compressed part) goes through a :data:`~orchestrator.traces.fanout.RankMap`:
+in the controller, one Ray task per rank that fetches its own trace from
+storage (sha256 checked), so the cluster does the parsing. What comes back is
+small; the cross-rank analysis, the merged file's assembly and the report are
+done here, and ``merged.trace.json.gz`` and ``report.html`` are uploaded
+beside the traces. The controller then lists both in the manifest, with the
+merge's :class:`~orchestrator.traces.merge_plan.MergeStats`, and writes it last.
 """
 
 from __future__ import annotations
@@ -14,43 +18,68 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.analysis import analyze_folder
+from orchestrator.analysis import analyze_traces
 from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models import Artifact, Manifest, StorageSpec
 from orchestrator.storage import open_storage
+from orchestrator.traces.fanout import RankMap, fetching, serial
+from orchestrator.traces.loader import TraceFile, TraceSet
 from orchestrator.traces.merge import merge_traces
+from orchestrator.traces.merge_plan import MergeStats
 
-__all__ = ["PostprocessResult", "postprocess"]
+__all__ = ["PostprocessResult", "postprocess", "rank_traces"]
 
 
 class PostprocessResult(BaseModel):
-    """Profile-level artifacts and the machine-readable summary."""
+    """Profile-level artifacts, the machine-readable summary and what the merge kept."""
 
     model_config = ConfigDict(frozen=True)
 
     artifacts: list[Artifact]
     summary: dict[str, Any]
+    merge: MergeStats
 
 
-def postprocess(spec: StorageSpec, prefix: str, draft: Manifest) -> PostprocessResult:
-    """Merge and analyse the traces ``draft`` lists; upload the merged trace and report."""
+def rank_traces(draft: Manifest) -> tuple[list[TraceFile], dict[Path, str]]:
+    """The ranks' traces as the manifest lists them (``path`` is the key under the profile's folder), and
+    their checksums. Rank, host and base time come from the manifest, so nothing is read to plan the work."""
+    world_size = draft.cluster.get("world_size")
+    files: list[TraceFile] = []
+    sha256: dict[Path, str] = {}
+    for rank in draft.ranks:
+        for artifact in rank.artifacts:
+            if artifact.kind == "trace":
+                key = Path(artifact.key)
+                files.append(
+                    TraceFile(
+                        rank=rank.rank, path=key, host=rank.host, base_time_ns=rank.base_time_ns or 0,
+                        world_size=world_size if isinstance(world_size, int) else None,
+                    )
+                )
+                sha256[key] = artifact.sha256
+    return files, sha256
+
+
+def postprocess(
+    spec: StorageSpec, prefix: str, draft: Manifest, *, max_bytes: int | None = None, rank_map: RankMap = serial
+) -> PostprocessResult:
+    """Analyse and merge the traces ``draft`` lists; upload the merged trace and report."""
     storage = open_storage(spec)
+    files, sha256 = rank_traces(draft)
+    each_rank = fetching(rank_map, spec, prefix, sha256)
+    traces = TraceSet(folder=Path(prefix), files=files, rejected=[], issues=[])
+    summary = analyze_traces(traces, rank_map=each_rank).model_copy(update={"source": draft.storage_uri})
     with tempfile.TemporaryDirectory(prefix="rayprof-post-") as tmp:
         folder = Path(tmp)
-        inputs = []
-        for rank in draft.ranks:
+        for rank in draft.ranks:  # memory timelines are small: the report reads them here
             for artifact in rank.artifacts:
-                if artifact.kind == "trace":
-                    local = storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
-                    inputs.append((rank.rank, rank.host, local))
-                elif artifact.kind == "memory_timeline":
+                if artifact.kind == "memory_timeline":
                     storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
-        merge_traces(inputs, folder / MERGED_TRACE_NAME)
+        stats = merge_traces(files, folder / MERGED_TRACE_NAME, max_bytes=max_bytes, rank_map=each_rank)
         merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
-        summary = analyze_folder(folder).model_copy(update={"source": draft.storage_uri})
-        with_merged = draft.model_copy(update={"artifacts": [merged]})
+        with_merged = draft.model_copy(update={"artifacts": [merged], "merge": stats})
         write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))
         report = storage.put_file(folder / REPORT_NAME, f"{prefix}/{REPORT_NAME}", "report", folder=prefix)
-    return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"))
+    return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"), merge=stats)

@@ -28,6 +28,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.layout import TRACE_SUFFIXES, parse_trace_name, rank_in_name
+from orchestrator.merge_stats import RejectedTrace
 from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
 __all__ = [
@@ -87,14 +88,6 @@ class TraceFile(_Model):
     base_time_ns: int = 0
     # Where the rank came from; "lone file" and "file order" mean the trace named none.
     rank_source: RankSource = "distributedInfo"
-
-
-class RejectedTrace(_Model):
-    """A file that could not stand for a rank, and why."""
-
-    path: Path
-    rank: int | None = None
-    reason: str
 
 
 class TraceSet(_Model):

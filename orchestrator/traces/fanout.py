@@ -1,0 +1,82 @@
+"""How per-rank work is spread: the seam between the trace code and whatever runs it.
+
+Merging and analysis call a :data:`RankMap` with a module-level function and
+``(trace file, argument)`` pairs; it returns the results in the same order.
+:func:`serial` runs them here, :func:`process_pool` in local processes (the
+CLI and benchmarks), and the controller runs each as a Ray task on the
+cluster (:mod:`actors.controller.fanout`), fetching the rank's file where the
+task lands. Results are small (summaries, histograms, compressed parts), so
+the caller joins them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from orchestrator.models import StorageSpec
+from orchestrator.storage import open_storage
+from orchestrator.traces.loader import RejectedTrace, TraceFile
+
+__all__ = ["RankFn", "RankMap", "fetching", "process_pool", "serial"]
+
+R = TypeVar("R")
+RankFn = Callable[[TraceFile, Any], R]
+
+
+class RankMap(Protocol):
+    def __call__(self, fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str) -> Iterator[R]:
+        """``fn(trace, arg)`` for every pair, results in order; ``phase`` names the step for progress."""
+        ...
+
+
+def serial(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
+    """One rank after another, in this process."""
+    return (fn(tf, arg) for tf, arg in items)
+
+
+def _call(job: tuple[RankFn[R], TraceFile, Any]) -> R:
+    fn, tf, arg = job
+    return fn(tf, arg)
+
+
+@contextmanager
+def process_pool(workers: int) -> Iterator[RankMap]:
+    """A :data:`RankMap` over ``workers`` local processes (spawned: no state leaks from the caller)."""
+    import multiprocessing
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+
+        def run(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
+            # chunksize 1: ranks differ in size, and results stream back in order.
+            return pool.map(_call, [(fn, tf, arg) for tf, arg in items], chunksize=1)
+
+        yield run
+
+
+class _FetchThen:
+    """``fn`` on a local copy of the rank's file, downloaded (sha256 checked) where it runs, then deleted."""
+
+    def __init__(self, fn: RankFn[Any], spec: StorageSpec, prefix: str) -> None:
+        self.fn, self.spec, self.prefix = fn, spec, prefix
+
+    def __call__(self, tf: TraceFile, packed: tuple[Any, str]) -> Any:
+        arg, sha256 = packed
+        with tempfile.TemporaryDirectory(prefix="rayprof-rank-") as tmp:
+            local = open_storage(self.spec).download(f"{self.prefix}/{tf.path}", Path(tmp) / tf.path.name, sha256)
+            result = self.fn(tf.model_copy(update={"path": local}), arg)
+        # Name the file by its key, not by the copy that is gone.
+        return result.model_copy(update={"path": tf.path}) if isinstance(result, RejectedTrace) else result
+
+
+def fetching(rank_map: RankMap, spec: StorageSpec, prefix: str, sha256: dict[Path, str]) -> RankMap:
+    """``rank_map`` over trace files whose ``path`` is a storage key under ``prefix``: each call fetches its file."""
+
+    def run(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
+        return rank_map(_FetchThen(fn, spec, prefix), [(tf, (arg, sha256[tf.path])) for tf, arg in items], phase)
+
+    return run

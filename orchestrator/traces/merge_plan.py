@@ -1,0 +1,224 @@
+"""The merge's first pass and its budget: what each rank would cost, how clocks line up, what fits.
+
+:func:`scan_rank` reads one rank (typed, args left undecoded) into a small
+:class:`RankScan`: the bytes each kind of event would take, by duration, and
+the end times of its collectives. It runs once per rank, in parallel where a
+fan-out is given (see :mod:`orchestrator.traces.fanout`); :func:`align` and
+:func:`plan` join the scans of all ranks in the caller.
+
+Kinds of events, most kept first (``tier``): metadata and ``ProfilerStep#``
+markers; collectives and copies; other spans (ops, kernels, runtime calls);
+flows, instants and counters. Over budget, a tier is kept down to the
+duration that fills what is left of it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import zlib
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from orchestrator import settings
+from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category
+from orchestrator.traces.stream import TraceParseError, TraceReader
+
+__all__ = [
+    "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "ScanEvent",
+    "align", "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank",
+]
+
+MARKER, COMM, SPAN, OTHER = range(4)
+TIER_NAMES = ("markers", "collectives and copies", "ops and kernels", "flows, instants and counters")
+_PROCESS_METADATA = frozenset({"process_name", "process_labels", "process_sort_index"})
+_HOST_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms")
+_MAX_COLLECTIVES = 4096  # per rank: plenty for a median, bounded memory
+_SAFETY = 0.95  # the estimate runs above the written size; this covers the rest
+
+
+class ScanEvent(msgspec.Struct):
+    """The fields both passes read; ``args`` stays raw bytes (its length is the size estimate)."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.Raw()
+
+
+def bucket_floor_us(b: int) -> float:
+    """The shortest duration in bucket ``b`` (0: keep everything; 256: nothing)."""
+    if b <= 0:
+        return -math.inf
+    return math.inf if b >= 256 else 2 ** ((b - 40) / 4)
+
+
+def classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
+    """(tier, whether it is a collective that ends together on every rank, whether it is a device event).
+
+    NCCL kernels and gloo's worker-thread ops end together on all ranks;
+    ``c10d::``, ``nccl:`` and ``record_param_comms`` host ops only enqueue the
+    work, so their ends drift and are not used to align clocks.
+    """
+    cat = canonical_category(raw_cat)
+    if ph == "M" or (ph == "X" and name.startswith("ProfilerStep#")):
+        return MARKER, False, False
+    if ph != "X":
+        return OTHER, False, False
+    device_comm = cat == "kernel" and "nccl" in name.lower()
+    if device_comm or name.startswith(_HOST_COMM_PREFIXES):
+        return COMM, device_comm or name.startswith("gloo:"), cat == "kernel"
+    if cat == "gpu_memcpy" or (cat in ("cuda_runtime", "cuda_driver") and "Memcpy" in name):
+        return COMM, False, False
+    return SPAN, False, False
+
+
+def new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any) -> bool:
+    """Whether a metadata event is written: process labels are replaced, repeats dropped."""
+    if not isinstance(name, str) or name in _PROCESS_METADATA:
+        return False
+    if not isinstance(pid, int | str) or not isinstance(tid, int | str | None):
+        return False
+    key = (name, pid, tid)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+@dataclass
+class RankScan:
+    """Pass 1 over one rank: byte estimates by tier and duration, collective end times, damage."""
+
+    rank: int
+    base_time_ns: int
+    histogram: list[int] = field(default_factory=lambda: [0] * (4 * 256))  # tier * 256 + bucket
+    ends: dict[bool, dict[str, list[float]]] = field(default_factory=lambda: {True: {}, False: {}})
+    # Each event's tier * 256 + duration bucket, in file order (uint16, zlib-compressed: a few KB per rank),
+    # so the write pass decides what to keep without decoding the events' fields again.
+    codes: bytes = b""
+    good_events: int | None = None  # events before damage, when damaged
+    reason: str | None = None
+    raw_bytes: int = 0
+    file_bytes: int = 0  # as stored (gzipped); measured where the rank is read, which may be another node
+
+    def tier(self, tier: int) -> list[int]:
+        return self.histogram[tier * 256 : (tier + 1) * 256]
+
+
+def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
+    """Read one rank once; a damaged file keeps what came before the damage."""
+    out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns, file_bytes=tf.path.stat().st_size)
+    ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
+    collectives = seen = 0
+    classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
+    metadata: set[tuple[Any, Any, Any]] = set()
+    histogram, log2 = out.histogram, math.log2
+    codes = array("H")
+    reader = TraceReader(tf.path, ScanEvent)
+    try:
+        for kind, _, batch in reader:
+            if kind == "key":
+                continue
+            for e in batch:
+                if e.ts is not None and not -TIME_RANGE_US < e.ts + e.dur < TIME_RANGE_US:
+                    raise TraceParseError(f"event {seen}: time {e.ts + e.dur:g} µs is beyond what any clock writes")
+                seen += 1
+                key = (e.ph, e.cat, e.name)
+                found = classes.get(key)
+                tier, together, device = found if found is not None else classes.setdefault(key, classify(*key))
+                # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
+                dur = e.dur
+                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+                code = tier * 256 + (b if b < 255 else 255)
+                codes.append(code)
+                if tier == MARKER and e.ph == "M" and not new_metadata(metadata, e.name, e.pid, e.tid):
+                    continue
+                histogram[code] += 90 + len(key[1]) + len(key[2]) + len(e.args)
+                if together and e.ts is not None and collectives < _MAX_COLLECTIVES:
+                    ends[device][e.name].append(e.ts + dur)
+                    collectives += 1
+    except TraceParseError as exc:
+        out.good_events, out.reason = seen, str(exc)
+    out.raw_bytes = reader.bytes_read
+    out.codes = zlib.compress(codes.tobytes(), 1)
+    # Files are not in time order across threads; the k-th of a name is the k-th in time.
+    out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in ends.items()}
+    return out
+
+
+def align(scans: list[RankScan], reference_ns: int) -> list[RankAlignment]:
+    """Each rank's shift: base time, refined by collective end times where ranks share some."""
+    base = {s.rank: (s.base_time_ns - reference_ns) / 1000 for s in scans}
+    device = all(s.ends[True] for s in scans)
+    with_comm = [s for s in scans if s.ends[device]]
+    ref = with_comm[0] if with_comm else None
+    out: dict[int, RankAlignment] = {}
+    for s in scans:
+        diffs: list[float] = []
+        if ref is not None and s is not ref:
+            for name, ends in s.ends[device].items():
+                ref_ends = ref.ends[device].get(name, [])
+                diffs += [(r + base[ref.rank]) - (e + base[s.rank]) for r, e in zip(ref_ends, ends)]
+        if not diffs:
+            out[s.rank] = RankAlignment(rank=s.rank, method="base time", shift_us=base[s.rank])
+            continue
+        offset = statistics.median(diffs)
+        residuals = [abs(d - offset) for d in diffs]
+        out[s.rank] = RankAlignment(
+            rank=s.rank, method="collectives", shift_us=base[s.rank] + offset, matched=len(diffs),
+            residual_us=statistics.median(residuals), max_residual_us=max(residuals),
+        )
+    if ref is not None and any(a.method == "collectives" for a in out.values()):
+        # The reference defines the merged clock: its residual is zero by construction.
+        out[ref.rank] = RankAlignment(
+            rank=ref.rank, method="collectives", shift_us=base[ref.rank], residual_us=0.0, max_residual_us=0.0
+        )
+    return [out[s.rank] for s in scans]
+
+
+def _threshold(histogram: list[int], room: float) -> int:
+    """The lowest bucket such that it and every longer one fit in ``room`` bytes (256: none fit)."""
+    used = 0
+    for b in range(255, -1, -1):
+        used += histogram[b]
+        if used > room:
+            return b + 1
+    return 0
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """Min duration bucket per tier (0: all, 256: none), each rank's byte cap, and why anything is left out."""
+
+    keep: tuple[int, int, int, int]
+    caps: dict[int, int]
+    why: str | None
+
+
+def plan(scans: list[RankScan], max_bytes: int, cap: int) -> MergePlan:
+    """What fits ``max_bytes``; ``cap`` (the hard limit on events written) is shared by the ranks'
+    estimated kept bytes, so a rank whose estimate ran low cannot starve the ranks after it."""
+    merged = [[sum(col) for col in zip(*(s.tier(t) for s in scans))] or [0] * 256 for t in range(4)]
+    totals = [sum(h) for h in merged]
+    keep, why = (0, 0, 0, 0), None
+    if sum(totals) > max_bytes * _SAFETY:
+        room = max_bytes * _SAFETY - totals[MARKER]
+        comm = _threshold(merged[COMM], room)
+        keep = (0, comm, _threshold(merged[SPAN], room - totals[COMM]) if comm == 0 else 256, 256)
+        why = (
+            f"about {sum(totals) / 2**20:.0f} MiB of events is over the {max_bytes / 2**20:.0f} MiB budget "
+            f"({settings.MAX_MERGED_BYTES_ENV_VAR}): kept step markers, collectives, copies and the longest ops and kernels"
+        )
+    kept = {s.rank: sum(sum(s.tier(t)[keep[t]:]) for t in (COMM, SPAN, OTHER)) for s in scans}
+    total = sum(kept.values()) or 1
+    return MergePlan(keep=keep, caps={rank: int(cap * k / total) for rank, k in kept.items()}, why=why)
