@@ -33,16 +33,30 @@ def _cli(ray_cluster: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def hung_job(ray_cluster, client, tmp_path_factory):
-    """Rank 1 sleeps forever in its train loop at step 40; rank 0 blocks in all_reduce."""
-    log = tmp_path_factory.mktemp("hang") / "hang-run.log"
-    args = ["--workers", "2", "--hang-rank", "1", "--hang-at-step", str(HANG_AT), "--flight-recorder", "2000"]
-    job = ExampleJob(ray_cluster, "hang-run", log, *args)
+def fault_jobs(ray_cluster, tmp_path_factory):
+    """Both planted-fault jobs, started together so their start-up (Ray Train, torch, gloo) overlaps.
+
+    hang-run: rank 1 sleeps forever in its train loop at step 40; rank 0 blocks in all_reduce.
+    lag-run: no DDP, rank 1 sleeps 0.25 s more per step, so it falls steadily behind.
+    """
+    logs = tmp_path_factory.mktemp("faults")
+    hang = ["--workers", "2", "--hang-rank", "1", "--hang-at-step", str(HANG_AT), "--flight-recorder", "2000"]
+    lag = ["--workers", "2", "--no-ddp", "--slow-rank", "1", "--slow-rank-delay-s", "0.25"]
+    jobs = {
+        "hang-run": ExampleJob(ray_cluster, "hang-run", logs / "hang-run.log", *hang),
+        "lag-run": ExampleJob(ray_cluster, "lag-run", logs / "lag-run.log", *lag),
+    }
     try:
-        job.wait_until_training(client, min_step=1, timeout=300)
-        yield job
+        yield jobs
     finally:
-        job.stop(timeout=5)
+        for job in jobs.values():
+            job.stop(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def hung_job(fault_jobs, client):
+    fault_jobs["hang-run"].wait_until_training(client, min_step=1, timeout=300)
+    return fault_jobs["hang-run"]
 
 
 def _target(client, name):
@@ -78,17 +92,12 @@ def test_stacks_name_the_hung_rank_and_its_frame_and_the_target_turns_stalled(ra
     print(f"stalled: {target.stalled_s:.0f}s (threshold {target.stall_threshold_s:.0f}s); stacks {target.stall_stacks}")
 
 
-def test_a_rank_that_falls_behind_is_named_in_targets(ray_cluster, client, tmp_path):
-    args = ["--workers", "2", "--no-ddp", "--slow-rank", "1", "--slow-rank-delay-s", "0.25"]
-    job = ExampleJob(ray_cluster, "lag-run", tmp_path / "lag-run.log", *args)
-    try:
-        job.wait_until_training(client, min_step=1, timeout=300)
-        target = wait_for(
-            lambda: (t := _target(client, "lag-run")) is not None and t.lagging_ranks and t, timeout=60, what="a lag"
-        )
-        shown = _cli(ray_cluster, "targets")
-    finally:
-        job.stop()
+def test_a_rank_that_falls_behind_is_named_in_targets(ray_cluster, client, fault_jobs):
+    fault_jobs["lag-run"].wait_until_training(client, min_step=1, timeout=300)
+    target = wait_for(
+        lambda: (t := _target(client, "lag-run")) is not None and t.lagging_ranks and t, timeout=60, what="a lag"
+    )
+    shown = _cli(ray_cluster, "targets")
     print(f"\n$ rayprof targets\n{shown.stdout}")
     assert target.lagging_ranks == [1]
     assert target.ranks[1].steps_behind >= 3
