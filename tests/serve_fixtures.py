@@ -79,32 +79,6 @@ def http(service: Service) -> Iterator[httpx.Client]:
         yield c
 
 
-@pytest.fixture(scope="session")
-def jobs_client(ray_cluster: str) -> Any:
-    """The Ray Jobs API of the session cluster (what ``ray job submit`` talks to).
-
-    Needs the dashboard, which ``ray_cluster`` in tests/conftest.py starts.
-    """
-    import ray
-    from ray.job_submission import JobSubmissionClient
-
-    url = ray._private.worker.get_dashboard_url()
-    assert url, "the session Ray cluster has no dashboard: the Jobs API needs one (tests/conftest.py)"
-    return JobSubmissionClient(f"http://{url}")
-
-
-def submit_job(jobs_client: Any, *, timeout: float = 120.0, **kwargs: Any) -> str:
-    """``jobs_client.submit_job(**kwargs)``, retried while the node's job agent is still starting."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return jobs_client.submit_job(**kwargs)
-        except RuntimeError as e:
-            if "No available agent" not in str(e) or time.monotonic() > deadline:
-                raise
-        time.sleep(2.0)
-
-
 def wait_terminal(http: httpx.Client, status_url: str, *, timeout: float = 120.0, headers: dict | None = None) -> dict:
     """Long-poll ``status_url`` until the profile ends; returns the last body."""
     deadline = time.monotonic() + timeout

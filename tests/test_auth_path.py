@@ -8,6 +8,7 @@ the token there, so the cluster requires it.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -137,3 +138,15 @@ def _job_logs(cluster: ReadmeCluster) -> str:
         return f"no submission id in:\n{cluster.submitted[-2000:]}"
     logs = run(f"RAY_AUTH_MODE=token ray job logs {found.group(0)}", cluster.env, timeout=60)
     return f"{TARGET} never showed 2/2 ranks; job log:\n{logs.stdout[-3000:]}{logs.stderr[-1000:]}"
+
+
+def test_the_job_submitted_with_only_the_setup_hook_is_profiled_with_its_submission_id(readme_cluster):
+    # Runs after the targets test: the job is registered by then.
+    found = re.search(r"raysubmit_\w+", readme_cluster.submitted)
+    assert found, readme_cluster.submitted[-2000:]
+    result = run(f"rayprof profile {TARGET} --steps 2 --wait --json", readme_cluster.env, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    manifest = json.loads(result.stdout)["manifest"]
+    assert manifest["status"] == "DONE"
+    assert manifest["cluster"]["submission_ids"] == [found.group(0)]
+

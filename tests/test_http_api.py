@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -16,14 +14,12 @@ from orchestrator import (
     ProfilingClient,
     TargetNotFoundError,
 )
-from orchestrator.cli.example_job import TRAIN_JOB
 from orchestrator.errors import ControllerUnavailableError, UnauthorizedError
 from orchestrator.models import Manifest
 from tests.conftest import LIVE_TARGET, wait_for
 from tests.serve_fixtures import (
     TERMINAL_STATES,
     artifact_problems,
-    submit_job,
     wait_terminal,
 )
 
@@ -143,33 +139,6 @@ def test_healthz_and_docs_are_served(service, http):
     assert {"/v1/profiles", "/v1/profiles/{profile_id}", "/v1/profiles/{profile_id}/report", "/v1/targets"} <= set(
         paths
     )
-
-
-def test_job_from_the_jobs_api_with_only_the_setup_hook_is_profiled(jobs_client, service, file_store, http, tmp_path):
-    name = f"jobs-run-{uuid.uuid4().hex[:6]}"
-    stop = tmp_path / "stop"
-    submission_id = submit_job(
-        jobs_client,
-        entrypoint=f"{sys.executable} {TRAIN_JOB} --name {name} --instrument none --stop-file {stop} "
-        f"--max-seconds 900 --storage-path {tmp_path / 'train'}",
-        runtime_env={"worker_process_setup_hook": "actors.agent.install"},
-    )
-
-    def registered() -> bool:
-        if jobs_client.get_job_status(submission_id).is_terminal():
-            raise AssertionError(f"job {submission_id} ended: {jobs_client.get_job_logs(submission_id)[-3000:]}")
-        return any(t["name"] == name and len(t["ranks"]) == 2 for t in http.get("/v1/targets").json()["targets"])
-
-    try:
-        wait_for(registered, timeout=240, interval=1.0, what=f"{name} to register")
-        created = http.post("/v1/profiles", json={"target": name, "steps": 2}).json()
-        final = wait_terminal(http, created["status_url"])
-    finally:
-        stop.touch()
-        wait_for(lambda: jobs_client.get_job_status(submission_id).is_terminal(), timeout=120, what="the job to end")
-
-    assert final["state"] == "DONE"
-    assert final["manifest"]["cluster"]["submission_ids"] == [submission_id]
 
 
 # ---- errors: status and JSON body ------------------------------------------
