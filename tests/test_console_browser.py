@@ -120,7 +120,8 @@ def test_profiles_page_lists_profiles_newest_first_with_their_state(page, servic
     profile_from_form(page, service.url, steps=3)
 
     page.goto(f"{service.url}/#/profiles")
-    page.locator("main table tbody tr").first.wait_for()
+    # A hash route: the profile page's tables stay until the list has rendered with its pager.
+    page.locator(".pager").wait_for()
     first = page.locator("main table tbody tr").first
     assert "DONE" in first.inner_text()
     assert re.search(r"1–\d+ of \d+", page.locator(".pager").inner_text())
