@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup browser test test-unit demo bench clean
+.PHONY: setup browser test test-extended test-unit demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ browser:
 setup: $(VENV)/.installed
 
 test: setup browser
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m 'not extended'
+
+# The live tests that each start a job of their own (watch on a slowdown, a second
+# target, an attached job, a job ending mid-window): ~8 min more.
+test-extended: setup
+	$(PY) -m pytest -q -ra -m extended
 
 test-unit: setup
 	$(PY) -m pytest -q -m 'not integration'

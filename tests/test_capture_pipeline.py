@@ -172,6 +172,7 @@ def test_steps_over_the_maximum_are_rejected(live_job, client):
         client.profile(LIVE_TARGET, steps=10_000)
 
 
+@pytest.mark.extended
 def test_attached_job_with_explicit_steps_is_profiled(ray_cluster, client, file_store, tmp_path):
     job = ExampleJob(
         ray_cluster, "attach-run", tmp_path / "attach-run.log", "--instrument", "attach", "--step-mode", "explicit"

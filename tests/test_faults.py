@@ -187,6 +187,7 @@ def test_storage_that_never_returns_fails_the_ranks_and_training_goes_on(live_jo
     flaky_s3.start()
 
 
+@pytest.mark.extended
 def test_job_that_finishes_during_a_window_ends_the_request_with_a_reason(ray_cluster, client, file_store, tmp_path):
     job = ExampleJob(ray_cluster, "ending-run", tmp_path / "ending-run.log")
     job.wait_until_training(client)

@@ -59,6 +59,7 @@ def test_queue_beyond_its_bound_is_a_conflict(live_job, file_store):
     assert {h.wait(timeout=120).status for h in [running, *queued]} == {ProfileState.CANCELLED}
 
 
+@pytest.mark.extended
 def test_targets_are_profiled_concurrently(ray_cluster, live_job, client, file_store, tmp_path):
     other = ExampleJob(ray_cluster, "second-run", tmp_path / "second-run.log")
     try:

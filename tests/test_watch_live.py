@@ -13,9 +13,9 @@ from orchestrator.cli.example_job import ExampleJob
 from orchestrator.models import ProfileState
 from tests.conftest import RAYPROF_CLI
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
-SLOW_FROM = 150
+SLOW_FROM = 300
 
 
 def test_a_slowdown_takes_exactly_one_profile_within_a_minute(ray_cluster, client, tmp_path):
