@@ -24,8 +24,8 @@ setup: $(VENV)/.installed
 test: setup browser
 	$(PY) -m pytest -q -ra -m 'not extended'
 
-# The live tests that each start a job of their own (watch on a slowdown, a second
-# target, an attached job, a job ending mid-window): ~8 min more.
+# The costliest live tests (the demo end to end, 50 windows in a row, and four that
+# each start a job of their own): ~11 min more than `make test`.
 test-extended: setup
 	$(PY) -m pytest -q -ra -m extended
 

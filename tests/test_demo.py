@@ -13,7 +13,7 @@ from orchestrator.models import Manifest
 from tests.conftest import RAYPROF_CLI
 from tests.serve_fixtures import artifact_problems, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
 DEMO_BUDGET_S = 240.0
 

@@ -33,6 +33,7 @@ def _pids(client) -> list[int]:
     return [r.info.pid for r in target.ranks] + [controller]
 
 
+@pytest.mark.extended
 def test_repeated_windows_leak_no_threads_files_or_memory(live_job, file_store):
     file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)  # warm: first-use allocations
     pids = _pids(file_store.client)
