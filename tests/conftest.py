@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
+from orchestrator.config import normalize_uri
+from orchestrator.models import StorageSpec
 
 REPO = Path(__file__).resolve().parents[1]
 # The console script installed beside the interpreter running the tests.
@@ -54,6 +56,12 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "c
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> StorageSpec:
+    """A fresh cluster-storage root for a controller driven without Ray (tests/fake_agents.py)."""
+    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
 
 
 @pytest.fixture(scope="session")

@@ -67,6 +67,20 @@ def fast_config(home: StorageSpec, **overrides: object) -> ControllerConfig:
     return ControllerConfig(**values)
 
 
+# The stall detector and watches on a fast clock, for tests of them.
+MONITORED = {"stall_min_s": 0.5, "monitor_interval_s": 0.05}
+
+
+def run(coro, timeout_s: float = 30.0):
+    """Run one test's coroutine, bounded."""
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def make_controller(home: StorageSpec, **overrides: object) -> Controller:
+    """The real controller on ``home`` with fast settings and no postprocess."""
+    return Controller(fast_config(home, **overrides), postprocess=no_postprocess)
+
+
 async def no_postprocess(draft, profile, timeout_s):
     return draft
 

@@ -16,20 +16,8 @@ from orchestrator.layout import manifest_key
 from orchestrator.manifest import read_manifest
 from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
 from orchestrator.storage import open_storage
-from tests.fake_agents import fast_config, no_postprocess, start_agents, wait_terminal, worker_info
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
-
-
-def controller(home: StorageSpec, **overrides) -> Controller:
-    return Controller(fast_config(home, **overrides), postprocess=no_postprocess)
+from tests.fake_agents import fast_config, no_postprocess, run, start_agents, wait_terminal, worker_info
+from tests.fake_agents import make_controller as controller
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:

@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from actors.controller.actor import Controller
 from actors.controller.health import assess, step_at
 from actors.controller.registry import Registry
-from orchestrator.config import normalize_uri
 from orchestrator.models import StorageSpec
-from tests.fake_agents import SLOW_THING, fast_config, no_postprocess, start_agents, worker_info
+from tests.fake_agents import (
+    MONITORED,
+    SLOW_THING,
+    make_controller,
+    run,
+    start_agents,
+    worker_info,
+)
 
 
 @dataclass
@@ -101,19 +106,8 @@ def test_the_registry_records_when_a_step_last_advanced_not_just_the_last_heartb
 # ---- the controller, with fake agents ---------------------------------------
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
-
-
 def controller(home: StorageSpec, **overrides) -> Controller:
-    values = dict(stall_min_s=0.5, monitor_interval_s=0.05)
-    values.update(overrides)
-    return Controller(fast_config(home, **values), postprocess=no_postprocess)
+    return make_controller(home, **{**MONITORED, **overrides})
 
 
 async def until(predicate, timeout_s: float = 10.0):

@@ -3,37 +3,21 @@ grouping and storage driven by fake agents on one event loop."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-from pathlib import Path
 
 import pytest
 
 from actors.agent.stacks import take_stacks
-from actors.controller.actor import Controller
 from actors.controller.stack_groups import ranks_text
-from orchestrator.config import normalize_uri
 from orchestrator.diagnosis import Collective
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.layout import STACKS_NAME
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models import ProfileState, RankState, StorageSpec
 from orchestrator.storage import open_storage
-from tests.fake_agents import SLOW_THING, fast_config, no_postprocess, start_agents
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
-
-
-def controller(home: StorageSpec, **overrides) -> Controller:
-    return Controller(fast_config(home, **overrides), postprocess=no_postprocess)
+from tests.fake_agents import SLOW_THING, run, start_agents
+from tests.fake_agents import make_controller as controller
 
 
 async def stacks_of(home: StorageSpec, world_size: int, plant, **overrides):

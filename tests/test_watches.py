@@ -4,34 +4,32 @@ Driven without Ray by fake agents on one event loop; time runs for real, scaled 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from actors.controller.actor import Controller
-from orchestrator.config import normalize_uri
 from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import InvalidRequestError, WatchNotFoundError
 from orchestrator.manifest import read_manifest
 from orchestrator.models import ProfileState, StorageSpec
 from orchestrator.storage import open_storage
-from tests.fake_agents import STEP_S, fast_config, no_postprocess, start_agents, wait_terminal
+from tests.fake_agents import (
+    MONITORED,
+    STEP_S,
+    make_controller,
+    start_agents,
+    wait_terminal,
+)
+from tests.fake_agents import run as run_bounded
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 40))
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
+    return run_bounded(coro, 40)
 
 
 def controller(home: StorageSpec, **overrides) -> Controller:
-    values = dict(stall_min_s=0.5, monitor_interval_s=0.05)
-    values.update(overrides)
-    return Controller(fast_config(home, **values), postprocess=no_postprocess)
+    return make_controller(home, **{**MONITORED, **overrides})
 
 
 def slowdown(**overrides) -> WatchSpec:
