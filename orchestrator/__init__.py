@@ -32,7 +32,7 @@ _EXPORTS = {
     "ProfileStatus": "orchestrator.models",
     "RankState": "orchestrator.models",
     "StacksBundle": "orchestrator.diagnosis",
-    "TargetInfo": "orchestrator.models",
+    "TargetInfo": "orchestrator.control",
     "WatchSpec": "orchestrator.diagnosis",
     "WatchStatus": "orchestrator.diagnosis",
 }

@@ -11,8 +11,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from orchestrator import settings as c
+from orchestrator.control import ControllerConfig
 from orchestrator.errors import ConfigurationError
-from orchestrator.models import ControllerConfig, StorageSpec
+from orchestrator.models import StorageSpec
 
 __all__ = ["controller_config", "default_storage_spec", "normalize_uri"]
 

@@ -11,13 +11,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from orchestrator.merge_stats import MergeStats
 from orchestrator.settings import (
-    DEFAULT_LAG_STEPS,
-    DEFAULT_MAX_WATCHES,
-    DEFAULT_MONITOR_INTERVAL_S,
-    DEFAULT_STACKS_TIMEOUT_S,
-    DEFAULT_STALL_AUTO_STACKS,
-    DEFAULT_STALL_MIN_S,
-    DEFAULT_STALL_STEP_FACTOR,
     MANIFEST_VERSION,
 )
 
@@ -29,7 +22,6 @@ __all__ = [
     "ArtifactKind",
     "BundleKind",
     "Command",
-    "ControllerConfig",
     "Heartbeat",
     "Manifest",
     "Name",
@@ -44,12 +36,10 @@ __all__ = [
     "RankState",
     "StorageSpec",
     "StrictModel",
-    "TargetInfo",
     "TorchOptions",
     "Trigger",
     "WindowSpec",
     "WorkerInfo",
-    "WorkerStatus",
     "utcnow",
 ]
 
@@ -410,58 +400,3 @@ class Manifest(StrictModel):
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""
         return [a for r in self.ranks for a in r.artifacts] + list(self.artifacts)
-
-
-class WorkerStatus(StrictModel):
-    """A registered worker and its progress."""
-
-    info: WorkerInfo
-    step: int
-    step_time_s: float | None
-    last_seen_s: float = Field(description="Seconds since the last heartbeat.")
-    advanced_s: float | None = Field(default=None, description="Seconds since its step last advanced.")
-    steps_behind: int | None = Field(default=None, description="Steps behind the leading rank, at one instant.")
-
-
-class TargetInfo(StrictModel):
-    """A live Ray Train run that agents registered."""
-
-    name: Name
-    run: str | None = Field(default=None, description="The Ray job (submission id or job id) of this run.")
-    world_size: int
-    ranks: list[WorkerStatus]
-    active_profile: str | None = None
-    queued_profiles: list[str] = Field(default_factory=list)
-    health: Literal["TRAINING", "STALLED"] = "TRAINING"
-    stalled_s: float | None = Field(default=None, description="Seconds since any rank advanced, when STALLED.")
-    stall_threshold_s: float | None = Field(default=None, description="max(stall min, factor x median step time).")
-    median_step_time_s: float | None = None
-    lagging_ranks: list[int] = Field(default_factory=list, description="Ranks at least RAYPROF_LAG_STEPS behind.")
-    stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
-
-
-class ControllerConfig(StrictModel):
-    """Server-side settings of the control actor; see ``orchestrator.settings``."""
-
-    storage: StorageSpec
-    max_steps: int = Field(ge=1)
-    max_warmup_steps: int = Field(ge=0)
-    poll_timeout_s: float = Field(gt=0)
-    worker_expiry_grace_s: float = Field(ge=0)
-    arm_lead_s: float = Field(ge=0)
-    sync_timeout_s: float = Field(gt=0)
-    request_timeout_s: float = Field(gt=0)
-    max_request_timeout_s: float = Field(gt=0)
-    max_trace_bytes: int = Field(ge=1)
-    max_queued_per_target: int = Field(ge=0)
-    postprocess_timeout_s: float = Field(gt=0)
-    retention_count: int = Field(ge=1)
-    retention_days: float = Field(gt=0)
-    cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")
-    stacks_timeout_s: float = Field(default=DEFAULT_STACKS_TIMEOUT_S, gt=0)
-    stall_min_s: float = Field(default=DEFAULT_STALL_MIN_S, gt=0)
-    stall_step_factor: float = Field(default=DEFAULT_STALL_STEP_FACTOR, ge=0)
-    stall_auto_stacks: bool = Field(default=bool(DEFAULT_STALL_AUTO_STACKS))
-    lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
-    monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
-    max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)

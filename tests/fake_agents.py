@@ -17,19 +17,10 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
+from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models import (
-    Command,
-    ControllerConfig,
-    Heartbeat,
-    RankEvent,
-    RankState,
-    StorageSpec,
-    WindowSpec,
-    WorkerInfo,
-    utcnow,
-)
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo, utcnow
 from orchestrator.storage import open_storage
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload"]

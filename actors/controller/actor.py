@@ -26,12 +26,12 @@ from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
+from orchestrator.control import ControllerConfig, TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.layout import MANIFEST_NAME
 from orchestrator.models import (
     Command,
-    ControllerConfig,
     Manifest,
     ProfilePage,
     ProfileRequest,
@@ -39,7 +39,6 @@ from orchestrator.models import (
     ProfileStatus,
     RankState,
     StorageSpec,
-    TargetInfo,
     Trigger,
     utcnow,
 )

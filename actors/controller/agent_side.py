@@ -11,8 +11,9 @@ from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry
 from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
+from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import RankStacks
-from orchestrator.models import Command, ControllerConfig, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
 
 __all__ = ["AgentSide"]
 

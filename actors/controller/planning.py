@@ -10,8 +10,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 from actors.controller.state import Profile, Window
+from orchestrator.control import ControllerConfig
 from orchestrator.errors import InvalidRequestError, TargetNotFoundError
-from orchestrator.models import ControllerConfig, ProfileRequest, ProfileState, RankResult, RankState, TorchOptions
+from orchestrator.models import ProfileRequest, ProfileState, RankResult, RankState, TorchOptions
 from orchestrator.settings import MIN_LEAD_STEPS
 
 __all__ = [

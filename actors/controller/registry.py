@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from actors.controller.health import Health
-from orchestrator.models import Command, TargetInfo, WorkerInfo, WorkerStatus
+from orchestrator.control import TargetInfo, WorkerStatus
+from orchestrator.models import Command, WorkerInfo
 
 __all__ = ["Registry", "Worker", "run_of"]
 

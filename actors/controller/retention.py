@@ -10,8 +10,9 @@ from datetime import timedelta
 
 from actors.controller.persistence import Persistence
 from actors.controller.state import Profile
+from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
-from orchestrator.models import ControllerConfig, utcnow
+from orchestrator.models import utcnow
 from orchestrator.storage import open_storage
 
 __all__ = ["Retention", "expired"]

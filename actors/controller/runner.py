@@ -17,18 +17,9 @@ from actors.controller.persistence import Persistence
 from actors.controller.planning import outcome, plan_window, selected_ranks, start_step, timeout_s, trace_bytes_per_step
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
+from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
-from orchestrator.models import (
-    Command,
-    ControllerConfig,
-    Manifest,
-    ProfileState,
-    RankResult,
-    RankState,
-    WindowSpec,
-    WorkerInfo,
-    utcnow,
-)
+from orchestrator.models import Command, Manifest, ProfileState, RankResult, RankState, WindowSpec, WorkerInfo, utcnow
 
 __all__ = ["PostprocessFn", "Runner"]
 

@@ -28,13 +28,13 @@ from actors.controller.stack_groups import (
 )
 from actors.controller.state import Profile, wait_event
 from orchestrator.config import normalize_uri
+from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import MissingRank, RankStacks, StacksBundle
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.models import (
     Artifact,
     Command,
-    ControllerConfig,
     Manifest,
     ProfileRequest,
     ProfileState,

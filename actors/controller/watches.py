@@ -26,9 +26,10 @@ from typing import Any
 from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
+from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import WatchFiring, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
-from orchestrator.models import ControllerConfig, ProfileRequest, Trigger, utcnow
+from orchestrator.models import ProfileRequest, Trigger, utcnow
 
 __all__ = ["Watches"]
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.models import TargetInfo
+from orchestrator.control import TargetInfo
 
 __all__ = ["TRAIN_JOB", "ExampleJob"]
 

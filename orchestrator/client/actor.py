@@ -5,17 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ControllerUnavailableError, RayprofError
-from orchestrator.models import (
-    Manifest,
-    ProfilePage,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    StorageSpec,
-    TargetInfo,
-)
+from orchestrator.models import Manifest, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
+from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
@@ -20,16 +21,7 @@ from orchestrator.errors import (
     StorageError,
 )
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
-from orchestrator.models import (
-    Manifest,
-    Name,
-    ProfilePage,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    StorageSpec,
-    TargetInfo,
-)
+from orchestrator.models import Manifest, Name, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
 

@@ -15,6 +15,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator import errors
+from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
@@ -22,15 +23,7 @@ from orchestrator.errors import (
     RayprofError,
     UnauthorizedError,
 )
-from orchestrator.models import (
-    Manifest,
-    ProfilePage,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    StorageSpec,
-    TargetInfo,
-)
+from orchestrator.models import Manifest, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
     S3_ENDPOINT_URL_ENV_VAR,

@@ -26,6 +26,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.auth import check_exposure, read_token
+from orchestrator.control import ControllerConfig, TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
@@ -36,14 +37,12 @@ from orchestrator.manifest import read_artifact
 from orchestrator.models import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
-    ControllerConfig,
     Manifest,
     ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
     StorageSpec,
-    TargetInfo,
 )
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router
