@@ -10,6 +10,7 @@ Each module measures one property the design promises and exposes
 - ``control_plane`` one controller with hundreds to 1,024 simulated agents
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
+- ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -22,6 +23,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart")
 
 __all__ = ["BENCHMARKS", "LogFn"]

@@ -35,6 +35,7 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         postprocess_timeout_s=c.env_float(c.POSTPROCESS_TIMEOUT_S_ENV_VAR, c.DEFAULT_POSTPROCESS_TIMEOUT_S),
         retention_count=c.env_int(c.RETENTION_COUNT_ENV_VAR, c.DEFAULT_RETENTION_COUNT),
         retention_days=c.env_float(c.RETENTION_DAYS_ENV_VAR, c.DEFAULT_RETENTION_DAYS),
+        gc_grace_hours=c.env_float(c.GC_GRACE_HOURS_ENV_VAR, c.DEFAULT_GC_GRACE_HOURS),
         cluster_name=os.environ.get(c.CLUSTER_NAME_ENV_VAR) or None,
         stacks_timeout_s=c.env_float(c.STACKS_TIMEOUT_S_ENV_VAR, c.DEFAULT_STACKS_TIMEOUT_S),
         stall_min_s=c.env_float(c.STALL_MIN_S_ENV_VAR, c.DEFAULT_STALL_MIN_S),

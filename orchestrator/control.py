@@ -8,6 +8,7 @@ from pydantic import Field
 
 from orchestrator.models import Name, StorageSpec, StrictModel, WorkerInfo
 from orchestrator.settings import (
+    DEFAULT_GC_GRACE_HOURS,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
     DEFAULT_MONITOR_INTERVAL_S,
@@ -73,3 +74,4 @@ class ControllerConfig(StrictModel):
     lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
+    gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0)

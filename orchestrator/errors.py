@@ -11,7 +11,8 @@
     ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
     ├── StorageError              reading or writing artifacts failed
     │   ├── IntegrityError        an artifact's bytes do not match the manifest
-    │   └── AlreadyExistsError    a write that must not replace an object found one (a manifest)
+    │   ├── AlreadyExistsError    a write that must not replace an object found one (a manifest)
+    │   └── CleanupIncompleteError  ``rayprof gc`` could not delete some of what it found
     ├── ProfileTimeoutError       waiting for a profile ran out of time
     └── IllegalTransitionError    a bug: the controller tried a state change its diagram forbids
 
@@ -107,6 +108,10 @@ class IntegrityError(StorageError):
 class AlreadyExistsError(StorageError):
     code = "already_exists"
     http_status = 409
+
+
+class CleanupIncompleteError(StorageError):
+    code = "gc_incomplete"
 
 
 class ProfileTimeoutError(RayprofError):

@@ -13,6 +13,7 @@ Storage layout (keys relative to the storage root)::
       stacks.json                        the grouped stacks of every rank
       manifest.json                      written last: the commit point
     _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
+    _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file
     _rayprof/{cluster}/storage.json                the storage configured at run time
     _rayprof/{cluster}/watches/{watch_id}.json     a watch, kept across controller restarts
 
@@ -22,6 +23,7 @@ Standard library only: the export child process imports it and must start fast.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 __all__ = [
     "MANIFEST_NAME",
@@ -29,10 +31,14 @@ __all__ = [
     "REPORT_NAME",
     "STACKS_NAME",
     "TRACE_SUFFIXES",
+    "STATE_ROOT",
     "config_key",
+    "id_created_at",
+    "index_key",
     "manifest_key",
     "parse_profiler_step",
     "parse_trace_name",
+    "profile_id",
     "profile_prefix",
     "rank_artifact_keys",
     "rank_in_name",
@@ -48,8 +54,11 @@ MERGED_TRACE_NAME = "merged.trace.json.gz"
 REPORT_NAME = "report.html"
 STACKS_NAME = "stacks.json"
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-_STATE_ROOT = "_rayprof"
+STATE_ROOT = "_rayprof"
 
+# prof-YYYYmmdd-HHMMSS-hex8 (a profile) or stk-... (a stacks bundle): the time it was made, UTC.
+_ID = re.compile(r"^(?:prof|stk)-(\d{8}-\d{6})-[0-9a-f]{8}$")
+_ID_TIME = "%Y%m%d-%H%M%S"
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # rank{R}.{host}.{pid}.pt.trace.json[.gz], as the capture pipeline names traces.
 _PIPELINE_NAME = re.compile(r"^rank(\d+)\.(.+)\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
@@ -69,7 +78,7 @@ def manifest_key(target: str, profile_id: str) -> str:
 
 def state_prefix(cluster: str) -> str:
     """Folder of one cluster's saved controller state."""
-    return f"{_STATE_ROOT}/{cluster}/profiles"
+    return f"{STATE_ROOT}/{cluster}/profiles"
 
 
 def state_key(cluster: str, profile_id: str) -> str:
@@ -77,14 +86,30 @@ def state_key(cluster: str, profile_id: str) -> str:
     return f"{state_prefix(cluster)}/{profile_id}.json"
 
 
+def index_key(cluster: str) -> str:
+    """Key of the index of a cluster's finished profiles."""
+    return f"{STATE_ROOT}/{cluster}/index.json"
+
+
+def profile_id(kind: str, at: datetime, suffix: str) -> str:
+    """A new profile's id (``kind`` ``prof`` or ``stk``): sorts by time, and says when it was made."""
+    return f"{kind}-{at.strftime(_ID_TIME)}-{suffix}"
+
+
+def id_created_at(name: str) -> datetime | None:
+    """When the profile of id ``name`` was made, else ``None`` for a name rayprof did not give."""
+    m = _ID.match(name)
+    return datetime.strptime(m.group(1), _ID_TIME).replace(tzinfo=UTC) if m else None
+
+
 def config_key(cluster: str) -> str:
     """Key of the storage a cluster's controller was configured with at run time."""
-    return f"{_STATE_ROOT}/{cluster}/storage.json"
+    return f"{STATE_ROOT}/{cluster}/storage.json"
 
 
 def watches_prefix(cluster: str) -> str:
     """Folder of one cluster's saved watches."""
-    return f"{_STATE_ROOT}/{cluster}/watches"
+    return f"{STATE_ROOT}/{cluster}/watches"
 
 
 def watch_key(cluster: str, watch_id: str) -> str:

@@ -27,7 +27,6 @@ __all__ = [
     "Name",
     "ProfileOptions",
     "PostprocessProgress",
-    "ProfilePage",
     "ProfileRequest",
     "ProfileState",
     "ProfileStatus",
@@ -359,15 +358,6 @@ class ProfileStatus(StrictModel):
     postprocess: PostprocessProgress | None = Field(
         default=None, description="While COLLECTING: how far the per-rank analysis and merge have got."
     )
-
-
-class ProfilePage(StrictModel):
-    """One page of profiles, newest first."""
-
-    profiles: list[ProfileStatus]
-    total: int = Field(ge=0, description="Profiles that match, on every page.")
-    offset: int = Field(ge=0)
-    limit: int = Field(ge=1)
 
 
 class Manifest(StrictModel):

@@ -70,6 +70,11 @@ DEFAULT_RETENTION_COUNT = 1000
 RETENTION_DAYS_ENV_VAR = "RAYPROF_RETENTION_DAYS"
 DEFAULT_RETENTION_DAYS = 30.0
 
+# `rayprof gc` deletes profile folders with no manifest and no saved state (a
+# crashed postprocess's remains) once their profile is older than this.
+GC_GRACE_HOURS_ENV_VAR = "RAYPROF_GC_GRACE_HOURS"
+DEFAULT_GC_GRACE_HOURS = 24.0
+
 # Saved controller state is kept per cluster; set a name to keep history
 # across clusters that share one storage root (default: the Ray cluster id).
 CLUSTER_NAME_ENV_VAR = "RAYPROF_CLUSTER_NAME"

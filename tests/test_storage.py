@@ -114,3 +114,12 @@ def test_download_of_a_bad_key_creates_no_folder(storage, tmp_path, key):
     with pytest.raises(StorageError, match="invalid storage key"):
         storage.download(key, dest)
     assert not (tmp_path / "dl").exists()
+
+
+def test_folders_names_the_folders_directly_under_a_prefix(storage):
+    for key in ("t/p1/manifest.json", "t/p2/traces/rank0.json", "t/top.txt", "u/x.json", "root.txt"):
+        storage.put_bytes(b"{}", key, "manifest")
+
+    assert storage.folders("") == ["t", "u"]
+    assert storage.folders("t") == ["p1", "p2"]
+    assert storage.folders("missing") == []

@@ -12,11 +12,15 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import ray
 
 from actors.controller.agent_side import AgentSide
+from actors.controller.catalog import Catalog
+from actors.controller.cleanup import Cleanup
+from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.persistence import Persistence
 from actors.controller.planning import validate
 from actors.controller.registry import Registry
@@ -30,10 +34,10 @@ from orchestrator.control import ControllerConfig, TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.layout import MANIFEST_NAME
+from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models import (
     Command,
     Manifest,
-    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
@@ -43,6 +47,7 @@ from orchestrator.models import (
     utcnow,
 )
 from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
+from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 __all__ = ["Controller", "create_controller"]
 
@@ -65,11 +70,13 @@ class Controller(AgentSide):
         # State lives where the constructor's config points: a restarted actor
         # is constructed with the same config and finds it again.
         self._home = config.storage
-        self._cluster = config.cluster_name or cluster or _ray_cluster_id()
+        self._cluster = config.cluster_name or cluster or ray_cluster_id()
         self._config = config.model_copy(update={"cluster_name": self._cluster})
         self._registry = Registry()
         self._persistence = Persistence(self._home, self._cluster)
-        self._profiles: dict[str, Profile] = {}
+        self._catalog = Catalog(self._persistence)
+        # The unfinished profiles, by id: what agents report on.
+        self._profiles = self._catalog.live
         self._slots: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, list[str]] = {}
         self._active: dict[str, str] = {}
@@ -81,9 +88,10 @@ class Controller(AgentSide):
 
             postprocess = postprocess_in_task
         self._runner = Runner(
-            self._registry, self._persistence, lambda: self._config, self._all, postprocess, self._cluster_info
+            self._registry, self._persistence, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry)
         )
         self._retention = Retention(self._persistence, lambda: self._config)
+        self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
         self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles)
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
@@ -110,31 +118,25 @@ class Controller(AgentSide):
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _all(self) -> list[Profile]:
-        return list(self._profiles.values())
-
     async def _restore(self) -> bool:
         """Load saved profiles and settings; resume the unfinished ones. False when storage failed."""
         try:
             configured = await self._persistence.load_config()
-            saved = await self._persistence.load_profiles()
+            unfinished = await self._catalog.restore()
             self._watches.restore(await self._persistence.load_watches())
         except StorageError as e:
             logger.warning("rayprof controller: cannot read saved state (will retry): %s", e)
             return False
         if configured is not None:
             self._config = self._config.model_copy(update={"storage": configured})
-        for item in saved:
-            if item.status.id in self._profiles:
-                continue
-            profile = item.profile()
-            self._profiles[profile.id] = profile
-            if not profile.state.is_terminal:
-                await self._adopt_manifest(profile)
-            if not profile.state.is_terminal:
+        for profile in unfinished:
+            await self._adopt_manifest(profile)
+            if profile.state.is_terminal:
+                await self._catalog.finish(profile)
+            else:
                 logger.info("rayprof controller: resuming %s in state %s", profile.id, profile.state.value)
                 self._start_profile(profile)
-        await self._retention.enforce(self._profiles)
+        await self._retention.enforce(self._catalog)
         return True
 
     async def _retry_restore(self) -> None:
@@ -203,12 +205,12 @@ class Controller(AgentSide):
                     target=target,
                 )
         storage = self._config.storage
-        profile_id = _new_profile_id()
+        new_id = new_profile_id("prof", utcnow(), uuid.uuid4().hex[:8])
         profile = Profile(
-            id=profile_id,
+            id=new_id,
             request=request,
             storage=storage,
-            storage_uri=f"{normalize_uri(storage.uri)}/{target}/{profile_id}",
+            storage_uri=f"{normalize_uri(storage.uri)}/{target}/{new_id}",
             run=request.run,
             trigger=trigger,
         )
@@ -221,12 +223,12 @@ class Controller(AgentSide):
     async def get(self, profile_id: str) -> ProfileStatus:
         """Current status of one profile."""
         await self._ensure_started()
-        return self._profile(profile_id).snapshot()
+        return (await self._catalog.profile(profile_id)).snapshot()
 
     async def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         """Status once the profile changes state or ends, or after ``timeout_s``."""
         await self._ensure_started()
-        profile = self._profile(profile_id)
+        profile = await self._catalog.profile(profile_id)
         if not profile.state.is_terminal:
             profile.changed.clear()
             await wait_event(profile.changed, max(0.0, min(timeout_s, 60.0)))
@@ -235,24 +237,14 @@ class Controller(AgentSide):
     async def list(
         self, target: str | None = None, state: ProfileState | None = None, limit: int = 100, offset: int = 0
     ) -> ProfilePage:
-        """One page of profiles, newest first, optionally filtered."""
+        """One page of profile summaries, newest first, optionally filtered."""
         await self._ensure_started()
-        found = sorted(
-            (
-                p
-                for p in self._profiles.values()
-                if (target is None or p.target == target) and (state is None or p.state == state)
-            ),
-            key=lambda p: p.created_at,
-            reverse=True,
-        )
-        page = [p.snapshot() for p in found[offset : offset + limit]]
-        return ProfilePage(profiles=page, total=len(found), offset=offset, limit=limit)
+        return self._catalog.page(target, state, limit, offset)
 
     async def cancel(self, profile_id: str) -> ProfileStatus:
         """Stop a profile: armed and capturing ranks drop their window."""
         await self._ensure_started()
-        profile = self._profile(profile_id)
+        profile = await self._catalog.profile(profile_id)
         if profile.state.is_terminal:
             return profile.snapshot()
         profile.cancel_requested = True
@@ -274,18 +266,19 @@ class Controller(AgentSide):
     async def delete(self, profile_id: str) -> None:
         """Delete a finished profile: its folder in storage and its saved state."""
         await self._ensure_started()
-        profile = self._profile(profile_id)
-        if not profile.state.is_terminal:
-            raise ConflictError(
-                f"profile {profile_id} is {profile.state.value}; cancel it before deleting", profile_id=profile_id
-            )
-        await self._retention.delete(profile)
-        self._profiles.pop(profile_id, None)
+        await self._retention.delete(await self._catalog.ended(profile_id))
+        self._catalog.remove(profile_id)
+        await self._catalog.save_index()
+
+    async def gc(self, request: GcRequest) -> GcReport:
+        """Apply retention now and delete leftover folders; with ``dry_run``, only say what would go."""
+        await self._ensure_started()
+        return await self._cleanup.collect(request)
 
     async def manifest(self, profile_id: str) -> Manifest:
         """The stored manifest of a finished profile."""
         await self._ensure_started()
-        profile = self._profile(profile_id)
+        profile = await self._catalog.profile(profile_id)
         if profile.manifest is not None:
             return profile.manifest
         if profile.manifest_uri is None:
@@ -313,7 +306,9 @@ class Controller(AgentSide):
         self, target: str, run: str | None, native: bool, trigger: Trigger | None = None
     ) -> StacksBundle:
         bundle = await self._stacks.take(target, run, native, trigger)
-        await self._retention.enforce(self._profiles)
+        if bundle.id in self._profiles:
+            await self._catalog.finish(self._profiles[bundle.id])
+        await self._retention.enforce(self._catalog)
         return bundle
 
     async def create_watch(self, spec: WatchSpec) -> WatchStatus:
@@ -345,12 +340,6 @@ class Controller(AgentSide):
 
     # ---- internals -------------------------------------------------------
 
-    def _profile(self, profile_id: str) -> Profile:
-        try:
-            return self._profiles[profile_id]
-        except KeyError:
-            raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id) from None
-
     async def _await_target(self, target: str) -> None:
         """Give an unknown target until one poll timeout after this actor started:
         after a restart, agents re-register within that and would otherwise get a 404."""
@@ -378,31 +367,8 @@ class Controller(AgentSide):
         finally:
             if profile.id in waiting:
                 waiting.remove(profile.id)
-        await self._retention.enforce(self._profiles)
-
-    def _cluster_info(self, profile: Profile) -> dict[str, Any]:
-        infos = list(self._registry.infos(profile.target))
-        return {
-            "ray_version": ray.__version__,
-            "torch_version": infos[0].torch_version if infos else None,
-            "ray_job_ids": sorted({i.ray_job_id for i in infos if i.ray_job_id}),
-            "submission_ids": sorted({i.submission_id for i in infos if i.submission_id}),
-            "experiment_paths": sorted({i.experiment_path for i in infos if i.experiment_path}),
-            "nodes": len({r.node_id for r in profile.ranks.values() if r.node_id}),
-            "world_size": max((i.world_size for i in infos), default=None),
-        }
-
-
-def _new_profile_id() -> str:
-    return f"prof-{utcnow().strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-
-
-def _ray_cluster_id() -> str:
-    # Saved state is namespaced by cluster: two clusters sharing a storage root
-    # never adopt each other's profiles. Stable across controller restarts.
-    from ray._private.worker import global_worker
-
-    return global_worker.node.cluster_id.hex()[:16]
+        await self._catalog.finish(profile)
+        await self._retention.enforce(self._catalog)
 
 
 def create_controller(config: ControllerConfig | None = None) -> Any:

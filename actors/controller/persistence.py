@@ -18,12 +18,21 @@ from pydantic import BaseModel, ConfigDict
 from actors.controller.state import Profile
 from orchestrator.diagnosis import WatchStatus
 from orchestrator.errors import StorageError
-from orchestrator.layout import config_key, manifest_key, state_key, state_prefix, watch_key, watches_prefix
+from orchestrator.layout import (
+    config_key,
+    index_key,
+    manifest_key,
+    state_key,
+    state_prefix,
+    watch_key,
+    watches_prefix,
+)
 from orchestrator.manifest import read_manifest, write_manifest
 from orchestrator.models import Manifest, ProfileStatus, StorageSpec
 from orchestrator.storage import open_storage
+from orchestrator.summaries import ProfileSummary
 
-__all__ = ["Persistence", "SavedProfile"]
+__all__ = ["Finished", "Persistence", "SavedIndex", "SavedProfile"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +49,29 @@ class SavedProfile(BaseModel):
 
     def profile(self) -> Profile:
         return Profile.restore(self.status, self.storage, self.window_note, self.cancel_requested)
+
+
+class Finished(BaseModel):
+    """What the controller keeps in memory of a finished profile: enough to list it,
+    expire it and find its full record."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    summary: ProfileSummary
+    storage: StorageSpec
+
+    @property
+    def id(self) -> str:
+        return self.summary.id
+
+
+class SavedIndex(BaseModel):
+    """The index of a cluster's finished profiles: a restart reads this instead of every state file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    profiles: list[Finished]
 
 
 @dataclass
@@ -101,19 +133,38 @@ class Persistence:
         storage = open_storage(self._home)
         await asyncio.to_thread(storage.put_bytes, spec.model_dump_json().encode(), config_key(self._cluster), "manifest")
 
-    async def load_profiles(self) -> list[SavedProfile]:
-        """Every profile this cluster's controller saved; unreadable ones are logged and skipped."""
+    async def saved_ids(self) -> set[str]:
+        """Ids of every profile this cluster's controller saved: one listing, no reads."""
+        prefix = state_prefix(self._cluster) + "/"
+        keys = await asyncio.to_thread(open_storage(self._home).list, prefix)
+        return {k[len(prefix) : -len(".json")] for k in keys if k.endswith(".json") and "/" not in k[len(prefix) :]}
+
+    async def load_profile(self, profile_id: str) -> SavedProfile | None:
+        """One saved profile; ``None`` when it is unreadable (logged)."""
+        key = state_key(self._cluster, profile_id)
+        data = await asyncio.to_thread(open_storage(self._home).get_bytes, key)
+        try:
+            return SavedProfile.model_validate_json(data)
+        except ValueError as e:
+            logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
+            return None
+
+    async def load_index(self) -> list[Finished] | None:
+        """The finished profiles' index; ``None`` when it is missing or unreadable (then rebuilt)."""
         storage = open_storage(self._home)
-        keys = await asyncio.to_thread(storage.list, state_prefix(self._cluster))
-        found: list[SavedProfile] = []
-        for key in keys:
-            try:
-                found.append(SavedProfile.model_validate_json(await asyncio.to_thread(storage.get_bytes, key)))
-            except StorageError:
-                raise
-            except ValueError as e:
-                logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
-        return found
+        key = index_key(self._cluster)
+        if not await asyncio.to_thread(storage.exists, key):
+            return None
+        data = await asyncio.to_thread(storage.get_bytes, key)
+        try:
+            return SavedIndex.model_validate_json(data).profiles
+        except ValueError as e:
+            logger.warning("rayprof controller: rebuilding the unreadable index %s: %s", key, e)
+            return None
+
+    async def save_index(self, finished: list[Finished]) -> None:
+        data = SavedIndex(profiles=finished).model_dump_json().encode()
+        await asyncio.to_thread(open_storage(self._home).put_bytes, data, index_key(self._cluster), "manifest")
 
     async def save_watch(self, watch: WatchStatus) -> None:
         storage = open_storage(self._home)

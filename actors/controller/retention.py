@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
-from actors.controller.persistence import Persistence
-from actors.controller.state import Profile
+from actors.controller.catalog import Catalog
+from actors.controller.persistence import Finished, Persistence
 from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
+from orchestrator.layout import profile_prefix
 from orchestrator.models import utcnow
 from orchestrator.storage import open_storage
 
@@ -20,11 +21,15 @@ __all__ = ["Retention", "expired"]
 logger = logging.getLogger(__name__)
 
 
-def expired(profiles: list[Profile], count: int, days: float) -> list[Profile]:
+def expired(finished: Iterable[Finished], count: int, days: float) -> list[Finished]:
     """Finished profiles past the retention policy, oldest last."""
-    finished = sorted((p for p in profiles if p.state.is_terminal), key=lambda p: p.created_at, reverse=True)
+    newest_first = sorted(finished, key=lambda e: e.summary.created_at, reverse=True)
     cutoff = utcnow() - timedelta(days=days)
-    return [p for i, p in enumerate(finished) if i >= count or (p.finished_at or p.created_at) < cutoff]
+    return [
+        e
+        for i, e in enumerate(newest_first)
+        if i >= count or (e.summary.finished_at or e.summary.created_at) < cutoff
+    ]
 
 
 class Retention:
@@ -32,19 +37,31 @@ class Retention:
         self._persistence = persistence
         self._config = config
 
-    async def enforce(self, profiles: dict[str, Profile]) -> None:
-        """Delete what the policy no longer keeps; a storage error leaves that profile for the next round."""
+    def due(self, catalog: Catalog) -> list[Finished]:
+        """What the policy no longer keeps."""
         cfg = self._config()
-        for profile in expired(list(profiles.values()), cfg.retention_count, cfg.retention_days):
-            try:
-                await self.delete(profile)
-            except StorageError as e:
-                logger.warning("rayprof controller: cannot expire %s: %s", profile.id, e)
-                continue
-            profiles.pop(profile.id, None)
-            logger.info("rayprof controller: expired %s", profile.id)
+        return expired(catalog.finished.values(), cfg.retention_count, cfg.retention_days)
 
-    async def delete(self, profile: Profile) -> None:
+    async def enforce(self, catalog: Catalog) -> list[str]:
+        """Delete what the policy no longer keeps; returns what failed. A storage error leaves
+        that profile for the next round."""
+        failed = []
+        due = self.due(catalog)
+        for entry in due:
+            try:
+                await self.delete(entry)
+            except StorageError as e:
+                logger.warning("rayprof controller: cannot expire %s: %s", entry.id, e)
+                failed.append(f"{entry.id}: {e}")
+                continue
+            catalog.remove(entry.id)
+            logger.info("rayprof controller: expired %s", entry.id)
+        if due:
+            await catalog.save_index()
+        return failed
+
+    async def delete(self, entry: Finished) -> None:
         """Delete a profile's folder (its manifest first) and then its saved state."""
-        await asyncio.to_thread(open_storage(profile.storage).delete_tree, profile.prefix)
-        await self._persistence.delete(profile.id)
+        prefix = profile_prefix(entry.summary.target, entry.id)
+        await asyncio.to_thread(open_storage(entry.storage).delete_tree, prefix)
+        await self._persistence.delete(entry.id)

@@ -32,6 +32,7 @@ from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import MissingRank, RankStacks, StacksBundle
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
+from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models import (
     Artifact,
     Command,
@@ -96,7 +97,7 @@ class StacksTaker:
                 target=target,
             )
         run = next(iter(workers.values())).run
-        bundle_id = f"stk-{utcnow().strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        bundle_id = new_profile_id("stk", utcnow(), uuid.uuid4().hex[:8])
         storage = config.storage
         profile = Profile(
             id=bundle_id,

@@ -17,6 +17,7 @@ from orchestrator.errors import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    CleanupIncompleteError,
     ConfigurationError,
     InvalidRequestError,
 )
@@ -242,12 +243,27 @@ def list_profiles(args: argparse.Namespace) -> int:
         emit_json(page)
         return EXIT_OK
     rows = [
-        [p.id, p.target, p.state.value, str(p.request.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
+        [p.id, p.target, p.state.value, str(p.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
         for p in page.profiles
     ]
     out(table(rows, ["id", "target", "state", "steps", "created (UTC)"]) if rows else "no profiles")
     if page.total > page.offset + len(page.profiles):
         out(f"{len(page.profiles)} of {page.total}; next page: --offset {page.offset + len(page.profiles)}")
+    return EXIT_OK
+
+
+def gc(args: argparse.Namespace) -> int:
+    report = _client(args).gc(dry_run=args.dry_run, grace_hours=args.grace_hours)
+    if args.json:
+        emit_json(report)
+    else:
+        verb = "would delete" if report.dry_run else "deleted"
+        rows = [[p.id, p.target, p.state.value, "expired"] for p in report.expired]
+        rows += [[x.profile_id, x.target, "-", "leftover (no manifest, no saved state)"] for x in report.leftovers]
+        out(table(rows, ["id", "target", "state", "why"]) if rows else "nothing to delete")
+        out(f"{verb} {len(report.expired)} expired profiles and {len(report.leftovers)} leftover folders")
+    if report.failed:
+        raise CleanupIncompleteError(f"{len(report.failed)} could not be deleted: " + "; ".join(report.failed))
     return EXIT_OK
 
 

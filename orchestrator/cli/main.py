@@ -25,6 +25,7 @@ from orchestrator.models import (
 from orchestrator.settings import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_URL,
+    GC_GRACE_HOURS_ENV_VAR,
     S3_ENDPOINT_URL_ENV_VAR,
     STORAGE_ENV_VAR,
     TOKEN_ENV_VAR,
@@ -163,6 +164,20 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("delete", cmd.delete, "delete finished profiles: their files in storage and their records", [connection])
     p.add_argument("ids", nargs="+", metavar="ID")
+
+    p = command(
+        "gc",
+        cmd.gc,
+        "apply retention now and delete leftover folders (no manifest, no saved state) past a grace period",
+        [connection],
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    p.add_argument(
+        "--grace-hours",
+        type=float,
+        default=None,
+        help=f"keep leftovers younger than this (default ${GC_GRACE_HOURS_ENV_VAR} on the server, or 24)",
+    )
 
     p = command("cancel", cmd.cancel, "cancel a profile", [connection])
     p.add_argument("id")

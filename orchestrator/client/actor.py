@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ControllerUnavailableError, RayprofError
-from orchestrator.models import Manifest, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff
@@ -59,6 +60,9 @@ class ActorBackend:
 
     def delete(self, profile_id: str) -> None:
         self._call("delete", profile_id)
+
+    def gc(self, request: GcRequest) -> GcReport:
+        return self._call("gc", request, timeout=600.0)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._call("cancel", profile_id)

@@ -21,9 +21,10 @@ from orchestrator.errors import (
     StorageError,
 )
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
-from orchestrator.models import Manifest, Name, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models import Manifest, Name, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
+from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff
@@ -42,6 +43,7 @@ class Backend(Protocol):
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
     def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage: ...
     def delete(self, profile_id: str) -> None: ...
+    def gc(self, request: GcRequest) -> GcReport: ...
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
@@ -253,6 +255,10 @@ class ProfilingClient:
     def delete(self, profile_id: str) -> None:
         """Delete a finished profile: every file of it in storage, and its record."""
         self._backend.delete(profile_id)
+
+    def gc(self, *, dry_run: bool = False, grace_hours: float | None = None) -> GcReport:
+        """Apply retention now and delete leftover folders older than ``grace_hours``; ``dry_run`` deletes nothing."""
+        return self._backend.gc(GcRequest(dry_run=dry_run, grace_hours=grace_hours))
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""

@@ -23,12 +23,13 @@ from orchestrator.errors import (
     RayprofError,
     UnauthorizedError,
 )
-from orchestrator.models import Manifest, ProfilePage, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
     S3_ENDPOINT_URL_ENV_VAR,
     S3_REGION_ENV_VAR,
 )
+from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff
@@ -141,6 +142,11 @@ class HttpBackend:
 
     def delete(self, profile_id: str) -> None:
         self._request("DELETE", self._path(profile_id))
+
+    def gc(self, request: GcRequest) -> GcReport:
+        # Deleting many folders can take a while; never cut it short.
+        body = self._request("POST", "/v1/gc", json=request.model_dump(mode="json"), timeout=600.0)
+        return GcReport.model_validate(body)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
         return self._status(self._request("DELETE", self._path(profile_id)))

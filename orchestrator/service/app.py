@@ -21,12 +21,11 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.auth import check_exposure, read_token
-from orchestrator.control import ControllerConfig, TargetInfo
+from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
@@ -38,7 +37,6 @@ from orchestrator.models import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
     Manifest,
-    ProfilePage,
     ProfileRequest,
     ProfileState,
     ProfileStatus,
@@ -57,8 +55,10 @@ from orchestrator.service.security import (
     serve_http_host,
     unexpected_error_response,
 )
+from orchestrator.service.views import ErrorBody, ProfileView, StorageView, TargetList, WatchList
 from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from orchestrator.storage import open_storage
+from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 __all__ = [
     "ProfileView",
@@ -72,48 +72,11 @@ __all__ = [
 
 CALL_TIMEOUT_S = 30.0
 """How long one call to the control actor may take before the service answers 503."""
+GC_TIMEOUT_S = 600.0
+"""``POST /v1/gc`` deletes whole folders, maybe many: it may take this long."""
 
 # Checked here too so a bad id is a 422, not a controller round trip.
 ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
-
-
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProfileView(ProfileStatus):
-    """A profile as the HTTP API shows it: its status, where to poll, and the manifest once it ended."""
-
-    status_url: str = Field(description="GET this URL for the current state.")
-    manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
-
-
-
-
-class TargetList(_Response):
-    """``GET /v1/targets``: live training runs with agents."""
-
-    targets: list[TargetInfo]
-
-
-class StorageView(_Response):
-    """``GET /v1/storage``: the root clients download profiles from (``{uri}/{target}/{id}/``)."""
-
-    uri: str
-
-
-class WatchList(_Response):
-    """``GET /v1/watches``: every watch."""
-
-    watches: list[WatchStatus]
-
-
-class ErrorBody(_Response):
-    """Every error response; server errors (5xx) add an ``error_id`` to find the logged details by."""
-
-    error: str
-    detail: str
-    error_id: str | None = None
 
 
 api = FastAPI(
@@ -296,6 +259,11 @@ class ProfilingService(ConsoleRoutes):
             await self._call("delete", profile_id)
             return ProfileView(**status.model_dump(), status_url=str(request.url))
         return await self._view(await self._call("cancel", profile_id), request)
+
+    @api.post("/v1/gc", response_model=GcReport, summary="Apply retention now and delete leftover folders")
+    async def collect_garbage(self, body: GcRequest, request: Request, credentials: Credentials) -> GcReport:
+        self._guard.check(request, credentials)
+        return await self._call("gc", body, timeout=GC_TIMEOUT_S)
 
     @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
     async def get_manifest(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> Manifest:

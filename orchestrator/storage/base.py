@@ -102,6 +102,10 @@ class Storage(abc.ABC):
         """Keys under ``prefix`` (relative to the root), sorted."""
 
     @abc.abstractmethod
+    def folders(self, prefix: str) -> list[str]:
+        """Names of the folders directly under ``prefix`` ("" for the root), sorted."""
+
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
 

@@ -97,6 +97,15 @@ class FileStorage(Storage):
         except OSError as e:
             raise StorageError(f"cannot list {base}: {e}") from e
 
+    def folders(self, prefix: str) -> list[str]:
+        base = self.root / check_key(prefix) if prefix else self.root
+        try:
+            if not base.is_dir():
+                return []
+            return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError as e:
+            raise StorageError(f"cannot list {base}: {e}") from e
+
     def delete(self, key: str) -> None:
         try:
             self._path(check_key(key)).unlink(missing_ok=True)
@@ -142,6 +151,11 @@ class MemoryStorage(Storage):
     def list(self, prefix: str) -> list[str]:
         with self._lock:
             return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def folders(self, prefix: str) -> list[str]:
+        start = f"{prefix}/" if prefix else ""
+        with self._lock:
+            return sorted({k[len(start) :].split("/")[0] for k in self.objects if k.startswith(start) and "/" in k[len(start) :]})
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -151,6 +151,18 @@ class S3Storage(Storage):
 
         return sorted(self._retrying(f"list {self.root_uri}/{prefix}", pages))
 
+    def folders(self, prefix: str) -> list[str]:
+        full = f"{self._object_key(prefix)}/" if prefix else (f"{self.prefix}/" if self.prefix else "")
+
+        def pages() -> list[str]:
+            names: list[str] = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+                names.extend(p["Prefix"][len(full) :].rstrip("/") for p in page.get("CommonPrefixes", []))
+            return names
+
+        return sorted(self._retrying(f"list folders of {self.root_uri}/{prefix}", pages))
+
     def delete(self, key: str) -> None:
         self._retrying(
             f"delete {self.uri(key)}",

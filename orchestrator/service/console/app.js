@@ -199,6 +199,11 @@ async function targetsPage(gen) {
   }
 }
 
+// A list item carries rank counts per state, not the ranks: "64 DONE", "60 DONE, 4 FAILED".
+function rankCounts(states) {
+  return Object.entries(states).map(([state, n]) => `${n} ${state}`).join(", ") || "–";
+}
+
 async function profilesPage(gen, params) {
   const offset = Math.max(0, Number(params.get("offset") || 0));
   main.replaceChildren(el("h1", { text: "Profiles" }), el("p", { class: "muted", text: "Loading…" }));
@@ -208,14 +213,14 @@ async function profilesPage(gen, params) {
     const rows = profiles.map((p) => el("tr", {},
       td(el("a", { href: `#/profiles/${encodeURIComponent(p.id)}`, text: p.id }), "l"), td(p.target, "l"),
       td(el("span", { class: `state state-${p.state}`, text: p.state }), "l"),
-      td(p.request.steps), td(new Date(p.created_at).toLocaleString(), "l")));
+      td(p.steps), td(rankCounts(p.rank_states), "l"), td(new Date(p.created_at).toLocaleString(), "l")));
     const last = Math.min(offset + PAGE_SIZE, total);
     const pager = el("div", { class: "pager" },
       el("button", { type: "button", id: "prev-page", disabled: offset === 0, onclick: () => { location.hash = `#/profiles?offset=${Math.max(0, offset - PAGE_SIZE)}`; }, text: "Newer" }),
       el("span", { text: total ? `${offset + 1}–${last} of ${total}` : "no profiles yet" }),
       el("button", { type: "button", id: "next-page", disabled: last >= total, onclick: () => { location.hash = `#/profiles?offset=${offset + PAGE_SIZE}`; }, text: "Older" }));
     main.replaceChildren(el("h1", { text: "Profiles" }), pager,
-      table([["id", "l"], ["target", "l"], ["state", "l"], ["steps"], ["created", "l"]], rows));
+      table([["id", "l"], ["target", "l"], ["state", "l"], ["steps"], ["ranks", "l"], ["created", "l"]], rows));
     say("");
   } catch (err) { failed(err); }
 }
@@ -343,7 +348,7 @@ async function comparePage(gen, params) {
     ({ profiles } = await api("v1/profiles?state=DONE&limit=200"));
   } catch (err) { failed(err); return; }
   if (gen !== generation) return;
-  const options = (selected) => profiles.map((p) => el("option", { value: p.id, selected: p.id === selected, text: `${p.id} (${p.target}, ${p.request.steps} steps)` }));
+  const options = (selected) => profiles.map((p) => el("option", { value: p.id, selected: p.id === selected, text: `${p.id} (${p.target}, ${p.steps} steps)` }));
   const result = el("div", { id: "diff-result", "aria-live": "polite" });
   const form = el("form", { id: "compare-form" },
     el("div", { class: "row" },

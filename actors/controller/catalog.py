@@ -1,0 +1,182 @@
+"""Every profile one controller knows: unfinished ones in full, finished ones as summaries.
+
+A finished profile is never changed again, and a cluster keeps up to 1,000 of
+them (``RAYPROF_RETENTION_COUNT``): holding each in full cost ~0.3 MiB at 64
+ranks and made a restart read every state file. So a finished profile is kept
+as a summary (:class:`Finished`); its full record is read from its state file
+when one profile is asked for, and the last few read stay cached. The
+summaries are also saved as one index file, written after each finish, so a
+restart lists the state files and reads the index, plus only the state files
+the index does not cover (unfinished profiles, and any finished after the
+index was last written). A missing or unreadable index is rebuilt from the
+state files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from actors.controller.persistence import Finished, Persistence
+from actors.controller.state import Profile
+from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
+from orchestrator.models import ProfileState
+from orchestrator.summaries import ProfilePage, ProfileSummary
+
+__all__ = ["Catalog", "finished_entry"]
+
+logger = logging.getLogger(__name__)
+
+# Full records of finished profiles kept after a read: a client that waited on a
+# profile asks for it and its manifest next, and window planning sizes a new
+# window from the latest like it on the same target. 32 x 64 ranks is ~10 MiB.
+_RECENT = 32
+
+
+def finished_entry(profile: Profile) -> Finished:
+    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage)
+
+
+@dataclass
+class _Commits:
+    # Group commit of the index: writes asked for / writes done, as counters.
+    asked: int = 0
+    done: int = 0
+
+
+class Catalog:
+    def __init__(self, persistence: Persistence) -> None:
+        self._persistence = persistence
+        # Unfinished profiles, and finished ones until the controller moves them out.
+        self.live: dict[str, Profile] = {}
+        self.finished: dict[str, Finished] = {}
+        self._recent: OrderedDict[str, Profile] = OrderedDict()
+        self._index_lock = asyncio.Lock()
+        self._commits = _Commits()
+
+    def __contains__(self, profile_id: str) -> bool:
+        return profile_id in self.live or profile_id in self.finished
+
+    async def restore(self) -> list[Profile]:
+        """Load what the index and the state files hold; returns the unfinished profiles, now live.
+        Raises :class:`StorageError` when storage cannot be read."""
+        ids = await self._persistence.saved_ids()
+        index = await self._persistence.load_index()
+        # An entry whose state file is gone was deleted after the index was written.
+        indexed = {e.id: e for e in index or [] if e.id in ids and e.id not in self.live}
+        unfinished: list[Profile] = []
+        for profile_id in sorted(ids - indexed.keys() - self.live.keys() - self.finished.keys()):
+            saved = await self._persistence.load_profile(profile_id)
+            if saved is None:
+                continue
+            profile = saved.profile()
+            if profile.state.is_terminal:
+                indexed[profile.id] = finished_entry(profile)
+            else:
+                self.live[profile.id] = profile
+                unfinished.append(profile)
+        self.finished.update(indexed)
+        if index is None or indexed.keys() != {e.id for e in index}:
+            await self.save_index()
+        await self._load_latest_per_target()
+        return unfinished
+
+    async def _load_latest_per_target(self) -> None:
+        # Window planning sizes a window from the latest finished one on its target.
+        latest: dict[str, Finished] = {}
+        for entry in self.finished.values():
+            s = entry.summary
+            if s.kind == "profile" and s.finished_at is not None:
+                best = latest.get(s.target)
+                if best is None or s.finished_at > (best.summary.finished_at or s.finished_at):
+                    latest[s.target] = entry
+        for entry in latest.values():
+            try:
+                await self.profile(entry.id)
+            except StorageError as e:
+                logger.warning("rayprof controller: cannot read %s: %s", entry.id, e)
+
+    async def finish(self, profile: Profile) -> None:
+        """Keep a profile that has ended as a summary, and save the index."""
+        if self.live.get(profile.id) is not profile or not profile.state.is_terminal:
+            return
+        del self.live[profile.id]
+        self.finished[profile.id] = finished_entry(profile)
+        self._persistence.forget(profile.id)
+        self._remember(profile)
+        await self.save_index()
+
+    async def profile(self, profile_id: str) -> Profile:
+        """One profile in full: a finished one is read from its state file unless cached."""
+        if profile_id in self.live:
+            return self.live[profile_id]
+        if profile_id in self._recent:
+            self._recent.move_to_end(profile_id)
+            return self._recent[profile_id]
+        if profile_id not in self.finished:
+            raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
+        saved = await self._persistence.load_profile(profile_id)
+        if saved is None:
+            raise StorageError(f"the saved state of profile {profile_id} is unreadable", profile_id=profile_id)
+        profile = saved.profile()
+        if profile_id in self.finished:
+            self._remember(profile)
+        return profile
+
+    async def ended(self, profile_id: str) -> Finished:
+        """A finished profile's entry; a conflict while it still runs."""
+        profile = self.live.get(profile_id)
+        if profile is not None and not profile.state.is_terminal:
+            raise ConflictError(
+                f"profile {profile_id} is {profile.state.value}; cancel it before deleting", profile_id=profile_id
+            )
+        if profile is not None:
+            return finished_entry(profile)
+        if profile_id not in self.finished:
+            raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
+        return self.finished[profile_id]
+
+    def known(self) -> list[Profile]:
+        """Profiles held in full: every unfinished one and the recently read finished ones."""
+        return [*self.live.values(), *self._recent.values()]
+
+    def remove(self, profile_id: str) -> None:
+        """Forget a deleted profile; :meth:`save_index` saves that."""
+        self.live.pop(profile_id, None)
+        self.finished.pop(profile_id, None)
+        self._recent.pop(profile_id, None)
+
+    def page(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
+        """One page of summaries, newest first."""
+        summaries = [ProfileSummary.of(p.snapshot()) for p in self.live.values()]
+        summaries += [e.summary for e in self.finished.values()]
+        found = sorted(
+            (s for s in summaries if (target is None or s.target == target) and (state is None or s.state == state)),
+            key=lambda s: s.created_at,
+            reverse=True,
+        )
+        return ProfilePage(profiles=found[offset : offset + limit], total=len(found), offset=offset, limit=limit)
+
+    async def save_index(self) -> None:
+        """Save the index; callers during a write share the next one. A failure is logged, not
+        raised: the next restart reads the state files the index missed."""
+        self._commits.asked += 1
+        wanted = self._commits.asked
+        async with self._index_lock:
+            if self._commits.done >= wanted:
+                return
+            covered = self._commits.asked
+            try:
+                await self._persistence.save_index(list(self.finished.values()))
+            except StorageError as e:
+                logger.warning("rayprof controller: cannot save the index of finished profiles: %s", e)
+                return
+            self._commits.done = covered
+
+    def _remember(self, profile: Profile) -> None:
+        self._recent[profile.id] = profile
+        self._recent.move_to_end(profile.id)
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)

@@ -1,0 +1,82 @@
+"""``rayprof gc``: apply retention now, and delete the folders nothing owns.
+
+A leftover is a profile folder in the configured storage with no manifest (so
+no finished profile), no saved state in any cluster's ``_rayprof/`` (so no
+controller will resume or list it) and not known to this controller, made
+longer ago than the grace period (its id says when): what a postprocess that
+crashed before its commit point leaves behind. Folders whose names rayprof did
+not give are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from actors.controller.catalog import Catalog
+from actors.controller.retention import Retention
+from orchestrator.control import ControllerConfig
+from orchestrator.errors import StorageError
+from orchestrator.layout import STATE_ROOT, id_created_at, manifest_key, profile_prefix, state_key
+from orchestrator.models import StorageSpec, utcnow
+from orchestrator.storage import open_storage
+from orchestrator.summaries import GcReport, GcRequest, Leftover
+
+__all__ = ["Cleanup", "find_leftovers"]
+
+logger = logging.getLogger(__name__)
+
+
+def find_leftovers(spec: StorageSpec, known: Callable[[str], bool], older_than: datetime) -> list[Leftover]:
+    """Leftover profile folders in ``spec``'s storage; ``known`` says whether a controller holds an id."""
+    storage = open_storage(spec)
+    clusters = storage.folders(STATE_ROOT)
+    found = []
+    for target in storage.folders(""):
+        if target == STATE_ROOT:
+            continue
+        for profile_id in storage.folders(target):
+            created = id_created_at(profile_id)
+            if created is None or created >= older_than or known(profile_id):
+                continue
+            if storage.exists(manifest_key(target, profile_id)):
+                continue
+            if any(storage.exists(state_key(cluster, profile_id)) for cluster in clusters):
+                continue
+            uri = storage.uri(profile_prefix(target, profile_id))
+            found.append(Leftover(target=target, profile_id=profile_id, uri=uri, created_at=created))
+    return found
+
+
+class Cleanup:
+    def __init__(self, catalog: Catalog, retention: Retention, config: Callable[[], ControllerConfig]) -> None:
+        self._catalog = catalog
+        self._retention = retention
+        self._config = config
+
+    async def collect(self, request: GcRequest) -> GcReport:
+        """Delete expired profiles and leftovers (with ``dry_run``, only list them). Raises
+        :class:`StorageError` when the storage cannot be listed; a delete that fails is reported."""
+        cfg = self._config()
+        grace = timedelta(hours=request.grace_hours or cfg.gc_grace_hours)
+        due = self._retention.due(self._catalog)
+        leftovers = await asyncio.to_thread(
+            find_leftovers, cfg.storage, self._catalog.__contains__, utcnow() - grace
+        )
+        if request.dry_run:
+            return GcReport(dry_run=True, expired=[e.summary for e in due], leftovers=leftovers)
+        failed = await self._retention.enforce(self._catalog)
+        gone = [e.summary for e in due if e.id not in self._catalog]
+        storage = open_storage(cfg.storage)
+        deleted = []
+        for leftover in leftovers:
+            try:
+                await asyncio.to_thread(storage.delete_tree, profile_prefix(leftover.target, leftover.profile_id))
+            except StorageError as e:
+                failed.append(f"{leftover.uri}: {e}")
+                continue
+            deleted.append(leftover)
+            logger.info("rayprof controller: deleted leftover %s", leftover.uri)
+        return GcReport(dry_run=False, expired=gone, leftovers=deleted, failed=failed)

@@ -1,0 +1,48 @@
+"""What the HTTP API answers, beyond the models the controller returns."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.control import TargetInfo
+from orchestrator.diagnosis import WatchStatus
+from orchestrator.models import Manifest, ProfileStatus
+
+__all__ = ["ErrorBody", "ProfileView", "StorageView", "TargetList", "WatchList"]
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileView(ProfileStatus):
+    """A profile as the HTTP API shows it: its status, where to poll, and the manifest once it ended."""
+
+    status_url: str = Field(description="GET this URL for the current state.")
+    manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
+
+
+class TargetList(_Response):
+    """``GET /v1/targets``: live training runs with agents."""
+
+    targets: list[TargetInfo]
+
+
+class StorageView(_Response):
+    """``GET /v1/storage``: the root clients download profiles from (``{uri}/{target}/{id}/``)."""
+
+    uri: str
+
+
+class WatchList(_Response):
+    """``GET /v1/watches``: every watch."""
+
+    watches: list[WatchStatus]
+
+
+class ErrorBody(_Response):
+    """Every error response; server errors (5xx) add an ``error_id`` to find the logged details by."""
+
+    error: str
+    detail: str
+    error_id: str | None = None
