@@ -11,6 +11,7 @@ Each module measures one property the design promises and exposes
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
+- ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -23,6 +24,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart", "console")
 
 __all__ = ["BENCHMARKS", "LogFn"]

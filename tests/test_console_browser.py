@@ -15,6 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from benchmarks._stored import CLUSTER, write_saved_profiles
 from tests.conftest import LIVE_TARGET, REPO
 
 pytest_plugins = ["tests.serve_fixtures"]
@@ -58,6 +59,27 @@ def page(browser: Any, live_job, service) -> Iterator[Any]:
     context.close()
     # A 401 the test provokes on purpose is logged as a failed resource load; anything else is a bug.
     assert [e for e in errors if "401" not in e] == []
+
+
+@pytest.fixture(scope="module")
+def stored(service, tmp_path_factory) -> Iterator[tuple[str, list[str]]]:
+    """A second app whose control actor restored 120 stored profiles of 64 ranks; its URL and their ids."""
+    import ray
+    from ray import serve
+
+    from actors.controller.actor import Controller
+    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.models import StorageSpec
+    from orchestrator.service.app import ProfilingService
+
+    home = StorageSpec(uri=normalize_uri(str(tmp_path_factory.mktemp("stored"))))
+    ids = write_saved_profiles(home, 120, 64)
+    config = controller_config(home).model_copy(update={"cluster_name": CLUSTER})
+    controller = ray.remote(Controller).options(num_cpus=0).remote(config)
+    serve.run(ProfilingService.bind(controller=controller), name="rayprof-stored", route_prefix="/stored")
+    yield f"{service.url}/stored", ids
+    serve.delete("rayprof-stored")
+    ray.kill(controller, no_restart=True)
 
 
 def shot(tab: Any, name: str) -> Path:
@@ -174,3 +196,18 @@ def test_token_typed_once_is_sent_as_a_bearer_header_for_the_tab(page, service):
 
     page.locator(f'section[data-target="{LIVE_TARGET}"]').wait_for()
     assert page.evaluate("sessionStorage.getItem('rayprof-token')") == service.token
+
+
+def test_profiles_page_shows_stored_profiles_newest_first_with_rank_counts(browser, stored):
+    url, ids = stored
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+
+    tab.goto(f"{url}/#/profiles")
+    rows = tab.locator("main table tbody tr")
+    rows.nth(49).wait_for()
+
+    assert rows.count() == 50
+    assert ids[-1] in rows.first.inner_text() and "64 DONE" in rows.first.inner_text()
+    assert "1–50 of 120" in tab.locator(".pager").inner_text()
+    context.close()
