@@ -12,6 +12,7 @@ _EXPORTS = {
     "ProfileHandle": "orchestrator.client",
     "ProfilingClient": "orchestrator.client",
     "AlreadyExistsError": "orchestrator.errors",
+    "CleanupIncompleteError": "orchestrator.errors",
     "ConfigurationError": "orchestrator.errors",
     "ConflictError": "orchestrator.errors",
     "ControllerUnavailableError": "orchestrator.errors",
