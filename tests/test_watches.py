@@ -136,9 +136,10 @@ def test_a_lag_watch_profiles_the_lagging_rank_plus_a_few_healthy_ones(home):
             if found := await profiles(c):
                 break
             await asyncio.sleep(0.05)
+        status = await c.get(found[0].id)
         for a in agents:
             await a.stop()
-        return found[0]
+        return status
 
     status = run(go())
     assert status.request.ranks == [0, 1, 4]
