@@ -41,6 +41,7 @@ from benchmarks._stats import Result, ensure_ray, proc_cpu_seconds, proc_rss_byt
 NAME = "control_plane"
 STEP_TIME_S = 0.1
 HOSTS = 4
+RANKS_PER_NODE = 8
 WINDOW_STEPS = 2
 
 
@@ -48,7 +49,12 @@ WINDOW_STEPS = 2
 class SimHost:
     """Many simulated agents in one async actor process."""
 
-    def __init__(self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float) -> None:
+    def __init__(
+        self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float,
+        ranks_per_node: int = 0, poll_timeout_s: float = 10.0,
+    ) -> None:
+        from actors.controller.handle import find_controller
+        from actors.relay import RelayCore
         from orchestrator.models import WorkerInfo
 
         self.infos = [
@@ -67,6 +73,15 @@ class SimHost:
         self.tasks: list[asyncio.Task] = []
         self.stopped = False
         self.controller: Any = None
+        # With ranks_per_node, consecutive ranks share a simulated node whose relay is the real
+        # RelayCore, run in this process: the controller sees the relays' calls, as on a cluster.
+        self.relays: dict[str, Any] = {}
+        if ranks_per_node:
+            for info in self.infos:
+                node = f"sim-{target}-node{info.world_rank // ranks_per_node}"
+                if node not in self.relays:
+                    self.relays[node] = RelayCore(node, find_controller, poll_timeout_s)
+                self.relays[info.agent_id] = self.relays[node]
 
     def step(self) -> int:
         return int((time.monotonic() - self.t0) / self.step_time_s)
@@ -94,7 +109,11 @@ class SimHost:
         return elapsed
 
     async def _call(self, method: str, *args: Any) -> Any:
-        result = await getattr(self.controller, method).remote(*args)
+        relay = self.relays.get(args[0].agent_id)
+        if relay is not None:
+            result = await getattr(relay, method)(*args)
+        else:
+            result = await getattr(self.controller, method).remote(*args)
         self.calls[method] += 1
         return result
 
@@ -146,8 +165,13 @@ class SimHost:
             step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
 
     def counters(self) -> dict[str, Any]:
+        """Calls that reached the controller (the relays' when there are relays), and rank-level counts."""
+        total = sum(self.calls.values())
+        if self.relays:
+            cores = {id(core): core for core in self.relays.values()}.values()
+            total = sum(sum(core.upstream_calls.values()) for core in cores)
         return {"calls": dict(self.calls), "outstanding_polls": self.outstanding_polls, "arms": self.arms,
-                "total": sum(self.calls.values())}
+                "total": total}
 
     async def hammer(self, seconds: float, concurrency: int) -> int:
         """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
@@ -199,7 +223,7 @@ def _sum_counters(hosts: list[Any]) -> dict[str, Any]:
     }
 
 
-def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
+def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
     from actors.controller.actor import create_controller
     from orchestrator.client import ProfilingClient
     from orchestrator.client.actor import ActorBackend
@@ -212,10 +236,14 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
     ray.get(handle.ping.remote(), timeout=60)
     pid = _controller_pid(handle)
     client = ProfilingClient(backend=ActorBackend(handle))
-    out: dict[str, Any] = {"n": n, "poll_timeout_s": config.poll_timeout_s, "rss_empty": proc_rss_bytes(pid)}
-    target = f"sim-{n}"
-    per_host = [list(range(h, n, HOSTS)) for h in range(HOSTS)]
-    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S) for h, ranks in enumerate(per_host)]
+    out: dict[str, Any] = {"n": n, "per_node": per_node, "poll_timeout_s": config.poll_timeout_s,
+                           "rss_empty": proc_rss_bytes(pid)}
+    target = f"sim-{n}-{per_node}"
+    # Whole simulated nodes per host: rank r is on node r // per_node.
+    block = -(-n // HOSTS)
+    per_host = [list(range(h * block, min(n, (h + 1) * block))) for h in range(HOSTS)]
+    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S, per_node, config.poll_timeout_s)
+             for h, ranks in enumerate(per_host)]
     try:
         reg = ray.get([h.start.remote(2.0 if quick else config.poll_timeout_s) for h in hosts], timeout=300)
         out["register_s"] = max(reg)
@@ -244,7 +272,7 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
         out.update(idle_cpu_pct=cpu_pct, idle_rss=rss, idle_calls_per_s=rate,
                    idle_total_calls_per_s=(_sum_counters(hosts)["total"] - k_start) / (w_end - w_start),
                    idle_total_cpu_pct=100 * (proc_cpu_seconds(pid) - c_start) / (w_end - w_start))
-        log(f"{NAME}[{n}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
+        log(f"{NAME}[{n}/{per_node}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
             f"rss {statistics.median(rss) / 2**20:.0f} MiB, {statistics.median(rate):.0f} calls/s")
 
         # Arm: one request at a time, all ranks.
@@ -278,7 +306,7 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
                 "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
             }
             arms.append(arm)
-            log(f"{NAME}[{n}]: request {i + 1}: {status.state.value} {states}; sync {arm['sync_s']}, "
+            log(f"{NAME}[{n}/{per_node}]: request {i + 1}: {status.state.value} {states}; sync {arm['sync_s']}, "
                 f"all armed {arm['all_armed_s']}, all capturing {arm['all_capturing_s']} s; "
                 f"{arm['calls_per_s']:.0f} calls/s, controller cpu {arm['cpu_pct']:.0f}%")
             time.sleep(1.0)
@@ -292,7 +320,7 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
         w1 = time.monotonic()
         out["capacity_calls_per_s"] = done / (w1 - w0)
         out["capacity_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (w1 - w0)
-        log(f"{NAME}[{n}]: capacity {out['capacity_calls_per_s']:.0f} calls/s at {out['capacity_cpu_pct']:.0f}% cpu")
+        log(f"{NAME}[{n}/{per_node}]: capacity {out['capacity_calls_per_s']:.0f} calls/s at {out['capacity_cpu_pct']:.0f}% cpu")
     finally:
         try:
             ray.get([h.stop.remote() for h in hosts], timeout=30)
@@ -305,21 +333,23 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
 
 
 def run(quick: bool, log: LogFn) -> list[Result]:
-    """Controller behaviour at growing numbers of simulated ranks."""
-    scales = (128,) if quick else (256, 512, 1024)
+    """Controller behaviour at growing numbers of simulated ranks, each rank calling the controller
+    itself, and (``per node 8``) through one relay per 8-rank node."""
+    scales = ((128, 0), (128, RANKS_PER_NODE)) if quick else (
+        (256, 0), (1024, 0), (1024, RANKS_PER_NODE), (4096, RANKS_PER_NODE))
     store = Path(tempfile.mkdtemp(prefix="rayprof-bench-cp-"))
     ensure_ray()
     runs: list[dict[str, Any]] = []
     try:
-        for n in scales:
-            runs.append(_one_scale(n, quick, store, log))
+        for n, per_node in scales:
+            runs.append(_one_scale(n, per_node, quick, store, log))
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
     results: list[Result] = []
     for r in runs:
         n = r["n"]
-        bench = f"{NAME}[{n} ranks]"
+        bench = f"{NAME}[{n} ranks, {'relay per ' + str(r['per_node']) + ' ranks' if r['per_node'] else 'direct'}]"
         arms = r["arms"]
         missed = [sum(v for k, v in a["rank_states"].items() if k != "DONE") for a in arms]
         results += [

@@ -120,6 +120,7 @@ class Runner:
             sync_round_s,
             config.arm_lead_s,
             profile.request.warmup,
+            relayed=all(w.relay is not None for w in present),
         )
         per_step = trace_bytes_per_step(profile.request, self._profiles())
         profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
@@ -146,8 +147,11 @@ class Runner:
         sent = time.monotonic()
         for worker in present:
             worker.send(Command(kind="sync"))
-        while any(w.seen_at < sent for w in present) and time.monotonic() < sent + timeout:
-            await asyncio.sleep(0.005)
+        stale = present
+        # Only the ranks not heard from yet are checked again: at 1,024 ranks a full scan
+        # every few milliseconds costs the event loop more than the answers do.
+        while (stale := [w for w in stale if w.seen_at < sent]) and time.monotonic() < sent + timeout:
+            await asyncio.sleep(0.01)
         return time.monotonic() - sent
 
     async def _await_ranks(self, profile: Profile) -> None:
