@@ -1,4 +1,4 @@
-"""Control-plane scale: one real controller actor, hundreds to 1,024 simulated ranks.
+"""Control-plane scale: one real controller actor, hundreds to 4,096 simulated ranks, direct or through relays.
 
 Simulated agents speak the real protocol (``register``, long-poll
 ``poll(Heartbeat)``, ``report(RankEvent)``) from a few async Ray actors
@@ -7,16 +7,19 @@ one outstanding long-poll per worker. Step counters advance at a fixed rate
 (``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
 its window: reports ARMED; FAILED if its step already passed the window's first
 boundary; else CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts)
-at ``stop_step``.
+at ``stop_step``. With ``per_node`` > 0, each run of that many consecutive ranks
+is a node whose relay is the real ``actors.relay.RelayCore`` in the sim host's
+process: the controller sees the relays' ``poll_node`` / ``report_many``.
 
-Per scale (256 / 512 / 1,024 ranks, a fresh controller each, default
-``poll_timeout_s`` = 10 s):
+Per scale (256 and 1,024 ranks direct; 1,024 and 4,096 through relays of 8
+ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
 
 * registration time for all ranks,
 * idle: controller CPU and RSS (``/proc`` of its pid) and calls/s served while
   every rank long-polls,
 * arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
   ranks that missed the window, submit -> terminal,
+* idle again with 10 watches on the target,
 * capacity: calls/s the controller serves when the sim hosts fire cheap
   ``report`` calls (unknown profile id) as fast as they can.
 """
@@ -136,14 +139,16 @@ class SimHost:
                     await self._call("register", info)
                 elif command.kind == "arm":
                     self.arms += 1
-                    asyncio.get_running_loop().create_task(self._window(info, command.window))
+                    # Like Capture: the window is armed when the command arrives, so whether its
+                    # start has passed is decided now, not after ARMED is acknowledged.
+                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step()))
             except asyncio.CancelledError:
                 return
             except Exception:
                 # Like the real agent: keep going, never die of a failed call.
                 await asyncio.sleep(0.5)
 
-    async def _window(self, info: Any, window: Any) -> None:
+    async def _window(self, info: Any, window: Any, now_step: int) -> None:
         from orchestrator.models import RankEvent, RankState
 
         def event(state: RankState, **kw: Any) -> RankEvent:
@@ -151,7 +156,6 @@ class SimHost:
 
         await self._call("report", event(RankState.ARMED))
         first = window.start_step - window.warmup
-        now_step = self.step()
         if now_step >= first:
             await self._call("report", event(
                 RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})"))
@@ -313,6 +317,20 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         out["arms"] = arms
         out["rss_after"] = proc_rss_bytes(pid)
 
+        # Idle again with 10 watches on the target: they read the heartbeats already held.
+        from orchestrator.diagnosis import WatchSpec
+
+        specs = [WatchSpec(target=target, slower_than=1.3)] * 4 + [WatchSpec(target=target, rank_lag=3)] * 3
+        specs += [WatchSpec(target=target, stalled=True, action="stacks")] * 3
+        watches = [client._backend.create_watch(spec) for spec in specs]
+        time.sleep(2.0)
+        c0, w0 = proc_cpu_seconds(pid), time.monotonic()
+        time.sleep(idle_s / 2)
+        out["watched_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (time.monotonic() - w0)
+        for watch in watches:
+            client._backend.delete_watch(watch.id)
+        log(f"{NAME}[{n}/{per_node}]: idle with {len(watches)} watches: cpu {out['watched_cpu_pct']:.1f}%")
+
         # Capacity: cheap calls from every host at once.
         seconds = 3.0 if quick else 6.0
         c0, w0 = proc_cpu_seconds(pid), time.monotonic()
@@ -360,6 +378,8 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             Result.of(bench, "idle controller RSS", "MiB", [x / 2**20 for x in r["idle_rss"]],
                       note=f"empty controller: {r['rss_empty'] / 2**20:.0f} MiB; after the requests: "
                       f"{r['rss_after'] / 2**20:.0f} MiB"),
+            Result(bench, "idle controller CPU, 10 watches", "%", r["watched_cpu_pct"], n=1,
+                   note="4 slower-than, 3 rank-lag, 3 stalled watches on the target, none firing"),
             Result.of(bench, "idle calls served", "calls/s", r["idle_calls_per_s"],
                       note=f"whole idle window: {r['idle_total_calls_per_s']:.1f} calls/s at "
                       f"{r['idle_total_cpu_pct']:.2f}% CPU; expected ~ ranks / poll_timeout = "

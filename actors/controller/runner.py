@@ -25,6 +25,8 @@ __all__ = ["PostprocessFn", "Runner"]
 
 logger = logging.getLogger(__name__)
 
+_RESCAN_S = 0.02
+
 # (draft manifest, profile, timeout) -> manifest with the merged trace, report and summary added.
 PostprocessFn = Callable[[Manifest, Profile, float], Awaitable[Manifest]]
 
@@ -178,6 +180,9 @@ class Runner:
                 return
             profile.changed.clear()
             await wait_event(profile.changed, min(left, 1.0))
+            # Events come in bursts (a relay's batch, a thousand ranks arming); one scan of
+            # every rank per burst, not per event, keeps this O(ranks) per window.
+            await asyncio.sleep(_RESCAN_S)
 
     def _end_lost_ranks(self, profile: Profile) -> None:
         workers = self._registry.workers
