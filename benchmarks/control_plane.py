@@ -1,4 +1,4 @@
-"""Control-plane scale: one real controller actor, hundreds to 1,024 simulated ranks.
+"""Control-plane scale: one real controller actor, hundreds to 4,096 simulated ranks, direct or through relays.
 
 Simulated agents speak the real protocol (``register``, long-poll
 ``poll(Heartbeat)``, ``report(RankEvent)``) from a few async Ray actors
@@ -7,16 +7,19 @@ one outstanding long-poll per worker. Step counters advance at a fixed rate
 (``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
 its window: reports ARMED; FAILED if its step already passed the window's first
 boundary; else CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts)
-at ``stop_step``.
+at ``stop_step``. With ``per_node`` > 0, each run of that many consecutive ranks
+is a node whose relay is the real ``actors.relay.RelayCore`` in the sim host's
+process: the controller sees the relays' ``poll_node`` / ``report_many``.
 
-Per scale (256 / 512 / 1,024 ranks, a fresh controller each, default
-``poll_timeout_s`` = 10 s):
+Per scale (256 and 1,024 ranks direct; 1,024 and 4,096 through relays of 8
+ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
 
 * registration time for all ranks,
 * idle: controller CPU and RSS (``/proc`` of its pid) and calls/s served while
   every rank long-polls,
 * arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
   ranks that missed the window, submit -> terminal,
+* idle again with 10 watches on the target,
 * capacity: calls/s the controller serves when the sim hosts fire cheap
   ``report`` calls (unknown profile id) as fast as they can.
 """
@@ -41,6 +44,7 @@ from benchmarks._stats import Result, ensure_ray, proc_cpu_seconds, proc_rss_byt
 NAME = "control_plane"
 STEP_TIME_S = 0.1
 HOSTS = 4
+RANKS_PER_NODE = 8
 WINDOW_STEPS = 2
 
 
@@ -48,7 +52,12 @@ WINDOW_STEPS = 2
 class SimHost:
     """Many simulated agents in one async actor process."""
 
-    def __init__(self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float) -> None:
+    def __init__(
+        self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float,
+        ranks_per_node: int = 0, poll_timeout_s: float = 10.0,
+    ) -> None:
+        from actors.controller.handle import find_controller
+        from actors.relay import RelayCore
         from orchestrator.models import WorkerInfo
 
         self.infos = [
@@ -67,6 +76,15 @@ class SimHost:
         self.tasks: list[asyncio.Task] = []
         self.stopped = False
         self.controller: Any = None
+        # With ranks_per_node, consecutive ranks share a simulated node whose relay is the real
+        # RelayCore, run in this process: the controller sees the relays' calls, as on a cluster.
+        self.relays: dict[str, Any] = {}
+        if ranks_per_node:
+            for info in self.infos:
+                node = f"sim-{target}-node{info.world_rank // ranks_per_node}"
+                if node not in self.relays:
+                    self.relays[node] = RelayCore(node, find_controller, poll_timeout_s)
+                self.relays[info.agent_id] = self.relays[node]
 
     def step(self) -> int:
         return int((time.monotonic() - self.t0) / self.step_time_s)
@@ -94,7 +112,11 @@ class SimHost:
         return elapsed
 
     async def _call(self, method: str, *args: Any) -> Any:
-        result = await getattr(self.controller, method).remote(*args)
+        relay = self.relays.get(args[0].agent_id)
+        if relay is not None:
+            result = await getattr(relay, method)(*args)
+        else:
+            result = await getattr(self.controller, method).remote(*args)
         self.calls[method] += 1
         return result
 
@@ -117,14 +139,16 @@ class SimHost:
                     await self._call("register", info)
                 elif command.kind == "arm":
                     self.arms += 1
-                    asyncio.get_running_loop().create_task(self._window(info, command.window))
+                    # Like Capture: the window is armed when the command arrives, so whether its
+                    # start has passed is decided now, not after ARMED is acknowledged.
+                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step()))
             except asyncio.CancelledError:
                 return
             except Exception:
                 # Like the real agent: keep going, never die of a failed call.
                 await asyncio.sleep(0.5)
 
-    async def _window(self, info: Any, window: Any) -> None:
+    async def _window(self, info: Any, window: Any, now_step: int) -> None:
         from orchestrator.models import RankEvent, RankState
 
         def event(state: RankState, **kw: Any) -> RankEvent:
@@ -132,7 +156,6 @@ class SimHost:
 
         await self._call("report", event(RankState.ARMED))
         first = window.start_step - window.warmup
-        now_step = self.step()
         if now_step >= first:
             await self._call("report", event(
                 RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})"))
@@ -146,8 +169,13 @@ class SimHost:
             step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
 
     def counters(self) -> dict[str, Any]:
+        """Calls that reached the controller (the relays' when there are relays), and rank-level counts."""
+        total = sum(self.calls.values())
+        if self.relays:
+            cores = {id(core): core for core in self.relays.values()}.values()
+            total = sum(sum(core.upstream_calls.values()) for core in cores)
         return {"calls": dict(self.calls), "outstanding_polls": self.outstanding_polls, "arms": self.arms,
-                "total": sum(self.calls.values())}
+                "total": total}
 
     async def hammer(self, seconds: float, concurrency: int) -> int:
         """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
@@ -199,7 +227,7 @@ def _sum_counters(hosts: list[Any]) -> dict[str, Any]:
     }
 
 
-def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
+def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
     from actors.controller.actor import create_controller
     from orchestrator.client import ProfilingClient
     from orchestrator.client.actor import ActorBackend
@@ -212,10 +240,14 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
     ray.get(handle.ping.remote(), timeout=60)
     pid = _controller_pid(handle)
     client = ProfilingClient(backend=ActorBackend(handle))
-    out: dict[str, Any] = {"n": n, "poll_timeout_s": config.poll_timeout_s, "rss_empty": proc_rss_bytes(pid)}
-    target = f"sim-{n}"
-    per_host = [list(range(h, n, HOSTS)) for h in range(HOSTS)]
-    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S) for h, ranks in enumerate(per_host)]
+    out: dict[str, Any] = {"n": n, "per_node": per_node, "poll_timeout_s": config.poll_timeout_s,
+                           "rss_empty": proc_rss_bytes(pid)}
+    target = f"sim-{n}-{per_node}"
+    # Whole simulated nodes per host: rank r is on node r // per_node.
+    block = -(-n // HOSTS)
+    per_host = [list(range(h * block, min(n, (h + 1) * block))) for h in range(HOSTS)]
+    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S, per_node, config.poll_timeout_s)
+             for h, ranks in enumerate(per_host)]
     try:
         reg = ray.get([h.start.remote(2.0 if quick else config.poll_timeout_s) for h in hosts], timeout=300)
         out["register_s"] = max(reg)
@@ -244,7 +276,7 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
         out.update(idle_cpu_pct=cpu_pct, idle_rss=rss, idle_calls_per_s=rate,
                    idle_total_calls_per_s=(_sum_counters(hosts)["total"] - k_start) / (w_end - w_start),
                    idle_total_cpu_pct=100 * (proc_cpu_seconds(pid) - c_start) / (w_end - w_start))
-        log(f"{NAME}[{n}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
+        log(f"{NAME}[{n}/{per_node}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
             f"rss {statistics.median(rss) / 2**20:.0f} MiB, {statistics.median(rate):.0f} calls/s")
 
         # Arm: one request at a time, all ranks.
@@ -278,12 +310,26 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
                 "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
             }
             arms.append(arm)
-            log(f"{NAME}[{n}]: request {i + 1}: {status.state.value} {states}; sync {arm['sync_s']}, "
+            log(f"{NAME}[{n}/{per_node}]: request {i + 1}: {status.state.value} {states}; sync {arm['sync_s']}, "
                 f"all armed {arm['all_armed_s']}, all capturing {arm['all_capturing_s']} s; "
                 f"{arm['calls_per_s']:.0f} calls/s, controller cpu {arm['cpu_pct']:.0f}%")
             time.sleep(1.0)
         out["arms"] = arms
         out["rss_after"] = proc_rss_bytes(pid)
+
+        # Idle again with 10 watches on the target: they read the heartbeats already held.
+        from orchestrator.diagnosis import WatchSpec
+
+        specs = [WatchSpec(target=target, slower_than=1.3)] * 4 + [WatchSpec(target=target, rank_lag=3)] * 3
+        specs += [WatchSpec(target=target, stalled=True, action="stacks")] * 3
+        watches = [client._backend.create_watch(spec) for spec in specs]
+        time.sleep(2.0)
+        c0, w0 = proc_cpu_seconds(pid), time.monotonic()
+        time.sleep(idle_s / 2)
+        out["watched_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (time.monotonic() - w0)
+        for watch in watches:
+            client._backend.delete_watch(watch.id)
+        log(f"{NAME}[{n}/{per_node}]: idle with {len(watches)} watches: cpu {out['watched_cpu_pct']:.1f}%")
 
         # Capacity: cheap calls from every host at once.
         seconds = 3.0 if quick else 6.0
@@ -292,7 +338,7 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
         w1 = time.monotonic()
         out["capacity_calls_per_s"] = done / (w1 - w0)
         out["capacity_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (w1 - w0)
-        log(f"{NAME}[{n}]: capacity {out['capacity_calls_per_s']:.0f} calls/s at {out['capacity_cpu_pct']:.0f}% cpu")
+        log(f"{NAME}[{n}/{per_node}]: capacity {out['capacity_calls_per_s']:.0f} calls/s at {out['capacity_cpu_pct']:.0f}% cpu")
     finally:
         try:
             ray.get([h.stop.remote() for h in hosts], timeout=30)
@@ -305,21 +351,23 @@ def _one_scale(n: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
 
 
 def run(quick: bool, log: LogFn) -> list[Result]:
-    """Controller behaviour at growing numbers of simulated ranks."""
-    scales = (128,) if quick else (256, 512, 1024)
+    """Controller behaviour at growing numbers of simulated ranks, each rank calling the controller
+    itself, and (``per node 8``) through one relay per 8-rank node."""
+    scales = ((128, 0), (128, RANKS_PER_NODE)) if quick else (
+        (256, 0), (1024, 0), (1024, RANKS_PER_NODE), (4096, RANKS_PER_NODE))
     store = Path(tempfile.mkdtemp(prefix="rayprof-bench-cp-"))
     ensure_ray()
     runs: list[dict[str, Any]] = []
     try:
-        for n in scales:
-            runs.append(_one_scale(n, quick, store, log))
+        for n, per_node in scales:
+            runs.append(_one_scale(n, per_node, quick, store, log))
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
     results: list[Result] = []
     for r in runs:
         n = r["n"]
-        bench = f"{NAME}[{n} ranks]"
+        bench = f"{NAME}[{n} ranks, {'relay per ' + str(r['per_node']) + ' ranks' if r['per_node'] else 'direct'}]"
         arms = r["arms"]
         missed = [sum(v for k, v in a["rank_states"].items() if k != "DONE") for a in arms]
         results += [
@@ -330,6 +378,8 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             Result.of(bench, "idle controller RSS", "MiB", [x / 2**20 for x in r["idle_rss"]],
                       note=f"empty controller: {r['rss_empty'] / 2**20:.0f} MiB; after the requests: "
                       f"{r['rss_after'] / 2**20:.0f} MiB"),
+            Result(bench, "idle controller CPU, 10 watches", "%", r["watched_cpu_pct"], n=1,
+                   note="4 slower-than, 3 rank-lag, 3 stalled watches on the target, none firing"),
             Result.of(bench, "idle calls served", "calls/s", r["idle_calls_per_s"],
                       note=f"whole idle window: {r['idle_total_calls_per_s']:.1f} calls/s at "
                       f"{r['idle_total_cpu_pct']:.2f}% CPU; expected ~ ranks / poll_timeout = "

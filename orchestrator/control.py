@@ -1,4 +1,5 @@
-"""What the control actor reports and runs with: live targets and their workers, and its configuration."""
+"""What the control actor reports and runs with: live targets and their workers, its configuration,
+and what a node's relay and the controller say to each other."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.models import Name, StorageSpec, StrictModel, WorkerInfo
+from orchestrator.models import Command, Heartbeat, Name, StorageSpec, StrictModel, WorkerInfo
 from orchestrator.settings import (
     DEFAULT_GC_GRACE_HOURS,
     DEFAULT_LAG_STEPS,
@@ -18,7 +19,7 @@ from orchestrator.settings import (
     DEFAULT_STALL_STEP_FACTOR,
 )
 
-__all__ = ["ControllerConfig", "TargetInfo", "WorkerStatus"]
+__all__ = ["ControllerConfig", "NodeBeat", "NodePoll", "NodeReply", "TargetInfo", "WorkerStatus"]
 
 
 class WorkerStatus(StrictModel):
@@ -75,3 +76,23 @@ class ControllerConfig(StrictModel):
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0)
+
+
+class NodeBeat(StrictModel):
+    """One local rank's latest heartbeat, as a relay forwards it."""
+
+    heartbeat: Heartbeat
+    age_s: float = Field(ge=0, description="Seconds between the rank's poll and this forward: the controller dates it back.")
+
+
+class NodePoll(StrictModel):
+    """A relay's long-poll on behalf of every rank on its node."""
+
+    relay_id: str
+    beats: list[NodeBeat]
+
+
+class NodeReply(StrictModel):
+    """Commands for the relay's ranks, by agent id, oldest first."""
+
+    commands: dict[str, list[Command]] = Field(default_factory=dict)

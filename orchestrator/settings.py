@@ -30,6 +30,11 @@ DEFAULT_MAX_WARMUP_STEPS = 10
 POLL_TIMEOUT_S_ENV_VAR = "RAYPROF_POLL_TIMEOUT_S"
 DEFAULT_POLL_TIMEOUT_S = 10.0
 
+# Agents of a job with at least this many ranks poll through one relay per node
+# (actors.relay), so the controller answers nodes, not ranks; 0: never.
+RELAY_MIN_WORLD_SIZE_ENV_VAR = "RAYPROF_RELAY_MIN_WORLD_SIZE"
+DEFAULT_RELAY_MIN_WORLD_SIZE = 32
+
 WORKER_EXPIRY_GRACE_S_ENV_VAR = "RAYPROF_WORKER_EXPIRY_GRACE_S"
 DEFAULT_WORKER_EXPIRY_GRACE_S = 10.0
 

@@ -113,9 +113,10 @@ def client(ray_cluster: str):
 @pytest.fixture(scope="session")
 def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[ExampleJob]:
     """The long-running job most tests profile: 2 CPU workers, instrumented
-    only through the runtime_env setup hook (no code change)."""
+    only through the runtime_env setup hook (no code change), polling through a
+    relay on their node as large jobs do (jobs of their own poll directly)."""
     log = tmp_path_factory.mktemp("jobs") / f"{LIVE_TARGET}.log"
-    job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook")
+    job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook", "--relay")
     try:
         job.wait_until_training(client)
         yield job

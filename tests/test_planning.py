@@ -57,3 +57,9 @@ def test_no_rank_done_is_failed_never_done(ranks):
 
 def test_a_cancelled_profile_is_cancelled_whatever_its_ranks_did():
     assert outcome([rank(0, RankState.DONE, 9)], Window(0, 10), True)[0] == ProfileState.CANCELLED
+
+
+def test_through_relays_the_lead_is_shorter_because_arming_costs_one_node_round_trip():
+    direct = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0)
+    relayed = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0, relayed=True)
+    assert (direct, relayed) == (10 + 23, 10 + 11)

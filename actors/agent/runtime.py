@@ -5,7 +5,9 @@ Public surface: :func:`install` (a ``worker_process_setup_hook``), :func:`attach
 
 Hot path: a step boundary increments a counter and checks one attribute. Only
 when a window is armed does it do more. All talking to the controller happens
-on a daemon thread with exactly one long-poll outstanding.
+on a daemon thread with exactly one long-poll outstanding, to the controller
+or, in a job of ``RAYPROF_RELAY_MIN_WORLD_SIZE`` ranks or more, to the relay on
+this node, which speaks the same calls for all the node's ranks.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from orchestrator.models import Command, Heartbeat, RankEvent, RankState, Worker
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
+    DEFAULT_RELAY_MIN_WORLD_SIZE,
     DISCOVERY_INTERVAL_S_ENV_VAR,
     POLL_TIMEOUT_S_ENV_VAR,
+    RELAY_MIN_WORLD_SIZE_ENV_VAR,
     env_float,
+    env_int,
 )
 
 __all__ = ["Agent", "attach", "install", "step"]
@@ -59,6 +64,8 @@ class Agent:
         self.capture: Capture | None = None
         self._poll_timeout_s = env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
         self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
+        relay_min = env_int(RELAY_MIN_WORLD_SIZE_ENV_VAR, DEFAULT_RELAY_MIN_WORLD_SIZE)
+        self.uses_relay = 0 < relay_min <= info.world_size
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
         self._last_sample: tuple[int, float] | None = None
@@ -124,21 +131,34 @@ class Agent:
             if capture is not None and capture.window.profile_id == command.profile_id:
                 capture.cancelled = True
 
+    def _find_upstream(self) -> Any:
+        """Whom to call: this node's relay when the job is large enough, else the controller itself."""
+        from actors.controller.handle import find_controller
+
+        controller = find_controller()
+        if controller is None or not self.uses_relay:
+            return controller
+        try:
+            from actors.relay.actor import relay_for
+
+            return relay_for(self.info, self._poll_timeout_s)
+        except Exception as e:
+            logger.warning("rayprof agent: no relay on this node (%s); calling the controller directly", e)
+            return controller
+
     def _run(self) -> None:
         import ray
 
-        from actors.controller.handle import find_controller
-
-        controller = None
+        upstream = None
         registered = False
         poll: Future | None = None
         unsent: list[RankEvent | RankStacks] = []
         last_register = -_MIN_REGISTER_INTERVAL_S
         while True:
             try:
-                if controller is None:
-                    controller = find_controller()
-                    if controller is None:
+                if upstream is None:
+                    upstream = self._find_upstream()
+                    if upstream is None:
                         self._wait_inbox(self._discovery_s, unsent)
                         continue
                 if not registered:
@@ -146,17 +166,17 @@ class Agent:
                     # dropping this worker. Never more than one register a second.
                     time.sleep(max(0.0, last_register + _MIN_REGISTER_INTERVAL_S - time.monotonic()))
                     last_register = time.monotonic()
-                    if ray.get(controller.register.remote(self.info), timeout=30) is False:
+                    if ray.get(upstream.register.remote(self.info), timeout=30) is False:
                         logger.warning("rayprof agent: replaced on rank %d by a newer worker; stopping", self.info.world_rank)
                         return
                     registered = True
                     poll = None
                 while unsent:
-                    send = controller.stacks_reply if isinstance(unsent[0], RankStacks) else controller.report
+                    send = upstream.stacks_reply if isinstance(unsent[0], RankStacks) else upstream.report
                     ray.get(send.remote(unsent[0]), timeout=30)
                     unsent.pop(0)
                 if poll is None:
-                    poll = controller.poll.remote(self._heartbeat()).future()
+                    poll = upstream.poll.remote(self._heartbeat()).future()
                     poll.add_done_callback(lambda f: self._inbox.put(("poll", f)))
                 kind, payload = self._inbox.get(timeout=self._poll_timeout_s + 30)
                 if kind == "event":
@@ -172,9 +192,9 @@ class Agent:
             except queue.Empty:
                 poll = None
             except Exception as e:
-                # Controller gone or restarting: find it again, re-register, resend.
+                # Controller (or relay) gone or restarting: find it again, re-register, resend.
                 logger.info("rayprof agent: controller call failed (%s); reconnecting", type(e).__name__)
-                controller, registered, poll = None, False, None
+                upstream, registered, poll = None, False, None
                 self._wait_inbox(self._discovery_s, unsent)
 
     def _wait_inbox(self, timeout: float, unsent: list[RankEvent | RankStacks]) -> None:

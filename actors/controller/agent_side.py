@@ -1,5 +1,10 @@
 """The agent side of the control actor: registration, the long-poll (also the heartbeat),
-rank reports, and dropping workers that went silent."""
+rank reports, and dropping workers that went silent.
+
+Agents call these directly, or through their node's relay (``actors.relay``),
+which polls with ``poll_node`` for all its ranks and sends their events in
+batches with ``report_many``: then the controller answers nodes, not ranks.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry
 from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
-from orchestrator.control import ControllerConfig
+from orchestrator.control import ControllerConfig, NodePoll, NodeReply
 from orchestrator.diagnosis import RankStacks
 from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
 
@@ -32,10 +37,11 @@ class AgentSide:
     async def _ensure_started(self) -> None:
         raise NotImplementedError
 
-    async def register(self, info: WorkerInfo) -> bool:
-        """An agent announces itself. False: it was replaced on its rank and must stop calling."""
+    async def register(self, info: WorkerInfo, relay_id: str | None = None) -> bool:
+        """An agent announces itself (``relay_id``: the relay it polls through).
+        False: it was replaced on its rank and must stop calling."""
         await self._ensure_started()
-        accepted, replaced = self._registry.register(info)
+        accepted, replaced = self._registry.register(info, relay_id)
         for old in replaced:
             self._worker_gone(old.info.agent_id, "the worker was replaced (worker group restarted)")
         if not accepted:
@@ -61,22 +67,62 @@ class AgentSide:
             return worker.commands.popleft()
         return None
 
+    async def poll_node(self, poll: NodePoll) -> NodeReply:
+        """A relay's long-poll for its node: record every rank's progress, then wait for a
+        command for any rank linked to the relay, up to the poll timeout."""
+        await self._ensure_started()
+        reply = NodeReply()
+        for beat in poll.beats:
+            hb = beat.heartbeat
+            if self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s) is None:
+                reply.commands[hb.agent_id] = [Command(kind="register")]
+        link = self._registry.relays.get(poll.relay_id)
+        if link is None:
+            return reply
+        workers = self._registry.workers
+
+        def waiting() -> bool:
+            return any(workers[a].commands for a in link.agents if a in workers)
+
+        if not reply.commands and not waiting():
+            link.wake.clear()
+            await wait_event(link.wake, self._config.poll_timeout_s)
+        for agent_id in list(link.agents):
+            worker = workers.get(agent_id)
+            if worker is not None and worker.commands:
+                reply.commands[agent_id] = list(worker.commands)
+                worker.commands.clear()
+        return reply
+
     async def report(self, event: RankEvent) -> None:
         """An agent's window changed state. A rank's final result is saved before this returns:
         the agent drops it once acknowledged, and resends it when this raises."""
+        await self.report_many([event])
+
+    async def report_many(self, events: list[RankEvent]) -> None:
+        """Events of many ranks in one call (a relay's batch), applied in order; each profile
+        that got a final result is saved once, before this returns."""
         await self._ensure_started()
+        to_save: dict[str, Profile] = {}
+        for event in events:
+            profile = self._apply(event)
+            if profile is not None:
+                to_save[profile.id] = profile
+        for profile in to_save.values():
+            await self._persistence.save(profile)
+
+    def _apply(self, event: RankEvent) -> Profile | None:
+        """Record one event; returns the profile when it must be saved before acknowledging."""
         profile = self._profiles.get(event.profile_id)
         worker = self._registry.workers.get(event.agent_id)
         if profile is None or profile.state.is_terminal or worker is None:
-            return
+            return None
         rank = worker.info.world_rank
         current = profile.ranks.get(rank)
         if worker.info.target != profile.target or current is None:
-            return
+            return None
         if current.state.is_terminal:
-            if event.state.is_terminal:
-                await self._persistence.save(profile)  # a resend after a failed save
-            return
+            return profile if event.state.is_terminal else None  # a resend after a failed save
         now = utcnow()
         update: dict[str, Any] = {"state": event.state, "reason": event.reason}
         if event.state == RankState.ARMED:
@@ -100,8 +146,7 @@ class AgentSide:
         if event.state in (RankState.FAILED, RankState.CANCELLED):
             logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
         profile.changed.set()
-        if event.state.is_terminal:
-            await self._persistence.save(profile)
+        return profile if event.state.is_terminal else None
 
     async def stacks_reply(self, stacks: RankStacks) -> None:
         """An agent's answer to a ``stacks`` command."""

@@ -17,6 +17,7 @@ from orchestrator.settings import MIN_LEAD_STEPS
 
 __all__ = [
     "ARM_COST_PER_SYNC",
+    "ARM_COST_PER_SYNC_RELAYED",
     "CAP_MARGIN",
     "outcome",
     "plan_window",
@@ -27,9 +28,12 @@ __all__ = [
     "validate",
 ]
 
-# Arming grows with the number of ranks like the sync round does, and was
-# measured at ~4x it (1,024 ranks: sync 0.96 s, all armed 3.8 s).
+# Arming grows with the number of ranks like the sync round does. With every
+# rank calling the controller it was measured at ~2-4x the round (1,024 ranks:
+# sync 0.96 s, all armed 3.8 s; loaded: sync 1.8 s, all armed 5.3 s); through
+# relays one node round trip carries it: 1,024 ranks: sync 0.5 s, armed +0.5 s.
 ARM_COST_PER_SYNC = 4.0
+ARM_COST_PER_SYNC_RELAYED = 1.5
 # Plan shortened windows this far under the byte cap: step sizes vary a little.
 CAP_MARGIN = 0.9
 
@@ -72,17 +76,26 @@ def selected_ranks(request: ProfileRequest, world_size: int) -> list[int]:
     return sorted(request.ranks) if request.ranks is not None else list(range(world_size))
 
 
-def start_step(ahead: float, step_times: Iterable[float], sync_round_s: float, arm_lead_s: float, warmup: int) -> int:
+def start_step(
+    ahead: float,
+    step_times: Iterable[float],
+    sync_round_s: float,
+    arm_lead_s: float,
+    warmup: int,
+    relayed: bool = False,
+) -> int:
     """The first step of the window: ahead of the fastest rank by the time arming takes.
 
     ``ahead`` is the fastest rank's estimated step now; the lead is
-    ``arm_lead_s + ARM_COST_PER_SYNC x sync_round_s`` of training time, never
+    ``arm_lead_s + ARM_COST_PER_SYNC x sync_round_s`` of training time
+    (``ARM_COST_PER_SYNC_RELAYED`` when every rank polls through a relay), never
     fewer than ``MIN_LEAD_STEPS``; warmup steps come before the window.
     """
     lead = MIN_LEAD_STEPS
     times = [t for t in step_times if t]
     if times:
-        lead = max(lead, math.ceil((arm_lead_s + ARM_COST_PER_SYNC * sync_round_s) / min(times)))
+        per_sync = ARM_COST_PER_SYNC_RELAYED if relayed else ARM_COST_PER_SYNC
+        lead = max(lead, math.ceil((arm_lead_s + per_sync * sync_round_s) / min(times)))
     return math.floor(ahead) + lead + warmup
 
 

@@ -6,6 +6,10 @@ the same run name are two runs, listed side by side; neither evicts the
 other. Within one run, a new agent on a rank replaces the old one (the
 worker group restarted) and the old one is retired: if it calls again it is
 told so, instead of evicting its replacement in a loop.
+
+A worker that polls through its node's relay is linked to that relay: a
+command for it wakes the relay's one long-poll, which carries the commands of
+every rank on the node.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from actors.controller.health import Health
 from orchestrator.control import TargetInfo, WorkerStatus
 from orchestrator.models import Command, WorkerInfo
 
-__all__ = ["Registry", "Worker", "run_of"]
+__all__ = ["Registry", "RelayLink", "Worker", "run_of"]
 
 # Retired agent ids remembered; a worker group restart retires world_size of them.
 _RETIRED_KEPT = 65_536
@@ -34,10 +38,22 @@ def run_of(info: WorkerInfo) -> str:
 
 
 @dataclass
+class RelayLink:
+    """A node's relay: the agent ids that poll through it, and the event its long-poll waits on."""
+
+    relay_id: str
+    agents: set[str] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
 class Worker:
     info: WorkerInfo
     registered_at: float
+    # When the latest heartbeat was sent (dated back by a relay's hold), for step estimates
+    # and sync rounds; and when the controller last heard of the worker, for expiry.
     seen_at: float
+    heard_at: float = 0.0
     step: int = 0
     step_time_s: float | None = None
     # When its step count last went up (a heartbeat showed progress), and recent (time, step) heartbeats.
@@ -45,6 +61,7 @@ class Worker:
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
     commands: deque[Command] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    relay: RelayLink | None = None
 
     @property
     def run(self) -> str:
@@ -53,6 +70,8 @@ class Worker:
     def send(self, command: Command) -> None:
         self.commands.append(command)
         self.wake.set()
+        if self.relay is not None:
+            self.relay.wake.set()
 
     def estimated_step(self, now: float) -> float:
         """Where this worker probably is now, extrapolated from its last heartbeat."""
@@ -67,10 +86,12 @@ class Registry:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.workers: dict[str, Worker] = {}
+        self.relays: dict[str, RelayLink] = {}
         self._retired: OrderedDict[str, str] = OrderedDict()
 
-    def register(self, info: WorkerInfo) -> tuple[bool, list[Worker]]:
-        """Add or refresh a worker. Returns (accepted, workers it replaced).
+    def register(self, info: WorkerInfo, relay_id: str | None = None) -> tuple[bool, list[Worker]]:
+        """Add or refresh a worker, linked to ``relay_id`` when it polls through one.
+        Returns (accepted, workers it replaced).
 
         A retired agent is not accepted: it was replaced on its rank.
         """
@@ -88,23 +109,48 @@ class Registry:
             self.drop(old.info.agent_id)
             self._retire(old.info.agent_id, "replaced on its rank (worker group restarted)")
         now = self._clock()
-        existing = self.workers.get(info.agent_id)
-        if existing is None:
-            self.workers[info.agent_id] = Worker(info=info, registered_at=now, seen_at=now, advanced_at=now)
+        worker = self.workers.get(info.agent_id)
+        if worker is None:
+            worker = self.workers[info.agent_id] = Worker(
+                info=info, registered_at=now, seen_at=now, heard_at=now, advanced_at=now
+            )
         else:
-            existing.info = info
-            existing.seen_at = now
+            worker.info = info
+            worker.seen_at = worker.heard_at = now
+        self._link(worker, relay_id)
         return True, replaced
+
+    def _link(self, worker: Worker, relay_id: str | None) -> None:
+        if worker.relay is not None and worker.relay.relay_id != relay_id:
+            self._unlink(worker)
+        if relay_id is not None and worker.relay is None:
+            link = self.relays.setdefault(relay_id, RelayLink(relay_id))
+            link.agents.add(worker.info.agent_id)
+            worker.relay = link
+
+    def _unlink(self, worker: Worker) -> None:
+        link = worker.relay
+        if link is None:
+            return
+        worker.relay = None
+        link.agents.discard(worker.info.agent_id)
+        if not link.agents:
+            self.relays.pop(link.relay_id, None)
+            link.wake.set()
 
     def _retire(self, agent_id: str, reason: str) -> None:
         self._retired[agent_id] = reason
         while len(self._retired) > _RETIRED_KEPT:
             self._retired.popitem(last=False)
 
-    def heartbeat(self, agent_id: str, step: int, step_time_s: float | None) -> Worker | None:
+    def heartbeat(self, agent_id: str, step: int, step_time_s: float | None, age_s: float = 0.0) -> Worker | None:
+        """Record progress; ``age_s``: how long ago the worker sent it (a relay held it that long)."""
         worker = self.workers.get(agent_id)
         if worker is not None:
-            now = self._clock()
+            worker.heard_at = self._clock()
+            now = worker.heard_at - age_s
+            if now < worker.seen_at:
+                return worker  # older than what is known: a relay forwarded it late
             if step > worker.step or not worker.samples:
                 worker.advanced_at = now
             worker.step = step
@@ -117,13 +163,14 @@ class Registry:
         """Forget a worker; wakes its outstanding poll so it returns at once."""
         worker = self.workers.pop(agent_id, None)
         if worker is not None:
+            self._unlink(worker)
             worker.wake.set()
         return worker
 
     def expired(self, expiry_s: float) -> list[Worker]:
-        """Workers silent for longer than ``expiry_s``."""
+        """Workers not heard of for longer than ``expiry_s``."""
         now = self._clock()
-        return [w for w in self.workers.values() if now - w.seen_at > expiry_s]
+        return [w for w in self.workers.values() if now - w.heard_at > expiry_s]
 
     def names(self) -> list[str]:
         return sorted({w.info.target for w in self.workers.values()})

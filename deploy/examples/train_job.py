@@ -12,6 +12,7 @@ Planted faults (for rayprof's own tests of stacks, stall and watches):
   --no-ddp                         each rank trains its own model: ranks are not coupled, so a
                                    --slow-rank falls steps behind instead of slowing everyone
   --flight-recorder N              keep torch's flight recorder (TORCH_FR_BUFFER_SIZE=N)
+  --relay                          agents poll through a relay per node even at 2 ranks
 
 How rayprof gets in (``--instrument``):
   setup-hook  ray.init(runtime_env={"worker_process_setup_hook": "actors.agent.install"}); no code change
@@ -188,6 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slowdown", type=float, default=1.5)
     p.add_argument("--no-ddp", action="store_true", help="each rank trains its own model (ranks not coupled)")
     p.add_argument("--flight-recorder", type=int, default=0, help="TORCH_FR_BUFFER_SIZE for the workers (0: off)")
+    p.add_argument("--relay", action="store_true", help="agents poll through a relay per node at any world size")
     p.add_argument("--max-failures", type=int, default=0, help="worker group restarts Ray Train allows")
     p.add_argument("--storage-path", default=os.environ.get("RAYPROF_TRAIN_STORAGE", "/tmp/rayprof-train"))
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto/local)")
@@ -196,10 +198,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def job_runtime_env(args: argparse.Namespace) -> dict | None:
     """The runtime_env this driver passes to ray.init(): the agent's setup hook with ``--instrument setup-hook``,
-    torch's flight recorder with ``--flight-recorder``."""
+    torch's flight recorder with ``--flight-recorder``, relays at any size with ``--relay``."""
     runtime_env: dict = {"worker_process_setup_hook": SETUP_HOOK} if args.instrument == "setup-hook" else {}
+    env_vars: dict[str, str] = {}
     if args.flight_recorder:
-        runtime_env["env_vars"] = {"TORCH_FR_BUFFER_SIZE": str(args.flight_recorder)}
+        env_vars["TORCH_FR_BUFFER_SIZE"] = str(args.flight_recorder)
+    if args.relay:
+        from orchestrator.settings import RELAY_MIN_WORLD_SIZE_ENV_VAR
+
+        env_vars[RELAY_MIN_WORLD_SIZE_ENV_VAR] = "1"
+    if env_vars:
+        runtime_env["env_vars"] = env_vars
     return runtime_env or None
 
 

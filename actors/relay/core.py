@@ -1,0 +1,186 @@
+"""The relay's logic, free of the actor around it, so simulated nodes can run it in process.
+
+Agents call :meth:`RelayCore.register`, :meth:`poll`, :meth:`report` and
+:meth:`stacks_reply` exactly as they would call the controller. Upstream, one
+node loop long-polls the controller with every local rank's latest heartbeat
+(dated by its age, so the controller's step estimates stay right) and hands
+the commands it gets to the ranks they are for. Events are batched: while one
+``report_many`` is in flight, the next batch gathers; each rank's ``report``
+returns only once its batch was acknowledged, so a result is still saved
+before the rank drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.control import NodeBeat, NodePoll, NodeReply
+from orchestrator.diagnosis import RankStacks
+from orchestrator.models import Command, Heartbeat, RankEvent, WorkerInfo
+
+__all__ = ["RelayCore", "RelayError"]
+
+logger = logging.getLogger(__name__)
+
+# After handing out commands, how long the node loop waits for those ranks to poll
+# again: a sync round wants their step counts as of now, in the next node poll.
+_REPOLL_WAIT_S = 0.1
+# Pause before trying the controller again after a failed node poll.
+_RETRY_S = 1.0
+
+
+class RelayError(RuntimeError):
+    """The controller could not be reached for a rank's call; the agent retries."""
+
+
+@dataclass
+class _Local:
+    """One rank on this node, as the relay knows it."""
+
+    beat: Heartbeat | None = None
+    beat_at: float = 0.0
+    polling: bool = False
+    commands: deque[Command] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+
+
+class RelayCore:
+    """Multiplexes one node's agents onto one long-poll; ``find_controller`` returns a handle or ``None``."""
+
+    def __init__(
+        self,
+        relay_id: str,
+        find_controller: Callable[[], Any],
+        poll_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.relay_id = relay_id
+        self._find = find_controller
+        self._poll_timeout_s = poll_timeout_s
+        self._clock = clock
+        self._controller: Any = None
+        self._locals: dict[str, _Local] = {}
+        self._node_loop: asyncio.Task | None = None
+        self._repolled = asyncio.Event()
+        self._batch: list[tuple[RankEvent, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self.upstream_calls = {"poll_node": 0, "report_many": 0, "register": 0, "stacks_reply": 0}
+
+    def _upstream(self) -> Any:
+        if self._controller is None:
+            self._controller = self._find()
+            if self._controller is None:
+                raise RelayError("no rayprof controller is running")
+        return self._controller
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        self.upstream_calls[method] += 1
+        try:
+            return await getattr(self._upstream(), method).remote(*args)
+        except RelayError:
+            raise
+        except Exception as e:
+            # The controller restarted or died: find it again on the next call.
+            self._controller = None
+            raise RelayError(f"controller call {method} failed: {type(e).__name__}: {str(e)[:200]}") from e
+
+    async def register(self, info: WorkerInfo) -> bool:
+        """Register a local agent with the controller, linked to this relay."""
+        accepted = await self._call("register", info, self.relay_id)
+        if accepted:
+            local = self._locals.setdefault(info.agent_id, _Local())
+            local.beat_at = self._clock()
+            self._ensure_node_loop()
+        return bool(accepted)
+
+    async def poll(self, heartbeat: Heartbeat) -> Command | None:
+        """A local agent's long-poll: its heartbeat goes up with the next node poll."""
+        local = self._locals.setdefault(heartbeat.agent_id, _Local())
+        local.beat, local.beat_at, local.polling = heartbeat, self._clock(), True
+        self._repolled.set()
+        self._ensure_node_loop()
+        try:
+            if not local.commands:
+                local.wake.clear()
+                await _wait(local.wake, self._poll_timeout_s)
+            return local.commands.popleft() if local.commands else None
+        finally:
+            local.polling = False
+
+    async def report(self, event: RankEvent) -> None:
+        """A local rank's event; returns once the controller acknowledged the batch it rode in."""
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._batch.append((event, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        await done
+
+    async def stacks_reply(self, stacks: RankStacks) -> None:
+        await self._call("stacks_reply", stacks)
+
+    async def _flush(self) -> None:
+        while self._batch:
+            batch, self._batch = self._batch, []
+            try:
+                await self._call("report_many", [event for event, _ in batch])
+            except RelayError as e:
+                for _, done in batch:
+                    done.set_exception(e)
+            else:
+                for _, done in batch:
+                    done.set_result(None)
+
+    def _ensure_node_loop(self) -> None:
+        if self._node_loop is None or self._node_loop.done():
+            self._node_loop = asyncio.get_running_loop().create_task(self._run_node_loop())
+
+    def _forget_silent(self, now: float) -> None:
+        """Drop ranks that stopped polling (their process is gone): forwarding their last heartbeat
+        would keep them alive at the controller. A live rank polls again within milliseconds."""
+        limit = self._poll_timeout_s + 2
+        for agent_id in [a for a, local in self._locals.items() if not local.polling and now - local.beat_at > limit]:
+            del self._locals[agent_id]
+
+    async def _run_node_loop(self) -> None:
+        while self._locals:
+            now = self._clock()
+            self._forget_silent(now)
+            beats = [
+                NodeBeat(heartbeat=local.beat, age_s=max(0.0, now - local.beat_at))
+                for local in self._locals.values()
+                if local.beat is not None
+            ]
+            try:
+                reply: NodeReply = await self._call("poll_node", NodePoll(relay_id=self.relay_id, beats=beats))
+            except RelayError as e:
+                logger.info("rayprof relay %s: %s; retrying", self.relay_id, e)
+                await asyncio.sleep(_RETRY_S)
+                continue
+            await self._deliver(reply)
+
+    async def _deliver(self, reply: NodeReply) -> None:
+        delivered_at = self._clock()
+        given: list[_Local] = []
+        for agent_id, commands in reply.commands.items():
+            local = self._locals.get(agent_id)
+            if local is not None:
+                local.commands.extend(commands)
+                local.wake.set()
+                given.append(local)
+        deadline = delivered_at + _REPOLL_WAIT_S
+        while any(local.beat_at < delivered_at for local in given) and (left := deadline - self._clock()) > 0:
+            self._repolled.clear()
+            await _wait(self._repolled, left)

@@ -1,0 +1,167 @@
+"""Ranks that poll through their node's relay: the real ``RelayCore`` in front of the real
+``Controller`` class, on one event loop without Ray (``Upstream`` stands in for an actor handle)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from actors.controller.actor import Controller
+from actors.controller.registry import Registry
+from actors.relay import RelayCore
+from orchestrator.models import ProfileRequest, ProfileState, RankState
+from tests.fake_agents import FakeAgent, make_controller, run, wait_terminal, worker_info
+
+RANKS_PER_NODE = 4
+
+
+class _Method:
+    def __init__(self, upstream: Upstream, name: str) -> None:
+        self._upstream, self._name = upstream, name
+
+    async def remote(self, *args: Any) -> Any:
+        result = await getattr(self._upstream.controller, self._name)(*args)
+        if self._upstream.dead:
+            raise RuntimeError("the actor died")  # what a call to a killed actor raises, in kind
+        return result
+
+
+class Upstream:
+    """A controller reached as through a Ray handle: ``handle.method.remote(...)`` is awaitable;
+    once ``dead``, every call raises, as calls to a killed actor do."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.dead = False
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self, name)
+
+
+async def start_relayed(c: Controller, world_size: int) -> tuple[list[FakeAgent], list[RelayCore]]:
+    upstream = Upstream(c)
+    relays = [
+        RelayCore(f"node{n}", lambda: upstream, c._config.poll_timeout_s)
+        for n in range(-(-world_size // RANKS_PER_NODE))
+    ]
+    agents = [FakeAgent(relays[r // RANKS_PER_NODE], worker_info(r, world_size)) for r in range(world_size)]  # type: ignore[arg-type]
+    for agent in agents:
+        await agent.start()
+    return agents, relays
+
+
+def calls(relays: list[RelayCore], method: str) -> int:
+    return sum(r.upstream_calls[method] for r in relays)
+
+
+def test_ranks_behind_relays_all_capture_the_same_window(home):
+    async def go():
+        c = make_controller(home)
+        agents, _ = await start_relayed(c, 8)
+        submitted = await c.submit(ProfileRequest(target="run", steps=5))
+        status, _ = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return status, agents
+
+    status, agents = run(go())
+    assert status.state == ProfileState.DONE
+    assert [r.state for r in status.ranks] == [RankState.DONE] * 8
+    assert {(a.windows[0].start_step, a.windows[0].steps) for a in agents} == {(status.start_step, 5)}
+
+
+def test_a_window_costs_the_controller_a_few_calls_per_node_not_per_rank(home):
+    async def go():
+        c = make_controller(home, poll_timeout_s=5.0)
+        agents, relays = await start_relayed(c, 16)
+        await asyncio.sleep(0.3)
+        before = {m: calls(relays, m) for m in ("poll_node", "report_many")}
+        submitted = await c.submit(ProfileRequest(target="run", steps=5))
+        status, _ = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return status, {m: calls(relays, m) - before[m] for m in before}
+
+    status, used = run(go())
+    assert status.state == ProfileState.DONE
+    # 16 ranks send 4 events each (ARMED, CAPTURING, UPLOADING, DONE) and get a sync and an arm:
+    # rank by rank that is 64 reports and 32+ polls; four nodes batch them.
+    assert used["report_many"] < 64 / 2
+    assert used["poll_node"] < 32 / 2
+
+
+def test_a_forwarded_heartbeat_is_dated_to_when_the_rank_sent_it():
+    now = [100.0]
+    registry = Registry(clock=lambda: now[0])
+    registry.register(worker_info(0, 1), relay_id="node0")
+    now[0] = 110.0
+    worker = registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1, age_s=4.0)
+    assert worker is not None and worker.seen_at == 106.0
+    # Extrapolated from when the rank was at step 50, not from when the relay forwarded it.
+    assert worker.estimated_step(110.0) == 90.0
+
+
+def test_a_heartbeat_older_than_the_last_one_known_changes_nothing():
+    now = [100.0]
+    registry = Registry(clock=lambda: now[0])
+    registry.register(worker_info(0, 1), relay_id="node0")
+    now[0] = 110.0
+    registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1)
+    worker = registry.heartbeat("run-job1-r0", step=20, step_time_s=0.1, age_s=5.0)
+    assert worker is not None and (worker.step, worker.seen_at) == (50, 110.0)
+
+
+def test_a_rank_whose_process_is_gone_is_dropped_although_its_relay_lives_on(home):
+    async def go():
+        c = make_controller(home)
+        agents, _ = await start_relayed(c, 4)
+        await asyncio.sleep(0.3)
+        gone = agents[1]
+        await gone.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while gone.info.agent_id in c._registry.workers and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        alive = sorted(w.info.world_rank for w in c._registry.workers.values())
+        for a in agents:
+            await a.stop()
+        return alive
+
+    assert run(go()) == [0, 2, 3]
+
+
+def test_a_controller_restart_behind_a_relay_makes_its_ranks_register_again(home):
+    async def go():
+        first = make_controller(home)
+        upstream = {"u": Upstream(first)}
+        relay = RelayCore("node0", lambda: upstream["u"], first._config.poll_timeout_s)
+        agents = [FakeAgent(relay, worker_info(r, 2)) for r in range(2)]  # type: ignore[arg-type]
+        for a in agents:
+            await a.start()
+        await asyncio.sleep(0.3)
+        second = make_controller(home)
+        upstream["u"].dead = True
+        upstream["u"] = Upstream(second)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while len(second._registry.workers) < 2 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        submitted = await second.submit(ProfileRequest(target="run", steps=3))
+        status, _ = await wait_terminal(second, submitted.id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    assert run(go()).state == ProfileState.DONE
+
+
+def test_a_rank_heard_through_its_relay_does_not_expire_although_its_heartbeat_is_dated_back():
+    now = [100.0]
+    registry = Registry(clock=lambda: now[0])
+    registry.register(worker_info(0, 1), relay_id="node0")
+    now[0] = 115.0
+    registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1, age_s=9.0)
+    now[0] = 120.0
+    assert registry.expired(10.0) == []
+    now[0] = 126.0
+    assert [w.info.agent_id for w in registry.expired(10.0)] == ["run-job1-r0"]
