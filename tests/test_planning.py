@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from actors.controller.planning import outcome, plan_window, start_step
+from actors.controller.planning import arm_round_s, outcome, plan_window, start_step
 from actors.controller.state import Window
 from orchestrator.models import ProfileRequest, ProfileState, RankResult, RankState
 
@@ -62,4 +64,21 @@ def test_a_cancelled_profile_is_cancelled_whatever_its_ranks_did():
 def test_through_relays_the_lead_is_shorter_because_arming_costs_one_node_round_trip():
     direct = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0)
     relayed = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0, relayed=True)
-    assert (direct, relayed) == (10 + 23, 10 + 11)
+    assert (direct, relayed) == (10 + 23, 10 + 13)
+
+
+def test_a_target_whose_last_window_was_slow_to_arm_gets_a_longer_lead():
+    quick = start_step(10.0, [0.1], sync_round_s=0.2, arm_lead_s=0.3, warmup=0, relayed=True)
+    remembered = start_step(10.0, [0.1], sync_round_s=0.2, arm_lead_s=0.3, warmup=0, relayed=True, last_arm_round_s=2.0)
+    assert (quick, remembered) == (10 + 7, 10 + 33)
+
+
+def test_the_arm_round_is_schedule_to_the_last_armed_rank():
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    ranks = [
+        RankResult(rank=0, state=RankState.DONE, armed_at=at + timedelta(seconds=0.2)),
+        RankResult(rank=1, state=RankState.FAILED, armed_at=at + timedelta(seconds=0.9)),
+        RankResult(rank=2, state=RankState.FAILED),
+    ]
+    assert arm_round_s(ranks, at) == 0.9
+    assert arm_round_s(ranks[2:], at) is None

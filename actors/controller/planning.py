@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from actors.controller.state import Profile, Window
 from orchestrator.control import ControllerConfig
@@ -18,6 +19,8 @@ from orchestrator.settings import MIN_LEAD_STEPS
 __all__ = [
     "ARM_COST_PER_SYNC",
     "ARM_COST_PER_SYNC_RELAYED",
+    "ARM_ROUND_MARGIN",
+    "arm_round_s",
     "CAP_MARGIN",
     "outcome",
     "plan_window",
@@ -33,7 +36,10 @@ __all__ = [
 # sync 0.96 s, all armed 3.8 s; loaded: sync 1.8 s, all armed 5.3 s); through
 # relays one node round trip carries it: 1,024 ranks: sync 0.5 s, armed +0.5 s.
 ARM_COST_PER_SYNC = 4.0
-ARM_COST_PER_SYNC_RELAYED = 1.5
+ARM_COST_PER_SYNC_RELAYED = 2.0
+# The last window's own arm round (schedule -> last ARMED) on the target, with this margin,
+# bounds the lead from below: a cluster slower to arm than its sync round suggests is remembered.
+ARM_ROUND_MARGIN = 1.5
 # Plan shortened windows this far under the byte cap: step sizes vary a little.
 CAP_MARGIN = 0.9
 
@@ -83,20 +89,31 @@ def start_step(
     arm_lead_s: float,
     warmup: int,
     relayed: bool = False,
+    last_arm_round_s: float | None = None,
 ) -> int:
     """The first step of the window: ahead of the fastest rank by the time arming takes.
 
     ``ahead`` is the fastest rank's estimated step now; the lead is
     ``arm_lead_s + ARM_COST_PER_SYNC x sync_round_s`` of training time
-    (``ARM_COST_PER_SYNC_RELAYED`` when every rank polls through a relay), never
-    fewer than ``MIN_LEAD_STEPS``; warmup steps come before the window.
+    (``ARM_COST_PER_SYNC_RELAYED`` when every rank polls through a relay), or
+    ``arm_lead_s + ARM_ROUND_MARGIN x`` the target's last arm round when that is
+    longer, never fewer than ``MIN_LEAD_STEPS``; warmup steps come before the window.
     """
     lead = MIN_LEAD_STEPS
     times = [t for t in step_times if t]
     if times:
         per_sync = ARM_COST_PER_SYNC_RELAYED if relayed else ARM_COST_PER_SYNC
-        lead = max(lead, math.ceil((arm_lead_s + per_sync * sync_round_s) / min(times)))
+        arming = max(per_sync * sync_round_s, ARM_ROUND_MARGIN * (last_arm_round_s or 0.0))
+        lead = max(lead, math.ceil((arm_lead_s + arming) / min(times)))
     return math.floor(ahead) + lead + warmup
+
+
+def arm_round_s(ranks: Iterable[RankResult], scheduled_at: datetime | None) -> float | None:
+    """How long a window's arm took to reach every rank that acknowledged it (its ARMED arrived)."""
+    armed = [r.armed_at for r in ranks if r.armed_at is not None]
+    if scheduled_at is None or not armed:
+        return None
+    return max(0.0, (max(armed) - scheduled_at).total_seconds())
 
 
 def plan_window(request: ProfileRequest, start: int, per_step_bytes: float | None, cap: int) -> Window:

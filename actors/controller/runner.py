@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.controller.persistence import Persistence
-from actors.controller.planning import outcome, plan_window, selected_ranks, start_step, timeout_s, trace_bytes_per_step
+from actors.controller.planning import (
+    arm_round_s,
+    outcome,
+    plan_window,
+    selected_ranks,
+    start_step,
+    timeout_s,
+    trace_bytes_per_step,
+)
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
 from orchestrator.control import ControllerConfig
@@ -49,6 +57,8 @@ class Runner:
         self._profiles = profiles
         self._postprocess = postprocess
         self._cluster_info = cluster_info
+        # Target -> how long its last window took to arm every rank.
+        self._arm_rounds: dict[str, float] = {}
 
     async def run(self, profile: Profile) -> None:
         """Schedule (unless restored past that), wait for every rank, then finish."""
@@ -123,6 +133,7 @@ class Runner:
             config.arm_lead_s,
             profile.request.warmup,
             relayed=all(w.relay is not None for w in present),
+            last_arm_round_s=self._arm_rounds.get(profile.target),
         )
         per_step = trace_bytes_per_step(profile.request, self._profiles())
         profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
@@ -199,6 +210,9 @@ class Runner:
     async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
         """Write the manifest (the commit point), then record the terminal state."""
         profile.finished_at = utcnow()
+        arm_round = arm_round_s(profile.ranks.values(), profile.scheduled_at)
+        if arm_round is not None:
+            self._arm_rounds[profile.target] = arm_round
         window = profile.window
         manifest = Manifest(
             profile_id=profile.id,
