@@ -4,6 +4,7 @@ fake agents on one event loop, and real storage in a temp folder."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -246,7 +247,8 @@ async def saved_as(store: Path, profile_id: str, state: str) -> None:
     """Wait until the controller's saved copy of a profile shows ``state`` (saves trail the in-memory state)."""
     for _ in range(100):
         saved = list(store.glob(f"_rayprof/*/profiles/{profile_id}.json"))
-        if saved and f'"state":"{state}"' in saved[0].read_text().replace(" ", ""):
+        # The profile's own state: its ranks' states are in the same file.
+        if saved and json.loads(saved[0].read_text())["status"]["state"] == state:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{profile_id} never saved as {state}")

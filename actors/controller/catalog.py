@@ -163,7 +163,10 @@ class Catalog:
         """Save the index; callers during a write share the next one. A failure is logged, not
         raised: the next restart reads the state files the index missed."""
         self._commits.asked += 1
-        wanted = self._commits.asked
+        # Shielded for the reason Persistence.save is: an older index must never land last.
+        await asyncio.shield(self._save_index(self._commits.asked))
+
+    async def _save_index(self, wanted: int) -> None:
         async with self._index_lock:
             if self._commits.done >= wanted:
                 return

@@ -95,7 +95,11 @@ class Persistence:
         the next one, so a thousand ranks finishing at once cost a few writes."""
         saves = self._saves.setdefault(profile.id, _Saves())
         saves.asked += 1
-        wanted = saves.asked
+        # Shielded: a caller cancelled mid-write (an agent's call dropped) must not release the
+        # lock while its thread still writes, or that older snapshot could land after a newer one.
+        await asyncio.shield(self._save(profile, saves, saves.asked))
+
+    async def _save(self, profile: Profile, saves: _Saves, wanted: int) -> None:
         async with self._lock:
             if saves.done >= wanted:
                 return
