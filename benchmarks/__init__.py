@@ -7,7 +7,7 @@ Each module measures one property the design promises and exposes
 - ``trigger``       request accepted -> every rank capturing, on a live TorchTrainer job
 - ``window``        step-time cost of an open window, and the stall after it closes
 - ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
-- ``control_plane`` one controller with hundreds to 1,024 simulated agents
+- ``control_plane`` one controller with hundreds to 4,096 simulated agents, direct and through relays
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
