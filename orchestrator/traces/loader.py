@@ -355,7 +355,8 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                 if ts is None:
                     continue
                 # Many spans share a few names: intern them to keep a big rank small.
-                name = names.setdefault(name, sys.intern(name))
+                interned = names.get(name)
+                name = interned if interned is not None else names.setdefault(name, sys.intern(name))
                 if args is None:
                     append(Span(ts, ts + event.dur, name, cat, event.pid, event.tid))
                     continue

@@ -97,6 +97,16 @@ def new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any)
     return True
 
 
+# Per (ph, cat, name): tier * 256, the bytes an event takes besides its args, whether it is a collective
+# that ends together on every rank, whether it is a device event, whether it is metadata.
+_Class = tuple[int, int, bool, bool, bool]
+
+
+def _class_of(ph: str, cat: str, name: str) -> _Class:
+    tier, together, device = classify(ph, cat, name)
+    return tier * 256, 90 + len(cat) + len(name), together, device, tier == MARKER and ph == "M"
+
+
 @dataclass
 class RankScan:
     """Pass 1 over one rank: byte estimates by tier and duration, collective end times, damage."""
@@ -129,35 +139,35 @@ class RankScanner:
         self.out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns, file_bytes=tf.path.stat().st_size)
         self.ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
         self.collectives = self.seen = 0
-        self.classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
+        self.classes: dict[tuple[str, str, str], _Class] = {}
         self.metadata: set[tuple[Any, Any, Any]] = set()
         self.codes = array("H")
 
     def add(self, batch: list[Any]) -> None:
         """Count a batch of events (anything with ScanEvent's fields); raises TraceParseError at a time no clock wrote."""
-        histogram, log2, codes, classes, ends = self.out.histogram, math.log2, self.codes, self.classes, self.ends
-        seen = self.seen
-        try:
-            for e in batch:
-                if e.ts is not None and not -TIME_RANGE_US < e.ts + e.dur < TIME_RANGE_US:
-                    raise TraceParseError(f"event {seen}: time {e.ts + e.dur:g} µs is beyond what any clock writes")
-                seen += 1
-                key = (e.ph, e.cat, e.name)
-                found = classes.get(key)
-                tier, together, device = found if found is not None else classes.setdefault(key, classify(*key))
-                # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
-                dur = e.dur
-                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
-                code = tier * 256 + (b if b < 255 else 255)
-                codes.append(code)
-                if tier == MARKER and e.ph == "M" and not new_metadata(self.metadata, e.name, e.pid, e.tid):
-                    continue
-                histogram[code] += 90 + len(key[1]) + len(key[2]) + len(e.args)
-                if together and e.ts is not None and self.collectives < _MAX_COLLECTIVES:
-                    ends[device][e.name].append(e.ts + dur)
-                    self.collectives += 1
-        finally:
-            self.seen = seen
+        histogram, log2, append, classes, ends = self.out.histogram, math.log2, self.codes.append, self.classes, self.ends
+        low, high = -TIME_RANGE_US, TIME_RANGE_US
+        for e in batch:
+            ts, dur = e.ts, e.dur
+            if ts is not None and not low < ts + dur < high:
+                self.seen += next(i for i, x in enumerate(batch) if x is e)
+                raise TraceParseError(f"event {self.seen}: time {ts + dur:g} µs is beyond what any clock writes")
+            key = (e.ph, e.cat, e.name)
+            found = classes.get(key)
+            if found is None:
+                found = classes[key] = _class_of(*key)
+            base, size, together, device, metadata = found
+            # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
+            b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+            code = base + (b if b < 255 else 255)
+            append(code)
+            if metadata and not new_metadata(self.metadata, e.name, e.pid, e.tid):
+                continue
+            histogram[code] += size + len(e.args)
+            if together and ts is not None and self.collectives < _MAX_COLLECTIVES:
+                ends[device][e.name].append(ts + dur)
+                self.collectives += 1
+        self.seen += len(batch)
 
     def finish(self, raw_bytes: int, damage: TraceParseError | None = None) -> RankScan:
         """The scan, given the JSON bytes read and the damage that ended the read early, if any."""
