@@ -195,3 +195,10 @@ def test_a_rank_the_analysis_refuses_is_scanned_by_the_merge_itself(tmp_path: Pa
     assert sorted(scans) == [0]
     stats = merge_traces(traces, tmp_path / "m.json.gz", scans=scans)
     assert stats.ranks == [0, 1] and stats.truncated == [] and stats.events == 5
+
+
+def test_a_rank_whose_file_is_gone_is_refused_by_the_one_read_not_raised(tmp_path: Path) -> None:
+    traces = discover_traces(case("straggler"))
+    gone = traces.files[0].model_copy(update={"path": tmp_path / "gone.pt.trace.json.gz"})
+    summary, scans = analyze_for_merge(traces.model_copy(update={"files": [gone, *traces.files[1:]]}))
+    assert [r.rank for r in summary.rejected] == [gone.rank] and gone.rank not in scans

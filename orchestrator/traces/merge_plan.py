@@ -136,7 +136,8 @@ class RankScanner:
     """
 
     def __init__(self, tf: TraceFile) -> None:
-        self.out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns, file_bytes=tf.path.stat().st_size)
+        self.path = tf.path
+        self.out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns)
         self.ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
         self.collectives = self.seen = 0
         self.classes: dict[tuple[str, str, str], _Class] = {}
@@ -175,6 +176,8 @@ class RankScanner:
         if damage is not None:
             out.good_events, out.reason = self.seen, str(damage)
         out.raw_bytes = raw_bytes
+        # Measured after the read: a file that cannot be opened is the reader's error to report first.
+        out.file_bytes = self.path.stat().st_size
         out.codes = zlib.compress(self.codes.tobytes(), 1)
         # Files are not in time order across threads; the k-th of a name is the k-th in time.
         out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in self.ends.items()}
