@@ -83,11 +83,13 @@ _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 
 
-def _walk_thread(spans: list[Span], on_span: Callable[[Span, list[Span]], None] | None, wanted: frozenset[str]) -> list[float]:
-    """Call ``on_span(span, open_ancestors)`` for the spans named in ``wanted``, in nesting order; return each span's self time.
+def _walk_thread(
+    spans: list[Span], on_span: Callable[[Span, list[Span]], None] | None, wanted: frozenset[str]
+) -> list[float]:
+    """Each span's self time, in the order of ``spans`` (one thread's, sorted by (start, -end)).
 
-    ``spans`` is one thread's, sorted by (start, -end); self times are in the
-    same order. Children that spill past their parent by rounding still count as children.
+    ``on_span(span, open_ancestors)`` is called, in nesting order, for the spans
+    named in ``wanted``. Children that spill past their parent by rounding still count as children.
     """
     stack: list[Span] = []
     at: list[int] = []  # the index of each span on the stack
@@ -103,7 +105,7 @@ def _walk_thread(spans: list[Span], on_span: Callable[[Span, list[Span]], None] 
         self_us.append(end - ts)
         if stack:
             parent = stack[-1].end
-            self_us[at[-1]] -= (end if end < parent else parent) - ts
+            self_us[at[-1]] -= (end if end < parent else parent) - ts  # min() without a call: once per span
         stack.append(span)
         at.append(i)
     return self_us

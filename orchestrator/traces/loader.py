@@ -36,6 +36,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 __all__ = [
     "LEGACY_CATEGORIES",
     "TIME_RANGE_US",
+    "BatchHook",
     "Device",
     "RankTrace",
     "RejectedTrace",
@@ -293,9 +294,9 @@ def _decode_args(batch: list[_Event], first: int) -> list[_Args | None]:
     """Each event's args (None where it has none), in one decode; ``first`` is the batch's first event's index."""
     try:
         return _ARGS.decode(b"".join((b"[", b",".join([e.args or b"null" for e in batch]), b"]")))
-    except (msgspec.DecodeError, RecursionError) as exc:
-        if isinstance(exc, RecursionError):
-            raise TraceParseError(f"args nested too deep in events {first}-{first + len(batch) - 1}") from None
+    except RecursionError:
+        raise TraceParseError(f"args nested too deep in events {first}-{first + len(batch) - 1}") from None
+    except msgspec.DecodeError as exc:
         raise TraceParseError(_AT_INDEX.sub(lambda m: f"`event {first + int(m.group(1))}: $.args", str(exc))) from None
 
 
@@ -330,7 +331,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     spans = out.spans
     append = spans.append
     reader = TraceReader(trace.path, _Event)
-    reader_events = 0
+    events_before = 0
     for kind, key, value in reader:
         if kind == "key":
             if key == "deviceProperties" and isinstance(value, list):
@@ -340,7 +341,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
             continue
         if on_batch is not None:
             on_batch(value)
-        for event, args in zip(value, _decode_args(value, reader_events), strict=True):
+        for event, args in zip(value, _decode_args(value, events_before), strict=True):
             ph = event.ph
             if ph == "X":
                 cat = categories.get(event.cat)
@@ -374,7 +375,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                     device = (args.device_type or 0, -1 if args.device_id is None else args.device_id)
                     if args.total_allocated > out.memory_peaks.get(device, -1):
                         out.memory_peaks[device] = args.total_allocated
-        reader_events += len(value)
+        events_before += len(value)
     out.raw_bytes, out.events = reader.bytes_read, reader.events
     if spans and not (TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -TIME_RANGE_US):
         # JSON has no NaN or Infinity, but 1e308 is a number: refuse times no clock wrote.
