@@ -12,9 +12,11 @@ rewritten in place, every other byte kept) and gzipped as an agent writes them:
 
 Each tool runs in a fresh child process:
 
-* rayprof: ``analyze_folder`` then ``merge_folder`` (default 256 MiB budget),
-  their per-rank work in one worker process per core: the functions the
-  controller runs as Ray tasks, without the Ray runtime's own memory.
+* rayprof: what the controller's postprocessing runs: ``analyze_for_merge``
+  (one read per rank for its summary and the merge's scan) then
+  ``merge_traces`` (default 256 MiB budget), their per-rank work in one worker
+  process per core: the functions the controller runs as Ray tasks, without
+  the Ray runtime's own memory.
 * HTA: ``TraceAnalysis(trace_dir=...)`` (which parses in a pool of up to one
   process per core) then ``get_temporal_breakdown()``.
 
@@ -91,18 +93,20 @@ def _child(kind: str, folder: str) -> None:
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     if kind == "rayprof":
-        from orchestrator.analysis import analyze_folder
+        from orchestrator.analysis import analyze_for_merge
         from orchestrator.traces.fanout import process_pool
-        from orchestrator.traces.merge import merge_folder
+        from orchestrator.traces.loader import discover_traces
+        from orchestrator.traces.merge import merge_traces
 
         # One worker per core: the per-rank work the controller runs as Ray tasks, here in local processes.
         with process_pool(WORKERS) as rank_map, tempfile.TemporaryDirectory() as out:
-            summary = analyze_folder(folder_path, rank_map=rank_map)
+            traces = discover_traces(folder_path)
+            summary, scans = analyze_for_merge(traces, rank_map=rank_map)
             info["analyze_s"] = time.perf_counter() - t0
             info["ranks"] = len(summary.ranks)
             info["rejected"] = [r.reason for r in summary.rejected][:3]
             t1 = time.perf_counter()
-            stats = merge_folder(folder_path, Path(out) / "merged.trace.json.gz", rank_map=rank_map)
+            stats = merge_traces(traces, Path(out) / "merged.trace.json.gz", rank_map=rank_map, scans=scans)
             info["merge_s"] = time.perf_counter() - t1
         info.update(
             merged_raw_bytes=stats.output_raw_bytes, merged_gz_bytes=stats.output_bytes,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from actors.controller.fanout import PostprocessCancelled, RayRankMap
+from orchestrator.analysis import analyze_for_merge, analyze_traces
 from orchestrator.analysis.postprocess import postprocess
 from orchestrator.models import (
     Manifest,
@@ -24,7 +25,7 @@ from orchestrator.models import (
 )
 from orchestrator.storage import open_storage
 from orchestrator.traces.fanout import process_pool, serial
-from orchestrator.traces.loader import TraceFile, discover_traces
+from orchestrator.traces.loader import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge import merge_traces
 from tests.tracefiles import case, write_trace, x_event
 
@@ -164,3 +165,40 @@ def test_a_postprocess_past_its_timeout_leaves_no_unlisted_file(tmp_path: Path, 
     assert uploaded.is_set() and "ran past its 0.3s timeout" in (manifest.analysis_error or "")
     assert not open_storage(spec).exists(f"{profile.prefix}/merged.trace.json.gz")
     assert manifest.merge is None and profile.postprocess is None
+
+
+def _merged_and_summary(traces: TraceSet, out: Path, one_read: bool) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+    if one_read:
+        summary, scans = analyze_for_merge(traces)
+        stats = merge_traces(traces, out, max_bytes=20_000, scans=scans)
+    else:
+        summary, stats = analyze_traces(traces), merge_traces(traces, out, max_bytes=20_000)
+    return _decompress_one_member(out), summary.model_dump(), stats.model_dump(exclude={"seconds"})
+
+
+@pytest.mark.parametrize("name", ["straggler", "unparseable"])
+def test_one_read_per_rank_for_analysis_and_merge_changes_nothing(tmp_path: Path, name: str) -> None:
+    traces = discover_traces(case(name))
+    apart = _merged_and_summary(traces, tmp_path / "apart.json.gz", one_read=False)
+    together = _merged_and_summary(traces, tmp_path / "together.json.gz", one_read=True)
+    assert apart == together and apart[1]["ranks"]
+
+
+def test_a_rank_the_analysis_refuses_is_scanned_by_the_merge_itself(tmp_path: Path) -> None:
+    good = [x_event("ProfilerStep#1", 0, 100, cat="user_annotation"), x_event("aten::mm", 10, 50)]
+    write_trace(tmp_path / "rank0.pt.trace.json", good, rank=0)
+    # Valid JSON the merge carries, but args of the wrong shape for the analysis.
+    write_trace(tmp_path / "rank1.pt.trace.json", [*good, {**x_event("aten::add", 20, 5), "args": [1, 2]}], rank=1)
+    traces = discover_traces(tmp_path)
+    summary, scans = analyze_for_merge(traces)
+    assert [r.rank for r in summary.ranks] == [0] and [r.rank for r in summary.rejected] == [1]
+    assert sorted(scans) == [0]
+    stats = merge_traces(traces, tmp_path / "m.json.gz", scans=scans)
+    assert stats.ranks == [0, 1] and stats.truncated == [] and stats.events == 5
+
+
+def test_a_rank_whose_file_is_gone_is_refused_by_the_one_read_not_raised(tmp_path: Path) -> None:
+    traces = discover_traces(case("straggler"))
+    gone = traces.files[0].model_copy(update={"path": tmp_path / "gone.pt.trace.json.gz"})
+    summary, scans = analyze_for_merge(traces.model_copy(update={"files": [gone, *traces.files[1:]]}))
+    assert [r.rank for r in summary.rejected] == [gone.rank] and gone.rank not in scans

@@ -5,6 +5,8 @@ ranks to files (:mod:`orchestrator.traces.loader`), each rank is analysed on
 its own and dropped before the next is loaded (:mod:`orchestrator.analysis.rank`),
 and the cross-rank analyses and findings are functions over the per-rank
 results (:mod:`orchestrator.analysis.cross`, :mod:`orchestrator.analysis.findings`).
+When the traces are merged too, :func:`analyze_for_merge` has the same read of
+each rank scan it for the merge (:func:`~orchestrator.traces.merge.merge_traces`'s ``scans``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
+from orchestrator.traces.merge_plan import RankScan, RankScanner
 from orchestrator.traces.stream import TraceParseError
 
-__all__ = ["Finding", "RankSummary", "Summary", "analyze_file", "analyze_folder", "analyze_traces"]
+__all__ = [
+    "Finding", "RankSummary", "Summary", "analyze_and_scan", "analyze_file", "analyze_folder", "analyze_for_merge",
+    "analyze_traces",
+]
 
 
 def analyze_folder(
@@ -43,14 +49,45 @@ def analyze_file(trace_file: TraceFile, _: Any = None) -> RankSummary | Rejected
         return RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}")
 
 
+def analyze_and_scan(trace_file: TraceFile, _: Any = None) -> tuple[RankSummary | RejectedTrace, RankScan | None]:
+    """:func:`analyze_file` and the merge's scan of the rank from one read of its file.
+
+    A file that does not read cleanly is left to each on its own (no scan: the
+    merge scans it), so a damaged rank is refused and cut short exactly as
+    when analysis and merge run apart.
+    """
+    scanner = RankScanner(trace_file)
+    try:
+        trace = load_rank(trace_file, on_batch=scanner.add)
+    except TraceParseError:
+        return analyze_file(trace_file), None
+    return analyze_rank(trace), scanner.finish(trace.raw_bytes)
+
+
 def analyze_traces(
     traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
 ) -> Summary:
     """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm, ``rank_map``
     runs the per-rank part (:func:`analyze_file`), and the cross-rank part joins the small summaries here."""
+    results = rank_map(analyze_file, [(tf, None) for tf in traces.files], "analysing")
+    return _join(traces, list(results), straggler_impl)
+
+
+def analyze_for_merge(
+    traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
+) -> tuple[Summary, dict[int, RankScan]]:
+    """:func:`analyze_traces`, and each rank's scan for ``merge_traces(traces, ..., scans=...)``, from one read per
+    rank (:func:`analyze_and_scan`); a rank whose file did not read cleanly has no scan."""
+    results = list(rank_map(analyze_and_scan, [(tf, None) for tf in traces.files], "analysing"))
+    scans = {tf.rank: scan for tf, (_, scan) in zip(traces.files, results) if scan is not None}
+    return _join(traces, [summary for summary, _ in results], straggler_impl), scans
+
+
+def _join(traces: TraceSet, results: list[RankSummary | RejectedTrace], straggler_impl: StragglerImpl) -> Summary:
+    """The cross-rank part over the per-rank results."""
     ranks: list[RankSummary] = []
     rejected: list[RejectedTrace] = list(traces.rejected)
-    for result in rank_map(analyze_file, [(tf, None) for tf in traces.files], "analysing"):
+    for result in results:
         (rejected if isinstance(result, RejectedTrace) else ranks).append(result)  # type: ignore[arg-type]
     issues = list(traces.issues)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]

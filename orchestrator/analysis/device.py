@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, intersect, subtract, total, union
 from orchestrator.analysis.models import CopyStats, GpuStats
-from orchestrator.analysis.spans import CopyKind, copy_kind, is_comm_kernel, is_compute_kernel
+from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
 from orchestrator.traces.loader import Span
 
 __all__ = ["DeviceView", "WindowGpu"]
@@ -47,9 +47,12 @@ class DeviceView:
 
     def __init__(self, spans: Sequence[Span]) -> None:
         self.spans = list(spans)
+        kinds = by_kind(self.spans)
         self.busy = union((s.ts, s.end) for s in self.spans)
-        self.comm = union((s.ts, s.end) for s in self.spans if is_comm_kernel(s))
-        self.compute = union((s.ts, s.end) for s in self.spans if is_compute_kernel(s))
+        self.comm = union(where(kinds, is_comm_kernel))
+        self.compute = union(where(kinds, is_compute_kernel))
+        self._comm_kinds = {key for key, group in kinds.items() if is_comm_kernel(group[0])}
+        self._compute_kinds = {key for key, group in kinds.items() if is_compute_kernel(group[0])}
         # correlation id -> (direction, memory) of the device copy it started.
         copies = [s for s in self.spans if s.cat == "gpu_memcpy" and s.correlation is not None]
         self.copy_by_correlation: dict[int, CopyKind] = {s.correlation: copy_kind(s) for s in copies}
@@ -65,8 +68,9 @@ class DeviceView:
     def kernel_us_per_window(self, windows: Sequence[Window]) -> list[float]:
         """Kernel µs charged to the window each kernel *starts* in (kernels queued late run into the next)."""
         out = [0.0] * len(windows)
+        window_of = _window_finder(windows)
         for s in self.spans:
-            if s.cat in ("kernel", "mtia_ccp_events") and (i := _window_of(windows, s.ts)) is not None:
+            if s.cat in ("kernel", "mtia_ccp_events") and (i := window_of(s.ts)) is not None:
                 out[i] += s.end - s.ts
         return out
 
@@ -90,8 +94,8 @@ class DeviceView:
             inside = [s for s in self.spans if s.correlation in launches and launches[s.correlation] < last]
         active = union((s.ts, s.end) for s in inside)
         extent = active[-1][1] - active[0][0] if active else 0.0
-        compute = union((s.ts, s.end) for s in inside if is_compute_kernel(s))
-        comm = union((s.ts, s.end) for s in inside if is_comm_kernel(s))
+        compute = union((s.ts, s.end) for s in inside if (s.name, s.cat) in self._compute_kinds)
+        comm = union((s.ts, s.end) for s in inside if (s.name, s.cat) in self._comm_kinds)
         return GpuStats(
             utilization=busy / duration if duration else 0.0,
             busy_ms_per_step=busy / 1000 / n,
@@ -107,7 +111,8 @@ class DeviceView:
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""
-        return [s for s in self.spans if _window_of(windows, s.ts) is not None]
+        window_of = _window_finder(windows)
+        return [s for s in self.spans if window_of(s.ts) is not None]
 
     def copies(self, windows: Sequence[Window], host_calls: Sequence[Span]) -> list[CopyStats]:
         """Copies per direction and memory kind: count and device time per window, host time blocked in their calls."""
@@ -135,7 +140,12 @@ class DeviceView:
 
 
 
-def _window_of(windows: Sequence[Window], ts: float) -> int | None:
-    """Index of the window (sorted, disjoint) that ``ts`` falls in, if any."""
-    i = bisect.bisect_right(windows, ts, key=lambda w: w[0]) - 1
-    return i if i >= 0 and ts < windows[i][1] else None
+def _window_finder(windows: Sequence[Window]) -> Callable[[float], int | None]:
+    """A function from a time to the index of the window (sorted, disjoint) it falls in, if any."""
+    starts = [w[0] for w in windows]
+
+    def window_of(ts: float) -> int | None:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i if i >= 0 and ts < windows[i][1] else None
+
+    return window_of

@@ -1,7 +1,7 @@
 """After the ranks finish: analyse and merge their traces, write the report.
 
-The per-rank work (parse, per-rank summary, the merge's scan and its
-compressed part) goes through a :data:`~orchestrator.traces.fanout.RankMap`:
+The per-rank work (one read for the per-rank summary and the merge's scan,
+a second for its compressed part) goes through a :data:`~orchestrator.traces.fanout.RankMap`:
 in the controller, one Ray task per rank that fetches its own trace from
 storage (sha256 checked), so the cluster does the parsing. What comes back is
 small; the cross-rank analysis, the merged file's assembly and the report are
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.analysis import analyze_traces
+from orchestrator.analysis import analyze_for_merge
 from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
@@ -70,14 +70,15 @@ def postprocess(
     files, sha256 = rank_traces(draft)
     each_rank = fetching(rank_map, spec, prefix, sha256)
     traces = TraceSet(folder=Path(prefix), files=files, rejected=[], issues=[])
-    summary = analyze_traces(traces, rank_map=each_rank).model_copy(update={"source": draft.storage_uri})
+    summary, scans = analyze_for_merge(traces, rank_map=each_rank)
+    summary = summary.model_copy(update={"source": draft.storage_uri})
     with tempfile.TemporaryDirectory(prefix="rayprof-post-") as tmp:
         folder = Path(tmp)
         for rank in draft.ranks:  # memory timelines are small: the report reads them here
             for artifact in rank.artifacts:
                 if artifact.kind == "memory_timeline":
                     storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
-        stats = merge_traces(files, folder / MERGED_TRACE_NAME, max_bytes=max_bytes, rank_map=each_rank)
+        stats = merge_traces(files, folder / MERGED_TRACE_NAME, max_bytes=max_bytes, rank_map=each_rank, scans=scans)
         merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
         with_merged = draft.model_copy(update={"artifacts": [merged], "merge": stats})
         write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))

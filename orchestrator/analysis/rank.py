@@ -61,6 +61,7 @@ from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
+    by_kind,
     is_backward,
     is_comm,
     is_copy_call,
@@ -68,6 +69,7 @@ from orchestrator.analysis.spans import (
     is_forward,
     is_optimizer,
     is_sync,
+    where,
 )
 from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import RankTrace, Span
@@ -81,23 +83,31 @@ _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 
 
-def _walk_thread(spans: list[Span], on_span: Callable[[Span, list[Span]], None]) -> dict[int, float]:
-    """Call ``on_span(span, open_ancestors)`` in nesting order; return each span's self time.
+def _walk_thread(
+    spans: list[Span], on_span: Callable[[Span, list[Span]], None] | None, wanted: frozenset[str]
+) -> list[float]:
+    """Each span's self time, in the order of ``spans`` (one thread's, sorted by (start, -end)).
 
-    ``spans`` is one thread's, sorted by (start, -end). Self time is keyed by
-    ``id(span)``; children that spill past their parent by rounding still count as children.
+    ``on_span(span, open_ancestors)`` is called, in nesting order, for the spans
+    named in ``wanted``. Children that spill past their parent by rounding still count as children.
     """
     stack: list[Span] = []
-    self_us: dict[int, float] = {}
-    for span in spans:
-        while stack and stack[-1].end <= span.ts:
+    at: list[int] = []  # the index of each span on the stack
+    self_us: list[float] = []
+    for i, span in enumerate(spans):
+        ts = span.ts
+        while stack and stack[-1].end <= ts:
             stack.pop()
-        on_span(span, stack)
-        self_us[id(span)] = span.end - span.ts
+            at.pop()
+        if on_span is not None and span.name in wanted:
+            on_span(span, stack)
+        end = span.end
+        self_us.append(end - ts)
         if stack:
-            parent = stack[-1]
-            self_us[id(parent)] -= min(span.end, parent.end) - span.ts
+            parent = stack[-1].end
+            self_us[at[-1]] -= (end if end < parent else parent) - ts  # min() without a call: once per span
         stack.append(span)
+        at.append(i)
     return self_us
 
 
@@ -108,10 +118,12 @@ def _mean(values: Iterable[float]) -> float:
 
 def _main_thread(threads: dict[Thread, list[Span]]) -> tuple[Thread | None, list[Span]]:
     """The thread carrying ProfilerStep spans, else the one with the most span time; and its step spans."""
-    step_counts = Counter(key for key, spans in threads.items() for s in spans if parse_profiler_step(s.name) is not None)
+    # A few hundred names among a rank's spans: parse each once.
+    step_of = {name: parse_profiler_step(name) for name in {s.name for spans in threads.values() for s in spans}}
+    step_counts = Counter(key for key, spans in threads.items() for s in spans if step_of[s.name] is not None)
     if step_counts:
         key = step_counts.most_common(1)[0][0]
-        return key, sorted((s for s in threads[key] if parse_profiler_step(s.name) is not None), key=lambda s: s.ts)
+        return key, sorted((s for s in threads[key] if step_of[s.name] is not None), key=lambda s: s.ts)
     busiest = max(threads, key=lambda k: total(union((s.ts, s.end) for s in threads[k])), default=None)
     return busiest, []
 
@@ -144,8 +156,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         windows, numbers = [], []
         issues.append("no host spans: nothing to analyse")
     # Other threads of the main thread's process: autograd and collective workers.
-    others = {k: v for k, v in threads.items() if main_key is not None and k != main_key and k[0] == main_key[0]}
-    autograd = [s for spans in others.values() if any(is_backward(x) for x in spans) for s in spans]
+    others = [by_kind(v) for k, v in threads.items() if main_key is not None and k != main_key and k[0] == main_key[0]]
+    autograd = [kinds for kinds in others if any(is_backward(x[0]) for x in kinds.values())]
+    main_kinds = by_kind(main)
 
     # Host-side walk over every thread: operator self times, and on the main
     # thread the copy intervals (split by direction) and the outermost sync calls.
@@ -191,30 +204,29 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         sync_calls[outer.name][0] += 1
         sync_calls[outer.name][1] += outer.end - outer.ts
 
+    # on_main acts on syncs and copy calls only.
+    acting = frozenset(name for (name, _), x in main_kinds.items() if is_sync(x[0]) or is_copy_call(x[0]))
     for key, spans in threads.items():
-        self_us = _walk_thread(spans, on_main if key == main_key else lambda s, a: None)
-        for span in spans:
+        self_us = _walk_thread(spans, on_main if key == main_key else None, acting)
+        for span, us in zip(spans, self_us):
             if span.cat == "cpu_op":
                 entry = op_self[span.name]
                 entry[0] += 1
-                entry[1] += self_us[id(span)]
-
-    def main_union(pred: Callable[[Span], bool]) -> Intervals:
-        return union((s.ts, s.end) for s in main if pred(s))
+                entry[1] += us
 
     sync_rule = union(sync_spans)
     rules: list[tuple[Phase, Intervals]] = [
-        ("data", main_union(is_data)),
+        ("data", union(where(main_kinds, is_data))),
         ("sync", sync_rule),
-        ("comm", main_union(is_comm)),
+        ("comm", union(where(main_kinds, is_comm))),
         ("memcpy", union(upload_spans)),
-        ("optimizer", main_union(is_optimizer)),
-        ("backward", main_union(is_backward)),
-        ("forward", main_union(is_forward)),
+        ("optimizer", union(where(main_kinds, is_optimizer))),
+        ("backward", union(where(main_kinds, is_backward))),
+        ("forward", union(where(main_kinds, is_forward))),
     ]
-    any_main_span = union((s.ts, s.end) for s in main if parse_profiler_step(s.name) is None)
-    backward_elsewhere = union((s.ts, s.end) for s in autograd)
-    comm_elsewhere = union((s.ts, s.end) for spans in others.values() for s in spans if is_comm(s))
+    any_main_span = union(where(main_kinds, lambda s: parse_profiler_step(s.name) is None))
+    backward_elsewhere = union((s.ts, s.end) for kinds in autograd for spans in kinds.values() for s in spans)
+    comm_elsewhere = union(iv for kinds in others for iv in where(kinds, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
 
     kernel_us = dev.kernel_us_per_window(windows)

@@ -9,6 +9,8 @@ the names directly.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 from orchestrator.traces.loader import Span
@@ -20,6 +22,8 @@ __all__ = [
     "CopyDirection",
     "CopyKind",
     "HostMemory",
+    "Kinds",
+    "by_kind",
     "copy_kind",
     "is_backward",
     "is_comm",
@@ -30,8 +34,11 @@ __all__ = [
     "is_forward",
     "is_optimizer",
     "is_sync",
+    "where",
 ]
 
+# Spans by (name, category): what every rule here reads, so a rule is asked once per group, not once per span.
+Kinds = dict[tuple[str, str], list[Span]]
 CopyDirection = Literal["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"]
 HostMemory = Literal["pageable", "pinned"]
 CopyKind = tuple[CopyDirection, HostMemory | None]
@@ -132,3 +139,16 @@ def copy_kind(span: Span) -> CopyKind:
     if host_side in ("Pageable", "Pinned"):
         memory = "pageable" if host_side == "Pageable" else "pinned"
     return (direction, memory)
+
+
+def by_kind(spans: Iterable[Span]) -> Kinds:
+    """``spans`` grouped by (name, category), each group in the order given."""
+    groups: Kinds = defaultdict(list)
+    for s in spans:
+        groups[(s.name, s.cat)].append(s)
+    return groups
+
+
+def where(groups: Kinds, rule: Callable[[Span], bool]) -> Iterator[tuple[float, float]]:
+    """``(start, end)`` of the grouped spans ``rule`` holds for (asked of each group's first span)."""
+    return ((s.ts, s.end) for spans in groups.values() if rule(spans[0]) for s in spans)

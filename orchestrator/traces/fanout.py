@@ -69,8 +69,14 @@ class _FetchThen:
         with tempfile.TemporaryDirectory(prefix="rayprof-rank-") as tmp:
             local = open_storage(self.spec).download(f"{self.prefix}/{tf.path}", Path(tmp) / tf.path.name, sha256)
             result = self.fn(tf.model_copy(update={"path": local}), arg)
-        # Name the file by its key, not by the copy that is gone.
-        return result.model_copy(update={"path": tf.path}) if isinstance(result, RejectedTrace) else result
+        # Name the file by its key, not by the copy that is gone (also in a tuple of results from one read).
+        if isinstance(result, tuple):
+            return tuple(_named(r, tf.path) for r in result)
+        return _named(result, tf.path)
+
+
+def _named(result: Any, path: Path) -> Any:
+    return result.model_copy(update={"path": path}) if isinstance(result, RejectedTrace) else result
 
 
 def fetching(rank_map: RankMap, spec: StorageSpec, prefix: str, sha256: dict[Path, str]) -> RankMap:

@@ -17,8 +17,10 @@ Two steps, kept apart so that merge and analysis can share the first:
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -34,6 +36,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 __all__ = [
     "LEGACY_CATEGORIES",
     "TIME_RANGE_US",
+    "BatchHook",
     "Device",
     "RankTrace",
     "RejectedTrace",
@@ -266,7 +269,11 @@ class _Args(msgspec.Struct):
 
 
 class _Event(msgspec.Struct):
-    """The fields of a trace event the loader reads; a field of another type rejects the trace."""
+    """The fields of a trace event the loader and the merge's scan read; a field of another type rejects the trace.
+
+    ``args`` stays raw here: the scan needs its length, and a batch's args are then
+    decoded as :class:`_Args` in one call (as fast as decoding them inside the event).
+    """
 
     ph: str = ""
     cat: str = ""
@@ -275,7 +282,22 @@ class _Event(msgspec.Struct):
     tid: int | str = 0
     ts: float | None = None
     dur: float = 0.0
-    args: _Args | None = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+_ARGS = msgspec.json.Decoder(list[_Args | None])
+_AT_INDEX = re.compile(r"`\$\[(\d+)\]")
+BatchHook = Callable[[list[Any]], None]
+
+
+def _decode_args(batch: list[_Event], first: int) -> list[_Args | None]:
+    """Each event's args (None where it has none), in one decode; ``first`` is the batch's first event's index."""
+    try:
+        return _ARGS.decode(b"".join((b"[", b",".join([e.args or b"null" for e in batch]), b"]")))
+    except RecursionError:
+        raise TraceParseError(f"args nested too deep in events {first}-{first + len(batch) - 1}") from None
+    except msgspec.DecodeError as exc:
+        raise TraceParseError(_AT_INDEX.sub(lambda m: f"`event {first + int(m.group(1))}: $.args", str(exc))) from None
 
 
 def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) -> Device:
@@ -291,8 +313,11 @@ def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) 
     return "cuda"
 
 
-def load_rank(trace: TraceFile) -> RankTrace:
+def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     """Stream one rank's trace and keep spans, memory peaks, device properties and its kind.
+
+    ``on_batch`` sees every batch of decoded events (:class:`_Event`, args raw)
+    before it is reduced: the merge's scan rides on this read instead of making its own.
 
     Raises :class:`~orchestrator.traces.stream.TraceParseError` when the file
     is damaged anywhere or a field the analysis reads has the wrong type (a
@@ -306,6 +331,7 @@ def load_rank(trace: TraceFile) -> RankTrace:
     spans = out.spans
     append = spans.append
     reader = TraceReader(trace.path, _Event)
+    events_before = 0
     for kind, key, value in reader:
         if kind == "key":
             if key == "deviceProperties" and isinstance(value, list):
@@ -313,7 +339,9 @@ def load_rank(trace: TraceFile) -> RankTrace:
             elif key != "deviceProperties":
                 out.header[key] = value
             continue
-        for event in value:
+        if on_batch is not None:
+            on_batch(value)
+        for event, args in zip(value, _decode_args(value, events_before), strict=True):
             ph = event.ph
             if ph == "X":
                 cat = categories.get(event.cat)
@@ -328,8 +356,8 @@ def load_rank(trace: TraceFile) -> RankTrace:
                 if ts is None:
                     continue
                 # Many spans share a few names: intern them to keep a big rank small.
-                name = names.setdefault(name, sys.intern(name))
-                args = event.args
+                interned = names.get(name)
+                name = interned if interned is not None else names.setdefault(name, sys.intern(name))
                 if args is None:
                     append(Span(ts, ts + event.dur, name, cat, event.pid, event.tid))
                     continue
@@ -342,12 +370,12 @@ def load_rank(trace: TraceFile) -> RankTrace:
                         device if device.__class__ is int else None,
                     )
                 )
-            elif ph == "i" and event.name == "[memory]" and event.args is not None:
-                args = event.args
+            elif ph == "i" and event.name == "[memory]" and args is not None:
                 if args.total_allocated is not None:
                     device = (args.device_type or 0, -1 if args.device_id is None else args.device_id)
                     if args.total_allocated > out.memory_peaks.get(device, -1):
                         out.memory_peaks[device] = args.total_allocated
+        events_before += len(value)
     out.raw_bytes, out.events = reader.bytes_read, reader.events
     if spans and not (TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -TIME_RANGE_US):
         # JSON has no NaN or Infinity, but 1e308 is a number: refuse times no clock wrote.

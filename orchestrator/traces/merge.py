@@ -4,8 +4,9 @@ Two streaming passes over each rank, one batch of one rank in memory at a
 time, each rank's passes run through a :data:`~orchestrator.traces.fanout.RankMap`
 (one rank after another here, Ray tasks in the controller):
 
-1. **Scan** (:func:`~orchestrator.traces.merge_plan.scan_rank`), then the
-   caller aligns the clocks and plans what fits ``max_bytes`` (raw JSON,
+1. **Scan** (:func:`~orchestrator.traces.merge_plan.scan_rank`, or the same
+   scan riding on the analysis's read of the rank: ``scans``), then the caller
+   aligns the clocks and plans what fits ``max_bytes`` (raw JSON,
    ``RAYPROF_MAX_MERGED_BYTES``): everything when it fits, otherwise markers,
    then collectives and copies, then the longest other spans. What was dropped
    is in :attr:`MergeStats.dropped` and the trace's ``rayprof.dropped``. The
@@ -39,7 +40,7 @@ import time
 import zlib
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -49,20 +50,19 @@ import msgspec
 
 from orchestrator import settings
 from orchestrator.layout import parse_profiler_step
+from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gzjoin import Deflate, GzipFile
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge_plan import (
     MARKER,
     TIER_NAMES,
-    DroppedEvents,
-    MergeStats,
-    RankAlignment,
+    RankScan,
     align,
     bucket_floor_us,
     new_metadata,
     plan,
-    scan_rank,
+    scan_ranks,
 )
 from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
@@ -300,6 +300,7 @@ def merge_traces(
     *,
     max_bytes: int | None = None,
     rank_map: RankMap = serial,
+    scans: Mapping[int, RankScan] | None = None,
 ) -> MergeStats:
     """Write all ranks' traces into one gzipped Chrome trace at ``out``; ranks in rank order.
 
@@ -307,20 +308,22 @@ def merge_traces(
     ``TraceFile`` objects, or ``(rank, host, path)`` tuples. A duplicate rank
     or an unreadable file is skipped with its reason in ``MergeStats.skipped``.
     ``max_bytes`` (raw JSON) defaults to ``RAYPROF_MAX_MERGED_BYTES``;
-    ``rank_map`` runs the per-rank passes.
+    ``rank_map`` runs the per-rank passes. ``scans`` (rank -> pass 1, from
+    :func:`~orchestrator.analysis.analyze_for_merge`'s read of the same files)
+    spares those ranks the scan; the others are scanned here.
     """
     started = time.perf_counter()
     if max_bytes is None:
         max_bytes = settings.env_int(settings.MAX_MERGED_BYTES_ENV_VAR, settings.DEFAULT_MAX_MERGED_BYTES)
     files, skipped = _as_trace_files(traces)
     files.sort(key=lambda tf: tf.rank)
-    scans = list(rank_map(scan_rank, [(tf, None) for tf in files], "scanning"))
-    alignment = align(scans, min((tf.base_time_ns for tf in files), default=0))
+    rank_scans = scan_ranks(files, rank_map, scans)
+    alignment = align(rank_scans, min((tf.base_time_ns for tf in files), default=0))
     # Room for each rank's process labels and header in the trailer.
-    the_plan = plan(scans, max_bytes, cap=max_bytes - (32 << 10) * (len(files) + 2))
+    the_plan = plan(rank_scans, max_bytes, cap=max_bytes - (32 << 10) * (len(files) + 2))
     jobs = [
         WriteJob(a.shift_us, the_plan.keep, s.codes, the_plan.caps[tf.rank], s.good_events, s.reason)
-        for tf, s, a in zip(files, scans, alignment)
+        for tf, s, a in zip(files, rank_scans, alignment)
     ]
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -376,12 +379,12 @@ def merge_traces(
     return MergeStats(
         ranks=[tf.rank for tf in files],
         events=events,
-        input_bytes=sum(s.file_bytes for s in scans),
+        input_bytes=sum(s.file_bytes for s in rank_scans),
         output_bytes=out.stat().st_size,
         seconds=time.perf_counter() - started,
         skipped=skipped,
         truncated=truncated,
-        input_raw_bytes=sum(s.raw_bytes for s in scans),
+        input_raw_bytes=sum(s.raw_bytes for s in rank_scans),
         output_raw_bytes=gz.raw,
         max_bytes=max_bytes,
         dropped=drop,

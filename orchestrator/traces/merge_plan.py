@@ -19,6 +19,7 @@ import statistics
 import zlib
 from array import array
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +27,13 @@ import msgspec
 
 from orchestrator import settings
 from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.traces.fanout import RankMap
 from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
-    "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "ScanEvent",
-    "align", "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank",
+    "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "RankScanner", "ScanEvent",
+    "align", "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank", "scan_ranks",
 ]
 
 MARKER, COMM, SPAN, OTHER = range(4)
@@ -95,6 +97,16 @@ def new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any)
     return True
 
 
+# Per (ph, cat, name): tier * 256, the bytes an event takes besides its args, whether it is a collective
+# that ends together on every rank, whether it is a device event, whether it is metadata.
+_Class = tuple[int, int, bool, bool, bool]
+
+
+def _class_of(ph: str, cat: str, name: str) -> _Class:
+    tier, together, device = classify(ph, cat, name)
+    return tier * 256, 90 + len(cat) + len(name), together, device, tier == MARKER and ph == "M"
+
+
 @dataclass
 class RankScan:
     """Pass 1 over one rank: byte estimates by tier and duration, collective end times, damage."""
@@ -115,45 +127,85 @@ class RankScan:
         return self.histogram[tier * 256 : (tier + 1) * 256]
 
 
+class RankScanner:
+    """Builds one rank's :class:`RankScan` from its event batches, in file order.
+
+    Fed by :func:`scan_rank`'s own read, or by the analysis's read of the same
+    file (:func:`~orchestrator.traces.loader.load_rank`'s ``on_batch``), so a
+    rank that is analysed and merged is decoded once for both.
+    """
+
+    def __init__(self, tf: TraceFile) -> None:
+        self.path = tf.path
+        self.out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns)
+        self.ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
+        self.collectives = self.seen = 0
+        self.classes: dict[tuple[str, str, str], _Class] = {}
+        self.metadata: set[tuple[Any, Any, Any]] = set()
+        self.codes = array("H")
+
+    def add(self, batch: list[Any]) -> None:
+        """Count a batch of events (anything with ScanEvent's fields); raises TraceParseError at a time no clock wrote."""
+        histogram, log2, append, classes, ends = self.out.histogram, math.log2, self.codes.append, self.classes, self.ends
+        low, high = -TIME_RANGE_US, TIME_RANGE_US
+        for e in batch:
+            ts, dur = e.ts, e.dur
+            if ts is not None and not low < ts + dur < high:
+                self.seen += next(i for i, x in enumerate(batch) if x is e)
+                raise TraceParseError(f"event {self.seen}: time {ts + dur:g} µs is beyond what any clock writes")
+            key = (e.ph, e.cat, e.name)
+            found = classes.get(key)
+            if found is None:
+                found = classes[key] = _class_of(*key)
+            base, size, together, device, metadata = found
+            # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
+            b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+            code = base + (b if b < 255 else 255)
+            append(code)
+            if metadata and not new_metadata(self.metadata, e.name, e.pid, e.tid):
+                continue
+            histogram[code] += size + len(e.args)
+            if together and ts is not None and self.collectives < _MAX_COLLECTIVES:
+                ends[device][e.name].append(ts + dur)
+                self.collectives += 1
+        self.seen += len(batch)
+
+    def finish(self, raw_bytes: int, damage: TraceParseError | None = None) -> RankScan:
+        """The scan, given the JSON bytes read and the damage that ended the read early, if any."""
+        out = self.out
+        if damage is not None:
+            out.good_events, out.reason = self.seen, str(damage)
+        out.raw_bytes = raw_bytes
+        # Measured after the read: a file that cannot be opened is the reader's error to report first.
+        out.file_bytes = self.path.stat().st_size
+        out.codes = zlib.compress(self.codes.tobytes(), 1)
+        # Files are not in time order across threads; the k-th of a name is the k-th in time.
+        out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in self.ends.items()}
+        return out
+
+
 def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
-    """Read one rank once; a damaged file keeps what came before the damage."""
-    out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns, file_bytes=tf.path.stat().st_size)
-    ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
-    collectives = seen = 0
-    classes: dict[tuple[str, str, str], tuple[int, bool, bool]] = {}
-    metadata: set[tuple[Any, Any, Any]] = set()
-    histogram, log2 = out.histogram, math.log2
-    codes = array("H")
+    """Read one rank once, for the merge alone; a damaged file keeps what came before the damage."""
+    scanner = RankScanner(tf)
     reader = TraceReader(tf.path, ScanEvent)
+    damage = None
     try:
         for kind, _, batch in reader:
-            if kind == "key":
-                continue
-            for e in batch:
-                if e.ts is not None and not -TIME_RANGE_US < e.ts + e.dur < TIME_RANGE_US:
-                    raise TraceParseError(f"event {seen}: time {e.ts + e.dur:g} µs is beyond what any clock writes")
-                seen += 1
-                key = (e.ph, e.cat, e.name)
-                found = classes.get(key)
-                tier, together, device = found if found is not None else classes.setdefault(key, classify(*key))
-                # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
-                dur = e.dur
-                b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
-                code = tier * 256 + (b if b < 255 else 255)
-                codes.append(code)
-                if tier == MARKER and e.ph == "M" and not new_metadata(metadata, e.name, e.pid, e.tid):
-                    continue
-                histogram[code] += 90 + len(key[1]) + len(key[2]) + len(e.args)
-                if together and e.ts is not None and collectives < _MAX_COLLECTIVES:
-                    ends[device][e.name].append(e.ts + dur)
-                    collectives += 1
+            if kind == "events":
+                scanner.add(batch)
     except TraceParseError as exc:
-        out.good_events, out.reason = seen, str(exc)
-    out.raw_bytes = reader.bytes_read
-    out.codes = zlib.compress(codes.tobytes(), 1)
-    # Files are not in time order across threads; the k-th of a name is the k-th in time.
-    out.ends = {device: {name: sorted(v) for name, v in by_name.items()} for device, by_name in ends.items()}
-    return out
+        damage = exc
+    return scanner.finish(reader.bytes_read, damage)
+
+
+def scan_ranks(files: list[TraceFile], rank_map: RankMap, given: Mapping[int, RankScan] | None = None) -> list[RankScan]:
+    """Pass 1 for each of ``files``, in order: the scans ``given`` (rank -> scan, from the analysis's
+    read of the same files), the other ranks scanned through ``rank_map``."""
+    scans = dict(given or {})
+    missing = [tf for tf in files if tf.rank not in scans]
+    if missing:
+        scans.update(zip((tf.rank for tf in missing), rank_map(scan_rank, [(tf, None) for tf in missing], "scanning")))
+    return [scans[tf.rank] for tf in files]
 
 
 def align(scans: list[RankScan], reference_ns: int) -> list[RankAlignment]:
