@@ -14,7 +14,7 @@ import ray
 from actors.controller.handle import find_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.layout import state_key
+from orchestrator.layout import index_key, state_key
 from orchestrator.manifest import verify_manifest
 from orchestrator.models import StorageSpec
 from orchestrator.storage import open_storage
@@ -108,6 +108,10 @@ def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on
     saved = json.loads(home.get_bytes(key))
     saved["status"].update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
     home.put_bytes(json.dumps(saved).encode(), key, "manifest")
+    # The index of finished profiles is written after the final state save: the crash left it out.
+    index = json.loads(home.get_bytes(index_key(cluster)))
+    index["profiles"] = [e for e in index["profiles"] if e["summary"]["id"] != done.profile_id]
+    home.put_bytes(json.dumps(index).encode(), index_key(cluster), "manifest")
 
     _restart_controller()
 

@@ -166,7 +166,7 @@ class RelayCore:
             try:
                 reply: NodeReply = await self._call("poll_node", NodePoll(relay_id=self.relay_id, beats=beats))
             except RelayError as e:
-                logger.info("rayprof relay %s: %s; retrying", self.relay_id, e)
+                logger.warning("rayprof relay %s: %s; retrying", self.relay_id, e)
                 await asyncio.sleep(_RETRY_S)
                 continue
             await self._deliver(reply)
