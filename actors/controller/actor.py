@@ -341,9 +341,10 @@ class Controller(AgentSide):
     # ---- internals -------------------------------------------------------
 
     async def _await_target(self, target: str) -> None:
-        """Give an unknown target until one poll timeout after this actor started:
-        after a restart, agents re-register within that and would otherwise get a 404."""
-        until = self._started_at + self._config.poll_timeout_s
+        """Give an unknown target until a worker's expiry after this actor started: after a
+        restart, agents (or their node's relay) notice and re-register within that, and would
+        otherwise get a 404."""
+        until = self._started_at + self._config.poll_timeout_s + self._config.worker_expiry_grace_s
         while not self._registry.runs(target) and time.monotonic() < until:
             await asyncio.sleep(0.05)
 

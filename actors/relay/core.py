@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 # After handing out commands, how long the node loop waits for those ranks to poll
 # again: a sync round wants their step counts as of now, in the next node poll.
 _REPOLL_WAIT_S = 0.1
-# Pause before trying the controller again after a failed node poll.
-_RETRY_S = 1.0
+# Pauses before trying the controller again after failed node polls: the first retry is at
+# once (a restarted controller answers it, and its ranks re-register), then backing off.
+_RETRY_S = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
 class RelayError(RuntimeError):
@@ -155,6 +156,7 @@ class RelayCore:
             del self._locals[agent_id]
 
     async def _run_node_loop(self) -> None:
+        failures = 0
         while self._locals:
             now = self._clock()
             self._forget_silent(now)
@@ -167,8 +169,10 @@ class RelayCore:
                 reply: NodeReply = await self._call("poll_node", NodePoll(relay_id=self.relay_id, beats=beats))
             except RelayError as e:
                 logger.warning("rayprof relay %s: %s; retrying", self.relay_id, e)
-                await asyncio.sleep(_RETRY_S)
+                await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])
+                failures += 1
                 continue
+            failures = 0
             await self._deliver(reply)
 
     async def _deliver(self, reply: NodeReply) -> None:
