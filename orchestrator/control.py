@@ -17,6 +17,7 @@ from orchestrator.settings import (
     DEFAULT_STALL_AUTO_STACKS,
     DEFAULT_STALL_MIN_S,
     DEFAULT_STALL_STEP_FACTOR,
+    MAX_GC_GRACE_HOURS,
 )
 
 __all__ = ["ControllerConfig", "NodeBeat", "NodePoll", "NodeReply", "TargetInfo", "WorkerStatus"]
@@ -75,7 +76,7 @@ class ControllerConfig(StrictModel):
     lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
-    gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0)
+    gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
 
 
 class NodeBeat(StrictModel):

@@ -79,6 +79,8 @@ DEFAULT_RETENTION_DAYS = 30.0
 # crashed postprocess's remains) once their profile is older than this.
 GC_GRACE_HOURS_ENV_VAR = "RAYPROF_GC_GRACE_HOURS"
 DEFAULT_GC_GRACE_HOURS = 24.0
+# Longest grace a gc request may ask for (ten years): past it a date cannot be computed.
+MAX_GC_GRACE_HOURS = 87_600.0
 
 # Saved controller state is kept per cluster; set a name to keep history
 # across clusters that share one storage root (default: the Ray cluster id).

@@ -12,6 +12,7 @@ from datetime import datetime
 from pydantic import Field
 
 from orchestrator.models import BundleKind, Name, ProfileState, ProfileStatus, RankState, StrictModel, Trigger
+from orchestrator.settings import MAX_GC_GRACE_HOURS
 
 __all__ = ["GcReport", "GcRequest", "Leftover", "ProfilePage", "ProfileSummary"]
 
@@ -69,7 +70,10 @@ class GcRequest(StrictModel):
 
     dry_run: bool = False
     grace_hours: float | None = Field(
-        default=None, gt=0, description="Leftover folders younger than this are kept (default RAYPROF_GC_GRACE_HOURS)."
+        default=None,
+        gt=0,
+        le=MAX_GC_GRACE_HOURS,
+        description="Leftover folders younger than this are kept (default RAYPROF_GC_GRACE_HOURS).",
     )
 
 

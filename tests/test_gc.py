@@ -105,3 +105,10 @@ def test_gc_applies_retention_now_to_profiles_that_expired_since_the_last_finish
     assert [p.id for p in report.expired] == [older]
     assert [p.id for p in page.profiles] == [newer]
     assert not exists(store, older) and not open_storage(store).exists(state_key(CLUSTER, older))
+
+
+def test_a_grace_longer_than_ten_years_is_refused_before_any_date_is_computed():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="less than or equal to 87600"):
+        GcRequest(grace_hours=1.3e307)
