@@ -1,10 +1,8 @@
 """Control-plane scale: one real controller actor, hundreds to 4,096 simulated ranks, direct or through relays.
 
-Simulated agents speak the real protocol (``register``, long-poll
-``poll(Heartbeat)``, ``report(RankEvent)``) from a few async Ray actors
-("sim hosts"), each running one asyncio task per rank, like the real agent's
-one outstanding long-poll per worker. Step counters advance at a fixed rate
-(``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
+Simulated agents speak the real protocol (``register``, ``poll``, ``report``) from a
+few async Ray actors ("sim hosts"), one asyncio task per rank with one long-poll
+outstanding, steps on a fixed clock (``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
 its window: reports ARMED; FAILED if its step already passed the window's first
 boundary; else CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts)
 at ``stop_step``. With ``per_node`` > 0, each run of that many consecutive ranks
@@ -20,8 +18,7 @@ ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
 * arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
   ranks that missed the window, submit -> terminal,
 * idle again with 10 watches on the target,
-* capacity: calls/s the controller serves when the sim hosts fire cheap
-  ``report`` calls (unknown profile id) as fast as they can.
+* capacity: calls/s served when the sim hosts fire cheap ``report`` calls.
 """
 
 from __future__ import annotations
