@@ -13,7 +13,6 @@ before the rank drops it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.controller.state import wait_event
 from orchestrator.control import NodeBeat, NodePoll, NodeReply
 from orchestrator.diagnosis import RankStacks
 from orchestrator.models import Command, Heartbeat, RankEvent, WorkerInfo
@@ -50,12 +50,6 @@ class _Local:
     polling: bool = False
     commands: deque[Command] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
 
 
 class RelayCore:
@@ -116,7 +110,7 @@ class RelayCore:
         try:
             if not local.commands:
                 local.wake.clear()
-                await _wait(local.wake, self._poll_timeout_s)
+                await wait_event(local.wake, self._poll_timeout_s)
             return local.commands.popleft() if local.commands else None
         finally:
             local.polling = False
@@ -187,4 +181,4 @@ class RelayCore:
         deadline = delivered_at + _REPOLL_WAIT_S
         while any(local.beat_at < delivered_at for local in given) and (left := deadline - self._clock()) > 0:
             self._repolled.clear()
-            await _wait(self._repolled, left)
+            await wait_event(self._repolled, left)
