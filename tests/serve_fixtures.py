@@ -89,6 +89,13 @@ def wait_terminal(http: httpx.Client, status_url: str, *, timeout: float = 120.0
     raise AssertionError(f"{status_url} did not end within {timeout}s")
 
 
+def why(ended: dict | Manifest) -> str:
+    """The reasons an ended profile gives, its own and each rank's: the message of a failed assertion."""
+    body = ended.model_dump(mode="json") if isinstance(ended, Manifest) else ended
+    ranks = "; ".join(f"rank {r['rank']} {r['state']}: {r.get('reason')}" for r in body.get("ranks", []))
+    return f"{body.get('state') or body.get('status')}: {body.get('reason')} ({ranks})"
+
+
 def artifact_problems(folder: Path, manifest: Manifest) -> list[str]:
     """Files of ``manifest`` missing under ``folder`` or differing from its sha256."""
     problems = []

@@ -117,6 +117,55 @@ def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when
     assert {r.state for r in status.ranks} == {RankState.CANCELLED}
 
 
+def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_rank(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=40, warmup=5))
+        for _ in range(2000):
+            status = await c.get(submitted.id)
+            if status.state == ProfileState.SCHEDULED:
+                break
+            await asyncio.sleep(0.001)
+        waiting = {r.rank for r in status.ranks if r.state == RankState.WAITING}
+        await c.cancel(submitted.id)
+        status, _ = await wait_terminal(c, submitted.id)
+        for _ in range(200):
+            if all(a.window_task is None or a.window_task.done() for a in agents):
+                break
+            await asyncio.sleep(0.01)
+        for a in agents:
+            await a.stop()
+        return status, agents, waiting
+
+    status, agents, waiting = run(go())
+    assert waiting, "the cancel came after every rank acknowledged its arm: this run tested nothing"
+    assert status.state == ProfileState.CANCELLED
+    armed = [a for a in agents if a.windows]
+    assert armed and all(status.id in a.cancelled for a in armed)
+
+
+def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        status, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
+        stray = agents[0].windows[-1]
+        await agents[0].report(stray, RankState.ARMED)
+        for _ in range(200):
+            if stray.profile_id in agents[0].cancelled:
+                break
+            await asyncio.sleep(0.01)
+        for a in agents:
+            await a.stop()
+        return status, agents
+
+    status, agents = run(go())
+    assert status.state == ProfileState.DONE
+    assert status.id in agents[0].cancelled
+    assert status.id not in agents[1].cancelled
+
+
 def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
     async def go():
         first = controller(home)

@@ -21,6 +21,7 @@ from tests.serve_fixtures import (
     TERMINAL_STATES,
     artifact_problems,
     wait_terminal,
+    why,
 )
 
 pytest_plugins = ["tests.serve_fixtures"]
@@ -55,7 +56,7 @@ def test_finished_status_inlines_the_stored_manifest(finished, http):
     final = finished["final"]
     manifest = http.get(f"/v1/profiles/{final['id']}/manifest")
 
-    assert final["state"] == "DONE"
+    assert final["state"] == "DONE", why(final)
     assert [r["state"] for r in final["ranks"]] == ["DONE", "DONE"]
     assert manifest.status_code == 200
     assert final["manifest"] == manifest.json()
@@ -81,7 +82,7 @@ def test_status_shows_per_rank_progress_while_running(live_job, file_store, http
     assert running["start_step"] is not None
     assert [r["rank"] for r in running["ranks"]] == [0, 1]
     assert {r["state"] for r in running["ranks"]} <= {"WAITING", "ARMED", "CAPTURING", "UPLOADING", "DONE"}
-    assert wait_terminal(http, created["status_url"])["state"] == "DONE"
+    assert (ended := wait_terminal(http, created["status_url"]))["state"] == "DONE", why(ended)
 
 
 def test_list_filters_by_target_and_state(finished, http):
@@ -191,8 +192,8 @@ def test_second_window_on_a_target_is_409_unless_queued(live_job, file_store, ht
     assert conflict.json()["error"] == "conflict"
     assert first["id"] in conflict.json()["detail"]
     assert queued.status_code == 202
-    assert wait_terminal(http, first["status_url"])["state"] == "DONE"
-    assert wait_terminal(http, queued.json()["status_url"])["state"] == "DONE"
+    assert (ended := wait_terminal(http, first["status_url"]))["state"] == "DONE", why(ended)
+    assert (ended := wait_terminal(http, queued.json()["status_url"]))["state"] == "DONE", why(ended)
 
 
 def test_steps_over_the_maximum_are_400(http):
@@ -275,7 +276,7 @@ def test_client_over_http_waits_and_downloads_with_verified_checksums(live_job, 
     manifest = handle.wait(timeout=120, progress=lambda s: seen.append(s.state))
     folder = handle.download(tmp_path / "dl")
 
-    assert manifest.status == ProfileState.DONE
+    assert manifest.status == ProfileState.DONE, why(manifest)
     assert seen[-1] == ProfileState.DONE and {s.value for s in seen} <= TERMINAL_STATES | {
         "PENDING",
         "SCHEDULED",
@@ -297,7 +298,7 @@ def test_client_over_http_raises_conflict_error(live_job, file_store, service):
     handle = http_client.profile(LIVE_TARGET, steps=5)
     with pytest.raises(ConflictError, match="already running"):
         http_client.profile(LIVE_TARGET, steps=1)
-    assert handle.wait(timeout=120).status == ProfileState.DONE
+    assert (manifest := handle.wait(timeout=120)).status == ProfileState.DONE, why(manifest)
 
 
 def test_client_over_http_raises_target_not_found(service):
@@ -328,7 +329,7 @@ def test_capture_starts_soon_after_the_request(live_job, file_store, service):
     handle = http_client.profile(LIVE_TARGET, steps=3)
     capturing = wait_for(
         lambda: (
-            handle.status().state in (ProfileState.CAPTURING, ProfileState.COLLECTING, ProfileState.DONE)
+            ((state := handle.status().state) in (ProfileState.CAPTURING, ProfileState.COLLECTING) or state.is_terminal)
             and time.monotonic()
         ),
         timeout=60,
@@ -337,7 +338,7 @@ def test_capture_starts_soon_after_the_request(live_job, file_store, service):
     )
     latency = capturing - posted
     print(f"POST accepted -> CAPTURING: {latency:.2f}s")
-    assert handle.wait(timeout=120).status == ProfileState.DONE
+    assert (manifest := handle.wait(timeout=120)).status == ProfileState.DONE, why(manifest)
     assert latency < 30
 
 

@@ -248,16 +248,19 @@ class Controller(AgentSide):
         if profile.state.is_terminal:
             return profile.snapshot()
         profile.cancel_requested = True
+        # The window is set as the arms go out: from then on a WAITING rank may hold an
+        # armed window whose ARMED has not arrived yet, and only a cancel closes it.
+        arms_sent = profile.window is not None
         for rank, result in profile.ranks.items():
-            if result.state == RankState.WAITING:
-                # Not armed yet: nothing to undo on the worker.
+            if result.state.is_terminal:
+                continue
+            worker = self._registry.workers.get(profile.agents.get(rank, ""))
+            if arms_sent and worker is not None:
+                worker.send(Command(kind="cancel", profile_id=profile.id))
+            elif result.state == RankState.WAITING:
                 profile.ranks[rank] = result.model_copy(
                     update={"state": RankState.CANCELLED, "reason": "cancelled before the window was armed"}
                 )
-            elif not result.state.is_terminal:
-                worker = self._registry.workers.get(profile.agents.get(rank, ""))
-                if worker is not None:
-                    worker.send(Command(kind="cancel", profile_id=profile.id))
         profile.changed.set()
         # Saved, so a restart goes on cancelling instead of resuming the window.
         await self._persistence.save(profile)

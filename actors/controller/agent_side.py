@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from actors.controller.persistence import Persistence
-from actors.controller.registry import Registry
+from actors.controller.registry import Registry, Worker
 from actors.controller.stacks import StacksTaker
 from actors.controller.state import Profile, wait_event
 from orchestrator.control import ControllerConfig, NodePoll, NodeReply
@@ -115,13 +115,17 @@ class AgentSide:
         """Record one event; returns the profile when it must be saved before acknowledging."""
         profile = self._profiles.get(event.profile_id)
         worker = self._registry.workers.get(event.agent_id)
-        if profile is None or profile.state.is_terminal or worker is None:
+        if worker is None:
+            return None
+        if profile is None or profile.state.is_terminal:
+            self._drop_stray_window(worker, event)
             return None
         rank = worker.info.world_rank
         current = profile.ranks.get(rank)
         if worker.info.target != profile.target or current is None:
             return None
         if current.state.is_terminal:
+            self._drop_stray_window(worker, event)
             return profile if event.state.is_terminal else None  # a resend after a failed save
         now = utcnow()
         update: dict[str, Any] = {"state": event.state, "reason": event.reason}
@@ -147,6 +151,13 @@ class AgentSide:
             logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
         profile.changed.set()
         return profile if event.state.is_terminal else None
+
+    @staticmethod
+    def _drop_stray_window(worker: Worker, event: RankEvent) -> None:
+        """A window still open for a profile that has ended on this rank: it would make the
+        rank refuse every later window until it closed, so the rank is told to drop it."""
+        if event.state in (RankState.ARMED, RankState.CAPTURING):
+            worker.send(Command(kind="cancel", profile_id=event.profile_id))
 
     async def stacks_reply(self, stacks: RankStacks) -> None:
         """An agent's answer to a ``stacks`` command."""
