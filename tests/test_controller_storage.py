@@ -1,0 +1,124 @@
+"""The control actor when its home storage fails: it answers, it does not acknowledge what it could
+not save, and it says why a profile failed. The real ``Controller`` class with fake agents, without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from actors.controller.actor import Controller
+from orchestrator.config import normalize_uri
+from orchestrator.errors import StorageError
+from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
+from tests.fake_agents import fast_config, no_postprocess, run, start_agents, wait_terminal, worker_info
+from tests.fake_agents import make_controller as controller
+
+
+def request(steps: int = 10, **options) -> ProfileRequest:
+    return ProfileRequest(target="run", steps=steps, **options)
+
+
+def _broken_home(tmp_path: Path) -> StorageSpec:
+    # A folder whose parent is a plain file: every read and write fails with an OSError.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    return StorageSpec(uri=normalize_uri(str(blocker / "store")))
+
+
+def test_unreachable_home_storage_does_not_wedge_the_controller(tmp_path):
+    async def go():
+        c = Controller(fast_config(_broken_home(tmp_path)), postprocess=no_postprocess)
+        pong = await asyncio.wait_for(c.ping(), 5)
+        await c.register(worker_info(0, 1))
+        targets = await c.targets()
+        with pytest.raises(StorageError):
+            await c.submit(request())
+        page = await c.list()
+        return pong, targets, page
+
+    pong, targets, page = run(go())
+    assert pong == "ok"
+    assert [t.name for t in targets] == ["run"]
+    assert page.total == 0
+
+
+async def saved_as(store: Path, profile_id: str, state: str) -> None:
+    """Wait until the controller's saved copy of a profile shows ``state`` (saves trail the in-memory state)."""
+    for _ in range(100):
+        saved = list(store.glob(f"_rayprof/*/profiles/{profile_id}.json"))
+        # The profile's own state: its ranks' states are in the same file.
+        if saved and json.loads(saved[0].read_text())["status"]["state"] == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{profile_id} never saved as {state}")
+
+
+def test_saved_state_is_restored_once_storage_comes_back(tmp_path, home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        done, _ = await wait_terminal(c, (await c.submit(request(steps=3))).id)
+        for a in agents:
+            await a.stop()
+        store = Path(home.uri.removeprefix("file://"))
+        await saved_as(store, done.id, "DONE")
+        hidden = store.with_name("hidden")
+        store.rename(hidden)
+        store.parent.joinpath("store").write_text("outage")  # the root is now a file: every read fails
+        restarted = controller(home)
+        before = (await restarted.list()).total
+        Path(store).unlink()
+        hidden.rename(store)
+        for _ in range(100):
+            if (await restarted.list()).total:
+                break
+            await asyncio.sleep(0.1)
+        return done, before, await restarted.get(done.id)
+
+    done, before, after = run(go())
+    assert before == 0
+    assert after.state == done.state == ProfileState.DONE
+
+
+def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        agents[0].behaviour = "hang"
+        submitted = await c.submit(request(steps=3, timeout_s=20))
+        for _ in range(400):
+            ranks = (await c.get(submitted.id)).ranks
+            if ranks and ranks[0].state == RankState.CAPTURING:
+                break
+            await asyncio.sleep(0.01)
+        store = Path(home.uri.removeprefix("file://"))
+        store.rename(store.with_name("away"))
+        store.write_text("outage")
+        window = agents[0].windows[0]
+        with pytest.raises(StorageError):
+            await agents[0].report(window, RankState.FAILED, reason="planted")
+        await agents[0].stop()
+
+    run(go())
+
+
+def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reason(tmp_path, home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 1)
+        agents[0].behaviour = "hang"
+        submitted = await c.submit(request(steps=3, timeout_s=1.0))
+        # The profile's folder becomes a file: the manifest cannot be written there.
+        folder = Path(home.uri.removeprefix("file://")) / "run" / submitted.id
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.write_text("in the way")
+        status, _ = await wait_terminal(c, submitted.id)
+        await agents[0].stop()
+        return status
+
+    status = run(go())
+    assert status.state == ProfileState.FAILED
+    assert status.reason.startswith("could not write the manifest")
