@@ -1,13 +1,9 @@
 """Control-plane scale: one real controller actor, hundreds to 4,096 simulated ranks, direct or through relays.
 
-Simulated agents speak the real protocol (``register``, ``poll``, ``report``) from a
-few async Ray actors ("sim hosts"), one asyncio task per rank with one long-poll
-outstanding, steps on a fixed clock (``STEP_TIME_S``). On ``arm`` a simulated rank does what ``Capture`` does with
-its window: reports ARMED; FAILED if its step already passed the window's first
-boundary; else CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts)
-at ``stop_step``. With ``per_node`` > 0, each run of that many consecutive ranks
-is a node whose relay is the real ``actors.relay.RelayCore`` in the sim host's
-process: the controller sees the relays' ``poll_node`` / ``report_many``.
+Simulated agents (:mod:`benchmarks.sim_host`) speak the real protocol from a few
+async Ray actors, steps on a fixed clock (``STEP_TIME_S``). With ``per_node`` > 0
+they poll through the real relay logic: the controller sees the relays'
+``poll_node`` / ``report_many``.
 
 Per scale (256 and 1,024 ranks direct; 1,024 and 4,096 through relays of 8
 ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
@@ -16,16 +12,14 @@ ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
 * idle: controller CPU and RSS (``/proc`` of its pid) and calls/s served while
   every rank long-polls,
 * arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
-  ranks that missed the window, submit -> terminal,
+  ranks that missed the window (also those of a window armed again), submit -> terminal,
 * idle again with 10 watches on the target,
 * capacity: calls/s served when the sim hosts fire cheap ``report`` calls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
 import shutil
 import statistics
 import tempfile
@@ -37,165 +31,13 @@ import ray
 
 from benchmarks import LogFn
 from benchmarks._stats import Result, ensure_ray, proc_cpu_seconds, proc_rss_bytes
+from benchmarks.sim_host import SimHost, sum_counters
 
 NAME = "control_plane"
 STEP_TIME_S = 0.1
 HOSTS = 4
 RANKS_PER_NODE = 8
 WINDOW_STEPS = 2
-
-
-@ray.remote(num_cpus=0)
-class SimHost:
-    """Many simulated agents in one async actor process."""
-
-    def __init__(
-        self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float,
-        ranks_per_node: int = 0, poll_timeout_s: float = 10.0,
-    ) -> None:
-        from actors.controller.handle import find_controller
-        from actors.relay import RelayCore
-        from orchestrator.models import WorkerInfo
-
-        self.infos = [
-            WorkerInfo(
-                agent_id=f"sim-{target}-{r}", target=target, world_rank=r, world_size=world_size, local_rank=r % 8,
-                node_rank=host, node_id=f"simnode{host}", host=f"sim{host}", pid=100_000 + r, device="cpu",
-                torch_version="sim",
-            )
-            for r in ranks
-        ]
-        self.step_time_s = step_time_s
-        self.t0 = time.monotonic() - 50 * step_time_s  # start at step 50, like a job already training
-        self.calls = {"register": 0, "poll": 0, "report": 0}
-        self.outstanding_polls = 0
-        self.arms = 0
-        self.tasks: list[asyncio.Task] = []
-        self.stopped = False
-        self.controller: Any = None
-        # With ranks_per_node, consecutive ranks share a simulated node whose relay is the real
-        # RelayCore, run in this process: the controller sees the relays' calls, as on a cluster.
-        self.relays: dict[str, Any] = {}
-        if ranks_per_node:
-            for info in self.infos:
-                node = f"sim-{target}-node{info.world_rank // ranks_per_node}"
-                if node not in self.relays:
-                    self.relays[node] = RelayCore(node, find_controller, poll_timeout_s)
-                self.relays[info.agent_id] = self.relays[node]
-
-    def step(self) -> int:
-        return int((time.monotonic() - self.t0) / self.step_time_s)
-
-    def _at_step(self, step: int) -> float:
-        return self.t0 + step * self.step_time_s
-
-    async def start(self, spread_s: float) -> float:
-        """Register every rank (concurrently, as real workers start together); returns seconds.
-
-        Each rank's first poll starts at a random point within ``spread_s``:
-        real workers attach at different moments, so their long-polls are out
-        of phase; started together they would all time out in the same instant.
-        """
-        from actors.controller.handle import find_controller
-
-        self.controller = find_controller()
-        t0 = time.monotonic()
-        await asyncio.gather(*(self._call("register", info) for info in self.infos))
-        elapsed = time.monotonic() - t0
-        rng = random.Random(self.infos[0].world_rank)
-        self.tasks = [
-            asyncio.get_running_loop().create_task(self._agent(info, rng.uniform(0, spread_s))) for info in self.infos
-        ]
-        return elapsed
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        relay = self.relays.get(args[0].agent_id)
-        if relay is not None:
-            result = await getattr(relay, method)(*args)
-        else:
-            result = await getattr(self.controller, method).remote(*args)
-        self.calls[method] += 1
-        return result
-
-    async def _agent(self, info: Any, delay_s: float) -> None:
-        from orchestrator.models import Heartbeat
-
-        await asyncio.sleep(delay_s)
-        while not self.stopped:
-            try:
-                self.outstanding_polls += 1
-                try:
-                    command = await self._call(
-                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s)
-                    )
-                finally:
-                    self.outstanding_polls -= 1
-                if command is None or command.kind == "sync":
-                    continue
-                if command.kind == "register":
-                    await self._call("register", info)
-                elif command.kind == "arm":
-                    self.arms += 1
-                    # Like Capture: the window is armed when the command arrives, so whether its
-                    # start has passed is decided now, not after ARMED is acknowledged.
-                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step()))
-            except asyncio.CancelledError:
-                return
-            except Exception:
-                # Like the real agent: keep going, never die of a failed call.
-                await asyncio.sleep(0.5)
-
-    async def _window(self, info: Any, window: Any, now_step: int) -> None:
-        from orchestrator.models import RankEvent, RankState
-
-        def event(state: RankState, **kw: Any) -> RankEvent:
-            return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
-
-        await self._call("report", event(RankState.ARMED))
-        first = window.start_step - window.warmup
-        if now_step >= first:
-            await self._call("report", event(
-                RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})"))
-            return
-        await asyncio.sleep(max(0.0, self._at_step(window.start_step) - time.monotonic()))
-        await self._call("report", event(RankState.CAPTURING))
-        await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
-        await self._call("report", event(RankState.UPLOADING))
-        await self._call("report", event(
-            RankState.DONE, first_step=window.start_step, last_step=window.stop_step - 1,
-            step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
-
-    def counters(self) -> dict[str, Any]:
-        """Calls that reached the controller (the relays' when there are relays), and rank-level counts."""
-        total = sum(self.calls.values())
-        if self.relays:
-            cores = {id(core): core for core in self.relays.values()}.values()
-            total = sum(sum(core.upstream_calls.values()) for core in cores)
-        return {"calls": dict(self.calls), "outstanding_polls": self.outstanding_polls, "arms": self.arms,
-                "total": total}
-
-    async def hammer(self, seconds: float, concurrency: int) -> int:
-        """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
-        from orchestrator.models import RankEvent, RankState
-
-        event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
-        deadline = time.monotonic() + seconds
-        done = 0
-
-        async def lane() -> None:
-            nonlocal done
-            while time.monotonic() < deadline:
-                await self.controller.report.remote(event)
-                done += 1
-
-        await asyncio.gather(*(lane() for _ in range(concurrency)))
-        return done
-
-    async def stop(self) -> None:
-        self.stopped = True
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 def _controller_pid(handle: Any) -> int:
@@ -211,17 +53,6 @@ def _kill_controller() -> None:
         deadline = time.monotonic() + 30
         while find_controller() is not None and time.monotonic() < deadline:
             time.sleep(0.2)
-
-
-def _sum_counters(hosts: list[Any]) -> dict[str, Any]:
-    got = ray.get([h.counters.remote() for h in hosts], timeout=60)
-    return {
-        "total": sum(c["total"] for c in got),
-        "outstanding_polls": sum(c["outstanding_polls"] for c in got),
-        "poll": sum(c["calls"]["poll"] for c in got),
-        "report": sum(c["calls"]["report"] for c in got),
-        "arms": sum(c["arms"] for c in got),
-    }
 
 
 def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
@@ -251,7 +82,7 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         # Settle: every rank has a poll outstanding at the controller.
         deadline = time.monotonic() + config.poll_timeout_s + 60
         while time.monotonic() < deadline:
-            c = _sum_counters(hosts)
+            c = sum_counters(hosts)
             if c["outstanding_polls"] >= n:
                 break
             time.sleep(0.5)
@@ -261,17 +92,17 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         idle_s = config.poll_timeout_s + 2 if quick else 2 * config.poll_timeout_s + 2
         slices = 5
         cpu_pct, rss, rate = [], [], []
-        c_start, w_start, k_start = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+        c_start, w_start, k_start = proc_cpu_seconds(pid), time.monotonic(), sum_counters(hosts)["total"]
         for _ in range(slices):
-            c0, w0, k0 = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+            c0, w0, k0 = proc_cpu_seconds(pid), time.monotonic(), sum_counters(hosts)["total"]
             time.sleep(idle_s / slices)
-            c1, w1, k1 = proc_cpu_seconds(pid), time.monotonic(), _sum_counters(hosts)["total"]
+            c1, w1, k1 = proc_cpu_seconds(pid), time.monotonic(), sum_counters(hosts)["total"]
             cpu_pct.append(100 * (c1 - c0) / (w1 - w0))
             rate.append((k1 - k0) / (w1 - w0))
             rss.append(proc_rss_bytes(pid))
         w_end = time.monotonic()
         out.update(idle_cpu_pct=cpu_pct, idle_rss=rss, idle_calls_per_s=rate,
-                   idle_total_calls_per_s=(_sum_counters(hosts)["total"] - k_start) / (w_end - w_start),
+                   idle_total_calls_per_s=(sum_counters(hosts)["total"] - k_start) / (w_end - w_start),
                    idle_total_cpu_pct=100 * (proc_cpu_seconds(pid) - c_start) / (w_end - w_start))
         log(f"{NAME}[{n}/{per_node}]: registered in {out['register_s']:.2f}s; idle cpu {statistics.median(cpu_pct):.1f}%, "
             f"rss {statistics.median(rss) / 2**20:.0f} MiB, {statistics.median(rate):.0f} calls/s")
@@ -279,13 +110,15 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         # Arm: one request at a time, all ranks.
         arms: list[dict[str, Any]] = []
         for i in range(1 if quick else 3):
-            c0, k0, w0 = proc_cpu_seconds(pid), _sum_counters(hosts)["total"], time.monotonic()
+            before = sum_counters(hosts)
+            c0, k0, m0, w0 = proc_cpu_seconds(pid), before["total"], before["missed"], time.monotonic()
             status = client._backend.submit(ProfileRequest(target=target, steps=WINDOW_STEPS, timeout_s=120))
             end = time.monotonic() + 150
             while not status.state.is_terminal and time.monotonic() < end:
                 status = client._backend.wait(status.id, 10.0)
             w1 = time.monotonic()
-            c1, k1 = proc_cpu_seconds(pid), _sum_counters(hosts)["total"]
+            after = sum_counters(hosts)
+            c1, k1 = proc_cpu_seconds(pid), after["total"]
             created = status.created_at
             armed = [r.armed_at for r in status.ranks if r.armed_at]
             capturing = [r.capture_started_at for r in status.ranks if r.capture_started_at]
@@ -295,6 +128,8 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
             arm = {
                 "state": status.state.value,
                 "rank_states": states,
+                # Every miss, also those of a window the controller then armed again.
+                "missed": after["missed"] - m0,
                 "sync_s": (status.scheduled_at - created).total_seconds() if status.scheduled_at else None,
                 "all_armed_s": (max(armed) - created).total_seconds() if len(armed) == n else None,
                 "all_capturing_s": (max(capturing) - created).total_seconds() if len(capturing) == n else None,
@@ -366,7 +201,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         n = r["n"]
         bench = f"{NAME}[{n} ranks, {'relay per ' + str(r['per_node']) + ' ranks' if r['per_node'] else 'direct'}]"
         arms = r["arms"]
-        missed = [sum(v for k, v in a["rank_states"].items() if k != "DONE") for a in arms]
+        missed = [max(a["missed"], sum(v for k, v in a["rank_states"].items() if k != "DONE")) for a in arms]
         results += [
             Result(bench, "register all ranks", "s", r["register_s"], n=1,
                    note=f"{HOSTS} sim-host actors, {STEP_TIME_S * 1e3:.0f} ms simulated steps, poll_timeout_s "

@@ -268,6 +268,9 @@ class Artifact(StrictModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+_MISSED_START_DOC = "The arm reached this rank after the window's first step had passed there."
+
+
 class RankEvent(StrictModel):
     """Agent -> controller: a rank's window changed state."""
 
@@ -281,6 +284,7 @@ class RankEvent(StrictModel):
     trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
     reason: str | None = None
+    missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
 
 
 class Trigger(StrictModel):
@@ -316,6 +320,7 @@ class RankResult(StrictModel):
     capture_started_at: datetime | None = None
     capture_ended_at: datetime | None = None
     finished_at: datetime | None = None
+    missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
 
     @property
     def bytes_uploaded(self) -> int:

@@ -3,7 +3,8 @@
 Each fake speaks the agent protocol (register, long-poll with heartbeats,
 report) and trains by counting steps on a timer. ``behaviour`` plants a
 fault: ``fail`` reports its window FAILED, ``hang`` never reports after
-capturing, ``stall_upload`` stays UPLOADING, ``vanish`` stops calling once armed. A finished window uploads a
+capturing, ``stall_upload`` stays UPLOADING, ``vanish`` stops calling once armed,
+``late_arm`` gets its first arm after the window's start had passed, ``always_late`` every arm. A finished window uploads a
 small real file to the profile's storage and lists it, as the capture
 pipeline does.
 """
@@ -23,7 +24,7 @@ from orchestrator.layout import rank_artifact_keys
 from orchestrator.models import Command, Heartbeat, RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo, utcnow
 from orchestrator.storage import open_storage
 
-Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload"]
+Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload", "late_arm", "always_late"]
 STEP_S = 0.01
 UPLOAD_S = 0.1
 
@@ -170,6 +171,10 @@ class FakeAgent:
 
     async def _window(self, window: WindowSpec) -> None:
         await self.report(window, RankState.ARMED)
+        if self.behaviour == "always_late" or (self.behaviour == "late_arm" and len(self.windows) == 1):
+            reason = f"window start boundary {window.start_step} had passed (rank was at step {window.start_step + 1})"
+            await self.report(window, RankState.FAILED, reason=reason, missed_start=True)
+            return
         if self.behaviour == "vanish":
             self.stopped = True
             return

@@ -71,11 +71,12 @@ def test_memory_timeline_is_written_when_memory_is_profiled(tmp_path):
     assert kinds == {"trace", "op_table", "memory_timeline"}
 
 
-def test_window_whose_start_has_passed_fails_with_the_reason(tmp_path):
+def test_window_whose_start_has_passed_fails_with_the_reason_and_says_it_missed_the_start(tmp_path):
     events = _run(tmp_path, _window(tmp_path, start=3, steps=2), range(5, 9))
 
     assert [e.state for e in events] == [RankState.FAILED]
     assert "had passed (rank was at step 5)" in events[0].reason
+    assert events[0].missed_start
 
 
 def test_trace_far_over_the_byte_cap_fails_and_uploads_nothing(tmp_path):

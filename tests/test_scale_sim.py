@@ -1,6 +1,6 @@
 """Hundreds of simulated ranks behind relays, against the session's real controller actor.
 
-The simulated ranks (``benchmarks.control_plane.SimHost``: the real protocol, the
+The simulated ranks (``benchmarks.sim_host.SimHost``: the real protocol, the
 real ``RelayCore`` per 8-rank node, steps on a 100 ms clock) stand in for a job
 too large for this machine; ``make bench`` runs the same at 1,024 and 4,096.
 """
@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from benchmarks.control_plane import SimHost
+from benchmarks.sim_host import SimHost
 from orchestrator.models import ProfileState, RankState
 from orchestrator.settings import DEFAULT_POLL_TIMEOUT_S, POLL_TIMEOUT_S_ENV_VAR, env_float
 from tests.conftest import wait_for

@@ -78,6 +78,7 @@ class Capture:
                     self._abort(
                         RankState.FAILED,
                         f"window start boundary {self._first_boundary} had passed (rank was at step {step})",
+                        missed_start=True,
                     )
             elif step < self.window.stop_step:
                 self._prof.step()
@@ -136,7 +137,7 @@ class Capture:
         )
         self.finisher.start()
 
-    def _abort(self, state: RankState, reason: str) -> None:
+    def _abort(self, state: RankState, reason: str, *, missed_start: bool = False) -> None:
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
@@ -144,7 +145,7 @@ class Capture:
             except Exception:
                 logger.exception("rayprof: stopping the profiler failed")
         self._close()
-        self._emit(self._event(state, reason=reason))
+        self._emit(self._event(state, reason=reason, missed_start=missed_start))
 
     def _close(self) -> None:
         self.closed = True

@@ -145,6 +145,7 @@ class AgentSide:
                 base_time_ns=event.base_time_ns,
                 trace_bytes=event.trace_bytes,
                 artifacts=event.artifacts,
+                missed_start=event.missed_start,
             )
         profile.ranks[rank] = current.model_copy(update=update)
         if event.state in (RankState.FAILED, RankState.CANCELLED):

@@ -22,7 +22,9 @@ __all__ = [
     "ARM_ROUND_MARGIN",
     "arm_round_s",
     "CAP_MARGIN",
+    "MAX_REARMS",
     "outcome",
+    "rearm_after_missed_start",
     "plan_window",
     "selected_ranks",
     "start_step",
@@ -42,6 +44,9 @@ ARM_COST_PER_SYNC_RELAYED = 2.0
 ARM_ROUND_MARGIN = 1.5
 # Plan shortened windows this far under the byte cap: step sizes vary a little.
 CAP_MARGIN = 0.9
+# A window whose arm came too late on every rank is armed again this many times,
+# with the lead grown to the arm round just seen, before the profile ends FAILED.
+MAX_REARMS = 1
 
 
 def timeout_s(request: ProfileRequest, config: ControllerConfig) -> float:
@@ -151,6 +156,13 @@ def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -
     latest = max(like, key=lambda p: p.finished_at)
     assert latest.window is not None
     return max(r.trace_bytes / latest.window.steps for r in latest.ranks.values() if r.trace_bytes)
+
+
+def rearm_after_missed_start(ranks: Sequence[RankResult], rearms: int, cancelled: bool) -> bool:
+    """Whether to arm the window again: every rank missed its start, so none holds a
+    window or a trace, and the arms that did arrive measured how long arming takes."""
+    ranks = list(ranks)
+    return bool(ranks) and not cancelled and rearms < MAX_REARMS and all(r.missed_start for r in ranks)
 
 
 def outcome(

@@ -18,6 +18,7 @@ from actors.controller.planning import (
     arm_round_s,
     outcome,
     plan_window,
+    rearm_after_missed_start,
     selected_ranks,
     start_step,
     timeout_s,
@@ -68,8 +69,17 @@ class Runner:
                 return
             if profile.window is None:
                 await self._schedule(profile)
-            if not profile.state.is_terminal:
+            rearms = 0
+            while not profile.state.is_terminal:
                 await self._await_ranks(profile)
+                if rearm_after_missed_start(profile.ranks.values(), rearms, profile.cancel_requested):
+                    rearms += 1
+                    self._remember_arm_round(profile)
+                    logger.info("rayprof controller: %s: every rank missed the start of %s; arming again", profile.id, profile.window)
+                    # No rank holds the window now: a cancel before the new arms go out ends the ranks at once.
+                    profile.window = None
+                    await self._schedule(profile)
+                    continue
                 state, reason = outcome(list(profile.ranks.values()), profile.window, profile.cancel_requested)
                 await self.finish(profile, state, reason)
         except Exception as e:
@@ -81,6 +91,9 @@ class Runner:
         """Change state, then save it; a save that fails is logged, and the next change saves again."""
         previous = profile.transition(state)
         logger.info("rayprof controller: %s %s -> %s", profile.id, previous.value, state.value)
+        await self._save(profile)
+
+    async def _save(self, profile: Profile) -> None:
         try:
             await self._persistence.save(profile)
         except StorageError as e:
@@ -152,7 +165,10 @@ class Runner:
         )
         for worker in present:
             worker.send(Command(kind="arm", window=window))
-        await self.transition(profile, ProfileState.SCHEDULED)
+        if profile.state == ProfileState.SCHEDULED:  # armed again: save the new window
+            await self._save(profile)
+        else:
+            await self.transition(profile, ProfileState.SCHEDULED)
 
     @staticmethod
     async def _sync(present: list[Worker], timeout: float) -> float:
@@ -207,12 +223,15 @@ class Runner:
                 reason = "worker stopped responding during the window (process exited or was restarted)"
                 profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
 
-    async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
-        """Write the manifest (the commit point), then record the terminal state."""
-        profile.finished_at = utcnow()
+    def _remember_arm_round(self, profile: Profile) -> None:
         arm_round = arm_round_s(profile.ranks.values(), profile.scheduled_at)
         if arm_round is not None:
             self._arm_rounds[profile.target] = arm_round
+
+    async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
+        """Write the manifest (the commit point), then record the terminal state."""
+        profile.finished_at = utcnow()
+        self._remember_arm_round(profile)
         window = profile.window
         manifest = Manifest(
             profile_id=profile.id,

@@ -1,0 +1,189 @@
+"""Simulated ranks for the control-plane benchmark and the scale test: many agents in one async Ray actor.
+
+Each simulated rank speaks the real protocol (``register``, ``poll``, ``report``)
+as one asyncio task with one long-poll outstanding and steps on a fixed clock.
+On ``arm`` it does what ``Capture`` does with its window: reports ARMED; FAILED
+(``missed_start``) if its step already passed the window's first boundary; else
+CAPTURING at ``start_step``, UPLOADING and DONE (no artifacts) at ``stop_step``.
+With ``ranks_per_node`` > 0, each run of that many consecutive ranks is a node
+whose relay is the real ``actors.relay.RelayCore`` in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import ray
+
+__all__ = ["SimHost", "sum_counters"]
+
+
+@ray.remote(num_cpus=0)
+class SimHost:
+    """Many simulated agents in one async actor process."""
+
+    def __init__(
+        self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float,
+        ranks_per_node: int = 0, poll_timeout_s: float = 10.0,
+    ) -> None:
+        from actors.controller.handle import find_controller
+        from actors.relay import RelayCore
+        from orchestrator.models import WorkerInfo
+
+        self.infos = [
+            WorkerInfo(
+                agent_id=f"sim-{target}-{r}", target=target, world_rank=r, world_size=world_size, local_rank=r % 8,
+                node_rank=host, node_id=f"simnode{host}", host=f"sim{host}", pid=100_000 + r, device="cpu",
+                torch_version="sim",
+            )
+            for r in ranks
+        ]
+        self.step_time_s = step_time_s
+        self.t0 = time.monotonic() - 50 * step_time_s  # start at step 50, like a job already training
+        self.calls = {"register": 0, "poll": 0, "report": 0}
+        self.outstanding_polls = 0
+        self.arms = 0
+        self.missed = 0
+        self.tasks: list[asyncio.Task] = []
+        self.stopped = False
+        self.controller: Any = None
+        # With ranks_per_node, consecutive ranks share a simulated node whose relay is the real
+        # RelayCore, run in this process: the controller sees the relays' calls, as on a cluster.
+        self.relays: dict[str, Any] = {}
+        if ranks_per_node:
+            for info in self.infos:
+                node = f"sim-{target}-node{info.world_rank // ranks_per_node}"
+                if node not in self.relays:
+                    self.relays[node] = RelayCore(node, find_controller, poll_timeout_s)
+                self.relays[info.agent_id] = self.relays[node]
+
+    def step(self) -> int:
+        return int((time.monotonic() - self.t0) / self.step_time_s)
+
+    def _at_step(self, step: int) -> float:
+        return self.t0 + step * self.step_time_s
+
+    async def start(self, spread_s: float) -> float:
+        """Register every rank (concurrently, as real workers start together); returns seconds.
+
+        Each rank's first poll starts at a random point within ``spread_s``:
+        real workers attach at different moments, so their long-polls are out
+        of phase; started together they would all time out in the same instant.
+        """
+        from actors.controller.handle import find_controller
+
+        self.controller = find_controller()
+        t0 = time.monotonic()
+        await asyncio.gather(*(self._call("register", info) for info in self.infos))
+        elapsed = time.monotonic() - t0
+        rng = random.Random(self.infos[0].world_rank)
+        self.tasks = [
+            asyncio.get_running_loop().create_task(self._agent(info, rng.uniform(0, spread_s))) for info in self.infos
+        ]
+        return elapsed
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        relay = self.relays.get(args[0].agent_id)
+        if relay is not None:
+            result = await getattr(relay, method)(*args)
+        else:
+            result = await getattr(self.controller, method).remote(*args)
+        self.calls[method] += 1
+        return result
+
+    async def _agent(self, info: Any, delay_s: float) -> None:
+        from orchestrator.models import Heartbeat
+
+        await asyncio.sleep(delay_s)
+        while not self.stopped:
+            try:
+                self.outstanding_polls += 1
+                try:
+                    command = await self._call(
+                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s)
+                    )
+                finally:
+                    self.outstanding_polls -= 1
+                if command is None or command.kind == "sync":
+                    continue
+                if command.kind == "register":
+                    await self._call("register", info)
+                elif command.kind == "arm":
+                    self.arms += 1
+                    # Like Capture: the window is armed when the command arrives, so whether its
+                    # start has passed is decided now, not after ARMED is acknowledged.
+                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step()))
+            except asyncio.CancelledError:
+                return
+            except Exception:
+                # Like the real agent: keep going, never die of a failed call.
+                await asyncio.sleep(0.5)
+
+    async def _window(self, info: Any, window: Any, now_step: int) -> None:
+        from orchestrator.models import RankEvent, RankState
+
+        def event(state: RankState, **kw: Any) -> RankEvent:
+            return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
+
+        await self._call("report", event(RankState.ARMED))
+        first = window.start_step - window.warmup
+        if now_step >= first:
+            self.missed += 1
+            await self._call("report", event(
+                RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})",
+                missed_start=True))
+            return
+        await asyncio.sleep(max(0.0, self._at_step(window.start_step) - time.monotonic()))
+        await self._call("report", event(RankState.CAPTURING))
+        await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
+        await self._call("report", event(RankState.UPLOADING))
+        await self._call("report", event(
+            RankState.DONE, first_step=window.start_step, last_step=window.stop_step - 1,
+            step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
+
+    def counters(self) -> dict[str, Any]:
+        """Calls that reached the controller (the relays' when there are relays), and rank-level counts."""
+        total = sum(self.calls.values())
+        if self.relays:
+            cores = {id(core): core for core in self.relays.values()}.values()
+            total = sum(sum(core.upstream_calls.values()) for core in cores)
+        return {"calls": dict(self.calls), "outstanding_polls": self.outstanding_polls, "arms": self.arms,
+                "missed": self.missed, "total": total}
+
+    async def hammer(self, seconds: float, concurrency: int) -> int:
+        """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
+        from orchestrator.models import RankEvent, RankState
+
+        event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
+        deadline = time.monotonic() + seconds
+        done = 0
+
+        async def lane() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                await self.controller.report.remote(event)
+                done += 1
+
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return done
+
+    async def stop(self) -> None:
+        self.stopped = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def sum_counters(hosts: list[Any]) -> dict[str, Any]:
+    got = ray.get([h.counters.remote() for h in hosts], timeout=60)
+    return {
+        "total": sum(c["total"] for c in got),
+        "outstanding_polls": sum(c["outstanding_polls"] for c in got),
+        "poll": sum(c["calls"]["poll"] for c in got),
+        "report": sum(c["calls"]["report"] for c in got),
+        "arms": sum(c["arms"] for c in got),
+        "missed": sum(c["missed"] for c in got),
+    }
