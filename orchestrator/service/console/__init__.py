@@ -1,6 +1,6 @@
 """The web console: static files at ``/`` and the routes only a browser needs.
 
-The console (``index.html``, ``app.js``, ``app.css`` beside this file) is plain
+The console (``index.html``, ``app.js``, ``compare.js``, ``app.css`` beside this file) is plain
 JavaScript with no build step and nothing from a CDN, under a Content-Security-
 Policy that allows only this origin's scripts and styles. It calls the v1 API
 with the bearer token the user typed.
@@ -53,6 +53,7 @@ REPORT_CSP = "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src da
 _STATIC = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "compare.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
