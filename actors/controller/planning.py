@@ -158,11 +158,11 @@ def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -
     return max(r.trace_bytes / latest.window.steps for r in latest.ranks.values() if r.trace_bytes)
 
 
-def rearm_after_missed_start(ranks: Sequence[RankResult], rearms: int, cancelled: bool) -> bool:
+def rearm_after_missed_start(ranks: Iterable[RankResult], rearms: int, cancelled: bool) -> bool:
     """Whether to arm the window again: every rank missed its start, so none holds a
     window or a trace, and the arms that did arrive measured how long arming takes."""
-    ranks = list(ranks)
-    return bool(ranks) and not cancelled and rearms < MAX_REARMS and all(r.missed_start for r in ranks)
+    missed = [r.missed_start for r in ranks]
+    return bool(missed) and all(missed) and not cancelled and rearms < MAX_REARMS
 
 
 def outcome(
