@@ -12,6 +12,7 @@ pipeline does.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -21,7 +22,17 @@ from actors.controller.actor import Controller
 from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, StorageSpec, WindowSpec, WorkerInfo, utcnow
+from orchestrator.models import (
+    Command,
+    Heartbeat,
+    ProfileStatus,
+    RankEvent,
+    RankState,
+    StorageSpec,
+    WindowSpec,
+    WorkerInfo,
+    utcnow,
+)
 from orchestrator.storage import open_storage
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload", "late_arm", "always_late"]
@@ -234,3 +245,25 @@ async def wait_terminal(controller: Controller, profile_id: str, timeout_s: floa
         if status.state.is_terminal:
             return status, seen
     raise AssertionError(f"{profile_id} did not end within {timeout_s}s; states seen {seen}")
+
+
+async def until(holds: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.01) -> bool:
+    """Check ``holds`` every ``interval_s`` until it is true or ``timeout_s`` passes; returns the last answer
+    (the test's own assertions say what a timeout means)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (held := holds()) and loop.time() < deadline:
+        await asyncio.sleep(interval_s)
+    return held
+
+
+async def status_when(
+    controller: Controller, profile_id: str, holds: Callable[[ProfileStatus], bool], *, timeout_s: float,
+    interval_s: float = 0.01,
+) -> ProfileStatus:
+    """Poll a profile's status until ``holds(status)`` or ``timeout_s`` passes; returns the last status seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not holds(status := await controller.get(profile_id)) and loop.time() < deadline:
+        await asyncio.sleep(interval_s)
+    return status

@@ -14,7 +14,7 @@ from orchestrator.manifest import read_manifest
 from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
-from tests.fake_agents import run, start_agents, wait_terminal, worker_info
+from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:
@@ -96,11 +96,9 @@ def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when
         c = controller(home)
         agents = await start_agents(c, 2)
         submitted = await c.submit(request(steps=40, warmup=5))
-        for _ in range(400):
-            status = await c.get(submitted.id)
-            if status.ranks and all(r.state == when for r in status.ranks):
-                break
-            await asyncio.sleep(0.005)
+        await status_when(
+            c, submitted.id, lambda s: bool(s.ranks) and all(r.state == when for r in s.ranks), timeout_s=2, interval_s=0.005
+        )
         await c.cancel(submitted.id)
         status, _ = await wait_terminal(c, submitted.id)
         for a in agents:
@@ -118,18 +116,11 @@ def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_
         c = controller(home)
         agents = await start_agents(c, 2)
         submitted = await c.submit(request(steps=40, warmup=5))
-        for _ in range(2000):
-            status = await c.get(submitted.id)
-            if status.state == ProfileState.SCHEDULED:
-                break
-            await asyncio.sleep(0.001)
+        status = await status_when(c, submitted.id, lambda s: s.state == ProfileState.SCHEDULED, timeout_s=2, interval_s=0.001)
         waiting = {r.rank for r in status.ranks if r.state == RankState.WAITING}
         await c.cancel(submitted.id)
         status, _ = await wait_terminal(c, submitted.id)
-        for _ in range(200):
-            if all(a.window_task is None or a.window_task.done() for a in agents):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: all(a.window_task is None or a.window_task.done() for a in agents), timeout_s=2)
         for a in agents:
             await a.stop()
         return status, agents, waiting
@@ -139,6 +130,8 @@ def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_
     assert status.state == ProfileState.CANCELLED
     armed = [a for a in agents if a.windows]
     assert armed and all(status.id in a.cancelled for a in armed)
+    # Ended by the rank dropping its window, not marked as if the arm had never gone out.
+    assert all(status.ranks[a.info.world_rank].reason == "cancelled" for a in armed)
 
 
 def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(home):
@@ -148,10 +141,7 @@ def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(hom
         status, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
         stray = agents[0].windows[-1]
         await agents[0].report(stray, RankState.ARMED)
-        for _ in range(200):
-            if stray.profile_id in agents[0].cancelled:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: stray.profile_id in agents[0].cancelled, timeout_s=2)
         for a in agents:
             await a.stop()
         return status, agents
@@ -168,11 +158,9 @@ def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
         agents = await start_agents(first, 2)
         agents[1].behaviour = "stall_upload"
         submitted = await first.submit(request(steps=5, timeout_s=20))
-        for _ in range(400):
-            status = await first.get(submitted.id)
-            if status.state == ProfileState.COLLECTING and status.ranks[0].state == RankState.DONE:
-                break
-            await asyncio.sleep(0.01)
+        await status_when(
+            first, submitted.id, lambda s: s.state == ProfileState.COLLECTING and s.ranks[0].state == RankState.DONE, timeout_s=4
+        )
         await agents[0].window_task  # rank 0's result is acknowledged, so it is saved
         # The actor restarts: same agents, a new controller on the same home storage.
         second = controller(home)

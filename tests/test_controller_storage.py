@@ -13,7 +13,7 @@ from actors.controller.actor import Controller
 from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
-from tests.fake_agents import fast_config, no_postprocess, run, start_agents, wait_terminal, worker_info
+from tests.fake_agents import fast_config, no_postprocess, run, start_agents, status_when, wait_terminal, worker_info
 from tests.fake_agents import make_controller as controller
 
 
@@ -89,11 +89,7 @@ def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
         agents = await start_agents(c, 1)
         agents[0].behaviour = "hang"
         submitted = await c.submit(request(steps=3, timeout_s=20))
-        for _ in range(400):
-            ranks = (await c.get(submitted.id)).ranks
-            if ranks and ranks[0].state == RankState.CAPTURING:
-                break
-            await asyncio.sleep(0.01)
+        await status_when(c, submitted.id, lambda s: bool(s.ranks) and s.ranks[0].state == RankState.CAPTURING, timeout_s=4)
         store = Path(home.uri.removeprefix("file://"))
         store.rename(store.with_name("away"))
         store.write_text("outage")
