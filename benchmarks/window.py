@@ -9,8 +9,9 @@ timed with ``perf_counter``, split into the training step and the boundary call.
 
 Boundary numbering follows ``Capture``: iteration ``b`` runs a step and ends
 with boundary ``b``. The profiler starts at boundary ``start``, the window's
-steps run in iterations ``start+1 .. stop``, ``prof.stop()`` runs inside
-boundary ``stop``, and export/gzip/upload run in a thread from then on.
+steps run in iterations ``start+1 .. stop``, ``prof.stop()`` and Kineto's
+``export_chrome_trace`` run inside boundary ``stop``, and parse/gzip/upload run
+in a thread and a child process from then on.
 
 Trials of all option sets are interleaved round-robin, and each trial is
 compared with the idle steps just before it, so background load drifts out.
@@ -234,10 +235,10 @@ def collect_runs(
 def stage_breakdown(trainer: Trainer, options_name: str, steps: int) -> dict[str, float]:
     """Time each stage after a window, run alone on this thread (ms).
 
-    Mirrors ``Capture._stop`` and ``Capture._export_and_upload``: only
-    ``prof.stop()`` runs on the training thread; ``export_chrome_trace`` runs in
-    the export thread; parsing, gzip, memory timeline and op table run in a
-    child process (off the GIL).
+    Mirrors ``Capture._stop`` and ``Capture._export_and_upload``: ``prof.stop()``
+    and ``export_chrome_trace`` run on the training thread in the closing
+    boundary; parsing, gzip, memory timeline and op table run in a child process
+    (off the GIL).
     """
     from actors.agent.capture import _run_exporter
 
@@ -259,7 +260,7 @@ def stage_breakdown(trainer: Trainer, options_name: str, steps: int) -> dict[str
         out["prof.stop() (training thread)"] = (perf() - t) * 1e3
         t = perf()
         prof.export_chrome_trace(str(tmp / "trace.json"))
-        out["export_chrome_trace (export thread)"] = (perf() - t) * 1e3
+        out["export_chrome_trace (training thread, closing boundary)"] = (perf() - t) * 1e3
         t = perf()
         _run_exporter(
             tmp / "trace.json",
@@ -279,7 +280,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     runs = collect_runs(quick, log, trials=trials, steps=steps)
     RUN_CACHE[:] = runs
     results: list[Result] = []
-    # Where the export thread's time goes (alone on this thread, no contention).
+    # Where the time after a window goes (each stage alone on this thread, no contention).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -310,6 +311,9 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         during = [statistics.mean(r.after_ms[:-3] or r.after_ms[:1]) / r.idle_median for r in mine if r.after_ms]
         worst = [max(r.after_ms[:-3] or r.after_ms[:1]) / r.idle_median for r in mine if r.after_ms]
         export = [r.export_s for r in mine]
+        # What the window costs training after its last profiled step, wherever it lands:
+        # the closing iteration and every step until the export is done, over idle steps.
+        extra = [(r.close_iteration_ms + sum(r.after_ms)) / r.idle_median - 1 - len(r.after_ms) for r in mine]
         med_first = statistics.median(first_after) if first_after else float("nan")
         med_during = statistics.median(during) if during else float("nan")
         bench = f"{NAME}[{name}]"
@@ -318,13 +322,14 @@ def run(quick: bool, log: LogFn) -> list[Result]:
                       note=f"{len(mine)} windows of {steps} steps, {len(ok)} DONE; idle = the 12 steps before each" if name == "default" else
                       f"{len(mine)} windows of {steps} steps, {len(ok)} DONE"),
             Result.of(bench, "open: profiler start in boundary", "ms", start_ms),
-            Result.of(bench, "close: prof.stop() in boundary", "ms", close_ms),
+            Result.of(bench, "close: prof.stop() + trace write in boundary", "ms", close_ms),
             Result.of(bench, "close iteration (last step + stop) / idle", "x", close_ratio),
             Result.of(bench, "first step after window / idle", "x", first_after,
                       target=f"<= {AFTER_TARGET}", met=med_first <= AFTER_TARGET),
             Result.of(bench, "mean step while export runs / idle", "x", during,
                       target=f"<= {AFTER_TARGET}", met=med_during <= AFTER_TARGET),
             Result.of(bench, "worst step while export runs / idle", "x", worst),
+            Result.of(bench, "extra time: close + steps until exported", "idle steps", extra),
             Result.of(bench, "export+gzip+upload (thread) wall", "s", export),
         ]
     return results

@@ -2,8 +2,9 @@
 training thread, then export, compress and upload off it.
 
 The training thread calls :meth:`Capture.on_boundary` at every step boundary
-while the window is armed; everything costly after the window closes runs in
-a short-lived thread so the next training step does not wait for it.
+while the window is armed. The boundary that closes the window stops the
+profiler and has Kineto write the raw trace; parsing, compression and upload
+then run off the training thread (a short-lived thread and a child process).
 """
 
 from __future__ import annotations
@@ -131,9 +132,20 @@ class Capture:
         prof, self._prof = self._prof, None
         assert prof is not None
         prof.stop()
+        # export_chrome_trace is one C++ call that holds the GIL from start to end
+        # (~5 ms for a default 5-step CPU window, ~20 ms with every option). Run from
+        # another thread it stalls this one just as long, plus the GIL hand-offs, in
+        # the steps after the window; here it costs its own time once, in the boundary
+        # that already pays prof.stop() (benchmarks/window.py measures both).
+        tmp = Path(tempfile.mkdtemp(prefix=f"rayprof-{self.window.profile_id}-"))
+        try:
+            prof.export_chrome_trace(str(tmp / _RAW_TRACE))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self._close()
         self.finisher = threading.Thread(
-            target=self._finish, args=(prof,), name=f"rayprof-export-{self.window.profile_id}", daemon=True
+            target=self._finish, args=(tmp,), name=f"rayprof-export-{self.window.profile_id}", daemon=True
         )
         self.finisher.start()
 
@@ -157,11 +169,11 @@ class Capture:
     def _event(self, state: RankState, **fields: Any) -> RankEvent:
         return RankEvent(profile_id=self.window.profile_id, agent_id=self.info.agent_id, state=state, **fields)
 
-    def _finish(self, prof: torch.profiler.profile) -> None:
+    def _finish(self, tmp: Path) -> None:
+        """Parse, compress and upload the raw trace in ``tmp``, then remove ``tmp``."""
         self._emit_state(RankState.UPLOADING)
-        tmp = Path(tempfile.mkdtemp(prefix=f"rayprof-{self.window.profile_id}-"))
         try:
-            event = self._export_and_upload(prof, tmp)
+            event = self._export_and_upload(tmp)
         except CaptureTooLarge as e:
             event = self._event(RankState.FAILED, reason=str(e), trace_bytes=e.trace_bytes)
         except Exception as e:
@@ -171,13 +183,12 @@ class Capture:
             shutil.rmtree(tmp, ignore_errors=True)
         self._emit(event)
 
-    def _export_and_upload(self, prof: torch.profiler.profile, tmp: Path) -> RankEvent:
+    def _export_and_upload(self, tmp: Path) -> RankEvent:
         w = self.window
         keys = rank_artifact_keys(w.prefix, self.info.world_rank, self.info.host, self.info.pid)
         storage = open_storage(w.storage)
 
-        raw = tmp / "trace.json"
-        prof.export_chrome_trace(str(raw))
+        raw = tmp / _RAW_TRACE
         result = _run_exporter(raw, tmp, memory=w.options.profile_memory, shapes=w.options.record_shapes, max_bytes=w.max_trace_bytes)
         raw.unlink()
 
@@ -230,5 +241,7 @@ def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes
     return json.loads(done.stdout)
 
 
+# The raw trace as Kineto writes it, in the window's temp folder.
+_RAW_TRACE = "trace.json"
 # Generous: a 512 MiB trace parses in well under a minute.
 _EXPORT_TIMEOUT_S = 600
