@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import ray
@@ -115,20 +116,20 @@ class SimHost:
                     self.arms += 1
                     # Like Capture: the window is armed when the command arrives, so whether its
                     # start has passed is decided now, not after ARMED is acknowledged.
-                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step()))
+                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step(), datetime.now(UTC)))
             except asyncio.CancelledError:
                 return
             except Exception:
                 # Like the real agent: keep going, never die of a failed call.
                 await asyncio.sleep(0.5)
 
-    async def _window(self, info: Any, window: Any, now_step: int) -> None:
+    async def _window(self, info: Any, window: Any, now_step: int, armed_at: datetime) -> None:
         from orchestrator.models import RankEvent, RankState
 
         def event(state: RankState, **kw: Any) -> RankEvent:
             return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
 
-        await self._call("report", event(RankState.ARMED))
+        await self._call("report", event(RankState.ARMED, at=armed_at))
         first = window.start_step - window.warmup
         if now_step >= first:
             self.missed += 1

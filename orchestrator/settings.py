@@ -38,8 +38,9 @@ DEFAULT_RELAY_MIN_WORLD_SIZE = 32
 WORKER_EXPIRY_GRACE_S_ENV_VAR = "RAYPROF_WORKER_EXPIRY_GRACE_S"
 DEFAULT_WORKER_EXPIRY_GRACE_S = 10.0
 
-# How far ahead of the fastest rank a window starts, in seconds of training;
-# converted to steps with the measured step time, never fewer than MIN_LEAD_STEPS.
+# The least lead of a window's start over the fastest rank, in seconds of training
+# (larger jobs get what arming them takes); converted to steps with the measured
+# step time, never fewer than MIN_LEAD_STEPS.
 ARM_LEAD_S_ENV_VAR = "RAYPROF_ARM_LEAD_S"
 DEFAULT_ARM_LEAD_S = 0.3
 MIN_LEAD_STEPS = 3

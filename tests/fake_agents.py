@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Literal
 
 import torch
@@ -123,6 +124,8 @@ class FakeAgent:
     # Steps advance while True; a stuck rank stops counting but its agent still heartbeats.
     training: bool = True
     step_s: float = STEP_S
+    # How far this rank's clock is from the controller's (events carry the rank's time, as the agent's do).
+    clock_offset_s: float = 0.0
 
     async def start(self) -> None:
         assert await self.controller.register(self.info)
@@ -181,7 +184,7 @@ class FakeAgent:
         )
 
     async def _window(self, window: WindowSpec) -> None:
-        await self.report(window, RankState.ARMED)
+        await self.report(window, RankState.ARMED, at=utcnow() + timedelta(seconds=self.clock_offset_s))
         if self.behaviour == "always_late" or (self.behaviour == "late_arm" and len(self.windows) == 1):
             reason = f"window start boundary {window.start_step} had passed (rank was at step {window.start_step + 1})"
             await self.report(window, RankState.FAILED, reason=reason, missed_start=True)

@@ -4,6 +4,7 @@ fake agents on one event loop, and real storage in a temp folder."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
@@ -11,7 +12,7 @@ from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, IllegalTransitionError
 from orchestrator.layout import manifest_key
 from orchestrator.manifest import read_manifest
-from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
+from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec, utcnow
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info
@@ -341,3 +342,23 @@ def test_deleting_a_running_profile_is_a_conflict_and_a_finished_one_is_removed(
     done, page = run(go())
     assert done.id not in [p.id for p in page.profiles]
     assert not open_storage(StorageSpec(uri=done.storage_uri.rsplit("/run/", 1)[0])).list(f"run/{done.id}/")
+
+
+def test_a_ranks_armed_time_is_its_own_clock_but_never_later_than_when_the_controller_heard_it(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        agents[0].clock_offset_s = -0.25  # the arm reached it 0.25 s before its ARMED was heard
+        agents[1].clock_offset_s = 3600.0  # a clock an hour ahead
+        status, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
+        for a in agents:
+            await a.stop()
+        return status, utcnow()
+
+    status, ended = run(go())
+    assert status.state == ProfileState.DONE
+    behind, ahead = status.ranks[0].armed_at, status.ranks[1].armed_at
+    assert behind is not None and ahead is not None
+    # Both arms were heard within milliseconds; rank 0's clock puts its arm 0.25 s earlier.
+    assert ahead - behind >= timedelta(seconds=0.2)
+    assert status.scheduled_at <= ahead <= ended

@@ -20,8 +20,15 @@ def test_the_start_step_leads_the_fastest_rank_by_at_least_three_steps():
 
 
 def test_the_lead_covers_the_arm_time_at_the_fastest_step_time():
-    # 0.3 s + 4 x 0.05 s = 0.5 s of training at 0.01 s a step: 50 steps ahead.
-    assert start_step(10.0, [0.02, 0.01], sync_round_s=0.05, arm_lead_s=0.3, warmup=0) == 60
+    # 4 x 0.25 s = 1 s of training at 0.01 s a step: 100 steps ahead.
+    assert start_step(10.0, [0.02, 0.01], sync_round_s=0.25, arm_lead_s=0.3, warmup=0) == 110
+
+
+def test_the_configured_lead_is_a_floor_not_added_to_the_arm_time():
+    # A fast sync round (4 x 0.05 s = 0.2 s) does not cut the lead below 0.3 s: 30 steps.
+    assert start_step(10.0, [0.01], sync_round_s=0.05, arm_lead_s=0.3, warmup=0) == 40
+    # A slow one is not padded by it either: 2 x 0.45 s through relays, 90 steps, not 120.
+    assert start_step(10.0, [0.01], sync_round_s=0.45, arm_lead_s=0.3, warmup=0, relayed=True) == 100
 
 
 def test_warmup_steps_come_before_the_window():
@@ -64,13 +71,13 @@ def test_a_cancelled_profile_is_cancelled_whatever_its_ranks_did():
 def test_through_relays_the_lead_is_shorter_because_arming_costs_one_node_round_trip():
     direct = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0)
     relayed = start_step(10.0, [0.1], sync_round_s=0.5, arm_lead_s=0.3, warmup=0, relayed=True)
-    assert (direct, relayed) == (10 + 23, 10 + 13)
+    assert (direct, relayed) == (10 + 20, 10 + 10)
 
 
 def test_a_target_whose_last_window_was_slow_to_arm_gets_a_longer_lead():
     quick = start_step(10.0, [0.1], sync_round_s=0.2, arm_lead_s=0.3, warmup=0, relayed=True)
     remembered = start_step(10.0, [0.1], sync_round_s=0.2, arm_lead_s=0.3, warmup=0, relayed=True, last_arm_round_s=2.0)
-    assert (quick, remembered) == (10 + 7, 10 + 33)
+    assert (quick, remembered) == (10 + 4, 10 + 30)
 
 
 def test_the_arm_round_is_schedule_to_the_last_armed_rank():

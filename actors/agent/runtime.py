@@ -29,7 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from actors.agent.capture import Capture
 from actors.agent.stacks import take_stacks
 from orchestrator.diagnosis import RankStacks
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo
+from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
@@ -125,7 +125,9 @@ class Agent:
                 )
                 return
             self.capture = Capture(window, self.info, self._emit, self._window_closed)
-            self._emit(RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED))
+            self._emit(
+                RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED, at=utcnow())
+            )
         elif command.kind == "cancel":
             capture = self.capture
             if capture is not None and capture.window.profile_id == command.profile_id:

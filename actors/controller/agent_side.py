@@ -130,7 +130,9 @@ class AgentSide:
         now = utcnow()
         update: dict[str, Any] = {"state": event.state, "reason": event.reason}
         if event.state == RankState.ARMED:
-            update["armed_at"] = now
+            # When the arm reached the rank, by its clock: hearing of it comes a relay batch later.
+            # Never later than now, so a rank whose clock runs ahead cannot stretch the next lead.
+            update["armed_at"] = min(event.at, now) if event.at is not None else now
         elif event.state == RankState.CAPTURING:
             update["capture_started_at"] = now
             profile.capture_started_at = profile.capture_started_at or now

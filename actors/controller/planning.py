@@ -39,7 +39,8 @@ __all__ = [
 # relays one node round trip carries it: 1,024 ranks: sync 0.5 s, armed +0.5 s.
 ARM_COST_PER_SYNC = 4.0
 ARM_COST_PER_SYNC_RELAYED = 2.0
-# The last window's own arm round (schedule -> last ARMED) on the target, with this margin,
+# The last window's own arm round (schedule -> the arm reached the last rank, by the ranks'
+# clocks: hearing their ARMED takes a relay batch more) on the target, with this margin,
 # bounds the lead from below: a cluster slower to arm than its sync round suggests is remembered.
 ARM_ROUND_MARGIN = 1.5
 # Plan shortened windows this far under the byte cap: step sizes vary a little.
@@ -98,23 +99,24 @@ def start_step(
 ) -> int:
     """The first step of the window: ahead of the fastest rank by the time arming takes.
 
-    ``ahead`` is the fastest rank's estimated step now; the lead is
-    ``arm_lead_s + ARM_COST_PER_SYNC x sync_round_s`` of training time
-    (``ARM_COST_PER_SYNC_RELAYED`` when every rank polls through a relay), or
-    ``arm_lead_s + ARM_ROUND_MARGIN x`` the target's last arm round when that is
-    longer, never fewer than ``MIN_LEAD_STEPS``; warmup steps come before the window.
+    ``ahead`` is the fastest rank's estimated step now; the lead is the longest
+    of ``arm_lead_s``, ``ARM_COST_PER_SYNC x sync_round_s`` of training time
+    (``ARM_COST_PER_SYNC_RELAYED`` when every rank polls through a relay) and
+    ``ARM_ROUND_MARGIN x`` the target's last arm round, never fewer than
+    ``MIN_LEAD_STEPS``; warmup steps come before the window. ``arm_lead_s`` is a
+    floor, not an addition: each of the other two already holds its own margin.
     """
     lead = MIN_LEAD_STEPS
     times = [t for t in step_times if t]
     if times:
         per_sync = ARM_COST_PER_SYNC_RELAYED if relayed else ARM_COST_PER_SYNC
-        arming = max(per_sync * sync_round_s, ARM_ROUND_MARGIN * (last_arm_round_s or 0.0))
-        lead = max(lead, math.ceil((arm_lead_s + arming) / min(times)))
+        arming = max(arm_lead_s, per_sync * sync_round_s, ARM_ROUND_MARGIN * (last_arm_round_s or 0.0))
+        lead = max(lead, math.ceil(arming / min(times)))
     return math.floor(ahead) + lead + warmup
 
 
 def arm_round_s(ranks: Iterable[RankResult], scheduled_at: datetime | None) -> float | None:
-    """How long a window's arm took to reach every rank that acknowledged it (its ARMED arrived)."""
+    """How long a window's arm took to reach every rank that acknowledged it (``armed_at``: the rank's time)."""
     armed = [r.armed_at for r in ranks if r.armed_at is not None]
     if scheduled_at is None or not armed:
         return None
