@@ -11,7 +11,7 @@ ranks; a fresh controller each, default ``poll_timeout_s`` = 10 s):
 * registration time for all ranks,
 * idle: controller CPU and RSS (``/proc`` of its pid) and calls/s served while
   every rank long-polls,
-* arm: submit -> all ranks ARMED and -> all CAPTURING (controller timestamps),
+* arm: submit -> all ranks ARMED and -> all CAPTURING (the ranks' own times, as the controller records them),
   ranks that missed the window (also those of a window armed again), submit -> terminal,
 * idle again with 10 watches on the target,
 * capacity: calls/s served when the sim hosts fire cheap ``report`` calls.
@@ -74,7 +74,8 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
     # Whole simulated nodes per host: rank r is on node r // per_node.
     block = -(-n // HOSTS)
     per_host = [list(range(h * block, min(n, (h + 1) * block))) for h in range(HOSTS)]
-    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S, per_node, config.poll_timeout_s)
+    job_started = time.monotonic() - 50 * STEP_TIME_S
+    hosts = [SimHost.remote(target, ranks, n, h, STEP_TIME_S, per_node, config.poll_timeout_s, job_started)
              for h, ranks in enumerate(per_host)]
     try:
         reg = ray.get([h.start.remote(2.0 if quick else config.poll_timeout_s) for h in hosts], timeout=300)

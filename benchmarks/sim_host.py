@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import ray
@@ -28,7 +28,7 @@ class SimHost:
 
     def __init__(
         self, target: str, ranks: list[int], world_size: int, host: int, step_time_s: float,
-        ranks_per_node: int = 0, poll_timeout_s: float = 10.0,
+        ranks_per_node: int = 0, poll_timeout_s: float = 10.0, job_started: float | None = None,
     ) -> None:
         from actors.controller.handle import find_controller
         from actors.relay import RelayCore
@@ -43,7 +43,10 @@ class SimHost:
             for r in ranks
         ]
         self.step_time_s = step_time_s
-        self.t0 = time.monotonic() - 50 * step_time_s  # start at step 50, like a job already training
+        # Step 0's time (``time.monotonic``, one clock for every process of the machine): hosts of one
+        # job share it, so their ranks move in lockstep as a data-parallel job's do. Else: at step 50
+        # now, like a job already training.
+        self.t0 = job_started if job_started is not None else time.monotonic() - 50 * step_time_s
         self.calls = {"register": 0, "poll": 0, "report": 0}
         self.outstanding_polls = 0
         self.arms = 0
@@ -137,8 +140,12 @@ class SimHost:
                 RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})",
                 missed_start=True))
             return
-        await asyncio.sleep(max(0.0, self._at_step(window.start_step) - time.monotonic()))
-        await self._call("report", event(RankState.CAPTURING))
+        opened = self._at_step(window.start_step)
+        await asyncio.sleep(max(0.0, opened - time.monotonic()))
+        # A real rank stamps CAPTURING on its training thread at the boundary that opened the
+        # window; with 256 ranks a simulator's loop wakes late, which is not the window's lateness.
+        at = datetime.now(UTC) - timedelta(seconds=max(0.0, time.monotonic() - opened))
+        await self._call("report", event(RankState.CAPTURING, at=at))
         await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
         await self._call("report", event(RankState.UPLOADING))
         await self._call("report", event(

@@ -267,6 +267,7 @@ def stage_breakdown(trainer: Trainer, options_name: str, steps: int) -> dict[str
             tmp,
             memory=bool(opts.get("profile_memory")),
             shapes=bool(opts.get("record_shapes")),
+            max_bytes=2**31,
         )
         out["parse + gzip + op table (child process)"] = (perf() - t) * 1e3
     finally:

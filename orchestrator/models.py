@@ -287,8 +287,9 @@ class RankEvent(StrictModel):
     missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
     at: datetime | None = Field(
         default=None,
-        description="When the agent made this event, by its clock. An ARMED's is when the arm reached the rank: "
-        "the next window's lead is sized from it, not from when the controller heard it (after the relay's batch).",
+        description="When the agent made this event, by its clock; the rank's armed/capturing/finished times come "
+        "from it. An ARMED's is when the arm reached the rank: the next window's lead is sized from it, not from "
+        "when the controller heard it (after the relay's batch).",
     )
 
 

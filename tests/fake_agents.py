@@ -179,12 +179,13 @@ class FakeAgent:
         )
 
     async def report(self, window: WindowSpec, state: RankState, **fields: object) -> None:
+        at = utcnow() + timedelta(seconds=self.clock_offset_s)
         await self.controller.report(
-            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=state, **fields)
+            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=state, at=at, **fields)
         )
 
     async def _window(self, window: WindowSpec) -> None:
-        await self.report(window, RankState.ARMED, at=utcnow() + timedelta(seconds=self.clock_offset_s))
+        await self.report(window, RankState.ARMED)
         if self.behaviour == "always_late" or (self.behaviour == "late_arm" and len(self.windows) == 1):
             reason = f"window start boundary {window.start_step} had passed (rank was at step {window.start_step + 1})"
             await self.report(window, RankState.FAILED, reason=reason, missed_start=True)

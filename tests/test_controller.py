@@ -344,7 +344,7 @@ def test_deleting_a_running_profile_is_a_conflict_and_a_finished_one_is_removed(
     assert not open_storage(StorageSpec(uri=done.storage_uri.rsplit("/run/", 1)[0])).list(f"run/{done.id}/")
 
 
-def test_a_ranks_armed_time_is_its_own_clock_but_never_later_than_when_the_controller_heard_it(home):
+def test_a_ranks_times_are_its_own_clock_but_never_later_than_when_the_controller_heard_them(home):
     async def go():
         c = controller(home)
         agents = await start_agents(c, 2)
@@ -362,3 +362,7 @@ def test_a_ranks_armed_time_is_its_own_clock_but_never_later_than_when_the_contr
     # Both arms were heard within milliseconds; rank 0's clock puts its arm 0.25 s earlier.
     assert ahead - behind >= timedelta(seconds=0.2)
     assert status.scheduled_at <= ahead <= ended
+    # The same for the moment each rank opened the window (one step for both).
+    opened = [r.capture_started_at for r in status.ranks]
+    assert opened[1] - opened[0] >= timedelta(seconds=0.2) and opened[1] <= ended
+    assert status.capture_started_at == opened[0]

@@ -29,8 +29,11 @@ TARGET = "sim-relayed"
 def sim_ranks(client):
     poll_timeout_s = env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
     block = RANKS // HOSTS
+    job_started = time.monotonic() - 5.0
     hosts = [
-        SimHost.remote(TARGET, list(range(h * block, (h + 1) * block)), RANKS, h, 0.1, PER_NODE, poll_timeout_s)
+        SimHost.remote(
+            TARGET, list(range(h * block, (h + 1) * block)), RANKS, h, 0.1, PER_NODE, poll_timeout_s, job_started
+        )
         for h in range(HOSTS)
     ]
     try:

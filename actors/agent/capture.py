@@ -25,7 +25,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from actors.export import EXIT_TOO_LARGE
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models import Artifact, RankEvent, RankState, WindowSpec, WorkerInfo
+from orchestrator.models import Artifact, RankEvent, RankState, WindowSpec, WorkerInfo, utcnow
 from orchestrator.storage import open_storage
 
 __all__ = ["Capture"]
@@ -167,7 +167,9 @@ class Capture:
         self._emit(self._event(state))
 
     def _event(self, state: RankState, **fields: Any) -> RankEvent:
-        return RankEvent(profile_id=self.window.profile_id, agent_id=self.info.agent_id, state=state, **fields)
+        return RankEvent(
+            profile_id=self.window.profile_id, agent_id=self.info.agent_id, state=state, at=utcnow(), **fields
+        )
 
     def _finish(self, tmp: Path) -> None:
         """Parse, compress and upload the raw trace in ``tmp``, then remove ``tmp``."""

@@ -127,20 +127,21 @@ class AgentSide:
         if current.state.is_terminal:
             self._drop_stray_window(worker, event)
             return profile if event.state.is_terminal else None  # a resend after a failed save
-        now = utcnow()
+        # When it happened on the rank, by its clock: hearing of it comes a relay batch later
+        # (seconds at 1,000+ ranks). Never later than now, so a clock running ahead cannot
+        # stretch the next window's lead, which is sized from the last arm round.
+        at = min(event.at, utcnow()) if event.at is not None else utcnow()
         update: dict[str, Any] = {"state": event.state, "reason": event.reason}
         if event.state == RankState.ARMED:
-            # When the arm reached the rank, by its clock: hearing of it comes a relay batch later.
-            # Never later than now, so a rank whose clock runs ahead cannot stretch the next lead.
-            update["armed_at"] = min(event.at, now) if event.at is not None else now
+            update["armed_at"] = at
         elif event.state == RankState.CAPTURING:
-            update["capture_started_at"] = now
-            profile.capture_started_at = profile.capture_started_at or now
+            update["capture_started_at"] = at
+            profile.capture_started_at = min(profile.capture_started_at or at, at)
         elif event.state == RankState.UPLOADING:
-            update["capture_ended_at"] = now
+            update["capture_ended_at"] = at
         if event.state.is_terminal:
             update.update(
-                finished_at=now,
+                finished_at=at,
                 first_step=event.first_step,
                 last_step=event.last_step,
                 step_durations_ms=event.step_durations_ms,
