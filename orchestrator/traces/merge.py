@@ -52,6 +52,7 @@ from orchestrator import settings
 from orchestrator.layout import parse_profiler_step
 from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap, serial
+from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.gzjoin import Deflate, GzipFile
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge_plan import (
@@ -217,6 +218,7 @@ class RankPart:
     header: dict[str, Any]
 
 
+@gc_paused
 def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     """Pass 2 over one rank: rewrite and compress the events the plan keeps."""
     writer = _RankWriter(tf, job.shift_us)
