@@ -21,11 +21,9 @@ from array import array
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from orchestrator import settings
 from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
@@ -103,8 +101,6 @@ def new_metadata(seen: set[tuple[Any, Any, Any]], name: Any, pid: Any, tid: Any)
 # Per (ph, cat, name): tier * 256, the bytes an event takes besides its args, whether it is a collective
 # that ends together on every rank, whether it is a device event, whether it is metadata.
 _Class = tuple[int, int, bool, bool, bool]
-_KEY = attrgetter("ph", "cat", "name")
-_ARGS = attrgetter("args")
 
 
 def _class_of(ph: str, cat: str, name: str) -> _Class:
@@ -137,10 +133,7 @@ class RankScanner:
 
     Fed by :func:`scan_rank`'s own read, or by the analysis's read of the same
     file (:func:`~orchestrator.traces.loader.load_rank`'s ``on_batch``), so a
-    rank that is analysed and merged is decoded once for both. A batch is
-    counted in numpy, not event by event in Python (0.115 -> 0.03 s per 109k
-    events): a rank's few hundred kinds of event are numbered, and each kind's
-    tier, size and flags looked up by that number for the whole batch.
+    rank that is analysed and merged is decoded once for both.
     """
 
     def __init__(self, tf: TraceFile) -> None:
@@ -148,62 +141,33 @@ class RankScanner:
         self.out = RankScan(rank=tf.rank, base_time_ns=tf.base_time_ns)
         self.ends: dict[bool, defaultdict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
         self.collectives = self.seen = 0
-        self.kinds: dict[tuple[str, str, str], int] = {}
-        self.classes: list[_Class] = []
-        self.tables: tuple[np.ndarray, ...] = ()  # per kind: base code, size, together, metadata (rebuilt when kinds grow)
+        self.classes: dict[tuple[str, str, str], _Class] = {}
         self.metadata: set[tuple[Any, Any, Any]] = set()
-        self.histogram = np.zeros(4 * 256, np.float64)
         self.codes = array("H")
-
-    def _kind_ids(self, batch: list[Any]) -> np.ndarray:
-        keys = list(map(_KEY, batch))
-        ids = list(map(self.kinds.get, keys))
-        if None in ids:
-            for i, key in enumerate(keys):
-                if ids[i] is None:
-                    found = self.kinds.get(key)
-                    if found is None:
-                        found = self.kinds[key] = len(self.classes)
-                        self.classes.append(_class_of(*key))
-                    ids[i] = found
-            columns = list(zip(*self.classes))
-            self.tables = (
-                np.array(columns[0], np.int64), np.array(columns[1], np.float64),
-                np.array(columns[2], np.bool_), np.array(columns[4], np.bool_),
-            )
-        return np.array(ids, np.intp)
 
     def add(self, batch: list[Any]) -> None:
         """Count a batch of events (anything with ScanEvent's fields); raises TraceParseError at a time no clock wrote."""
-        if not batch:
-            return
-        ts = np.array([e.ts for e in batch], np.float64)  # None (no time) is NaN: never out of range, never an end
-        dur = np.array([e.dur for e in batch], np.float64)
-        end = ts + dur
-        bad = np.flatnonzero((end <= -TIME_RANGE_US) | (end >= TIME_RANGE_US))
-        if bad.size:
-            first = int(bad[0])
-            self.add(batch[:first])  # the events before it still count
-            raise TraceParseError(f"event {self.seen}: time {end[first]:g} µs is beyond what any clock writes")
-        ids = self._kind_ids(batch)
-        base, size, together, metadata = self.tables
-        # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (truncated like int()).
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bucket = np.where(dur > 0.001, np.minimum(np.trunc(4 * np.log2(dur)) + 40, 255), 0)
-        codes = base[ids] + bucket.astype(np.int64)
-        self.codes.frombytes(codes.astype(np.uint16).tobytes())
-        sizes = size[ids] + np.fromiter(map(len, map(_ARGS, batch)), np.float64, len(batch))
-        for i in np.flatnonzero(metadata[ids]).tolist():
-            e = batch[i]
-            if not new_metadata(self.metadata, e.name, e.pid, e.tid):
-                sizes[i] = 0  # a repeat is not written: no bytes
-        self.histogram += np.bincount(codes, weights=sizes, minlength=4 * 256)
-        for i in np.flatnonzero(together[ids]).tolist():
-            if self.collectives >= _MAX_COLLECTIVES:
-                break
-            if ts[i] == ts[i]:  # not NaN: the event has a time
-                e = batch[i]
-                self.ends[self.classes[ids[i]][3]][e.name].append(float(end[i]))
+        histogram, log2, append, classes, ends = self.out.histogram, math.log2, self.codes.append, self.classes, self.ends
+        low, high = -TIME_RANGE_US, TIME_RANGE_US
+        for e in batch:
+            ts, dur = e.ts, e.dur
+            if ts is not None and not low < ts + dur < high:
+                self.seen += next(i for i, x in enumerate(batch) if x is e)
+                raise TraceParseError(f"event {self.seen}: time {ts + dur:g} µs is beyond what any clock writes")
+            key = (e.ph, e.cat, e.name)
+            found = classes.get(key)
+            if found is None:
+                found = classes[key] = _class_of(*key)
+            base, size, together, device, metadata = found
+            # Quarter-octave duration bucket, 0 for <= 2**-10 µs, 255 for >= 2**53.75 µs (inlined: once per event).
+            b = 0 if dur <= 0.001 else int(4 * log2(dur)) + 40
+            code = base + (b if b < 255 else 255)
+            append(code)
+            if metadata and not new_metadata(self.metadata, e.name, e.pid, e.tid):
+                continue
+            histogram[code] += size + len(e.args)
+            if together and ts is not None and self.collectives < _MAX_COLLECTIVES:
+                ends[device][e.name].append(ts + dur)
                 self.collectives += 1
         self.seen += len(batch)
 
@@ -213,7 +177,6 @@ class RankScanner:
         if damage is not None:
             out.good_events, out.reason = self.seen, str(damage)
         out.raw_bytes = raw_bytes
-        out.histogram = [int(x) for x in np.rint(self.histogram)]
         # Measured after the read: a file that cannot be opened is the reader's error to report first.
         out.file_bytes = self.path.stat().st_size
         out.codes = zlib.compress(self.codes.tobytes(), 1)
