@@ -19,6 +19,7 @@ from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.traces.fanout import RankMap, serial
+from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
 from orchestrator.traces.merge_plan import RankScan, RankScanner
 from orchestrator.traces.stream import TraceParseError
@@ -41,6 +42,7 @@ def analyze_folder(
     return analyze_traces(discover_traces(Path(path)), straggler_impl=straggler_impl, rank_map=rank_map)
 
 
+@gc_paused
 def analyze_file(trace_file: TraceFile, _: Any = None) -> RankSummary | RejectedTrace:
     """One rank on its own (the part a fan-out runs where the file is): its summary, or why it was refused."""
     try:
@@ -49,6 +51,7 @@ def analyze_file(trace_file: TraceFile, _: Any = None) -> RankSummary | Rejected
         return RejectedTrace(path=trace_file.path, rank=trace_file.rank, reason=f"unreadable trace: {exc}")
 
 
+@gc_paused
 def analyze_and_scan(trace_file: TraceFile, _: Any = None) -> tuple[RankSummary | RejectedTrace, RankScan | None]:
     """:func:`analyze_file` and the merge's scan of the rank from one read of its file.
 

@@ -11,12 +11,14 @@ trace viewer reads past the first member).
 from __future__ import annotations
 
 import struct
-import zlib
 from pathlib import Path
+
+from isal import isal_zlib
 
 __all__ = ["COMPRESS_LEVEL", "Deflate", "GzipFile"]
 
-# Level 1 compresses ~2x faster than 3 for ~10% more bytes (measured on the 64-rank benchmark's parts).
+# ISA-L's level 1 (of 0-3): as small as zlib's level 1 and ~4x faster (0.022 vs 0.081 s for a 35 MB trace),
+# its CRC-32 ~7x faster than zlib's. The output is ordinary deflate: any gunzip reads it.
 COMPRESS_LEVEL = 1
 _ZEROS = bytes(1 << 20)
 
@@ -25,17 +27,17 @@ class Deflate:
     """A raw deflate stream ended by a sync flush, its CRC-32 and length: one piece of the gzip file."""
 
     def __init__(self) -> None:
-        self._comp = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, -15)
+        self._comp = isal_zlib.compressobj(COMPRESS_LEVEL, isal_zlib.DEFLATED, -15)
         self._chunks: list[bytes] = []
         self.crc = 0
         self.raw = 0
 
     def write(self, data: bytes | memoryview) -> None:
         self._chunks.append(self._comp.compress(data))
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = isal_zlib.crc32(data, self.crc)
         self.raw += len(data)
 
-    def finish(self, mode: int = zlib.Z_SYNC_FLUSH) -> bytes:
+    def finish(self, mode: int = isal_zlib.Z_SYNC_FLUSH) -> bytes:
         self._chunks.append(self._comp.flush(mode))
         return b"".join(self._chunks)
 
@@ -45,7 +47,7 @@ def _crc_combine(crc1: int, crc2: int, len2: int) -> int:
     a, z = crc1, 0
     while len2 > 0:
         n = min(len2, len(_ZEROS))
-        a, z = zlib.crc32(_ZEROS[:n], a), zlib.crc32(_ZEROS[:n], z)
+        a, z = isal_zlib.crc32(_ZEROS[:n], a), isal_zlib.crc32(_ZEROS[:n], z)
         len2 -= n
     return a ^ z ^ crc2
 
@@ -67,7 +69,7 @@ class GzipFile:
     def text(self, data: bytes, *, last: bool = False) -> None:
         d = Deflate()
         d.write(data)
-        self.piece(d.finish(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH), d.crc, d.raw)
+        self.piece(d.finish(isal_zlib.Z_FINISH if last else isal_zlib.Z_SYNC_FLUSH), d.crc, d.raw)
 
     def close(self) -> None:
         self._file.write(struct.pack("<II", self.crc, self.raw & 0xFFFFFFFF))

@@ -52,6 +52,7 @@ from orchestrator import settings
 from orchestrator.layout import parse_profiler_step
 from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap, serial
+from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.gzjoin import Deflate, GzipFile
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge_plan import (
@@ -105,44 +106,47 @@ class _RankWriter:
             self.pids[original] = (self.trace.rank + 1) * PID_STRIDE + len(self.pids)
         return self.pids[original]
 
-    def rewrite(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """The event in merged-trace terms, or None for metadata this rank replaces or repeats."""
-        pid, name = event.get("pid"), event.get("name")
-        if pid.__class__ is not int and not isinstance(pid, str | float | None):
-            pid = repr(pid)  # a list or object is no process id, but must not stop the merge
-        if event.get("ph") == "M":
-            if name == "process_name" and isinstance(event.get("args"), dict):
-                self.names.setdefault(pid, str(event["args"].get("name", pid)))
-            # Process labels are replaced by this rank's own in metadata(); some
-            # tracers (MTIA) repeat thread names thousands of times.
-            if not new_metadata(self.seen_metadata, name, pid, event.get("tid")):
-                return None
-        if self.main_pid is None and name.__class__ is str and name.startswith("ProfilerStep#") and parse_profiler_step(name) is not None:
-            self.main_pid = pid
-        new_pid = self.pids.get(pid)
-        event["pid"] = new_pid if new_pid is not None else self.pid(pid)
-        ts = event.get("ts")
-        if ts.__class__ is float or ts.__class__ is int:
-            event["ts"] = ts + self.shift_us
-        if "id" in event:
-            event["id"] = _new_id(event["id"], self.trace.rank)
-        args = event.get("args")
-        if args.__class__ is dict:
-            for key in _ID_ARGS:
-                value = args.get(key)
-                if value.__class__ is int:
-                    args[key] = self.id_base + value
-                elif value is not None:
-                    args[key] = _new_id(value, self.trace.rank)
-        self.events += 1
-        return event
-
     def rewrite_all(self, raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
-        """Decode the kept events in one call (not one per event) and rewrite them."""
+        """The events decoded in one call (not one per event) and put in merged-trace terms;
+        metadata this rank replaces or repeats is left out.
+
+        One loop with its lookups bound to locals, no call per event: it runs for every event written.
+        """
         if not raws:
             return []
-        decoded = _DICTS.decode(b"".join((b"[", b",".join(raws), b"]")))
-        return [e for e in map(self.rewrite, decoded) if e is not None]
+        out: list[dict[str, Any]] = []
+        append, pids, shift, rank, id_base = out.append, self.pids, self.shift_us, self.trace.rank, self.id_base
+        for event in _DICTS.decode(b"".join((b"[", b",".join(raws), b"]"))):
+            pid, name = event.get("pid"), event.get("name")
+            if pid.__class__ is not int and not isinstance(pid, str | float | None):
+                pid = repr(pid)  # a list or object is no process id, but must not stop the merge
+            if event.get("ph") == "M":
+                if name == "process_name" and isinstance(event.get("args"), dict):
+                    self.names.setdefault(pid, str(event["args"].get("name", pid)))
+                # Process labels are replaced by this rank's own in metadata(); some
+                # tracers (MTIA) repeat thread names thousands of times.
+                if not new_metadata(self.seen_metadata, name, pid, event.get("tid")):
+                    continue
+            if self.main_pid is None and name.__class__ is str and name.startswith("ProfilerStep#") and parse_profiler_step(name) is not None:
+                self.main_pid = pid
+            new_pid = pids.get(pid)
+            event["pid"] = new_pid if new_pid is not None else self.pid(pid)
+            ts = event.get("ts")
+            if ts.__class__ is float or ts.__class__ is int:
+                event["ts"] = ts + shift
+            if "id" in event:
+                event["id"] = _new_id(event["id"], rank)
+            args = event.get("args")
+            if args.__class__ is dict:
+                for key in _ID_ARGS:
+                    value = args.get(key)
+                    if value.__class__ is int:
+                        args[key] = id_base + value
+                    elif value is not None:
+                        args[key] = _new_id(value, rank)
+            append(event)
+        self.events += len(out)
+        return out
 
     def metadata(self, truncated: bool) -> list[dict[str, Any]]:
         """process_name / process_sort_index for every process this rank used."""
@@ -217,6 +221,7 @@ class RankPart:
     header: dict[str, Any]
 
 
+@gc_paused
 def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     """Pass 2 over one rank: rewrite and compress the events the plan keeps."""
     writer = _RankWriter(tf, job.shift_us)

@@ -28,6 +28,7 @@ import msgspec
 from orchestrator import settings
 from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap
+from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
@@ -184,6 +185,7 @@ class RankScanner:
         return out
 
 
+@gc_paused
 def scan_rank(tf: TraceFile, _: Any = None) -> RankScan:
     """Read one rank once, for the merge alone; a damaged file keeps what came before the damage."""
     scanner = RankScanner(tf)

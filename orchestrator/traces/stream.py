@@ -18,12 +18,12 @@ byte offset; nothing else escapes.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+from isal import isal_zlib
 
 from orchestrator.traces.buffer import (
     FIRST_BATCH_BYTES,
@@ -140,8 +140,8 @@ class TraceReader:
             with open_binary(self.path) as stream:
                 buffer = Buffer(stream, self.limit)
                 yield from self._walk(buffer)
-        except (OSError, EOFError, zlib.error) as exc:
-            # gzip raises BadGzipFile (an OSError) or EOFError on damaged or truncated members.
+        except (OSError, EOFError, isal_zlib.error) as exc:
+            # igzip raises BadGzipFile (an OSError), EOFError or IsalError on damaged or truncated members.
             raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
         finally:
             if buffer is not None:
