@@ -269,6 +269,7 @@ class Artifact(StrictModel):
 
 
 _MISSED_START_DOC = "The arm reached this rank after the window's first step had passed there."
+_EVENT_AT_DOC = "When the agent made this event, by its clock: the rank's armed/capturing/finished times."
 
 
 class RankEvent(StrictModel):
@@ -285,12 +286,7 @@ class RankEvent(StrictModel):
     artifacts: list[Artifact] = Field(default_factory=list)
     reason: str | None = None
     missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
-    at: datetime | None = Field(
-        default=None,
-        description="When the agent made this event, by its clock; the rank's armed/capturing/finished times come "
-        "from it. An ARMED's is when the arm reached the rank: the next window's lead is sized from it, not from "
-        "when the controller heard it (after the relay's batch).",
-    )
+    at: datetime | None = Field(default=None, description=_EVENT_AT_DOC)
 
 
 class Trigger(StrictModel):

@@ -107,11 +107,8 @@ class _RankWriter:
         return self.pids[original]
 
     def rewrite_all(self, raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
-        """The events decoded in one call (not one per event) and put in merged-trace terms;
-        metadata this rank replaces or repeats is left out.
-
-        One loop with its lookups bound to locals, no call per event: it runs for every event written.
-        """
+        """The events decoded in one call and put in merged-trace terms, less metadata this rank
+        replaces or repeats: one loop with its lookups bound to locals, as it runs for every event."""
         if not raws:
             return []
         out: list[dict[str, Any]] = []
