@@ -20,6 +20,7 @@ compared with the idle steps just before it, so background load drifts out.
 from __future__ import annotations
 
 import gzip
+import resource
 import shutil
 import statistics
 import tempfile
@@ -83,6 +84,9 @@ class WindowRun:
     close_iteration_ms: float
     after_ms: list[float]
     export_s: float
+    # Minor page faults of the training thread: the idle steps', then each step's after the window.
+    idle_faults: list[int]
+    after_faults: list[int]
     states: list[str]
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     trace_raw_bytes: int = 0
@@ -90,6 +94,11 @@ class WindowRun:
     @property
     def idle_median(self) -> float:
         return statistics.median(self.idle_ms)
+
+
+def _minor_faults() -> int:
+    """This thread's minor page faults so far: a step that re-faults memory the allocator gave back shows here."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def _info(rank: int = 0):
@@ -138,7 +147,9 @@ def run_window(
     capture = Capture(window, _info(), events.append, lambda: None)
     step_ms: dict[int, float] = {}
     boundary_ms: dict[int, float] = {}
+    faults: dict[int, int] = {}
     after: list[float] = []
+    after_faults: list[int] = []
     perf = time.perf_counter
     b = 0
     # The cyclic GC stays off while timing: a collection pause would land in a
@@ -147,12 +158,14 @@ def run_window(
         # Before and through the window: fixed number of iterations.
         while b < window.stop_step:
             b += 1
+            f0 = _minor_faults()
             t0 = perf()
             trainer.step()
             t1 = perf()
             capture.on_boundary(b)
             t2 = perf()
             step_ms[b], boundary_ms[b] = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+            faults[b] = _minor_faults() - f0
         closed_at = perf()
         # After: keep training while the finisher exports, then a few more.
         finisher = capture.finisher
@@ -166,10 +179,12 @@ def run_window(
             if time.monotonic() > deadline:
                 break
             b += 1
+            f0 = _minor_faults()
             t0 = perf()
             trainer.step()
             capture.on_boundary(b)  # closed: returns at once, as the agent's hook would
             after.append((perf() - t0) * 1e3)
+            after_faults.append(_minor_faults() - f0)
         if finisher is not None:
             finisher.join(max(0.0, deadline - time.monotonic()) + 60)
         export_s = perf() - closed_at
@@ -187,6 +202,8 @@ def run_window(
         close_iteration_ms=step_ms[window.stop_step] + boundary_ms[window.stop_step],
         after_ms=after,
         export_s=export_s,
+        idle_faults=[faults[i] for i in range(3, start)],
+        after_faults=after_faults,
         states=[e.state.value for e in events],
     )
     done = [e for e in events if e.state.value == "DONE"]
@@ -318,6 +335,11 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         med_first = statistics.median(first_after) if first_after else float("nan")
         med_during = statistics.median(during) if during else float("nan")
         bench = f"{NAME}[{name}]"
+
+        def targeted(median: float, name: str = name) -> dict[str, Any]:
+            # Issue 12's target is for default options; the other sets are stated figures.
+            return {"target": f"<= {AFTER_TARGET}", "met": median <= AFTER_TARGET} if name == "default" else {}
+
         results += [
             Result.of(bench, "profiled step / idle step", "x", window_ratio,
                       note=f"{len(mine)} windows of {steps} steps, {len(ok)} DONE; idle = the 12 steps before each" if name == "default" else
@@ -325,11 +347,13 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             Result.of(bench, "open: profiler start in boundary", "ms", start_ms),
             Result.of(bench, "close: prof.stop() + trace write in boundary", "ms", close_ms),
             Result.of(bench, "close iteration (last step + stop) / idle", "x", close_ratio),
-            Result.of(bench, "first step after window / idle", "x", first_after,
-                      target=f"<= {AFTER_TARGET}", met=med_first <= AFTER_TARGET),
-            Result.of(bench, "mean step while export runs / idle", "x", during,
-                      target=f"<= {AFTER_TARGET}", met=med_during <= AFTER_TARGET),
+            Result.of(bench, "first step after window / idle", "x", first_after, **targeted(med_first)),
+            Result.of(bench, "mean step while export runs / idle", "x", during, **targeted(med_during)),
             Result.of(bench, "worst step while export runs / idle", "x", worst),
+            Result.of(bench, "minor page faults: idle step", "faults", [statistics.median(r.idle_faults) for r in mine]),
+            Result.of(bench, "minor page faults: first step after", "faults", [r.after_faults[0] for r in mine if r.after_faults],
+                      note="the training thread's own; thousands mean glibc gave the profiler's freed buffers back "
+                      "and the step's tensors are faulted in again" if name == "default" else ""),
             Result.of(bench, "extra time: close + steps until exported", "idle steps", extra),
             Result.of(bench, "export+gzip+upload (thread) wall", "s", export),
         ]
