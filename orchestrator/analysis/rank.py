@@ -91,22 +91,28 @@ def _walk_thread(
     ``on_span(span, open_ancestors)`` is called, in nesting order, for the spans
     named in ``wanted``. Children that spill past their parent by rounding still count as children.
     """
-    stack: list[Span] = []
-    at: list[int] = []  # the index of each span on the stack
-    self_us: list[float] = []
+    self_us = [s.end - s.ts for s in spans]
+    # The open spans' ends and indexes, as plain lists: this loop runs once per span of the rank.
+    ends: list[float] = []
+    at: list[int] = []
+    stack: list[Span] = []  # the open spans themselves, kept only for on_span
+    track = on_span is not None
     for i, span in enumerate(spans):
         ts = span.ts
-        while stack and stack[-1].end <= ts:
-            stack.pop()
+        while ends and ends[-1] <= ts:
+            ends.pop()
             at.pop()
-        if on_span is not None and span.name in wanted:
-            on_span(span, stack)
+            if track:
+                stack.pop()
         end = span.end
-        self_us.append(end - ts)
-        if stack:
-            parent = stack[-1].end
+        if ends:
+            parent = ends[-1]
             self_us[at[-1]] -= (end if end < parent else parent) - ts  # min() without a call: once per span
-        stack.append(span)
+        if track:
+            if span.name in wanted:
+                on_span(span, stack)  # type: ignore[misc]
+            stack.append(span)
+        ends.append(end)
         at.append(i)
     return self_us
 
