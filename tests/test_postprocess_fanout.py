@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,20 @@ def test_ray_map_cancel_stops_and_kills_the_running_tasks() -> None:
     with pytest.raises(PostprocessCancelled, match="merging 1/4"):
         next(results)
     assert cluster.killed == [1]  # the one running; ranks 2 and 3 were never started
+
+
+@pytest.mark.parametrize("other_thread", [False, True], ids=["as called", "with another thread running"])
+def test_process_pool_returns_serial_results_in_order_from_any_caller(other_thread: bool) -> None:
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:
+        helper.start()
+    try:
+        with process_pool(2) as rank_map:
+            pooled = list(rank_map(_double, _items(5), "test"))
+    finally:
+        stop.set()
+    assert pooled == list(serial(_double, _items(5)))
 
 
 def _decompress_one_member(path: Path) -> bytes:

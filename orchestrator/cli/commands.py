@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -295,10 +296,13 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
     from orchestrator.analysis import analyze_folder
     from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
+    from orchestrator.traces.fanout import process_pool
 
     if not folder.is_dir():
         raise InvalidRequestError(f"{folder} is not a folder")
-    summary = analyze_folder(folder)
+    # Ranks are analysed one per core, as the controller fans them out over the cluster.
+    with process_pool(len(os.sched_getaffinity(0))) as rank_map:
+        summary = analyze_folder(folder, rank_map=rank_map)
     manifest_path = folder / "manifest.json"
     manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
     memory = render_memory_section(*load_timelines(folder))
