@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -301,7 +300,7 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
     if not folder.is_dir():
         raise InvalidRequestError(f"{folder} is not a folder")
     # Ranks are analysed one per core, as the controller fans them out over the cluster.
-    with process_pool(len(os.sched_getaffinity(0))) as rank_map:
+    with process_pool() as rank_map:
         summary = analyze_folder(folder, rank_map=rank_map)
     manifest_path = folder / "manifest.json"
     manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None

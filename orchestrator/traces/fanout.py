@@ -11,6 +11,8 @@ the caller joins them.
 
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -46,18 +48,20 @@ def _call(job: tuple[RankFn[R], TraceFile, Any]) -> R:
 
 
 @contextmanager
-def process_pool(workers: int) -> Iterator[RankMap]:
-    """A :data:`RankMap` over ``workers`` local processes.
+def process_pool(workers: int | None = None) -> Iterator[RankMap]:
+    """A :data:`RankMap` over ``workers`` local processes (default: one per core this process may use).
 
-    Forked when this process runs a single thread: the workers start in
-    milliseconds with the trace modules already imported (spawned, each
+    Forked on Linux when this process runs a single thread: the workers start
+    in milliseconds with the trace modules already imported (spawned, each
     imports them again: ~0.3 s before the first rank, measured). With other
-    threads running, a fork could copy a lock one of them holds, so they are
-    spawned instead.
+    threads running, a fork could copy a lock one of them holds, and macOS's
+    system libraries are not fork-safe, so there they are spawned.
     """
     import multiprocessing
 
-    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    method = "fork" if sys.platform == "linux" and threading.active_count() == 1 else "spawn"
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
 
         def run(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
