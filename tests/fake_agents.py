@@ -126,6 +126,8 @@ class FakeAgent:
     step_s: float = STEP_S
     # How far this rank's clock is from the controller's (events carry the rank's time, as the agent's do).
     clock_offset_s: float = 0.0
+    # When set, an arm is acknowledged (ARMED) only once this is set: a test can act between the two.
+    arm_ack_gate: asyncio.Event | None = None
 
     async def start(self) -> None:
         assert await self.controller.register(self.info)
@@ -185,6 +187,8 @@ class FakeAgent:
         )
 
     async def _window(self, window: WindowSpec) -> None:
+        if self.arm_ack_gate is not None:
+            await self.arm_ack_gate.wait()
         await self.report(window, RankState.ARMED)
         if self.behaviour == "always_late" or (self.behaviour == "late_arm" and len(self.windows) == 1):
             reason = f"window start boundary {window.start_step} had passed (rank was at step {window.start_step + 1})"
