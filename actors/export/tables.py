@@ -212,9 +212,13 @@ def _start_order(ts: array, dur: array) -> range | list[int]:
     """Op indices by start time, the longer first on a tie (the enclosing op).
 
     Traces list a thread's ops in that order already; only otherwise is an
-    index list sorted (a few dozen bytes per op, for that thread only).
+    index list sorted, for that thread only. Two stable sorts on one float each
+    (duration descending, then start) give the same order as one sort on a
+    (start, -duration) tuple at under half its peak memory (~70 bytes per op).
     """
     n = len(ts)
     if all(ts[i - 1] < ts[i] or (ts[i - 1] == ts[i] and dur[i - 1] >= dur[i]) for i in range(1, n)):
         return range(n)
-    return sorted(range(n), key=lambda i: (ts[i], -dur[i]))
+    order = sorted(range(n), key=dur.__getitem__, reverse=True)
+    order.sort(key=ts.__getitem__)
+    return order
