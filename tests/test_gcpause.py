@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.analysis import analyze_and_scan
 from orchestrator.traces.gcpause import gc_paused
-from orchestrator.traces.merge import write_rank
+from orchestrator.traces.merge_write import write_rank
 
 
 @gc_paused

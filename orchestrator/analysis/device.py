@@ -23,7 +23,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis.intervals import clip, intersect, subtract, total, union
+from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.models import CopyStats, GpuStats
 from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
 from orchestrator.traces.loader import Span
@@ -48,7 +48,7 @@ class DeviceView:
     def __init__(self, spans: Sequence[Span]) -> None:
         self.spans = list(spans)
         kinds = by_kind(self.spans)
-        self.busy = union((s.ts, s.end) for s in self.spans)
+        self.busy = cover(self.spans)  # the loader sorts spans by start
         self.comm = union(where(kinds, is_comm_kernel))
         self.compute = union(where(kinds, is_compute_kernel))
         self._comm_kinds = {key for key, group in kinds.items() if is_comm_kernel(group[0])}
@@ -58,6 +58,14 @@ class DeviceView:
         self.copy_by_correlation: dict[int, CopyKind] = {s.correlation: copy_kind(s) for s in copies}
         # correlation id -> when the device began the copy: a host wait before it is for earlier queued work.
         self.copy_start: dict[int, float] = {s.correlation: s.ts for s in copies}
+        self._placed: tuple[Sequence[Window], list[tuple[int, Span]]] | None = None
+
+    def placed(self, windows: Sequence[Window]) -> list[tuple[int, Span]]:
+        """(window index, span) for the spans that start inside one of the windows, found once per windows list."""
+        if self._placed is None or self._placed[0] is not windows:
+            window_of = _window_finder(windows)
+            self._placed = (windows, [(i, s) for s in self.spans if (i := window_of(s.ts)) is not None])
+        return self._placed[1]
 
     def window(self, t0: float, t1: float, kernel_us: float) -> WindowGpu:
         """Busy, kernel, collective and exposed-collective µs inside ``[t0, t1)``."""
@@ -68,9 +76,8 @@ class DeviceView:
     def kernel_us_per_window(self, windows: Sequence[Window]) -> list[float]:
         """Kernel µs charged to the window each kernel *starts* in (kernels queued late run into the next)."""
         out = [0.0] * len(windows)
-        window_of = _window_finder(windows)
-        for s in self.spans:
-            if s.cat in ("kernel", "mtia_ccp_events") and (i := window_of(s.ts)) is not None:
+        for i, s in self.placed(windows):
+            if s.cat in ("kernel", "mtia_ccp_events"):
                 out[i] += s.end - s.ts
         return out
 
@@ -92,10 +99,10 @@ class DeviceView:
         else:
             # Device work whose launch the trace did not record (begun before the profiler) is left out, as HTA does.
             inside = [s for s in self.spans if s.correlation in launches and launches[s.correlation] < last]
-        active = union((s.ts, s.end) for s in inside)
+        active = cover(inside)
         extent = active[-1][1] - active[0][0] if active else 0.0
-        compute = union((s.ts, s.end) for s in inside if (s.name, s.cat) in self._compute_kinds)
-        comm = union((s.ts, s.end) for s in inside if (s.name, s.cat) in self._comm_kinds)
+        compute = cover(s for s in inside if (s.name, s.cat) in self._compute_kinds)
+        comm = cover(s for s in inside if (s.name, s.cat) in self._comm_kinds)
         return GpuStats(
             utilization=busy / duration if duration else 0.0,
             busy_ms_per_step=busy / 1000 / n,
@@ -111,8 +118,7 @@ class DeviceView:
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""
-        window_of = _window_finder(windows)
-        return [s for s in self.spans if window_of(s.ts) is not None]
+        return [s for _, s in self.placed(windows)]
 
     def copies(self, windows: Sequence[Window], host_calls: Sequence[Span]) -> list[CopyStats]:
         """Copies per direction and memory kind: count and device time per window, host time blocked in their calls."""

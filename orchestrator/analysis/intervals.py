@@ -7,17 +7,32 @@ with ``start < end``. Every function here returns one.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from collections.abc import Iterable
+from typing import Protocol
 
-__all__ = ["Intervals", "clip", "intersect", "subtract", "total", "union"]
+__all__ = ["Intervals", "Timed", "clip", "cover", "intersect", "subtract", "total", "union"]
 
 Intervals = list[tuple[float, float]]
+_START = itemgetter(0)
+
+
+class Timed(Protocol):
+    """Anything with a name, a start and an end: a trace span."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def end(self) -> float: ...
 
 
 def union(spans: Iterable[tuple[float, float]]) -> Intervals:
     """Merge possibly overlapping spans into an interval list."""
     out: Intervals = []
-    for start, end in sorted(spans):
+    # Sorted on the start alone (a float compare, not a tuple's): the order of equal starts leaves the union the same.
+    for start, end in sorted(spans, key=_START):
         if end <= start:
             continue
         if out and start <= out[-1][1]:
@@ -25,6 +40,30 @@ def union(spans: Iterable[tuple[float, float]]) -> Intervals:
                 out[-1] = (out[-1][0], end)
         else:
             out.append((start, end))
+    return out
+
+
+def cover(spans: Iterable[Timed], skip: frozenset[str] = frozenset()) -> Intervals:
+    """:func:`union` of spans already in start order (a thread's, or the device's, as the loader sorts them),
+    less those named in ``skip``: one pass, with no sort and no tuple per span."""
+    out: Intervals = []
+    start = end = 0.0
+    open_ = False
+    for span in spans:
+        ts = span.ts
+        if open_ and ts <= end:
+            if span.end > end:
+                if skip and span.name in skip:
+                    continue
+                end = span.end
+            continue
+        if skip and span.name in skip:
+            continue
+        if open_ and end > start:
+            out.append((start, end))
+        start, end, open_ = ts, span.end, True
+    if open_ and end > start:
+        out.append((start, end))
     return out
 
 

@@ -55,12 +55,13 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
 from orchestrator.analysis.device import DeviceView, WindowGpu
-from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.models import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
+    Kinds,
     by_kind,
     is_backward,
     is_comm,
@@ -122,15 +123,17 @@ def _mean(values: Iterable[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _main_thread(threads: dict[Thread, list[Span]]) -> tuple[Thread | None, list[Span]]:
+def _main_thread(threads: dict[Thread, list[Span]], kinds: dict[Thread, Kinds]) -> tuple[Thread | None, list[Span]]:
     """The thread carrying ProfilerStep spans, else the one with the most span time; and its step spans."""
-    # A few hundred names among a rank's spans: parse each once.
-    step_of = {name: parse_profiler_step(name) for name in {s.name for spans in threads.values() for s in spans}}
-    step_counts = Counter(key for key, spans in threads.items() for s in spans if step_of[s.name] is not None)
+    step_groups = {
+        key: [group for (name, _), group in by_name.items() if parse_profiler_step(name) is not None]
+        for key, by_name in kinds.items()
+    }
+    step_counts = Counter({key: sum(map(len, groups)) for key, groups in step_groups.items() if groups})
     if step_counts:
         key = step_counts.most_common(1)[0][0]
-        return key, sorted((s for s in threads[key] if step_of[s.name] is not None), key=lambda s: s.ts)
-    busiest = max(threads, key=lambda k: total(union((s.ts, s.end) for s in threads[k])), default=None)
+        return key, sorted((s for group in step_groups[key] for s in group), key=lambda s: s.ts)
+    busiest = max(threads, key=lambda k: total(cover(threads[k])), default=None)
     return busiest, []
 
 
@@ -144,8 +147,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         elif span.cat in HOST_CATEGORIES:
             threads[(span.pid, span.tid)].append(span)
     dev = DeviceView(device_spans)
+    # Each thread's spans by (name, category): every rule below is asked once per group.
+    kinds = {key: by_kind(spans) for key, spans in threads.items()}
 
-    main_key, step_spans = _main_thread(threads)
+    main_key, step_spans = _main_thread(threads, kinds)
     main = threads.get(main_key, []) if main_key is not None else []
     issues: list[str] = []
     if step_spans:
@@ -162,9 +167,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         windows, numbers = [], []
         issues.append("no host spans: nothing to analyse")
     # Other threads of the main thread's process: autograd and collective workers.
-    others = [by_kind(v) for k, v in threads.items() if main_key is not None and k != main_key and k[0] == main_key[0]]
-    autograd = [kinds for kinds in others if any(is_backward(x[0]) for x in kinds.values())]
-    main_kinds = by_kind(main)
+    other_keys = [k for k in threads if main_key is not None and k != main_key and k[0] == main_key[0]]
+    others = [kinds[k] for k in other_keys]
+    autograd = [k for k in other_keys if any(is_backward(x[0]) for x in kinds[k].values())]
+    main_kinds: Kinds = kinds.get(main_key, {}) if main_key is not None else {}
 
     # Host-side walk over every thread: operator self times, and on the main
     # thread the copy intervals (split by direction) and the outermost sync calls.
@@ -230,9 +236,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ("backward", union(where(main_kinds, is_backward))),
         ("forward", union(where(main_kinds, is_forward))),
     ]
-    any_main_span = union(where(main_kinds, lambda s: parse_profiler_step(s.name) is None))
-    backward_elsewhere = union((s.ts, s.end) for kinds in autograd for spans in kinds.values() for s in spans)
-    comm_elsewhere = union(iv for kinds in others for iv in where(kinds, is_comm))
+    step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
+    any_main_span = cover(main, skip=step_names)
+    backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
+    comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
 
     kernel_us = dev.kernel_us_per_window(windows)
@@ -278,10 +285,18 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
 
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: _mean(s.phases.get(p) for s in steps) for p in PHASES})
-    launches = {s.correlation: s.ts for spans in threads.values() for s in spans if s.correlation is not None and s.cat in _RUNTIME}
+    launches = {
+        s.correlation: s.ts
+        for by_name in kinds.values() for (_, cat), group in by_name.items() if cat in _RUNTIME
+        for s in group if s.correlation is not None
+    }
     gpu_stats = dev.stats(windows, gpu_rows, launches) if device_spans and windows else None
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
-    loader = next((s.name.split("#", 1)[1].split(".")[0] for s in main if s.name.startswith("enumerate(DataLoader)#")), None)
+    first_loader = min(
+        (group[0] for (name, _), group in main_kinds.items() if name.startswith("enumerate(DataLoader)#")),
+        key=lambda s: (s.ts, -s.end), default=None,
+    )
+    loader = first_loader.name.split("#", 1)[1].split(".")[0] if first_loader is not None else None
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host,
