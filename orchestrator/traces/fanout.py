@@ -42,9 +42,11 @@ def serial(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -
     return (fn(tf, arg) for tf, arg in items)
 
 
-def _call(job: tuple[RankFn[R], TraceFile, Any]) -> R:
-    fn, tf, arg = job
-    return fn(tf, arg)
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the rank's own call reports a missing file
 
 
 @contextmanager
@@ -65,8 +67,11 @@ def process_pool(workers: int | None = None) -> Iterator[RankMap]:
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
 
         def run(fn: RankFn[R], items: list[tuple[TraceFile, Any]], phase: str = "") -> Iterator[R]:
-            # chunksize 1: ranks differ in size, and results stream back in order.
-            return pool.map(_call, [(fn, tf, arg) for tf, arg in items], chunksize=1)
+            # Largest file first, so no worker starts a big rank while the others sit idle at the end;
+            # the results still come back in the order given.
+            order = sorted(range(len(items)), key=lambda i: -_size(items[i][0].path))
+            futures = {i: pool.submit(fn, *items[i]) for i in order}
+            return (futures[i].result() for i in range(len(items)))
 
         yield run
 
