@@ -4,13 +4,13 @@ spaces and compressed as a deflate piece (see :mod:`orchestrator.traces.merge` f
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.gcpause import gc_paused
@@ -27,6 +27,9 @@ ID_STRIDE = 2**40
 _BATCH_BYTES = 256 << 10
 _HEADER_KEYS = ("deviceProperties", "distributedInfo")
 _DICTS = msgspec.json.Decoder(list[Any])
+_DROPPED, _MARKER, _KEPT = range(3)
+_IS_MARKER = bytes(int(i == _MARKER) for i in range(256))
+_IS_KEPT = bytes(int(i == _KEPT) for i in range(256))
 
 
 def _new_id(value: Any, rank: int) -> Any:
@@ -194,12 +197,13 @@ def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     writer = _RankWriter(tf, job.shift_us)
     part = _Part(job.cap)
     header: dict[str, Any] = {}
-    codes = np.frombuffer(zlib.decompress(job.codes), np.uint16)
-    tiers, buckets = codes >> 8, codes & 255
-    # Per event: written as a marker, kept within the cap, or dropped; decided for the whole rank at once.
-    is_marker = tiers == MARKER
-    is_dropped = buckets < np.array(job.keep)[tiers]
-    is_kept = ~(is_marker | is_dropped)
+    codes = array("H")
+    codes.frombytes(zlib.decompress(job.codes))
+    # Each event's fate, decided for the whole rank in one C-level pass over a table of the 1,024 codes
+    # (tier * 256 + bucket); per batch, ``compress`` then picks events by these bytes.
+    fate = bytes(_MARKER if code >> 8 == MARKER else _DROPPED if code & 255 < job.keep[code >> 8] else _KEPT for code in range(1024))
+    fates = bytes(map(fate.__getitem__, codes))
+    is_marker, is_kept = fates.translate(_IS_MARKER), fates.translate(_IS_KEPT)
     done, left = 0, job.good_events if job.good_events is not None else len(codes)
     over = 0
     reason = None
@@ -213,8 +217,8 @@ def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
             raws = batch[: left - done]
             these = slice(done, done + len(raws))
             done += len(raws)
-            part.add(writer.rewrite_all(list(compress(raws, is_marker[these].tobytes()))), capped=False)
-            left_out = part.add(writer.rewrite_spans(list(compress(raws, is_kept[these].tobytes()))))
+            part.add(writer.rewrite_all(list(compress(raws, is_marker[these]))), capped=False)
+            left_out = part.add(writer.rewrite_spans(list(compress(raws, is_kept[these]))))
             if left_out:
                 over += left_out
                 writer.events -= left_out
@@ -224,8 +228,10 @@ def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
         reason = f"damaged after {writer.events} events: {exc}"
     if reason is None and job.damage is not None:
         reason = f"damaged after {writer.events} events: {job.damage}"
-    dropped_per_tier = np.bincount(tiers[:done][is_dropped[:done]], minlength=4)
-    by_kind: Counter[str] = Counter({TIER_NAMES[t]: int(n) for t, n in enumerate(dropped_per_tier) if n})
+    by_kind: Counter[str] = Counter()
+    for code, n in sorted(Counter(codes[:done]).items()):
+        if fate[code] == _DROPPED:
+            by_kind[TIER_NAMES[code >> 8]] += n
     if over:
         by_kind["at the byte cap"] = over
     labels = writer.metadata(truncated=reason is not None)
