@@ -40,6 +40,11 @@ def _new_id(value: Any, rank: int) -> Any:
     return value
 
 
+def _dicts(raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
+    """Raw events decoded in one call."""
+    return _DICTS.decode(b"".join((b"[", b",".join(raws), b"]"))) if raws else []
+
+
 class _RankWriter:
     """Rewrites one rank's events into the merged trace's pid, clock and id spaces."""
 
@@ -60,13 +65,11 @@ class _RankWriter:
             self.pids[original] = (self.trace.rank + 1) * PID_STRIDE + len(self.pids)
         return self.pids[original]
 
-    def rewrite_all(self, raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
-        """The marker events (metadata and ``ProfilerStep#``) decoded and put in merged-trace terms, less
-        metadata this rank replaces or repeats; the main process is the one with step markers."""
-        if not raws:
-            return []
+    def rewrite_markers(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The marker events (metadata and ``ProfilerStep#``) put in merged-trace terms, less metadata
+        this rank replaces or repeats; the main process is the one with step markers."""
         out: list[dict[str, Any]] = []
-        for event in _DICTS.decode(b"".join((b"[", b",".join(raws), b"]"))):
+        for event in events:
             pid, name = event.get("pid"), event.get("name")
             if pid.__class__ is not int and not isinstance(pid, str | float | None):
                 pid = repr(pid)  # a list or object is no process id, but must not stop the merge
@@ -83,11 +86,8 @@ class _RankWriter:
             out.append(event)
         return self._rewrite(out)
 
-    def rewrite_spans(self, raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
-        """Any other events (no metadata, no step markers among them) decoded and put in merged-trace terms."""
-        if not raws:
-            return []
-        events = _DICTS.decode(b"".join((b"[", b",".join(raws), b"]")))
+    def rewrite_spans(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Any other events (no metadata, no step markers among them) put in merged-trace terms."""
         for event in events:
             pid = event.get("pid")
             if pid.__class__ is not int and not isinstance(pid, str | float | None):
@@ -207,18 +207,24 @@ def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     done, left = 0, job.good_events if job.good_events is not None else len(codes)
     over = 0
     reason = None
-    reader = TraceReader(tf.path, msgspec.Raw, max_batch=_BATCH_BYTES)
+    # When the plan drops none of this rank's events, each batch is decoded straight to dicts; otherwise
+    # it is split into raw events first, and only the kept ones are decoded.
+    decoded = _DROPPED not in fates
+    reader = TraceReader(tf.path, Any if decoded else msgspec.Raw, max_batch=_BATCH_BYTES)
     try:
         for kind, key, batch in reader:
             if kind == "key":
                 if key in _HEADER_KEYS:
                     header[key] = batch
                 continue
-            raws = batch[: left - done]
-            these = slice(done, done + len(raws))
-            done += len(raws)
-            part.add(writer.rewrite_all(list(compress(raws, is_marker[these]))), capped=False)
-            left_out = part.add(writer.rewrite_spans(list(compress(raws, is_kept[these]))))
+            events = batch[: left - done]
+            these = slice(done, done + len(events))
+            done += len(events)
+            markers, spans = list(compress(events, is_marker[these])), list(compress(events, is_kept[these]))
+            if not decoded:
+                markers, spans = _dicts(markers), _dicts(spans)
+            part.add(writer.rewrite_markers(markers), capped=False)
+            left_out = part.add(writer.rewrite_spans(spans))
             if left_out:
                 over += left_out
                 writer.events -= left_out
