@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,22 @@ def test_process_pool_returns_serial_results_in_order_from_any_caller(other_thre
     finally:
         stop.set()
     assert pooled == list(serial(_double, _items(5)))
+
+
+def _started(tf: TraceFile, arg: Any) -> tuple[int, int]:
+    return tf.rank, time.monotonic_ns()
+
+
+def test_process_pool_hands_out_the_largest_file_first_and_answers_in_the_order_given(tmp_path: Path) -> None:
+    items = []
+    for rank, size in ((0, 10), (1, 3000), (2, 200)):
+        path = tmp_path / f"rank{rank}.pt.trace.json"
+        path.write_bytes(b" " * size)
+        items.append((TraceFile(rank=rank, path=path), None))
+    with process_pool(1) as rank_map:  # one worker runs them one at a time, in the order handed out
+        results = list(rank_map(_started, items, "test"))
+    assert [rank for rank, _ in results] == [0, 1, 2]
+    assert [rank for rank, _ in sorted(results, key=lambda r: r[1])] == [1, 2, 0]
 
 
 def _decompress_one_member(path: Path) -> bytes:
