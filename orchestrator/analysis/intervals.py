@@ -7,8 +7,8 @@ with ``start < end``. Every function here returns one.
 from __future__ import annotations
 
 import bisect
-from operator import itemgetter
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Protocol
 
 __all__ = ["Intervals", "Timed", "clip", "cover", "intersect", "subtract", "total", "union"]
