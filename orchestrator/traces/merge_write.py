@@ -84,22 +84,16 @@ class _RankWriter:
                 self.main_pid = pid
             event["pid"] = pid
             out.append(event)
-        return self._rewrite(out)
+        return self.rewrite_spans(out)
 
     def rewrite_spans(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Any other events (no metadata, no step markers among them) put in merged-trace terms."""
-        for event in events:
-            pid = event.get("pid")
-            if pid.__class__ is not int and not isinstance(pid, str | float | None):
-                event["pid"] = repr(pid)
-        return self._rewrite(events)
-
-    def _rewrite(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Pid, clock and ids of every event moved into this rank's spaces, in place: one loop with its
+        """Pid, clock and ids of the events moved into this rank's spaces, in place: one loop with its
         lookups bound to locals, as it runs for every event written."""
         pids, shift, rank, id_base = self.pids, self.shift_us, self.trace.rank, self.id_base
         for event in events:
             pid = event.get("pid")
+            if pid.__class__ is not int and not isinstance(pid, str | float | None):
+                pid = repr(pid)  # a list or object is no process id, but must not stop the merge
             new_pid = pids.get(pid)
             event["pid"] = new_pid if new_pid is not None else self.pid(pid)
             ts = event.get("ts")
