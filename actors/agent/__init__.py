@@ -2,9 +2,29 @@
 
 ``install`` (a ``worker_process_setup_hook``), ``attach`` and ``step`` are the
 public surface. This package imports no analysis, service or CLI code: a
-training worker pays only for what it runs.
+training worker pays only for what it runs. Importing it imports no torch
+either (``install`` runs before Ray has set the worker's ``OMP_NUM_THREADS``,
+see :mod:`actors.agent.hook`): ``Agent``, ``attach`` and ``step`` load the
+runtime on first use.
 """
 
-from actors.agent.runtime import Agent, attach, install, step
+from __future__ import annotations
+
+from typing import Any
+
+from actors.agent.hook import install
 
 __all__ = ["Agent", "attach", "install", "step"]
+
+_RUNTIME_NAMES = ("Agent", "attach", "step")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RUNTIME_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from actors.agent import runtime
+
+    # Bound once: later look-ups (``actors.agent.step()`` in a training loop) find it directly.
+    for each in _RUNTIME_NAMES:
+        globals()[each] = getattr(runtime, each)
+    return globals()[name]

@@ -1,7 +1,8 @@
 """The agent that lives inside every Ray Train worker process.
 
-Public surface: :func:`install` (a ``worker_process_setup_hook``), :func:`attach`
-(call it in the train function) and :func:`step` (an explicit step boundary).
+Public surface: :func:`attach` (call it in the train function) and :func:`step`
+(an explicit step boundary); the setup hook (:mod:`actors.agent.hook`) calls
+:func:`adopt_lazy_hook` at a worker's first optimizer step.
 
 Hot path: a step boundary increments a counter and checks one attribute. Only
 when a window is armed does it do more. All talking to the controller happens
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
 from actors.agent.stacks import take_stacks
 from orchestrator.diagnosis import RankStacks
@@ -41,7 +43,7 @@ from orchestrator.settings import (
     env_int,
 )
 
-__all__ = ["Agent", "attach", "install", "step"]
+__all__ = ["Agent", "adopt_lazy_hook", "attach", "step"]
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +241,7 @@ def attach(*, use_optimizer_hook: bool = True) -> Agent | None:
             return None
         agent = Agent(info)
         agent.start()
+        setup_hook.discard()
         _agent = agent
         if use_optimizer_hook:
             _set_hook(agent)
@@ -248,32 +251,21 @@ def attach(*, use_optimizer_hook: bool = True) -> Agent | None:
         return agent
 
 
-def install() -> None:
-    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker.
-
-    Use with ``runtime_env={"worker_process_setup_hook": "actors.agent.install"}``.
-    In processes that are not Ray Train workers the hook removes itself. Never
-    raises: Ray kills a worker whose setup hook fails.
-    """
-    global _hook_handle
-    try:
-        if _hook_handle is None and _agent is None:
-            _hook_handle = register_optimizer_step_post_hook(_lazy_attach_hook)
-    except Exception:
-        logger.exception("rayprof: install() failed; this worker runs without an agent")
-
-
-def _lazy_attach_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+def adopt_lazy_hook(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The setup hook's first-step hook fired (:mod:`actors.agent.hook`): attach here, or
+    stay out of a process that is no Ray Train worker. Either way that hook is done."""
+    if handle is not None:
+        handle.remove()
+    if _agent is not None:
+        return  # attached explicitly already: it counts steps its own way
     try:
         agent = attach()
     except Exception:
         logger.exception("rayprof: attaching the agent failed; this worker runs without one")
-        agent = None
-    if agent is None:
-        _remove_hook()
         return
-    # This optimizer step is the first boundary the agent sees.
-    agent.step()
+    if agent is not None:
+        # This optimizer step is the first boundary the agent sees.
+        agent.step()
 
 
 def _set_hook(agent: Agent) -> None:
