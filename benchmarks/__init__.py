@@ -4,6 +4,7 @@ Each module measures one property the design promises and exposes
 ``run(quick: bool, log: LogFn) -> list[Result]``:
 
 - ``idle``          cost of the agent's step path with no window armed
+- ``idle_process``  the same in a whole Ray Train process: no rayprof / setup hook / hook + control actor, alternated
 - ``trigger``       request accepted -> every rank capturing, on a live TorchTrainer job
 - ``window``        step-time cost of an open window, and the stall after it closes
 - ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
@@ -24,6 +25,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart", "console")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "trigger", "control_plane", "restart", "console")
 
 __all__ = ["BENCHMARKS", "LogFn"]

@@ -56,7 +56,7 @@ def _empty_loop_ns(n: int) -> float:
 
 
 def _fast_path(quick: bool, log: LogFn) -> list[Result]:
-    import actors.agent as agent_mod
+    from actors.agent import runtime as agent_mod
     from actors.agent.runtime import Agent
 
     agent = Agent(_worker_info())  # thread not started: no controller, only the step path
@@ -100,7 +100,7 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
     """optimizer.step() with vs without the agent's global post-step hook."""
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
-    import actors.agent as agent_mod
+    from actors.agent import runtime as agent_mod
     from actors.agent.runtime import Agent
 
     agent = Agent(_worker_info())
@@ -176,7 +176,7 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
 
 def _train_step_ratio(quick: bool, log: LogFn) -> list[Result]:
     """A real small training step with the agent hook idle vs not installed."""
-    import actors.agent as agent_mod
+    from actors.agent import runtime as agent_mod
     from actors.agent.runtime import Agent
 
     tj = load_train_job()

@@ -1,0 +1,98 @@
+"""Idle cost of a whole training process: a one-rank Ray Train job with ~0.1 ms steps,
+with no rayprof, with the setup hook only, and with the hook and the control actor.
+
+The three run as separate jobs on one cluster, alternated (ABC CBA ...), and
+each round's ratio is taken against that round's plain job, so slow drift in
+the machine's load cancels. Per job: the median over ~400-step blocks of wall
+and thread-CPU time per step. This is what ``idle``'s fast-path numbers cannot
+see: Ray's worker, the agent's thread and its calls, and what the setup hook
+does to the process (it once froze torch at one thread per core: 1.04-1.07x).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks import LogFn
+from benchmarks._stats import REPO, Result, ensure_ray
+
+NAME = "idle_process"
+RATIO_TARGET = 1.005
+_MODES = ("none", "hook", "hook+controller")
+
+
+def _controller(present: bool) -> None:
+    import ray
+
+    from actors.controller.actor import create_controller
+    from actors.controller.handle import find_controller
+    from orchestrator.config import controller_config
+
+    handle = find_controller()
+    if present and handle is None:
+        ray.get(create_controller(controller_config(None)).ping.remote())
+    elif not present and handle is not None:
+        ray.kill(handle)
+        deadline = time.monotonic() + 30
+        while find_controller() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def _job(address: str, mode: str, seconds: float, out_dir: Path) -> dict:
+    out = out_dir / f"{mode}-{uuid.uuid4().hex[:6]}.json"
+    cmd = [sys.executable, "-m", "benchmarks._idle_job", address, "none" if mode == "none" else "hook",
+           str(out), f"idle-{uuid.uuid4().hex[:8]}", str(seconds)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"idle job ({mode}) failed: {done.stderr[-2000:]}")
+    data = json.loads(out.read_text())
+    data["wall"] = statistics.median(b[0] for b in data["blocks"])
+    data["cpu"] = statistics.median(b[1] for b in data["blocks"])
+    return data
+
+
+def run(quick: bool, log: LogFn) -> list[Result]:
+    """Alternate the three setups; ratios of each round's hooked jobs to its plain one."""
+    address = ensure_ray()
+    rounds, seconds = (1, 4.0) if quick else (4, 10.0)
+    ratios: dict[str, dict[str, list[float]]] = {m: {"wall": [], "cpu": []} for m in _MODES[1:]}
+    step_us: list[float] = []
+    threads: dict[str, set[int]] = {m: set() for m in _MODES}
+    with tempfile.TemporaryDirectory(prefix="rayprof-idle-process-") as tmp:
+        try:
+            for r in range(rounds):
+                order = _MODES if r % 2 == 0 else _MODES[::-1]
+                got: dict[str, dict] = {}
+                for mode in order:
+                    _controller(mode == "hook+controller")
+                    got[mode] = data = _job(address, mode, seconds, Path(tmp))
+                    threads[mode].add(data["torch_threads"])
+                    if data["agent_thread"] != (mode != "none"):
+                        raise RuntimeError(f"{mode}: the agent {'did not attach' if mode != 'none' else 'ran'}")
+                base = got["none"]
+                step_us.append(base["wall"] * 1e6)
+                for mode in _MODES[1:]:
+                    for kind in ("wall", "cpu"):
+                        ratios[mode][kind].append(got[mode][kind] / base[kind])
+                log(f"idle_process: round {r + 1}/{rounds}: " + ", ".join(
+                    f"{m} {got[m]['wall'] * 1e6:.1f} us" for m in _MODES))
+        finally:
+            _controller(False)
+    note = (f"{rounds} rounds x 3 one-rank jobs of {seconds:.0f} s, alternated; ratio to the same round's "
+            f"plain job; torch threads seen: " + ", ".join(f"{m} {sorted(t)}" for m, t in threads.items()))
+    rows = [Result.of(NAME, "plain job step time (wall)", "us", step_us)]
+    for mode in _MODES[1:]:
+        for kind in ("wall", "cpu"):
+            values = ratios[mode][kind]
+            med = statistics.median(values)
+            rows.append(Result.of(NAME, f"step ratio {mode} / none ({'thread CPU' if kind == 'cpu' else kind})", "x",
+                                  values, target=f"<= {RATIO_TARGET}", met=med <= RATIO_TARGET, note=note))
+    return rows
+
