@@ -208,7 +208,7 @@ def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def profile(args: argparse.Namespace) -> int:
     client = _client(args)
-    handle = client.profile(args.target, args.steps, **_profile_options(args))
+    handle = client.profile(args.target, args.steps, idempotency_key=args.idempotency_key, **_profile_options(args))
     print(f"submitted {handle.id} on {handle.target}", file=sys.stderr)
     if not (args.wait or args.download):
         if args.json:

@@ -46,8 +46,8 @@ class ActorBackend:
         # Reads are idempotent: ride out a controller restart (it restores its state).
         return self._call(method, *args, retries=_READ_RETRIES)
 
-    def submit(self, request: ProfileRequest) -> ProfileStatus:
-        return self._call("submit", request)
+    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
+        return self._call("submit", request, idempotency_key)
 
     def get(self, profile_id: str) -> ProfileStatus:
         return self._read("get", profile_id)
