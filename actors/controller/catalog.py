@@ -36,7 +36,7 @@ _RECENT = 32
 
 
 def finished_entry(profile: Profile) -> Finished:
-    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage)
+    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage, submit_key=profile.submit_key)
 
 
 @dataclass(frozen=True)
