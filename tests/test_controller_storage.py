@@ -14,7 +14,16 @@ from actors.controller.actor import Controller
 from orchestrator.config import normalize_uri
 from orchestrator.errors import RestoringError, StorageError
 from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
-from tests.fake_agents import FAKE_RAY_CLUSTER, fast_config, no_postprocess, run, start_agents, status_when, wait_terminal, worker_info
+from tests.fake_agents import (
+    FAKE_RAY_CLUSTER,
+    fast_config,
+    no_postprocess,
+    run,
+    start_agents,
+    status_when,
+    wait_terminal,
+    worker_info,
+)
 from tests.fake_agents import make_controller as controller
 
 
