@@ -145,8 +145,8 @@ class Controller(Startup, AgentSide):
     ) -> ProfileStatus:
         await self._await_target(request.target)
         # No await from here to the reservation: concurrent submits see each other's keys and slots.
-        made = self._submit_keys.find(key) if key is not None else None
-        if made is not None and made in self._catalog:
+        made = self._submit_keys.find(key, self._catalog.__contains__) if key is not None else None
+        if made is not None:
             if made in self._accepting:
                 await asyncio.shield(self._accepting[made])
             return (await self._catalog.profile(made)).snapshot()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
@@ -45,14 +45,17 @@ class SubmitKeys:
     def __init__(self) -> None:
         self._made: OrderedDict[str, tuple[SubmitKey, str, datetime]] = OrderedDict()
 
-    def find(self, wanted: SubmitKey) -> str | None:
-        """The id of the profile ``wanted.key`` made, if any. Raises :class:`IdempotencyKeyReusedError`
-        when the key was given with another request."""
+    def find(self, wanted: SubmitKey, exists: Callable[[str], bool]) -> str | None:
+        """The id of the profile ``wanted.key`` made, if it ``exists`` still (a deleted one frees its key).
+        Raises :class:`IdempotencyKeyReusedError` when the key was given with another request."""
         self._expire()
         entry = self._made.get(wanted.key)
         if entry is None:
             return None
         held, profile_id, _ = entry
+        if not exists(profile_id):
+            del self._made[wanted.key]
+            return None
         if held.request_sha256 != wanted.request_sha256:
             raise IdempotencyKeyReusedError(
                 f"Idempotency-Key {wanted.key!r} was already used for another request (it made profile "
@@ -68,7 +71,7 @@ class SubmitKeys:
             self._made.popitem(last=False)
 
     def forget(self, key: SubmitKey, profile_id: str) -> None:
-        """Drop ``key`` if it still names ``profile_id`` (its submit was not saved, or it was deleted)."""
+        """Drop ``key`` if it still names ``profile_id``: its submit could not be saved."""
         entry = self._made.get(key.key)
         if entry is not None and entry[1] == profile_id:
             del self._made[key.key]

@@ -105,7 +105,7 @@ class Startup:
             self._refusal = e
             logger.error("rayprof controller: refusing to start: %s", e)
             return False
-        except Exception as e:  # noqa: BLE001 - whatever failed, nothing is half-adopted; retried
+        except Exception as e:  # whatever failed, nothing was adopted: the retry starts over
             self._restore_error = f"{type(e).__name__}: {e}"
             logger.warning("rayprof controller: cannot read saved state (will retry): %s", self._restore_error)
             return False
@@ -154,5 +154,5 @@ class Startup:
             profile.reason = manifest.reason
             profile.finished_at = manifest.finished_at
             await self._runner.transition(profile, manifest.status)
-        except Exception as e:  # noqa: BLE001 - a storage or a parse error alike
+        except Exception as e:  # a storage or a parse error alike: the profile runs on
             logger.warning("rayprof controller: cannot adopt the manifest of %s: %s", profile.id, e)
