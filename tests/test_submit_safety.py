@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 
+from actors.controller import idempotency
+from actors.controller.idempotency import SubmitKey, SubmitKeys
 from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import ConflictError, IdempotencyKeyReusedError
 from orchestrator.layout import state_key, watch_key
-from orchestrator.models import ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models import ProfileRequest, ProfileState, ProfileStatus, StorageSpec, utcnow
 from orchestrator.storage import open_storage
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
 
@@ -87,6 +90,25 @@ def test_a_retried_submit_with_its_key_gets_the_first_profile_even_after_a_resta
     assert reused.http_status == 422 and "already used for another request" in reused.message and first.id in reused.message
     assert other.id != first.id
     assert total == 2
+
+
+def test_submit_keys_are_kept_a_day_and_at_most_the_newest_few(monkeypatch):
+    monkeypatch.setattr(idempotency, "_KEPT", 3)
+    keys = SubmitKeys()
+    asked = request(steps=3)
+    now = utcnow()
+    # Restored from saved state: only keys younger than a day come back.
+    keys.restore([(SubmitKey.of("yesterday", asked), "p-old", now - timedelta(hours=25)), (None, "p-keyless", now)])
+    keys.remember(SubmitKey.of("a-day-ago", asked), "p-day", now - idempotency.KEY_TTL - timedelta(seconds=1))
+    keys.remember(SubmitKey.of("k0", asked), "p0", now)
+
+    def found(key: str) -> str | None:
+        return keys.find(SubmitKey.of(key, asked), lambda _: True)
+
+    assert found("yesterday") is None and found("a-day-ago") is None and found("k0") == "p0"
+    for i in range(1, 4):
+        keys.remember(SubmitKey.of(f"k{i}", asked), f"p{i}", now)
+    assert [found(f"k{i}") for i in range(4)] == [None, "p1", "p2", "p3"]
 
 
 def test_a_key_whose_profile_was_deleted_makes_a_new_one(home):
