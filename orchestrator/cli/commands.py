@@ -136,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     import httpx
 
     try:
-        httpx.get(probe, timeout=10).raise_for_status()
+        health = httpx.get(probe, timeout=10)
     except httpx.HTTPError as e:
         print(
             f"rayprof: deployed, but {probe} does not answer ({e}); Serve may already run with other "
@@ -144,6 +144,9 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    if not health.is_success:
+        # The service runs but its control actor refuses (e.g. another live cluster holds the cluster name).
+        return fail(args, EXIT_FAILED, "unhealthy", f"deployed, but {probe} answers {health.status_code}: {health.text}")
     if args.json:
         emit_json({"url": url, "docs": f"{url}/docs", "app": SERVE_APP_NAME})
     else:
