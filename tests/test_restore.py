@@ -9,17 +9,21 @@ import asyncio
 import contextlib
 import json
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from actors.controller import startup
 from actors.controller.actor import Controller
+from actors.controller.lease import LeaseRecord
 from orchestrator.config import normalize_uri
 from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import ClusterNameInUseError, RestoringError
-from orchestrator.models import ProfileRequest, ProfileState, StorageSpec
+from orchestrator.layout import lease_key
+from orchestrator.models import ProfileRequest, ProfileState, StorageSpec, utcnow
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
+from orchestrator.storage import open_storage
 from tests.fake_agents import (
     FakeAgent,
     fast_config,
@@ -228,3 +232,28 @@ def test_a_restart_in_the_same_ray_cluster_takes_the_name_at_once(home):
 
     done, found = run(go())
     assert found.state == done.state == ProfileState.DONE
+
+
+def test_a_controller_that_finds_another_cluster_holding_its_name_at_renewal_stops_serving(home):
+    async def go():
+        a = named(home, "ray-a", lease_s=0.3)
+        await a.ping()
+        # Another cluster started within one write of a and won the name (storage has no compare-and-swap).
+        now = utcnow()
+        theirs = LeaseRecord(owner="ray-z", renewed_at=now, expires_at=now + timedelta(seconds=60))
+        open_storage(home).put_bytes(theirs.model_dump_json().encode(), lease_key("shared"), "manifest")
+
+        async def refused() -> bool:
+            try:
+                await a.list()
+            except ClusterNameInUseError:
+                return True
+            return False
+
+        for _ in range(40):
+            if await refused():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    assert run(go())
