@@ -113,13 +113,13 @@ class _Sequencer:
     def deleted(self, key: str) -> bool:
         return key in self._deleted
 
-    def mark_deleted(self, key: str, deleted: bool = True) -> None:
-        if not deleted:
-            self._deleted.pop(key, None)
-            return
+    def mark_deleted(self, key: str) -> None:
         self._deleted[key] = None
         while len(self._deleted) > _DELETED_KEPT:
             self._deleted.popitem(last=False)
+
+    def unmark_deleted(self, key: str) -> None:
+        self._deleted.pop(key, None)
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
@@ -190,7 +190,7 @@ class Persistence:
                 await asyncio.to_thread(open_storage(self._home).delete, key)
             except Exception:
                 # Still there: the record lives on, and so do its saves.
-                self._keys.mark_deleted(key, deleted=False)
+                self._keys.unmark_deleted(key)
                 raise
 
     async def load_config(self) -> StorageSpec | None:
