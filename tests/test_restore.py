@@ -16,7 +16,7 @@ import pytest
 
 from actors.controller import startup
 from actors.controller.actor import Controller
-from actors.controller.lease import LeaseRecord
+from actors.controller.name_lease import LeaseRecord
 from orchestrator.config import normalize_uri
 from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import ClusterNameInUseError, RestoringError
@@ -180,7 +180,7 @@ def test_a_second_live_cluster_with_the_same_name_refuses_to_start_and_adopts_no
 
     message, status, saved = run(go())
     assert "'shared' is in use" in message and "(ray-a)" in message
-    assert "RAYPROF_CLUSTER_NAME=another-name" in message and "RAYPROF_LEASE_S" in message
+    assert "RAYPROF_CLUSTER_NAME=another-name" in message and "RAYPROF_CLUSTER_NAME_LEASE_S" in message
     assert status.state == ProfileState.DONE
     assert saved == "DONE"
 
@@ -189,9 +189,9 @@ def test_a_name_is_free_again_once_its_holder_stops_renewing(home, monkeypatch):
     monkeypatch.setattr(startup, "RESTORE_RETRY_S", 0.05)
 
     async def go():
-        a = named(home, "ray-a", lease_s=0.6)
+        a = named(home, "ray-a", cluster_name_lease_s=0.6)
         await a.ping()
-        b = named(home, "ray-b", lease_s=0.6)
+        b = named(home, "ray-b", cluster_name_lease_s=0.6)
         # a renews every 0.2 s: b stays refused past a whole lease.
         refused = []
         for _ in range(3):
@@ -236,7 +236,7 @@ def test_a_restart_in_the_same_ray_cluster_takes_the_name_at_once(home):
 
 def test_a_controller_that_finds_another_cluster_holding_its_name_at_renewal_stops_serving(home):
     async def go():
-        a = named(home, "ray-a", lease_s=0.3)
+        a = named(home, "ray-a", cluster_name_lease_s=0.3)
         await a.ping()
         # Another cluster started within one write of a and won the name (storage has no compare-and-swap).
         now = utcnow()

@@ -22,7 +22,7 @@ from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.idempotency import SubmitKey, SubmitKeys
-from actors.controller.lease import Lease
+from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
 from actors.controller.planning import validate
 from actors.controller.registry import Registry
@@ -71,7 +71,7 @@ class Controller(Startup, AgentSide):
         self._home = config.storage
         owner = cluster or ray_cluster_id()
         self._cluster = config.cluster_name or owner
-        self._lease = Lease(self._home, self._cluster, owner)
+        self._lease = NameLease(self._home, self._cluster, owner)
         self._config = config.model_copy(update={"cluster_name": self._cluster})
         self._registry = Registry()
         self._persistence = Persistence(self._home, self._cluster)

@@ -19,7 +19,7 @@ from typing import Any
 
 from actors.controller.catalog import Catalog
 from actors.controller.idempotency import SubmitKeys
-from actors.controller.lease import Lease
+from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
@@ -43,7 +43,7 @@ class Startup:
 
     _config: ControllerConfig
     _home: StorageSpec
-    _lease: Lease
+    _lease: NameLease
     _persistence: Persistence
     _catalog: Catalog
     _watches: Watches
@@ -97,7 +97,7 @@ class Startup:
         all at once and resume the unfinished ones. False when any step failed: then nothing was
         adopted, and the next attempt starts over."""
         try:
-            await self._lease.acquire(self._config.lease_s)
+            await self._lease.acquire(self._config.cluster_name_lease_s)
             configured = await self._persistence.load_config()
             loaded = await self._catalog.load()
             watches = await self._persistence.load_watches()
@@ -138,7 +138,7 @@ class Startup:
             await asyncio.sleep(RESTORE_RETRY_S)
 
     async def _hold_lease(self) -> None:
-        self._refusal = await self._lease.keep(self._config.lease_s)
+        self._refusal = await self._lease.keep(self._config.cluster_name_lease_s)
         logger.error("rayprof controller: lost the lease on its cluster name; serving nothing: %s", self._refusal)
 
     async def _adopt_manifest(self, profile: Profile) -> None:

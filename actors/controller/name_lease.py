@@ -4,7 +4,7 @@ Two Ray clusters started with one ``RAYPROF_CLUSTER_NAME`` on one storage root
 share ``_rayprof/{cluster}/``: the second would adopt the first's running
 profiles and save them FAILED. So before it restores anything a controller
 writes ``lease.json`` (its Ray cluster's id and an expiry) and renews it every
-third of ``RAYPROF_LEASE_S``; a controller of another Ray cluster that finds
+third of ``RAYPROF_CLUSTER_NAME_LEASE_S``; a controller of another Ray cluster that finds
 an unexpired lease refuses to start, and tries again until the lease expires.
 A restarted controller of the same Ray cluster takes the lease at once: Ray
 runs one named controller per cluster, so the old one is gone.
@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.errors import ClusterNameInUseError, StorageError
 from orchestrator.layout import lease_key
 from orchestrator.models import StorageSpec, utcnow
-from orchestrator.settings import CLUSTER_NAME_ENV_VAR, LEASE_S_ENV_VAR
+from orchestrator.settings import CLUSTER_NAME_ENV_VAR, CLUSTER_NAME_LEASE_S_ENV_VAR
 from orchestrator.storage import open_storage
 
-__all__ = ["Lease", "LeaseRecord"]
+__all__ = ["LeaseRecord", "NameLease"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class LeaseRecord(BaseModel):
     expires_at: datetime
 
 
-class Lease:
+class NameLease:
     """This controller's hold on ``cluster`` under ``home``; ``owner`` is its Ray cluster's id."""
 
     def __init__(self, home: StorageSpec, cluster: str, owner: str) -> None:
@@ -101,5 +101,5 @@ class Lease:
             f"{held.expires_at.isoformat(timespec='seconds')}). This controller adopts none of its profiles and "
             f"serves nothing. Fix: give this cluster its own name ({CLUSTER_NAME_ENV_VAR}=another-name, or unset it "
             f"to use the Ray cluster id), or stop the other cluster: this controller starts by itself once the "
-            f"lease has gone {LEASE_S_ENV_VAR} unrenewed."
+            f"lease has gone {CLUSTER_NAME_LEASE_S_ENV_VAR} unrenewed."
         )
