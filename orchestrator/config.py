@@ -37,6 +37,7 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         retention_days=c.env_float(c.RETENTION_DAYS_ENV_VAR, c.DEFAULT_RETENTION_DAYS),
         gc_grace_hours=c.env_float(c.GC_GRACE_HOURS_ENV_VAR, c.DEFAULT_GC_GRACE_HOURS),
         cluster_name=os.environ.get(c.CLUSTER_NAME_ENV_VAR) or None,
+        cluster_name_lease_s=c.env_float(c.CLUSTER_NAME_LEASE_S_ENV_VAR, c.DEFAULT_CLUSTER_NAME_LEASE_S),
         stacks_timeout_s=c.env_float(c.STACKS_TIMEOUT_S_ENV_VAR, c.DEFAULT_STACKS_TIMEOUT_S),
         stall_min_s=c.env_float(c.STALL_MIN_S_ENV_VAR, c.DEFAULT_STALL_MIN_S),
         stall_step_factor=c.env_float(c.STALL_STEP_FACTOR_ENV_VAR, c.DEFAULT_STALL_STEP_FACTOR),

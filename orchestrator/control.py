@@ -9,6 +9,7 @@ from pydantic import Field
 
 from orchestrator.models import Command, Heartbeat, Name, StorageSpec, StrictModel, WorkerInfo
 from orchestrator.settings import (
+    DEFAULT_CLUSTER_NAME_LEASE_S,
     DEFAULT_GC_GRACE_HOURS,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
@@ -69,6 +70,9 @@ class ControllerConfig(StrictModel):
     retention_count: int = Field(ge=1)
     retention_days: float = Field(gt=0)
     cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")
+    cluster_name_lease_s: float = Field(
+        default=DEFAULT_CLUSTER_NAME_LEASE_S, gt=0, description="How long the cluster name's lease lasts unrenewed."
+    )
     stacks_timeout_s: float = Field(default=DEFAULT_STACKS_TIMEOUT_S, gt=0)
     stall_min_s: float = Field(default=DEFAULT_STALL_MIN_S, gt=0)
     stall_step_factor: float = Field(default=DEFAULT_STALL_STEP_FACTOR, ge=0)

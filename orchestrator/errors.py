@@ -3,12 +3,15 @@
     RayprofError
     ├── ConfigurationError        server-side settings are unusable
     ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
+    │   └── IdempotencyKeyReusedError  a submit's key was used for another request (HTTP 422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
     │   └── ProfileNotFoundError
     ├── ConflictError             a window already runs on the target (HTTP 409)
     ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
+    │   ├── RestoringError        it is still reading its saved state from storage
+    │   └── ClusterNameInUseError  another live cluster holds its cluster name's lease
     ├── StorageError              reading or writing artifacts failed
     │   ├── IntegrityError        an artifact's bytes do not match the manifest
     │   ├── AlreadyExistsError    a write that must not replace an object found one (a manifest)
@@ -64,6 +67,11 @@ class InvalidRequestError(RayprofError):
     http_status = 400
 
 
+class IdempotencyKeyReusedError(InvalidRequestError):
+    code = "idempotency_key_reused"
+    http_status = 422
+
+
 class UnauthorizedError(RayprofError):
     code = "unauthorized"
     http_status = 401
@@ -94,6 +102,14 @@ class ConflictError(RayprofError):
 class ControllerUnavailableError(RayprofError):
     code = "controller_unavailable"
     http_status = 503
+
+
+class RestoringError(ControllerUnavailableError):
+    code = "restoring"
+
+
+class ClusterNameInUseError(ControllerUnavailableError):
+    code = "cluster_name_in_use"
 
 
 class StorageError(RayprofError):

@@ -16,6 +16,7 @@ Storage layout (keys relative to the storage root)::
     _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file
     _rayprof/{cluster}/storage.json                the storage configured at run time
     _rayprof/{cluster}/watches/{watch_id}.json     a watch, kept across controller restarts
+    _rayprof/{cluster}/lease.json                  which Ray cluster's controller holds the name, until when
 
 Standard library only: the export child process imports it and must start fast.
 """
@@ -35,6 +36,7 @@ __all__ = [
     "config_key",
     "id_created_at",
     "index_key",
+    "lease_key",
     "manifest_key",
     "parse_profiler_step",
     "parse_trace_name",
@@ -89,6 +91,11 @@ def state_key(cluster: str, profile_id: str) -> str:
 def index_key(cluster: str) -> str:
     """Key of the index of a cluster's finished profiles."""
     return f"{STATE_ROOT}/{cluster}/index.json"
+
+
+def lease_key(cluster: str) -> str:
+    """Key of the lease a live controller holds on its cluster name."""
+    return f"{STATE_ROOT}/{cluster}/lease.json"
 
 
 def profile_id(kind: str, at: datetime, suffix: str) -> str:

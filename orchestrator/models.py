@@ -15,6 +15,8 @@ from orchestrator.settings import (
 )
 
 __all__ = [
+    "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
     "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "Artifact",
@@ -23,6 +25,7 @@ __all__ = [
     "BundleKind",
     "Command",
     "Heartbeat",
+    "IdempotencyKey",
     "Manifest",
     "Name",
     "ProfileOptions",
@@ -80,6 +83,15 @@ Name = Annotated[
     AfterValidator(_check_name),
 ]
 """A target or profile id: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+
+# Printable ASCII, no spaces: what an HTTP header carries unchanged.
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+IdempotencyKey = Annotated[
+    str, Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX_LENGTH, pattern=IDEMPOTENCY_KEY_PATTERN)
+]
+"""A client's name for one submit (the ``Idempotency-Key`` header): a retry with it returns the first profile."""
 
 ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), AfterValidator(_check_key)]
 """A storage key relative to a root or a profile folder: no absolute path, no '..', no control characters."""

@@ -86,6 +86,10 @@ MAX_GC_GRACE_HOURS = 87_600.0
 # Saved controller state is kept per cluster; set a name to keep history
 # across clusters that share one storage root (default: the Ray cluster id).
 CLUSTER_NAME_ENV_VAR = "RAYPROF_CLUSTER_NAME"
+# A controller holds a lease on its cluster name's saved state and renews it every third of
+# this; a controller of another Ray cluster with the same name refuses to start until it expires.
+CLUSTER_NAME_LEASE_S_ENV_VAR = "RAYPROF_CLUSTER_NAME_LEASE_S"
+DEFAULT_CLUSTER_NAME_LEASE_S = 60.0
 
 # Stacks of every rank: how long the controller waits for the ranks' answers.
 STACKS_TIMEOUT_S_ENV_VAR = "RAYPROF_STACKS_TIMEOUT_S"

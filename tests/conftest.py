@@ -9,6 +9,7 @@ Environment for a real MinIO instead of moto's server (all four must be set):
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 import uuid
@@ -86,6 +87,45 @@ def s3_server() -> Iterator[S3Target]:
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
     yield S3Target(endpoint, bucket)
     server.stop()
+
+
+@dataclass
+class RestartableS3:
+    """A second endpoint over the same in-process moto buckets, that a test stops and starts again."""
+
+    port: int
+    bucket: str
+    running: object = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+            self.running = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.running = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.running.start()
+
+
+@pytest.fixture
+def restartable_s3(s3_server: S3Target) -> Iterator[RestartableS3]:
+    """moto's S3 on a port of its own, backed by ``s3_server``'s buckets (moto keeps them per process):
+    ``stop()`` is an outage every call sees (connection refused), ``start()`` ends it."""
+    if os.environ.get("RAYPROF_TEST_S3_ENDPOINT_URL"):
+        pytest.skip("stopping the S3 server needs moto's in-process server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    s3 = RestartableS3(port, s3_server.bucket)
+    s3.start()
+    yield s3
+    s3.stop()
 
 
 @pytest.fixture(scope="session")

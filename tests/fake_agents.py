@@ -80,9 +80,13 @@ def run(coro, timeout_s: float = 30.0):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
+# The Ray cluster every controller made here stands in for: a new one on the same home is a restart.
+FAKE_RAY_CLUSTER = "fake-ray-cluster"
+
+
 def make_controller(home: StorageSpec, **overrides: object) -> Controller:
     """The real controller on ``home`` with fast settings and no postprocess."""
-    return Controller(fast_config(home, **overrides), postprocess=no_postprocess)
+    return Controller(fast_config(home, **overrides), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER)
 
 
 async def no_postprocess(draft, profile, timeout_s):

@@ -21,19 +21,21 @@ from actors.controller.agent_side import AgentSide
 from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.cluster import cluster_info, ray_cluster_id
+from actors.controller.idempotency import SubmitKey, SubmitKeys
+from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
 from actors.controller.planning import validate
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
 from actors.controller.stacks import StacksTaker
+from actors.controller.startup import Startup
 from actors.controller.state import Profile, wait_event
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
 from orchestrator.control import ControllerConfig, TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
-from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
-from orchestrator.layout import MANIFEST_NAME
+from orchestrator.errors import ConflictError, ProfileNotFoundError
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models import (
     Command,
@@ -53,15 +55,12 @@ __all__ = ["Controller", "create_controller"]
 
 logger = logging.getLogger(__name__)
 
-# How often a controller that could not read its saved state tries again.
-_RESTORE_RETRY_S = 5.0
-
-
-class Controller(AgentSide):
+class Controller(Startup, AgentSide):
     """Registry of targets and the state machine of every profile request.
 
     ``postprocess`` and ``cluster`` are seams for tests that run the class
-    without Ray; the actor uses a Ray task and the Ray cluster id.
+    without Ray; the actor uses a Ray task and the Ray cluster id (which also
+    names the holder of the cluster name's lease).
     """
 
     def __init__(self, config: ControllerConfig, postprocess: Any = None, cluster: str | None = None) -> None:
@@ -70,7 +69,9 @@ class Controller(AgentSide):
         # State lives where the constructor's config points: a restarted actor
         # is constructed with the same config and finds it again.
         self._home = config.storage
-        self._cluster = config.cluster_name or cluster or ray_cluster_id()
+        owner = cluster or ray_cluster_id()
+        self._cluster = config.cluster_name or owner
+        self._lease = NameLease(self._home, self._cluster, owner)
         self._config = config.model_copy(update={"cluster_name": self._cluster})
         self._registry = Registry()
         self._persistence = Persistence(self._home, self._cluster)
@@ -82,6 +83,9 @@ class Controller(AgentSide):
         self._active: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Event | None = None
+        self._submit_keys = SubmitKeys()
+        # Submits reserved and being saved, by profile id: a retry with the same key waits for the save.
+        self._accepting: dict[str, asyncio.Task] = {}
         self._started_at = time.monotonic()
         if postprocess is None:
             from actors.controller.postprocess import postprocess_in_task
@@ -97,20 +101,7 @@ class Controller(AgentSide):
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
 
-    # ---- lifecycle -------------------------------------------------------
-
-    async def _ensure_started(self) -> None:
-        # Async actors have no async constructor; start background work on the
-        # first call, and hold every call until saved state is restored (or
-        # could not be: then the controller serves and keeps trying).
-        if self._ready is None:
-            self._ready = asyncio.Event()
-            self._spawn(self._reap_workers())
-            self._spawn(self._monitor())
-            if not await self._restore():
-                self._spawn(self._retry_restore())
-            self._ready.set()
-        await self._ready.wait()
+    # ---- lifecycle (start and restore: actors.controller.startup) ---------
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -118,71 +109,47 @@ class Controller(AgentSide):
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _restore(self) -> bool:
-        """Load saved profiles and settings; resume the unfinished ones. False when storage failed."""
-        try:
-            configured = await self._persistence.load_config()
-            unfinished = await self._catalog.restore()
-            self._watches.restore(await self._persistence.load_watches())
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot read saved state (will retry): %s", e)
-            return False
-        if configured is not None:
-            self._config = self._config.model_copy(update={"storage": configured})
-        for profile in unfinished:
-            await self._adopt_manifest(profile)
-            if profile.state.is_terminal:
-                await self._catalog.finish(profile)
-            else:
-                logger.info("rayprof controller: resuming %s in state %s", profile.id, profile.state.value)
-                self._start_profile(profile)
-        await self._retention.enforce(self._catalog)
-        return True
-
-    async def _retry_restore(self) -> None:
-        while not await self._restore():
-            await asyncio.sleep(_RESTORE_RETRY_S)
-
-    async def _adopt_manifest(self, profile: Profile) -> None:
-        """Finish a restored profile whose manifest, the commit point, was written before the restart."""
-        try:
-            manifest = await self._persistence.stored_manifest(profile)
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot read the manifest of %s: %s", profile.id, e)
-            return
-        if manifest is None:
-            return
-        profile.ranks = {r.rank: r for r in manifest.ranks}
-        profile.manifest = manifest
-        profile.manifest_uri = f"{profile.storage_uri}/{MANIFEST_NAME}"
-        profile.reason = manifest.reason
-        profile.finished_at = manifest.finished_at
-        await self._runner.transition(profile, manifest.status)
+    def _start_background(self) -> None:
+        self._spawn(self._reap_workers())
+        self._spawn(self._monitor())
 
     async def ping(self) -> str:
-        """Liveness check; also starts background work."""
+        """Liveness check; also starts background work. A controller refused its cluster name says so."""
         await self._ensure_started()
+        if self._refusal is not None:
+            raise self._refusal
         return "ok"
 
     async def configure(self, storage: StorageSpec) -> None:
         """Change where new profiles are stored (server configuration, never per request)."""
-        await self._ensure_started()
+        await self._restored_state()
         await self._persistence.save_config(storage)
         self._config = self._config.model_copy(update={"storage": storage})
 
     async def config(self) -> ControllerConfig:
-        """Settings in force."""
+        """Settings in force, the configured storage included (restored first)."""
+        await self._restored_state()
         return self._config
 
     # ---- client API ------------------------------------------------------
 
-    async def submit(self, request: ProfileRequest) -> ProfileStatus:
-        """Validate and accept a profile request; it runs in the background."""
-        await self._ensure_started()
-        return await self._submit(request)
+    async def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
+        """Validate and accept a profile request; it runs in the background. A submit with the
+        ``idempotency_key`` of an earlier one (a client's retry) gets the earlier one's profile."""
+        await self._restored_state()
+        key = SubmitKey.of(idempotency_key, request) if idempotency_key is not None else None
+        return await self._submit(request, key=key)
 
-    async def _submit(self, request: ProfileRequest, trigger: Trigger | None = None) -> ProfileStatus:
+    async def _submit(
+        self, request: ProfileRequest, trigger: Trigger | None = None, key: SubmitKey | None = None
+    ) -> ProfileStatus:
         await self._await_target(request.target)
+        # No await from here to the reservation: concurrent submits see each other's keys and slots.
+        made = self._submit_keys.find(key, self._catalog.__contains__) if key is not None else None
+        if made is not None:
+            if made in self._accepting:
+                await asyncio.shield(self._accepting[made])
+            return (await self._catalog.profile(made)).snapshot()
         workers = self._registry.run_workers(request.target, request.run)
         world_size = max((w.info.world_size for w in workers.values()), default=None)
         validate(request, self._config, world_size, self._registry.names())
@@ -213,21 +180,42 @@ class Controller(AgentSide):
             storage_uri=f"{normalize_uri(storage.uri)}/{target}/{new_id}",
             run=request.run,
             trigger=trigger,
+            submit_key=key,
         )
-        # Saved before it is accepted: a profile the caller was told about survives a restart.
-        await self._persistence.save(profile)
+        # Reserved before the save: the limits above count it, and a retry finds its key.
         self._profiles[profile.id] = profile
-        self._start_profile(profile)
+        self._waiting.setdefault(target, []).append(profile.id)
+        if key is not None:
+            self._submit_keys.remember(key, profile.id, profile.created_at)
+        accepting = self._accepting[profile.id] = self._spawn(self._accept(profile))
+        # Shielded: a caller that goes away mid-save leaves no saved profile that never runs.
+        await asyncio.shield(accepting)
         return profile.snapshot()
+
+    async def _accept(self, profile: Profile) -> None:
+        """Save a reserved profile, then run it; a profile that cannot be saved is released."""
+        try:
+            # Saved before it is accepted: a profile the caller was told about survives a restart.
+            await self._persistence.save(profile)
+        except BaseException:
+            self._profiles.pop(profile.id, None)
+            self._waiting[profile.target].remove(profile.id)
+            self._persistence.forget(profile.id)
+            if profile.submit_key is not None:
+                self._submit_keys.forget(profile.submit_key, profile.id)
+            raise
+        finally:
+            del self._accepting[profile.id]
+        self._spawn(self._run_profile(profile))
 
     async def get(self, profile_id: str) -> ProfileStatus:
         """Current status of one profile."""
-        await self._ensure_started()
+        await self._restored_state()
         return (await self._catalog.profile(profile_id)).snapshot()
 
     async def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         """Status once the profile changes state or ends, or after ``timeout_s``."""
-        await self._ensure_started()
+        await self._restored_state()
         profile = await self._catalog.profile(profile_id)
         if not profile.state.is_terminal:
             profile.changed.clear()
@@ -238,12 +226,12 @@ class Controller(AgentSide):
         self, target: str | None = None, state: ProfileState | None = None, limit: int = 100, offset: int = 0
     ) -> ProfilePage:
         """One page of profile summaries, newest first, optionally filtered."""
-        await self._ensure_started()
+        await self._restored_state()
         return self._catalog.page(target, state, limit, offset)
 
     async def cancel(self, profile_id: str) -> ProfileStatus:
         """Stop a profile: armed and capturing ranks drop their window."""
-        await self._ensure_started()
+        await self._restored_state()
         profile = await self._catalog.profile(profile_id)
         if profile.state.is_terminal:
             return profile.snapshot()
@@ -268,19 +256,19 @@ class Controller(AgentSide):
 
     async def delete(self, profile_id: str) -> None:
         """Delete a finished profile: its folder in storage and its saved state."""
-        await self._ensure_started()
+        await self._restored_state()
         await self._retention.delete(await self._catalog.ended(profile_id))
         self._catalog.remove(profile_id)
         await self._catalog.save_index()
 
     async def gc(self, request: GcRequest) -> GcReport:
         """Apply retention now and delete leftover folders; with ``dry_run``, only say what would go."""
-        await self._ensure_started()
+        await self._restored_state()
         return await self._cleanup.collect(request)
 
     async def manifest(self, profile_id: str) -> Manifest:
         """The stored manifest of a finished profile."""
-        await self._ensure_started()
+        await self._restored_state()
         profile = await self._catalog.profile(profile_id)
         if profile.manifest is not None:
             return profile.manifest
@@ -301,7 +289,7 @@ class Controller(AgentSide):
 
     async def stacks(self, target: str, native: bool = False, run: str | None = None) -> StacksBundle:
         """Every live rank's stacks, grouped and stored as a bundle of kind ``stacks``."""
-        await self._ensure_started()
+        await self._restored_state()
         await self._await_target(target)
         return await self._take_stacks(target, run, native)
 
@@ -316,20 +304,20 @@ class Controller(AgentSide):
 
     async def create_watch(self, spec: WatchSpec) -> WatchStatus:
         """Start watching a target; saved, so it survives a controller restart."""
-        await self._ensure_started()
+        await self._restored_state()
         return await self._watches.create(spec)
 
     async def get_watch(self, watch_id: str) -> WatchStatus:
-        await self._ensure_started()
+        await self._restored_state()
         return self._watches.get(watch_id)
 
     async def list_watches(self) -> list[WatchStatus]:
-        await self._ensure_started()
+        await self._restored_state()
         return self._watches.list()
 
     async def delete_watch(self, watch_id: str) -> WatchStatus:
         """Stop and forget a watch; returns it as it was."""
-        await self._ensure_started()
+        await self._restored_state()
         return await self._watches.delete(watch_id)
 
     async def _monitor(self) -> None:

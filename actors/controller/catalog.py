@@ -25,7 +25,7 @@ from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageErro
 from orchestrator.models import ProfileState
 from orchestrator.summaries import ProfilePage, ProfileSummary
 
-__all__ = ["Catalog", "finished_entry"]
+__all__ = ["Catalog", "Loaded", "finished_entry"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,17 @@ _RECENT = 32
 
 
 def finished_entry(profile: Profile) -> Finished:
-    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage)
+    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage, submit_key=profile.submit_key)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Saved profiles read by :meth:`Catalog.load`, not yet adopted."""
+
+    finished: dict[str, Finished]
+    unfinished: list[Profile]
+    # The index missed some finished profiles, or listed deleted ones: save it again.
+    stale_index: bool
 
 
 @dataclass
@@ -59,8 +69,9 @@ class Catalog:
     def __contains__(self, profile_id: str) -> bool:
         return profile_id in self.live or profile_id in self.finished
 
-    async def restore(self) -> list[Profile]:
-        """Load what the index and the state files hold; returns the unfinished profiles, now live.
+    async def load(self) -> Loaded:
+        """Read what the index and the state files hold, changing nothing here: a restore that
+        fails at any later step has adopted nothing, and the next attempt starts over.
         Raises :class:`StorageError` when storage cannot be read."""
         ids = await self._persistence.saved_ids()
         index = await self._persistence.load_index()
@@ -75,13 +86,23 @@ class Catalog:
             if profile.state.is_terminal:
                 indexed[profile.id] = finished_entry(profile)
             else:
-                self.live[profile.id] = profile
                 unfinished.append(profile)
-        self.finished.update(indexed)
-        if index is None or indexed.keys() != {e.id for e in index}:
+        stale = index is None or indexed.keys() != {e.id for e in index}
+        return Loaded(indexed, unfinished, stale)
+
+    def adopt(self, loaded: Loaded) -> list[Profile]:
+        """Take in what :meth:`load` read, at once (no await); returns the unfinished profiles, now live."""
+        self.finished.update(loaded.finished)
+        for profile in loaded.unfinished:
+            self.live[profile.id] = profile
+        return loaded.unfinished
+
+    async def settle(self, loaded: Loaded) -> None:
+        """After :meth:`adopt`: save a rebuilt index, read what window planning needs. Never raises
+        :class:`StorageError` (logged): what was adopted stays adopted."""
+        if loaded.stale_index:
             await self.save_index()
         await self._load_latest_per_target()
-        return unfinished
 
     async def _load_latest_per_target(self) -> None:
         # Window planning sizes a window from the latest finished one on its target.

@@ -5,16 +5,24 @@ with), under ``_rayprof/{cluster}/``, so a restarted actor finds it again and
 two clusters sharing a root never adopt each other's profiles. Every call
 either succeeds or raises :class:`StorageError`; none hangs: the storage
 backends retry and time out.
+
+Writes to one key are sequenced: a delete waits for a save of the same
+profile or watch that is in flight, and no save lands after the delete, so a
+deleted record stays deleted after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.controller.idempotency import SubmitKey
 from actors.controller.state import Profile
 from orchestrator.diagnosis import WatchStatus
 from orchestrator.errors import StorageError
@@ -46,9 +54,10 @@ class SavedProfile(BaseModel):
     storage: StorageSpec
     window_note: str | None = None
     cancel_requested: bool = False
+    submit_key: SubmitKey | None = None
 
     def profile(self) -> Profile:
-        return Profile.restore(self.status, self.storage, self.window_note, self.cancel_requested)
+        return Profile.restore(self.status, self.storage, self.window_note, self.cancel_requested, self.submit_key)
 
 
 class Finished(BaseModel):
@@ -59,6 +68,7 @@ class Finished(BaseModel):
 
     summary: ProfileSummary
     storage: StorageSpec
+    submit_key: SubmitKey | None = None
 
     @property
     def id(self) -> str:
@@ -81,13 +91,56 @@ class _Saves:
     done: int = 0
 
 
+# Deleted keys remembered so a late save is dropped: ids are never reused, and a save
+# trails its delete by one write at most, so the newest few thousand are plenty.
+_DELETED_KEPT = 10_000
+
+
+@dataclass
+class _KeyLock:
+    lock: asyncio.Lock
+    # Callers holding or waiting for the lock: it is dropped when none is left.
+    users: int = 0
+
+
+class _Sequencer:
+    """One write at a time per key, and no write to a key after its delete."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, _KeyLock] = {}
+        self._deleted: OrderedDict[str, None] = OrderedDict()
+
+    def deleted(self, key: str) -> bool:
+        return key in self._deleted
+
+    def mark_deleted(self, key: str) -> None:
+        self._deleted[key] = None
+        while len(self._deleted) > _DELETED_KEPT:
+            self._deleted.popitem(last=False)
+
+    def unmark_deleted(self, key: str) -> None:
+        self._deleted.pop(key, None)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        held = self._locks.setdefault(key, _KeyLock(asyncio.Lock()))
+        held.users += 1
+        try:
+            async with held.lock:
+                yield
+        finally:
+            held.users -= 1
+            if not held.users:
+                del self._locks[key]
+
+
 class Persistence:
     """Saves and restores profiles; one instance per controller."""
 
     def __init__(self, home: StorageSpec, cluster: str) -> None:
         self._home = home
         self._cluster = cluster
-        self._lock = asyncio.Lock()
+        self._keys = _Sequencer()
         self._saves: dict[str, _Saves] = {}
 
     async def save(self, profile: Profile) -> None:
@@ -100,8 +153,9 @@ class Persistence:
         await asyncio.shield(self._save(profile, saves, saves.asked))
 
     async def _save(self, profile: Profile, saves: _Saves, wanted: int) -> None:
-        async with self._lock:
-            if saves.done >= wanted:
+        key = state_key(self._cluster, profile.id)
+        async with self._keys.hold(key):
+            if saves.done >= wanted or self._keys.deleted(key):
                 return
             covered = saves.asked
             saved = SavedProfile(
@@ -109,11 +163,10 @@ class Persistence:
                 storage=profile.storage,
                 window_note=profile.window.note if profile.window else None,
                 cancel_requested=profile.cancel_requested,
+                submit_key=profile.submit_key,
             )
             storage = open_storage(self._home)
-            await asyncio.to_thread(
-                storage.put_bytes, saved.model_dump_json().encode(), state_key(self._cluster, profile.id), "manifest"
-            )
+            await asyncio.to_thread(storage.put_bytes, saved.model_dump_json().encode(), key, "manifest")
             saves.done = covered
 
     def forget(self, profile_id: str) -> None:
@@ -121,9 +174,24 @@ class Persistence:
         self._saves.pop(profile_id, None)
 
     async def delete(self, profile_id: str) -> None:
-        """Remove a profile's saved state."""
+        """Remove a profile's saved state, after any save of it in flight; later saves are dropped."""
         self.forget(profile_id)
-        await asyncio.to_thread(open_storage(self._home).delete, state_key(self._cluster, profile_id))
+        await self._delete(state_key(self._cluster, profile_id))
+
+    async def _delete(self, key: str) -> None:
+        # Marked first: a save waiting for the key gives up once it gets it.
+        self._keys.mark_deleted(key)
+        # Shielded like a save: a cancelled caller must not let a queued write slip in before the delete.
+        await asyncio.shield(self._delete_now(key))
+
+    async def _delete_now(self, key: str) -> None:
+        async with self._keys.hold(key):
+            try:
+                await asyncio.to_thread(open_storage(self._home).delete, key)
+            except Exception:
+                # Still there: the record lives on, and so do its saves.
+                self._keys.unmark_deleted(key)
+                raise
 
     async def load_config(self) -> StorageSpec | None:
         """The storage configured at run time, if one was."""
@@ -171,13 +239,18 @@ class Persistence:
         await asyncio.to_thread(open_storage(self._home).put_bytes, data, index_key(self._cluster), "manifest")
 
     async def save_watch(self, watch: WatchStatus) -> None:
-        storage = open_storage(self._home)
-        await asyncio.to_thread(
-            storage.put_bytes, watch.model_dump_json().encode(), watch_key(self._cluster, watch.id), "manifest"
-        )
+        """Save a watch as it is now; dropped once the watch was deleted."""
+        key = watch_key(self._cluster, watch.id)
+        await asyncio.shield(self._save_watch(key, watch.model_dump_json().encode()))
+
+    async def _save_watch(self, key: str, data: bytes) -> None:
+        async with self._keys.hold(key):
+            if not self._keys.deleted(key):
+                await asyncio.to_thread(open_storage(self._home).put_bytes, data, key, "manifest")
 
     async def delete_watch(self, watch_id: str) -> None:
-        await asyncio.to_thread(open_storage(self._home).delete, watch_key(self._cluster, watch_id))
+        """Remove a saved watch, after any save of it in flight; later saves are dropped."""
+        await self._delete(watch_key(self._cluster, watch_id))
 
     async def load_watches(self) -> list[WatchStatus]:
         """Every watch this cluster's controller saved; unreadable ones are logged and skipped."""

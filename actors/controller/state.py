@@ -17,6 +17,7 @@ import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from actors.controller.idempotency import SubmitKey
 from orchestrator.errors import IllegalTransitionError
 from orchestrator.layout import profile_prefix
 from orchestrator.models import (
@@ -102,6 +103,8 @@ class Profile:
     trigger: Trigger | None = None
     # Set while COLLECTING by the postprocess's per-rank tasks.
     postprocess: PostprocessProgress | None = None
+    # The client's Idempotency-Key, when it gave one: a retried submit finds this profile.
+    submit_key: SubmitKey | None = None
 
     @property
     def target(self) -> str:
@@ -145,7 +148,12 @@ class Profile:
 
     @classmethod
     def restore(
-        cls, status: ProfileStatus, storage: StorageSpec, window_note: str | None, cancel_requested: bool
+        cls,
+        status: ProfileStatus,
+        storage: StorageSpec,
+        window_note: str | None,
+        cancel_requested: bool,
+        submit_key: SubmitKey | None = None,
     ) -> Profile:
         window = None
         if status.start_step is not None and status.stop_step is not None:
@@ -168,4 +176,5 @@ class Profile:
             cancel_requested=cancel_requested,
             kind=status.kind,
             trigger=status.trigger,
+            submit_key=submit_key,
         )

@@ -136,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     import httpx
 
     try:
-        httpx.get(probe, timeout=10).raise_for_status()
+        health = httpx.get(probe, timeout=10)
     except httpx.HTTPError as e:
         print(
             f"rayprof: deployed, but {probe} does not answer ({e}); Serve may already run with other "
@@ -144,6 +144,9 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    if not health.is_success:
+        # The service runs but its control actor refuses (e.g. another live cluster holds the cluster name).
+        return fail(args, EXIT_FAILED, "unhealthy", f"deployed, but {probe} answers {health.status_code}: {health.text}")
     if args.json:
         emit_json({"url": url, "docs": f"{url}/docs", "app": SERVE_APP_NAME})
     else:
@@ -208,7 +211,7 @@ def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def profile(args: argparse.Namespace) -> int:
     client = _client(args)
-    handle = client.profile(args.target, args.steps, **_profile_options(args))
+    handle = client.profile(args.target, args.steps, idempotency_key=args.idempotency_key, **_profile_options(args))
     print(f"submitted {handle.id} on {handle.target}", file=sys.stderr)
     if not (args.wait or args.download):
         if args.json:

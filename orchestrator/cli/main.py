@@ -148,6 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--activities", help="cpu,cuda (default: cpu, plus cuda on GPU workers)")
     p.add_argument("--ranks", help="comma-separated world ranks, e.g. 0,1 (default: all)")
     p.add_argument("--queue", action="store_true", help="wait behind a running window instead of failing")
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="retry-safe submit: run again with the same KEY and options and you get the first profile, "
+        "not a second window (kept 24 h)",
+    )
     for flag in ("record-shapes", "profile-memory", "with-stack", "with-flops", "with-modules"):
         p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
 

@@ -46,8 +46,10 @@ class ActorBackend:
         # Reads are idempotent: ride out a controller restart (it restores its state).
         return self._call(method, *args, retries=_READ_RETRIES)
 
-    def submit(self, request: ProfileRequest) -> ProfileStatus:
-        return self._call("submit", request)
+    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
+        # With a key a submit is safe to repeat: a retry after a restart or a timeout gets the first profile.
+        retries = _READ_RETRIES if idempotency_key is not None else 0
+        return self._call("submit", request, idempotency_key, retries=retries)
 
     def get(self, profile_id: str) -> ProfileStatus:
         return self._read("get", profile_id)

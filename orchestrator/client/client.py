@@ -21,7 +21,7 @@ from orchestrator.errors import (
     StorageError,
 )
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
-from orchestrator.models import Manifest, Name, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models import IdempotencyKey, Manifest, Name, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
@@ -38,7 +38,7 @@ _READ_RETRIES = 10
 class Backend(Protocol):
     """What a client needs from the service; the actor and HTTP backends implement it."""
 
-    def submit(self, request: ProfileRequest) -> ProfileStatus: ...
+    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus: ...
     def get(self, profile_id: str) -> ProfileStatus: ...
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
     def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage: ...
@@ -162,6 +162,15 @@ def _inside(folder: Path, key: str) -> Path:
     return path
 
 
+def _idempotency_key(value: str) -> str:
+    try:
+        return TypeAdapter(IdempotencyKey).validate_python(value)
+    except ValidationError:
+        raise InvalidRequestError(
+            f"invalid idempotency key {value!r}: 1 to 255 printable ASCII characters, no spaces"
+        ) from None
+
+
 def _profile_id(value: str) -> str:
     try:
         return TypeAdapter(Name).validate_python(value)
@@ -227,15 +236,22 @@ class ProfilingClient:
         """Live training runs with agents, their ranks and current steps."""
         return self._backend.targets()
 
-    def profile(self, target: str, steps: int, **options: Any) -> ProfileHandle:
+    def profile(
+        self, target: str, steps: int, *, idempotency_key: str | None = None, **options: Any
+    ) -> ProfileHandle:
         """Profile ``steps`` optimizer steps of ``target`` on every rank (or ``ranks=[...]``).
 
         Options map to ``torch.profiler.profile``: ``record_shapes``,
         ``profile_memory``, ``with_stack``, ``with_flops``, ``with_modules``,
         ``activities``, ``warmup``; plus ``ranks``, ``timeout_s``, ``queue``.
+        ``idempotency_key``: retry-safe submit; calling again with the same key and
+        the same request (after a timeout, say) returns the first profile instead
+        of starting another window (keys are kept 24 h).
         """
         request = ProfileRequest(target=target, steps=steps, **options)
-        return ProfileHandle(self._backend, self._backend.submit(request))
+        if idempotency_key is not None:
+            idempotency_key = _idempotency_key(idempotency_key)
+        return ProfileHandle(self._backend, self._backend.submit(request, idempotency_key))
 
     def get(self, profile_id: str) -> ProfileHandle:
         """Handle to an existing profile."""

@@ -124,8 +124,10 @@ class HttpBackend:
     def _path(profile_id: str) -> str:
         return f"/v1/profiles/{quote(profile_id, safe='')}"
 
-    def submit(self, request: ProfileRequest) -> ProfileStatus:
-        return self._status(self._request("POST", "/v1/profiles", json=request.model_dump(mode="json")))
+    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+        body = self._request("POST", "/v1/profiles", json=request.model_dump(mode="json"), headers=headers)
+        return self._status(body)
 
     def get(self, profile_id: str) -> ProfileStatus:
         return self._status(self._request("GET", self._path(profile_id)))

@@ -17,7 +17,7 @@ Python::
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -34,6 +34,8 @@ from orchestrator.errors import (
 )
 from orchestrator.manifest import read_artifact
 from orchestrator.models import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_PATTERN,
     NAME_MAX_LENGTH,
     NAME_PATTERN,
     Manifest,
@@ -77,6 +79,17 @@ GC_TIMEOUT_S = 600.0
 
 # Checked here too so a bad id is a 422, not a controller round trip.
 ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="Retry-safe submit: the same key with the same request returns the first profile "
+        "(kept 24 h); with another request it is a 422.",
+    ),
+]
 
 
 api = FastAPI(
@@ -87,9 +100,13 @@ api = FastAPI(
         400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
         401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
         404: {"model": ErrorBody, "description": "Unknown target or profile."},
-        422: {"model": ErrorBody, "description": "Malformed body, unknown field or invalid name."},
+        422: {"model": ErrorBody, "description": "Malformed body, unknown field, invalid name, or a reused Idempotency-Key."},
         500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
-        503: {"model": ErrorBody, "description": "The control actor is unavailable."},
+        503: {
+            "model": ErrorBody,
+            "description": "The control actor is unavailable, still restoring its saved state (restoring), "
+            "or another live cluster holds its cluster name (cluster_name_in_use).",
+        },
     },
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -212,9 +229,11 @@ class ProfilingService(ConsoleRoutes):
         return {"status": "ok"}
 
     @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
-    async def create_profile(self, body: ProfileRequest, request: Request, credentials: Credentials) -> JSONResponse:
+    async def create_profile(
+        self, body: ProfileRequest, request: Request, credentials: Credentials, idempotency_key: IdempotencyKeyHeader = None
+    ) -> JSONResponse:
         self._guard.check(request, credentials)
-        view = await self._view(await self._call("submit", body), request)
+        view = await self._view(await self._call("submit", body, idempotency_key), request)
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
 
     @api.get("/v1/profiles", response_model=ProfilePage, summary="One page of profiles, newest first")
