@@ -21,6 +21,7 @@ from actors.controller.agent_side import AgentSide
 from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.cluster import cluster_info, ray_cluster_id
+from actors.controller.leases import Leases
 from actors.controller.persistence import Persistence
 from actors.controller.planning import validate
 from actors.controller.registry import Registry
@@ -92,7 +93,8 @@ class Controller(AgentSide):
         )
         self._retention = Retention(self._persistence, lambda: self._config)
         self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
-        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles)
+        self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
+        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles, self._leases)
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
@@ -107,6 +109,7 @@ class Controller(AgentSide):
             self._ready = asyncio.Event()
             self._spawn(self._reap_workers())
             self._spawn(self._monitor())
+            self._spawn(self._leases.renew_forever())
             if not await self._restore():
                 self._spawn(self._retry_restore())
             self._ready.set()
@@ -216,6 +219,8 @@ class Controller(AgentSide):
         )
         # Saved before it is accepted: a profile the caller was told about survives a restart.
         await self._persistence.save(profile)
+        # Before any rank writes to its folder: another cluster's gc keeps a folder with a live owner.
+        await self._leases.hold(profile)
         self._profiles[profile.id] = profile
         self._start_profile(profile)
         return profile.snapshot()
@@ -372,6 +377,7 @@ class Controller(AgentSide):
             if profile.id in waiting:
                 waiting.remove(profile.id)
         await self._catalog.finish(profile)
+        await self._leases.release(profile)
         await self._retention.enforce(self._catalog)
 
 
