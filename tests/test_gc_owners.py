@@ -29,6 +29,8 @@ from tests.fake_agents import make_controller, run, start_agents, status_when, u
 
 # Long enough for a profile made a second ago to count as past it.
 TINY_GRACE_HOURS = 0.0001
+# The owner's workers stay registered through a loaded machine's pauses (the profile must keep running).
+PATIENT = {"worker_expiry_grace_s": 10.0}
 
 
 class Outage:
@@ -94,7 +96,7 @@ def test_gc_keeps_a_running_profile_of_a_cluster_whose_state_lives_elsewhere(tmp
     root = file_root(tmp_path, "shared")
 
     async def go():
-        a = make_controller(file_root(tmp_path, "home-a"), cluster_name="a", request_timeout_s=60)
+        a = make_controller(file_root(tmp_path, "home-a"), cluster_name="a", request_timeout_s=60, **PATIENT)
         b = make_controller(file_root(tmp_path, "home-b"), cluster_name="b")
         await a.configure(root)
         await b.configure(root)
@@ -157,7 +159,7 @@ def test_on_s3_through_an_outage_gc_never_deletes_the_running_profile_and_the_le
 
     async def go():
         a = make_controller(StorageSpec(uri=root.uri + "-home-a", s3_endpoint_url=root.s3_endpoint_url),
-                            cluster_name="a", owner_lease_s=3.0, request_timeout_s=120)
+                            cluster_name="a", owner_lease_s=3.0, request_timeout_s=120, **PATIENT)
         b = make_controller(root, cluster_name="b")
         await a.configure(root)
         await b.configure(root)

@@ -122,22 +122,23 @@ class StacksTaker:
 
     async def _keep(self, pending: _Pending, rank: int, reply: RankStacks) -> None:
         """Store one rank's answer and keep its digest; a failure makes the rank missing, with why."""
+        put = pending.storage.put_bytes
+        keys = rank_stacks_keys(pending.prefix, rank)
         try:
-            # Re-validated: an answer arrives unpickled, never checked; this makes its text valid UTF-8.
-            stacks = bound_stacks(RankStacks.model_validate(reply.model_dump(warnings=False)), pending.max_bytes)
-            del reply
-            keys = rank_stacks_keys(pending.prefix, rank)
-            text = rank_text(rank, pending.workers[rank].info, stacks)
+            # Under the gate: the copies made here exist for at most _WRITERS answers at once.
             async with pending.gate:
-                put = pending.storage.put_bytes
-                files = [await asyncio.to_thread(put, text.encode(), keys["stacks"], "stacks", folder=pending.prefix)]
+                # Re-validated: an answer arrives unpickled, never checked; this makes its text valid UTF-8.
+                stacks = bound_stacks(RankStacks.model_validate(reply.model_dump(warnings=False)), pending.max_bytes)
+                text = rank_text(rank, pending.workers[rank].info, stacks).encode()
+                files = [await asyncio.to_thread(put, text, keys["stacks"], "stacks", folder=pending.prefix)]
+                del text
                 if stacks.flight_recorder:
                     dump = stacks.flight_recorder.encode()
                     files.append(
                         await asyncio.to_thread(put, dump, keys["flight_recorder"], "flight_recorder", folder=pending.prefix)
                     )
-            pending.digests[rank] = digest(stacks, pending.shared)
-            pending.files[rank] = files
+                pending.digests[rank] = digest(stacks, pending.shared)
+                pending.files[rank] = files
         except StorageError as e:
             pending.unusable[rank] = safe_text(f"its answer could not be stored: {e}")
         except Exception as e:
