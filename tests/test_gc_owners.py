@@ -189,3 +189,31 @@ def test_on_s3_through_an_outage_gc_never_deletes_the_running_profile_and_the_le
     assert [x.profile_id for x in report.leftovers] == [gone]
     assert status.state == ProfileState.COLLECTING
     assert open_storage(root).list(f"run/{running}/")
+
+
+def test_gc_keeps_a_stacks_bundle_whose_ranks_are_stored_while_it_waits_for_the_last_one(tmp_path):
+    root = file_root(tmp_path, "shared")
+
+    async def go():
+        a = make_controller(file_root(tmp_path, "home-a"), cluster_name="a", stacks_timeout_s=4.0, **PATIENT)
+        b = make_controller(file_root(tmp_path, "home-b"), cluster_name="b")
+        await a.configure(root)
+        await b.configure(root)
+        agents = await start_agents(a, 2)
+        agents[1].stack = None  # never answers: the bundle waits out its timeout
+        taking = asyncio.create_task(a.stacks("run"))
+        storage = open_storage(root)
+        assert await until(lambda: any(k.endswith("/stacks/rank0.txt") for k in storage.list("run/")), timeout_s=3)
+        await asyncio.sleep(1.1)  # the bundle is now older than the grace
+        report = await b.gc(GcRequest(grace_hours=TINY_GRACE_HOURS))
+        bundle = await taking
+        for agent in agents:
+            await agent.stop()
+        return report, bundle
+
+    report, bundle = run(go())
+    assert report.leftovers == []
+    assert bundle.state == ProfileState.PARTIAL
+    storage = open_storage(root)
+    assert f"run/{bundle.id}/stacks/rank0.txt" in storage.list(f"run/{bundle.id}/")
+    assert not storage.exists(owner_key("run", bundle.id))  # removed once the bundle ended

@@ -114,7 +114,7 @@ class FileStorage(Storage):
         return path.is_file()
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root / prefix if prefix else self.root
+        base = self.root / check_key(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
         try:
             if not base.is_dir() or self._through_link(base):
                 return []
