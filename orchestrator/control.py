@@ -14,11 +14,14 @@ from orchestrator.settings import (
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
     DEFAULT_MONITOR_INTERVAL_S,
+    DEFAULT_OWNER_LEASE_S,
+    DEFAULT_STACKS_MAX_RANK_BYTES,
     DEFAULT_STACKS_TIMEOUT_S,
     DEFAULT_STALL_AUTO_STACKS,
     DEFAULT_STALL_MIN_S,
     DEFAULT_STALL_STEP_FACTOR,
     MAX_GC_GRACE_HOURS,
+    MIN_STACKS_MAX_RANK_BYTES,
 )
 
 __all__ = ["ControllerConfig", "NodeBeat", "NodePoll", "NodeReply", "TargetInfo", "WorkerStatus"]
@@ -74,6 +77,7 @@ class ControllerConfig(StrictModel):
         default=DEFAULT_CLUSTER_NAME_LEASE_S, gt=0, description="How long the cluster name's lease lasts unrenewed."
     )
     stacks_timeout_s: float = Field(default=DEFAULT_STACKS_TIMEOUT_S, gt=0)
+    stacks_max_rank_bytes: int = Field(default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES)
     stall_min_s: float = Field(default=DEFAULT_STALL_MIN_S, gt=0)
     stall_step_factor: float = Field(default=DEFAULT_STALL_STEP_FACTOR, ge=0)
     stall_auto_stacks: bool = Field(default=bool(DEFAULT_STALL_AUTO_STACKS))
@@ -81,6 +85,7 @@ class ControllerConfig(StrictModel):
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
+    owner_lease_s: float = Field(default=DEFAULT_OWNER_LEASE_S, gt=0)
 
 
 class NodeBeat(StrictModel):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from orchestrator.models import Name, ProfileState, StrictModel, Trigger
 
@@ -13,23 +14,42 @@ __all__ = [
     "Collective",
     "Frame",
     "MissingRank",
+    "RankNote",
     "RankStacks",
+    "SafeText",
     "StackGroup",
     "StacksBundle",
     "ThreadStack",
     "WatchFiring",
     "WatchSpec",
     "WatchStatus",
+    "safe_text",
 ]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD.
+
+    A file or thread name the OS gave as undecodable bytes arrives as surrogate
+    escapes, which no UTF-8 write (JSON, a text file) accepts: one such name
+    failed the whole bundle.
+    """
+    return _SURROGATE.sub("\ufffd", text)
+
+
+# Text a rank sends: made writable where a model is built (the agent) or re-validated (the controller).
+SafeText = Annotated[str, AfterValidator(safe_text)]
 
 
 class Frame(StrictModel):
     """One Python frame."""
 
-    filename: str
+    filename: SafeText
     line: int
-    function: str
-    code: str | None = Field(default=None, description="The source line, where readable.")
+    function: SafeText
+    code: SafeText | None = Field(default=None, description="The source line, where readable.")
     library: bool = Field(default=False, description="In the standard library or an installed package.")
 
 
@@ -37,7 +57,7 @@ class ThreadStack(StrictModel):
     """One thread's Python stack, outermost frame first."""
 
     thread_id: int
-    name: str
+    name: SafeText
     training: bool = Field(default=False, description="The thread that runs the training loop.")
     frames: list[Frame]
 
@@ -45,9 +65,9 @@ class ThreadStack(StrictModel):
 class Collective(StrictModel):
     """One collective from a rank's torch flight recorder."""
 
-    process_group: str
+    process_group: SafeText
     seq: int
-    op: str
+    op: SafeText
     completed: bool
 
 
@@ -59,11 +79,12 @@ class RankStacks(StrictModel):
     step: int
     taken_at: datetime
     threads: list[ThreadStack]
-    native: str | None = Field(default=None, description="py-spy dump --native output.")
-    native_note: str | None = Field(default=None, description="Why native frames are missing, when asked for.")
+    native: SafeText | None = Field(default=None, description="py-spy dump --native output, its header cut.")
+    native_note: SafeText | None = Field(default=None, description="Why native frames are missing, when asked for.")
     collectives: list[Collective] = Field(default_factory=list, description="Last flight recorder entries.")
-    flight_recorder: str | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
-    flight_recorder_note: str | None = None
+    flight_recorder: SafeText | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
+    flight_recorder_note: SafeText | None = None
+    truncated: SafeText | None = Field(default=None, description="What was cut to keep the answer under its limit.")
 
 
 class StackGroup(StrictModel):
@@ -84,6 +105,13 @@ class MissingRank(StrictModel):
     reason: str
 
 
+class RankNote(StrictModel):
+    """Something to know about one rank's part of a bundle."""
+
+    rank: int
+    note: str
+
+
 class StacksBundle(StrictModel):
     """Every rank's stacks, grouped; ``stacks.json`` of a bundle of kind ``stacks``."""
 
@@ -94,6 +122,9 @@ class StacksBundle(StrictModel):
     summary: str = Field(description="One line: ranks that differ from the majority first.")
     groups: list[StackGroup] = Field(description="Outliers first, the majority last.")
     missing: list[MissingRank] = Field(default_factory=list)
+    truncated: list[RankNote] = Field(
+        default_factory=list, description="Ranks whose answer was cut to RAYPROF_STACKS_MAX_RANK_BYTES, and what was cut."
+    )
     collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
     flight_recorder_note: str | None = None
     native_notes: list[str] = Field(default_factory=list)

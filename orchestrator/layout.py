@@ -12,6 +12,7 @@ Storage layout (keys relative to the storage root)::
       stacks/rank{R}.flight_recorder.json   the rank's torch flight recorder dump, where one is kept
       stacks.json                        the grouped stacks of every rank
       manifest.json                      written last: the commit point
+      owner.json                         while unfinished: its controller's lease (actors/controller/leases.py)
     _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
     _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file
     _rayprof/{cluster}/storage.json                the storage configured at run time
@@ -29,6 +30,7 @@ from datetime import UTC, datetime
 __all__ = [
     "MANIFEST_NAME",
     "MERGED_TRACE_NAME",
+    "OWNER_NAME",
     "REPORT_NAME",
     "STACKS_NAME",
     "TRACE_SUFFIXES",
@@ -38,6 +40,7 @@ __all__ = [
     "index_key",
     "lease_key",
     "manifest_key",
+    "owner_key",
     "parse_profiler_step",
     "parse_trace_name",
     "profile_id",
@@ -53,6 +56,7 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 MERGED_TRACE_NAME = "merged.trace.json.gz"
+OWNER_NAME = "owner.json"
 REPORT_NAME = "report.html"
 STACKS_NAME = "stacks.json"
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -76,6 +80,11 @@ def profile_prefix(target: str, profile_id: str) -> str:
 def manifest_key(target: str, profile_id: str) -> str:
     """Key of a profile's manifest, relative to the storage root."""
     return f"{profile_prefix(target, profile_id)}/{MANIFEST_NAME}"
+
+
+def owner_key(target: str, profile_id: str) -> str:
+    """Key of an unfinished profile's owner lease, relative to the storage root."""
+    return f"{profile_prefix(target, profile_id)}/{OWNER_NAME}"
 
 
 def state_prefix(cluster: str) -> str:

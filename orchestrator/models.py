@@ -11,7 +11,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from orchestrator.merge_stats import MergeStats
 from orchestrator.settings import (
+    DEFAULT_STACKS_MAX_RANK_BYTES,
     MANIFEST_VERSION,
+    MIN_STACKS_MAX_RANK_BYTES,
 )
 
 __all__ = [
@@ -251,6 +253,9 @@ class Command(StrictModel):
     window: WindowSpec | None = None
     profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
     native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
+    max_bytes: int = Field(
+        default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES, description="``stacks``: the answer's size limit."
+    )
 
 
 ArtifactKind = Literal[

@@ -82,6 +82,10 @@ GC_GRACE_HOURS_ENV_VAR = "RAYPROF_GC_GRACE_HOURS"
 DEFAULT_GC_GRACE_HOURS = 24.0
 # Longest grace a gc request may ask for (ten years): past it a date cannot be computed.
 MAX_GC_GRACE_HOURS = 87_600.0
+# An unfinished profile's folder holds owner.json, renewed by its controller every third of this: any
+# cluster's `gc` keeps a folder whose lease has not run out. Longer than a controller restart.
+OWNER_LEASE_S_ENV_VAR = "RAYPROF_OWNER_LEASE_S"
+DEFAULT_OWNER_LEASE_S = 900.0
 
 # Saved controller state is kept per cluster; set a name to keep history
 # across clusters that share one storage root (default: the Ray cluster id).
@@ -94,6 +98,12 @@ DEFAULT_CLUSTER_NAME_LEASE_S = 60.0
 # Stacks of every rank: how long the controller waits for the ranks' answers.
 STACKS_TIMEOUT_S_ENV_VAR = "RAYPROF_STACKS_TIMEOUT_S"
 DEFAULT_STACKS_TIMEOUT_S = 10.0
+# Most bytes of one rank's stacks answer (JSON): over it the rank cuts the flight recorder dump, native
+# frames, other threads, outer frames (the bundle says what). Each answer is stored as it arrives, so
+# the controller holds at most the answers in flight, not every rank's.
+STACKS_MAX_RANK_BYTES_ENV_VAR = "RAYPROF_STACKS_MAX_RANK_BYTES"
+DEFAULT_STACKS_MAX_RANK_BYTES = 8 * 2**20
+MIN_STACKS_MAX_RANK_BYTES = 64 * 2**10
 
 # A target is STALLED when no rank advanced for max(STALL_MIN_S, STALL_STEP_FACTOR x its median step time).
 STALL_MIN_S_ENV_VAR = "RAYPROF_STALL_MIN_S"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,9 @@ def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reas
         agents = await start_agents(c, 1)
         agents[0].behaviour = "hang"
         submitted = await c.submit(request(steps=3, timeout_s=1.0))
-        # The profile's folder becomes a file: the manifest cannot be written there.
+        # The profile's folder (holding only its owner lease so far) becomes a file: the manifest cannot be written there.
         folder = Path(home.uri.removeprefix("file://")) / "run" / submitted.id
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder)
         folder.write_text("in the way")
         status, _ = await wait_terminal(c, submitted.id)
         await agents[0].stop()

@@ -110,7 +110,12 @@ class Agent:
         if command.kind == "stacks":
             assert command.profile_id is not None
             stacks = take_stacks(
-                command.profile_id, self.info.agent_id, self.step_count, self.training_thread, command.native
+                command.profile_id,
+                self.info.agent_id,
+                self.step_count,
+                self.training_thread,
+                command.native,
+                command.max_bytes,
             )
             self._inbox.put(("event", stacks))
         elif command.kind == "arm":

@@ -5,6 +5,11 @@ in a collective (or any call that released it) does not hold: this answers
 while training is stuck. Native frames come from ``py-spy dump --native``
 where py-spy is installed and may attach (ptrace); the torch flight recorder
 dump where the job keeps one (``TORCH_FR_BUFFER_SIZE``).
+
+What leaves the process: frames (file, line, function, the source line) and
+thread names, never locals or the environment; py-spy's header, which holds
+the process's command line (argv can carry secrets), is cut. The answer is cut
+to the size the controller asks for.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 
 from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.models import utcnow
+from orchestrator.settings import DEFAULT_STACKS_MAX_RANK_BYTES
+from orchestrator.stack_limits import bound_stacks
 
 __all__ = ["take_stacks"]
 
@@ -37,13 +44,19 @@ _LIBRARY_ROOTS = tuple(
 
 
 def take_stacks(
-    bundle_id: str, agent_id: str, step: int, training_thread: int | None, native: bool
+    bundle_id: str,
+    agent_id: str,
+    step: int,
+    training_thread: int | None,
+    native: bool,
+    max_bytes: int = DEFAULT_STACKS_MAX_RANK_BYTES,
 ) -> RankStacks:
-    """This process's stacks now; never raises (a failed part says why in its note)."""
+    """This process's stacks now, at most ``max_bytes`` of JSON; never raises (a failed part says
+    why in its note). Text that is not valid UTF-8 (a file or thread name) is made so by the models."""
     threads = _python_threads(training_thread)
     native_text, native_note = _native() if native else (None, None)
     collectives, dump, fr_note = _flight_recorder()
-    return RankStacks(
+    stacks = RankStacks(
         bundle_id=bundle_id,
         agent_id=agent_id,
         step=step,
@@ -55,6 +68,7 @@ def take_stacks(
         flight_recorder=dump,
         flight_recorder_note=fr_note,
     )
+    return bound_stacks(stacks, max_bytes)
 
 
 def _python_threads(training_thread: int | None) -> list[ThreadStack]:
@@ -103,7 +117,6 @@ def _native() -> tuple[str | None, str | None]:
         done = subprocess.run(
             [exe, "dump", "--native", "--pid", str(os.getpid())],
             capture_output=True,
-            text=True,
             timeout=_PY_SPY_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
@@ -111,12 +124,25 @@ def _native() -> tuple[str | None, str | None]:
     except OSError as e:
         return None, f"native frames not taken: cannot run py-spy: {e}"
     if done.returncode != 0:
-        err = (done.stderr or done.stdout).strip()[-400:]
+        # stderr only: stdout may already hold the header with the command line.
+        err = done.stderr.decode(errors="replace").strip()[-400:] or f"exit code {done.returncode}"
         hint = ""
         if "ermission" in err or "ptrace" in err.lower():
             hint = " (py-spy needs ptrace rights: CAP_SYS_PTRACE, or kernel.yama.ptrace_scope=0)"
         return None, f"native frames not taken: py-spy failed{hint}: {err}"
-    return done.stdout, None
+    # Paths and names in the output are bytes in no particular encoding.
+    frames = _from_first_thread(done.stdout.decode(errors="replace"))
+    if not frames:
+        return None, "native frames not taken: py-spy printed no threads"
+    return frames, None
+
+
+def _from_first_thread(text: str) -> str:
+    """py-spy's output from its first thread on. The header before it names the process:
+    ``Process 123: python train.py --token ...``, and an argument may span lines."""
+    lines = text.splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines) if line.startswith("Thread ")), len(lines))
+    return "".join(lines[first:])
 
 
 def _flight_recorder() -> tuple[list[Collective], str | None, str | None]:
@@ -131,7 +157,7 @@ def _flight_recorder() -> tuple[list[Collective], str | None, str | None]:
         raw = _dump_fr_trace_json(True, False)
     except Exception as e:
         return [], None, f"torch flight recorder not readable here: {type(e).__name__}: {e}"
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     try:
         entries = json.loads(text).get("entries") or []
     except ValueError as e:

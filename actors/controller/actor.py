@@ -22,6 +22,7 @@ from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.idempotency import SubmitKey, SubmitKeys
+from actors.controller.leases import Leases
 from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
 from actors.controller.planning import validate
@@ -96,7 +97,8 @@ class Controller(Startup, AgentSide):
         )
         self._retention = Retention(self._persistence, lambda: self._config)
         self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
-        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles)
+        self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
+        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles, self._leases)
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
@@ -112,6 +114,7 @@ class Controller(Startup, AgentSide):
     def _start_background(self) -> None:
         self._spawn(self._reap_workers())
         self._spawn(self._monitor())
+        self._spawn(self._leases.renew_forever())
 
     async def ping(self) -> str:
         """Liveness check; also starts background work. A controller refused its cluster name says so."""
@@ -197,6 +200,8 @@ class Controller(Startup, AgentSide):
         try:
             # Saved before it is accepted: a profile the caller was told about survives a restart.
             await self._persistence.save(profile)
+            # Before any rank writes to its folder: another cluster's gc keeps a folder with a live owner.
+            await self._leases.hold(profile)
         except BaseException:
             self._profiles.pop(profile.id, None)
             self._waiting[profile.target].remove(profile.id)
@@ -360,6 +365,7 @@ class Controller(Startup, AgentSide):
             if profile.id in waiting:
                 waiting.remove(profile.id)
         await self._catalog.finish(profile)
+        await self._leases.release(profile)
         await self._retention.enforce(self._catalog)
 
 

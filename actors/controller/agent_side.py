@@ -166,7 +166,7 @@ class AgentSide:
     async def stacks_reply(self, stacks: RankStacks) -> None:
         """An agent's answer to a ``stacks`` command."""
         await self._ensure_started()
-        self._stacks.receive(stacks)
+        await self._stacks.receive(stacks)
 
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)

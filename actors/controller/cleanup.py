@@ -1,11 +1,14 @@
 """``rayprof gc``: apply retention now, and delete the folders nothing owns.
 
-A leftover is a profile folder in the configured storage with no manifest (so
-no finished profile), no saved state in any cluster's ``_rayprof/`` (so no
-controller will resume or list it) and not known to this controller, made
+gc deletes only what it can prove finished (retention, as at every finish) or
+abandoned. A leftover is a profile folder in the configured storage with no
+manifest (so no finished profile), no saved state in any cluster's
+``_rayprof/`` under this root (so no controller seen here will resume or list
+it), not known to this controller, no owner lease that has not run out (a
+cluster whose state lives elsewhere still runs it: see ``leases.py``), and made
 longer ago than the grace period (its id says when): what a postprocess that
 crashed before its commit point leaves behind. Folders whose names rayprof did
-not give are never touched.
+not give are never touched; folders holding no file are not reported.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from actors.controller.catalog import Catalog
+from actors.controller.leases import lease_is_live
 from actors.controller.retention import Retention
 from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 def find_leftovers(spec: StorageSpec, known: Callable[[str], bool], older_than: datetime) -> list[Leftover]:
     """Leftover profile folders in ``spec``'s storage; ``known`` says whether a controller holds an id."""
     storage = open_storage(spec)
+    now = utcnow()
     clusters = storage.folders(STATE_ROOT)
     found = []
     for target in storage.folders(""):
@@ -44,6 +49,10 @@ def find_leftovers(spec: StorageSpec, known: Callable[[str], bool], older_than: 
             if storage.exists(manifest_key(target, profile_id)):
                 continue
             if any(storage.exists(state_key(cluster, profile_id)) for cluster in clusters):
+                continue
+            if lease_is_live(storage, target, profile_id, now):
+                continue
+            if not storage.list(profile_prefix(target, profile_id) + "/"):
                 continue
             uri = storage.uri(profile_prefix(target, profile_id))
             found.append(Leftover(target=target, profile_id=profile_id, uri=uri, created_at=created))
@@ -73,6 +82,9 @@ class Cleanup:
         deleted = []
         for leftover in leftovers:
             try:
+                # Looked at again just before: an owner may have renewed its lease since the listing.
+                if await asyncio.to_thread(lease_is_live, storage, leftover.target, leftover.profile_id, utcnow()):
+                    continue
                 await asyncio.to_thread(storage.delete_tree, profile_prefix(leftover.target, leftover.profile_id))
             except StorageError as e:
                 failed.append(f"{leftover.uri}: {e}")

@@ -1,17 +1,61 @@
-"""Pure functions over every rank's stacks: group, describe, and find collectives some ranks never joined."""
+"""Pure functions over every rank's stacks: group, describe, and find collectives some ranks never joined.
+
+Each rank's answer is stored as it arrives and only its :class:`RankDigest` is
+kept: the bundle's summary is built from digests, never from every answer.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import PurePath
 
 from orchestrator.diagnosis import Frame, MissingRank, RankStacks, StackGroup, ThreadStack
 from orchestrator.models import WorkerInfo
 
-__all__ = ["collective_notes", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
+__all__ = ["RankDigest", "collective_notes", "digest", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
 
 # A training thread inside torch.distributed waits on other ranks.
 _DISTRIBUTED = "torch/distributed/"
+
+_StackKey = tuple[tuple[str, int, str], ...]
+
+
+@dataclass(frozen=True)
+class RankDigest:
+    """What a bundle's summary needs of one rank's answer once that answer is stored."""
+
+    # The training thread's frames; ranks with the same stack share one tuple.
+    stack: tuple[Frame, ...]
+    # Per process group: the rank's latest collective (seq, op, and whether an entry of it is open).
+    latest: dict[str, tuple[int, str, bool]]
+    flight_recorder_note: str | None
+    native_note: str | None
+    truncated: str | None
+
+
+def digest(stacks: RankStacks, shared: dict[_StackKey, tuple[Frame, ...]]) -> RankDigest:
+    """``stacks`` reduced to a digest; ``shared`` interns identical stacks across ranks."""
+    thread = _training(stacks)
+    frames = tuple(thread.frames) if thread is not None else ()
+    latest: dict[str, tuple[int, str, bool]] = {}
+    for c in stacks.collectives:
+        seq, op, open_ = latest.get(c.process_group, (-1, "?", False))
+        if c.seq > seq:
+            latest[c.process_group] = (c.seq, c.op, not c.completed)
+        elif c.seq == seq:
+            latest[c.process_group] = (seq, c.op, open_ or not c.completed)
+    return RankDigest(
+        stack=shared.setdefault(_key(frames), frames),
+        latest=latest,
+        flight_recorder_note=stacks.flight_recorder_note,
+        native_note=stacks.native_note,
+        truncated=stacks.truncated,
+    )
+
+
+def _key(frames: Iterable[Frame]) -> _StackKey:
+    return tuple((f.filename, f.line, f.function) for f in frames)
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -49,25 +93,24 @@ def _training(stacks: RankStacks) -> ThreadStack | None:
     )
 
 
-def group_stacks(answers: dict[int, RankStacks]) -> list[StackGroup]:
+def group_stacks(digests: dict[int, RankDigest]) -> list[StackGroup]:
     """Ranks grouped by identical training-thread stacks; the majority last, outliers first.
 
     The majority is the largest group; on a tie, the group waiting in
     torch.distributed (the others wait on the odd one out), then the one
     with the lowest rank.
     """
-    by_key: dict[tuple[tuple[str, int, str], ...], list[int]] = {}
-    frames_of: dict[tuple[tuple[str, int, str], ...], list[Frame]] = {}
-    for rank in sorted(answers):
-        thread = _training(answers[rank])
-        frames = thread.frames if thread is not None else []
-        key = tuple((f.filename, f.line, f.function) for f in frames)
+    by_key: dict[_StackKey, list[int]] = {}
+    frames_of: dict[_StackKey, tuple[Frame, ...]] = {}
+    for rank in sorted(digests):
+        frames = digests[rank].stack
+        key = _key(frames)
         by_key.setdefault(key, []).append(rank)
         frames_of.setdefault(key, frames)
     if not by_key:
         return []
 
-    def waiting(key: tuple[tuple[str, int, str], ...]) -> bool:
+    def waiting(key: _StackKey) -> bool:
         return any(_DISTRIBUTED in f[0] for f in key)
 
     majority = max(by_key, key=lambda k: (len(by_key[k]), waiting(k), -by_key[k][0]))
@@ -76,10 +119,10 @@ def group_stacks(answers: dict[int, RankStacks]) -> list[StackGroup]:
         StackGroup(
             ranks=by_key[k],
             ranks_text=ranks_text(by_key[k]),
-            where=where(frames_of[k]),
+            where=where(list(frames_of[k])),
             waiting=waiting(k),
             majority=k == majority and len(by_key) > 1,
-            frames=frames_of[k],
+            frames=list(frames_of[k]),
         )
         for k in [*others, majority]
     ]
@@ -97,17 +140,16 @@ def summary_line(groups: list[StackGroup], missing: list[MissingRank]) -> str:
     return "; ".join(parts) or "no rank answered"
 
 
-def collective_notes(answers: dict[int, RankStacks]) -> list[str]:
+def collective_notes(digests: dict[int, RankDigest]) -> list[str]:
     """Collectives some ranks entered and others never joined, from the flight recorders."""
     seen: dict[str, dict[int, int]] = {}
     ops: dict[tuple[str, int], str] = {}
     open_: dict[tuple[str, int], bool] = {}
-    for rank, stacks in answers.items():
-        for c in stacks.collectives:
-            group = seen.setdefault(c.process_group, {})
-            group[rank] = max(group.get(rank, 0), c.seq)
-            ops[(c.process_group, c.seq)] = c.op
-            open_[(c.process_group, c.seq)] = open_.get((c.process_group, c.seq), False) or not c.completed
+    for rank, d in digests.items():
+        for pg, (seq, op, is_open) in d.latest.items():
+            seen.setdefault(pg, {})[rank] = seq
+            ops[(pg, seq)] = op
+            open_[(pg, seq)] = open_.get((pg, seq), False) or is_open
     notes = []
     for pg, by_rank in sorted(seen.items()):
         lead = max(by_rank.values())
@@ -127,10 +169,10 @@ def collective_notes(answers: dict[int, RankStacks]) -> list[str]:
 
 def rank_text(rank: int, info: WorkerInfo, stacks: RankStacks) -> str:
     """``stacks/rank{R}.txt``: every thread, outermost frame first, like a Python traceback."""
-    lines = [
-        f"rank {rank}  host {info.host}  pid {info.pid}  step {stacks.step}  taken {stacks.taken_at.isoformat()}",
-        "",
-    ]
+    lines = [f"rank {rank}  host {info.host}  pid {info.pid}  step {stacks.step}  taken {stacks.taken_at.isoformat()}"]
+    if stacks.truncated:
+        lines.append(stacks.truncated)
+    lines.append("")
     for thread in stacks.threads:
         mark = "  (training thread)" if thread.training else ""
         lines.append(f'Thread {thread.thread_id} "{thread.name}"{mark}')

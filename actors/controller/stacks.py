@@ -7,6 +7,12 @@ ranges, ranks unlike the majority come first, ranks that did not answer are
 listed with why. The bundle is stored as a profile folder of kind
 ``stacks`` (``stacks/rank{R}.txt``, ``stacks.json``, manifest last) and listed
 with profiles.
+
+Each answer is re-validated (its text made valid UTF-8), cut to
+``RAYPROF_STACKS_MAX_RANK_BYTES`` and written as it arrives; only a small
+digest of it stays in memory. Whatever a rank sends, a bundle ends (DONE,
+PARTIAL or FAILED): an answer that cannot be read or stored makes that rank
+missing, with why.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from actors.controller.leases import Leases
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.stack_groups import (
+    RankDigest,
     collective_notes,
+    digest,
     group_stacks,
     rank_text,
     summary_line,
@@ -29,7 +38,7 @@ from actors.controller.stack_groups import (
 from actors.controller.state import Profile, wait_event
 from orchestrator.config import normalize_uri
 from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import MissingRank, RankStacks, StacksBundle
+from orchestrator.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
@@ -44,6 +53,7 @@ from orchestrator.models import (
     Trigger,
     utcnow,
 )
+from orchestrator.stack_limits import bound_stacks
 from orchestrator.storage import Storage, open_storage
 
 __all__ = ["StacksTaker"]
@@ -56,9 +66,26 @@ _WRITERS = 16
 
 @dataclass
 class _Pending:
+    """One bundle being taken: what each rank's answer left behind once stored."""
+
+    profile: Profile
+    workers: dict[int, Worker]
+    storage: Storage
+    max_bytes: int
     expected: dict[str, int]
-    answers: dict[int, RankStacks] = field(default_factory=dict)
+    gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(_WRITERS))
+    answered: set[int] = field(default_factory=set)
+    digests: dict[int, RankDigest] = field(default_factory=dict)
+    files: dict[int, list[Artifact]] = field(default_factory=dict)
+    # Ranks that answered with something that could not be read or stored, and why.
+    unusable: dict[int, str] = field(default_factory=dict)
+    writes: set[asyncio.Task] = field(default_factory=set)
+    shared: dict[tuple[tuple[str, int, str], ...], tuple[Frame, ...]] = field(default_factory=dict)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def prefix(self) -> str:
+        return profile_prefix(self.profile.target, self.profile.id)
 
 
 class StacksTaker:
@@ -70,25 +97,59 @@ class StacksTaker:
         persistence: Persistence,
         config: Callable[[], ControllerConfig],
         profiles: dict[str, Profile],
+        leases: Leases,
     ) -> None:
         self._registry = registry
         self._persistence = persistence
         self._config = config
         self._profiles = profiles
+        self._leases = leases
         self._pending: dict[str, _Pending] = {}
 
-    def receive(self, reply: RankStacks) -> None:
-        """An agent's answer; late, unknown or duplicate answers are dropped."""
+    async def receive(self, reply: RankStacks) -> None:
+        """An agent's answer, stored before this returns (so a thousand ranks answering at once
+        wait on the writers instead of piling up here); late, unknown or duplicate answers are dropped."""
         pending = self._pending.get(reply.bundle_id)
-        if pending is None or reply.agent_id not in pending.expected:
+        rank = pending.expected.get(reply.agent_id) if pending is not None else None
+        if pending is None or rank is None or rank in pending.answered:
             return
-        pending.answers[pending.expected[reply.agent_id]] = reply
+        pending.answered.add(rank)
+        task = asyncio.ensure_future(self._keep(pending, rank, reply))
+        pending.writes.add(task)
         pending.arrived.set()
+        # Shielded: an agent's dropped call must not cut a write the bundle waits for.
+        await asyncio.shield(task)
+
+    async def _keep(self, pending: _Pending, rank: int, reply: RankStacks) -> None:
+        """Store one rank's answer and keep its digest; a failure makes the rank missing, with why."""
+        put = pending.storage.put_bytes
+        keys = rank_stacks_keys(pending.prefix, rank)
+        try:
+            # Under the gate: the copies made here exist for at most _WRITERS answers at once.
+            async with pending.gate:
+                # Re-validated: an answer arrives unpickled, never checked; this makes its text valid UTF-8.
+                stacks = bound_stacks(RankStacks.model_validate(reply.model_dump(warnings=False)), pending.max_bytes)
+                text = rank_text(rank, pending.workers[rank].info, stacks).encode()
+                files = [await asyncio.to_thread(put, text, keys["stacks"], "stacks", folder=pending.prefix)]
+                del text
+                if stacks.flight_recorder:
+                    dump = stacks.flight_recorder.encode()
+                    files.append(
+                        await asyncio.to_thread(put, dump, keys["flight_recorder"], "flight_recorder", folder=pending.prefix)
+                    )
+                pending.digests[rank] = digest(stacks, pending.shared)
+                pending.files[rank] = files
+        except StorageError as e:
+            pending.unusable[rank] = safe_text(f"its answer could not be stored: {e}")
+        except Exception as e:
+            logger.warning("rayprof controller: unreadable stacks from rank %d of %s: %r", rank, pending.profile.id, e)
+            pending.unusable[rank] = safe_text(f"its answer could not be read: {type(e).__name__}: {e}")
 
     async def take(
         self, target: str, run: str | None = None, native: bool = False, trigger: Trigger | None = None
     ) -> StacksBundle:
-        """Stacks of every live rank of ``target``'s newest run (or ``run``), stored and grouped."""
+        """Stacks of every live rank of ``target``'s newest run (or ``run``), stored and grouped.
+        Once the bundle exists it always ends: an unexpected error ends it FAILED, with why."""
         config = self._config()
         workers = self._registry.run_workers(target, run)
         if not workers:
@@ -110,21 +171,49 @@ class StacksTaker:
         )
         self._profiles[bundle_id] = profile
         taken_at = utcnow()
-        answers, missing = await self._collect(bundle_id, workers, native, config.stacks_timeout_s)
-        return await self._store(profile, workers, answers, missing, native, taken_at)
+        pending = _Pending(
+            profile=profile,
+            workers=workers,
+            storage=open_storage(storage),
+            max_bytes=config.stacks_max_rank_bytes,
+            expected={w.info.agent_id: rank for rank, w in workers.items()},
+        )
+        try:
+            await self._leases.hold(profile)
+            missing = await self._collect(pending, native, config.stacks_timeout_s)
+            return await self._store(pending, missing, native, taken_at)
+        except Exception as e:
+            logger.exception("rayprof controller: stacks %s failed", bundle_id)
+            bundle = StacksBundle(
+                id=bundle_id,
+                target=target,
+                run=run,
+                state=profile.state if profile.state.is_terminal else ProfileState.FAILED,
+                summary="the stacks could not be taken",
+                groups=[],
+                storage_uri=profile.storage_uri,
+                trigger=trigger,
+                taken_at=taken_at,
+                finished_at=utcnow(),
+            )
+            if profile.state.is_terminal:  # it had ended: what failed came after
+                return bundle
+            reason = safe_text(f"the stacks could not be taken: {type(e).__name__}: {e}")
+            return await self._end(profile, bundle, ProfileState.FAILED, reason, [], {})
 
-    async def _collect(
-        self, bundle_id: str, workers: dict[int, Worker], native: bool, timeout_s: float
-    ) -> tuple[dict[int, RankStacks], list[MissingRank]]:
-        pending = _Pending(expected={w.info.agent_id: rank for rank, w in workers.items()})
+    async def _collect(self, pending: _Pending, native: bool, timeout_s: float) -> list[MissingRank]:
+        """Ask every rank, wait for the answers (and their writes); returns the ranks missing, with why."""
+        bundle_id = pending.profile.id
+        workers = pending.workers
         self._pending[bundle_id] = pending
         sent = time.monotonic()
+        command = Command(kind="stacks", profile_id=bundle_id, native=native, max_bytes=pending.max_bytes)
         try:
             for worker in workers.values():
-                worker.send(Command(kind="stacks", profile_id=bundle_id, native=native))
+                worker.send(command)
             deadline = sent + timeout_s
             while (left := deadline - time.monotonic()) > 0:
-                unanswered = [a for a, rank in pending.expected.items() if rank not in pending.answers]
+                unanswered = [a for a, rank in pending.expected.items() if rank not in pending.answered]
                 # Done once every rank answered or its worker is gone: nobody else will answer.
                 if all(a not in self._registry.workers for a in unanswered):
                     break
@@ -132,11 +221,14 @@ class StacksTaker:
                 await wait_event(pending.arrived, min(left, 0.5))
         finally:
             self._pending.pop(bundle_id, None)
+        # Answers in hand are stored before the bundle is: the manifest lists every file written.
+        await asyncio.gather(*pending.writes, return_exceptions=True)
         world_size = max(w.info.world_size for w in workers.values())
         now = time.monotonic()
         missing = [MissingRank(rank=r, reason="no agent registered for this rank") for r in range(world_size) if r not in workers]
+        missing += [MissingRank(rank=r, reason=why) for r, why in pending.unusable.items()]
         for rank, worker in workers.items():
-            if rank in pending.answers:
+            if rank in pending.answered:
                 continue
             if worker.info.agent_id not in self._registry.workers:
                 reason = "the worker went away while its stacks were asked for (process exited or restarted)"
@@ -147,20 +239,16 @@ class StacksTaker:
                 )
             missing.append(MissingRank(rank=rank, reason=reason))
         missing.sort(key=lambda m: m.rank)
-        return pending.answers, missing
+        return missing
 
     async def _store(
-        self,
-        profile: Profile,
-        workers: dict[int, Worker],
-        answers: dict[int, RankStacks],
-        missing: list[MissingRank],
-        native: bool,
-        taken_at: object,
+        self, pending: _Pending, missing: list[MissingRank], native: bool, taken_at: object
     ) -> StacksBundle:
-        groups = group_stacks(answers)
-        fr_notes = {s.flight_recorder_note for s in answers.values() if s.flight_recorder_note and not s.collectives}
-        state = ProfileState.DONE if not missing else ProfileState.PARTIAL if answers else ProfileState.FAILED
+        profile, digests = pending.profile, pending.digests
+        groups = group_stacks(digests)
+        fr_notes = {d.flight_recorder_note for d in digests.values() if d.flight_recorder_note and not d.latest}
+        any_collectives = any(d.latest for d in digests.values())
+        state = ProfileState.DONE if not missing else ProfileState.PARTIAL if digests else ProfileState.FAILED
         bundle = StacksBundle(
             id=profile.id,
             target=profile.target,
@@ -169,52 +257,26 @@ class StacksTaker:
             summary=summary_line(groups, missing),
             groups=groups,
             missing=missing,
-            collectives=collective_notes(answers),
-            flight_recorder_note=sorted(fr_notes)[0] if fr_notes and not any(s.collectives for s in answers.values()) else None,
-            native_notes=sorted({s.native_note for s in answers.values() if s.native_note}) if native else [],
+            truncated=[RankNote(rank=r, note=d.truncated) for r, d in sorted(digests.items()) if d.truncated],
+            collectives=collective_notes(digests),
+            flight_recorder_note=sorted(fr_notes)[0] if fr_notes and not any_collectives else None,
+            native_notes=sorted({d.native_note for d in digests.values() if d.native_note}) if native else [],
             storage_uri=profile.storage_uri,
             trigger=profile.trigger,
             taken_at=taken_at,
             finished_at=utcnow(),
         )
-        storage = open_storage(profile.storage)
-        prefix = profile_prefix(profile.target, profile.id)
         try:
-            rank_files = await self._write_ranks(storage, prefix, workers, answers)
             summary = await asyncio.to_thread(
-                storage.put_bytes,
+                pending.storage.put_bytes,
                 bundle.model_dump_json(indent=2).encode(),
-                f"{prefix}/{STACKS_NAME}",
+                f"{pending.prefix}/{STACKS_NAME}",
                 "stacks_summary",
-                folder=prefix,
+                folder=pending.prefix,
             )
         except StorageError as e:
             return await self._end(profile, bundle, ProfileState.FAILED, f"could not store the stacks: {e}", [], {})
-        return await self._end(profile, bundle, state, bundle.summary if missing else None, [summary], rank_files)
-
-    async def _write_ranks(
-        self, storage: Storage, prefix: str, workers: dict[int, Worker], answers: dict[int, RankStacks]
-    ) -> dict[int, list[Artifact]]:
-        gate = asyncio.Semaphore(_WRITERS)
-
-        async def one(rank: int, stacks: RankStacks) -> tuple[int, list[Artifact]]:
-            keys = rank_stacks_keys(prefix, rank)
-            async with gate:
-                text = rank_text(rank, workers[rank].info, stacks)
-                written = [await asyncio.to_thread(storage.put_bytes, text.encode(), keys["stacks"], "stacks", folder=prefix)]
-                if stacks.flight_recorder:
-                    written.append(
-                        await asyncio.to_thread(
-                            storage.put_bytes,
-                            stacks.flight_recorder.encode(),
-                            keys["flight_recorder"],
-                            "flight_recorder",
-                            folder=prefix,
-                        )
-                    )
-            return rank, written
-
-        return dict(await asyncio.gather(*(one(r, s) for r, s in answers.items())))
+        return await self._end(profile, bundle, state, bundle.summary if missing else None, [summary], pending.files)
 
     async def _end(
         self,
@@ -266,5 +328,6 @@ class StacksTaker:
             await self._persistence.save(profile)
         except StorageError as e:
             logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
+        await self._leases.release(profile)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})

@@ -78,6 +78,8 @@ def print_stacks(bundle: StacksBundle) -> None:
                 out(f"    {f.code}")
     for m in bundle.missing:
         out(f"\nrank {m.rank} did not answer: {m.reason}")
+    for t in bundle.truncated:
+        out(f"\nrank {t.rank}: {t.note}")
     if bundle.collectives:
         out("\ncollectives (torch flight recorder):")
         for note in bundle.collectives:

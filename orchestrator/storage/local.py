@@ -14,27 +14,51 @@ from orchestrator.storage.base import Storage, check_key
 
 
 class FileStorage(Storage):
-    """A folder on a filesystem every node mounts (e.g. /mnt/cluster_storage)."""
+    """A folder on a filesystem every node mounts (e.g. /mnt/cluster_storage).
+
+    Symbolic links are never followed out of the root: a read or write whose path
+    leaves it is refused, listings do not enter or show links, and a delete never
+    goes through one (a planted link once made gc delete files elsewhere). A
+    delete removes the folders it empties, up to the root.
+    """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
         self.root_uri = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        path = self.root / key
+        if not path.resolve().is_relative_to(self.root):
+            raise StorageError(f"{self.uri(key)} leads out of the storage root through a symbolic link; refused")
+        return path
+
+    def _through_link(self, path: Path) -> bool:
+        """Whether any folder or file between the root and ``path`` is a symbolic link."""
+        at = self.root
+        for part in path.relative_to(self.root).parts:
+            at = at / part
+            if at.is_symlink():
+                return True
+        return False
 
     def _write_atomically(self, key: str, write: Callable[[Path], None]) -> None:
         dest = self._path(key)
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
-            try:
-                write(tmp)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
+            for attempt in range(3):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+                try:
+                    write(tmp)
+                    with open(tmp, "rb+") as f:
+                        os.fsync(f.fileno())
+                    os.replace(tmp, dest)
+                    return
+                except FileNotFoundError:
+                    # A delete emptied and removed the folder between mkdir and the write: make it again.
+                    if attempt == 2:
+                        raise
+                finally:
+                    tmp.unlink(missing_ok=True)
         except OSError as e:
             raise StorageError(f"cannot write {dest}: {e}") from e
 
@@ -47,16 +71,21 @@ class FileStorage(Storage):
     def _put_new(self, data: bytes, key: str) -> None:
         dest = self._path(key)
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    os.fsync(f.fileno())
-                # link() fails if dest exists, where rename() would replace it.
-                os.link(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
+            for attempt in range(3):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        os.fsync(f.fileno())
+                    # link() fails if dest exists, where rename() would replace it.
+                    os.link(tmp, dest)
+                    return
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+                finally:
+                    tmp.unlink(missing_ok=True)
         except FileExistsError:
             raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced") from None
         except OSError as e:
@@ -85,30 +114,47 @@ class FileStorage(Storage):
         return path.is_file()
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root / prefix if prefix else self.root
+        base = self.root / check_key(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
         try:
-            if not base.exists():
+            if not base.is_dir() or self._through_link(base):
                 return []
-            return sorted(
-                p.relative_to(self.root).as_posix()
-                for p in base.rglob("*")
-                if p.is_file() and not p.name.startswith(".")
-            )
+            found = []
+            # followlinks=False: a linked folder is listed as a name only and never entered.
+            for folder, _, files in os.walk(base, followlinks=False):
+                for name in files:
+                    path = Path(folder, name)
+                    if not name.startswith(".") and not path.is_symlink():
+                        found.append(path.relative_to(self.root).as_posix())
+            return sorted(found)
         except OSError as e:
             raise StorageError(f"cannot list {base}: {e}") from e
 
     def folders(self, prefix: str) -> list[str]:
         base = self.root / check_key(prefix) if prefix else self.root
         try:
-            if not base.is_dir():
+            if not base.is_dir() or self._through_link(base):
                 return []
-            return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+            return sorted(
+                p.name for p in base.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+            )
         except OSError as e:
             raise StorageError(f"cannot list {base}: {e}") from e
 
     def delete(self, key: str) -> None:
+        """Remove ``key`` (a link there is removed, never what it points to), then every folder
+        above it that is left empty, up to the root."""
+        path = self.root / check_key(key)
         try:
-            self._path(check_key(key)).unlink(missing_ok=True)
+            if self._through_link(path.parent):
+                raise StorageError(f"{self.uri(key)} is reached through a symbolic link; not deleted")
+            path.unlink(missing_ok=True)
+            for folder in path.parents:
+                if folder == self.root:
+                    break
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break  # not empty (or gone): what is above it is not empty either
         except OSError as e:
             raise StorageError(f"cannot delete {self.uri(key)}: {e}") from e
 

@@ -1,0 +1,126 @@
+"""Owner leases: ``{target}/{id}/owner.json`` in each unfinished profile's folder.
+
+Clusters that share a storage root may keep their saved state elsewhere (the
+controller's home), where another cluster's ``gc`` cannot see it. So each
+unfinished profile's folder names its owner and an expiry, renewed by the
+owning controller every third of ``RAYPROF_OWNER_LEASE_S``; ``gc`` keeps a
+folder whose lease has not run out, whoever owns it. A finished profile's
+lease is removed: its manifest (the commit point) protects it from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from pydantic import ValidationError
+
+from actors.controller.state import Profile
+from orchestrator.control import ControllerConfig
+from orchestrator.errors import StorageError
+from orchestrator.layout import STATE_ROOT, owner_key
+from orchestrator.models import StorageSpec, StrictModel, utcnow
+from orchestrator.storage import Storage, open_storage
+
+__all__ = ["Leases", "OwnerLease", "lease_is_live"]
+
+logger = logging.getLogger(__name__)
+
+
+class OwnerLease(StrictModel):
+    """``owner.json``: who runs this profile, and until when it counts as running without a renewal."""
+
+    cluster: str
+    profile_id: str
+    state_uri: str
+    renewed_at: datetime
+    expires_at: datetime
+
+
+def lease_is_live(storage: Storage, target: str, profile_id: str, now: datetime) -> bool:
+    """Whether the folder has a lease that has not run out. A lease that cannot be parsed counts as
+    live: gc deletes only what it can prove abandoned. Raises :class:`StorageError`."""
+    key = owner_key(target, profile_id)
+    if not storage.exists(key):
+        return False
+    try:
+        return OwnerLease.model_validate_json(storage.get_bytes(key)).expires_at > now
+    except ValidationError as e:
+        logger.warning("rayprof controller: unreadable owner lease %s kept as live: %s", storage.uri(key), e)
+        return True
+
+
+class Leases:
+    """Writes, renews and removes the leases of one controller's unfinished profiles."""
+
+    def __init__(
+        self,
+        cluster: str,
+        home: StorageSpec,
+        config: Callable[[], ControllerConfig],
+        profiles: dict[str, Profile],
+    ) -> None:
+        self._cluster = cluster
+        self._home = home
+        self._config = config
+        self._profiles = profiles
+        # Leases written and not yet removed, by profile id.
+        self._held: dict[str, Profile] = {}
+
+    async def hold(self, profile: Profile) -> None:
+        """Write ``profile``'s lease now, before anything is written to its folder. A storage error is
+        logged: the renewal tries again, and the profile's own writes will say what failed."""
+        self._held[profile.id] = profile
+        await self._write(profile)
+
+    async def renew_forever(self) -> None:
+        """Renew now and every third of the lease; a failed round is logged, never fatal."""
+        while True:
+            try:
+                await self.renew()
+            except Exception:
+                logger.exception("rayprof controller: owner lease renewal failed")
+            await asyncio.sleep(self._config().owner_lease_s / 3)
+
+    async def renew(self) -> None:
+        """Renew the lease of every unfinished profile (restored ones included); remove finished ones'."""
+        for profile in list(self._profiles.values()):
+            if not profile.state.is_terminal:
+                self._held[profile.id] = profile
+        for profile in list(self._held.values()):
+            if profile.state.is_terminal:
+                await self._release(profile)
+            else:
+                await self._write(profile)
+
+    async def _write(self, profile: Profile) -> None:
+        now = utcnow()
+        lease = OwnerLease(
+            cluster=self._cluster,
+            profile_id=profile.id,
+            state_uri=open_storage(self._home).uri(f"{STATE_ROOT}/{self._cluster}"),
+            renewed_at=now,
+            expires_at=now + timedelta(seconds=self._config().owner_lease_s),
+        )
+        storage = open_storage(profile.storage)
+        key = owner_key(profile.target, profile.id)
+        try:
+            await asyncio.to_thread(storage.put_bytes, lease.model_dump_json().encode(), key, "manifest")
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot renew the owner lease of %s: %s", profile.id, e)
+
+    async def release(self, profile: Profile) -> None:
+        """Remove a finished profile's lease (its manifest protects it now); a failure is retried
+        by the next renewal round."""
+        if profile.id in self._held:
+            await self._release(profile)
+
+    async def _release(self, profile: Profile) -> None:
+        try:
+            await asyncio.to_thread(open_storage(profile.storage).delete, owner_key(profile.target, profile.id))
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot remove the owner lease of %s (next round): %s", profile.id, e)
+            return
+        self._held.pop(profile.id, None)
