@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.traces.fanout import RankMap, serial
@@ -97,7 +98,12 @@ def _join(traces: TraceSet, results: list[RankSummary | RejectedTrace], straggle
     arr = arrivals(ranks)
     if arr is not None:
         # Time a waiter spends waiting for late arrivers is theirs to fix, not its own syncs'.
-        ranks = [r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}) if r.rank in arr.waiting else r for r in ranks]
+        # Its device idles in those waits for the late ranks, not for its own host (idle cause late_rank).
+        ranks = [
+            blame_late_ranks(r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}), arr.extra_wait_ms[r.rank])
+            if r.rank in arr.waiting else r
+            for r in ranks
+        ]
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
