@@ -29,7 +29,6 @@ other) taken further: the host wait is split by its cause.
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,9 +99,11 @@ def attribute(
     out: dict[IdleCause, Intervals] = defaultdict(list)
     pieces: dict[Thread | None, Intervals] = defaultdict(list)
     short: Intervals = []
+    k, n = 0, len(starts)
     for a, b in subtract(union(windows), busy):
-        k = bisect.bisect_left(starts, b)
-        nxt = first[k] if k < len(first) else None
+        while k < n and starts[k] < b:  # both in time order: the next busy span starts at or after the gap's end
+            k += 1
+        nxt = first[k] if k < n else None
         launch = launches.get(nxt.correlation) if nxt is not None and nxt.correlation is not None else None
         if launch is None:
             pieces[main].append((a, b))
@@ -175,42 +176,58 @@ def summarize(per_window: Sequence[dict[IdleCause, float]], top: list[OpStat], s
 
 
 def _name_innermost(spans: Sequence[Span], pieces: Intervals, skip: frozenset[str], named: dict[str, list[float]]) -> None:
-    """Add to ``named`` the time of ``pieces`` under each innermost open span of ``spans`` (one sweep of both)."""
-    stack: list[Span] = []
+    """Add to ``named`` the time of ``pieces`` under each innermost open span of ``spans`` (one sweep of both).
+
+    The open spans are kept as parallel lists of ends and names: this loop runs once per span of the thread.
+    """
+    ends: list[float] = []
+    names: list[str] = []
     i, n = 0, len(spans)
     for a, b in pieces:
-        cur = a
-        while i < n and spans[i].ts <= cur:
+        # Open every span that starts by ``a`` and is still open at ``a`` (most end before: skipped without a push).
+        while i < n:
             span = spans[i]
-            while stack and stack[-1].end <= span.ts:
-                stack.pop()
-            if span.name not in skip:
-                stack.append(span)
+            ts = span.ts
+            if ts > a:
+                break
             i += 1
-        while stack and stack[-1].end <= cur:
-            stack.pop()
+            if span.end <= a:
+                continue
+            while ends and ends[-1] <= ts:
+                ends.pop()
+                names.pop()
+            if span.name not in skip:
+                ends.append(span.end)
+                names.append(span.name)
+        while ends and ends[-1] <= a:
+            ends.pop()
+            names.pop()
+        cur = a
         seen: set[str] = set()
         while cur < b:
             nxt = b
             if i < n and spans[i].ts < nxt:
                 nxt = spans[i].ts
-            if stack and stack[-1].end < nxt:
-                nxt = stack[-1].end
-            name = stack[-1].name if stack else PYTHON_OUTSIDE_OPS
+            if ends and ends[-1] < nxt:
+                nxt = ends[-1]
+            name = names[-1] if names else PYTHON_OUTSIDE_OPS
             entry = named[name]
             entry[1] += nxt - cur
             if name not in seen:
                 entry[0] += 1
                 seen.add(name)
             cur = nxt
-            while stack and stack[-1].end <= cur:
-                stack.pop()
+            while ends and ends[-1] <= cur:
+                ends.pop()
+                names.pop()
             while i < n and spans[i].ts <= cur:
                 span = spans[i]
-                while stack and stack[-1].end <= span.ts:
-                    stack.pop()
+                while ends and ends[-1] <= span.ts:
+                    ends.pop()
+                    names.pop()
                 if span.name not in skip:
-                    stack.append(span)
+                    ends.append(span.end)
+                    names.append(span.name)
                 i += 1
 
 
