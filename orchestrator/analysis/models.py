@@ -80,7 +80,10 @@ class StepBreakdown(_Model):
     """One ``ProfilerStep#N`` on one rank."""
 
     step: int
-    start_unix_us: float = Field(description="Step start on the wall clock, comparable across ranks.")
+    start_unix_us: float = Field(
+        description="Step start on the merged trace's clock (the earliest rank's wall clock, the other ranks aligned "
+        "on the collectives they share), comparable across ranks."
+    )
     duration_ms: float
     phases: PhaseTimes
     sync_calls: int = 0
