@@ -19,9 +19,9 @@ from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
+from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gcpause import gc_paused
-from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
 from orchestrator.traces.merge_plan import RankScan, RankScanner
 from orchestrator.traces.stream import TraceParseError

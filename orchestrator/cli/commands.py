@@ -324,7 +324,8 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
         print_analysis(summary, report if report is not None else _existing_report(folder))
         if merge is not None:
             aligned = ", ".join(
-                f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" (±{a.residual_us:.1f})" if a.residual_us is not None else "")
+                f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")
+                + (f" (±{a.residual_us:.1f})" if a.residual_us is not None else "")
                 for a in merge.alignment
             )
             print(f"merged: {folder / MERGED_TRACE_NAME}" + (f"; clock shifts: {aligned}" if aligned else ""))

@@ -26,6 +26,7 @@ collectives at all are.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Protocol
@@ -52,11 +53,14 @@ class ClockSource(Protocol):
 
 
 def _resolution(values: Sequence[float]) -> float:
-    """The timestamps' step: 1 µs for integer microseconds, down to 1 ns."""
-    for step in (1.0, 0.1, 0.01, 0.001):
-        if all(abs(v / step - round(v / step)) < 1e-3 for v in values[:64]):
-            return step
-    return 0.001
+    """The timestamps' step (1 µs for whole microseconds, down to 1 ns), and never below what a float holds
+    at their size: at 1.7e15 µs (an epoch in µs) a double's step is 0.25 µs, and a few sums round by it."""
+    floor = 2 * math.ulp(max(abs(v) for v in values))
+    fractions = [v - math.floor(v) for v in values[:64]]
+    for step in (1.0, 0.1, 0.01):
+        if all(abs(f / step - round(f / step)) < 1e-3 for f in fractions):
+            return max(step, floor)
+    return max(0.001, floor)
 
 
 def _fit(pairs: list[tuple[float, float]]) -> tuple[float, float, float, float]:
