@@ -214,3 +214,20 @@ def test_ranks_that_share_no_collectives_are_said_to_stand_on_wall_clocks(tmp_pa
     assert [a.method for a in stats.alignment] == ["base time", "base time"]
     assert stats.alignment_note is not None and "wall clocks only" in stats.alignment_note
     assert "NTP" in stats.alignment_note and stats.alignment_note in summary.issues
+
+
+def test_ranks_that_share_collectives_only_among_themselves_form_a_group_on_its_own(tmp_path: Path) -> None:
+    # Ranks 0 and 2 share an allreduce, 1 and 3 an all-to-all (two jobs in one folder): each pair is aligned
+    # on its own collectives, the pairs against each other on wall clocks only.
+    for rank in range(4):
+        name = "ncclKernel_AllReduce_RING_LL" if rank % 2 == 0 else "ncclKernel_SendRecv_RING_SIMPLE"
+        skew = 300.0 * rank  # each rank's clock reads this much late
+        events = [x_event("ProfilerStep#1", 1_000 + skew, 10_000)]
+        events += [x_event(name, 2_000 + 1_000 * k + skew, 500, cat="kernel", pid=0, tid=7) for k in range(3)]
+        write_trace(tmp_path / f"rank{rank}.pt.trace.json", events, rank=rank, world_size=4)
+    summary, stats = _analyse_and_merge(tmp_path)
+    got = [(a.method, a.reference, round(a.shift_us), a.residual_us) for a in stats.alignment]
+    assert got == [("collectives", None, 0, 0.0), ("base time", None, 0, None), ("collectives", 0, -600, 1.0), ("collectives", 1, -600, 1.0)]
+    note = stats.alignment_note
+    assert note is not None and note.startswith("ranks 1, 3 share no collectives with rank 0: aligned with it on wall clocks only")
+    assert note.endswith("; rank 3 is aligned on the collectives of their own group") and note in summary.issues

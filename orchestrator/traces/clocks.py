@@ -4,8 +4,9 @@ A collective that needs every rank's data (an NCCL kernel, a gloo op on its
 worker thread) ends at nearly the same instant on all of them, so the k-th
 end of a collective name on one rank and the k-th on another are two clocks
 read at one moment. Matching by count, never by time, makes the fit blind to
-how far apart the clocks start (seconds, even years, as long as both traces
-hold the same collectives).
+how far apart the clocks start (seconds, even years), as long as both traces
+start at the same collective (rayprof's windows start at the same step on
+every rank; a trace cut from elsewhere shows a mismatch as large residuals).
 
 Per rank, the fit is a line: ``merged = ts + shift + drift * (ts - pivot)``,
 the drift being a clock running fast or slow (NTP leaves up to ~100 ppm, which
@@ -17,11 +18,16 @@ a trend well above the scatter around it and is one a clock can have.
 The error each rank reports (``residual_us``) is an upper bound over its
 matched collectives: the largest distance left between a matched pair after
 the fit, plus the timestamps' own resolution, plus the bound of the rank it
-was fitted to. A rank is fitted to the first rank (in rank order) that shares
-collectives with it, preferring the root: ranks that share nothing with the
-root form a group of their own, aligned among themselves, and placed on the
-others by wall clock (``baseTimeNanoseconds``) only, as ranks with no
-collectives at all are.
+was fitted to. It bounds what the collectives can show: a skew that is the
+same on every collective (one rank's kernels always ending x µs after the
+other's) would read as clock offset.
+
+A rank is fitted to the first rank (in rank order) that shares collectives
+with it. Ranks that share none with the first rank's group form groups of
+their own: each group's first rank is placed by its wall clock
+(``baseTimeNanoseconds``, method ``base time``), as ranks with no collectives
+at all are, and the rest of the group is fitted to it;
+:func:`wall_clock_note` says which ranks stand on wall clocks only.
 """
 
 from __future__ import annotations
@@ -118,9 +124,7 @@ def align(sources: Sequence[ClockSource], reference_ns: int) -> list[RankAlignme
                 break
         if fitted is None:
             # The first rank of a group sharing collectives: its wall clock places it, the group follows it.
-            placed[s.rank] = RankAlignment(
-                rank=s.rank, method="collectives", shift_us=base[s.rank], residual_us=0.0, max_residual_us=0.0
-            )
+            placed[s.rank] = RankAlignment(rank=s.rank, method="base time", shift_us=base[s.rank])
         else:
             ref, pairs = fitted
             offset, drift, pivot, worst = _fit(pairs)
@@ -131,27 +135,37 @@ def align(sources: Sequence[ClockSource], reference_ns: int) -> list[RankAlignme
                 residual_us=worst + resolution + (placed[ref].residual_us or 0.0), max_residual_us=worst,
             )
         merged[s.rank] = _merged_ends(s, device, placed[s.rank])
+    # The first rank, when others are fitted to it, is the clock the rest are aligned on: its error is zero by
+    # construction. (Other groups' first ranks stand on their wall clocks; their members' bounds are against them.)
+    if sources and any(a.reference == sources[0].rank for a in placed.values()):
+        root = placed[sources[0].rank]
+        placed[root.rank] = root.model_copy(update={"method": "collectives", "residual_us": 0.0, "max_residual_us": 0.0})
     return [placed[s.rank] for s in sources]
 
 
 def wall_clock_note(alignment: Sequence[RankAlignment]) -> str | None:
-    """Which ranks are placed on wall clocks only (no collectives shared with rank order's first group); None when none are."""
+    """Which ranks stand on wall clocks only against the first rank (they share no collectives with its
+    group); None when none do."""
     if len(alignment) < 2:
         return None
-    roots = [a.rank for a in alignment if a.reference is None]
-    if len(roots) < 2:
+    by_rank = {a.rank: a for a in alignment}
+
+    def root(a: RankAlignment) -> int:
+        while a.reference is not None:
+            a = by_rank[a.reference]
+        return a.rank
+
+    first = alignment[0].rank
+    loose = [a for a in alignment if root(a) != first]
+    if not loose:
         return None
-    first = roots[0]
-    loose = [a.rank for a in alignment if a.rank != first and (a.reference is None or _root(a, alignment) != first)]
-    ranks = ", ".join(map(str, loose))
+    many = len(loose) > 1
+    grouped = [a.rank for a in loose if a.reference is not None]
     return (
-        f"rank{'s' if len(loose) > 1 else ''} {ranks} share{'' if len(loose) > 1 else 's'} no collectives with rank {first}: "
-        f"aligned with it on wall clocks only ({WALL_CLOCK_NOTE})"
+        f"rank{'s' if many else ''} {', '.join(str(a.rank) for a in loose)} share{'' if many else 's'} no collectives "
+        f"with rank {first}: aligned with it on wall clocks only ({WALL_CLOCK_NOTE})"
+        + (
+            f"; rank{'s' if len(grouped) > 1 else ''} {', '.join(map(str, grouped))} {'are' if len(grouped) > 1 else 'is'} "
+            "aligned on the collectives of their own group" if grouped else ""
+        )
     )
-
-
-def _root(a: RankAlignment, alignment: Sequence[RankAlignment]) -> int:
-    by_rank = {x.rank: x for x in alignment}
-    while a.reference is not None:
-        a = by_rank[a.reference]
-    return a.rank
