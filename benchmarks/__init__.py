@@ -11,6 +11,7 @@ Each module measures one property the design promises and exposes
 - ``control_plane`` one controller with hundreds to 4,096 simulated agents, direct and through relays
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
+- ``clock_alignment`` the merge's clock fit on that folder's 64 ranks, each clock moved by a known offset and drift
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 - ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
 
@@ -25,6 +26,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "trigger", "control_plane", "restart", "console")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "restart", "console")
 
 __all__ = ["BENCHMARKS", "LogFn"]

@@ -35,10 +35,20 @@ class RankAlignment(_Model):
 
     rank: int
     method: Literal["collectives", "base time"]
-    shift_us: float  # added to the rank's own timestamps
+    # merged time = ts + shift_us + drift_ppm * 1e-6 * (ts - pivot_us), ts being the rank's own timestamps
+    shift_us: float
+    drift_ppm: float = 0.0
+    pivot_us: float = 0.0
+    reference: int | None = None  # the rank whose collectives this one was fitted to (None: placed by its wall clock)
     matched: int = 0  # collectives matched with the reference rank
-    residual_us: float | None = None  # median |end - reference end| after the shift
-    max_residual_us: float | None = None
+    # An upper bound of the alignment error against the reference's clock: the largest residual after the fit,
+    # plus the timestamps' resolution, plus the reference's own bound (0 for the rank that defines the clock).
+    residual_us: float | None = None
+    max_residual_us: float | None = None  # the largest |end - reference end| left after the fit
+
+    def merged_us(self, ts: float) -> float:
+        """The rank's own timestamp ``ts`` on the merged clock."""
+        return ts + self.shift_us + self.drift_ppm * 1e-6 * (ts - self.pivot_us)
 
 
 class DroppedEvents(_Model):
@@ -66,3 +76,5 @@ class MergeStats(_Model):
     max_bytes: int = settings.DEFAULT_MAX_MERGED_BYTES
     dropped: DroppedEvents | None = None
     alignment: list[RankAlignment] = []
+    # Set where some ranks share no collectives with the first: they are placed on wall clocks only, and how far apart those can be.
+    alignment_note: str | None = None

@@ -20,8 +20,11 @@ def test_every_finding_states_its_bound_and_findings_rank_by_it(case: str) -> No
     summary = external(case)
     savings = [f.max_saving_ms for f in summary.findings]
     assert savings == sorted(savings, reverse=True)
+    one_off = {r.rank for r in summary.ranks if r.window == "device_span"}
     for f in summary.findings:
-        if f.code != "memory_peak":  # a risk, not step time
+        if set(f.ranks) & one_off:  # no iterations: nothing is claimed per step
+            assert f.max_saving_ms == 0 and f.severity == "info" and "No saving is claimed" in f.evidence
+        elif f.code != "memory_peak":  # a risk, not step time
             assert f.max_saving_ms > 0 and "saves at most" in f.evidence
             assert 0 < f.max_saving_fraction <= 1
 
@@ -54,11 +57,11 @@ def test_a_blocking_download_is_a_wait_not_told_to_pin_memory() -> None:
     assert set(kinds) == {("DtoD", None), ("DtoH", "pageable"), ("HtoD", "pageable"), ("HtoD", "pinned")}
     assert kinds[("DtoH", "pageable")].host_blocked_ms_per_step == pytest.approx(151.7, abs=0.1)
     assert rank.mean_phases.sync == pytest.approx(152.2, abs=0.1) and rank.mean_phases.memcpy < 1
-    assert codes(summary)[0] == "host_sync" and "htod_copy" not in codes(summary)
+    assert "host_sync" in codes(summary) and "htod_copy" not in codes(summary)
     sync = finding(summary, "host_sync")
     assert "pin_memory=True" not in sync.fix and "Pinning memory does not help" in sync.fix
-    # The bound is the device's idle time, not the host's wait: the step cannot beat the device.
-    assert sync.max_saving_ms == pytest.approx(rank.gpu.idle_ms_per_step) and sync.max_saving_ms < rank.mean_phases.sync
+    # The bound is the device's idle time during the waits, not the host's wait (tests/test_analysis_idle.py).
+    assert sync.max_saving_ms < rank.gpu.idle_ms_per_step < rank.mean_phases.sync
 
 
 def test_pageable_uploads_are_told_to_pin_memory() -> None:
@@ -137,13 +140,13 @@ def test_the_straggler_finding_names_the_late_ranks_and_blames_no_waiter() -> No
 
 
 def test_a_waiters_sync_is_not_blamed_for_its_wait_on_late_ranks() -> None:
-    # Ranks 1, 3, 4, 5 wait 5-7.5 ms a step in cudaStreamSynchronize, for ranks 2, 6 and 7.
+    # Ranks 1, 3, 4, 5 wait 5-9.5 ms a step in cudaStreamSynchronize, for ranks 2, 6 and 7; the device idles
+    # under 0.5 ms of it, and that is the late ranks' (idle cause late_rank), not a sync to remove.
     summary = external("param_dlrm_v100_8ranks")
     waiter = summary.ranks[1]
     assert waiter.waits_for_others_ms == pytest.approx(9.5, abs=0.1)
-    sync = finding(summary, "host_sync")
-    assert sync.severity == "info" and sync.max_saving_ms < 1
-    assert "late-arriving ranks" in sync.evidence
+    assert waiter.idle.ms("late_rank") > 0 and waiter.idle.ms("sync") == 0
+    assert "host_sync" not in codes(summary)
 
 
 # ---- what matters most: bounds, GPU-bound jobs --------------------------------
@@ -157,8 +160,8 @@ def test_a_gpu_bound_job_gets_its_kernels_and_no_sync_or_copy_warning() -> None:
     top = summary.findings[0]
     assert top.code == "gpu_bound" and top.title == "GPU-bound: the device is busy 96% of the step"
     assert "split_embedding_backward_codegen_rowwise_adagrad" in top.evidence
-    assert [f.severity for f in summary.findings if f.code in ("host_sync", "htod_copy")] == ["info"]
-    assert finding(summary, "host_sync").max_saving_ms == pytest.approx(rank.gpu.idle_ms_per_step)
+    # Its syncs leave the device idle 0.04 ms a step: no sync or copy finding at all.
+    assert not {"host_sync", "htod_copy"} & set(codes(summary))
 
 
 def test_an_almost_fully_busy_gpu_leads_with_gpu_bound() -> None:
@@ -193,14 +196,20 @@ def test_an_mtia_trace_has_device_statistics() -> None:
     assert rank.top_kernels
 
 
-@pytest.mark.parametrize("case", ["hta_alexnet_no_profilerstep", "param_resnet_no_profilerstep"])
-def test_a_gpu_trace_without_profiler_steps_is_one_window_and_says_so(case: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "window", "issue"),
+    [
+        ("hta_alexnet_no_profilerstep", "device_span", "analysed as one window"),
+        ("param_resnet_no_profilerstep", "iterations", "iterations, each starting at"),
+    ],
+)
+def test_a_gpu_trace_without_profiler_steps_says_which_window_it_used(case: str, window: str, issue: str) -> None:
     summary = external(case)
     rank = only_rank(summary)
-    assert rank.window == "whole_trace" and [s.step for s in rank.steps] == [0]
-    assert any("analysed as one window" in i for i in summary.issues)
+    assert rank.window == window and [s.step for s in rank.steps] == list(range(len(rank.steps)))
+    assert any(issue in i for i in summary.issues)
     assert rank.gpu is not None and rank.gpu.utilization > 0
-    assert summary.findings and all("trace (no ProfilerStep)" in f.evidence for f in summary.findings)
+    assert summary.findings and all("(no ProfilerStep)" in f.evidence for f in summary.findings if f.code != "memory_peak")
 
 
 # ---- the DataLoader-bound step, before and after its fix -------------------------

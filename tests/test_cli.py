@@ -136,6 +136,19 @@ def test_analyze_json_is_machine_readable(tmp_path):
     assert out["report"] == str(folder / "report.html")
 
 
+def test_analyze_writes_the_merged_trace_and_reports_each_ranks_alignment(tmp_path):
+    # Issue 24 item 5: the alignment of any folder can be checked without a cluster.
+    folder = tmp_path / "healthy"
+    shutil.copytree(TRACES / "healthy", folder)
+
+    out = json.loads(rayprof("analyze", str(folder), "--json").stdout)
+
+    assert (folder / "merged.trace.json.gz").is_file()
+    assert out["merge"]["ranks"] == [0, 1]
+    assert [a["rank"] for a in out["merge"]["alignment"]] == [0, 1]
+    assert all("shift_us" in a and "residual_us" in a for a in out["merge"]["alignment"])
+
+
 def test_analyze_of_a_folder_without_traces_exits_1(tmp_path):
     result = rayprof("analyze", str(tmp_path))
 

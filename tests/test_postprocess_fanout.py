@@ -167,7 +167,7 @@ def test_postprocess_carries_budget_drops_and_alignment_into_the_manifest(tmp_pa
     # The base times (from the manifest) say rank 1 is 1 ms later; its collectives, which end together,
     # say its own clock reads 7 µs late: the collectives win, and nothing is left over.
     assert merge.alignment[1].shift_us == pytest.approx(-7)
-    assert merge.alignment[1].residual_us == pytest.approx(0)
+    assert merge.alignment[1].max_residual_us == pytest.approx(0) and merge.alignment[1].residual_us == pytest.approx(1)
     assert result.summary["world_size"] == 2 and len(result.summary["ranks"]) == 2
     merged = open_storage(spec).get_bytes(f"{prefix}/merged.trace.json.gz")
     meta = json.loads(gzip.decompress(merged))["rayprof"]

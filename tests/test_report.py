@@ -91,3 +91,20 @@ def test_report_escapes_text_from_traces() -> None:
     )
     html = render_report(Summary(source="s", world_size=1, steps=[], ranks=[rank]))
     assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;b&gt;h" in html
+
+
+@pytest.mark.parametrize(
+    ("late", "waiting", "sentence"),
+    [
+        ([1], [], "rank 1 starts its steps up to 7.6 ms late, and no rank waits for it long enough to count"),
+        ([1], [0], "rank 1 starts its steps up to 7.6 ms late and rank 0 waits for it"),
+        ([2, 6, 7], [0, 1], "ranks 2, 6, 7 start their steps up to 7.6 ms late and ranks 0, 1 wait for them"),
+        ([2, 6], [5], "ranks 2, 6 start their steps up to 7.6 ms late and rank 5 waits for them"),
+    ],
+)
+def test_the_late_and_waiting_sentence_reads_right_for_every_count(late: list[int], waiting: list[int], sentence: str) -> None:
+    # Issue 24: a 2-rank report said "ranks 1 start their steps up to 7.6 ms late and ranks none wait for them".
+    summary = analyze_folder(case("straggler"))
+    spread = summary.step_spread.model_copy(update={"late_ranks": late, "waiting_ranks": waiting, "arrival_spread_ms": 7.6})
+    html = render_report(summary.model_copy(update={"step_spread": spread}))
+    assert sentence in html and "ranks none" not in html

@@ -16,8 +16,10 @@ from typing import Any
 
 from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
+from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
@@ -71,9 +73,9 @@ def analyze_traces(
     traces: TraceSet, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
 ) -> Summary:
     """Analyse already-discovered traces; ``straggler_impl`` swaps the straggler algorithm, ``rank_map``
-    runs the per-rank part (:func:`analyze_file`), and the cross-rank part joins the small summaries here."""
-    results = rank_map(analyze_file, [(tf, None) for tf in traces.files], "analysing")
-    return _join(traces, list(results), straggler_impl)
+    runs the per-rank part (:func:`analyze_and_scan`: the scan's collective ends align the ranks' clocks),
+    and the cross-rank part joins the small summaries here."""
+    return analyze_for_merge(traces, straggler_impl=straggler_impl, rank_map=rank_map)[0]
 
 
 def analyze_for_merge(
@@ -83,21 +85,51 @@ def analyze_for_merge(
     rank (:func:`analyze_and_scan`); a rank whose file did not read cleanly has no scan."""
     results = list(rank_map(analyze_and_scan, [(tf, None) for tf in traces.files], "analysing"))
     scans = {tf.rank: scan for tf, (_, scan) in zip(traces.files, results) if scan is not None}
-    return _join(traces, [summary for summary, _ in results], straggler_impl), scans
+    return _join(traces, [summary for summary, _ in results], scans, straggler_impl), scans
 
 
-def _join(traces: TraceSet, results: list[RankSummary | RejectedTrace], straggler_impl: StragglerImpl) -> Summary:
+def _on_merged_clock(ranks: list[RankSummary], scans: dict[int, RankScan]) -> tuple[list[RankSummary], str | None]:
+    """The ranks with their step starts moved onto the merged trace's clock (the merge's alignment, from
+    the same scans), so that which rank starts late does not depend on how far apart their clocks were;
+    and the note on ranks placed by wall clock only."""
+    sources = [scans[r.rank] for r in ranks if r.rank in scans]
+    if len(sources) < 2:
+        return ranks, None
+    reference_us = min(s.base_time_ns for s in sources) / 1000
+    alignment = {a.rank: a for a in align(sources, min(s.base_time_ns for s in sources))}
+    out = []
+    for r in ranks:
+        a = alignment.get(r.rank)
+        if a is not None:
+            own_base_us = scans[r.rank].base_time_ns / 1000
+            steps = [s.model_copy(update={"start_unix_us": reference_us + a.merged_us(s.start_unix_us - own_base_us)}) for s in r.steps]
+            r = r.model_copy(update={"steps": steps})
+        out.append(r)
+    return out, wall_clock_note(list(alignment.values()))
+
+
+def _join(
+    traces: TraceSet, results: list[RankSummary | RejectedTrace], scans: dict[int, RankScan], straggler_impl: StragglerImpl
+) -> Summary:
     """The cross-rank part over the per-rank results."""
     ranks: list[RankSummary] = []
     rejected: list[RejectedTrace] = list(traces.rejected)
     for result in results:
         (rejected if isinstance(result, RejectedTrace) else ranks).append(result)  # type: ignore[arg-type]
     issues = list(traces.issues)
+    ranks, clock_note = _on_merged_clock(ranks, scans)
+    if clock_note is not None:
+        issues.append(clock_note)
     issues += [f"rank {r.rank}: {i}" for r in ranks for i in r.issues]
     arr = arrivals(ranks)
     if arr is not None:
         # Time a waiter spends waiting for late arrivers is theirs to fix, not its own syncs'.
-        ranks = [r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}) if r.rank in arr.waiting else r for r in ranks]
+        # Its device idles in those waits for the late ranks, not for its own host (idle cause late_rank).
+        ranks = [
+            blame_late_ranks(r.model_copy(update={"waits_for_others_ms": arr.extra_wait_ms[r.rank]}), arr.extra_wait_ms[r.rank])
+            if r.rank in arr.waiting else r
+            for r in ranks
+        ]
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))

@@ -14,8 +14,11 @@ Then the early ranks wait in the step's first collective or in a
 step measures each rank's start lag behind the earliest rank and its extra
 wait over the least-waiting rank: the *late arrivers* are the ranks that start
 last (within ``ARRIVAL_MIN_*`` of the latest start), the *waiters* the others
-that wait by more than ``ARRIVAL_MIN_*``. Start times are only comparable
-when the ranks' clocks are, which holds on one host and under NTP to ~1 ms.
+that wait by more than ``ARRIVAL_MIN_*``. Start times are on the merged
+trace's clock (:func:`~orchestrator.traces.clocks.align`: fitted to the ends of
+the collectives the ranks share, to within each rank's ``residual_us``), so
+the verdicts do not depend on how far apart the ranks' clocks were; ranks that
+share no collectives are compared on wall clocks, as the summary's issues say.
 """
 
 from __future__ import annotations

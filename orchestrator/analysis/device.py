@@ -81,24 +81,26 @@ class DeviceView:
                 out[i] += s.end - s.ts
         return out
 
-    def stats(self, windows: Sequence[Window], rows: Sequence[WindowGpu], launches: dict[int, float]) -> GpuStats:
+    def stats(
+        self, windows: Sequence[Window], rows: Sequence[WindowGpu], launches: dict[int, tuple[float, float, object]], *, whole: bool = False
+    ) -> GpuStats:
         """Totals over the windows, and the active-span shares (HTA's definitions).
 
         Like HTA, the active span leaves out the device work launched in the
         last step when there are several (it may run past the end of the
         trace): it holds the device events whose launching call (``launches``:
         correlation id -> host start) starts before the last step does. With
-        one window (one step, or a trace without steps) it is the whole trace.
+        one window (one step), or ``whole`` (a trace without steps, however it is cut), it is the whole trace.
         """
         n = max(len(rows), 1)
         duration = sum(t1 - t0 for t0, t1 in windows)
         busy = sum(r.busy for r in rows)
         last = windows[-1][0]
-        if len(windows) < 2:
+        if len(windows) < 2 or whole:
             inside = self.spans  # one window or none: HTA takes the whole trace
         else:
             # Device work whose launch the trace did not record (begun before the profiler) is left out, as HTA does.
-            inside = [s for s in self.spans if s.correlation in launches and launches[s.correlation] < last]
+            inside = [s for s in self.spans if s.correlation in launches and launches[s.correlation][0] < last]
         active = cover(inside)
         extent = active[-1][1] - active[0][0] if active else 0.0
         compute = cover(s for s in inside if (s.name, s.cat) in self._compute_kinds)

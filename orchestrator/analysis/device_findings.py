@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
-    WARNING_SAVING_FRACTION,
+    claimed_causes,
+    idle_text,
     make_finding,
     ranks_text,
     share,
@@ -18,6 +19,7 @@ from orchestrator.analysis.models import Finding, RankSummary, Straggler
 __all__ = [
     "COMM_EXPOSED_FRACTION",
     "GPU_BOUND_UTILIZATION",
+    "HOST_IDLE_FRACTION",
     "LOW_GPU_UTILIZATION",
     "comm_exposed",
     "gpu_bound",
@@ -35,44 +37,63 @@ COMM_EXPOSED_FRACTION = 0.25
 _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 
 
-_WAITING_PHASES = ("data", "sync", "memcpy", "comm")
+# Share of the step the device idles for causes with no finding of their own (host CPU work, launches,
+# queued work) from which it is reported even when the device is busy more than LOW_GPU_UTILIZATION.
+HOST_IDLE_FRACTION = 0.2
+# The fix for the largest of the causes the device-utilization finding counts.
+_FIXES = {
+    "cpu": "Take the host work the device waits for off the critical path: move pre/post-processing (the ops named "
+    "above) into DataLoader workers or a background thread, keep tensors on the device between steps, and avoid "
+    "Python-side loops over tensors.",
+    "launch": "Give the device more work per launch and the host less per step: a larger batch, torch.compile or CUDA "
+    "graphs for many small kernels, fused optimizers (foreach/fused=True), bf16 autocast.",
+    "queued": "The device had work queued and still idled: look for cross-stream waits (cudaStreamWaitEvent, "
+    "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other processes on the device).",
+    "untraced": "The launching thread ran code the profiler does not record: profile with with_stack=True or wrap "
+    "the step's parts in torch.profiler.record_function to see what the device waits for.",
+}
 
 
-def _unexplained_idle(r: RankSummary) -> float:
-    """Device idle time per step beyond the host's waits (data, sync, copies, collectives) that other findings name."""
-    return max(r.gpu.idle_ms_per_step - sum(r.mean_phases.get(p) for p in _WAITING_PHASES), 0.0) if r.gpu else 0.0
+def _unclaimed(r: RankSummary) -> float:
+    """Device idle ms per step not claimed by a finding of its own (DataLoader, syncs, copies, collectives)."""
+    if r.idle is None:
+        return 0.0
+    claimed = claimed_causes(r)
+    return sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed)
 
 
 def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """The device idles for much of the step, and not (only) because the host waits for data, syncs or copies.
+    """The device idles for much of the step: say why, from the idle attribution.
 
-    Its bound is the idle time the host's waits do not explain: the host
-    queues work too slowly (Python and op dispatch, many small kernels).
-    Idle time the waits explain is counted in those findings, not twice.
+    Reported when the device is busy under ``LOW_GPU_UTILIZATION`` of the step,
+    or when the idle time no other finding claims reaches ``HOST_IDLE_FRACTION``.
+    Its bound is that unclaimed idle time (host CPU work, launch pace, queued
+    work, untraced host time, and causes too small for their own finding), so
+    no idle time is counted in two findings.
     """
-    hit = [r for r in ranks if r.gpu is not None and r.mean_step_ms and r.gpu.utilization < LOW_GPU_UTILIZATION]
+    hit = [
+        r for r in ranks
+        if r.gpu is not None and r.idle is not None and r.mean_step_ms
+        and (r.gpu.utilization < LOW_GPU_UTILIZATION or share(r, _unclaimed(r)) >= HOST_IDLE_FRACTION)
+    ]
     if not hit:
         return None
-    worst = min(hit, key=lambda r: r.gpu.utilization)
-    if share(worst, _unexplained_idle(worst)) < WARNING_SAVING_FRACTION:
-        return None  # the host's waits explain the idle time; their findings say what to fix
-    waits = {p: worst.mean_phases.get(p) for p in _WAITING_PHASES if worst.mean_phases.get(p) > 0}
-    named = ", ".join(f"{p} {ms:.1f} ms" for p, ms in sorted(waits.items(), key=lambda kv: -kv[1]))
+    worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
+    claimed = claimed_causes(worst)
+    own = [c for c in worst.idle.causes if c.cause not in claimed]
+    lead = own[0].cause if own else "launch"
     return make_finding(
         "low_gpu_utilization",
         worst,
-        _unexplained_idle(worst),
+        _unclaimed(worst),
         title=f"The {DEVICE_NAMES[worst.device]} device is busy {worst.gpu.utilization:.0%} of the {step_word(worst)}",
         evidence=(
             f"Kernels and copies cover {worst.gpu.utilization:.0%} of the {step_word(worst)} on rank {worst.rank} "
-            f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels, {worst.gpu.idle_ms_per_step:.1f} ms idle per "
-            f"{worst.mean_step_ms:.1f} ms); under {LOW_GPU_UTILIZATION:.0%} on {ranks_text(hit)}."
-            + (f" The host waits explain part of the idle time ({named}); the rest is the host queueing work too slowly." if named else "")
+            f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels per {worst.mean_step_ms:.1f} ms); found on {ranks_text(hit)}. "
+            + idle_text(worst)
+            + (f" Idle time with a finding of its own ({', '.join(sorted(claimed))}) is counted there, not here." if claimed else "")
         ),
-        fix=(
-            "Give the device more work per launch and the host less per step: a larger batch, torch.compile or CUDA graphs "
-            "for many small kernels, fused optimizers (foreach/fused=True), bf16 autocast."
-        ),
+        fix=_FIXES.get(lead, _FIXES["launch"]),
         ranks=[r.rank for r in hit],
     )
 
@@ -107,6 +128,14 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     )
 
 
+def _comm_cost(r: RankSummary) -> float:
+    """What overlapping collectives could win per step: on a device, collective kernel time no compute kernel hides
+    and idle time the host spends in collectives (not the host's wait while the device computes); else the host's wait."""
+    if r.gpu is None or r.idle is None:
+        return r.comm_wait_ms
+    return r.gpu.comm_exposed_ms_per_step + r.idle.ms("collective")
+
+
 def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
     """Collectives do not overlap compute: even the least-waiting rank waits.
 
@@ -116,8 +145,8 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     timed = [r for r in ranks if r.mean_step_ms]
     if not timed:
         return None
-    least = min(timed, key=lambda r: share(r, r.comm_wait_ms))
-    if share(least, least.comm_wait_ms) < COMM_EXPOSED_FRACTION:
+    least = min(timed, key=lambda r: share(r, _comm_cost(r)))
+    if share(least, _comm_cost(least)) < COMM_EXPOSED_FRACTION:
         return None
     overlap = ""
     if least.gpu and least.gpu.comm_overlap is not None:
@@ -128,12 +157,14 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     return make_finding(
         "comm_exposed",
         least,
-        least.comm_wait_ms,
+        _comm_cost(least),
         title="Communication does not overlap computation",
         evidence=(
-            f"Even the rank that waits least (rank {least.rank}) spends {least.comm_wait_ms:.1f} ms "
-            f"({share(least, least.comm_wait_ms):.0%}) of its {least.mean_step_ms:.1f} ms step in collectives; "
-            + ", ".join(f"rank {r.rank}: {r.comm_wait_ms:.1f} ms" for r in timed)
+            f"Even the rank that waits least (rank {least.rank}) loses {_comm_cost(least):.1f} ms "
+            f"({share(least, _comm_cost(least)):.0%}) of its {least.mean_step_ms:.1f} ms step to collectives"
+            + (" (collective kernels no compute overlaps, and idle time the host waits in collectives)" if least.idle else "")
+            + "; "
+            + ", ".join(f"rank {r.rank}: {_comm_cost(r):.1f} ms" for r in timed)
             + "."
             + overlap
         ),

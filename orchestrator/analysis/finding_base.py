@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.analysis.models import Finding, RankSummary
+from orchestrator.analysis.models import Finding, IdleCause, RankSummary
 
-__all__ = ["DEVICE_NAMES", "WARNING_SAVING_FRACTION", "host_fix_bound", "make_finding", "ranks_text", "share", "step_word"]
+__all__ = [
+    "DEVICE_NAMES",
+    "OWN_FINDING_CAUSES",
+    "WARNING_SAVING_FRACTION",
+    "claimed_causes",
+    "host_fix_bound",
+    "idle_text",
+    "make_finding",
+    "ranks_text",
+    "share",
+    "step_word",
+]
 
 # Share of the step a fix must be able to save for its finding to be a warning.
 WARNING_SAVING_FRACTION = 0.05
 DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "cpu": "CPU"}
+# Idle causes with a finding of their own (DataLoader, sync, copy, collectives, late ranks), each when its idle
+# time reaches WARNING_SAVING_FRACTION of the step; the device-utilization finding counts the rest.
+OWN_FINDING_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank")
 
 
 def ranks_text(ranks: Sequence[RankSummary]) -> str:
@@ -23,22 +37,51 @@ def share(r: RankSummary, ms: float) -> float:
 
 
 def step_word(r: RankSummary) -> str:
-    return "trace (no ProfilerStep)" if r.window == "whole_trace" else "step"
+    return {"whole_trace": "trace (no ProfilerStep)", "device_span": "device's active span (no ProfilerStep)"}.get(
+        r.window, "iteration (no ProfilerStep)" if r.window == "iterations" else "step"
+    )
 
 
-def host_fix_bound(r: RankSummary, ms: float) -> float:
-    """At most the host time removed, and on a device at most its idle time: the step cannot beat the device."""
-    return min(ms, r.gpu.idle_ms_per_step) if r.gpu else ms
+def host_fix_bound(r: RankSummary, ms: float, *causes: IdleCause) -> float:
+    """What removing a host-side cost can win: on a device, the idle time attributed to ``causes`` (the device
+    was busy the rest of the host's time); on a CPU-only trace, the host time ``ms`` itself."""
+    return r.idle.ms(*causes) if r.idle is not None else ms
+
+
+def claimed_causes(r: RankSummary) -> set[IdleCause]:
+    """The idle causes of ``r`` that are large enough for a finding of their own."""
+    if r.idle is None:
+        return set()
+    return {c.cause for c in r.idle.causes if c.cause in OWN_FINDING_CAUSES and share(r, c.ms_per_step) >= WARNING_SAVING_FRACTION}
+
+
+def idle_text(r: RankSummary, limit: int = 4) -> str:
+    """The device's idle time by cause, largest first, in words."""
+    if r.idle is None or not r.idle.causes:
+        return ""
+    parts = []
+    for c in r.idle.causes[:limit]:
+        named = f" ({', '.join(f'{o.name[:60]} {o.total_ms / max(len(r.steps), 1):.1f} ms' for o in c.top[:3])})" if c.top else ""
+        parts.append(f"{c.ms_per_step:.1f} ms {c.label}{named}")
+    return f"The device idles {r.idle.idle_ms_per_step:.1f} ms per {step_word(r)} on rank {r.rank}: " + "; ".join(parts) + "."
 
 
 def make_finding(code: str, r: RankSummary, saving_ms: float, *, title: str, evidence: str, fix: str, ranks: list[int], severity: str | None = None) -> Finding:
-    """A finding whose evidence ends with its bound, as a warning when the bound is a large share of the step."""
+    """A finding whose evidence ends with its bound, as a warning when the bound is a large share of the step.
+
+    A device trace without ProfilerStep and without repeating iterations claims no saving: its one window may be
+    mostly one-off work (initialisation, warm-up) that no step of a longer run pays for.
+    """
+    bound = ""
+    if r.window == "device_span":
+        saving_ms, severity = 0.0, "info"
+        bound = (
+            " No saving is claimed: the trace has no ProfilerStep and no repeating iteration, so its idle time may be "
+            "one-off work; profile a few steps with a schedule to measure what a step loses."
+        )
     fraction = share(r, saving_ms)
-    bound = (
-        f" Fixing it saves at most {saving_ms:.1f} ms ({fraction:.0%}) of the {r.mean_step_ms or 0:.1f} ms {step_word(r)} on rank {r.rank}."
-        if saving_ms > 0
-        else ""
-    )
+    if saving_ms > 0:
+        bound = f" Fixing it saves at most {saving_ms:.1f} ms ({fraction:.0%}) of the {r.mean_step_ms or 0:.1f} ms {step_word(r)} on rank {r.rank}."
     return Finding(
         code=code,  # type: ignore[arg-type]
         severity=severity or ("warning" if fraction >= WARNING_SAVING_FRACTION else "info"),  # type: ignore[arg-type]

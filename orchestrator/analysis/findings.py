@@ -5,12 +5,13 @@ Each rule reads the per-rank and cross-rank results and either returns one
 A job under every threshold below gets no findings at all, never generic advice.
 
 Every finding states the step time its fix could save *at most*
-(``max_saving_ms``), and findings are ranked by it. The bound is what the
-evidence allows: a host-side fix (data loading, a sync, a blocking copy)
-shortens the host's path by at most the time it takes, and the step can never
-get shorter than the device's busy time, so on a GPU it saves at most the
-device's idle time too. That is why a GPU-bound job gets its kernels named
-and only quiet notes about syncs whose removal would barely move the step.
+(``max_saving_ms``), and findings are ranked by it. On a device the bound is
+the device idle time attributed to the finding's cause
+(:mod:`orchestrator.analysis.idle`): removing a host-side cost (data loading,
+a sync, a blocking copy) shortens the step only where the device was idle
+waiting for it, never by the time the device stayed busy. So a wait during
+which the device runs queued work is no finding, and a GPU-bound job gets its
+kernels named instead. On a CPU-only trace the bound is the host time itself.
 A finding is a warning when that bound reaches ``WARNING_SAVING_FRACTION`` of the step.
 
 The host-side and job-wide rules are here; the device's are in
@@ -22,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
-from orchestrator.analysis.finding_base import host_fix_bound, make_finding, ranks_text, share
-from orchestrator.analysis.models import CopyStats, Finding, RankSummary, Straggler
+from orchestrator.analysis.finding_base import WARNING_SAVING_FRACTION, host_fix_bound, make_finding, ranks_text, share, step_word
+from orchestrator.analysis.models import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
     "DATALOADER_BOUND_FRACTION",
@@ -35,12 +36,12 @@ __all__ = [
     "find_all",
 ]
 
-# Share of the step spent waiting for the next batch.
+# Share of the step spent waiting for the next batch (CPU-only traces; on a device, the idle time it explains).
 DATALOADER_BOUND_FRACTION = 0.25
 # Share of the step a per-step sync's removal could save before it is a warning
 # (below it, a sync in every step is still reported, as info).
 HOST_SYNC_FRACTION = 0.05
-# Share of the step the host spends blocked in host-to-device copies.
+# Share of the step the host spends blocked in host-to-device copies (CPU-only traces; on a device, the idle time).
 MEMCPY_FRACTION = 0.05
 # Share of a device's memory that the peak allocation reaches.
 MEMORY_PEAK_FRACTION = 0.9
@@ -48,26 +49,38 @@ MEMORY_PEAK_FRACTION = 0.9
 MIN_SYNC_SAVING_FRACTION = 0.01
 
 
-def _sync_bound(r: RankSummary) -> float:
-    """A sync's removal cannot win the time its rank waits for late arrivers: the collective still waits for them."""
-    return host_fix_bound(r, max(r.mean_phases.sync - r.waits_for_others_ms, 0.0))
+def _on_device(r: RankSummary, cause: IdleCause, phase_ms: float, host_fraction: float) -> bool:
+    """Whether ``cause`` is worth a finding on ``r``: on a device, when the idle time it explains reaches
+    ``WARNING_SAVING_FRACTION`` of the step; on a CPU-only trace, when the host time reaches ``host_fraction``."""
+    if r.idle is not None:
+        return share(r, r.idle.ms(cause)) >= WARNING_SAVING_FRACTION
+    return share(r, phase_ms) >= host_fraction
+
+
+def _idle_of(r: RankSummary, cause: IdleCause, host_ms: float) -> str:
+    """How much of a host cost of ``host_ms`` left the device idle, on a device trace."""
+    if r.idle is None:
+        return ""
+    idle = r.idle.ms(cause)
+    rest = " and runs queued work for the rest" if idle < 0.95 * host_ms else ""
+    return f" The device idles {idle:.1f} ms of that time{rest}."
 
 
 def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """The step waits for the next batch."""
-    hit = [r for r in ranks if share(r, r.mean_phases.data) >= DATALOADER_BOUND_FRACTION]
+    """The device (or the CPU-only step) waits for the next batch."""
+    hit = [r for r in ranks if _on_device(r, "data", r.mean_phases.data, DATALOADER_BOUND_FRACTION)]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: share(r, r.mean_phases.data))
+    worst = max(hit, key=lambda r: share(r, host_fix_bound(r, r.mean_phases.data, "data")))
     in_process = any(r.data_loader == "_SingleProcessDataLoaderIter" for r in hit)
     return make_finding(
         "dataloader_bound",
         worst,
-        host_fix_bound(worst, worst.mean_phases.data),
-        title=f"Data loading takes {share(worst, worst.mean_phases.data):.0%} of the step",
+        host_fix_bound(worst, worst.mean_phases.data, "data"),
+        title=f"Data loading takes {share(worst, worst.mean_phases.data):.0%} of the {step_word(worst)}",
         evidence=(
-            f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms step on rank {worst.rank}"
-            f"; over {DATALOADER_BOUND_FRACTION:.0%} on {ranks_text(hit)}."
+            f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
+            f"{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
             + (" The loader runs in the training process (num_workers=0)." if in_process else "")
         ),
         fix=(
@@ -80,24 +93,25 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
 
 
 def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """The host waits for a device value in every step (``loss.item()``, ``.cpu()``, a blocking device-to-host copy)."""
-    hit = [r for r in ranks if r.steps and all(s.sync_calls > 0 for s in r.steps)]
+    """The host waits for a device value in every step (``loss.item()``, ``.cpu()``, a blocking device-to-host copy),
+    and the device idles during the wait (it drained its queue, or the value is needed to launch more)."""
+    every_step = [r for r in ranks if r.steps and all(s.sync_calls > 0 for s in r.steps)]
+    hit = [
+        r for r in every_step
+        if r.idle is None or share(r, r.idle.ms("sync")) >= MIN_SYNC_SAVING_FRACTION
+    ]
     if not hit:
         return None
-    worst = max(hit, key=_sync_bound)
+    worst = max(hit, key=lambda r: host_fix_bound(r, r.mean_phases.sync, "sync"))
     calls = sum(s.sync_calls for s in worst.steps) / len(worst.steps)
     names = ", ".join(op.name for op in worst.sync_ops) or "sync"
-    on_device = worst.device != "cpu"
-    saving = _sync_bound(worst)
-    if on_device and share(worst, saving) < MIN_SYNC_SAVING_FRACTION:
-        return None
-    bounded = ""
-    if on_device and saving < worst.mean_phases.sync:
-        bounded = f" The device is idle only {worst.gpu.idle_ms_per_step:.1f} ms per step, so removing the waits cannot win more."
-    waiters = [r for r in hit if r.waits_for_others_ms > 0]
+    on_device = worst.idle is not None
+    saving = host_fix_bound(worst, worst.mean_phases.sync, "sync")
+    waiters = [r for r in every_step if r.waits_for_others_ms > 0]
+    late = ""
     if waiters:
-        bounded += (
-            f" On {ranks_text(waiters)} the waits are mostly for late-arriving ranks (up to "
+        late = (
+            f" On {ranks_text(waiters)} the waits are partly for late-arriving ranks (up to "
             f"{max(r.waits_for_others_ms for r in waiters):.1f} ms), which removing them would not win back."
         )
     return make_finding(
@@ -107,9 +121,11 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         severity="warning" if on_device and share(worst, saving) >= HOST_SYNC_FRACTION else "info",
         title="The host waits for a device value every step",
         evidence=(
-            f"{calls:.0f} wait(s) per step on {ranks_text(hit)} ({names}); {worst.mean_phases.sync:.2f} ms "
+            f"{calls:.0f} {'wait' if round(calls) == 1 else 'waits'} per step on {ranks_text(hit)} ({names}); {worst.mean_phases.sync:.2f} ms "
             f"({share(worst, worst.mean_phases.sync):.1%}) of the step on rank {worst.rank}."
-            + (bounded if on_device else " This trace is CPU-only, where it is cheap; on a GPU each call waits for every queued kernel.")
+            + (_idle_of(worst, "sync", worst.mean_phases.sync) if on_device
+               else " This trace is CPU-only, where it is cheap; on a GPU each call waits for every queued kernel.")
+            + late
         ),
         fix=(
             "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
@@ -125,11 +141,12 @@ def _uploads(r: RankSummary) -> list[CopyStats]:
 
 
 def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """Host-to-device copies block the host (device-to-host ones are waits, device-to-device ones never block it)."""
-    hit = [r for r in ranks if share(r, r.mean_phases.memcpy) >= MEMCPY_FRACTION]
+    """Host-to-device copies block the host while the device idles (device-to-host ones are waits, device-to-device
+    ones never block it)."""
+    hit = [r for r in ranks if _on_device(r, "copy", r.mean_phases.memcpy, MEMCPY_FRACTION)]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: host_fix_bound(r, r.mean_phases.memcpy))
+    worst = max(hit, key=lambda r: host_fix_bound(r, r.mean_phases.memcpy, "copy"))
     uploads = _uploads(worst)
     parts = [
         f"{c.calls_per_step:.0f} {c.host_memory or 'unnamed-memory'} {c.direction} ({c.host_blocked_ms_per_step:.2f} ms blocked)"
@@ -146,11 +163,11 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     return make_finding(
         "htod_copy",
         worst,
-        host_fix_bound(worst, worst.mean_phases.memcpy),
+        host_fix_bound(worst, worst.mean_phases.memcpy, "copy"),
         title=f"Host-to-device copies block the host for {share(worst, worst.mean_phases.memcpy):.0%} of the step",
         evidence=(
             f"Copies to the device hold the host {worst.mean_phases.memcpy:.2f} ms of a {worst.mean_step_ms:.1f} ms step on rank "
-            f"{worst.rank}; over {MEMCPY_FRACTION:.0%} on {ranks_text(hit)}."
+            f"{worst.rank}.{_idle_of(worst, 'copy', worst.mean_phases.memcpy)} Found on {ranks_text(hit)}."
             + (f" Per step: {', '.join(parts)}." if parts else "")
         ),
         fix=fix,
@@ -172,7 +189,7 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
         "(logging, eval, checkpoints), and a throttled or shared device on its host",
     }
     if worst.cause == "late_arrival":
-        title = f"Rank {worst.rank} starts its steps late; the others wait for it"
+        title = f"Rank {worst.rank} starts its steps late; {'the other rank waits' if len(ranks) == 2 else 'the others wait'} for it"
         evidence = (
             f"Rank {worst.rank} starts the step {worst.phase_excess_ms:.1f} ms after the earliest rank and waits only "
             f"{worst.comm_wait_ms:.1f} ms, while the ranks that started on time wait {worst.reference_comm_wait_ms:.1f} ms "

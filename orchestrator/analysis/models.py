@@ -13,6 +13,11 @@ __all__ = [
     "Finding",
     "CopyStats",
     "GpuStats",
+    "IDLE_CAUSES",
+    "IDLE_LABELS",
+    "IdleAttribution",
+    "IdleCause",
+    "IdleShare",
     "MemoryPeak",
     "OpStat",
     "Phase",
@@ -28,6 +33,22 @@ SUMMARY_VERSION = 1
 
 Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other"]
 PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
+
+
+IdleCause = Literal["data", "sync", "copy", "collective", "late_rank", "cpu", "launch", "queued", "untraced"]
+IDLE_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank", "cpu", "launch", "queued", "untraced")
+# What each cause means, in the words the report and the console show.
+IDLE_LABELS: dict[IdleCause, str] = {
+    "data": "the host waits for the DataLoader",
+    "sync": "the host waits in a sync or device-to-host read",
+    "copy": "the host is blocked in a host-to-device copy",
+    "collective": "the host waits in a collective",
+    "late_rank": "a collective waits for a late rank",
+    "cpu": "the host runs Python / CPU ops",
+    "launch": "launch-bound: kernels are launched no faster than they run",
+    "queued": "work is queued but waits on the device (stream/event dependency)",
+    "untraced": "nothing profiled on the launching thread",
+}
 
 
 class _Model(BaseModel):
@@ -59,7 +80,10 @@ class StepBreakdown(_Model):
     """One ``ProfilerStep#N`` on one rank."""
 
     step: int
-    start_unix_us: float = Field(description="Step start on the wall clock, comparable across ranks.")
+    start_unix_us: float = Field(
+        description="Step start on the merged trace's clock (the earliest rank's wall clock, the other ranks aligned "
+        "on the collectives they share), comparable across ranks."
+    )
     duration_ms: float
     phases: PhaseTimes
     sync_calls: int = 0
@@ -68,6 +92,9 @@ class StepBreakdown(_Model):
     kernel_ms: float | None = None
     comm_kernel_ms: float | None = None
     comm_exposed_ms: float | None = Field(default=None, description="Comm kernel time not overlapped by compute kernels.")
+    idle_ms: dict[IdleCause, float] = Field(
+        default_factory=dict, description="Device idle time in this step by what the host was doing (causes with time only)."
+    )
 
 
 class OpStat(_Model):
@@ -91,6 +118,32 @@ class GpuStats(_Model):
     active_busy_share: float = Field(description="Busy share of the active span (1 - HTA's idle_time).")
     active_compute_share: float = Field(description="Compute-kernel share of the active span (HTA's compute_time).")
     comm_overlap: float | None = Field(description="Fraction of comm kernel time overlapped by compute kernels.")
+
+
+class IdleShare(_Model):
+    """The device idle time one cause explains, per analysed step."""
+
+    cause: IdleCause
+    label: str = Field(description="The cause in words, as the report and the console show it.")
+    ms_per_step: float
+    fraction_of_step: float
+    top: list[OpStat] = Field(
+        default_factory=list, description="cpu: the host ops (innermost span) the device idles during, summed over the steps."
+    )
+
+
+class IdleAttribution(_Model):
+    """Every idle gap of the device, cut by what the launching host thread (and the other ranks) did during it."""
+
+    idle_ms_per_step: float
+    causes: list[IdleShare] = Field(description="Largest first; only causes with idle time.")
+
+    def ms(self, *causes: IdleCause) -> float:
+        """Idle ms per step explained by ``causes``."""
+        return sum(c.ms_per_step for c in self.causes if c.cause in causes)
+
+    def get(self, cause: IdleCause) -> IdleShare | None:
+        return next((c for c in self.causes if c.cause == cause), None)
 
 
 class CopyStats(_Model):
@@ -118,8 +171,11 @@ class RankSummary(_Model):
     host: str | None
     file: str
     device: Literal["cpu", "cuda", "rocm", "mtia"]
-    window: Literal["profiler_steps", "whole_trace"] = Field(
-        default="profiler_steps", description="whole_trace: no ProfilerStep#N spans, the trace is one window (step 0)."
+    window: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = Field(
+        default="profiler_steps",
+        description="No ProfilerStep#N spans: iterations (the device's active span cut where a top-level pattern of "
+        "the main thread repeats), device_span (the device's active span as one window, step 0), whole_trace "
+        "(no device: the main thread's span, step 0).",
     )
     steps: list[StepBreakdown]
     mean_step_ms: float | None
@@ -134,6 +190,7 @@ class RankSummary(_Model):
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
     sync_ops: list[OpStat] = Field(default_factory=list, description="Outermost sync calls on the main thread.")
     gpu: GpuStats | None = None
+    idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")
     copies: list[CopyStats] = Field(default_factory=list)
     top_ops: list[OpStat] = Field(default_factory=list)
     top_kernels: list[OpStat] = Field(default_factory=list)

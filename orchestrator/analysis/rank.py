@@ -53,8 +53,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 from orchestrator.analysis.device import DeviceView, WindowGpu
+from orchestrator.analysis.idle import HostThread, attribute
+from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.models import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.analysis.spans import (
@@ -153,16 +156,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     main_key, step_spans = _main_thread(threads, kinds)
     main = threads.get(main_key, []) if main_key is not None else []
     issues: list[str] = []
+    window_kind: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = "profiler_steps"
     if step_spans:
         windows = [(s.ts, s.end) for s in step_spans]
         numbers = [parse_profiler_step(s.name) or 0 for s in step_spans]
     elif main:
-        windows = [(min(s.ts for s in main), max(s.end for s in main))]
-        numbers = [0]
-        issues.append(
-            "no ProfilerStep#N spans (the profiler ran without a schedule): the whole trace, "
-            f"{(windows[0][1] - windows[0][0]) / 1000:.1f} ms of its main thread, is analysed as one window"
-        )
+        windows, window_kind, issue = unscheduled_windows(main, device_spans)
+        numbers = list(range(len(windows)))
+        issues.append(issue)
     else:
         windows, numbers = [], []
         issues.append("no host spans: nothing to analyse")
@@ -286,11 +287,22 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: _mean(s.phases.get(p) for s in steps) for p in PHASES})
     launches = {
-        s.correlation: s.ts
-        for by_name in kinds.values() for (_, cat), group in by_name.items() if cat in _RUNTIME
+        s.correlation: (s.ts, s.end, key)
+        for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME
         for s in group if s.correlation is not None
     }
-    gpu_stats = dev.stats(windows, gpu_rows, launches) if device_spans and windows else None
+    whole = window_kind != "profiler_steps"  # HTA's active span is then the whole trace, however it is cut
+    gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole) if device_spans and windows else None
+    idle = None
+    if device_spans and windows:
+        main_host = HostThread(
+            data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1], busy=any_main_span,
+            elsewhere=comm_elsewhere, steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names,
+        )
+        idle, idle_rows = attribute(
+            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key]), main_key
+        )
+        steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     first_loader = min(
         (group[0] for (name, _), group in main_kinds.items() if name.startswith("enumerate(DataLoader)#")),
@@ -302,7 +314,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         host=trace.file.host,
         file=trace.file.path.name,
         device=trace.device,
-        window="profiler_steps" if step_spans or not windows else "whole_trace",
+        window=window_kind,
         steps=steps,
         mean_step_ms=_mean(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
@@ -311,11 +323,20 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader,
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
         gpu=gpu_stats,
+        idle=idle,
         copies=dev.copies(windows, copy_calls) if windows else [],
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
         top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=_memory(trace),
         issues=issues,
+    )
+
+
+def _host_thread(spans: list[Span], kinds: Kinds) -> HostThread:
+    """What a thread other than the main one was doing, for the device idle gaps its launches end."""
+    return HostThread(
+        data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
+        busy=cover(spans), spans=spans,
     )
 
 

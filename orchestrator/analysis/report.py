@@ -11,10 +11,10 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
-from orchestrator.analysis.models import PHASES, RankSummary, Summary
+from orchestrator.analysis.models import IDLE_CAUSES, IDLE_LABELS, PHASES, RankSummary, Summary
 from orchestrator.models import Manifest
 
-__all__ = ["PHASE_COLORS", "render_report", "write_report"]
+__all__ = ["IDLE_COLORS", "PHASE_COLORS", "render_report", "write_report"]
 
 PHASE_COLORS = {
     "data": "#e15759",
@@ -25,6 +25,19 @@ PHASE_COLORS = {
     "memcpy": "#b07aa1",
     "sync": "#edc948",
     "other": "#bab0ac",
+}
+# Device idle causes in the phase bars' colours where a phase is the same wait; the rest get colours of their own.
+IDLE_COLORS = {
+    "busy": "#555555",
+    "data": PHASE_COLORS["data"],
+    "sync": PHASE_COLORS["sync"],
+    "copy": PHASE_COLORS["memcpy"],
+    "collective": PHASE_COLORS["comm"],
+    "late_rank": "#9c755f",
+    "cpu": "#ff9da7",
+    "launch": "#d37295",
+    "queued": "#d4a6c8",
+    "untraced": PHASE_COLORS["other"],
 }
 _RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 
@@ -38,6 +51,11 @@ th:first-child,td:first-child,td.l,th.l{text-align:left}
 .ok{color:#2d7a2d}.muted{color:#777}.legend span{display:inline-block;margin-right:1em}
 .sw{display:inline-block;width:.9em;height:.9em;vertical-align:-.1em;margin-right:.3em}
 """
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 1`` or ``ranks 0, 2, 3``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _ms(value: float | None) -> str:
@@ -95,6 +113,38 @@ def _phase_bars(ranks: list[RankSummary]) -> str:
     parts.append("</svg>")
     legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{p}</span>' for p, c in PHASE_COLORS.items())
     return f'<div class="legend">{legend}</div>' + "".join(parts)
+
+
+def _idle_bars(ranks: list[RankSummary]) -> str:
+    """One bar per rank: the device's busy time, then its idle time split by cause, per step."""
+    timed = [r for r in ranks if r.idle is not None and r.gpu is not None and r.mean_step_ms]
+    if not timed:
+        return ""
+    longest = max(r.gpu.busy_ms_per_step + r.idle.idle_ms_per_step for r in timed) or 1.0
+    width, label, row = 900, 70, 26
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + label}" height="{row * len(timed) + 4}" role="img">']
+    for i, r in enumerate(timed):
+        y, x = i * row + 2, float(label)
+        parts.append(f'<text x="0" y="{y + 16}" font-size="12">rank {r.rank}</text>')
+        segments = [("busy", "device busy", r.gpu.busy_ms_per_step)] + [(c.cause, c.label, c.ms_per_step) for c in r.idle.causes]
+        for key, words, ms in segments:
+            w = ms / longest * width
+            if w > 0:
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" fill="{IDLE_COLORS[key]}">'
+                    f"<title>rank {r.rank}: {escape(words)} {ms:.2f} ms per step</title></rect>"
+                )
+                x += w
+    parts.append("</svg>")
+    used = {c.cause for r in timed for c in r.idle.causes}
+    legend = f'<span><i class="sw" style="background:{IDLE_COLORS["busy"]}"></i>device busy</span>' + "".join(
+        f'<span><i class="sw" style="background:{IDLE_COLORS[c]}"></i>{escape(IDLE_LABELS[c])}</span>' for c in IDLE_CAUSES if c in used
+    )
+    return (
+        "<h2>Why the device idles</h2><p class=muted>Per step: device busy time, then each idle gap blamed on what the "
+        "launching host thread was doing (see README, Reading the results).</p>"
+        f'<div class="legend">{legend}</div>' + "".join(parts)
+    )
 
 
 def _step_chart(ranks: list[RankSummary]) -> str:
@@ -201,9 +251,14 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
         spread = f"; step time {sp.min_ms:.1f}–{sp.max_ms:.1f} ms across ranks (spread {sp.spread:.0%})"
         if sp.late_ranks:
             # The longest steps are the waiters': say who they wait for, so a waiter is not taken for the slow one.
+            late = len(sp.late_ranks) == 1
             spread += (
-                f"; ranks {', '.join(map(str, sp.late_ranks))} start their steps up to {sp.arrival_spread_ms:.1f} ms late"
-                f" and ranks {', '.join(map(str, sp.waiting_ranks)) or 'none'} wait for them"
+                f"; {_ranks(sp.late_ranks)} {'starts its' if late else 'start their'} steps up to {sp.arrival_spread_ms:.1f} ms late"
+                + (
+                    f" and {_ranks(sp.waiting_ranks)} {'waits' if len(sp.waiting_ranks) == 1 else 'wait'} for {'it' if late else 'them'}"
+                    if sp.waiting_ranks
+                    else f", and no rank waits for {'it' if late else 'them'} long enough to count"
+                )
             )
     title = f"rayprof report: {manifest.target} / {manifest.profile_id}" if manifest else "rayprof report"
     return (
@@ -214,6 +269,7 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
         f"<h2>Findings</h2>{_findings(summary)}"
         f"<h2>Ranks</h2>{_rank_table(summary)}"
         f"<h2>Where each rank's step goes</h2>{_phase_bars(summary.ranks)}"
+        f"{_idle_bars(summary.ranks)}"
         f"<h2>Step time</h2>{_step_chart(summary.ranks)}"
         f"<h2>Top operators</h2>{_top_ops(summary.ranks)}"
         f"{memory}{_problems(summary)}{_perfetto(manifest)}{_artifacts(manifest)}"

@@ -294,25 +294,44 @@ def download(args: argparse.Namespace) -> int:
 
 
 def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
-    """Analyse a folder of traces; writes ``report.html`` into it when ``write``."""
-    from orchestrator.analysis import analyze_folder
+    """Analyse a folder of traces; when ``write``, also merge them into ``merged.trace.json.gz`` and write ``report.html``."""
+    from orchestrator.analysis import analyze_folder, analyze_for_merge
     from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
+    from orchestrator.layout import MERGED_TRACE_NAME
     from orchestrator.traces.fanout import process_pool
+    from orchestrator.traces.loader import discover_traces
+    from orchestrator.traces.merge import merge_traces
 
     if not folder.is_dir():
         raise InvalidRequestError(f"{folder} is not a folder")
+    merge = None
     # Ranks are analysed one per core, as the controller fans them out over the cluster.
     with process_pool() as rank_map:
-        summary = analyze_folder(folder, rank_map=rank_map)
+        if write:
+            # As the controller does: one read per rank for its summary and the merge's scan, so the
+            # alignment of any folder (each rank's clock shift and residual) can be checked without a cluster.
+            traces = discover_traces(folder)
+            summary, scans = analyze_for_merge(traces, rank_map=rank_map)
+            if summary.ranks:
+                merge = merge_traces(traces, folder / MERGED_TRACE_NAME, rank_map=rank_map, scans=scans)
+        else:
+            summary = analyze_folder(folder, rank_map=rank_map)
     manifest_path = folder / "manifest.json"
     manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
     memory = render_memory_section(*load_timelines(folder))
     report = write_report(summary, folder / "report.html", manifest, memory) if write and summary.ranks else None
     if args.json:
-        emit_json({"summary": summary, "report": report})
+        emit_json({"summary": summary, "report": report, "merge": merge})
     else:
         print_analysis(summary, report if report is not None else _existing_report(folder))
+        if merge is not None:
+            aligned = ", ".join(
+                f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")
+                + (f" (±{a.residual_us:.1f})" if a.residual_us is not None else "")
+                for a in merge.alignment
+            )
+            print(f"merged: {folder / MERGED_TRACE_NAME}" + (f"; clock shifts: {aligned}" if aligned else ""))
     if not summary.ranks:
         print(f"rayprof: no usable traces under {folder}", file=sys.stderr)
         return EXIT_FAILED

@@ -112,6 +112,10 @@ def print_analysis(summary: Any, report: Path | None) -> None:
     ]
     if rows:
         out(table(rows, ["rank", "host", "step ms", *(f"{p} ms" for p in PHASES)]))
+    for r in summary.ranks:
+        if r.idle is not None and r.idle.causes:
+            causes = ", ".join(f"{c.cause} {c.ms_per_step:.1f}" for c in r.idle.causes[:4])
+            out(f"rank {r.rank}: device idle {r.idle.idle_ms_per_step:.1f} ms per step ({causes})")
     for rejected in summary.rejected:
         out(f"skipped {printable(rejected.path.name)}: {printable(rejected.reason)}")
     for issue in summary.issues:

@@ -22,9 +22,10 @@ What the merged trace keeps apart and lines up:
   0, which viewers treat as the idle task), named ``rank R (host)`` for the one
   with ``ProfilerStep#`` spans and ``rank R (host) <original name>`` for the rest.
 * **Clocks.** Every rank is put on the earliest ``baseTimeNanoseconds``, then,
-  where ranks share collectives, shifted by the median difference of their end
-  times (see :func:`~orchestrator.traces.merge_plan.align`); each rank's shift
-  and residual error are in :attr:`MergeStats.alignment`.
+  where ranks share collectives, shifted (and its drift undone) by a line fitted
+  to the differences of their end times (see :func:`~orchestrator.traces.clocks.align`);
+  each rank's shift, drift and error bound are in :attr:`MergeStats.alignment`,
+  and :attr:`MergeStats.alignment_note` says which ranks stand on wall clocks only.
 * **Ids.** Flow and async ``id``, ``args.correlation`` and ``args["External id"]``
   become ``rank * 2**40 + id`` (strings ``"r<rank>:<id>"``), so links never cross ranks.
 
@@ -49,7 +50,8 @@ from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gzjoin import GzipFile
 from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
-from orchestrator.traces.merge_plan import RankScan, align, bucket_floor_us, plan, scan_ranks
+from orchestrator.traces.clocks import align, wall_clock_note
+from orchestrator.traces.merge_plan import RankScan, bucket_floor_us, plan, scan_ranks
 from orchestrator.traces.merge_write import ID_STRIDE, PID_STRIDE, WriteJob, write_rank
 from orchestrator.traces.stream import TraceParseError, read_header
 
@@ -114,7 +116,7 @@ def merge_traces(
     # Room for each rank's process labels and header in the trailer.
     the_plan = plan(rank_scans, max_bytes, cap=max_bytes - (32 << 10) * (len(files) + 2))
     jobs = [
-        WriteJob(a.shift_us, the_plan.keep, s.codes, the_plan.caps[tf.rank], s.good_events, s.reason)
+        WriteJob(a, the_plan.keep, s.codes, the_plan.caps[tf.rank], s.good_events, s.reason)
         for tf, s, a in zip(files, rank_scans, alignment)
     ]
     out = Path(out)
@@ -181,6 +183,7 @@ def merge_traces(
         max_bytes=max_bytes,
         dropped=drop,
         alignment=alignment,
+        alignment_note=wall_clock_note(alignment),
     )
 
 

@@ -15,7 +15,6 @@ duration that fills what is left of it.
 from __future__ import annotations
 
 import math
-import statistics
 import zlib
 from array import array
 from collections import defaultdict
@@ -34,7 +33,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
     "DroppedEvents", "MergePlan", "MergeStats", "RankAlignment", "RankScan", "RankScanner", "ScanEvent",
-    "align", "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank", "scan_ranks",
+    "bucket_floor_us", "classify", "new_metadata", "plan", "scan_rank", "scan_ranks",
 ]
 
 MARKER, COMM, SPAN, OTHER = range(4)
@@ -208,36 +207,6 @@ def scan_ranks(files: list[TraceFile], rank_map: RankMap, given: Mapping[int, Ra
     if missing:
         scans.update(zip((tf.rank for tf in missing), rank_map(scan_rank, [(tf, None) for tf in missing], "scanning")))
     return [scans[tf.rank] for tf in files]
-
-
-def align(scans: list[RankScan], reference_ns: int) -> list[RankAlignment]:
-    """Each rank's shift: base time, refined by collective end times where ranks share some."""
-    base = {s.rank: (s.base_time_ns - reference_ns) / 1000 for s in scans}
-    device = all(s.ends[True] for s in scans)
-    with_comm = [s for s in scans if s.ends[device]]
-    ref = with_comm[0] if with_comm else None
-    out: dict[int, RankAlignment] = {}
-    for s in scans:
-        diffs: list[float] = []
-        if ref is not None and s is not ref:
-            for name, ends in s.ends[device].items():
-                ref_ends = ref.ends[device].get(name, [])
-                diffs += [(r + base[ref.rank]) - (e + base[s.rank]) for r, e in zip(ref_ends, ends)]
-        if not diffs:
-            out[s.rank] = RankAlignment(rank=s.rank, method="base time", shift_us=base[s.rank])
-            continue
-        offset = statistics.median(diffs)
-        residuals = [abs(d - offset) for d in diffs]
-        out[s.rank] = RankAlignment(
-            rank=s.rank, method="collectives", shift_us=base[s.rank] + offset, matched=len(diffs),
-            residual_us=statistics.median(residuals), max_residual_us=max(residuals),
-        )
-    if ref is not None and any(a.method == "collectives" for a in out.values()):
-        # The reference defines the merged clock: its residual is zero by construction.
-        out[ref.rank] = RankAlignment(
-            rank=ref.rank, method="collectives", shift_us=base[ref.rank], residual_us=0.0, max_residual_us=0.0
-        )
-    return [out[s.rank] for s in scans]
 
 
 def _threshold(histogram: list[int], room: float) -> int:

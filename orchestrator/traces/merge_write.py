@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from orchestrator.layout import parse_profiler_step
+from orchestrator.merge_stats import RankAlignment
 from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.gzjoin import Deflate
 from orchestrator.traces.loader import TraceFile
@@ -48,9 +49,9 @@ def _dicts(raws: list[msgspec.Raw]) -> list[dict[str, Any]]:
 class _RankWriter:
     """Rewrites one rank's events into the merged trace's pid, clock and id spaces."""
 
-    def __init__(self, trace: TraceFile, shift_us: float) -> None:
+    def __init__(self, trace: TraceFile, clock: RankAlignment) -> None:
         self.trace = trace
-        self.shift_us = shift_us
+        self.clock = clock
         self.id_base = trace.rank * ID_STRIDE
         self.pids: dict[Any, int] = {}
         self.names: dict[Any, str] = {}
@@ -89,7 +90,9 @@ class _RankWriter:
     def rewrite_spans(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Pid, clock and ids of the events moved into this rank's spaces, in place: one loop with its
         lookups bound to locals, as it runs for every event written."""
-        pids, shift, rank, id_base = self.pids, self.shift_us, self.trace.rank, self.id_base
+        pids, shift, rank, id_base = self.pids, self.clock.shift_us, self.trace.rank, self.id_base
+        # A drifting clock's times are stretched about its pivot, durations with them; most ranks have none.
+        rate, pivot = self.clock.drift_ppm * 1e-6, self.clock.pivot_us
         for event in events:
             pid = event.get("pid")
             if pid.__class__ is not int and not isinstance(pid, str | float | None):
@@ -99,6 +102,11 @@ class _RankWriter:
             ts = event.get("ts")
             if ts.__class__ is float or ts.__class__ is int:
                 event["ts"] = ts + shift
+                if rate:
+                    event["ts"] += rate * (ts - pivot)
+                    dur = event.get("dur")
+                    if dur.__class__ is float or dur.__class__ is int:
+                        event["dur"] = dur * (1 + rate)
             if "id" in event:
                 event["id"] = _new_id(event["id"], rank)
             args = event.get("args")
@@ -159,9 +167,9 @@ class _Part(Deflate):
 
 @dataclass(frozen=True)
 class WriteJob:
-    """What pass 2 needs to know about one rank: its clock shift, what to keep, its cap."""
+    """What pass 2 needs to know about one rank: its clock, what to keep, its cap."""
 
-    shift_us: float
+    clock: RankAlignment  # how its timestamps move onto the merged clock
     keep: tuple[int, int, int, int]  # per tier: the shortest duration bucket kept (256: none)
     codes: bytes  # the scan's per-event codes (see RankScan.codes)
     cap: int
@@ -188,7 +196,7 @@ class RankPart:
 @gc_paused
 def write_rank(tf: TraceFile, job: WriteJob) -> RankPart:
     """Pass 2 over one rank: rewrite and compress the events the plan keeps."""
-    writer = _RankWriter(tf, job.shift_us)
+    writer = _RankWriter(tf, job.clock)
     part = _Part(job.cap)
     header: dict[str, Any] = {}
     codes = array("H")

@@ -1,0 +1,264 @@
+"""Device-idle attribution: every idle gap of a rank's device, blamed on what the host did during it.
+
+The device's timeline (kernels, copies, memsets) is cut into busy spans and
+idle gaps inside the analysed windows. A gap ends when the device starts its
+next piece of work, which some host thread launched (the runtime call with the
+same correlation id). That launch says who the device waited for:
+
+* launched (the call had returned) before the gap began: the work was queued and
+  the device waited on itself (a stream or event dependency): ``queued``;
+* launched during the gap: until the launch call began the device waited for
+  the *launching thread*, so that stretch is cut by what that thread was
+  doing, by the first rule that holds: in a DataLoader ``next()`` (``data``), in
+  a sync or device-to-host read (``sync``), blocked in a host-to-device copy
+  (``copy``), in a collective (``collective``), in any other profiled span
+  (``cpu``; named by the innermost span), in a ``ProfilerStep`` but in no op
+  (``cpu``, "Python outside any op"), else ``untraced``. From the launch call on, the
+  gap is the launch's (``launch``) unless the call itself is slower than :data:`LAUNCH_GAP_US`
+  (the runtime loads modules or allocates: host time, named by the call); a ``cpu`` stretch of a gap shorter
+  than :data:`LAUNCH_GAP_US`: the host dispatches kernels no faster than the
+  device runs them;
+* the next work's launch is unknown (not recorded, or after the window): the
+  main thread's activity, as above.
+
+``late_rank`` is given out across ranks (:func:`blame_late_ranks`): on a rank
+that waits for late arrivers, its collective and sync idle time, up to what it
+waits for them. This is HTA's idle-time breakdown (host wait, kernel wait,
+other) taken further: the host wait is split by its cause.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
+from orchestrator.analysis.models import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat, RankSummary
+from orchestrator.traces.loader import Span
+
+__all__ = ["LAUNCH_GAP_US", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute", "blame_late_ranks"]
+
+# A gap between two kernels shorter than this, while the host runs ops, is the host's launch pace, not one slow op.
+LAUNCH_GAP_US = 50.0
+# How many host ops the cpu cause names.
+TOP_CPU_OPS = 5
+PYTHON_OUTSIDE_OPS = "Python outside any op"
+
+Thread = tuple[object, object]
+Window = tuple[float, float]
+
+
+@dataclass
+class HostThread:
+    """What one host thread was doing, as interval lists, in the order the rules ask them."""
+
+    data: Intervals = field(default_factory=list)
+    sync: Intervals = field(default_factory=list)
+    copy: Intervals = field(default_factory=list)
+    collective: Intervals = field(default_factory=list)
+    busy: Intervals = field(default_factory=list)  # any span but the step spans
+    # On the main thread: collectives on its process's other threads (gloo's worker), while it is in no span.
+    elsewhere: Intervals = field(default_factory=list)
+    steps: Intervals = field(default_factory=list)  # ProfilerStep spans: Python runs there even outside ops
+    spans: Sequence[Span] = ()  # sorted by (start, -end), to name the innermost span
+    skip: frozenset[str] = frozenset()  # span names never named (the step spans)
+
+
+def _busy_and_first(spans: Sequence[Span]) -> tuple[Intervals, list[Span]]:
+    """The device's busy intervals (spans in start order) and the span that opens each."""
+    busy: Intervals = []
+    first: list[Span] = []
+    end = float("-inf")
+    for s in spans:
+        if s.end <= s.ts:
+            continue
+        if s.ts > end:
+            busy.append((s.ts, s.end))
+            first.append(s)
+            end = s.end
+        elif s.end > end:
+            end = s.end
+            busy[-1] = (busy[-1][0], end)
+    return busy, first
+
+
+def attribute(
+    device_spans: Sequence[Span],
+    windows: Sequence[Window],
+    launches: dict[int, tuple[float, float, Thread]],
+    host_of: Callable[[Thread], HostThread],
+    main: Thread | None,
+) -> tuple[IdleAttribution, list[dict[IdleCause, float]]]:
+    """The idle attribution over ``windows`` (sorted, disjoint), and each window's idle ms by cause.
+
+    ``launches``: correlation id -> (start, end, thread) of the runtime call that launched it.
+    """
+    busy, first = _busy_and_first(device_spans)
+    starts = [iv[0] for iv in busy]
+    out: dict[IdleCause, Intervals] = defaultdict(list)
+    pieces: dict[Thread | None, Intervals] = defaultdict(list)
+    short: Intervals = []
+    k, n = 0, len(starts)
+    for a, b in subtract(union(windows), busy):
+        while k < n and starts[k] < b:  # both in time order: the next busy span starts at or after the gap's end
+            k += 1
+        nxt = first[k] if k < n else None
+        launch = launches.get(nxt.correlation) if nxt is not None and nxt.correlation is not None else None
+        if launch is None:
+            pieces[main].append((a, b))
+            continue
+        called, returned, thread = launch
+        if returned <= a:
+            out["queued"].append((a, b))
+            continue
+        cut = min(max(called, a), b)
+        if returned - called > LAUNCH_GAP_US:
+            cut = min(returned, b)  # a slow launch call does the runtime's own work (module loading): host time, named by the call
+        if cut > a:
+            pieces[thread].append((a, cut))
+            if starts[k] - a < LAUNCH_GAP_US:
+                short.append((a, cut))
+        if cut < b:
+            out["launch"].append((cut, b))
+    named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for thread, rest in pieces.items():
+        host = host_of(thread) if thread is not None else HostThread()
+        for cause, intervals in (("data", host.data), ("sync", host.sync), ("copy", host.copy), ("collective", host.collective)):
+            taken = intersect(rest, intervals)
+            out[cause] += taken  # type: ignore[index]
+            rest = subtract(rest, taken)
+        cpu = intersect(rest, host.busy)
+        rest = subtract(rest, cpu)
+        waiting = intersect(rest, host.elsewhere)
+        out["collective"] += waiting
+        rest = subtract(rest, waiting)
+        python = intersect(rest, host.steps)
+        out["untraced"] += subtract(rest, python)
+        paced = intersect(cpu, union(short))
+        out["launch"] += paced
+        cpu = subtract(cpu, paced)
+        out["cpu"] += cpu + python
+        _name_innermost(host.spans, cpu, host.skip, named)
+        if python:
+            entry = named[PYTHON_OUTSIDE_OPS]
+            entry[0] += len(python)
+            entry[1] += total(python)
+    merged = {cause: union(intervals) for cause, intervals in out.items()}
+    per_window = [
+        {c: ms for c in IDLE_CAUSES if c in merged and (ms := total(clip(merged[c], t0, t1)) / 1000) > 0} for t0, t1 in windows
+    ]
+    step_ms = sum(t1 - t0 for t0, t1 in windows) / max(len(windows), 1) / 1000
+    return summarize(per_window, _top(named), step_ms), per_window
+
+
+def summarize(per_window: Sequence[dict[IdleCause, float]], top: list[OpStat], step_ms: float | None = None) -> IdleAttribution:
+    """Per-step means of the windows' idle ms by cause, largest first."""
+    n = max(len(per_window), 1)
+    sums: dict[IdleCause, float] = defaultdict(float)
+    for row in per_window:
+        for cause, ms in row.items():
+            sums[cause] += ms
+    idle = sum(sums.values()) / n
+    step = step_ms or None
+    causes = [
+        IdleShare(
+            cause=cause,
+            label=IDLE_LABELS[cause],
+            ms_per_step=ms / n,
+            fraction_of_step=(ms / n / step) if step else 0.0,
+            top=top if cause == "cpu" else [],
+        )
+        for cause, ms in sorted(sums.items(), key=lambda kv: (-kv[1], IDLE_CAUSES.index(kv[0])))
+        if ms > 0
+    ]
+    return IdleAttribution(idle_ms_per_step=idle, causes=causes)
+
+
+def _name_innermost(spans: Sequence[Span], pieces: Intervals, skip: frozenset[str], named: dict[str, list[float]]) -> None:
+    """Add to ``named`` the time of ``pieces`` under each innermost open span of ``spans`` (one sweep of both).
+
+    The open spans are kept as parallel lists of ends and names: this loop runs once per span of the thread.
+    """
+    ends: list[float] = []
+    names: list[str] = []
+    i, n = 0, len(spans)
+    for a, b in pieces:
+        # Open every span that starts by ``a`` and is still open at ``a`` (most end before: skipped without a push).
+        while i < n:
+            span = spans[i]
+            ts = span.ts
+            if ts > a:
+                break
+            i += 1
+            if span.end <= a:
+                continue
+            while ends and ends[-1] <= ts:
+                ends.pop()
+                names.pop()
+            if span.name not in skip:
+                ends.append(span.end)
+                names.append(span.name)
+        while ends and ends[-1] <= a:
+            ends.pop()
+            names.pop()
+        cur = a
+        seen: set[str] = set()
+        while cur < b:
+            nxt = b
+            if i < n and spans[i].ts < nxt:
+                nxt = spans[i].ts
+            if ends and ends[-1] < nxt:
+                nxt = ends[-1]
+            name = names[-1] if names else PYTHON_OUTSIDE_OPS
+            entry = named[name]
+            entry[1] += nxt - cur
+            if name not in seen:
+                entry[0] += 1
+                seen.add(name)
+            cur = nxt
+            while ends and ends[-1] <= cur:
+                ends.pop()
+                names.pop()
+            while i < n and spans[i].ts <= cur:
+                span = spans[i]
+                while ends and ends[-1] <= span.ts:
+                    ends.pop()
+                    names.pop()
+                if span.name not in skip:
+                    ends.append(span.end)
+                    names.append(span.name)
+                i += 1
+
+
+def _top(named: dict[str, list[float]]) -> list[OpStat]:
+    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_CPU_OPS]
+    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows if us > 0]
+
+
+def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
+    """``r`` with up to ``waits_ms`` per step of its collective and sync idle time moved to ``late_rank``.
+
+    ``waits_ms`` is what this rank waits per step for late arrivers beyond the
+    least-waiting rank (:func:`orchestrator.analysis.cross.arrivals`): idle time
+    it spent in those waits is the late rank's to fix, not its own.
+    """
+    if r.idle is None or waits_ms <= 0:
+        return r
+    steps = []
+    for s in r.steps:
+        row = dict(s.idle_ms)
+        moved = 0.0
+        for cause in ("collective", "sync"):
+            take = min(row.get(cause, 0.0), waits_ms - moved)
+            if take > 0:
+                row[cause] -= take
+                moved += take
+                if row[cause] <= 1e-9:
+                    del row[cause]
+        if moved > 0:
+            row["late_rank"] = moved
+        steps.append(s.model_copy(update={"idle_ms": row}))
+    cpu = r.idle.get("cpu")
+    idle = summarize([s.idle_ms for s in steps], cpu.top if cpu else [], r.mean_step_ms)
+    return r.model_copy(update={"steps": steps, "idle": idle})

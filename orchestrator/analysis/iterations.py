@@ -1,0 +1,117 @@
+"""The analysed window of a trace without ``ProfilerStep`` spans (the profiler ran without a schedule).
+
+The window is the device's active span (first device event to last): before
+and after it the host sets up and tears down, which no step pays for. It is
+cut into iterations where the main thread's top-level spans repeat: a span
+name that recurs at least :data:`MIN_REPEATS` times with the same sequence of
+top-level names between its occurrences (in :data:`MIN_AGREEMENT` of them)
+marks where each iteration starts. A ``record_function`` that covers most of
+the window (one around the whole run) is looked into, so its children are
+the top level. Among several such names the longest period wins (the
+iteration, not a layer repeated inside it); at equal periods a DataLoader
+``next()`` and then the earliest. Iterations that cover less than :data:`MIN_COVER` of the active span
+are a pattern inside one part of the run, not its iterations. Without iterations the active span is one window.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Literal
+
+from orchestrator.analysis.spans import is_data
+from orchestrator.traces.loader import Span
+
+__all__ = ["MIN_AGREEMENT", "MIN_COVER", "MIN_REPEATS", "WindowKind", "device_window", "find_iterations", "unscheduled_windows"]
+
+MIN_REPEATS = 3
+MIN_AGREEMENT = 0.75
+# Iterations must cover this share of the device's active span.
+MIN_COVER = 0.5
+# A top-level span covering this share of the window is a wrapper: its children are the top level.
+_WRAPPER_SHARE = 0.5
+_MAX_DEPTH = 8
+_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
+
+Window = tuple[float, float]
+WindowKind = Literal["iterations", "device_span", "whole_trace"]
+
+
+def device_window(device_spans: Sequence[Span]) -> Window | None:
+    """First device event's start to the last one's end."""
+    if not device_spans:
+        return None
+    return min(s.ts for s in device_spans), max(s.end for s in device_spans)
+
+
+def _top_level(spans: Sequence[Span]) -> list[Span]:
+    """Spans (sorted by (start, -end)) that no earlier one contains."""
+    out: list[Span] = []
+    end = float("-inf")
+    for s in spans:
+        if s.ts >= end:
+            out.append(s)
+            end = s.end
+    return out
+
+
+def find_iterations(main: Sequence[Span], window: Window) -> tuple[list[Window], str]:
+    """Iterations inside ``window`` from the main thread's spans (sorted by (start, -end)), and the span name that
+    starts each; ([], "") without a repeating pattern."""
+    t0, t1 = window
+    spans = [s for s in main if s.cat in _CATEGORIES and s.end > t0 and s.ts < t1]
+    top = _top_level(spans)
+    for _ in range(_MAX_DEPTH):
+        wrapper = next(
+            (s for s in top if s.cat == "user_annotation" and min(s.end, t1) - max(s.ts, t0) >= _WRAPPER_SHARE * (t1 - t0)), None
+        )
+        if wrapper is None:
+            break
+        inside = _top_level([s for s in spans if s is not wrapper and wrapper.ts <= s.ts and s.end <= wrapper.end])
+        if not inside:
+            break
+        at = top.index(wrapper)
+        top = top[:at] + inside + top[at + 1 :]
+    names = [s.name for s in top]
+    best: tuple[tuple[int, bool, int], list[int], int] | None = None
+    for name, count in Counter(names).items():
+        if count < MIN_REPEATS:
+            continue
+        at = [i for i, n in enumerate(names) if n == name]
+        periods = Counter(tuple(names[a:b]) for a, b in zip(at, at[1:]))
+        period, agreeing = periods.most_common(1)[0]
+        if agreeing < MIN_AGREEMENT * (len(at) - 1):
+            continue
+        rank = (len(period), is_data(top[at[0]]), -at[0])
+        if best is None or rank > best[0]:
+            best = (rank, at, len(period))
+    if best is None:
+        return [], ""
+    _, at, period = best
+    starts = [top[i].ts for i in at]
+    last_end = max(s.end for s in top[at[-1] : at[-1] + period])
+    bounds = list(zip(starts, starts[1:])) + [(starts[-1], last_end)]
+    windows = [(max(a, t0), min(b, t1)) for a, b in bounds if min(b, t1) > max(a, t0)]
+    if sum(b - a for a, b in windows) < MIN_COVER * (t1 - t0):
+        return [], ""  # a pattern inside one part of the run (a layer's ops), not the run's iterations
+    return windows, names[at[0]]
+
+
+def unscheduled_windows(main: Sequence[Span], device_spans: Sequence[Span]) -> tuple[list[Window], WindowKind, str]:
+    """The windows of a trace without ProfilerStep spans, which kind they are, and the issue that says so."""
+    lead = "no ProfilerStep#N spans (the profiler ran without a schedule): "
+    active = device_window(device_spans)
+    if active is None:
+        whole = (min(s.ts for s in main), max(s.end for s in main))
+        return [whole], "whole_trace", lead + f"the whole trace, {(whole[1] - whole[0]) / 1000:.1f} ms of its main thread, is analysed as one window"
+    span_ms = (active[1] - active[0]) / 1000
+    windows, marker = find_iterations(main, active)
+    if windows:
+        return windows, "iterations", (
+            lead + f"the device's active span ({span_ms:.1f} ms) is cut into {len(windows)} iterations, each starting at "
+            f"the main thread's {marker[:80]!r}; idle time outside them is not counted"
+        )
+    return [active], "device_span", (
+        lead + f"no repeating iteration found, so the device's active span, {span_ms:.1f} ms, is analysed as one window; "
+        "no saving is claimed from it (its idle time may be one-off work: initialisation, warm-up)"
+    )
