@@ -3,6 +3,7 @@
     RayprofError
     ├── ConfigurationError        server-side settings are unusable
     ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
+    │   └── InvalidWatchError     a watch that could never act as asked (HTTP 422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
@@ -62,6 +63,13 @@ class ConfigurationError(RayprofError):
 class InvalidRequestError(RayprofError):
     code = "invalid_request"
     http_status = 400
+
+
+class InvalidWatchError(InvalidRequestError):
+    """A watch refused at creation: checked against the server's limits, so it never fails on firing."""
+
+    code = "invalid_watch"
+    http_status = 422
 
 
 class UnauthorizedError(RayprofError):
