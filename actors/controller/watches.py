@@ -68,7 +68,10 @@ class _Watch:
     note: str | None = None
     holding_since: float | None = None
     busy: bool = False
-    unsaved: bool = False
+    # Changes to save (a firing, a pause) / the last of them saved: a save that lands after a
+    # newer one failed must not mark the watch saved.
+    changes: int = 0
+    saved: int = 0
     save_tried: float = 0.0
 
     def __post_init__(self) -> None:
@@ -203,7 +206,7 @@ class Watches:
                 series.append((now, health.median_step_s))
         for watch in list(self._watches.values()):
             self._advance(watch, newest.get(watch.spec.target), now)
-            if watch.unsaved and not watch.busy and now - watch.save_tried >= _SAVE_RETRY_S:
+            if watch.saved < watch.changes and not watch.busy and now - watch.save_tried >= _SAVE_RETRY_S:
                 watch.save_tried = now
                 self._spawn(self._save(watch))
 
@@ -341,6 +344,7 @@ class Watches:
         watch.fired.append(firing.at)
         watch.holding_since = None
         self._count_failure(watch, firing.error)
+        watch.changes += 1
         await self._save(watch)
 
     async def _save(self, watch: _Watch) -> None:
@@ -348,13 +352,13 @@ class Watches:
         if watch.id not in self._watches:
             return
         watch.save_tried = time.monotonic()
+        covered = watch.changes
         try:
             await self._persistence.save_watch(watch.status(watch.save_tried))
         except StorageError as e:
-            watch.unsaved = True
             logger.warning("rayprof controller: cannot save %s (will retry): %s", watch.id, e)
             return
-        watch.unsaved = False
+        watch.saved = max(watch.saved, covered)
 
     def _count_failure(self, watch: _Watch, error: str | None) -> None:
         if error is None:
