@@ -12,6 +12,7 @@ Each module measures one property the design promises and exposes
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 - ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
+- ``soak``          watches, retention and gc left running on a live job while storage fails 10% of calls
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -24,6 +25,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart", "console")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "trigger", "control_plane", "restart", "console", "soak")
 
 __all__ = ["BENCHMARKS", "LogFn"]
