@@ -11,6 +11,7 @@ import asyncio
 import io
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,6 +31,7 @@ from orchestrator.service.security import rayprof_error_response
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
 from orchestrator.summaries import ProfileSummary
+from tests.conftest import RAYPROF_CLI
 from tests.fake_agents import MONITORED, STEP_S, make_controller, start_agents, until, wait_terminal
 from tests.fake_agents import run as run_bounded
 
@@ -285,3 +287,13 @@ def test_concurrent_creates_never_pass_the_watch_limit(home):
     refused = [r for r in results if isinstance(r, InvalidRequestError)]
     assert len(watches) == 100 and len(refused) == 200
     assert all("RAYPROF_MAX_WATCHES" in r.message for r in refused)
+
+
+def test_the_cli_refuses_a_zero_step_profile_watch_before_any_request():
+    # `--then-profile 0` was read as "not given" and became 5.
+    refused = subprocess.run(
+        [RAYPROF_CLI, "watch", "my-run", "--rank-lag", "2", "--then-profile", "0", "--url", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+    assert refused.returncode == 2 and "profile_steps" in refused.stderr

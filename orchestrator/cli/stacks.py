@@ -101,7 +101,7 @@ def watch(args: argparse.Namespace) -> int:
         for_s=args.for_s,
         # A stalled run takes no steps to profile: stacks is the only action that can work.
         action="stacks" if args.then_stacks or (args.stalled and args.then_profile is None) else "profile",
-        profile_steps=args.then_profile or 5,
+        profile_steps=5 if args.then_profile is None else args.then_profile,
         ranks=args.ranks,
         baseline_s=args.baseline,
         cooldown_s=args.cooldown,
