@@ -14,6 +14,7 @@ Each module measures one property the design promises and exposes
 - ``clock_alignment`` the merge's clock fit on that folder's 64 ranks, each clock moved by a known offset and drift
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 - ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
+- ``soak``          watches, retention and gc left running on a live job while storage fails 10% of calls
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -26,6 +27,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "restart", "console")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "restart", "console", "soak")
 
 __all__ = ["BENCHMARKS", "LogFn"]

@@ -21,6 +21,7 @@ _EXPORTS = {
     "IllegalTransitionError": "orchestrator.errors",
     "IntegrityError": "orchestrator.errors",
     "InvalidRequestError": "orchestrator.errors",
+    "InvalidWatchError": "orchestrator.errors",
     "NotFoundError": "orchestrator.errors",
     "ProfileNotFoundError": "orchestrator.errors",
     "ProfileTimeoutError": "orchestrator.errors",

@@ -35,6 +35,7 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         postprocess_timeout_s=c.env_float(c.POSTPROCESS_TIMEOUT_S_ENV_VAR, c.DEFAULT_POSTPROCESS_TIMEOUT_S),
         retention_count=c.env_int(c.RETENTION_COUNT_ENV_VAR, c.DEFAULT_RETENTION_COUNT),
         retention_days=c.env_float(c.RETENTION_DAYS_ENV_VAR, c.DEFAULT_RETENTION_DAYS),
+        retention_auto_count=c.env_int(c.RETENTION_AUTO_COUNT_ENV_VAR, c.DEFAULT_RETENTION_AUTO_COUNT),
         gc_grace_hours=c.env_float(c.GC_GRACE_HOURS_ENV_VAR, c.DEFAULT_GC_GRACE_HOURS),
         cluster_name=os.environ.get(c.CLUSTER_NAME_ENV_VAR) or None,
         cluster_name_lease_s=c.env_float(c.CLUSTER_NAME_LEASE_S_ENV_VAR, c.DEFAULT_CLUSTER_NAME_LEASE_S),
@@ -47,6 +48,7 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         lag_steps=c.env_int(c.LAG_STEPS_ENV_VAR, c.DEFAULT_LAG_STEPS),
         monitor_interval_s=c.env_float(c.MONITOR_INTERVAL_S_ENV_VAR, c.DEFAULT_MONITOR_INTERVAL_S),
         max_watches=c.env_int(c.MAX_WATCHES_ENV_VAR, c.DEFAULT_MAX_WATCHES),
+        watch_max_failures=c.env_int(c.WATCH_MAX_FAILURES_ENV_VAR, c.DEFAULT_WATCH_MAX_FAILURES),
     )
 
 

@@ -15,11 +15,13 @@ from orchestrator.settings import (
     DEFAULT_MAX_WATCHES,
     DEFAULT_MONITOR_INTERVAL_S,
     DEFAULT_OWNER_LEASE_S,
+    DEFAULT_RETENTION_AUTO_COUNT,
     DEFAULT_STACKS_MAX_RANK_BYTES,
     DEFAULT_STACKS_TIMEOUT_S,
     DEFAULT_STALL_AUTO_STACKS,
     DEFAULT_STALL_MIN_S,
     DEFAULT_STALL_STEP_FACTOR,
+    DEFAULT_WATCH_MAX_FAILURES,
     MAX_GC_GRACE_HOURS,
     MIN_STACKS_MAX_RANK_BYTES,
 )
@@ -72,6 +74,9 @@ class ControllerConfig(StrictModel):
     postprocess_timeout_s: float = Field(gt=0)
     retention_count: int = Field(ge=1)
     retention_days: float = Field(gt=0)
+    retention_auto_count: int = Field(
+        default=DEFAULT_RETENTION_AUTO_COUNT, ge=1, description="Automatic bundles and profiles kept (watches, stalls)."
+    )
     cluster_name: str | None = Field(default=None, description="Namespace of saved state; default the Ray cluster id.")
     cluster_name_lease_s: float = Field(
         default=DEFAULT_CLUSTER_NAME_LEASE_S, gt=0, description="How long the cluster name's lease lasts unrenewed."
@@ -84,6 +89,7 @@ class ControllerConfig(StrictModel):
     lag_steps: int = Field(default=DEFAULT_LAG_STEPS, ge=1)
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
+    watch_max_failures: int = Field(default=DEFAULT_WATCH_MAX_FAILURES, ge=1)
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
     owner_lease_s: float = Field(default=DEFAULT_OWNER_LEASE_S, gt=0)
 

@@ -145,12 +145,14 @@ class WatchSpec(StrictModel):
     """
 
     target: Name
-    slower_than: float | None = Field(default=None, gt=1, description="Ratio of step time to the baseline.")
+    slower_than: float | None = Field(
+        default=None, gt=1, le=100, allow_inf_nan=False, description="Ratio of step time to the baseline."
+    )
     rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
     stalled: bool = False
     for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
     action: Literal["profile", "stacks"] = "profile"
-    profile_steps: int = Field(default=5, ge=1)
+    profile_steps: int = Field(default=5, ge=1, description="At most RAYPROF_MAX_STEPS (checked at creation).")
     ranks: Literal["all", "lagging"] = Field(
         default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
     )
@@ -183,12 +185,22 @@ class WatchStatus(StrictModel):
     id: str
     spec: WatchSpec
     created_at: datetime
-    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED"] = Field(
+    state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED", "PAUSED"] = Field(
         description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
-        "it fired and waits for the cooldown or the hourly cap."
+        "it fired (or tried to) and waits for the cooldown or the hourly cap; PAUSED: its action failed "
+        "RAYPROF_WATCH_MAX_FAILURES times in a row (see paused)."
     )
     baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
     observed: float | None = Field(default=None, description="The value the condition compares now.")
     holding_s: float | None = Field(default=None, description="How long the condition has held.")
     note: str | None = None
     firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")
+    fired_at: list[datetime] = Field(
+        default_factory=list,
+        description="When it fired or tried to, oldest first, at most max_per_hour of them: what the hourly cap "
+        "and the cooldown count, failed firings included.",
+    )
+    failures: int = Field(default=0, ge=0, description="Failed firings in a row.")
+    paused: str | None = Field(
+        default=None, description="Why it no longer acts; it stays PAUSED until deleted and created again."
+    )

@@ -3,7 +3,8 @@
     RayprofError
     ├── ConfigurationError        server-side settings are unusable
     ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
-    │   └── IdempotencyKeyReusedError  a submit's key was used for another request (HTTP 422)
+    │   ├── IdempotencyKeyReusedError  a submit's key was used for another request (HTTP 422)
+    │   └── InvalidWatchError     a watch that could never act as asked (HTTP 422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
@@ -69,6 +70,13 @@ class InvalidRequestError(RayprofError):
 
 class IdempotencyKeyReusedError(InvalidRequestError):
     code = "idempotency_key_reused"
+    http_status = 422
+
+
+class InvalidWatchError(InvalidRequestError):
+    """A watch refused at creation: checked against the server's limits, so it never fails on firing."""
+
+    code = "invalid_watch"
     http_status = 422
 
 

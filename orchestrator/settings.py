@@ -75,6 +75,10 @@ RETENTION_COUNT_ENV_VAR = "RAYPROF_RETENTION_COUNT"
 DEFAULT_RETENTION_COUNT = 1000
 RETENTION_DAYS_ENV_VAR = "RAYPROF_RETENTION_DAYS"
 DEFAULT_RETENTION_DAYS = 30.0
+# Bundles and profiles the controller took by itself (watches, stacks on STALLED) have
+# their own budget: they only ever push out other automatic ones, never a requested one.
+RETENTION_AUTO_COUNT_ENV_VAR = "RAYPROF_RETENTION_AUTO_COUNT"
+DEFAULT_RETENTION_AUTO_COUNT = 100
 
 # `rayprof gc` deletes profile folders with no manifest and no saved state (a
 # crashed postprocess's remains) once their profile is older than this.
@@ -122,6 +126,9 @@ DEFAULT_MONITOR_INTERVAL_S = 1.0
 # Most watches one controller keeps.
 MAX_WATCHES_ENV_VAR = "RAYPROF_MAX_WATCHES"
 DEFAULT_MAX_WATCHES = 100
+# A watch whose action failed this many times in a row is paused (its reason shown) until recreated.
+WATCH_MAX_FAILURES_ENV_VAR = "RAYPROF_WATCH_MAX_FAILURES"
+DEFAULT_WATCH_MAX_FAILURES = 3
 
 UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
 DEFAULT_UPLOAD_RETRIES = 5

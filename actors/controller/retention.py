@@ -1,5 +1,8 @@
-"""Old profiles expire: the newest ``retention_count`` finished profiles are kept, none older than
-``retention_days``; the rest are deleted from storage (folder and saved state) and from memory."""
+"""Old profiles expire: the newest ``retention_count`` finished profiles a user asked for are kept, and
+apart from them the newest ``retention_auto_count`` the controller took by itself (a watch, stacks on
+STALLED: those with a trigger), none older than ``retention_days``; the rest are deleted from storage
+(folder and saved state) and from memory. Two budgets, so a watch that fires often only ever pushes
+out what watches took, never a profile someone asked for."""
 
 from __future__ import annotations
 
@@ -21,15 +24,20 @@ __all__ = ["Retention", "expired"]
 logger = logging.getLogger(__name__)
 
 
-def expired(finished: Iterable[Finished], count: int, days: float) -> list[Finished]:
-    """Finished profiles past the retention policy, oldest last."""
+def expired(finished: Iterable[Finished], count: int, days: float, auto_count: int) -> list[Finished]:
+    """Finished profiles past the retention policy, oldest last: requested ones beyond the newest
+    ``count``, automatic ones beyond the newest ``auto_count``, and any older than ``days``."""
     newest_first = sorted(finished, key=lambda e: e.summary.created_at, reverse=True)
     cutoff = utcnow() - timedelta(days=days)
-    return [
-        e
-        for i, e in enumerate(newest_first)
-        if i >= count or (e.summary.finished_at or e.summary.created_at) < cutoff
-    ]
+    seen = {"requested": 0, "automatic": 0}
+    due = []
+    for e in newest_first:
+        budget = "requested" if e.summary.trigger is None else "automatic"
+        seen[budget] += 1
+        kept = count if budget == "requested" else auto_count
+        if seen[budget] > kept or (e.summary.finished_at or e.summary.created_at) < cutoff:
+            due.append(e)
+    return due
 
 
 class Retention:
@@ -40,7 +48,7 @@ class Retention:
     def due(self, catalog: Catalog) -> list[Finished]:
         """What the policy no longer keeps."""
         cfg = self._config()
-        return expired(catalog.finished.values(), cfg.retention_count, cfg.retention_days)
+        return expired(catalog.finished.values(), cfg.retention_count, cfg.retention_days, cfg.retention_auto_count)
 
     async def enforce(self, catalog: Catalog) -> list[str]:
         """Delete what the policy no longer keeps; returns what failed. A storage error leaves

@@ -7,8 +7,12 @@ time across ranks, kept as a rolling series. A watch's condition
 (``slower_than`` x the rolling median, ``rank_lag`` steps, ``stalled``) that
 holds for ``for_s`` runs its action: a profile window or every rank's stacks,
 with the :class:`Trigger` recorded in the profile's status and manifest. A
-cooldown and an hourly cap bound how often; watches are saved and come back
-after a controller restart.
+cooldown and a cap over any rolling hour bound how often; a firing that fails
+counts toward both, and a watch whose action fails
+``RAYPROF_WATCH_MAX_FAILURES`` times in a row is paused with its reason. A
+watch is checked against the server's limits when it is created, so it is
+never refused on every firing. Watches are saved and come back after a
+controller restart.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from typing import Any
 from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
+from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
 from orchestrator.control import ControllerConfig
 from orchestrator.diagnosis import WatchFiring, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
-from orchestrator.models import ProfileRequest, Trigger, utcnow
+from orchestrator.models import ProfileRequest, ProfileState, Trigger, utcnow
 
 __all__ = ["Watches"]
 
@@ -37,10 +42,10 @@ logger = logging.getLogger(__name__)
 
 _FIRINGS_KEPT = 20
 _SERIES_KEPT = 3600
-# Samples a baseline needs before it is trusted.
-_MIN_BASELINE_SAMPLES = 5
 # Healthy ranks profiled beside the lagging ones (ranks="lagging").
 _HEALTHY_BESIDE_LAGGING = 2
+# A watch whose save failed (a firing, a pause) is saved again this often until it lands.
+_SAVE_RETRY_S = 5.0
 
 TakeStacks = Callable[[str, str | None, bool, Trigger], Awaitable[Any]]
 Submit = Callable[[ProfileRequest, Trigger], Awaitable[Any]]
@@ -52,24 +57,40 @@ class _Watch:
     spec: WatchSpec
     created_at: datetime
     firings: list[WatchFiring] = field(default_factory=list)
+    # When it fired or tried to, newest last: the cooldown and the rolling-hour cap read these, and
+    # no more than max_per_hour are ever needed to tell whether the cap is reached.
+    fired: deque[datetime] = field(default_factory=deque)
+    failures: int = 0
+    paused: str | None = None
     state: str = "WAITING"
     baseline: float | None = None
     observed: float | None = None
     note: str | None = None
     holding_since: float | None = None
     busy: bool = False
+    # Changes to save (a firing, a pause) / the last of them saved: a save that lands after a
+    # newer one failed must not mark the watch saved.
+    changes: int = 0
+    saved: int = 0
+    save_tried: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.fired = deque(self.fired, maxlen=self.spec.max_per_hour)
 
     def status(self, now: float) -> WatchStatus:
         return WatchStatus(
             id=self.id,
             spec=self.spec,
             created_at=self.created_at,
-            state=self.state,
+            state="PAUSED" if self.paused is not None else self.state,
             baseline=self.baseline,
             observed=self.observed,
             holding_s=now - self.holding_since if self.holding_since is not None else None,
             note=self.note,
             firings=self.firings[-_FIRINGS_KEPT:],
+            fired_at=list(self.fired),
+            failures=self.failures,
+            paused=self.paused,
         )
 
 
@@ -92,6 +113,9 @@ class Watches:
         self._submit = submit
         self._spawn = spawn
         self._watches: dict[str, _Watch] = {}
+        # Creates between their limit check and their save: counted against the limit, so
+        # concurrent creates cannot all pass the check before any of them is added.
+        self._creating = 0
         self._series: dict[str, deque[tuple[float, float]]] = {}
         self._stalled: set[tuple[str, str]] = set()
         self.stall_stacks: dict[tuple[str, str], str] = {}
@@ -99,12 +123,18 @@ class Watches:
     # ---- the API ----------------------------------------------------------
 
     async def create(self, spec: WatchSpec) -> WatchStatus:
-        limit = self._config().max_watches
-        if len(self._watches) >= limit:
-            raise InvalidRequestError(f"{len(self._watches)} watches already (max {limit}, RAYPROF_MAX_WATCHES)")
+        config = self._config()
+        check(spec, config)
+        held = len(self._watches) + self._creating
+        if held >= config.max_watches:
+            raise InvalidRequestError(f"{held} watches already (max {config.max_watches}, RAYPROF_MAX_WATCHES)")
         watch = _Watch(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=utcnow())
         status = watch.status(time.monotonic())
-        await self._persistence.save_watch(status)
+        self._creating += 1
+        try:
+            await self._persistence.save_watch(status)
+        finally:
+            self._creating -= 1
         self._watches[watch.id] = watch
         return status
 
@@ -123,7 +153,17 @@ class Watches:
 
     def restore(self, saved: list[WatchStatus]) -> None:
         for s in saved:
-            self._watches.setdefault(s.id, _Watch(id=s.id, spec=s.spec, created_at=s.created_at, firings=list(s.firings)))
+            watch = _Watch(
+                id=s.id,
+                spec=s.spec,
+                created_at=s.created_at,
+                firings=list(s.firings),
+                # Saved before fired_at existed: the firings kept are the best record of the last hour.
+                fired=deque(s.fired_at or [f.at for f in s.firings]),
+                failures=s.failures,
+                paused=s.paused,
+            )
+            self._watches.setdefault(s.id, watch)
 
     def _watch(self, watch_id: str) -> _Watch:
         try:
@@ -166,6 +206,9 @@ class Watches:
                 series.append((now, health.median_step_s))
         for watch in list(self._watches.values()):
             self._advance(watch, newest.get(watch.spec.target), now)
+            if watch.saved < watch.changes and not watch.busy and now - watch.save_tried >= _SAVE_RETRY_S:
+                watch.save_tried = now
+                self._spawn(self._save(watch))
 
     def assess(self, workers: dict[int, Worker], now: float) -> Health:
         config = self._config()
@@ -187,10 +230,13 @@ class Watches:
 
     def _baseline(self, target: str, since: float, until: float) -> float | None:
         values = [v for t, v in self._series.get(target, ()) if since <= t <= until]
-        return statistics.median(values) if len(values) >= _MIN_BASELINE_SAMPLES else None
+        return statistics.median(values) if len(values) >= MIN_BASELINE_SAMPLES else None
 
     def _advance(self, watch: _Watch, run: tuple[dict[int, Worker], Health] | None, now: float) -> None:
         spec = watch.spec
+        if watch.paused is not None:
+            watch.state, watch.holding_since = "PAUSED", None
+            return
         if run is None:
             watch.state, watch.holding_since, watch.observed, watch.note = "WAITING", None, None, "target not live"
             return
@@ -251,12 +297,14 @@ class Watches:
 
     @staticmethod
     def _blocked(watch: _Watch) -> str | None:
-        """COOLDOWN or CAPPED when the watch may not fire now, else None."""
-        done = [f for f in watch.firings if f.error is None]
+        """COOLDOWN or CAPPED when the watch may not fire now, else None. Failed firings count:
+        a watch whose action keeps failing must not retry on every tick."""
+        fired = watch.fired
         wall = utcnow()
-        if done and wall - done[-1].at < timedelta(seconds=watch.spec.cooldown_s):
+        if fired and wall - fired[-1] < timedelta(seconds=watch.spec.cooldown_s):
             return "COOLDOWN"
-        if sum(1 for f in done if wall - f.at < timedelta(hours=1)) >= watch.spec.max_per_hour:
+        # fired holds at most max_per_hour times: when full, its oldest is the max_per_hour-th latest.
+        if len(fired) >= watch.spec.max_per_hour and wall - fired[0] < timedelta(hours=1):
             return "CAPPED"
         return None
 
@@ -266,7 +314,8 @@ class Watches:
         try:
             if spec.action == "stacks":
                 bundle = await self._take_stacks(spec.target, None, False, trigger)
-                firing = WatchFiring(at=trigger.at, profile_id=bundle.id, trigger=trigger)
+                error = f"stacks {bundle.id} ended FAILED" if bundle.state == ProfileState.FAILED else None
+                firing = WatchFiring(at=trigger.at, profile_id=bundle.id, trigger=trigger, error=error)
             else:
                 ranks = None
                 if spec.ranks == "lagging" and spec.rank_lag is not None:
@@ -282,14 +331,44 @@ class Watches:
             watch.note = f"not fired yet: {e.message}"
         except RayprofError as e:
             firing = WatchFiring(at=trigger.at, trigger=trigger, error=e.message)
+        except Exception as e:
+            # Not one of ours: a bug. Recorded like any failure so the watch cools down and pauses
+            # instead of failing again on every tick.
+            logger.exception("rayprof controller: %s failed to fire", watch.id)
+            firing = WatchFiring(at=trigger.at, trigger=trigger, error=f"internal error: {type(e).__name__}")
         finally:
             watch.busy = False
         if firing is None:
             return
         watch.firings = [*watch.firings, firing][-_FIRINGS_KEPT:]
+        watch.fired.append(firing.at)
         watch.holding_since = None
-        if watch.id in self._watches:
-            try:
-                await self._persistence.save_watch(watch.status(time.monotonic()))
-            except StorageError as e:
-                logger.warning("rayprof controller: cannot save %s: %s", watch.id, e)
+        self._count_failure(watch, firing.error)
+        watch.changes += 1
+        await self._save(watch)
+
+    async def _save(self, watch: _Watch) -> None:
+        """Save a watch's firings and pause; on a storage error, a later tick tries again."""
+        if watch.id not in self._watches:
+            return
+        watch.save_tried = time.monotonic()
+        covered = watch.changes
+        try:
+            await self._persistence.save_watch(watch.status(watch.save_tried))
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save %s (will retry): %s", watch.id, e)
+            return
+        watch.saved = max(watch.saved, covered)
+
+    def _count_failure(self, watch: _Watch, error: str | None) -> None:
+        if error is None:
+            watch.failures = 0
+            return
+        watch.failures += 1
+        limit = self._config().watch_max_failures
+        if watch.failures >= limit and watch.paused is None:
+            watch.paused = (
+                f"its action failed {watch.failures} times in a row (RAYPROF_WATCH_MAX_FAILURES={limit}); last: "
+                f"{error}. Delete the watch and create it again once that is fixed"
+            )
+            logger.warning("rayprof controller: %s paused: %s", watch.id, watch.paused)

@@ -43,7 +43,7 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     p.add_argument("--for", dest="for_s", type=parse_duration, default=30.0, help="how long it must hold (default 30s)")
     then = p.add_mutually_exclusive_group()
     then.add_argument("--then-profile", type=int, metavar="STEPS", help="then profile this many steps (default 5)")
-    then.add_argument("--then-stacks", action="store_true", help="then take every rank's stacks")
+    then.add_argument("--then-stacks", action="store_true", help="then take every rank's stacks (default with --stalled)")
     p.add_argument("--ranks", choices=["all", "lagging"], default="all", help="with --rank-lag: lagging ranks + 2 healthy")
     p.add_argument("--baseline", type=parse_duration, default=300.0, help="rolling baseline window (default 5m)")
     p.add_argument("--cooldown", type=parse_duration, default=600.0, help="quiet time after it fires (default 10m)")
@@ -101,8 +101,9 @@ def watch(args: argparse.Namespace) -> int:
         rank_lag=args.rank_lag,
         stalled=args.stalled,
         for_s=args.for_s,
-        action="stacks" if args.then_stacks else "profile",
-        profile_steps=args.then_profile or 5,
+        # A stalled run takes no steps to profile: stacks is the only action that can work.
+        action="stacks" if args.then_stacks or (args.stalled and args.then_profile is None) else "profile",
+        profile_steps=5 if args.then_profile is None else args.then_profile,
         ranks=args.ranks,
         baseline_s=args.baseline,
         cooldown_s=args.cooldown,
@@ -153,6 +154,8 @@ def watches(args: argparse.Namespace) -> int:
     out(table(rows, ["watch", "target", "state", "baseline", "observed", "fired", "last"]))
     for w in found:
         out(f"{w.id}: {describe(w.spec)}" + (f" ({w.note})" if w.note else ""))
+        if w.paused:
+            out(f"{w.id} PAUSED: {w.paused}")
     return EXIT_OK
 
 
