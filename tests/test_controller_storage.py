@@ -133,3 +133,34 @@ def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reas
     status = run(go())
     assert status.state == ProfileState.FAILED
     assert status.reason.startswith("could not write the manifest")
+
+
+def test_a_manifest_write_that_fails_once_is_retried_and_the_profile_ends_done(home, monkeypatch):
+    # Every artifact is stored when the manifest is written: one failed write must not fail the profile.
+    from orchestrator.storage.local import FileStorage
+
+    put_bytes = FileStorage.put_bytes
+    failed: list[str] = []
+
+    def flaky(self, data, key, *args, **kwargs):
+        if key.endswith("manifest.json") and not failed:
+            failed.append(key)
+            raise StorageError(f"injected failure writing {key}")
+        return put_bytes(self, data, key, *args, **kwargs)
+
+    monkeypatch.setattr(FileStorage, "put_bytes", flaky)
+
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=2))
+        status, _ = await wait_terminal(c, submitted.id, timeout_s=20.0)
+        manifest = await c.manifest(submitted.id)
+        for agent in agents:
+            await agent.stop()
+        return status, manifest
+
+    status, manifest = run(go())
+    assert failed, "the injected failure never happened"
+    assert status.state == ProfileState.DONE
+    assert manifest.profile_id == status.id

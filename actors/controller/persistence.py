@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from actors.controller.idempotency import SubmitKey
 from actors.controller.state import Profile
 from orchestrator.diagnosis import WatchStatus
-from orchestrator.errors import StorageError
+from orchestrator.errors import AlreadyExistsError, StorageError
 from orchestrator.layout import (
     config_key,
     index_key,
@@ -43,6 +43,11 @@ from orchestrator.summaries import ProfileSummary
 __all__ = ["Finished", "Persistence", "SavedIndex", "SavedProfile"]
 
 logger = logging.getLogger(__name__)
+
+# A manifest write that fails is tried again 0.25, 0.5, 1 and 2 s later (S3 also retries each try).
+_MANIFEST_ATTEMPTS = 5
+_MANIFEST_FIRST_DELAY_S = 0.25
+_MANIFEST_MAX_DELAY_S = 2.0
 
 
 class SavedProfile(BaseModel):
@@ -275,8 +280,31 @@ class Persistence:
 
     @staticmethod
     async def write_manifest(profile: Profile, manifest: Manifest) -> str:
-        """Write the manifest, once; returns its URI."""
-        return await asyncio.to_thread(write_manifest, open_storage(profile.storage), manifest)
+        """Write the manifest, once; returns its URI.
+
+        Every artifact it lists is already stored, so one failed write must not fail
+        the profile: it is tried again with backoff (S3 retries each call on its own
+        too; a file system does not). A try whose write landed but whose answer was
+        lost finds the same manifest there, which is success, never a replacement.
+        """
+        storage = open_storage(profile.storage)
+        delay = _MANIFEST_FIRST_DELAY_S
+        for attempt in range(1, _MANIFEST_ATTEMPTS + 1):
+            try:
+                return await asyncio.to_thread(write_manifest, storage, manifest)
+            except AlreadyExistsError:
+                stored = await asyncio.to_thread(read_manifest, storage, profile.target, profile.id)
+                if stored != manifest:
+                    raise
+                return storage.uri(manifest_key(profile.target, profile.id))
+            except StorageError as e:
+                if attempt == _MANIFEST_ATTEMPTS:
+                    raise
+                logger.warning("rayprof controller: manifest of %s: attempt %d/%d failed (%s); retrying in %.2fs",
+                               profile.id, attempt, _MANIFEST_ATTEMPTS, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MANIFEST_MAX_DELAY_S)
+        raise AssertionError("unreachable")
 
     @staticmethod
     async def read_manifest(profile: Profile) -> Manifest:
