@@ -76,6 +76,26 @@ def test_a_rank_that_never_reports_is_failed_at_the_timeout(home):
     assert "no result within the 1s timeout (last state CAPTURING)" in status.ranks[0].reason
 
 
+def test_a_rank_still_waiting_for_its_start_at_the_timeout_is_told_to_drop_the_window(home):
+    # A rank far behind the leader (an uncoupled straggler) holds the window until it reaches
+    # the start step; holding it, it would refuse every later window on that rank.
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        agents[1].training = False
+        submitted = await c.submit(request(timeout_s=1.0))
+        status, _ = await wait_terminal(c, submitted.id)
+        told = await until(lambda: submitted.id in agents[1].cancelled, timeout_s=5.0)
+        for a in agents:
+            await a.stop()
+        return status, told
+
+    status, told = run(go())
+    assert status.state == ProfileState.PARTIAL
+    assert "last state ARMED" in status.ranks[1].reason
+    assert told
+
+
 def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
     async def go():
         c = controller(home)

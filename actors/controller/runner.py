@@ -204,6 +204,11 @@ class Runner:
                     if not result.state.is_terminal:
                         reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
                         profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                        # A rank still holding the window (a lagging rank far from its start) would
+                        # refuse every later window until it reached it: it is told to drop it now.
+                        worker = self._registry.workers.get(profile.agents.get(rank, ""))
+                        if worker is not None:
+                            worker.send(Command(kind="cancel", profile_id=profile.id))
                 return
             profile.changed.clear()
             await wait_event(profile.changed, min(left, 1.0))
