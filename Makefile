@@ -24,8 +24,9 @@ setup: $(VENV)/.installed
 test: setup browser
 	$(PY) -m pytest -q -ra -m 'not extended'
 
-# The costliest live tests (the demo end to end, 50 windows in a row, and four that
-# each start a job of their own): ~11 min more than `make test`.
+# The costliest live tests (the demo end to end, 50 windows in a row, four that each
+# start a job of their own, and hosts on a real network): ~11 min more than `make test`,
+# plus tests/test_netns.py's time (README, Tests).
 test-extended: setup
 	$(PY) -m pytest -q -ra -m extended
 

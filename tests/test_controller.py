@@ -109,6 +109,23 @@ def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
     status = run(go())
     assert status.ranks[1].state == RankState.FAILED
     assert "worker stopped responding" in status.ranks[1].reason
+    # Rank 1 was alone on host1 (tests/fake_agents.py): nothing answers from that host any more.
+    assert "host host1 stopped answering: no heartbeat from it for over" in status.ranks[1].reason
+
+
+def test_a_worker_that_vanishes_while_its_host_still_answers_is_said_to_have_exited(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 4)  # ranks 1 and 3 on host1
+        agents[1].behaviour = "vanish"
+        status, _ = await wait_terminal(c, (await c.submit(request())).id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    status = run(go())
+    assert [r.state for r in status.ranks] == [RankState.DONE, RankState.FAILED, RankState.DONE, RankState.DONE]
+    assert "other workers on host host1 still answer: its process exited or hung" in status.ranks[1].reason
 
 
 @pytest.mark.parametrize("when", [RankState.ARMED, RankState.CAPTURING])

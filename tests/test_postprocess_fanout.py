@@ -45,8 +45,10 @@ class _FakeCluster:
         self.running: set[int] = set()
         self.most_at_once = 0
         self.killed: list[int] = []
+        self.nodes: dict[int, str | None] = {}
 
-    def submit(self, fn: Any, tf: TraceFile, arg: Any) -> int:
+    def submit(self, fn: Any, tf: TraceFile, arg: Any, node_id: str | None) -> int:
+        self.nodes[tf.rank] = node_id
         self.results[tf.rank] = fn(tf, arg)
         self.running.add(tf.rank)
         self.most_at_once = max(self.most_at_once, len(self.running))
@@ -89,6 +91,23 @@ def test_ray_map_cancel_stops_and_kills_the_running_tasks() -> None:
     with pytest.raises(PostprocessCancelled, match="merging 1/4"):
         next(results)
     assert cluster.killed == [1]  # the one running; ranks 2 and 3 were never started
+
+
+def test_ray_map_runs_each_ranks_task_on_that_ranks_node() -> None:
+    """The node of a rank that finished the window answered moments ago; any other node may have
+    dropped off the network (tests/test_netns.py). A rank with no node known goes anywhere (None)."""
+    cluster = _FakeCluster(finish_order=[0, 1, 2])
+    fan = RayRankMap(
+        lambda p: None,
+        in_flight=3,
+        nodes={0: "node-a", 1: "node-b"},
+        submit=cluster.submit,
+        wait=cluster.wait,
+        get=cluster.get,
+        kill=cluster.kill,
+    )
+    assert list(fan(_double, _items(3), "analysing")) == [(0, 0), (1, 2), (2, 4)]
+    assert cluster.nodes == {0: "node-a", 1: "node-b", 2: None}
 
 
 @pytest.mark.parametrize("other_thread", [False, True], ids=["as called", "with another thread running"])

@@ -178,6 +178,25 @@ class AgentSide:
         expiry = self._config.poll_timeout_s + self._config.worker_expiry_grace_s
         while True:
             await asyncio.sleep(min(1.0, expiry / 4))
-            for worker in self._registry.expired(expiry):
-                self._registry.drop(worker.info.agent_id)
-                self._worker_gone(worker.info.agent_id, f"no heartbeat for over {expiry:.0f}s")
+            expired = self._registry.expired(expiry)
+            silent = {w.info.agent_id for w in expired}
+            for worker in expired:
+                reason = self._silence(worker, silent, expiry)
+                self._registry.drop(worker.info.agent_id, reason)
+                self._worker_gone(worker.info.agent_id, reason)
+
+    def _silence(self, worker: Worker, silent: set[str], expiry: float) -> str:
+        """Why a worker went silent, as far as the controller can tell: a host whose workers all
+        stopped at once has most likely dropped off the network (or is down); a worker whose
+        neighbours on the same host still answer has exited or hung on its own."""
+        node = worker.info.node_id
+        answering = any(w.info.node_id == node and a not in silent for a, w in self._registry.workers.items())
+        if answering:
+            return (
+                f"no heartbeat for over {expiry:.0f}s while other workers on host {worker.info.host} "
+                "still answer: its process exited or hung"
+            )
+        return (
+            f"host {worker.info.host} stopped answering: no heartbeat from it for over {expiry:.0f}s "
+            "(the host or its network is down, or its process exited)"
+        )

@@ -24,7 +24,7 @@ from actors.controller.state import Profile
 from orchestrator import settings
 from orchestrator.analysis.postprocess import PostprocessResult, postprocess
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
-from orchestrator.models import Manifest, PostprocessProgress
+from orchestrator.models import Manifest, PostprocessProgress, RankState
 from orchestrator.storage import open_storage
 
 __all__ = ["postprocess_in_task"]
@@ -44,7 +44,9 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
     def progress(p: PostprocessProgress) -> None:
         loop.call_soon_threadsafe(setattr, profile, "postprocess", p)
 
-    fan = RayRankMap(progress, in_flight=_cluster_cpus())
+    # The nodes of the ranks that finished this window: each answered moments ago.
+    nodes = {r.rank: r.node_id for r in draft.ranks if r.state == RankState.DONE and r.node_id}
+    fan = RayRankMap(progress, in_flight=_cluster_cpus(), nodes=nodes)
     max_bytes = settings.env_int(settings.MAX_MERGED_BYTES_ENV_VAR, settings.DEFAULT_MAX_MERGED_BYTES)
     job = asyncio.ensure_future(
         asyncio.to_thread(postprocess, profile.storage, profile.prefix, draft, max_bytes=max_bytes, rank_map=fan)

@@ -26,7 +26,7 @@ from orchestrator.models import Command, WorkerInfo
 
 __all__ = ["Registry", "RelayLink", "Worker", "run_of"]
 
-# Retired agent ids remembered; a worker group restart retires world_size of them.
+# Retired (and dropped) agent ids remembered; a worker group restart retires world_size of them.
 _RETIRED_KEPT = 65_536
 # (time, step) heartbeats kept per worker: enough to read every rank's step at one common instant.
 _SAMPLES_KEPT = 4
@@ -88,6 +88,8 @@ class Registry:
         self.workers: dict[str, Worker] = {}
         self.relays: dict[str, RelayLink] = {}
         self._retired: OrderedDict[str, str] = OrderedDict()
+        # Why each dropped worker left: the reason its open windows' ranks fail with.
+        self.gone: OrderedDict[str, str] = OrderedDict()
 
     def register(self, info: WorkerInfo, relay_id: str | None = None) -> tuple[bool, list[Worker]]:
         """Add or refresh a worker, linked to ``relay_id`` when it polls through one.
@@ -106,8 +108,9 @@ class Registry:
             and w.info.world_rank == info.world_rank
         ]
         for old in replaced:
-            self.drop(old.info.agent_id)
-            self._retire(old.info.agent_id, "replaced on its rank (worker group restarted)")
+            reason = "replaced on its rank (worker group restarted)"
+            self.drop(old.info.agent_id, reason)
+            self._retire(old.info.agent_id, reason)
         now = self._clock()
         worker = self.workers.get(info.agent_id)
         if worker is None:
@@ -159,12 +162,15 @@ class Registry:
             worker.samples.append((now, step))
         return worker
 
-    def drop(self, agent_id: str) -> Worker | None:
-        """Forget a worker; wakes its outstanding poll so it returns at once."""
+    def drop(self, agent_id: str, reason: str) -> Worker | None:
+        """Forget a worker, remembering why; wakes its outstanding poll so it returns at once."""
         worker = self.workers.pop(agent_id, None)
         if worker is not None:
             self._unlink(worker)
             worker.wake.set()
+            self.gone[agent_id] = reason
+            while len(self.gone) > _RETIRED_KEPT:
+                self.gone.popitem(last=False)
         return worker
 
     def expired(self, expiry_s: float) -> list[Worker]:

@@ -225,7 +225,8 @@ class Runner:
             if profile.cancel_requested and (agent_id is None or agent_id not in workers):
                 profile.ranks[rank] = _ended(result, RankState.CANCELLED, "cancelled")
             elif agent_id is not None and agent_id not in workers:
-                reason = "worker stopped responding during the window (process exited or was restarted)"
+                why = self._registry.gone.get(agent_id, "its process exited or was restarted")
+                reason = f"worker stopped responding during the window: {why}"
                 profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
 
     def _remember_arm_round(self, profile: Profile) -> None:

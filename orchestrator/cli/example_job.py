@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ class ExampleJob:
     It stops cleanly when its stop file appears (checked every 20 steps), or
     after ``max_seconds``. ``args`` go to ``train_job.py`` as they are; ``env``
     replaces the environment it inherits (e.g. ``RAY_AUTH_MODE=token`` to reach a
-    token-auth cluster by an explicit address).
+    token-auth cluster by an explicit address); ``launcher`` goes before the command
+    (e.g. ``ip netns exec ...`` to run the driver on another host).
     """
 
     def __init__(
@@ -36,6 +38,7 @@ class ExampleJob:
         *args: str,
         max_seconds: float = 1500.0,
         env: dict[str, str] | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         if not TRAIN_JOB.is_file():
             raise FileNotFoundError(f"cannot find the example job at {TRAIN_JOB}; run from a source checkout")
@@ -43,7 +46,7 @@ class ExampleJob:
         self.log = Path(log)
         self.stop_file = self.log.with_suffix(".stop")
         self.stop_file.unlink(missing_ok=True)
-        command = [sys.executable, str(TRAIN_JOB), "--name", name, "--address", address]
+        command = [*launcher, sys.executable, str(TRAIN_JOB), "--name", name, "--address", address]
         command += ["--max-seconds", str(int(max_seconds)), "--stop-file", str(self.stop_file), *args]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
