@@ -126,6 +126,22 @@ def test_analyze_writes_a_report_and_prints_the_findings(tmp_path):
     assert (folder / "report.html").read_text().startswith("<!doctype html>")
 
 
+def test_analyze_never_writes_through_links_planted_in_the_folder(tmp_path):
+    folder = tmp_path / "shared"
+    shutil.copytree(TRACES / "straggler", folder)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (folder / ".report.html.tmp").symlink_to(victim)
+    (folder / "report.html").symlink_to(victim)
+
+    result = rayprof("analyze", str(folder))
+
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "keep me"
+    report = folder / "report.html"
+    assert not report.is_symlink() and report.read_text().startswith("<!doctype html>")
+
+
 def test_analyze_json_is_machine_readable(tmp_path):
     folder = tmp_path / "healthy"
     shutil.copytree(TRACES / "healthy", folder)
