@@ -4,6 +4,7 @@
     ├── ConfigurationError        server-side settings are unusable
     ├── InvalidRequestError       the caller asked for something we refuse (HTTP 400/422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
+    ├── ForbiddenError            a request from another site, or a call without its registration secret (HTTP 403)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
     │   └── ProfileNotFoundError
@@ -67,6 +68,11 @@ class InvalidRequestError(RayprofError):
 class UnauthorizedError(RayprofError):
     code = "unauthorized"
     http_status = 401
+
+
+class ForbiddenError(RayprofError):
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFoundError(RayprofError):

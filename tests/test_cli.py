@@ -90,6 +90,13 @@ def test_empty_token_file_is_an_error(tmp_path):
     assert "is empty" in result.stderr
 
 
+def test_a_token_under_16_characters_exits_2_before_any_request():
+    result = rayprof_env({TOKEN_ENV_VAR: "short-token"}, "targets", "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "RAYPROF_TOKEN is 11 characters; a token needs at least 16" in result.stderr
+
+
 def test_serve_on_a_public_address_without_a_token_is_refused():
     # --address names no cluster: should the refusal be missing, nothing gets deployed anywhere.
     result = rayprof("serve", "--host", "0.0.0.0", "--address", f"127.0.0.1:{free_port()}", timeout=120)
@@ -245,7 +252,7 @@ def test_unknown_target_exits_2(live_job, service):
 
 @pytest.mark.integration
 def test_wrong_token_exits_2(service):
-    result = rayprof("targets", "--url", service.secure_url, "--token", "nope")
+    result = rayprof("targets", "--url", service.secure_url, "--token", "not-the-service-token")
 
     assert result.returncode == 2
     assert "unauthorized" in result.stderr
