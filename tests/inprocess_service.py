@@ -38,11 +38,16 @@ class ActorLike:
         return _Method(self._controller, name)
 
 
-def service_client(monkeypatch: pytest.MonkeyPatch, controller: Controller, **options: Any) -> httpx.AsyncClient:
-    """An HTTP client of the real app, served by a ``ProfilingService`` built with ``options``."""
+def install_service(monkeypatch: pytest.MonkeyPatch, controller: Controller, **options: Any) -> Any:
+    """The real app (an ASGI app), served by a ``ProfilingService`` built with ``options``."""
     cls = service_app.ProfilingService.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
     instance = cls.__new__(cls)
     cls.__init__(instance, controller=ActorLike(controller), **options)
     monkeypatch.setattr(serve, "get_replica_context", lambda: types.SimpleNamespace(servable_object=instance))
-    transport = httpx.ASGITransport(app=service_app.api, raise_app_exceptions=False)
+    return service_app.api
+
+
+def service_client(monkeypatch: pytest.MonkeyPatch, controller: Controller, **options: Any) -> httpx.AsyncClient:
+    """An HTTP client of the real app, served by a ``ProfilingService`` built with ``options``."""
+    transport = httpx.ASGITransport(app=install_service(monkeypatch, controller, **options), raise_app_exceptions=False)
     return httpx.AsyncClient(transport=transport, base_url=BASE_URL)

@@ -143,7 +143,10 @@ class Guard:
         """Refuse a request that a page of another site made the browser send."""
         origin = request.headers.get("origin")
         if origin is not None:
-            if self._own_origin(origin, request.headers.get("host", "")):
+            # Behind a proxy the browser's Host may arrive as X-Forwarded-Host; a page of another
+            # site cannot set either header on a request it makes the browser send.
+            hosts = (request.headers.get("host", ""), request.headers.get("x-forwarded-host", ""))
+            if self._own_origin(origin, hosts):
                 return
             shown = origin[:100]
             raise ForbiddenError(
@@ -154,14 +157,14 @@ class Guard:
         if fetch_site == "cross-site" and request.method not in _SAFE_METHODS:
             raise ForbiddenError("a request that another web site's page sent is refused")
 
-    def _own_origin(self, origin: str, host_header: str) -> bool:
+    def _own_origin(self, origin: str, host_headers: tuple[str, ...]) -> bool:
         try:
             parts = urlsplit(origin)
         except ValueError:
             return False
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (a sandboxed frame, a file) or garbage
-        if parts.netloc.lower() == host_header.strip().lower():
+        if parts.netloc.lower() in {h.strip().lower() for h in host_headers if h.strip()}:
             return True
         return host_of(parts.netloc) in self._hosts
 

@@ -3,9 +3,11 @@
 FastAPI's own page loads Swagger UI from a CDN on the console's origin, where
 the console keeps the token in ``sessionStorage``: a changed script there could
 read it, and an offline cluster shows a blank page. This page loads Swagger UI
-from the ``swagger-ui-bundle`` package (its files are installed with rayprof)
-and this folder's ``index.html`` and ``init.js``, under the console's
-Content-Security-Policy, so nothing outside the service is referenced or run.
+5 (the schema is OpenAPI 3.1, which Swagger UI 4 cannot show) from the files
+the ``fastapi-offline`` package ships (installed with rayprof; only its static
+files are used) and this folder's ``index.html`` and ``init.js``, under the
+console's Content-Security-Policy, so nothing outside the service is
+referenced or run.
 
 The page itself holds nothing secret and needs no token; the schema it loads
 (``/openapi.json``) is served behind the same guard as every API route, and
@@ -19,7 +21,6 @@ from importlib import resources
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from swagger_ui_bundle import swagger_ui_path
 
 from orchestrator.errors import NotFoundError
 from orchestrator.service.console import CONSOLE_CSP
@@ -45,7 +46,7 @@ router = APIRouter()
 @cache
 def _read(name: str) -> bytes:
     if name in _SWAGGER_FILES:
-        return swagger_ui_path.joinpath(name).read_bytes()
+        return resources.files("fastapi_offline").joinpath("static", name).read_bytes()
     return resources.files(__name__).joinpath(name).read_bytes()
 
 
