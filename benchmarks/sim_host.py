@@ -48,6 +48,8 @@ class SimHost:
         # now, like a job already training.
         self.t0 = job_started if job_started is not None else time.monotonic() - 50 * step_time_s
         self.calls = {"register": 0, "poll": 0, "report": 0}
+        # Each rank's registration secret, as the controller issued it: its later calls carry it.
+        self.secrets: dict[str, str | None] = {}
         self.outstanding_polls = 0
         self.arms = 0
         self.missed = 0
@@ -81,7 +83,7 @@ class SimHost:
 
         self.controller = find_controller()
         t0 = time.monotonic()
-        await asyncio.gather(*(self._call("register", info) for info in self.infos))
+        await asyncio.gather(*(self._register(info) for info in self.infos))
         elapsed = time.monotonic() - t0
         rng = random.Random(self.infos[0].world_rank)
         self.tasks = [
@@ -89,12 +91,15 @@ class SimHost:
         ]
         return elapsed
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _register(self, info: Any) -> None:
+        self.secrets[info.agent_id] = await self._call("register", info, secret=self.secrets.get(info.agent_id))
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         relay = self.relays.get(args[0].agent_id)
         if relay is not None:
-            result = await getattr(relay, method)(*args)
+            result = await getattr(relay, method)(*args, **kwargs)
         else:
-            result = await getattr(self.controller, method).remote(*args)
+            result = await getattr(self.controller, method).remote(*args, **kwargs)
         self.calls[method] += 1
         return result
 
@@ -107,14 +112,15 @@ class SimHost:
                 self.outstanding_polls += 1
                 try:
                     command = await self._call(
-                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s)
+                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s),
+                        self.secrets.get(info.agent_id),
                     )
                 finally:
                     self.outstanding_polls -= 1
                 if command is None or command.kind == "sync":
                     continue
                 if command.kind == "register":
-                    await self._call("register", info)
+                    await self._register(info)
                 elif command.kind == "arm":
                     self.arms += 1
                     # Like Capture: the window is armed when the command arrives, so whether its
@@ -132,11 +138,14 @@ class SimHost:
         def event(state: RankState, **kw: Any) -> RankEvent:
             return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
 
-        await self._call("report", event(RankState.ARMED, at=armed_at))
+        async def report(event: RankEvent) -> None:
+            await self._call("report", event, self.secrets.get(info.agent_id))
+
+        await report(event(RankState.ARMED, at=armed_at))
         first = window.start_step - window.warmup
         if now_step >= first:
             self.missed += 1
-            await self._call("report", event(
+            await report(event(
                 RankState.FAILED, reason=f"window start boundary {first} had passed (rank was at step {now_step})",
                 missed_start=True))
             return
@@ -145,10 +154,10 @@ class SimHost:
         # A real rank stamps CAPTURING on its training thread at the boundary that opened the
         # window; with 256 ranks a simulator's loop wakes late, which is not the window's lateness.
         at = datetime.now(UTC) - timedelta(seconds=max(0.0, time.monotonic() - opened))
-        await self._call("report", event(RankState.CAPTURING, at=at))
+        await report(event(RankState.CAPTURING, at=at))
         await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
-        await self._call("report", event(RankState.UPLOADING))
-        await self._call("report", event(
+        await report(event(RankState.UPLOADING))
+        await report(event(
             RankState.DONE, first_step=window.start_step, last_step=window.stop_step - 1,
             step_durations_ms=[self.step_time_s * 1e3] * window.steps, artifacts=[]))
 
@@ -166,13 +175,14 @@ class SimHost:
         from orchestrator.models import RankEvent, RankState
 
         event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
+        secret = self.secrets.get(event.agent_id)
         deadline = time.monotonic() + seconds
         done = 0
 
         async def lane() -> None:
             nonlocal done
             while time.monotonic() < deadline:
-                await self.controller.report.remote(event)
+                await self.controller.report.remote(event, secret)
                 done += 1
 
         await asyncio.gather(*(lane() for _ in range(concurrency)))

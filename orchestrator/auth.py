@@ -20,7 +20,10 @@ from orchestrator.settings import (
     TOKEN_FILE_ENV_VAR,
 )
 
-__all__ = ["allowed_hosts", "check_exposure", "host_of", "is_loopback", "read_token"]
+__all__ = ["MIN_TOKEN_LENGTH", "allowed_hosts", "check_exposure", "host_of", "is_loopback", "read_token"]
+
+MIN_TOKEN_LENGTH = 16
+"""Shorter tokens are refused: one signed link lets anyone guess a token offline, as fast as they can hash."""
 
 # A bearer token is sent in a header: visible ASCII only (RFC 6750 allows less).
 _TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")
@@ -66,6 +69,11 @@ def _checked(token: str, source: str) -> str:
         )
     if not _TOKEN.match(token):
         raise ConfigurationError(f"{source} holds characters a bearer token cannot have (whitespace or non-ASCII)")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{source} is {len(token)} characters; a token needs at least {MIN_TOKEN_LENGTH} "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
     return token
 
 

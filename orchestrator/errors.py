@@ -6,6 +6,7 @@
     │   ├── IdempotencyKeyReusedError  a submit's key was used for another request (HTTP 422)
     │   └── InvalidWatchError     a watch that could never act as asked (HTTP 422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
+    ├── ForbiddenError            a request from another site, or a call without its registration secret (HTTP 403)
     ├── NotFoundError             unknown target or profile id (HTTP 404)
     │   ├── TargetNotFoundError
     │   └── ProfileNotFoundError
@@ -83,6 +84,11 @@ class InvalidWatchError(InvalidRequestError):
 class UnauthorizedError(RayprofError):
     code = "unauthorized"
     http_status = 401
+
+
+class ForbiddenError(RayprofError):
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFoundError(RayprofError):

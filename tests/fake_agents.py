@@ -132,9 +132,15 @@ class FakeAgent:
     clock_offset_s: float = 0.0
     # When set, an arm is acknowledged (ARMED) only once this is set: a test can act between the two.
     arm_ack_gate: asyncio.Event | None = None
+    # What the controller issued at registration; every later call carries it, as the agent's do.
+    secret: str | None = None
+
+    async def register(self) -> str | None:
+        self.secret = await self.controller.register(self.info, secret=self.secret)
+        return self.secret
 
     async def start(self) -> None:
-        assert await self.controller.register(self.info)
+        assert await self.register()
         self._tasks = [asyncio.create_task(self._train()), asyncio.create_task(self._poll())]
 
     async def stop(self) -> None:
@@ -152,16 +158,16 @@ class FakeAgent:
     async def _poll(self) -> None:
         while not self.stopped:
             command: Command | None = await self.controller.poll(
-                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s)
+                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s), self.secret
             )
             if command is None or command.kind == "sync":
                 continue
             if command.kind == "stacks":
                 if self.stack is not None:
-                    await self.controller.stacks_reply(self.stacks(command.profile_id))
+                    await self.controller.stacks_reply(self.stacks(command.profile_id), self.secret)
                 continue
             if command.kind == "register":
-                await self.controller.register(self.info)
+                await self.register()
             elif command.kind == "arm":
                 assert command.window is not None
                 self.windows.append(command.window)
@@ -187,7 +193,8 @@ class FakeAgent:
     async def report(self, window: WindowSpec, state: RankState, **fields: object) -> None:
         at = utcnow() + timedelta(seconds=self.clock_offset_s)
         await self.controller.report(
-            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=state, at=at, **fields)
+            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=state, at=at, **fields),
+            self.secret,
         )
 
     async def _window(self, window: WindowSpec) -> None:

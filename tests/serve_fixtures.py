@@ -26,7 +26,7 @@ import pytest
 
 from orchestrator.models import Manifest
 
-TOKEN = "test-token-5f2c"
+TOKEN = "test-token-5f2c-0b7e41"
 TERMINAL_STATES = {"DONE", "PARTIAL", "FAILED", "CANCELLED"}
 
 

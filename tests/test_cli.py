@@ -90,6 +90,13 @@ def test_empty_token_file_is_an_error(tmp_path):
     assert "is empty" in result.stderr
 
 
+def test_a_token_under_16_characters_exits_2_before_any_request():
+    result = rayprof_env({TOKEN_ENV_VAR: "short-token"}, "targets", "--url", f"http://127.0.0.1:{free_port()}")
+
+    assert result.returncode == 2
+    assert "RAYPROF_TOKEN is 11 characters; a token needs at least 16" in result.stderr
+
+
 def test_serve_on_a_public_address_without_a_token_is_refused():
     # --address names no cluster: should the refusal be missing, nothing gets deployed anywhere.
     result = rayprof("serve", "--host", "0.0.0.0", "--address", f"127.0.0.1:{free_port()}", timeout=120)
@@ -124,6 +131,22 @@ def test_analyze_writes_a_report_and_prints_the_findings(tmp_path):
     assert "straggler" in result.stdout.lower()
     assert "rank" in result.stdout and f"report: {folder / 'report.html'}" in result.stdout
     assert (folder / "report.html").read_text().startswith("<!doctype html>")
+
+
+def test_analyze_never_writes_through_links_planted_in_the_folder(tmp_path):
+    folder = tmp_path / "shared"
+    shutil.copytree(TRACES / "straggler", folder)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (folder / ".report.html.tmp").symlink_to(victim)
+    (folder / "report.html").symlink_to(victim)
+
+    result = rayprof("analyze", str(folder))
+
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "keep me"
+    report = folder / "report.html"
+    assert not report.is_symlink() and report.read_text().startswith("<!doctype html>")
 
 
 def test_analyze_json_is_machine_readable(tmp_path):
@@ -242,7 +265,7 @@ def test_unknown_target_exits_2(live_job, service):
 
 @pytest.mark.integration
 def test_wrong_token_exits_2(service):
-    result = rayprof("targets", "--url", service.secure_url, "--token", "nope")
+    result = rayprof("targets", "--url", service.secure_url, "--token", "not-the-service-token")
 
     assert result.returncode == 2
     assert "unauthorized" in result.stderr

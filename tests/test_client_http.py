@@ -47,6 +47,14 @@ def test_client_over_http_raises_conflict_error(live_job, file_store, service):
     assert (manifest := handle.wait(timeout=120)).status == ProfileState.DONE, why(manifest)
 
 
+def test_client_over_http_takes_stacks_with_a_post_and_the_bundle_is_stored(live_job, file_store, service, client):
+    run = next(t.run for t in client.targets() if t.name == LIVE_TARGET)
+    bundle = ProfilingClient(service.url).stacks(LIVE_TARGET, run=run)
+
+    assert bundle.state == ProfileState.DONE and bundle.run == run
+    assert ProfilingClient(service.url).get(bundle.id).status().kind == "stacks"
+
+
 def test_client_over_http_raises_target_not_found(service):
     with pytest.raises(TargetNotFoundError, match="no-such-run"):
         ProfilingClient(service.url).profile("no-such-run", steps=1)

@@ -176,15 +176,18 @@ def test_every_control_has_a_label_and_the_keyboard_reaches_the_profile_form(pag
         ".filter(e => e.labels.length === 0 && !e.getAttribute('aria-label')).map(e => e.id)"
     )
     assert unlabeled == []
+    # A card's controls are its run's: their ids carry the target and the run.
+    steps = page.locator(f'section[data-target="{LIVE_TARGET}"] input[name="steps"]').get_attribute("id")
+    assert steps.startswith(f"{LIVE_TARGET}/") and steps.endswith("-steps")
     focused = []
     for _ in range(40):
         page.keyboard.press("Tab")
         focused.append(page.evaluate("document.activeElement.id || document.activeElement.textContent"))
-        if focused[-1] == f"{LIVE_TARGET}-steps":
+        if focused[-1] == steps:
             break
     header = ["rayprof", "nav-targets", "nav-profiles", "nav-compare", "token-input", "token-save", "token-forget"]
     assert focused[: len(header)] == header
-    assert focused[-1] == f"{LIVE_TARGET}-steps"
+    assert focused[-1] == steps
 
 
 def test_token_typed_once_is_sent_as_a_bearer_header_for_the_tab(page, service):

@@ -206,7 +206,7 @@ def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
         restored = await second.get(submitted.id)
         for a in agents:
             a.controller = second
-            await second.register(a.info)
+            await a.register()
         await agents[1].finish(agents[1].windows[0])
         status, _ = await wait_terminal(second, submitted.id)
         for a in agents:
@@ -337,7 +337,7 @@ def test_an_agent_replaced_on_its_rank_is_told_to_stop_instead_of_evicting_its_r
         return again, await c.targets()
 
     again, targets = run(go())
-    assert again is False
+    assert again is None
     assert [r.info.agent_id for r in targets[0].ranks] == ["new"]
 
 

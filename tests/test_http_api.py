@@ -280,6 +280,14 @@ def test_report_is_served_under_a_strict_content_security_policy(finished, http)
     assert report.headers["x-content-type-options"] == "nosniff"
 
 
+def test_stacks_are_taken_only_by_a_post_that_no_other_sites_page_sent(live_job, http):
+    got = http.get(f"/v1/targets/{LIVE_TARGET}/stacks", params={"native": "true"})
+    foreign = http.post(f"/v1/targets/{LIVE_TARGET}/stacks", headers={"Origin": "https://evil.example"})
+
+    assert got.status_code == 405
+    assert foreign.status_code == 403 and foreign.json()["error"] == "forbidden"
+
+
 def test_request_under_a_foreign_host_name_is_refused_without_a_token(service):
     rebound = httpx.get(f"{service.url}/v1/targets", headers={"Host": "attacker.example"})
     local = httpx.get(f"{service.url}/v1/targets")

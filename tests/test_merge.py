@@ -35,6 +35,19 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return load(out)
 
 
+def test_merge_never_writes_through_a_link_planted_at_its_temp_name(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "merged.trace.json.gz"
+    (tmp_path / ".merged.trace.json.gz.tmp").symlink_to(victim)
+
+    merge_folder(case("straggler"), out)
+
+    assert victim.read_text() == "keep me"
+    assert not out.is_symlink() and load(out)["traceEvents"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == [".merged.trace.json.gz.tmp"]
+
+
 def test_merged_trace_has_one_process_per_rank_sorted(merged: dict[str, Any]) -> None:
     mains = [name for _, name in processes(merged) if not name.split(")")[-1].strip()]
     assert mains == ["rank 0 (vm)", "rank 1 (vm)"]

@@ -9,8 +9,10 @@ from typing import Any
 from actors.controller.actor import Controller
 from actors.controller.registry import Registry
 from actors.relay import RelayCore
-from orchestrator.models import ProfileRequest, ProfileState, RankState
-from tests.fake_agents import FakeAgent, make_controller, run, wait_terminal, worker_info
+from orchestrator.control import NodePoll
+from orchestrator.errors import ForbiddenError
+from orchestrator.models import Heartbeat, ProfileRequest, ProfileState, RankEvent, RankState
+from tests.fake_agents import FakeAgent, make_controller, run, start_agents, wait_terminal, worker_info
 
 RANKS_PER_NODE = 4
 
@@ -93,7 +95,7 @@ def test_a_window_costs_the_controller_a_few_calls_per_node_not_per_rank(home):
 def test_a_forwarded_heartbeat_is_dated_to_when_the_rank_sent_it():
     now = [100.0]
     registry = Registry(clock=lambda: now[0])
-    registry.register(worker_info(0, 1), relay_id="node0")
+    registry.register(worker_info(0, 1), relay_id="node0", relay_secret="node0-secret")
     now[0] = 110.0
     worker = registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1, age_s=4.0)
     assert worker is not None and worker.seen_at == 106.0
@@ -104,7 +106,7 @@ def test_a_forwarded_heartbeat_is_dated_to_when_the_rank_sent_it():
 def test_a_heartbeat_older_than_the_last_one_known_changes_nothing():
     now = [100.0]
     registry = Registry(clock=lambda: now[0])
-    registry.register(worker_info(0, 1), relay_id="node0")
+    registry.register(worker_info(0, 1), relay_id="node0", relay_secret="node0-secret")
     now[0] = 110.0
     registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1)
     worker = registry.heartbeat("run-job1-r0", step=20, step_time_s=0.1, age_s=5.0)
@@ -158,10 +160,104 @@ def test_a_controller_restart_behind_a_relay_makes_its_ranks_register_again(home
 def test_a_rank_heard_through_its_relay_does_not_expire_although_its_heartbeat_is_dated_back():
     now = [100.0]
     registry = Registry(clock=lambda: now[0])
-    registry.register(worker_info(0, 1), relay_id="node0")
+    registry.register(worker_info(0, 1), relay_id="node0", relay_secret="node0-secret")
     now[0] = 115.0
     registry.heartbeat("run-job1-r0", step=50, step_time_s=0.1, age_s=9.0)
     now[0] = 120.0
     assert registry.expired(10.0) == []
     now[0] = 126.0
     assert [w.info.agent_id for w in registry.expired(10.0)] == ["run-job1-r0"]
+
+
+# ---- who may speak for a rank: the registration secret ------------------------------------------
+
+
+def _victim_calls(agent: FakeAgent):
+    hb = Heartbeat(agent_id=agent.info.agent_id, step=10**6, step_time_s=0.001)
+    event = RankEvent(profile_id="p-none", agent_id=agent.info.agent_id, state=RankState.FAILED, reason="forged")
+    return hb, event, agent.stacks("stk-none")
+
+
+def test_another_process_cannot_take_an_agents_commands_or_speak_for_it(home):
+    async def go():
+        c = make_controller(home)
+        agents = await start_agents(c, 2)
+        victim = agents[1]  # its agent id is public: GET /v1/targets lists it
+        hb, event, stacks = _victim_calls(victim)
+        refused = []
+        for forged in (
+            c.poll(hb),
+            c.poll(hb, "a-guess"),
+            c.report(event),
+            c.stacks_reply(stacks),
+            c.register(victim.info),  # to be issued a secret of its own for the victim's id
+            c.register(victim.info, "node9", None, "relay-secret"),  # or to move it behind a relay of its own
+        ):
+            try:
+                await forged
+            except ForbiddenError:
+                refused.append(True)
+            else:
+                refused.append(False)
+        step_seen = c._registry.workers[victim.info.agent_id].step
+        submitted = await c.submit(ProfileRequest(target="run", steps=3))
+        status, _ = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return refused, step_seen, status, [len(a.windows) for a in agents]
+
+    refused, step_seen, status, windows = run(go())
+    assert refused == [True] * 6
+    assert step_seen < 10**6
+    # The victim still gets its arm and reports: the profile ends DONE on both ranks.
+    assert status.state == ProfileState.DONE and windows == [1, 1]
+
+
+def test_another_process_cannot_poll_for_a_relay_or_speak_through_it_for_its_ranks(home):
+    async def go():
+        c = make_controller(home)
+        agents, relays = await start_relayed(c, 2)
+        relay, victim = relays[0], agents[1]
+        hb, event, _ = _victim_calls(victim)
+        stranger = worker_info(5, 8, agent="stranger")
+        refused = []
+        for forged in (
+            relay.poll(hb),  # the relay is a named actor: anyone can call it
+            relay.report(event),
+            c.poll_node(NodePoll(relay_id=relay.relay_id, beats=[])),
+            c.report_many([event]),
+            c.report_many([event], relay.relay_id, "a-guess"),
+            c.register(stranger, relay.relay_id, None, "a-guess"),  # a rank of its own on the relay's link
+        ):
+            try:
+                await asyncio.wait_for(forged, 5)
+            except ForbiddenError:
+                refused.append(True)
+            else:
+                refused.append(False)
+        submitted = await c.submit(ProfileRequest(target="run", steps=3))
+        status, _ = await wait_terminal(c, submitted.id)
+        for a in agents:
+            await a.stop()
+        return refused, status
+
+    refused, status = run(go())
+    assert refused == [True] * 6
+    assert status.state == ProfileState.DONE
+
+
+def test_a_rank_that_registers_again_keeps_its_secret_and_a_new_controller_issues_a_new_one(home):
+    async def go():
+        first = make_controller(home)
+        (agent,) = await start_agents(first, 1)
+        issued = agent.secret
+        again = await agent.register()
+        second = make_controller(home)
+        agent.controller = second
+        fresh = await agent.register()
+        await agent.stop()
+        return issued, again, fresh
+
+    issued, again, fresh = run(go())
+    assert issued and again == issued
+    assert fresh and fresh != issued

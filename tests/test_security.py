@@ -52,10 +52,10 @@ def test_empty_token_variable_is_a_configuration_error(monkeypatch):
 
 
 def test_token_is_read_from_the_file_the_variable_names(monkeypatch, tmp_path):
-    (tmp_path / "t").write_text("s3cret-token\n")
+    (tmp_path / "t").write_text("s3cret-token-0123456\n")
     monkeypatch.setenv(TOKEN_FILE_ENV_VAR, str(tmp_path / "t"))
 
-    assert read_token() == "s3cret-token"
+    assert read_token() == "s3cret-token-0123456"
 
 
 @pytest.mark.parametrize("content", ["", "  \n"])
@@ -78,6 +78,17 @@ def test_both_token_variables_set_is_ambiguous(monkeypatch, tmp_path):
 
     with pytest.raises(ConfigurationError, match="set only one"):
         read_token()
+
+
+@pytest.mark.parametrize("token", ["t", "fifteen-chars15"])
+def test_a_token_under_16_characters_is_refused(token, tmp_path):
+    (tmp_path / "t").write_text(token)
+
+    with pytest.raises(ConfigurationError, match=f"is {len(token)} characters; a token needs at least 16"):
+        read_token(token)
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        read_token(token_file=tmp_path / "t")
+    assert read_token("sixteen-chars-16") == "sixteen-chars-16"
 
 
 def test_token_with_whitespace_is_refused():

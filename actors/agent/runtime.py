@@ -160,6 +160,8 @@ class Agent:
 
         upstream = None
         registered = False
+        # Issued by the controller at registration; every later call carries it. Only this thread uses it.
+        secret: str | None = None
         poll: Future | None = None
         unsent: list[RankEvent | RankStacks] = []
         last_register = -_MIN_REGISTER_INTERVAL_S
@@ -175,17 +177,18 @@ class Agent:
                     # dropping this worker. Never more than one register a second.
                     time.sleep(max(0.0, last_register + _MIN_REGISTER_INTERVAL_S - time.monotonic()))
                     last_register = time.monotonic()
-                    if ray.get(upstream.register.remote(self.info), timeout=30) is False:
+                    secret = ray.get(upstream.register.remote(self.info, secret=secret), timeout=30)
+                    if secret is None:
                         logger.warning("rayprof agent: replaced on rank %d by a newer worker; stopping", self.info.world_rank)
                         return
                     registered = True
                     poll = None
                 while unsent:
                     send = upstream.stacks_reply if isinstance(unsent[0], RankStacks) else upstream.report
-                    ray.get(send.remote(unsent[0]), timeout=30)
+                    ray.get(send.remote(unsent[0], secret), timeout=30)
                     unsent.pop(0)
                 if poll is None:
-                    poll = upstream.poll.remote(self._heartbeat()).future()
+                    poll = upstream.poll.remote(self._heartbeat(), secret).future()
                     poll.add_done_callback(lambda f: self._inbox.put(("poll", f)))
                 kind, payload = self._inbox.get(timeout=self._poll_timeout_s + 30)
                 if kind == "event":

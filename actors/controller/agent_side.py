@@ -4,6 +4,10 @@ rank reports, and dropping workers that went silent.
 Agents call these directly, or through their node's relay (``actors.relay``),
 which polls with ``poll_node`` for all its ranks and sends their events in
 batches with ``report_many``: then the controller answers nodes, not ranks.
+
+``register`` answers a secret that the worker's later calls carry (a relay's
+calls carry the secret it registered its ranks with): see
+:mod:`actors.controller.registry`.
 """
 
 from __future__ import annotations
@@ -37,26 +41,36 @@ class AgentSide:
     async def _ensure_started(self) -> None:
         raise NotImplementedError
 
-    async def register(self, info: WorkerInfo, relay_id: str | None = None) -> bool:
-        """An agent announces itself (``relay_id``: the relay it polls through).
-        False: it was replaced on its rank and must stop calling."""
+    async def register(
+        self,
+        info: WorkerInfo,
+        relay_id: str | None = None,
+        secret: str | None = None,
+        relay_secret: str | None = None,
+    ) -> str | None:
+        """An agent announces itself (``relay_id``: the relay it polls through, with the relay's
+        ``relay_secret``); ``secret``: the one it got when it registered before, if it did.
+        Returns the secret its later calls must carry; None: it was replaced on its rank
+        and must stop calling."""
         await self._ensure_started()
-        accepted, replaced = self._registry.register(info, relay_id)
+        worker, replaced = self._registry.register(info, relay_id, secret, relay_secret)
         for old in replaced:
             self._worker_gone(old.info.agent_id, "the worker was replaced (worker group restarted)")
-        if not accepted:
-            return False
+        if worker is None:
+            return None
         for profile in self._profiles.values():
             rank = info.world_rank
             same_run = profile.run is None or profile.run == self._registry.workers[info.agent_id].run
             if profile.target == info.target and same_run and not profile.state.is_terminal and rank in profile.ranks:
                 profile.agents.setdefault(rank, info.agent_id)
         logger.info("rayprof controller: registered %s rank %d (%s)", info.target, info.world_rank, info.host)
-        return True
+        return worker.secret
 
-    async def poll(self, heartbeat: Heartbeat) -> Command | None:
+    async def poll(self, heartbeat: Heartbeat, secret: str | None = None) -> Command | None:
         """Long-poll: record progress, then wait for a command up to the poll timeout."""
         await self._ensure_started()
+        if self._registry.check(heartbeat.agent_id, secret) is None:
+            return Command(kind="register")
         worker = self._registry.heartbeat(heartbeat.agent_id, heartbeat.step, heartbeat.step_time_s)
         if worker is None:
             return Command(kind="register")
@@ -67,16 +81,19 @@ class AgentSide:
             return worker.commands.popleft()
         return None
 
-    async def poll_node(self, poll: NodePoll) -> NodeReply:
-        """A relay's long-poll for its node: record every rank's progress, then wait for a
-        command for any rank linked to the relay, up to the poll timeout."""
+    async def poll_node(self, poll: NodePoll, relay_secret: str | None = None) -> NodeReply:
+        """A relay's long-poll for its node: record the progress of every rank linked to it,
+        then wait for a command for any of them, up to the poll timeout."""
         await self._ensure_started()
         reply = NodeReply()
+        link = self._registry.relay(poll.relay_id, relay_secret)
         for beat in poll.beats:
             hb = beat.heartbeat
-            if self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s) is None:
+            if hb.agent_id not in self._registry.workers:
                 reply.commands[hb.agent_id] = [Command(kind="register")]
-        link = self._registry.relays.get(poll.relay_id)
+            elif link is not None and hb.agent_id in link.agents:
+                self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s)
+            # else: a rank registered through another relay (or none): not this relay's to speak for.
         if link is None:
             return reply
         workers = self._registry.workers
@@ -94,15 +111,24 @@ class AgentSide:
                 worker.commands.clear()
         return reply
 
-    async def report(self, event: RankEvent) -> None:
+    async def report(self, event: RankEvent, secret: str | None = None) -> None:
         """An agent's window changed state. A rank's final result is saved before this returns:
         the agent drops it once acknowledged, and resends it when this raises."""
-        await self.report_many([event])
-
-    async def report_many(self, events: list[RankEvent]) -> None:
-        """Events of many ranks in one call (a relay's batch), applied in order; each profile
-        that got a final result is saved once, before this returns."""
         await self._ensure_started()
+        self._registry.check(event.agent_id, secret)
+        await self._apply_all([event])
+
+    async def report_many(
+        self, events: list[RankEvent], relay_id: str | None = None, relay_secret: str | None = None
+    ) -> None:
+        """Events of a relay's ranks in one call (its batch), applied in order; each profile
+        that got a final result is saved once, before this returns. Events of ranks not
+        linked to the relay are dropped."""
+        await self._ensure_started()
+        link = self._registry.relay(relay_id or "", relay_secret)
+        await self._apply_all([e for e in events if link is not None and e.agent_id in link.agents])
+
+    async def _apply_all(self, events: list[RankEvent]) -> None:
         to_save: dict[str, Profile] = {}
         for event in events:
             profile = self._apply(event)
@@ -163,10 +189,11 @@ class AgentSide:
         if event.state in (RankState.ARMED, RankState.CAPTURING):
             worker.send(Command(kind="cancel", profile_id=event.profile_id))
 
-    async def stacks_reply(self, stacks: RankStacks) -> None:
+    async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
         """An agent's answer to a ``stacks`` command."""
         await self._ensure_started()
-        await self._stacks.receive(stacks)
+        if self._registry.check(stacks.agent_id, secret) is not None:
+            await self._stacks.receive(stacks)
 
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)

@@ -10,11 +10,20 @@ told so, instead of evicting its replacement in a loop.
 A worker that polls through its node's relay is linked to that relay: a
 command for it wakes the relay's one long-poll, which carries the commands of
 every rank on the node.
+
+Any process in the cluster can call the controller, and agent ids are listed
+by ``targets``: so each registration gets a random secret that the worker's
+later calls must carry, and a relay binds its own secret to its link when it
+first registers a rank. A wrong secret is refused (:class:`ForbiddenError`):
+another process can neither take a worker's commands, nor speak for it, nor
+re-register it elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -22,6 +31,7 @@ from dataclasses import dataclass, field
 
 from actors.controller.health import Health
 from orchestrator.control import TargetInfo, WorkerStatus
+from orchestrator.errors import ForbiddenError
 from orchestrator.models import Command, WorkerInfo
 
 __all__ = ["Registry", "RelayLink", "Worker", "run_of"]
@@ -30,6 +40,10 @@ __all__ = ["Registry", "RelayLink", "Worker", "run_of"]
 _RETIRED_KEPT = 65_536
 # (time, step) heartbeats kept per worker: enough to read every rank's step at one common instant.
 _SAMPLES_KEPT = 4
+
+
+def _same(expected: str, given: str | None) -> bool:
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
 
 
 def run_of(info: WorkerInfo) -> str:
@@ -42,6 +56,7 @@ class RelayLink:
     """A node's relay: the agent ids that poll through it, and the event its long-poll waits on."""
 
     relay_id: str
+    secret: str
     agents: set[str] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -50,6 +65,8 @@ class RelayLink:
 class Worker:
     info: WorkerInfo
     registered_at: float
+    # Issued at registration; every later call for this worker must carry it.
+    secret: str
     # When the latest heartbeat was sent (dated back by a relay's hold), for step estimates
     # and sync rounds; and when the controller last heard of the worker, for expiry.
     seen_at: float
@@ -91,14 +108,25 @@ class Registry:
         # Why each dropped worker left: the reason its open windows' ranks fail with.
         self.gone: OrderedDict[str, str] = OrderedDict()
 
-    def register(self, info: WorkerInfo, relay_id: str | None = None) -> tuple[bool, list[Worker]]:
+    def register(
+        self,
+        info: WorkerInfo,
+        relay_id: str | None = None,
+        secret: str | None = None,
+        relay_secret: str | None = None,
+    ) -> tuple[Worker | None, list[Worker]]:
         """Add or refresh a worker, linked to ``relay_id`` when it polls through one.
-        Returns (accepted, workers it replaced).
+        Returns (the worker, or None when not accepted; workers it replaced).
 
-        A retired agent is not accepted: it was replaced on its rank.
+        A retired agent is not accepted: it was replaced on its rank. A worker
+        already known is refreshed only with its ``secret``; a relay's link only
+        with the ``relay_secret`` it was made with (raises :class:`ForbiddenError`).
         """
         if info.agent_id in self._retired:
-            return False, []
+            return None, []
+        self.check(info.agent_id, secret)
+        if relay_id is not None:
+            self._check_relay(relay_id, relay_secret)
         replaced = [
             w
             for agent_id, w in self.workers.items()
@@ -115,19 +143,39 @@ class Registry:
         worker = self.workers.get(info.agent_id)
         if worker is None:
             worker = self.workers[info.agent_id] = Worker(
-                info=info, registered_at=now, seen_at=now, heard_at=now, advanced_at=now
+                info=info, registered_at=now, secret=secrets.token_urlsafe(32), seen_at=now, heard_at=now,
+                advanced_at=now,
             )
         else:
             worker.info = info
             worker.seen_at = worker.heard_at = now
-        self._link(worker, relay_id)
-        return True, replaced
+        self._link(worker, relay_id, relay_secret)
+        return worker, replaced
 
-    def _link(self, worker: Worker, relay_id: str | None) -> None:
+    def check(self, agent_id: str, secret: str | None) -> Worker | None:
+        """The worker ``agent_id`` when ``secret`` is its own; None when it is not registered.
+        Raises :class:`ForbiddenError` for a registered worker and any other secret."""
+        worker = self.workers.get(agent_id)
+        if worker is not None and not _same(worker.secret, secret):
+            raise ForbiddenError(f"a call for agent {agent_id[:64]} without its registration secret")
+        return worker
+
+    def relay(self, relay_id: str, relay_secret: str | None) -> RelayLink | None:
+        """The link of ``relay_id`` when ``relay_secret`` is its own; None when there is none.
+        Raises :class:`ForbiddenError` for any other secret."""
+        self._check_relay(relay_id, relay_secret)
+        return self.relays.get(relay_id)
+
+    def _check_relay(self, relay_id: str, relay_secret: str | None) -> None:
+        link = self.relays.get(relay_id)
+        if relay_secret is None or (link is not None and not _same(link.secret, relay_secret)):
+            raise ForbiddenError(f"a call for relay {relay_id[:64]} without its secret")
+
+    def _link(self, worker: Worker, relay_id: str | None, relay_secret: str | None) -> None:
         if worker.relay is not None and worker.relay.relay_id != relay_id:
             self._unlink(worker)
-        if relay_id is not None and worker.relay is None:
-            link = self.relays.setdefault(relay_id, RelayLink(relay_id))
+        if relay_id is not None and relay_secret is not None and worker.relay is None:
+            link = self.relays.setdefault(relay_id, RelayLink(relay_id, relay_secret))
             link.agents.add(worker.info.agent_id)
             worker.relay = link
 

@@ -7,6 +7,7 @@ away with the job. A relay costs no CPU reservation (``num_cpus=0``).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import ray
@@ -24,20 +25,22 @@ __all__ = ["Relay", "relay_for", "relay_name"]
 class Relay:
     """The actor: every method is the :class:`RelayCore` one, served on one event loop."""
 
-    def __init__(self, relay_id: str, poll_timeout_s: float) -> None:
-        self._core = RelayCore(relay_id, find_controller, poll_timeout_s)
+    def __init__(self, name: str, poll_timeout_s: float) -> None:
+        # One id per relay instance: a relay started again under the same name (its owner's
+        # process restarted) gets a link of its own, not the old one bound to the old secret.
+        self._core = RelayCore(f"{name}-{uuid.uuid4().hex[:12]}", find_controller, poll_timeout_s)
 
-    async def register(self, info: WorkerInfo) -> bool:
-        return await self._core.register(info)
+    async def register(self, info: WorkerInfo, secret: str | None = None) -> str | None:
+        return await self._core.register(info, secret)
 
-    async def poll(self, heartbeat: Heartbeat) -> Command | None:
-        return await self._core.poll(heartbeat)
+    async def poll(self, heartbeat: Heartbeat, secret: str | None = None) -> Command | None:
+        return await self._core.poll(heartbeat, secret)
 
-    async def report(self, event: RankEvent) -> None:
-        await self._core.report(event)
+    async def report(self, event: RankEvent, secret: str | None = None) -> None:
+        await self._core.report(event, secret)
 
-    async def stacks_reply(self, stacks: RankStacks) -> None:
-        await self._core.stacks_reply(stacks)
+    async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
+        await self._core.stacks_reply(stacks, secret)
 
     async def counters(self) -> dict[str, int]:
         return dict(self._core.upstream_calls)

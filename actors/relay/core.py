@@ -8,12 +8,19 @@ the commands it gets to the ranks they are for. Events are batched: while one
 ``report_many`` is in flight, the next batch gathers; each rank's ``report``
 returns only once its batch was acknowledged, so a result is still saved
 before the rank drops it.
+
+Any process can find a relay by its name and call it: a rank's calls carry the
+secret the controller issued when the rank registered (the relay passes it
+through and keeps it), and the relay's own calls carry a secret it draws at
+start, which its link at the controller is bound to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +30,7 @@ from typing import Any
 from actors.controller.state import wait_event
 from orchestrator.control import NodeBeat, NodePoll, NodeReply
 from orchestrator.diagnosis import RankStacks
+from orchestrator.errors import ForbiddenError
 from orchestrator.models import Command, Heartbeat, RankEvent, WorkerInfo
 
 __all__ = ["RelayCore", "RelayError"]
@@ -45,6 +53,7 @@ class RelayError(RuntimeError):
 class _Local:
     """One rank on this node, as the relay knows it."""
 
+    secret: str
     beat: Heartbeat | None = None
     beat_at: float = 0.0
     polling: bool = False
@@ -63,6 +72,8 @@ class RelayCore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.relay_id = relay_id
+        # Binds this relay's link at the controller: a process that names this relay_id cannot poll for it.
+        self._secret = secrets.token_urlsafe(32)
         self._find = find_controller
         self._poll_timeout_s = poll_timeout_s
         self._clock = clock
@@ -72,7 +83,7 @@ class RelayCore:
         self._repolled = asyncio.Event()
         self._batch: list[tuple[RankEvent, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
-        self.upstream_calls = {"poll_node": 0, "report_many": 0, "register": 0, "stacks_reply": 0}
+        self.upstream_calls = {"poll_node": 0, "report_many": 0, "register": 0, "stacks_reply": 0, "report": 0}
 
     def _upstream(self) -> Any:
         if self._controller is None:
@@ -92,18 +103,31 @@ class RelayCore:
             self._controller = None
             raise RelayError(f"controller call {method} failed: {type(e).__name__}: {str(e)[:200]}") from e
 
-    async def register(self, info: WorkerInfo) -> bool:
-        """Register a local agent with the controller, linked to this relay."""
-        accepted = await self._call("register", info, self.relay_id)
-        if accepted:
-            local = self._locals.setdefault(info.agent_id, _Local())
+    async def register(self, info: WorkerInfo, secret: str | None = None) -> str | None:
+        """Register a local agent with the controller, linked to this relay; returns the
+        agent's secret (None: replaced on its rank, stop). ``secret``: the agent's from before."""
+        issued = await self._call("register", info, self.relay_id, secret, self._secret)
+        if issued is not None:
+            local = self._locals.get(info.agent_id)
+            if local is None or local.secret != issued:
+                local = self._locals[info.agent_id] = _Local(secret=issued)
             local.beat_at = self._clock()
             self._ensure_node_loop()
-        return bool(accepted)
+        return issued
 
-    async def poll(self, heartbeat: Heartbeat) -> Command | None:
+    def _local(self, agent_id: str, secret: str | None) -> _Local | None:
+        """The local rank ``agent_id`` when ``secret`` is its own; None when it is not known here."""
+        local = self._locals.get(agent_id)
+        if local is not None and (secret is None or not hmac.compare_digest(local.secret.encode(), secret.encode())):
+            raise ForbiddenError(f"a call for agent {agent_id[:64]} without its registration secret")
+        return local
+
+    async def poll(self, heartbeat: Heartbeat, secret: str | None = None) -> Command | None:
         """A local agent's long-poll: its heartbeat goes up with the next node poll."""
-        local = self._locals.setdefault(heartbeat.agent_id, _Local())
+        local = self._local(heartbeat.agent_id, secret)
+        if local is None:
+            # Not registered through this relay (it restarted, or forgot a silent rank).
+            return Command(kind="register")
         local.beat, local.beat_at, local.polling = heartbeat, self._clock(), True
         self._repolled.set()
         self._ensure_node_loop()
@@ -115,22 +139,26 @@ class RelayCore:
         finally:
             local.polling = False
 
-    async def report(self, event: RankEvent) -> None:
+    async def report(self, event: RankEvent, secret: str | None = None) -> None:
         """A local rank's event; returns once the controller acknowledged the batch it rode in."""
+        if self._local(event.agent_id, secret) is None:
+            # Not known here (this relay restarted): the controller checks the rank's own secret.
+            await self._call("report", event, secret)
+            return
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batch.append((event, done))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         await done
 
-    async def stacks_reply(self, stacks: RankStacks) -> None:
-        await self._call("stacks_reply", stacks)
+    async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
+        await self._call("stacks_reply", stacks, secret)
 
     async def _flush(self) -> None:
         while self._batch:
             batch, self._batch = self._batch, []
             try:
-                await self._call("report_many", [event for event, _ in batch])
+                await self._call("report_many", [event for event, _ in batch], self.relay_id, self._secret)
             except RelayError as e:
                 for _, done in batch:
                     done.set_exception(e)
@@ -160,7 +188,9 @@ class RelayCore:
                 if local.beat is not None
             ]
             try:
-                reply: NodeReply = await self._call("poll_node", NodePoll(relay_id=self.relay_id, beats=beats))
+                reply: NodeReply = await self._call(
+                    "poll_node", NodePoll(relay_id=self.relay_id, beats=beats), self._secret
+                )
             except RelayError as e:
                 logger.warning("rayprof relay %s: %s; retrying", self.relay_id, e)
                 await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])

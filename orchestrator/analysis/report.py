@@ -7,6 +7,7 @@ CDN. Every value from a trace or manifest is HTML-escaped.
 from __future__ import annotations
 
 import os
+import tempfile
 from html import escape
 from pathlib import Path
 from urllib.parse import quote
@@ -278,9 +279,19 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
 
 
 def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = None, memory: str = "") -> Path:
-    """Write ``report.html`` (temp name, then rename) and return its path."""
+    """Write ``report.html`` (a new temp file beside it, then rename) and return its path.
+
+    The temp file is created exclusively under a random name: a link planted in a
+    shared folder cannot make this write elsewhere, and the rename replaces a link
+    at ``out_path`` instead of writing through it.
+    """
     out_path = Path(out_path)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    tmp.write_text(render_report(summary, manifest, memory), encoding="utf-8")
-    os.replace(tmp, out_path)
+    fd, name = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(render_report(summary, manifest, memory))
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out_path

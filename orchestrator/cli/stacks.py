@@ -33,6 +33,7 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     p = command("stacks", stacks, "every rank's stacks now, grouped; stored like a profile", parents)
     p.add_argument("target", help="Ray Train run name")
     p.add_argument("--native", action="store_true", help="add native frames through py-spy (rayprof[native])")
+    p.add_argument("--run", metavar="JOB", help="the run (Ray job) when two live runs share the name (default the newest)")
 
     p = command("watch", watch, "watch a target and profile (or take stacks) when it slows, lags or stalls", parents)
     p.add_argument("target", help="Ray Train run name")
@@ -56,7 +57,7 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
 
 
 def stacks(args: argparse.Namespace) -> int:
-    bundle = _client(args).stacks(args.target, native=args.native)
+    bundle = _client(args).stacks(args.target, native=args.native, run=args.run)
     if args.json:
         emit_json(bundle)
     else:

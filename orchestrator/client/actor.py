@@ -86,8 +86,8 @@ class ActorBackend:
         root = self.storage()
         return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))
 
-    def stacks(self, target: str, native: bool) -> StacksBundle:
-        return self._call("stacks", target, native, timeout=120.0)
+    def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle:
+        return self._call("stacks", target, native, run, timeout=120.0)
 
     def create_watch(self, spec: WatchSpec) -> WatchStatus:
         return self._call("create_watch", spec)

@@ -171,9 +171,10 @@ class HttpBackend:
         path = f"{self._path(a)}/diff/{quote(b, safe='')}"
         return ProfileDiff.model_validate(self._request("GET", path))
 
-    def stacks(self, target: str, native: bool) -> StacksBundle:
+    def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle:
+        # A POST: taking stacks acts on every rank and stores a bundle.
         path = f"/v1/targets/{quote(target, safe='')}/stacks"
-        body = self._request("GET", path, params={"native": native}, timeout=self._timeout_s + 60)
+        body = self._request("POST", path, json={"native": native, "run": run}, timeout=self._timeout_s + 60)
         return StacksBundle.model_validate(body)
 
     def create_watch(self, spec: WatchSpec) -> WatchStatus:

@@ -46,6 +46,7 @@ from orchestrator.models import (
 )
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router
+from orchestrator.service.docs import router as docs_router
 from orchestrator.service.security import (
     MAX_BODY_BYTES,
     REPORT_HEADERS,
@@ -57,7 +58,7 @@ from orchestrator.service.security import (
     serve_http_host,
     unexpected_error_response,
 )
-from orchestrator.service.views import ErrorBody, ProfileView, StorageView, TargetList, WatchList
+from orchestrator.service.views import ErrorBody, ProfileView, StacksRequest, StorageView, TargetList, WatchList
 from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from orchestrator.storage import open_storage
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
@@ -96,9 +97,15 @@ api = FastAPI(
     title="rayprof",
     version="1",
     description="On-demand torch.profiler windows on live Ray Train runs.",
+    # FastAPI's pages load Swagger UI and ReDoc from a CDN: /docs is served from shipped files
+    # (orchestrator.service.docs), and the schema behind the guard (ProfilingService.openapi_schema).
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
     responses={
         400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
         401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
+        403: {"model": ErrorBody, "description": "Sent by a page of another web site (its Origin is not this service's)."},
         404: {"model": ErrorBody, "description": "Unknown target or profile."},
         422: {"model": ErrorBody, "description": "Malformed body, unknown field, invalid name, or a reused Idempotency-Key."},
         500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
@@ -111,6 +118,7 @@ api = FastAPI(
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 api.include_router(console_router)
+api.include_router(docs_router)
 api.add_middleware(SecurityHeaders)
 _bearer = HTTPBearer(
     auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR} or {TOKEN_FILE_ENV_VAR})."
@@ -223,6 +231,11 @@ class ProfilingService(ConsoleRoutes):
         url = str(request.url_for("get_profile", profile_id=status.id))
         return ProfileView(**dict(status), status_url=url, manifest=manifest)
 
+    @api.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema(self, request: Request, credentials: Credentials) -> JSONResponse:
+        self._guard.check(request, credentials)
+        return JSONResponse(api.openapi())
+
     @api.get("/healthz", summary="Liveness: the service and its control actor answer")
     async def healthz(self) -> dict[str, str]:
         await self._call("ping", timeout=5.0)
@@ -318,14 +331,22 @@ class ProfilingService(ConsoleRoutes):
         self._guard.check(request, credentials)
         return TargetList(targets=await self._call("targets"))
 
-    @api.get(
+    @api.post(
         "/v1/targets/{target}/stacks",
+        status_code=201,
         response_model=StacksBundle,
-        summary="Every live rank's stacks now, grouped; stored as a bundle of kind 'stacks'",
+        summary="Take every live rank's stacks now, grouped; stored as a bundle of kind 'stacks'",
+        description="A POST, never a GET: it acts on every rank and stores a bundle, so no link or image "
+        "can trigger it. Read a stored bundle with GET /v1/profiles/{id} (the Location header).",
     )
-    async def get_stacks(self, target: ProfileId, request: Request, credentials: Credentials, native: bool = False) -> StacksBundle:
+    async def take_stacks(
+        self, target: ProfileId, request: Request, credentials: Credentials, body: StacksRequest | None = None
+    ) -> JSONResponse:
         self._guard.check(request, credentials)
-        return await self._call("stacks", target, native, timeout=CALL_TIMEOUT_S + 60)
+        body = body or StacksRequest()
+        bundle: StacksBundle = await self._call("stacks", target, body.native, body.run, timeout=CALL_TIMEOUT_S + 60)
+        location = str(request.url_for("get_profile", profile_id=bundle.id))
+        return JSONResponse(bundle.model_dump(mode="json"), status_code=201, headers={"Location": location})
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:

@@ -6,11 +6,13 @@ Kept apart from :mod:`orchestrator.service.app` so the routes stay thin.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -21,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orchestrator.auth import allowed_hosts, host_of
 from orchestrator.errors import (
     ControllerUnavailableError,
+    ForbiddenError,
     IntegrityError,
     InvalidRequestError,
     ProfileTimeoutError,
@@ -95,17 +98,36 @@ def _hidden(request: Request, exc: Exception, status: int, code: str) -> JSONRes
     return JSONResponse({"error": code, "detail": detail, "error_id": error_id}, status_code=status)
 
 
+# What the link-signing key is derived for: a key made for one purpose is never the token itself.
+_LINK_KEY_LABEL = b"rayprof artifact links v1"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def link_key(token: str) -> bytes:
+    """The key that signs artifact URLs, derived from the token with a purpose label.
+
+    scrypt (once per replica, ~50 ms) so that a signed link, which anyone who sees
+    it holds, costs an offline guesser that much per guess of the token.
+    """
+    return hashlib.scrypt(token.encode(), salt=_LINK_KEY_LABEL, n=2**14, r=8, p=1, dklen=32)
+
+
 class Guard:
-    """Bearer-token check, and the Host allow-list of a service that has no token.
+    """Bearer-token check, the Host allow-list of a service that has no token, and
+    the refusal of requests another web site's page makes.
 
     A browser on a machine that can reach the service can be made to send it
     requests under an attacker's host name (DNS rebinding). With a token the
     attacker's page cannot authenticate; without one, only requests whose
-    ``Host`` is loopback or explicitly allowed are answered.
+    ``Host`` is loopback or explicitly allowed are answered. A page of another
+    site can still make the browser send a request to the service's own name (a
+    form, an image): the browser says so in ``Origin`` (and ``Sec-Fetch-Site``),
+    and such requests are refused with 403 whether or not there is a token.
     """
 
     def __init__(self, token: str | None, extra_hosts: list[str] | tuple[str, ...] = ()) -> None:
         self._token = token.encode() if token is not None else None
+        self._link_key = link_key(token) if token is not None else None
         self._hosts = allowed_hosts(extra_hosts)
 
     @property
@@ -113,11 +135,41 @@ class Guard:
         return self._token is not None
 
     @property
-    def token(self) -> bytes | None:
-        """The token's bytes, for signing URLs a browser follows without a header."""
-        return self._token
+    def link_key(self) -> bytes | None:
+        """The key for signing URLs a browser follows without a header; ``None`` without a token."""
+        return self._link_key
+
+    def check_origin(self, request: Request) -> None:
+        """Refuse a request that a page of another site made the browser send."""
+        origin = request.headers.get("origin")
+        if origin is not None:
+            # Behind a proxy the browser's Host may arrive as X-Forwarded-Host; a page of another
+            # site cannot set either header on a request it makes the browser send.
+            hosts = (request.headers.get("host", ""), request.headers.get("x-forwarded-host", ""))
+            if self._own_origin(origin, hosts):
+                return
+            shown = origin[:100]
+            raise ForbiddenError(
+                f"requests from the web page at {shown!r} are refused: only this service's own pages "
+                "(and the hosts it allows) may call it from a browser"
+            )
+        fetch_site = request.headers.get("sec-fetch-site")
+        if fetch_site == "cross-site" and request.method not in _SAFE_METHODS:
+            raise ForbiddenError("a request that another web site's page sent is refused")
+
+    def _own_origin(self, origin: str, host_headers: tuple[str, ...]) -> bool:
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return False  # "null" (a sandboxed frame, a file) or garbage
+        if parts.netloc.lower() in {h.strip().lower() for h in host_headers if h.strip()}:
+            return True
+        return host_of(parts.netloc) in self._hosts
 
     def check(self, request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
+        self.check_origin(request)
         if self._token is not None:
             given = credentials.credentials.encode() if credentials is not None else b""
             if not hmac.compare_digest(given, self._token):

@@ -1,4 +1,4 @@
-"""What the HTTP API answers, beyond the models the controller returns."""
+"""What the HTTP API takes and answers, beyond the models the controller uses."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import WatchStatus
-from orchestrator.models import Manifest, ProfileStatus
+from orchestrator.models import Manifest, Name, ProfileStatus
 
-__all__ = ["ErrorBody", "ProfileView", "StorageView", "TargetList", "WatchList"]
+__all__ = ["ErrorBody", "ProfileView", "StacksRequest", "StorageView", "TargetList", "WatchList"]
 
 
 class _Response(BaseModel):
@@ -20,6 +20,15 @@ class ProfileView(ProfileStatus):
 
     status_url: str = Field(description="GET this URL for the current state.")
     manifest: Manifest | None = Field(default=None, description="Inlined once the profile has ended.")
+
+
+class StacksRequest(_Response):
+    """``POST /v1/targets/{target}/stacks``: take every live rank's stacks now."""
+
+    native: bool = Field(default=False, description="Add native frames through py-spy (rayprof[native]).")
+    run: Name | None = Field(
+        default=None, description="The run's Ray job (submission id or job id) when two live runs share the target name."
+    )
 
 
 class TargetList(_Response):

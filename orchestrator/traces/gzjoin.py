@@ -11,7 +11,7 @@ trace viewer reads past the first member).
 from __future__ import annotations
 
 import struct
-from pathlib import Path
+from typing import BinaryIO
 
 from isal import isal_zlib
 
@@ -55,8 +55,8 @@ def _crc_combine(crc1: int, crc2: int, len2: int) -> int:
 class GzipFile:
     """One gzip member written from deflate pieces that each end on a byte boundary."""
 
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "wb")
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
         self._file.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")  # no name, no mtime, unknown OS
         self.crc = 0
         self.raw = 0

@@ -37,6 +37,7 @@ under a temporary name and renamed into place when complete.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -120,7 +121,9 @@ def merge_traces(
         for tf, s, a in zip(files, rank_scans, alignment)
     ]
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
+    # Created exclusively under a random name: a planted link cannot redirect the write.
+    fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    tmp = Path(name)
     truncated: list[RejectedTrace] = []
     ranks_info: list[dict[str, Any]] = []
     device_properties: list[dict[str, Any]] = []
@@ -128,7 +131,7 @@ def merge_traces(
     dropped: Counter[str] = Counter()
     events = 0
     try:
-        gz = GzipFile(tmp)
+        gz = GzipFile(os.fdopen(fd, "wb"))
         try:
             gz.text(b'{"traceEvents":[')
             for tf, aligned, part in zip(files, alignment, rank_map(write_rank, list(zip(files, jobs)), "merging")):

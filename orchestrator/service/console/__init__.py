@@ -7,7 +7,8 @@ with the bearer token the user typed.
 
 A browser cannot put a bearer header on an ``<iframe src>`` or a download
 link, so ``/v1/profiles/{id}/links`` (bearer required) answers URLs signed
-with an HMAC of the service token that expire after ``LINK_TTL_S``; the
+with an HMAC under a key derived from the service token
+(:func:`~orchestrator.service.security.link_key`) that expire after ``LINK_TTL_S``; the
 artifact route accepts either. Without a token on the service the URLs are
 plain, as the API is open.
 
@@ -84,9 +85,9 @@ class ProfileLinks(BaseModel):
     artifacts: list[ArtifactLink]
 
 
-def sign(token: bytes, profile_id: str, key: str, expires: int) -> str:
-    """HMAC of one artifact path and its expiry, keyed by the service token."""
-    return hmac.new(token, f"{profile_id}/{key}@{expires}".encode(), hashlib.sha256).hexdigest()
+def sign(link_key: bytes, profile_id: str, key: str, expires: int) -> str:
+    """HMAC of one artifact path and its expiry, under the service's link key (never the raw token)."""
+    return hmac.new(link_key, f"{profile_id}/{key}@{expires}".encode(), hashlib.sha256).hexdigest()
 
 
 def _static(name: str) -> Response:
@@ -139,9 +140,10 @@ class ConsoleRoutes:
         )
 
     def _signed_ok(self, profile_id: str, key: str, expires: int | None, signature: str | None) -> bool:
-        if self._guard.token is None or expires is None or signature is None or expires < time.time():
+        link_key = self._guard.link_key
+        if link_key is None or expires is None or signature is None or expires < time.time():
             return False
-        return hmac.compare_digest(sign(self._guard.token, profile_id, key, expires), signature)
+        return hmac.compare_digest(sign(link_key, profile_id, key, expires), signature)
 
     @router.get("/v1/profiles/{a}/diff/{b}", response_model=ProfileDiff, summary="Compare profile b with profile a")
     async def diff_profiles(
@@ -164,14 +166,15 @@ class ConsoleRoutes:
     async def profile_links(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileLinks:
         self._guard.check(request, credentials)
         manifest: Manifest = await self._call("manifest", profile_id)
-        expires = int(time.time()) + LINK_TTL_S if self._guard.token is not None else None
+        link_key = self._guard.link_key
+        expires = int(time.time()) + LINK_TTL_S if link_key is not None else None
         base = f"{request.scope.get('root_path', '')}/v1/profiles/{quote(profile_id, safe='')}/artifacts/"
 
         def url(key: str) -> str:
             plain = base + quote(key)
-            if self._guard.token is None or expires is None:
+            if link_key is None or expires is None:
                 return plain
-            return f"{plain}?expires={expires}&signature={sign(self._guard.token, profile_id, key, expires)}"
+            return f"{plain}?expires={expires}&signature={sign(link_key, profile_id, key, expires)}"
 
         links = [
             ArtifactLink(kind=art.kind, key=art.key, rank=rank, bytes=art.bytes, url=url(art.key))

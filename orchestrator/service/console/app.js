@@ -14,7 +14,7 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 
 const main = document.getElementById("main");
 const statusLine = document.getElementById("status");
-const history = new Map(); // "target/rank" -> [step time ms]
+const history = new Map(); // "target/run/rank" -> [step time ms]
 let generation = 0; // bumped on each navigation; stale loops stop
 
 // ---- DOM helpers -------------------------------------------------------------
@@ -116,13 +116,22 @@ function lineChart(series, { width = 320, height = 90, label, unit = "" }) {
 
 // ---- pages -------------------------------------------------------------------
 
+// Two live runs (Ray jobs) may share a target name: a card, its form and its chart are the run's.
+function runKey(t) {
+  return `${t.name}/${t.run || ""}`;
+}
+
+function runLabel(t) {
+  return t.run ? `${t.name} (run ${t.run})` : t.name;
+}
+
 function profileForm(target) {
-  const id = (name) => `${target.name}-${name}`;
+  const id = (name) => `${runKey(target)}-${name}`;
   const checks = OPTIONS.map((o) =>
     el("span", {}, el("input", { type: "checkbox", id: id(o), name: o }), " ", el("label", { for: id(o), text: o })));
-  const form = el("form", { class: "profile-form", "aria-label": `Profile ${target.name}` },
+  const form = el("form", { class: "profile-form", "aria-label": `Profile ${runLabel(target)}` },
     el("fieldset", {},
-      el("legend", { text: `Profile ${target.name}` }),
+      el("legend", { text: `Profile ${runLabel(target)}` }),
       el("div", { class: "row" },
         el("label", { for: id("steps"), text: "Steps" }),
         el("input", { type: "number", id: id("steps"), name: "steps", min: "1", value: "3", required: true }),
@@ -140,6 +149,7 @@ function profileForm(target) {
     ev.preventDefault();
     const data = new FormData(form);
     const body = { target: target.name, steps: Number(data.get("steps")), warmup: Number(data.get("warmup") || 0) };
+    if (target.run) body.run = target.run;
     for (const o of [...OPTIONS, "queue"]) body[o] = data.get(o) === "on";
     if (data.get("activities")) body.activities = data.get("activities").split(",");
     try {
@@ -154,22 +164,23 @@ function profileForm(target) {
 function targetCard(t) {
   const rows = t.ranks.map((w) => {
     const ms = w.step_time_s === null ? null : w.step_time_s * 1000;
-    const key = `${t.name}/${w.info.world_rank}`;
+    const key = `${runKey(t)}/${w.info.world_rank}`;
     const samples = history.get(key) || [];
     if (ms !== null) { samples.push(ms); if (samples.length > HISTORY) samples.shift(); }
     history.set(key, samples);
     return el("tr", {}, td(w.info.world_rank), td(w.info.host, "l"), td(w.info.device, "l"), td(w.step),
       td(fmtMs(ms)), td(w.last_seen_s.toFixed(1)));
   });
-  const series = t.ranks.map((w, i) => ({ values: history.get(`${t.name}/${w.info.world_rank}`) || [], cls: `s${i % 8}` }));
+  const series = t.ranks.map((w, i) => ({ values: history.get(`${runKey(t)}/${w.info.world_rank}`) || [], cls: `s${i % 8}` }));
   const legend = el("div", { class: "legend" }, t.ranks.map((w, i) => el("span", {}, el("span", { class: `sw k${i % 8}` }), `rank ${w.info.world_rank}`)));
-  return el("section", { class: "card target", "data-target": t.name }, el("div", { class: "live" },
+  return el("section", { class: "card target", "data-target": t.name, "data-run": t.run || "", "data-key": runKey(t) },
+    el("div", { class: "live" },
     el("h2", { text: t.name }),
-    el("p", {}, `world size ${t.world_size}`, t.active_profile ? ` · profiling now: ` : "",
+    el("p", {}, t.run ? `run ${t.run} · ` : "", `world size ${t.world_size}`, t.active_profile ? ` · profiling now: ` : "",
       t.active_profile ? el("a", { href: `#/profiles/${encodeURIComponent(t.active_profile)}`, text: t.active_profile }) : ""),
     table([["rank"], ["host", "l"], ["device", "l"], ["step"], ["step ms"], ["last seen s"]], rows),
     el("p", { class: "muted", text: "Step time per rank (ms), latest samples:" }),
-    lineChart(series, { label: `step time per rank of ${t.name}`, unit: " ms" }), legend),
+    lineChart(series, { label: `step time per rank of ${runLabel(t)}`, unit: " ms" }), legend),
     profileForm(t));
 }
 
@@ -181,11 +192,11 @@ async function targetsPage(gen) {
       const box = document.getElementById("targets");
       if (!box || gen !== generation) return;
       if (!targets.length) box.replaceChildren(el("p", { text: "No live training run has an agent. Start a job with rayprof instrumentation." }));
-      const names = new Set(targets.map((t) => t.name));
-      for (const old of box.querySelectorAll("section.target")) if (!names.has(old.dataset.target)) old.remove();
+      const keys = new Set(targets.map(runKey));
+      for (const old of box.querySelectorAll("section.target")) if (!keys.has(old.dataset.key)) old.remove();
       for (const t of targets) {
         const card = targetCard(t);
-        const old = box.querySelector(`section[data-target="${CSS.escape(t.name)}"]`);
+        const old = box.querySelector(`section[data-key="${CSS.escape(runKey(t))}"]`);
         // Refresh the live part only: the form keeps what the user typed, and its focus.
         if (old) old.querySelector(".live").replaceWith(card.querySelector(".live"));
         else {
