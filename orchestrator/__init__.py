@@ -17,6 +17,7 @@ _EXPORTS = {
     "ConfigurationError": "orchestrator.errors",
     "ConflictError": "orchestrator.errors",
     "ControllerUnavailableError": "orchestrator.errors",
+    "ForbiddenError": "orchestrator.errors",
     "IdempotencyKeyReusedError": "orchestrator.errors",
     "IllegalTransitionError": "orchestrator.errors",
     "IntegrityError": "orchestrator.errors",
