@@ -10,9 +10,14 @@ from pydantic import Field
 from orchestrator.models import Command, Heartbeat, Name, StorageSpec, StrictModel, WorkerInfo
 from orchestrator.settings import (
     DEFAULT_GC_GRACE_HOURS,
+    DEFAULT_HISTORY,
+    DEFAULT_HISTORY_SAVE_INTERVAL_S,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
+    DEFAULT_METRICS,
     DEFAULT_MONITOR_INTERVAL_S,
+    DEFAULT_POST_WINDOW_SLOWDOWN,
+    DEFAULT_POST_WINDOW_STEPS,
     DEFAULT_STACKS_TIMEOUT_S,
     DEFAULT_STALL_AUTO_STACKS,
     DEFAULT_STALL_MIN_S,
@@ -77,6 +82,11 @@ class ControllerConfig(StrictModel):
     monitor_interval_s: float = Field(default=DEFAULT_MONITOR_INTERVAL_S, gt=0)
     max_watches: int = Field(default=DEFAULT_MAX_WATCHES, ge=0)
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
+    metrics: bool = Field(default=bool(DEFAULT_METRICS))
+    history: bool = Field(default=bool(DEFAULT_HISTORY))
+    history_save_interval_s: float = Field(default=DEFAULT_HISTORY_SAVE_INTERVAL_S, gt=0)
+    post_window_slowdown: float = Field(default=DEFAULT_POST_WINDOW_SLOWDOWN, gt=1)
+    post_window_steps: int = Field(default=DEFAULT_POST_WINDOW_STEPS, ge=1)
 
 
 class NodeBeat(StrictModel):

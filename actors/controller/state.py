@@ -31,6 +31,7 @@ from orchestrator.models import (
     Trigger,
     utcnow,
 )
+from orchestrator.post_window import PostWindowCheck
 
 __all__ = ["ALLOWED", "Profile", "Window", "wait_event"]
 
@@ -102,6 +103,8 @@ class Profile:
     trigger: Trigger | None = None
     # Set while COLLECTING by the postprocess's per-rank tasks.
     postprocess: PostprocessProgress | None = None
+    # The post-window check, set by the controller's telemetry from the window's end.
+    post_window: PostWindowCheck | None = None
 
     @property
     def target(self) -> str:
@@ -141,6 +144,7 @@ class Profile:
             capture_started_at=self.capture_started_at,
             finished_at=self.finished_at,
             postprocess=self.postprocess,
+            post_window=self.post_window,
         )
 
     @classmethod
@@ -168,4 +172,5 @@ class Profile:
             cancel_requested=cancel_requested,
             kind=status.kind,
             trigger=status.trigger,
+            post_window=status.post_window,
         )
