@@ -153,6 +153,10 @@ SERVE_APP_NAME = "rayprof"
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0
 
+# The span `rayprof history` and GET /v1/targets/{t}/history show by default, and the most one may ask.
+DEFAULT_HISTORY_SPAN_S = 600.0
+MAX_HISTORY_SPAN_S = 86_400.0
+
 # Profiles per page of a list (HTTP, client, CLI), and the most one page may hold.
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
