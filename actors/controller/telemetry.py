@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from actors.controller.health import Health
-from actors.controller.history import History
+from actors.controller.history import History, RunHistory
 from actors.controller.history_store import HistoryStore
 from actors.controller.metrics import Metrics
 from actors.controller.post_window import PostWindowChecks
@@ -120,7 +120,7 @@ class Telemetry:
         wall = time.time()
         if config.history:
             self._history_tick(now, wall, config.history_save_interval_s)
-            if self._loaded is not None:
+            if self._loaded:
                 self._checks.tick(live, wall)
         if self._metrics is not None:
             self._metrics_tick(now, watches)
@@ -146,6 +146,8 @@ class Telemetry:
             workers = next(iter(self._registry.runs(name).values()))  # the newest run
             self._metrics.run(name, workers, self._assess(workers, now), now)
         self._metrics.forget(set(names))
+        for gone in self._last_firing.keys() - {w.id for w in watches}:
+            del self._last_firing[gone]
         for watch in watches:
             # Firings are kept to the last few: the new ones are those after the last seen. A watch
             # seen for the first time (just made, or restored) counts none of what it had.
@@ -177,7 +179,7 @@ class Telemetry:
         finally:
             self._saving = False
 
-    async def _delete(self, run: Any) -> None:
+    async def _delete(self, run: RunHistory) -> None:
         try:
             await self._store.delete(run)
         except StorageError as e:
