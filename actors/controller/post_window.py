@@ -3,8 +3,9 @@
 Both sides come from the heartbeats in the run's history (its 1 s tier):
 consecutive heartbeats at least a second apart give a segment's step time,
 its time over its steps. Before: the segments that end before the window's
-warmup begins (up to two minutes of them). After: the segments that begin at
-or past the window's last step, in order. A rank whose segments stay over
+warmup begins (up to two minutes of them). After: the segments that begin
+past the window's last step and after the rank finished its window (its
+trace written and uploaded: that cost is the window's, and is over), in order. A rank whose segments stay over
 ``threshold`` x its median before for more than ``steps`` steps is *slower*
 (the profiler may not have let go); one whose steps come back within it
 first is *ok*. A check still short of steps when the history no longer holds
@@ -38,33 +39,41 @@ _EVERY_TICKS = 5
 _RANK_ORDER: dict[Verdict, int] = {"slower": 3, "pending": 2, "unknown": 1, "ok": 0}
 
 
-def segments(points: Iterable[tuple[float, int, float]]) -> list[tuple[int, int, float]]:
-    """(first step, last step, step time) between heartbeats at least ``_MIN_SEGMENT_S`` apart."""
-    found: list[tuple[int, int, float]] = []
+def segments(points: Iterable[tuple[float, int, float]]) -> list[tuple[float, int, int, float]]:
+    """(start time, first step, last step, step time) between heartbeats at least ``_MIN_SEGMENT_S`` apart."""
+    found: list[tuple[float, int, int, float]] = []
     anchor: tuple[float, int] | None = None
     for t, step, _ in points:
         if anchor is None or step < anchor[1]:
             anchor = (t, step)  # the first point, or the rank's steps restarted
             continue
         if t - anchor[0] >= _MIN_SEGMENT_S and step > anchor[1]:
-            found.append((anchor[1], step, (t - anchor[0]) / (step - anchor[1])))
+            found.append((anchor[0], anchor[1], step, (t - anchor[0]) / (step - anchor[1])))
             anchor = (t, step)
     return found
 
 
 def check_rank(
-    rank: int, points: Iterable[tuple[float, int, float]], first_step: int, stop_step: int, threshold: float, steps: int
+    rank: int,
+    points: Iterable[tuple[float, int, float]],
+    first_step: int,
+    stop_step: int,
+    threshold: float,
+    steps: int,
+    done_at: float | None = None,
 ) -> RankPostWindow:
-    """One rank's check from its points; ``first_step``: where the window's warmup begins."""
+    """One rank's check from its points; ``first_step``: where the window's warmup begins;
+    ``done_at``: when the rank finished its window (unix time; None: not yet, so nothing is after)."""
     segs = segments(points)
-    before = [s for s in segs if s[1] <= first_step][-_BASELINE_SEGMENTS:]
+    before = [s for s in segs if s[2] <= first_step][-_BASELINE_SEGMENTS:]
     if not before:
         return RankPostWindow(rank=rank, verdict="pending")
-    base = statistics.median(s[2] for s in before)
+    base = statistics.median(s[3] for s in before)
     slow = 0
     seen: list[float] = []
     verdict: Verdict = "pending"
-    for begin, end, step_s in (s for s in segs if s[0] >= stop_step):
+    after = [s for s in segs if s[1] >= stop_step and done_at is not None and s[0] >= done_at]
+    for _, begin, end, step_s in after:
         seen.append(step_s)
         if step_s > threshold * base:
             slow += end - begin
@@ -74,12 +83,12 @@ def check_rank(
         else:
             verdict, slow = "ok", 0
             break
-    after = statistics.median(seen) if seen else None
+    after_s = statistics.median(seen) if seen else None
     return RankPostWindow(
         rank=rank,
         before_s=base,
-        after_s=after,
-        ratio=after / base if after is not None and base > 0 else None,
+        after_s=after_s,
+        ratio=after_s / base if after_s is not None and base > 0 else None,
         slow_steps=slow,
         verdict=verdict,
     )
@@ -161,12 +170,13 @@ class PostWindowChecks:
         give_up = run is None or wall - tracked.since > _GIVE_UP_S or wall - run.last_t > _LOOKBACK_S
         since = (profile.scheduled_at.timestamp() if profile.scheduled_at else tracked.since) - _LOOKBACK_S
         first = window.start_step - profile.request.warmup
-        for rank in profile.ranks:
+        for rank, outcome in profile.ranks.items():
             if rank in tracked.ranks and tracked.ranks[rank].verdict != "pending":
                 continue
             history = run.ranks.get(rank) if run is not None else None
+            done_at = outcome.finished_at.timestamp() if outcome.finished_at is not None else None
             result = (
-                check_rank(rank, history.points(0, since), first, window.stop_step, threshold, steps)
+                check_rank(rank, history.points(0, since), first, window.stop_step, threshold, steps, done_at)
                 if history is not None
                 else RankPostWindow(rank=rank)
             )
