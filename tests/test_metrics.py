@@ -7,6 +7,7 @@ import re
 
 from actors.controller import metric_names as m
 from actors.controller.metrics import Metrics
+from orchestrator.diagnosis import WatchSpec
 from orchestrator.models import ProfileRequest
 from tests.conftest import REPO
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
@@ -71,14 +72,21 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
         final, _ = await wait_terminal(c, status.id)
         await c.stacks("run")
         assert await until(lambda: recorders[m.STEP_TIME.name].calls and recorders[m.STEPS_BEHIND.name].calls, timeout_s=10)
+        # A watch that fires: every rank stops advancing, the target turns STALLED.
+        await c.create_watch(WatchSpec(target="run", stalled=True, for_s=0, action="stacks", cooldown_s=0))
+        for a in agents:
+            a.training = False
+        assert await until(lambda: recorders[m.WATCH_FIRINGS.name].calls, timeout_s=15)
         for a in agents:
             await a.stop()
+        assert recorders[m.WATCH_FIRINGS.name].calls[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
         step_ranks = {tags["rank"] for _, tags in recorders[m.STEP_TIME.name].calls}
         assert step_ranks == {"0", "1"}
         assert all(tags["target"] == "run" for _, tags in recorders[m.STEP_TIME.name].calls)
-        assert recorders[m.STALLED.name].calls[-1] == (0.0, {"target": "run"})
+        assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0, 1.0]  # training, then STALLED
         assert recorders[m.PROFILES.name].calls == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
-        assert [t["outcome"] for _, t in recorders[m.STACKS.name].calls] == ["DONE"]
+        assert [t["trigger"] for _, t in recorders[m.STACKS.name].calls][0] == "manual"
+        assert {t["outcome"] for _, t in recorders[m.STACKS.name].calls} == {"DONE"}
         assert recorders[m.STORED_BYTES.name].calls  # the ranks' files and the stacks bundle's
         assert recorders[m.WINDOW_DURATION.name].calls[0][0] > 0
         # Unchanged gauges are not set again on every tick.

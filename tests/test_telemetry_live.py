@@ -62,8 +62,10 @@ def test_step_time_lag_stalls_and_profiles_are_scraped_from_rays_metrics_endpoin
     assert stalled and all(line.endswith(" 0.0") or line.endswith(" 0") for line in stalled)
 
     manifest = client.profile(LIVE_TARGET, steps=2).wait(timeout=180)
+    client.stacks(LIVE_TARGET)
     ended = {
         m.exported(m.PROFILES)[0],
+        m.exported(m.STACKS)[0],
         m.exported(m.CAPTURED_BYTES)[0],
         m.exported(m.STORED_BYTES)[0],
         *m.exported(m.WINDOW_DURATION),
@@ -125,3 +127,8 @@ def test_a_window_gets_a_post_window_check_in_its_status(live_job, client):
     assert [r.rank for r in check.ranks] == [0, 1]
     assert check.verdict in ("ok", "slower")  # a shared CI machine may really run slower for a while
     assert all(r.before_s and r.after_s and r.ratio for r in check.ranks), check
+    names = {m.exported(m.POST_WINDOW_RATIO)[0], m.exported(m.POST_WINDOW_CHECKS)[0]}
+    samples = wait_for(_series(names), timeout=_EXPORT_WAIT_S, interval=2.0, what="post-window series")
+    assert any(f'verdict="{check.verdict}"' in line for line in samples[m.exported(m.POST_WINDOW_CHECKS)[0]])
+    for name in sorted(names):
+        print(samples[name][0])
