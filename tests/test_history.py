@@ -108,6 +108,14 @@ def test_a_rank_that_stays_slower_for_more_than_n_steps_is_reported():
     assert result.slow_steps > 50
 
 
+def test_one_slow_heartbeat_segment_does_not_decide_even_over_n_steps():
+    # Fast steps: one segment spans more than N steps; a noisy one must not make the rank "slower".
+    points = _points([0.1] * 10 + [0.5] * 2)
+    t, step = points[-1][0], points[-1][1]
+    points.append((t + 60 * 0.13, step + 60, 0.13))
+    assert check_rank(0, points, first_step=100, stop_step=120, threshold=1.1, steps=50, done_at=0.0).verdict == "pending"
+
+
 def test_a_check_waits_until_it_has_n_steps_after_the_window():
     points = _points([0.1] * 10 + [0.5] * 2 + [0.13] * 3)
     assert check_rank(0, points, first_step=100, stop_step=120, threshold=1.1, steps=50, done_at=0.0).verdict == "pending"

@@ -5,12 +5,13 @@ consecutive heartbeats at least a second apart give a segment's step time,
 its time over its steps. Before: the segments that end before the window's
 warmup begins (up to two minutes of them). After: the segments that begin
 past the window's last step and after the rank finished its window (its
-trace written and uploaded: that cost is the window's, and is over), in order. A rank whose segments stay over
-``threshold`` x its median before for more than ``steps`` steps is *slower*
-(the profiler may not have let go); one whose steps come back within it
-first is *ok*. A check still short of steps when the history no longer holds
-the window's neighbourhood (10 minutes), or when the run ended, ends
-*unknown* for the ranks that lack them.
+trace written and uploaded: that cost is the window's, and is over), in
+order. A rank whose segments stay over ``threshold`` x its median before for
+more than ``steps`` steps (and three heartbeat segments) is *slower* (the
+profiler may not have let go); one whose steps come back within it first is
+*ok*. A check still short of steps when the history no longer holds the
+window's neighbourhood (10 minutes), or when the run ended, ends *unknown*
+for the ranks that lack them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 # A segment spans at least this long: heartbeats milliseconds apart (a sync round) are noise.
 _MIN_SEGMENT_S = 1.0
 _BASELINE_SEGMENTS = 30
+# A rank is slower only over this many heartbeat segments in a row too: with fast steps one
+# segment spans hundreds of steps, and one noisy segment must not decide.
+_MIN_SLOW_SEGMENTS = 3
 _LOOKBACK_S = 120.0
 # Past this the 1 s tier no longer holds the steps before the window.
 _GIVE_UP_S = TIERS[0].span_s
@@ -69,7 +73,7 @@ def check_rank(
     if not before:
         return RankPostWindow(rank=rank, verdict="pending")
     base = statistics.median(s[3] for s in before)
-    slow = 0
+    slow = slow_segments = 0
     seen: list[float] = []
     verdict: Verdict = "pending"
     after = [s for s in segs if s[1] >= stop_step and done_at is not None and s[0] >= done_at]
@@ -77,7 +81,8 @@ def check_rank(
         seen.append(step_s)
         if step_s > threshold * base:
             slow += end - begin
-            if slow > steps:
+            slow_segments += 1
+            if slow > steps and slow_segments >= _MIN_SLOW_SEGMENTS:
                 verdict = "slower"
                 break
         else:
