@@ -9,6 +9,7 @@ Each module measures one property the design promises and exposes
 - ``window``        step-time cost of an open window, and the stall after it closes
 - ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
 - ``control_plane`` one controller with hundreds to 4,096 simulated agents, direct and through relays
+- ``telemetry``     the controller's idle CPU and memory at 1,024 simulated ranks, metrics + history on vs off
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
 - ``clock_alignment`` the merge's clock fit on that folder's 64 ranks, each clock moved by a known offset and drift
@@ -27,6 +28,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "restart", "console", "soak")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "telemetry", "restart", "console", "soak")
 
 __all__ = ["BENCHMARKS", "LogFn"]

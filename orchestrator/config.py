@@ -49,6 +49,11 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         monitor_interval_s=c.env_float(c.MONITOR_INTERVAL_S_ENV_VAR, c.DEFAULT_MONITOR_INTERVAL_S),
         max_watches=c.env_int(c.MAX_WATCHES_ENV_VAR, c.DEFAULT_MAX_WATCHES),
         watch_max_failures=c.env_int(c.WATCH_MAX_FAILURES_ENV_VAR, c.DEFAULT_WATCH_MAX_FAILURES),
+        metrics=bool(c.env_int(c.METRICS_ENV_VAR, c.DEFAULT_METRICS)),
+        history=bool(c.env_int(c.HISTORY_ENV_VAR, c.DEFAULT_HISTORY)),
+        history_save_interval_s=c.env_float(c.HISTORY_SAVE_INTERVAL_S_ENV_VAR, c.DEFAULT_HISTORY_SAVE_INTERVAL_S),
+        post_window_slowdown=c.env_float(c.POST_WINDOW_SLOWDOWN_ENV_VAR, c.DEFAULT_POST_WINDOW_SLOWDOWN),
+        post_window_steps=c.env_int(c.POST_WINDOW_STEPS_ENV_VAR, c.DEFAULT_POST_WINDOW_STEPS),
     )
 
 

@@ -11,10 +11,15 @@ from orchestrator.models import Command, Heartbeat, Name, StorageSpec, StrictMod
 from orchestrator.settings import (
     DEFAULT_CLUSTER_NAME_LEASE_S,
     DEFAULT_GC_GRACE_HOURS,
+    DEFAULT_HISTORY,
+    DEFAULT_HISTORY_SAVE_INTERVAL_S,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
+    DEFAULT_METRICS,
     DEFAULT_MONITOR_INTERVAL_S,
     DEFAULT_OWNER_LEASE_S,
+    DEFAULT_POST_WINDOW_SLOWDOWN,
+    DEFAULT_POST_WINDOW_STEPS,
     DEFAULT_RETENTION_AUTO_COUNT,
     DEFAULT_STACKS_MAX_RANK_BYTES,
     DEFAULT_STACKS_TIMEOUT_S,
@@ -92,6 +97,11 @@ class ControllerConfig(StrictModel):
     watch_max_failures: int = Field(default=DEFAULT_WATCH_MAX_FAILURES, ge=1)
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
     owner_lease_s: float = Field(default=DEFAULT_OWNER_LEASE_S, gt=0)
+    metrics: bool = Field(default=bool(DEFAULT_METRICS))
+    history: bool = Field(default=bool(DEFAULT_HISTORY))
+    history_save_interval_s: float = Field(default=DEFAULT_HISTORY_SAVE_INTERVAL_S, gt=0)
+    post_window_slowdown: float = Field(default=DEFAULT_POST_WINDOW_SLOWDOWN, gt=1)
+    post_window_steps: int = Field(default=DEFAULT_POST_WINDOW_STEPS, ge=1)
 
 
 class NodeBeat(StrictModel):

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from orchestrator.merge_stats import MergeStats
+from orchestrator.post_window import PostWindowCheck
 from orchestrator.settings import (
     DEFAULT_STACKS_MAX_RANK_BYTES,
     MANIFEST_VERSION,
@@ -382,6 +383,7 @@ class ProfileStatus(StrictModel):
     postprocess: PostprocessProgress | None = Field(
         default=None, description="While COLLECTING: how far the per-rank analysis and merge have got."
     )
+    post_window: PostWindowCheck | None = Field(default=None, description="Steps after the window against steps before it.")
 
 
 class Manifest(StrictModel):
@@ -409,6 +411,9 @@ class Manifest(StrictModel):
     trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
     merge: MergeStats | None = Field(
         default=None, description="What the merged trace holds: its budget, what was dropped, each rank's clock alignment."
+    )
+    post_window: PostWindowCheck | None = Field(
+        default=None, description="The post-window check as it stood when the manifest was written; the status has its end."
     )
 
     def all_artifacts(self) -> list[Artifact]:

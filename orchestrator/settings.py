@@ -130,6 +130,23 @@ DEFAULT_MAX_WATCHES = 100
 WATCH_MAX_FAILURES_ENV_VAR = "RAYPROF_WATCH_MAX_FAILURES"
 DEFAULT_WATCH_MAX_FAILURES = 3
 
+# The controller's telemetry, all read from heartbeats on its monitor tick (nothing on the step path):
+# step-time, lag and stall series and profile counts through Ray's metrics API (0 turns them off) ...
+METRICS_ENV_VAR = "RAYPROF_METRICS"
+DEFAULT_METRICS = 1
+# ... and each live run's step-time history per rank (0 turns it off), saved this often so it
+# survives a controller restart.
+HISTORY_ENV_VAR = "RAYPROF_HISTORY"
+DEFAULT_HISTORY = 1
+HISTORY_SAVE_INTERVAL_S_ENV_VAR = "RAYPROF_HISTORY_SAVE_INTERVAL_S"
+DEFAULT_HISTORY_SAVE_INTERVAL_S = 300.0
+# After a window, a rank whose steps stay over POST_WINDOW_SLOWDOWN x its steps before the window
+# for more than POST_WINDOW_STEPS steps is reported: the profiler may not have let go.
+POST_WINDOW_SLOWDOWN_ENV_VAR = "RAYPROF_POST_WINDOW_SLOWDOWN"
+DEFAULT_POST_WINDOW_SLOWDOWN = 1.1
+POST_WINDOW_STEPS_ENV_VAR = "RAYPROF_POST_WINDOW_STEPS"
+DEFAULT_POST_WINDOW_STEPS = 50
+
 UPLOAD_RETRIES_ENV_VAR = "RAYPROF_UPLOAD_RETRIES"
 DEFAULT_UPLOAD_RETRIES = 5
 
@@ -156,6 +173,10 @@ SERVE_APP_NAME = "rayprof"
 
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0
+
+# The span `rayprof history` and GET /v1/targets/{t}/history show by default, and the most one may ask.
+DEFAULT_HISTORY_SPAN_S = 600.0
+MAX_HISTORY_SPAN_S = 86_400.0
 
 # Profiles per page of a list (HTTP, client, CLI), and the most one page may hold.
 DEFAULT_PAGE_SIZE = 100

@@ -42,6 +42,16 @@ MAX_TRACE_BYTES = 16 * 2**20
 os.environ.setdefault("RAYPROF_MAX_TRACE_BYTES", str(MAX_TRACE_BYTES))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Where the session cluster's node serves its Prometheus metrics (tests/test_metrics_live.py reads them).
+METRICS_EXPORT_PORT = _free_port()
+
+
 @dataclass(frozen=True)
 class S3Target:
     endpoint_url: str
@@ -137,7 +147,13 @@ def ray_cluster(s3_server: S3Target, tmp_path_factory) -> Iterator[str]:
     import ray
 
     os.environ.setdefault("RAYPROF_STORAGE", str(tmp_path_factory.mktemp("default-store")))
-    ctx = ray.init(num_cpus=8, include_dashboard=True, log_to_driver=False, namespace="rayprof-tests")
+    ctx = ray.init(
+        num_cpus=8,
+        include_dashboard=True,
+        log_to_driver=False,
+        namespace="rayprof-tests",
+        _metrics_export_port=METRICS_EXPORT_PORT,
+    )
     yield ctx.address_info["gcs_address"]
     ray.shutdown()
 

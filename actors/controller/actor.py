@@ -32,11 +32,14 @@ from actors.controller.runner import Runner
 from actors.controller.stacks import StacksTaker
 from actors.controller.startup import Startup
 from actors.controller.state import Profile, wait_event
+from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
 from orchestrator.control import ControllerConfig, TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
-from orchestrator.errors import ConflictError, ProfileNotFoundError
+from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
+from orchestrator.history import TargetHistory
+from orchestrator.layout import MANIFEST_NAME
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models import (
     Command,
@@ -92,6 +95,17 @@ class Controller(Startup, AgentSide):
             from actors.controller.postprocess import postprocess_in_task
 
             postprocess = postprocess_in_task
+        self._telemetry = Telemetry(
+            self._registry,
+            self._home,
+            self._cluster,
+            lambda: self._config,
+            lambda workers, now: self._watches.assess(workers, now),
+            self._persistence.save,
+            lambda profile_id: profile_id in self._catalog,
+            self._spawn,
+        )
+        postprocess = self._telemetry.timed(postprocess)
         self._runner = Runner(
             self._registry, self._persistence, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry)
         )
@@ -303,7 +317,9 @@ class Controller(Startup, AgentSide):
     ) -> StacksBundle:
         bundle = await self._stacks.take(target, run, native, trigger)
         if bundle.id in self._profiles:
-            await self._catalog.finish(self._profiles[bundle.id])
+            profile = self._profiles[bundle.id]
+            await self._catalog.finish(profile)
+            self._telemetry.bundle_ended(profile)
         await self._retention.enforce(self._catalog)
         return bundle
 
@@ -325,14 +341,25 @@ class Controller(Startup, AgentSide):
         await self._restored_state()
         return await self._watches.delete(watch_id)
 
+    async def history(
+        self, target: str, run: str | None = None, span_s: float = 600.0, ranks: list[int] | None = None
+    ) -> TargetHistory:
+        """Step-time history of a run of ``target`` over the last ``span_s`` seconds (of ``ranks``, or all)."""
+        await self._ensure_started()
+        return self._telemetry.view(target, run, span_s, ranks)
+
     async def _monitor(self) -> None:
-        """Health and watches, from the heartbeats held here; a failed tick is logged, never fatal."""
+        """Health, watches and telemetry, from the heartbeats held here; a failed tick is logged, never fatal."""
         while True:
             await asyncio.sleep(self._config.monitor_interval_s)
             try:
                 self._watches.tick(time.monotonic())
             except Exception:
                 logger.exception("rayprof controller: monitor tick failed")
+            try:
+                self._telemetry.tick(time.monotonic(), list(self._profiles.values()), self._watches.list())
+            except Exception:
+                logger.exception("rayprof controller: telemetry tick failed")
 
     # ---- internals -------------------------------------------------------
 
@@ -366,6 +393,7 @@ class Controller(Startup, AgentSide):
                 waiting.remove(profile.id)
         await self._catalog.finish(profile)
         await self._leases.release(profile)
+        self._telemetry.bundle_ended(profile)
         await self._retention.enforce(self._catalog)
 
 

@@ -255,6 +255,7 @@ class Runner:
             scheduled_at=profile.scheduled_at,
             capture_started_at=profile.capture_started_at,
             finished_at=profile.finished_at,
+            post_window=profile.post_window,
         )
         if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
             manifest = await self._postprocess(manifest, profile, self._config().postprocess_timeout_s)

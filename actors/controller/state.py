@@ -32,6 +32,7 @@ from orchestrator.models import (
     Trigger,
     utcnow,
 )
+from orchestrator.post_window import PostWindowCheck
 
 __all__ = ["ALLOWED", "Profile", "Window", "wait_event"]
 
@@ -105,6 +106,8 @@ class Profile:
     postprocess: PostprocessProgress | None = None
     # The client's Idempotency-Key, when it gave one: a retried submit finds this profile.
     submit_key: SubmitKey | None = None
+    # The post-window check, set by the controller's telemetry from the window's end.
+    post_window: PostWindowCheck | None = None
 
     @property
     def target(self) -> str:
@@ -144,6 +147,7 @@ class Profile:
             capture_started_at=self.capture_started_at,
             finished_at=self.finished_at,
             postprocess=self.postprocess,
+            post_window=self.post_window,
         )
 
     @classmethod
@@ -177,4 +181,5 @@ class Profile:
             kind=status.kind,
             trigger=status.trigger,
             submit_key=submit_key,
+            post_window=status.post_window,
         )

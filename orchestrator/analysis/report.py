@@ -227,6 +227,8 @@ def _artifacts(manifest: Manifest | None) -> str:
         f"steps {manifest.start_step}–{manifest.stop_step}</p>"
         + (f"<p>Taken by itself ({escape(manifest.trigger.watch_id or 'stall detector')}, "
            f"{escape(manifest.trigger.at.isoformat())}): {escape(manifest.trigger.detail)}</p>" if manifest.trigger else "")
+        + (f"<p>After the window ({escape(manifest.post_window.verdict)}): {escape(manifest.post_window.detail)}</p>"
+           if manifest.post_window else "")
         + f"<table><tr><th>rank</th><th class=l>state</th><th class=l>reason</th></tr>{ranks}</table>"
         f"<h2>Artifacts</h2><table><tr><th class=l>file</th><th class=l>kind</th><th>bytes</th></tr>{''.join(rows)}</table>"
     )

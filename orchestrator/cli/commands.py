@@ -352,6 +352,10 @@ def report(args: argparse.Namespace) -> int:
         return _analyze_folder(Path(args.source), args)
     handle = _client(args).get(args.source)
     manifest = handle.manifest()
+    # The manifest holds the post-window check as it stood when written; the status has its end.
+    check = handle.last_status.post_window
+    if check is not None:
+        print(f"after the window: {check.verdict}: {check.detail}", file=sys.stderr)
     dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
     folder = handle.download(dest / handle.id)
     stored = next((a for a in manifest.artifacts if a.kind == "report"), None)

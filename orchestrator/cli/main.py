@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from orchestrator.cli import commands as cmd
 from orchestrator.cli import diff as diff_cmd
+from orchestrator.cli import history as history_cmd
 from orchestrator.cli import stacks as stacks_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
@@ -158,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
 
     stacks_cmd.add_commands(command, [connection])
+    history_cmd.add_command(command, [connection])
 
     p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
     p.add_argument("id")

@@ -81,6 +81,8 @@ def print_status(status: ProfileStatus) -> None:
             for r in status.ranks
         ]
         out(table(rows, ["rank", "host", "state", "steps", "uploaded", "reason"]))
+    if status.post_window is not None:
+        out(f"after the window: {status.post_window.verdict}: {status.post_window.detail}")
     if status.manifest_uri:
         out(f"manifest: {printable(status.manifest_uri)}")
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.control import TargetInfo
 from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ControllerUnavailableError, RayprofError
+from orchestrator.history import TargetHistory
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
@@ -74,6 +75,9 @@ class ActorBackend:
 
     def targets(self) -> list[TargetInfo]:
         return self._read("targets")
+
+    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
+        return self._read("history", target, run, span_s, ranks)
 
     def storage(self) -> StorageSpec:
         # Asked each time: the storage can be reconfigured while this client lives.

@@ -20,9 +20,10 @@ from orchestrator.errors import (
     RayprofError,
     StorageError,
 )
+from orchestrator.history import TargetHistory
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models import IdempotencyKey, Manifest, Name, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
-from orchestrator.settings import DEFAULT_PAGE_SIZE
+from orchestrator.settings import DEFAULT_HISTORY_SPAN_S, DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
@@ -47,6 +48,7 @@ class Backend(Protocol):
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
+    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory: ...
     def storage(self) -> StorageSpec: ...
     def diff(self, a: str, b: str) -> ProfileDiff: ...
     def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle: ...
@@ -279,6 +281,13 @@ class ProfilingClient:
     def diff(self, a: str, b: str) -> ProfileDiff:
         """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
         return self._backend.diff(a, b)
+
+    def history(
+        self, target: str, *, run: str | None = None, span_s: float = DEFAULT_HISTORY_SPAN_S, ranks: list[int] | None = None
+    ) -> TargetHistory:
+        """Step-time history of ``target``'s newest live run (or ``run``) per rank over the last ``span_s``
+        seconds: 1 s points up to 10 minutes, 10 s up to 2 hours, 1 minute up to 24 hours."""
+        return self._backend.history(target, run, span_s, ranks)
 
     def stacks(self, target: str, *, native: bool = False, run: str | None = None) -> StacksBundle:
         """Every live rank's stacks now, grouped (ranks unlike the majority first), stored like a profile.

@@ -23,6 +23,7 @@ from orchestrator.errors import (
     RayprofError,
     UnauthorizedError,
 )
+from orchestrator.history import TargetHistory
 from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
@@ -158,6 +159,13 @@ class HttpBackend:
 
     def targets(self) -> list[TargetInfo]:
         return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
+
+    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
+        params: dict[str, Any] = {"span_s": span_s, "rank": ranks or []}
+        if run is not None:
+            params["run"] = run
+        body = self._request("GET", f"/v1/targets/{quote(target, safe='')}/history", params=params)
+        return TargetHistory.model_validate(body)
 
     def storage(self) -> StorageSpec:
         # The service's root with this client's endpoint: the service may reach

@@ -32,6 +32,7 @@ from orchestrator.errors import (
     NotFoundError,
     RayprofError,
 )
+from orchestrator.history import TargetHistory
 from orchestrator.manifest import read_artifact
 from orchestrator.models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -59,7 +60,15 @@ from orchestrator.service.security import (
     unexpected_error_response,
 )
 from orchestrator.service.views import ErrorBody, ProfileView, StacksRequest, StorageView, TargetList, WatchList
-from orchestrator.settings import DEFAULT_PAGE_SIZE, MAX_HTTP_WAIT_S, MAX_PAGE_SIZE, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
+from orchestrator.settings import (
+    DEFAULT_HISTORY_SPAN_S,
+    DEFAULT_PAGE_SIZE,
+    MAX_HISTORY_SPAN_S,
+    MAX_HTTP_WAIT_S,
+    MAX_PAGE_SIZE,
+    TOKEN_ENV_VAR,
+    TOKEN_FILE_ENV_VAR,
+)
 from orchestrator.storage import open_storage
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
@@ -347,6 +356,23 @@ class ProfilingService(ConsoleRoutes):
         bundle: StacksBundle = await self._call("stacks", target, body.native, body.run, timeout=CALL_TIMEOUT_S + 60)
         location = str(request.url_for("get_profile", profile_id=bundle.id))
         return JSONResponse(bundle.model_dump(mode="json"), status_code=201, headers={"Location": location})
+
+    @api.get(
+        "/v1/targets/{target}/history",
+        response_model=TargetHistory,
+        summary="A run's step-time history per rank, at the finest resolution kept for the span",
+    )
+    async def get_history(
+        self,
+        target: ProfileId,
+        request: Request,
+        credentials: Credentials,
+        run: Annotated[str | None, Query(max_length=NAME_MAX_LENGTH)] = None,
+        span_s: Annotated[float, Query(gt=0, le=MAX_HISTORY_SPAN_S)] = DEFAULT_HISTORY_SPAN_S,
+        rank: Annotated[list[int] | None, Query(description="Only these ranks (repeat the parameter).")] = None,
+    ) -> TargetHistory:
+        self._guard.check(request, credentials)
+        return await self._call("history", target, run, span_s, rank)
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:

@@ -1,0 +1,117 @@
+"""The controller's metrics through Ray's metrics API (``ray.util.metrics``).
+
+Ray exports them from every node's metrics agent, so they reach Ray's
+Prometheus and Grafana with no setup of ours. Gauges are set on the monitor
+tick from the heartbeats already held (never on a rank's step path), and
+only when their value changed: at 1,024 ranks a tick would otherwise make
+thousands of calls into Ray's metrics core for nothing. Counters and
+histograms are recorded when a profile, a stacks bundle, a watch firing or a
+post-window check ends.
+
+Ray keeps a gauge's last value per label set for the life of the process:
+a rank that left keeps its last value (its ``rayprof_ranks`` count drops).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Any
+
+from actors.controller import metric_names as m
+from actors.controller.health import Health
+from actors.controller.registry import Worker
+from actors.controller.state import Profile
+from orchestrator.models import Trigger
+from orchestrator.post_window import PostWindowCheck
+
+__all__ = ["Metrics"]
+
+_MEDIAN_OF = 16
+
+
+def _make(metric: m.MetricDef) -> Any:
+    from ray.util.metrics import Counter, Gauge, Histogram
+
+    if metric.kind == "gauge":
+        return Gauge(metric.name, metric.description, tag_keys=metric.tags)
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.description, tag_keys=metric.tags)
+    return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
+
+
+def trigger_label(trigger: Trigger | None) -> str:
+    return trigger.kind if trigger is not None else "manual"
+
+
+class Metrics:
+    """One controller's metric objects, and the last value set per gauge and label set."""
+
+    def __init__(self) -> None:
+        self._m = {d.name: _make(d) for d in m.METRICS}
+        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._step_times: dict[tuple[str, int], deque[float]] = {}
+        self._seen: dict[tuple[str, int], float] = {}
+
+    def _gauge(self, metric: m.MetricDef, value: float, *labels: str) -> None:
+        key = (metric.name, labels)
+        if self._last.get(key) == value:
+            return
+        self._last[key] = value
+        self._m[metric.name].set(value, tags=dict(zip(metric.tags, labels, strict=True)))
+
+    def _count(self, metric: m.MetricDef, value: float, *labels: str) -> None:
+        if value > 0:
+            self._m[metric.name].inc(value, tags=dict(zip(metric.tags, labels, strict=True)))
+
+    def _observe(self, metric: m.MetricDef, value: float, *labels: str) -> None:
+        self._m[metric.name].observe(max(0.0, value), tags=dict(zip(metric.tags, labels, strict=True)))
+
+    def run(self, target: str, workers: dict[int, Worker], health: Health, now: float) -> None:
+        """One tick's gauges for the newest run of ``target``."""
+        self._gauge(m.STALLED, 1.0 if health.stalled else 0.0, target)
+        self._gauge(m.LAGGING, float(len(health.lagging)), target)
+        self._gauge(m.RANKS, float(len(workers)), target)
+        for rank, w in workers.items():
+            r = str(rank)
+            # Whole seconds: the value (and a call into Ray) changes once a second, not every tick.
+            self._gauge(m.SINCE_STEP, float(int(now - w.advanced_at)), target, r)
+            self._gauge(m.STEPS_BEHIND, float(health.behind.get(rank, 0)), target, r)
+            if w.step_time_s is None:
+                continue
+            self._gauge(m.STEP_TIME, w.step_time_s, target, r)
+            key = (target, rank)
+            if self._seen.get(key) != w.seen_at:
+                self._seen[key] = w.seen_at
+                recent = self._step_times.setdefault(key, deque(maxlen=_MEDIAN_OF))
+                recent.append(w.step_time_s)
+                self._gauge(m.STEP_TIME_MEDIAN, statistics.median(recent), target, r)
+
+    def forget(self, targets: set[str]) -> None:
+        """Drop what is held for targets no longer live (their series keep their last value in Ray)."""
+        for key in [k for k in self._step_times if k[0] not in targets]:
+            del self._step_times[key]
+            self._seen.pop(key, None)
+
+    def bundle_ended(self, profile: Profile, postprocess_s: float | None) -> None:
+        """A profile or stacks bundle reached its terminal state."""
+        target, ranks = profile.target, list(profile.ranks.values())
+        metric = m.PROFILES if profile.kind == "profile" else m.STACKS
+        self._count(metric, 1.0, target, profile.state.value, trigger_label(profile.trigger))
+        self._count(m.CAPTURED_BYTES, float(sum(r.trace_bytes or 0 for r in ranks)), target)
+        if profile.manifest is not None:
+            self._count(m.STORED_BYTES, float(sum(a.bytes for a in profile.manifest.all_artifacts())), target)
+        ends = [r.capture_ended_at for r in ranks if r.capture_ended_at is not None]
+        if profile.capture_started_at is not None and ends:
+            self._observe(m.WINDOW_DURATION, (max(ends) - profile.capture_started_at).total_seconds(), target)
+        if postprocess_s is not None:
+            self._observe(m.POSTPROCESS_DURATION, postprocess_s, target)
+
+    def watch_fired(self, target: str, condition: str, failed: bool) -> None:
+        self._count(m.WATCH_FIRINGS, 1.0, target, condition, "error" if failed else "ok")
+
+    def post_window(self, target: str, check: PostWindowCheck) -> None:
+        self._count(m.POST_WINDOW_CHECKS, 1.0, target, check.verdict)
+        for r in check.ranks:
+            if r.ratio is not None:
+                self._gauge(m.POST_WINDOW_RATIO, r.ratio, target, str(r.rank))

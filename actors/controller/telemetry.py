@@ -1,0 +1,203 @@
+"""The controller's telemetry: metrics, step-time history and the post-window check, on the monitor tick.
+
+Everything here reads what the controller already holds (heartbeats,
+profiles, watches); nothing calls a rank, and the poll handlers are
+untouched. The controller calls :meth:`Telemetry.tick` from its monitor
+loop, :meth:`bundle_ended` when a profile or stacks bundle ends, and wraps
+its postprocess with :meth:`timed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from actors.controller.health import Health
+from actors.controller.history import History, RunHistory
+from actors.controller.history_store import HistoryStore
+from actors.controller.metrics import Metrics
+from actors.controller.post_window import PostWindowChecks
+from actors.controller.registry import Registry, Worker
+from actors.controller.state import Profile
+from orchestrator.control import ControllerConfig
+from orchestrator.diagnosis import WatchStatus
+from orchestrator.errors import StorageError, TargetNotFoundError
+from orchestrator.history import TargetHistory
+from orchestrator.models import Manifest, StorageSpec
+from orchestrator.post_window import PostWindowCheck
+
+__all__ = ["Telemetry"]
+
+logger = logging.getLogger(__name__)
+
+PostprocessFn = Callable[[Manifest, Profile, float], Awaitable[Manifest]]
+
+
+_UNSEEN = object()
+
+
+def _condition(watch: WatchStatus) -> str:
+    if watch.spec.slower_than is not None:
+        return "slower_than"
+    return "rank_lag" if watch.spec.rank_lag is not None else "stalled"
+
+
+class Telemetry:
+    def __init__(
+        self,
+        registry: Registry,
+        home: StorageSpec,
+        cluster: str,
+        config: Callable[[], ControllerConfig],
+        assess: Callable[[dict[int, Worker], float], Health],
+        save_profile: Callable[[Profile], Awaitable[None]],
+        known: Callable[[str], bool],
+        spawn: Callable[[Any], Any],
+    ) -> None:
+        self._registry = registry
+        self._config = config
+        self._assess = assess
+        self._save_profile = save_profile
+        self._known = known
+        self._spawn = spawn
+        self._store = HistoryStore(home, cluster)
+        self.history = History()
+        self._metrics = Metrics() if config().metrics else None
+        self._checks = PostWindowChecks(
+            self.history,
+            lambda: (config().post_window_slowdown, config().post_window_steps, config().monitor_interval_s),
+            self._check_ended,
+        )
+        # None: the saved histories are not read yet; the history records nothing until they are.
+        self._loaded: bool | None = None
+        self._saved_at = time.monotonic()
+        self._saving = False
+        self._last_firing: dict[str, Any] = {}
+        self._postprocess_s: dict[str, float] = {}
+
+    # ---- hooks ------------------------------------------------------------
+
+    def timed(self, postprocess: PostprocessFn) -> PostprocessFn:
+        """``postprocess``, remembering how long each profile's took."""
+
+        async def run(manifest: Manifest, profile: Profile, timeout_s: float) -> Manifest:
+            started = time.monotonic()
+            try:
+                return await postprocess(manifest, profile, timeout_s)
+            finally:
+                self._postprocess_s[profile.id] = time.monotonic() - started
+
+        return run
+
+    def bundle_ended(self, profile: Profile) -> None:
+        postprocess_s = self._postprocess_s.pop(profile.id, None)
+        if self._config().history and self._loaded:
+            self._checks.track(profile, time.time())  # a window shorter than a tick was never seen live
+        if self._metrics is not None:
+            self._metrics.bundle_ended(profile, postprocess_s)
+
+    def _check_ended(self, profile: Profile, check: PostWindowCheck) -> None:
+        if self._metrics is not None:
+            self._metrics.post_window(profile.target, check)
+        if profile.state.is_terminal:
+            # An unfinished profile's manifest and saved state take the check when it ends.
+            self._spawn(self._save_ended(profile))
+
+    async def _save_ended(self, profile: Profile) -> None:
+        if not self._known(profile.id):
+            return  # deleted meanwhile: saving would bring its state file back
+        try:
+            await self._save_profile(profile)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save the post-window check of %s: %s", profile.id, e)
+
+    # ---- the tick ---------------------------------------------------------
+
+    def tick(self, now: float, live: Iterable[Profile], watches: list[WatchStatus]) -> None:
+        config = self._config()
+        wall = time.time()
+        if config.history:
+            self._history_tick(now, wall, config.history_save_interval_s)
+            if self._loaded:
+                self._checks.tick(live, wall)
+        if self._metrics is not None:
+            self._metrics_tick(now, watches)
+
+    def _history_tick(self, now: float, wall: float, save_interval_s: float) -> None:
+        if self._loaded is None:
+            self._loaded = False
+            self._spawn(self._load())
+            return
+        if not self._loaded:
+            return
+        self.history.record(self._registry.workers.values(), now, wall)
+        for run in self.history.forget_ended(wall):
+            self._spawn(self._delete(run))
+        if now - self._saved_at >= save_interval_s and not self._saving:
+            self._saved_at = now
+            self._spawn(self.save())
+
+    def _metrics_tick(self, now: float, watches: list[WatchStatus]) -> None:
+        assert self._metrics is not None
+        names = self._registry.names()
+        for name in names:
+            workers = next(iter(self._registry.runs(name).values()))  # the newest run
+            self._metrics.run(name, workers, self._assess(workers, now), now)
+        self._metrics.forget(set(names))
+        for gone in self._last_firing.keys() - {w.id for w in watches}:
+            del self._last_firing[gone]
+        for watch in watches:
+            # Firings are kept to the last few: the new ones are those after the last seen. A watch
+            # seen for the first time (just made, or restored) counts none of what it had.
+            last = self._last_firing.get(watch.id, _UNSEEN)
+            self._last_firing[watch.id] = max((f.at for f in watch.firings), default=None)
+            if last is _UNSEEN:
+                continue
+            for f in watch.firings:
+                if last is None or f.at > last:
+                    self._metrics.watch_fired(watch.spec.target, _condition(watch), f.error is not None)
+
+    # ---- storage ----------------------------------------------------------
+
+    async def _load(self) -> None:
+        try:
+            for run in await self._store.load():
+                self.history.adopt(run)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot read saved step-time histories (starting afresh): %s", e)
+        self._loaded = True
+
+    async def save(self) -> None:
+        """Save every run's history now; a failure is logged, and the next interval tries again."""
+        self._saving = True
+        try:
+            await self._store.save(list(self.history.runs.values()))
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save step-time histories: %s", e)
+        finally:
+            self._saving = False
+
+    async def _delete(self, run: RunHistory) -> None:
+        try:
+            await self._store.delete(run)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot delete the history of %s: %s", run.target, e)
+
+    # ---- the API ----------------------------------------------------------
+
+    def view(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
+        """One run's history over the last ``span_s``: the named run, else the newest live one,
+        else the one heard from last."""
+        if run is None:
+            live = self._registry.runs(target)
+            runs = [r for (t, _), r in self.history.runs.items() if t == target]
+            found = self.history.runs.get((target, next(iter(live)))) if live else None
+            if found is None and runs:
+                found = max(runs, key=lambda r: r.last_t)
+        else:
+            found = self.history.runs.get((target, run))
+        if found is None:
+            raise TargetNotFoundError(f"no step-time history for {target!r}" + (f" run {run!r}" if run else ""), target=target)
+        return found.view(span_s, time.time(), ranks)

@@ -1,0 +1,98 @@
+"""The controller's telemetry at idle: 1,024 simulated ranks, metrics and history on vs off.
+
+One real controller actor per run, 1,024 simulated ranks polling through one
+relay per 8-rank node (:mod:`benchmarks.sim_host`, 100 ms steps, default
+``poll_timeout_s`` = 10 s). Runs alternate off, on, off, on, ... (a fresh
+controller each), so drift on a shared machine falls on both sides. Per run:
+the controller's CPU over the idle window and its RSS at the end
+(``/proc`` of its pid). With telemetry on, every heartbeat goes into the
+history and every rank's gauges are set on the monitor tick (1 s).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from benchmarks import LogFn
+from benchmarks._stats import Result, ensure_ray, proc_cpu_seconds, proc_rss_bytes
+from benchmarks.control_plane import HOSTS, RANKS_PER_NODE, STEP_TIME_S, _controller_pid, _kill_controller
+from benchmarks.sim_host import SimHost, sum_counters
+
+NAME = "telemetry"
+RANKS = 1024
+
+
+def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[str, float]:
+    from actors.controller.actor import create_controller
+    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.models import StorageSpec
+
+    _kill_controller()
+    config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"{'on' if on else 'off'}-{time.time_ns()}"))))
+    config = config.model_copy(update={"metrics": on, "history": on})
+    handle = create_controller(config)
+    ray.get(handle.ping.remote(), timeout=60)
+    pid = _controller_pid(handle)
+    target = f"sim-tel-{n}"
+    block = -(-n // HOSTS)
+    per_host = [list(range(h * block, min(n, (h + 1) * block))) for h in range(HOSTS)]
+    hosts = [
+        SimHost.remote(target, ranks, n, h, STEP_TIME_S, RANKS_PER_NODE, config.poll_timeout_s, time.monotonic())
+        for h, ranks in enumerate(per_host)
+    ]
+    try:
+        ray.get([h.start.remote(config.poll_timeout_s) for h in hosts], timeout=300)
+        deadline = time.monotonic() + config.poll_timeout_s + 60
+        while sum_counters(hosts)["outstanding_polls"] < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        # Past one poll timeout every rank has heartbeat: the history holds every rank.
+        time.sleep(config.poll_timeout_s + 2)
+        c0, w0 = proc_cpu_seconds(pid), time.monotonic()
+        time.sleep(idle_s)
+        cpu = 100 * (proc_cpu_seconds(pid) - c0) / (time.monotonic() - w0)
+        rss = proc_rss_bytes(pid)
+        log(f"{NAME}: telemetry {'on ' if on else 'off'}: idle cpu {cpu:.1f}%, rss {rss / 2**20:.0f} MiB")
+        return {"cpu_pct": cpu, "rss": rss}
+    finally:
+        try:
+            ray.get([h.stop.remote() for h in hosts], timeout=30)
+        except Exception:
+            pass
+        for h in hosts:
+            ray.kill(h)
+        _kill_controller()
+
+
+def run(quick: bool, log: LogFn) -> list[Result]:
+    """Idle controller CPU and RSS at 1,024 ranks (128 with --quick), telemetry on vs off, alternated."""
+    n = 128 if quick else RANKS
+    pairs = 1 if quick else 3
+    idle_s = 10.0 if quick else 30.0
+    store = Path(tempfile.mkdtemp(prefix="rayprof-bench-tel-"))
+    ensure_ray()
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    try:
+        for _ in range(pairs):
+            for on in (False, True):
+                runs[on].append(_one_run(on, n, idle_s, store, log))
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    bench = f"{NAME}[{n} ranks, relay per {RANKS_PER_NODE} ranks]"
+    note = f"{pairs} alternated pairs, {idle_s:g} s idle each, after every rank heartbeat once"
+    results = []
+    for on in (False, True):
+        label = "metrics + history on" if on else "metrics + history off"
+        results += [
+            Result.of(bench, f"idle controller CPU, {label}", "%", [r["cpu_pct"] for r in runs[on]], note=note),
+            Result.of(bench, f"idle controller RSS, {label}", "MiB", [r["rss"] / 2**20 for r in runs[on]]),
+        ]
+    off, on_ = (statistics.median(r["cpu_pct"] for r in runs[k]) for k in (False, True))
+    log(f"{NAME}: idle cpu median off {off:.1f}% / on {on_:.1f}%")
+    return results
