@@ -97,7 +97,7 @@ def ray_cluster(s3_server: S3Target, tmp_path_factory) -> Iterator[str]:
     import ray
 
     os.environ.setdefault("RAYPROF_STORAGE", str(tmp_path_factory.mktemp("default-store")))
-    ctx = ray.init(num_cpus=8, include_dashboard=True, log_to_driver=False, namespace="rayprof-tests")
+    ctx = ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="rayprof-tests")
     yield ctx.address_info["gcs_address"]
     ray.shutdown()
 

@@ -42,6 +42,7 @@ from orchestrator.models import (
     ProfileStatus,
     StorageSpec,
 )
+from orchestrator.ray_compat import ingress
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router
 from orchestrator.service.security import (
@@ -127,7 +128,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
-# class: @serve.ingress pickles the FastAPI app, route methods included, when the
+# class: @ingress (serve.ingress) pickles the FastAPI app, route methods included, when the
 # class is decorated; a global defined later is missing in the replica.
 @serve.deployment(
     # The service only forwards calls: leave every CPU to training.
@@ -135,7 +136,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     # Long-polls (?wait_s=) hold a request each; the default of 5 would starve others.
     max_ongoing_requests=200,
 )
-@serve.ingress(api)
+@ingress(api)
 class ProfilingService(ConsoleRoutes):
     """Routes of the v1 API; the control actor does the work.
 
