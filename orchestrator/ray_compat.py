@@ -44,6 +44,7 @@ __all__ = [
     "running_gcs_addresses",
     "serve_controller",
     "submission_id",
+    "train_v2_enabled",
 ]
 
 
@@ -110,3 +111,11 @@ def ingress(app: Any) -> Callable[[type], type]:
         return serve.ingress(app)(cls)
 
     return decorate
+
+
+def train_v2_enabled() -> bool:
+    """Whether a Ray Train job started from this process's environment runs on Train v2 (``RAY_TRAIN_V2_ENABLED``,
+    whose default is on from 2.51)."""
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    return is_v2_enabled()
