@@ -194,7 +194,7 @@ class ProfilingService(ConsoleRoutes):
             if isinstance(e.cause, RayprofError):
                 raise e.cause from None
             raise
-        except (TimeoutError, RayActorError, GetTimeoutError) as e:
+        except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as e:  # wait_for raises asyncio.TimeoutError on 3.10
             if not self._pinned:
                 # Dropped so the next request finds (or recreates) the named actor.
                 self._controller = None
