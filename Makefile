@@ -31,7 +31,7 @@ test: setup browser
 # stacks of live jobs, the console in a browser. CI runs it after `make test` (~12 min, README).
 OLDEST_RAY_VENV ?= .venv-ray-2.47
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
-OLDEST_RAY_TESTS := tests/test_http_api.py tests/test_client_http.py tests/test_train_versions.py \
+OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_client_http.py tests/test_train_versions.py \
 	tests/test_stacks_live.py \
 	tests/test_console_browser.py::test_console_is_served_with_a_strict_content_security_policy \
 	tests/test_console_browser.py::test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report
