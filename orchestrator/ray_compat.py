@@ -20,13 +20,16 @@ Which releases take which path:
   the routes of mixin classes after the deployment class, so both find them.
   2.47-2.56 also need FastAPI < 0.137: from 0.137 FastAPI nests included routers
   under a node holding a lock, which their Serve neither walks nor can pickle
-  (2.57 walks them). A cluster image of those releases has such a FastAPI; a
-  fresh environment pins it (README, Install).
+  (2.57 walks them). Ray 2.47's Serve also reads ``FieldDescriptor.label``,
+  which protobuf 7 removed (2.60 runs on protobuf 7). A cluster image of those
+  releases has such versions; a fresh environment pins them
+  (``deploy/constraints-ray-2.47.txt``, README, Install).
 - **Internals** (no public call exists in any supported release): the cluster id
   and the job's submission id from ``ray._private.worker``; Serve's controller
   from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the
-  running clusters on this machine (``ray._private.services``). The same in every
-  supported release; each is used from here only.
+  running clusters on this machine (``ray._private.services``); Ray Train's
+  switch (``ray.train.v2._internal.constants``). The same in every supported
+  release; each is used from here only.
 
 Ray is imported inside each function: importing this module costs nothing.
 """
