@@ -24,11 +24,11 @@ setup: $(VENV)/.installed
 test: setup browser
 	$(PY) -m pytest -q -ra -m 'not extended'
 
-# The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.47), in a venv of its own:
+# The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.40), in a venv of its own:
 # ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on
-# the other Ray Train (v2 there), stacks of live jobs, the console in a browser. CI runs it after
+# the other Ray Train (none on 2.40: v1 only), stacks of live jobs, the console in a browser. CI runs it after
 # `make test` (README, Install: its time).
-OLDEST_RAY_VENV ?= .venv-ray-2.47
+OLDEST_RAY_VENV ?= .venv-ray-oldest
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
 OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_client_http.py \
 	tests/test_train_versions.py tests/test_stacks_live.py \
@@ -37,13 +37,13 @@ OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_c
 
 # Its dependencies alone (pyproject's, pinned by the constraints) touch nothing in this tree, so CI
 # installs them while `make setup` runs; the editable install of rayprof itself comes after.
-$(OLDEST_RAY_VENV)/.deps: pyproject.toml deploy/constraints-ray-2.47.txt
+$(OLDEST_RAY_VENV)/.deps: pyproject.toml deploy/constraints-ray-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_RAY_VENV)
 	$(OLDEST_RAY_PY) -m pip install -q --upgrade pip
 	$(OLDEST_RAY_PY) -m pip install -q torch==2.13.0
 	$(OLDEST_RAY_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 		print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(OLDEST_RAY_VENV)/requirements.txt
-	$(OLDEST_RAY_PY) -m pip install -q -c deploy/constraints-ray-2.47.txt -r $(OLDEST_RAY_VENV)/requirements.txt
+	$(OLDEST_RAY_PY) -m pip install -q -c deploy/constraints-ray-oldest.txt -r $(OLDEST_RAY_VENV)/requirements.txt
 	touch $@
 
 $(OLDEST_RAY_VENV)/.installed: $(OLDEST_RAY_VENV)/.deps

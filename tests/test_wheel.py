@@ -48,7 +48,7 @@ def venv(wheel, tmp_path_factory) -> Path:
     bin_ = root / "venv" / "bin"
     _run(bin_ / "pip", "install", "-q", f"torch=={metadata.version('torch')}", cwd=root)
     # Beside the Ray (and the FastAPI and protobuf it works with) of the environment running the tests,
-    # as a cluster image has them: the oldest-Ray run checks the wheel on Ray 2.47 and its pins.
+    # as a cluster image has them: the oldest-Ray run checks the wheel on the oldest Ray and its pins.
     beside = [f"{name}=={metadata.version(name)}" for name in ("fastapi", "protobuf")]
     out = _run(bin_ / "pip", "install", f"ray[train,serve]=={metadata.version('ray')}", *beside, wheel, cwd=root)
     assert (bin_ / "rayprof").is_file(), out[-3000:]
