@@ -24,9 +24,9 @@ setup: $(VENV)/.installed
 test: setup browser
 	$(PY) -m pytest -q -ra -m 'not extended'
 
-# The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.40), in a venv of its own:
+# The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
 # ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on
-# the other Ray Train (none on 2.40: v1 only), stacks of live jobs, the console in a browser. CI runs it after
+# the other Ray Train (v2 there), stacks of live jobs, the console in a browser. CI runs it after
 # `make test` (README, Install: its time).
 OLDEST_RAY_VENV ?= .venv-ray-oldest
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python

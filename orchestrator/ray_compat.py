@@ -1,25 +1,25 @@
 """Every place where Ray's APIs differ across the releases rayprof supports, and every Ray internal it uses.
 
-Supported: Ray 2.40 through 2.x (``pyproject.toml``); CI runs the whole suite on
+Supported: Ray 2.43 through 2.x (``pyproject.toml``); CI runs the whole suite on
 the newest and the live core path on the oldest (``make test-oldest-ray``).
-Tried by hand as well: 2.43 and 2.47 (README, Install, says how they did).
+Tried by hand as well: 2.40 and 2.47 (README, Install, says how they did).
 Which releases take which path:
 
 - **Token auth**: ``ray.exceptions.AuthenticationError`` exists from 2.52 (a
   GCS refuses a wrong token; a ``ray.init()`` that starts a local cluster turns
-  token auth on from 2.60). 2.40-2.51 have no token auth: :func:`auth_errors` is
+  token auth on from 2.60). 2.43-2.51 have no token auth: :func:`auth_errors` is
   empty there, so the CLI's pre-flight check and its ``except`` never match.
 - **Ray Train v1 and v2**: the agent reads the same context calls in both
   (``get_experiment_name``, ranks, ``get_storage().experiment_fs_path``). v2 is
   the default from 2.51 (``RAY_TRAIN_V2_ENABLED``), v1 before; v1 stays
   selectable with ``RAY_TRAIN_V2_ENABLED=0`` in every supported release, and v2
-  with ``=1`` from 2.43 (2.40 has no v2: :func:`has_train_v2`). The agent does
+  with ``=1`` in 2.43-2.50 (2.40 has no v2: :func:`has_train_v2`). The agent does
   not branch on it; the live tests run it under both where both exist.
-- **Serve's class-based ingress**: 2.40-2.52 bind a FastAPI route to the
+- **Serve's class-based ingress**: 2.43-2.52 bind a FastAPI route to the
   deployment only when the route function's ``__qualname__`` contains the
   class's name; 2.53 on also look along the class's MRO. :func:`ingress` names
   the routes of mixin classes after the deployment class, so both find them.
-  2.40-2.56 also need FastAPI < 0.137: from 0.137 FastAPI nests included routers
+  2.43-2.56 also need FastAPI < 0.137: from 0.137 FastAPI nests included routers
   under a node holding a lock, which their Serve neither walks nor can pickle
   (2.57 walks them). Ray 2.47's Serve (and older) also reads ``FieldDescriptor.label``,
   which protobuf 7 removed (2.60 runs on protobuf 7). A cluster image of those
@@ -100,7 +100,7 @@ def running_gcs_addresses() -> set[str]:
 def ingress(app: Any) -> Callable[[type], type]:
     """``serve.ingress(app)`` that also binds routes a mixin base class defines, on every supported Ray.
 
-    Serve 2.40-2.52 binds a route to the deployment only if the route function's
+    Serve 2.43-2.52 binds a route to the deployment only if the route function's
     ``__qualname__`` contains the deployment class's name; a mixin's methods
     (``ConsoleRoutes.get_artifact``) would stay unbound and answer 422 for a
     missing ``self``. Naming them after the deployment class satisfies that check

@@ -1,5 +1,5 @@
 """orchestrator/ray_compat.py on the Ray release this environment has (`make test`: the newest;
-`make test-oldest-ray`: 2.40). Unit tests: no cluster."""
+`make test-oldest-ray`: 2.43). Unit tests: no cluster."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_auth_errors_is_rays_refusal_where_the_release_has_token_auth():
 
 
 def test_routes_of_a_mixin_are_bound_to_the_deployment_on_this_serve():
-    # Serve 2.40-2.52 bind a route only if its function's name holds the class's; the mixin's would
+    # Serve 2.43-2.52 bind a route only if its function's name holds the class's; the mixin's would
     # stay unbound and ask the client for `self`.
     router = APIRouter()
 
