@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup browser test test-extended test-unit demo bench clean
+.PHONY: setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,39 @@ setup: $(VENV)/.installed
 test: setup browser
 	$(PY) -m pytest -q -ra -m 'not extended'
 
+# The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
+# ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on
+# the other Ray Train (v2 there), stacks of live jobs, the console in a browser. CI runs it after
+# `make test` (README, Install: its time).
+OLDEST_RAY_VENV ?= .venv-ray-oldest
+OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
+OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_client_http.py \
+	tests/test_train_versions.py tests/test_stacks_live.py \
+	tests/test_console_browser.py::test_console_is_served_with_a_strict_content_security_policy \
+	tests/test_console_browser.py::test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report
+
+# Its dependencies alone (pyproject's, pinned by the constraints) touch nothing in this tree, so CI
+# installs them while `make setup` runs; the editable install of rayprof itself comes after.
+$(OLDEST_RAY_VENV)/.deps: pyproject.toml deploy/constraints-ray-oldest.txt
+	$(PYTHON) -m venv $(OLDEST_RAY_VENV)
+	$(OLDEST_RAY_PY) -m pip install -q --upgrade pip
+	$(OLDEST_RAY_PY) -m pip install -q torch==2.13.0
+	$(OLDEST_RAY_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(OLDEST_RAY_VENV)/requirements.txt
+	$(OLDEST_RAY_PY) -m pip install -q -c deploy/constraints-ray-oldest.txt -r $(OLDEST_RAY_VENV)/requirements.txt
+	touch $@
+
+$(OLDEST_RAY_VENV)/.installed: $(OLDEST_RAY_VENV)/.deps
+	$(OLDEST_RAY_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+setup-oldest-ray-deps: $(OLDEST_RAY_VENV)/.deps
+
+setup-oldest-ray: $(OLDEST_RAY_VENV)/.installed
+
+test-oldest-ray: setup-oldest-ray browser
+	$(OLDEST_RAY_PY) -m pytest -q -ra $(OLDEST_RAY_TESTS)
+
 # The costliest live tests (the demo end to end, 50 windows in a row, four that each
 # start a job of their own, and hosts on a real network): ~11 min more than `make test`,
 # plus tests/test_netns.py's time (README, Tests).
@@ -40,4 +73,4 @@ bench: setup
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) rayprof-demo
+	rm -rf $(VENV) $(OLDEST_RAY_VENV) rayprof-demo

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import ray
@@ -125,7 +125,7 @@ class SimHost:
                     self.arms += 1
                     # Like Capture: the window is armed when the command arrives, so whether its
                     # start has passed is decided now, not after ARMED is acknowledged.
-                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step(), datetime.now(UTC)))
+                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step(), datetime.now(timezone.utc)))
             except asyncio.CancelledError:
                 return
             except Exception:
@@ -153,7 +153,7 @@ class SimHost:
         await asyncio.sleep(max(0.0, opened - time.monotonic()))
         # A real rank stamps CAPTURING on its training thread at the boundary that opened the
         # window; with 256 ranks a simulator's loop wakes late, which is not the window's lateness.
-        at = datetime.now(UTC) - timedelta(seconds=max(0.0, time.monotonic() - opened))
+        at = datetime.now(timezone.utc) - timedelta(seconds=max(0.0, time.monotonic() - opened))
         await report(event(RankState.CAPTURING, at=at))
         await asyncio.sleep(max(0.0, self._at_step(window.stop_step) - time.monotonic()))
         await report(event(RankState.UPLOADING))

@@ -25,7 +25,7 @@ Standard library only: the export child process imports it and must start fast.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 __all__ = [
     "MANIFEST_NAME",
@@ -115,7 +115,7 @@ def profile_id(kind: str, at: datetime, suffix: str) -> str:
 def id_created_at(name: str) -> datetime | None:
     """When the profile of id ``name`` was made, else ``None`` for a name rayprof did not give."""
     m = _ID.match(name)
-    return datetime.strptime(m.group(1), _ID_TIME).replace(tzinfo=UTC) if m else None
+    return datetime.strptime(m.group(1), _ID_TIME).replace(tzinfo=timezone.utc) if m else None
 
 
 def config_key(cluster: str) -> str:

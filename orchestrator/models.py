@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -51,7 +51,7 @@ __all__ = [
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the manifest uses."""
-    return datetime.now(UTC)
+    return datetime.now(timezone.utc)
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"

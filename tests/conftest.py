@@ -149,7 +149,7 @@ def ray_cluster(s3_server: S3Target, tmp_path_factory) -> Iterator[str]:
     os.environ.setdefault("RAYPROF_STORAGE", str(tmp_path_factory.mktemp("default-store")))
     ctx = ray.init(
         num_cpus=8,
-        include_dashboard=True,
+        include_dashboard=False,
         log_to_driver=False,
         namespace="rayprof-tests",
         _metrics_export_port=METRICS_EXPORT_PORT,

@@ -43,11 +43,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def require_no_other_cluster() -> None:
     """Fail (never stop someone's cluster) when another Ray cluster is up on this machine."""
     import ray
-    from ray._private.services import find_gcs_addresses
+    from orchestrator.ray_compat import running_gcs_addresses
 
     if ray.is_initialized():
         pytest.fail("this pytest process is already connected to a Ray cluster; own_cluster tests must run first")
-    running = find_gcs_addresses()
+    running = running_gcs_addresses()
     if running:
         pytest.fail(
             f"another Ray cluster runs on this machine ({', '.join(sorted(running))}); these tests end with "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -81,7 +81,7 @@ def test_a_target_whose_last_window_was_slow_to_arm_gets_a_longer_lead():
 
 
 def test_the_arm_round_is_schedule_to_the_last_armed_rank():
-    at = datetime(2026, 1, 1, tzinfo=UTC)
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
     ranks = [
         RankResult(rank=0, state=RankState.DONE, armed_at=at + timedelta(seconds=0.2)),
         RankResult(rank=1, state=RankState.FAILED, armed_at=at + timedelta(seconds=0.9)),

@@ -327,9 +327,9 @@ def _worker_info() -> WorkerInfo | None:
         pass
     submission_id = None
     try:
-        from ray._private.worker import global_worker
+        from orchestrator.ray_compat import submission_id as job_submission_id
 
-        submission_id = global_worker.core_worker.get_job_config().metadata.get("job_submission_id")
+        submission_id = job_submission_id()
     except Exception:
         pass
     return WorkerInfo(

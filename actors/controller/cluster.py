@@ -29,6 +29,6 @@ def cluster_info(registry: Registry, profile: Profile) -> dict[str, Any]:
 def ray_cluster_id() -> str:
     """This Ray cluster's id, stable across controller restarts. Saved state is namespaced by
     it: two clusters sharing a storage root never adopt each other's profiles."""
-    from ray._private.worker import global_worker
+    from orchestrator.ray_compat import cluster_id
 
-    return global_worker.node.cluster_id.hex()[:16]
+    return cluster_id()[:16]

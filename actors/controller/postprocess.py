@@ -53,7 +53,7 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
     )
     try:
         result: PostprocessResult = await asyncio.wait_for(asyncio.shield(job), timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # wait_for's: not the builtin TimeoutError on 3.10
         fan.cancel()
         done, _ = await asyncio.wait([job], timeout=_CANCEL_GRACE_S)
         for finished in done:

@@ -13,7 +13,6 @@ way to change state, and it refuses any move the diagram does not draw.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -50,13 +49,18 @@ ALLOWED: dict[ProfileState, frozenset[ProfileState]] = {
 async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
     """Wait until ``event`` is set or ``timeout_s`` passes.
 
-    ``asyncio.timeout`` rather than ``wait_for``: on Python 3.11 ``wait_for``
-    can swallow a cancellation that races the event, leaving a task that
-    never ends.
+    ``asyncio.wait`` rather than ``wait_for``: on Python 3.10 and 3.11
+    ``wait_for`` can swallow a cancellation that races the event, leaving a task
+    that never ends; ``asyncio.wait`` never swallows one, and it is there on 3.10
+    (``asyncio.timeout`` is 3.11's).
     """
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
+    if event.is_set():
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout_s)
+    finally:
+        waiter.cancel()
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,11 @@ def _ray_auth_refusal(address: str) -> str | None:
     import os
     import socket
 
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    from orchestrator.ray_compat import auth_errors, gcs_client
 
+    refused = auth_errors()
+    if not refused:
+        return None  # a release without token auth: nothing to refuse
     explicit = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if not explicit or explicit == "auto" or "://" in explicit:
         return None
@@ -70,9 +72,9 @@ def _ray_auth_refusal(address: str) -> str | None:
     except (OSError, ValueError):
         return None  # nothing listens there: ray.init() says so
     try:
-        GcsClient(address=explicit)
+        gcs_client(explicit)
         return None
-    except AuthenticationError:
+    except refused:
         pass
     except Exception:
         return None  # not about auth: ray.init() reports it
@@ -93,6 +95,7 @@ def serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from orchestrator.ray_compat import auth_errors
     from orchestrator.service.app import build_app
 
     token = _token(args)
@@ -108,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     try:
         ray.init(address=args.address or "auto", log_to_driver=False)
-    except ray.exceptions.AuthenticationError as e:
+    except auth_errors() as e:
         print(f"rayprof: the Ray cluster needs its auth token: {e}", file=sys.stderr)
         return EXIT_FAILED
     except ConnectionError as e:

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 from pydantic import ValidationError
@@ -70,6 +71,14 @@ def _token_arguments(group: Any, what: str) -> None:
     group.add_argument("--token", default=None, help=f"{what} itself (visible in `ps`: prefer --token-file)")
 
 
+def _version() -> str:
+    """The version has one source, pyproject.toml, read back from the installed package's metadata."""
+    try:
+        return metadata.version("rayprof")
+    except metadata.PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
 def _parser() -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
     group = connection.add_argument_group("connection")
@@ -96,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayprof", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"rayprof {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, parents: Sequence[Any]) -> Any:

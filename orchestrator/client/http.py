@@ -8,7 +8,7 @@ the in-cluster client raises (``TargetNotFoundError``, ``ConflictError``, ...).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -33,6 +33,9 @@ from orchestrator.settings import (
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
+    # typing.Self is 3.11's; typing_extensions (pydantic's dependency) has it for 3.10, for the type checker only.
+    from typing_extensions import Self
+
     from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["HttpBackend", "error_for"]

@@ -45,6 +45,7 @@ from orchestrator.models import (
     ProfileStatus,
     StorageSpec,
 )
+from orchestrator.ray_compat import ingress
 from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.console import router as console_router
 from orchestrator.service.docs import router as docs_router
@@ -161,7 +162,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
-# class: @serve.ingress pickles the FastAPI app, route methods included, when the
+# class: @ingress (serve.ingress) pickles the FastAPI app, route methods included, when the
 # class is decorated; a global defined later is missing in the replica.
 @serve.deployment(
     # The service only forwards calls: leave every CPU to training.
@@ -169,7 +170,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     # Long-polls (?wait_s=) hold a request each; the default of 5 would starve others.
     max_ongoing_requests=200,
 )
-@serve.ingress(api)
+@ingress(api)
 class ProfilingService(ConsoleRoutes):
     """Routes of the v1 API; the control actor does the work.
 
@@ -227,7 +228,7 @@ class ProfilingService(ConsoleRoutes):
             if isinstance(e.cause, RayprofError):
                 raise e.cause from None
             raise
-        except (TimeoutError, RayActorError, GetTimeoutError) as e:
+        except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as e:  # wait_for raises asyncio.TimeoutError on 3.10
             if not self._pinned:
                 # Dropped so the next request finds (or recreates) the named actor.
                 self._controller = None

@@ -286,10 +286,10 @@ def serve_http_host() -> str | None:
     if not ray.is_initialized():
         return None
     # Serve has no public call for its HTTP options; its controller answers this one.
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    from orchestrator.ray_compat import serve_controller
 
     try:
-        controller: Any = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        controller: Any = serve_controller()
     except ValueError:
         return None
     return ray.get(controller.get_http_config.remote(), timeout=30).host
