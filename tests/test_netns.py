@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -294,7 +294,7 @@ def test_a_host_cut_off_mid_window_fails_its_rank_and_the_restarted_job_profiles
         lambda: handle.status().ranks[victim].state == RankState.CAPTURING if handle.status().ranks else False,
         timeout=120, interval=0.1, what="node-b's rank capturing",
     )
-    t0, cut_at = time.monotonic(), datetime.now(UTC)
+    t0, cut_at = time.monotonic(), datetime.now(timezone.utc)
     host.cut()
     try:
         try:
