@@ -148,7 +148,9 @@ def ray_cluster(s3_server: S3Target, tmp_path_factory) -> Iterator[str]:
 
     os.environ.setdefault("RAYPROF_STORAGE", str(tmp_path_factory.mktemp("default-store")))
     ctx = ray.init(
-        num_cpus=8,
+        # Logical CPUs: Ray Train v1 (the default up to Ray 2.50) holds one more CPU per job for its
+        # trainable, and the stacks tests run three 2-rank jobs beside the Serve replicas at once.
+        num_cpus=16,
         include_dashboard=False,
         log_to_driver=False,
         namespace="rayprof-tests",
