@@ -1,6 +1,7 @@
 """The rayprof HTTP service: a Ray Serve deployment with a FastAPI ingress.
 
-Thin on purpose: each route validates its input, makes one call to the
+Thin on purpose (the FastAPI app itself, its error handlers and shared parameter
+types are in :mod:`orchestrator.service.api`): each route validates its input, makes one call to the
 control actor (:mod:`actors.controller.actor`) and maps the answer or error to
 HTTP. Every error is JSON ``{"error": code, "detail": message}``.
 
@@ -17,12 +18,9 @@ Python::
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ray import serve
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.auth import check_exposure, read_token
 from orchestrator.control import ControllerConfig
@@ -35,8 +33,6 @@ from orchestrator.errors import (
 from orchestrator.history import TargetHistory
 from orchestrator.manifest import read_artifact
 from orchestrator.models import (
-    IDEMPOTENCY_KEY_MAX_LENGTH,
-    IDEMPOTENCY_KEY_PATTERN,
     NAME_MAX_LENGTH,
     NAME_PATTERN,
     Manifest,
@@ -46,29 +42,16 @@ from orchestrator.models import (
     StorageSpec,
 )
 from orchestrator.ray_compat import ingress
+from orchestrator.service.api import Credentials, IdempotencyKeyHeader, ProfileId, api
 from orchestrator.service.console import ConsoleRoutes
-from orchestrator.service.console import router as console_router
-from orchestrator.service.docs import router as docs_router
-from orchestrator.service.security import (
-    MAX_BODY_BYTES,
-    REPORT_HEADERS,
-    BodyLimit,
-    Guard,
-    SecurityHeaders,
-    error_response,
-    rayprof_error_response,
-    serve_http_host,
-    unexpected_error_response,
-)
-from orchestrator.service.views import ErrorBody, ProfileView, StacksRequest, StorageView, TargetList, WatchList
+from orchestrator.service.security import REPORT_HEADERS, Guard, serve_http_host
+from orchestrator.service.views import ProfileView, StacksRequest, StorageView, TargetList, WatchList
 from orchestrator.settings import (
     DEFAULT_HISTORY_SPAN_S,
     DEFAULT_PAGE_SIZE,
     MAX_HISTORY_SPAN_S,
     MAX_HTTP_WAIT_S,
     MAX_PAGE_SIZE,
-    TOKEN_ENV_VAR,
-    TOKEN_FILE_ENV_VAR,
 )
 from orchestrator.storage import open_storage
 from orchestrator.summaries import GcReport, GcRequest, ProfilePage
@@ -87,79 +70,6 @@ CALL_TIMEOUT_S = 30.0
 """How long one call to the control actor may take before the service answers 503."""
 GC_TIMEOUT_S = 600.0
 """``POST /v1/gc`` deletes whole folders, maybe many: it may take this long."""
-
-# Checked here too so a bad id is a 422, not a controller round trip.
-ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=IDEMPOTENCY_KEY_MAX_LENGTH,
-        pattern=IDEMPOTENCY_KEY_PATTERN,
-        description="Retry-safe submit: the same key with the same request returns the first profile "
-        "(kept 24 h); with another request it is a 422.",
-    ),
-]
-
-
-api = FastAPI(
-    title="rayprof",
-    version="1",
-    description="On-demand torch.profiler windows on live Ray Train runs.",
-    # FastAPI's pages load Swagger UI and ReDoc from a CDN: /docs is served from shipped files
-    # (orchestrator.service.docs), and the schema behind the guard (ProfilingService.openapi_schema).
-    docs_url=None,
-    redoc_url=None,
-    openapi_url=None,
-    responses={
-        400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
-        401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
-        403: {"model": ErrorBody, "description": "Sent by a page of another web site (its Origin is not this service's)."},
-        404: {"model": ErrorBody, "description": "Unknown target or profile."},
-        422: {"model": ErrorBody, "description": "Malformed body, unknown field, invalid name, or a reused Idempotency-Key."},
-        500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
-        503: {
-            "model": ErrorBody,
-            "description": "The control actor is unavailable, still restoring its saved state (restoring), "
-            "or another live cluster holds its cluster name (cluster_name_in_use).",
-        },
-    },
-)
-api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-api.include_router(console_router)
-api.include_router(docs_router)
-api.add_middleware(SecurityHeaders)
-_bearer = HTTPBearer(
-    auto_error=False, description=f"Required when the service has a token ({TOKEN_ENV_VAR} or {TOKEN_FILE_ENV_VAR})."
-)
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-@api.exception_handler(RayprofError)
-async def _rayprof_error(request: Request, exc: RayprofError) -> JSONResponse:
-    return rayprof_error_response(request, exc)
-
-
-@api.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(part) for part in err.get("loc", ()))
-        problems.append(f"{where}: {err.get('msg', 'invalid')}")
-    return error_response(422, "validation_error", "; ".join(problems) or "invalid request")
-
-
-@api.exception_handler(Exception)
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    return unexpected_error_response(request, exc)
-
-
-@api.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    codes = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
-    return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
-
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
 # class: @ingress (serve.ingress) pickles the FastAPI app, route methods included, when the
