@@ -59,9 +59,13 @@ def test_step_time_lag_stalls_and_profiles_are_scraped_from_rays_metrics_endpoin
         }
 
     def both_ranks_exported():
-        # Ray exports each label set as it records it: a series can show one rank a period before the other.
+        # Ray exports each label set as it records it: a series can show one rank (or another
+        # session target) a period before this target's other label sets.
         samples = _series(per_rank | per_target)()
-        return samples if samples and all(r == {"0", "1"} for r in every_rank(samples).values()) else None
+        if not samples or any(r != {"0", "1"} for r in every_rank(samples).values()):
+            return None
+        this_target = all(any(f'target="{LIVE_TARGET}"' in line for line in samples[name]) for name in per_target)
+        return samples if this_target else None
 
     samples = wait_for(both_ranks_exported, timeout=_EXPORT_WAIT_S, interval=2.0, what="every rank's series")
     assert all(ranks == {"0", "1"} for ranks in every_rank(samples).values())
@@ -79,12 +83,17 @@ def test_step_time_lag_stalls_and_profiles_are_scraped_from_rays_metrics_endpoin
         m.exported(m.STORED_BYTES)[0],
         *m.exported(m.WINDOW_DURATION),
     }
-    samples = wait_for(_series(ended), timeout=_EXPORT_WAIT_S, interval=2.0, what="profile series")
+    def this_profile(line: str) -> bool:
+        return f'target="{LIVE_TARGET}"' in line and f'outcome="{manifest.status.value}"' in line and 'trigger="manual"' in line
+
+    def profile_exported():
+        # The names can be on the endpoint already (earlier tests' profiles) before this outcome's label set is.
+        samples = _series(ended)()
+        return samples if samples and any(this_profile(line) for line in samples[m.exported(m.PROFILES)[0]]) else None
+
+    samples = wait_for(profile_exported, timeout=_EXPORT_WAIT_S, interval=2.0, what="profile series")
     profiles = samples[m.exported(m.PROFILES)[0]]
-    assert any(
-        f'target="{LIVE_TARGET}"' in line and f'outcome="{manifest.status.value}"' in line and 'trigger="manual"' in line
-        for line in profiles
-    ), profiles
+    assert any(this_profile(line) for line in profiles), profiles
     # Bounded labels: no profile id in any series.
     assert not re.search(r"prof-\d{8}", "\n".join(line for lines in samples.values() for line in lines))
     # One sample line per series, for the record (pytest -s shows them).
