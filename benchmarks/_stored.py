@@ -12,16 +12,10 @@ from datetime import timedelta
 
 from orchestrator.layout import profile_id as new_id
 from orchestrator.layout import rank_artifact_keys, state_key
-from orchestrator.models import (
-    Artifact,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    RankResult,
-    RankState,
-    StorageSpec,
-    utcnow,
-)
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Artifact, ProfileStatus, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 
 __all__ = ["CLUSTER", "TARGET", "write_saved_profiles"]

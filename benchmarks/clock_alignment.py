@@ -27,7 +27,7 @@ import time
 from benchmarks import LogFn
 from benchmarks._stats import Result
 from benchmarks.analysis_scale import _SOURCES
-from orchestrator.merge_stats import RankAlignment
+from orchestrator.models.merge_stats import RankAlignment
 from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.loader import TraceFile
 from orchestrator.traces.merge_plan import RankScan, scan_rank

@@ -61,7 +61,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
 
     from actors.controller.actor import Controller
     from orchestrator.config import controller_config
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
     from orchestrator.service.app import ProfilingService
 
     count, ranks, trials = (100, 16, 2) if quick else (1000, 64, 5)

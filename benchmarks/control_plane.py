@@ -58,9 +58,10 @@ def _kill_controller() -> None:
 def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> dict[str, Any]:
     from actors.controller.actor import create_controller
     from orchestrator.client import ProfilingClient
-    from orchestrator.client.actor import ActorBackend
+    from orchestrator.client.ray_backend import ActorBackend
     from orchestrator.config import controller_config, normalize_uri
-    from orchestrator.models import ProfileRequest, StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
+    from orchestrator.models.requests import ProfileRequest
 
     _kill_controller()
     config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"n{n}"))))
@@ -151,7 +152,7 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         out["rss_after"] = proc_rss_bytes(pid)
 
         # Idle again with 10 watches on the target: they read the heartbeats already held.
-        from orchestrator.diagnosis import WatchSpec
+        from orchestrator.models.diagnosis import WatchSpec
 
         specs = [WatchSpec(target=target, slower_than=1.3)] * 4 + [WatchSpec(target=target, rank_lag=3)] * 3
         specs += [WatchSpec(target=target, stalled=True, action="stacks")] * 3

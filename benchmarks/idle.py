@@ -32,7 +32,7 @@ TRAIN_RATIO_TARGET = 1.005
 
 
 def _worker_info():
-    from orchestrator.models import WorkerInfo
+    from orchestrator.models.agent_protocol import WorkerInfo
 
     return WorkerInfo(
         agent_id="bench", target="bench", world_rank=0, world_size=1, local_rank=0, node_rank=0,

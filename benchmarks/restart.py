@@ -34,7 +34,7 @@ async def _restart(root: str) -> dict[str, Any]:
 
     from actors.controller.actor import Controller
     from orchestrator.config import controller_config
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
 
     baseline = proc_rss_bytes(os.getpid())
     config = controller_config(StorageSpec(uri=root)).model_copy(update={"cluster_name": CLUSTER})
@@ -69,7 +69,7 @@ def _trial(root: Path) -> dict[str, Any]:
 def run(quick: bool, log: LogFn) -> list[Result]:
     """1,000 profiles x 64 ranks (100 x 16 with --quick), 4 restarts (2 with --quick)."""
     from orchestrator.layout import index_key
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
 
     count, ranks, trials = (100, 16, 2) if quick else (1000, 64, 4)
     root = Path(tempfile.mkdtemp(prefix="rayprof-bench-restart-"))

@@ -131,14 +131,8 @@ def _child(kind: str, spec_path: str, traced: bool) -> None:
     import tracemalloc
 
     from orchestrator.manifest import write_manifest
-    from orchestrator.models import (
-        Artifact,
-        Manifest,
-        ProfileRequest,
-        ProfileState,
-        RankResult,
-        RankState,
-    )
+    from orchestrator.models.profile import Artifact, Manifest, RankResult
+    from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
     from orchestrator.storage import FileStorage
     from orchestrator.traces.loader import discover_traces
     from orchestrator.traces.merge import merge_traces
@@ -152,7 +146,7 @@ def _child(kind: str, spec_path: str, traced: bool) -> None:
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     if kind == "manifest":
-        from orchestrator.models import utcnow
+        from orchestrator.models.common import utcnow
 
         now = utcnow()
         storage = FileStorage(root)

@@ -32,7 +32,7 @@ class SimHost:
     ) -> None:
         from actors.controller.handle import find_controller
         from actors.relay import RelayCore
-        from orchestrator.models import WorkerInfo
+        from orchestrator.models.agent_protocol import WorkerInfo
 
         self.infos = [
             WorkerInfo(
@@ -104,7 +104,7 @@ class SimHost:
         return result
 
     async def _agent(self, info: Any, delay_s: float) -> None:
-        from orchestrator.models import Heartbeat
+        from orchestrator.models.agent_protocol import Heartbeat
 
         await asyncio.sleep(delay_s)
         while not self.stopped:
@@ -133,7 +133,8 @@ class SimHost:
                 await asyncio.sleep(0.5)
 
     async def _window(self, info: Any, window: Any, now_step: int, armed_at: datetime) -> None:
-        from orchestrator.models import RankEvent, RankState
+        from orchestrator.models.profile import RankEvent
+        from orchestrator.models.requests import RankState
 
         def event(state: RankState, **kw: Any) -> RankEvent:
             return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
@@ -172,7 +173,8 @@ class SimHost:
 
     async def hammer(self, seconds: float, concurrency: int) -> int:
         """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
-        from orchestrator.models import RankEvent, RankState
+        from orchestrator.models.profile import RankEvent
+        from orchestrator.models.requests import RankState
 
         event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
         secret = self.secrets.get(event.agent_id)

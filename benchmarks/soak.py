@@ -94,7 +94,7 @@ def _start_controller(root: Path) -> Any:
     import ray
 
     from orchestrator.config import controller_config
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
     from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
 
     try:  # an earlier benchmark's control actor: this one must be the flaky one
@@ -134,10 +134,10 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     import ray
 
     from orchestrator import ProfilingClient
-    from orchestrator.client.actor import ActorBackend
+    from orchestrator.client.ray_backend import ActorBackend
     from orchestrator.errors import RayprofError
     from orchestrator.manifest import read_manifest, verify_manifest
-    from orchestrator.models import ProfileState
+    from orchestrator.models.requests import ProfileState
     from orchestrator.storage import FileStorage
 
     duration_s = 60 if quick else 180

@@ -16,7 +16,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import ray
 
@@ -32,7 +31,7 @@ RANKS = 1024
 def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[str, float]:
     from actors.controller.actor import create_controller
     from orchestrator.config import controller_config, normalize_uri
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
 
     _kill_controller()
     config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"{'on' if on else 'off'}-{time.time_ns()}"))))

@@ -102,7 +102,7 @@ def _minor_faults() -> int:
 
 
 def _info(rank: int = 0):
-    from orchestrator.models import WorkerInfo
+    from orchestrator.models.agent_protocol import WorkerInfo
 
     return WorkerInfo(
         agent_id=f"bench-{rank}", target="bench", world_rank=rank, world_size=1, local_rank=0, node_rank=0,
@@ -112,7 +112,8 @@ def _info(rank: int = 0):
 
 def _window_spec(store: Path, start: int, steps: int, options: dict[str, bool]):
     from orchestrator.config import normalize_uri
-    from orchestrator.models import StorageSpec, TorchOptions, WindowSpec
+    from orchestrator.models.agent_protocol import StorageSpec, WindowSpec
+    from orchestrator.models.requests import TorchOptions
 
     profile_id = f"bench-{uuid.uuid4().hex[:8]}"
     return WindowSpec(
@@ -139,7 +140,7 @@ def run_window(
     ``keep_trace_to``: copy the uploaded trace there (used to seed other benchmarks).
     """
     from actors.agent.capture import Capture
-    from orchestrator.models import RankEvent
+    from orchestrator.models.profile import RankEvent
 
     events: list[RankEvent] = []
     start = idle_steps + 2  # boundary at which the profiler opens

@@ -1,7 +1,7 @@
 """rayprof: on-demand torch.profiler windows on live Ray Train jobs.
 
 Public names load on first use: the export child process imports
-``orchestrator.layout`` and training workers import ``orchestrator.models``;
+``orchestrator.layout`` and training workers import ``orchestrator.models.agent_protocol``;
 neither pays for the client, the service or the analysis.
 """
 
@@ -32,15 +32,15 @@ _EXPORTS = {
     "TargetNotFoundError": "orchestrator.errors",
     "UnauthorizedError": "orchestrator.errors",
     "WatchNotFoundError": "orchestrator.errors",
-    "Manifest": "orchestrator.models",
-    "ProfileRequest": "orchestrator.models",
-    "ProfileState": "orchestrator.models",
-    "ProfileStatus": "orchestrator.models",
-    "RankState": "orchestrator.models",
-    "StacksBundle": "orchestrator.diagnosis",
-    "TargetInfo": "orchestrator.control",
-    "WatchSpec": "orchestrator.diagnosis",
-    "WatchStatus": "orchestrator.diagnosis",
+    "Manifest": "orchestrator.models.profile",
+    "ProfileRequest": "orchestrator.models.requests",
+    "ProfileState": "orchestrator.models.requests",
+    "ProfileStatus": "orchestrator.models.profile",
+    "RankState": "orchestrator.models.requests",
+    "StacksBundle": "orchestrator.models.diagnosis",
+    "TargetInfo": "orchestrator.models.control",
+    "WatchSpec": "orchestrator.models.diagnosis",
+    "WatchStatus": "orchestrator.models.diagnosis",
 }
 
 __all__ = sorted(_EXPORTS)

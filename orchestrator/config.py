@@ -11,9 +11,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from orchestrator import settings as c
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import ConfigurationError
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import ControllerConfig
 
 __all__ = ["controller_config", "default_storage_spec", "normalize_uri"]
 

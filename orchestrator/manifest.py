@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from orchestrator.errors import IntegrityError, StorageError
 from orchestrator.layout import manifest_key, profile_prefix
-from orchestrator.models import Artifact, Manifest
+from orchestrator.models.profile import Artifact, Manifest
 from orchestrator.storage import Storage
 
 __all__ = ["read_artifact", "read_manifest", "verify_manifest", "write_manifest"]

@@ -7,7 +7,7 @@ over it (an older agent, a broken one), so no rank can make a bundle large.
 
 from __future__ import annotations
 
-from orchestrator.diagnosis import RankStacks
+from orchestrator.models.diagnosis import RankStacks
 
 __all__ = ["answer_bytes", "bound_stacks"]
 

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.config import normalize_uri
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 
 REPO = Path(__file__).resolve().parents[1]
 # The console script installed beside the interpreter running the tests.

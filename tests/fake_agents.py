@@ -20,20 +20,13 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models import (
-    Command,
-    Heartbeat,
-    ProfileStatus,
-    RankEvent,
-    RankState,
-    StorageSpec,
-    WindowSpec,
-    WorkerInfo,
-    utcnow,
-)
+from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack
+from orchestrator.models.profile import ProfileStatus, RankEvent
+from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload", "late_arm", "always_late"]

@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def require_no_other_cluster() -> None:
     """Fail (never stop someone's cluster) when another Ray cluster is up on this machine."""
     import ray
+
     from orchestrator.ray_compat import running_gcs_addresses
 
     if ray.is_initialized():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from orchestrator.analysis import Summary, analyze_folder
-from orchestrator.analysis.models import Finding, RankSummary
+from orchestrator.models.analysis import Finding, RankSummary
 from tests.tracefiles import shared
 
 # Every external case but the TensorBoard sample "as shipped" (its two files are nw0_a and nw0_b).

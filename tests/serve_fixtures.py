@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.models import Manifest
+from orchestrator.models.profile import Manifest
 
 TOKEN = "test-token-5f2c-0b7e41"
 TERMINAL_STATES = {"DONE", "PARTIAL", "FAILED", "CANCELLED"}

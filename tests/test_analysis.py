@@ -13,8 +13,10 @@ import pytest
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.cross import busy_time_stragglers
 from orchestrator.analysis.findings import find_all
-from orchestrator.analysis.models import RankSummary, Straggler, Summary
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
+from orchestrator.models.analysis import RankSummary, Straggler, Summary
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Manifest, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.realtraces import external
 from tests.tracefiles import TRACES, case
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
-from orchestrator.analysis.models import IDLE_CAUSES, RankSummary
 from orchestrator.analysis.report import render_report
+from orchestrator.models.analysis import IDLE_CAUSES, RankSummary
 from tests.realtraces import EXTERNAL_CASES, codes, external, finding, h100, only_rank
 
 

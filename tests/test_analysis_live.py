@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.analysis.models import Summary
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.models import ProfileState
+from orchestrator.models.analysis import Summary
+from orchestrator.models.requests import ProfileState
 from tests.conftest import LIVE_TARGET
 from tests.tracefiles import load_trace
 

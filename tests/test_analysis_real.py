@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.analysis.models import PHASES
 from orchestrator.analysis.report import render_report
+from orchestrator.models.analysis import PHASES
 from tests.realtraces import EXTERNAL_CASES, codes, external, finding, h100, only_rank
 
 # ---- every trace ------------------------------------------------------------

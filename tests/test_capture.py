@@ -11,7 +11,9 @@ import torch
 from actors.agent.capture import Capture
 from actors.agent.runtime import Agent
 from orchestrator.config import normalize_uri
-from orchestrator.models import RankEvent, RankState, StorageSpec, TorchOptions, WindowSpec, WorkerInfo
+from orchestrator.models.agent_protocol import StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.models.profile import RankEvent
+from orchestrator.models.requests import RankState, TorchOptions
 from tests.tracefiles import load_trace, profiler_steps
 
 INFO = WorkerInfo(

@@ -15,7 +15,7 @@ from orchestrator import (
 )
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.manifest import read_manifest, verify_manifest
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import open_storage
 from tests.conftest import LIVE_TARGET, wait_for
 from tests.tracefiles import has_input_shapes, load_trace, profiler_steps

@@ -10,7 +10,8 @@ import pytest
 from benchmarks._stored import CLUSTER, write_saved_profiles
 from orchestrator.errors import StorageError
 from orchestrator.layout import index_key, state_key
-from orchestrator.models import ProfileState, RankState, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.requests import ProfileState, RankState
 from tests.fake_agents import make_controller, run
 
 RANKS = 4

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.models import Manifest
+from orchestrator.models.profile import Manifest
 from orchestrator.settings import TOKEN_ENV_VAR
 from tests.conftest import LIVE_TARGET, RAYPROF_CLI, REPO
 from tests.serve_fixtures import artifact_problems, free_port

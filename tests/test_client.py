@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.client.client import ProfileHandle, download_profile
 from orchestrator.errors import IntegrityError, InvalidRequestError
-from orchestrator.models import Artifact, Manifest, ProfileStatus, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.profile import Artifact, Manifest, ProfileStatus
 from orchestrator.storage import FileStorage
 
 TARGET, PROFILE_ID = "run", "prof-1"

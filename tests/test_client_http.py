@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import ConflictError, ProfileState, ProfilingClient, TargetNotFoundError
 from orchestrator.errors import ControllerUnavailableError, UnauthorizedError
-from orchestrator.models import Manifest
+from orchestrator.models.profile import Manifest
 from tests.conftest import LIVE_TARGET, wait_for
 from tests.serve_fixtures import TERMINAL_STATES, artifact_problems, why
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.models import ProfileState
+from orchestrator.models.requests import ProfileState
 from tests.conftest import LIVE_TARGET, wait_for
 
 pytestmark = pytest.mark.integration

@@ -69,7 +69,7 @@ def stored(service, tmp_path_factory) -> Iterator[tuple[str, list[str]]]:
 
     from actors.controller.actor import Controller
     from orchestrator.config import controller_config, normalize_uri
-    from orchestrator.models import StorageSpec
+    from orchestrator.models.agent_protocol import StorageSpec
     from orchestrator.service.app import ProfilingService
 
     home = StorageSpec(uri=normalize_uri(str(tmp_path_factory.mktemp("stored"))))

@@ -12,7 +12,9 @@ from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, IllegalTransitionError
 from orchestrator.layout import manifest_key
 from orchestrator.manifest import read_manifest
-from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info

@@ -3,7 +3,8 @@ class with fake agents, without Ray."""
 
 from __future__ import annotations
 
-from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, wait_terminal
 

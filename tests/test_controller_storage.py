@@ -14,7 +14,8 @@ import pytest
 from actors.controller.actor import Controller
 from orchestrator.config import normalize_uri
 from orchestrator.errors import RestoringError, StorageError
-from orchestrator.models import ProfileRequest, ProfileState, RankState, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.fake_agents import (
     FAKE_RAY_CLUSTER,
     fast_config,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.models import Manifest
+from orchestrator.models.profile import Manifest
 from tests.conftest import RAYPROF_CLI
 from tests.serve_fixtures import artifact_problems, free_port
 

@@ -12,7 +12,7 @@ from orchestrator.analysis.diff import DiffInput, compare, diff_profiles
 from orchestrator.analysis.diff_inputs import load_folder, parse_op_table
 from orchestrator.analysis.report_diff import render_diff_section
 from orchestrator.analysis.significance import mann_whitney_p
-from orchestrator.models import ProfileOptions
+from orchestrator.models.requests import ProfileOptions
 from tests.conftest import LIVE_TARGET, RAYPROF_CLI, REPO
 from tests.tracefiles import shared
 

@@ -16,7 +16,7 @@ from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.layout import index_key, state_key
 from orchestrator.manifest import verify_manifest
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import open_storage
 from tests.conftest import LIVE_TARGET, MAX_TRACE_BYTES, wait_for
 from tests.tracefiles import load_trace, profiler_steps

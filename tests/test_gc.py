@@ -11,9 +11,10 @@ import pytest
 
 from benchmarks._stored import CLUSTER, TARGET, write_saved_profiles
 from orchestrator.layout import manifest_key, profile_id, state_key
-from orchestrator.models import StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.summaries import GcRequest
 from orchestrator.storage import open_storage
-from orchestrator.summaries import GcRequest
 from tests.fake_agents import make_controller, run
 
 # The older of two stored profiles passes RETENTION (a minute and 4 s) 4 s after it is written.

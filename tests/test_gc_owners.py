@@ -21,10 +21,12 @@ from actors.controller.leases import OwnerLease
 from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.layout import owner_key, profile_id
-from orchestrator.models import ProfileRequest, ProfileState, StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import GcRequest
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
-from orchestrator.summaries import GcRequest
 from tests.fake_agents import make_controller, run, start_agents, status_when, until
 
 # Long enough for a profile made a second ago to count as past it.

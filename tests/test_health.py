@@ -11,7 +11,7 @@ import pytest
 from actors.controller.actor import Controller
 from actors.controller.health import assess, step_at
 from actors.controller.registry import Registry
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from tests.fake_agents import (
     MONITORED,
     SLOW_THING,

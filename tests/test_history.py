@@ -7,10 +7,10 @@ import tracemalloc
 
 import pytest
 
-from actors.controller.history import TIERS, RankHistory, RunHistory, compress
-from actors.controller.post_window import check_rank, segments
+from actors.controller.post_window_check import check_rank, segments
+from actors.controller.step_history import TIERS, RankHistory, RunHistory, compress
 from orchestrator.errors import TargetNotFoundError
-from orchestrator.models import ProfileRequest
+from orchestrator.models.requests import ProfileRequest
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
 
 

@@ -10,7 +10,7 @@ import pytest
 from orchestrator import (
     ProfilingClient,
 )
-from orchestrator.models import Manifest
+from orchestrator.models.profile import Manifest
 from tests.conftest import LIVE_TARGET, wait_for
 from tests.serve_fixtures import (
     artifact_problems,

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 import pytest
 
 from orchestrator.errors import ConfigurationError
-from orchestrator.models import ProfileRequest, ProfileState
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.service.console import CONSOLE_CSP
 from orchestrator.service.security import link_key
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR

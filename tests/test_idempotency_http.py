@@ -16,7 +16,10 @@ from orchestrator.cli.main import main
 from orchestrator.client import http as http_backend
 from orchestrator.config import normalize_uri
 from orchestrator.errors import IdempotencyKeyReusedError, InvalidRequestError
-from orchestrator.models import ProfileRequest, ProfileState, ProfileStatus, StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.fake_agents import fast_config, make_controller, no_postprocess, run, start_agents, wait_terminal
 from tests.inprocess_service import service_client

@@ -7,7 +7,9 @@ import pytest
 from orchestrator.errors import IntegrityError
 from orchestrator.layout import manifest_key
 from orchestrator.manifest import read_manifest, verify_manifest, write_manifest
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Manifest, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import MemoryStorage
 
 

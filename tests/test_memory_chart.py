@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from orchestrator.analysis.memory_chart import MemorySeries, downsample, load_timelines, render_memory_section
-from orchestrator.analysis.models import Summary
 from orchestrator.analysis.report import render_report
+from orchestrator.models.analysis import Summary
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.models import Artifact, Manifest, ProfileRequest, ProfileState
+from orchestrator.models.profile import Artifact, Manifest
+from orchestrator.models.requests import ProfileRequest, ProfileState
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "a..b", "", ".hidden", "a\\b", "x" * 129])

@@ -31,10 +31,11 @@ import pytest
 
 from orchestrator import ProfileState, ProfilingClient, RankState
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.control import TargetInfo
 from orchestrator.layout import profile_prefix
 from orchestrator.manifest import verify_manifest
-from orchestrator.models import Manifest, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import TargetInfo
+from orchestrator.models.profile import Manifest
 from orchestrator.storage import Storage, open_storage
 from tests.conftest import S3Target, wait_for
 from tests.own_cluster import REPO, ray_stop, require_no_other_cluster, shell_env

@@ -38,11 +38,12 @@ import pytest
 
 from orchestrator import ProfileState, ProfilingClient, RankState
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.control import WorkerStatus
 from orchestrator.errors import ProfileTimeoutError
 from orchestrator.layout import profile_prefix
 from orchestrator.manifest import verify_manifest
-from orchestrator.models import Manifest, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import WorkerStatus
+from orchestrator.models.profile import Manifest
 from orchestrator.storage import Storage, open_storage
 from tests.conftest import wait_for
 from tests.netns import Host, Network, unavailable

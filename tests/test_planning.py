@@ -8,7 +8,8 @@ import pytest
 
 from actors.controller.planning import arm_round_s, outcome, plan_window, start_step
 from actors.controller.state import Window
-from orchestrator.models import ProfileRequest, ProfileState, RankResult, RankState
+from orchestrator.models.profile import RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 
 
 def rank(r: int, state: RankState, last_step: int | None = None, reason: str | None = None) -> RankResult:

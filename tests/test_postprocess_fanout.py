@@ -12,19 +12,13 @@ from typing import Any
 
 import pytest
 
-from actors.controller.fanout import PostprocessCancelled, RayRankMap
+from actors.controller.ray_rank_map import PostprocessCancelled, RayRankMap
 from orchestrator.analysis import analyze_for_merge, analyze_traces
 from orchestrator.analysis.postprocess import postprocess
-from orchestrator.models import (
-    Manifest,
-    PostprocessProgress,
-    ProfileRequest,
-    ProfileState,
-    RankResult,
-    RankState,
-    StorageSpec,
-    utcnow,
-)
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Manifest, PostprocessProgress, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 from orchestrator.traces.fanout import process_pool, serial
 from orchestrator.traces.loader import TraceFile, TraceSet, discover_traces
@@ -197,7 +191,7 @@ def test_a_postprocess_past_its_timeout_leaves_no_unlisted_file(tmp_path: Path, 
     import asyncio
     import threading
 
-    from actors.controller import postprocess as controller_post
+    from actors.controller import postprocess_job as controller_post
     from actors.controller.state import Profile
 
     spec = StorageSpec(uri=(tmp_path / "store").as_uri())

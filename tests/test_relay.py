@@ -9,9 +9,11 @@ from typing import Any
 from actors.controller.actor import Controller
 from actors.controller.registry import Registry
 from actors.relay import RelayCore
-from orchestrator.control import NodePoll
 from orchestrator.errors import ForbiddenError
-from orchestrator.models import Heartbeat, ProfileRequest, ProfileState, RankEvent, RankState
+from orchestrator.models.agent_protocol import Heartbeat
+from orchestrator.models.control import NodePoll
+from orchestrator.models.profile import RankEvent
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.fake_agents import FakeAgent, make_controller, run, start_agents, wait_terminal, worker_info
 
 RANKS_PER_NODE = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from orchestrator.models import ProfileState, RankState
+from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.settings import CONTROLLER_NAMESPACE
 from tests.conftest import LIVE_TARGET
 

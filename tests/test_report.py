@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.models import OpStat, PhaseTimes, RankSummary, Summary
 from orchestrator.analysis.report import render_report, write_report
-from orchestrator.models import Artifact, Manifest, ProfileRequest, ProfileState, RankResult, RankState, utcnow
+from orchestrator.models.analysis import OpStat, PhaseTimes, RankSummary, Summary
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Artifact, Manifest, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.tracefiles import case
 
 

@@ -18,10 +18,12 @@ from actors.controller import startup
 from actors.controller.actor import Controller
 from actors.controller.name_lease import LeaseRecord
 from orchestrator.config import normalize_uri
-from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import lease_key
-from orchestrator.models import ProfileRequest, ProfileState, StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
 from tests.fake_agents import (

@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from benchmarks.sim_host import SimHost
-from orchestrator.models import ProfileState, RankState
+from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.settings import DEFAULT_POLL_TIMEOUT_S, POLL_TIMEOUT_S_ENV_VAR, env_float
 from tests.conftest import wait_for
 

@@ -8,13 +8,14 @@ import threading
 
 import pytest
 
-from actors.agent.stacks import take_stacks
+from actors.agent.thread_stacks import take_stacks
 from actors.controller.stack_groups import ranks_text
-from orchestrator.diagnosis import Collective
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.layout import STACKS_NAME
 from orchestrator.manifest import read_manifest, verify_manifest
-from orchestrator.models import ProfileState, RankState, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.diagnosis import Collective
+from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import SLOW_THING, run, start_agents
 from tests.fake_agents import make_controller as controller

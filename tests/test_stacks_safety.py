@@ -9,13 +9,14 @@ import stat
 import sys
 import threading
 
-from actors.agent import stacks as agent_stacks
-from actors.agent.stacks import take_stacks
-from actors.controller import stacks as controller_stacks
-from orchestrator.diagnosis import Frame, RankStacks, ThreadStack
+from actors.agent import thread_stacks as agent_stacks
+from actors.agent.thread_stacks import take_stacks
+from actors.controller import stacks_bundle as controller_stacks
 from orchestrator.layout import STACKS_NAME
 from orchestrator.manifest import read_manifest, verify_manifest
-from orchestrator.models import ProfileState, utcnow
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import Frame, RankStacks, ThreadStack
+from orchestrator.models.requests import ProfileState
 from orchestrator.settings import MIN_STACKS_MAX_RANK_BYTES
 from orchestrator.stack_limits import answer_bytes
 from orchestrator.storage import open_storage

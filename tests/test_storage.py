@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.config import normalize_uri
 from orchestrator.errors import IntegrityError, StorageError
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, open_storage
 
 

@@ -12,9 +12,10 @@ import pytest
 from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.layout import profile_id
-from orchestrator.models import StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.summaries import GcRequest
 from orchestrator.storage import FileStorage
-from orchestrator.summaries import GcRequest
 from tests.fake_agents import make_controller, run
 
 

@@ -13,10 +13,13 @@ import pytest
 
 from actors.controller import idempotency
 from actors.controller.idempotency import SubmitKey, SubmitKeys
-from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import ConflictError, IdempotencyKeyReusedError
 from orchestrator.layout import state_key, watch_key
-from orchestrator.models import ProfileRequest, ProfileState, ProfileStatus, StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.profile import ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.storage import open_storage
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
 

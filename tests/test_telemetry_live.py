@@ -97,7 +97,7 @@ def test_step_time_lag_stalls_and_profiles_are_scraped_from_rays_metrics_endpoin
     # Bounded labels: no profile id in any series.
     assert not re.search(r"prof-\d{8}", "\n".join(line for lines in samples.values() for line in lines))
     # One sample line per series, for the record (pytest -s shows them).
-    for name, lines in sorted(_samples(_scrape()).items()):
+    for _name, lines in sorted(_samples(_scrape()).items()):
         print(lines[0])
 
 

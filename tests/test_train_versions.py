@@ -12,7 +12,7 @@ import os
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.models import ProfileState
+from orchestrator.models.requests import ProfileState
 from orchestrator.ray_compat import has_train_v2, train_v2_enabled
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.models import ProfileState
+from orchestrator.models.requests import ProfileState
 from tests.conftest import RAYPROF_CLI
 
 pytestmark = [pytest.mark.integration, pytest.mark.extended]

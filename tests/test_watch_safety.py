@@ -22,15 +22,18 @@ from actors.controller.persistence import Finished, Persistence
 from actors.controller.retention import expired
 from actors.controller.watches import Watches, _Watch
 from orchestrator.cli import output
-from orchestrator.cli import stacks as cli
-from orchestrator.diagnosis import WatchSpec, WatchStatus
+from orchestrator.cli import stacks_commands as cli
 from orchestrator.errors import InvalidRequestError, InvalidWatchError
 from orchestrator.manifest import read_manifest, verify_manifest
-from orchestrator.models import ProfileRequest, ProfileState, StorageSpec, Trigger, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import WatchSpec, WatchStatus
+from orchestrator.models.profile import Trigger
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import ProfileSummary
 from orchestrator.service.security import rayprof_error_response
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
-from orchestrator.summaries import ProfileSummary
 from tests.conftest import RAYPROF_CLI
 from tests.fake_agents import MONITORED, STEP_S, make_controller, start_agents, until, wait_terminal
 from tests.fake_agents import run as run_bounded

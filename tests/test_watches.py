@@ -9,10 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from actors.controller.actor import Controller
-from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import InvalidRequestError, WatchNotFoundError
 from orchestrator.manifest import read_manifest
-from orchestrator.models import ProfileState, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.requests import ProfileState
 from orchestrator.storage import open_storage
 from tests.fake_agents import (
     MONITORED,

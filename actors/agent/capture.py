@@ -25,7 +25,10 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from actors.export import EXIT_TOO_LARGE
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models import Artifact, RankEvent, RankState, WindowSpec, WorkerInfo, utcnow
+from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
+from orchestrator.models.common import utcnow
+from orchestrator.models.profile import Artifact, RankEvent
+from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
 
 __all__ = ["Capture"]

@@ -29,9 +29,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
-from actors.agent.stacks import take_stacks
-from orchestrator.diagnosis import RankStacks
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
+from actors.agent.thread_stacks import take_stacks
+from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import RankStacks
+from orchestrator.models.profile import RankEvent
+from orchestrator.models.requests import RankState
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
@@ -148,7 +151,7 @@ class Agent:
         if controller is None or not self.uses_relay:
             return controller
         try:
-            from actors.relay.actor import relay_for
+            from actors.relay.relay_actor import relay_for
 
             return relay_for(self.info, self._poll_timeout_s)
         except Exception as e:

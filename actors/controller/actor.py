@@ -29,31 +29,23 @@ from actors.controller.planning import validate
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
-from actors.controller.stacks import StacksTaker
+from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.startup import Startup
 from actors.controller.state import Profile, wait_event
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config, normalize_uri
-from orchestrator.control import ControllerConfig, TargetInfo
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
-from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
-from orchestrator.history import TargetHistory
-from orchestrator.layout import MANIFEST_NAME
+from orchestrator.errors import ConflictError, ProfileNotFoundError
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models import (
-    Command,
-    Manifest,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    RankState,
-    StorageSpec,
-    Trigger,
-    utcnow,
-)
+from orchestrator.models.agent_protocol import Command, StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig, TargetInfo
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.profile import Manifest, ProfileStatus, Trigger
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
-from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 __all__ = ["Controller", "create_controller"]
 
@@ -92,7 +84,7 @@ class Controller(Startup, AgentSide):
         self._accepting: dict[str, asyncio.Task] = {}
         self._started_at = time.monotonic()
         if postprocess is None:
-            from actors.controller.postprocess import postprocess_in_task
+            from actors.controller.postprocess_job import postprocess_in_task
 
             postprocess = postprocess_in_task
         self._telemetry = Telemetry(

@@ -18,11 +18,14 @@ from typing import Any
 
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
-from actors.controller.stacks import StacksTaker
+from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.state import Profile, wait_event
-from orchestrator.control import ControllerConfig, NodePoll, NodeReply
-from orchestrator.diagnosis import RankStacks
-from orchestrator.models import Command, Heartbeat, RankEvent, RankState, WorkerInfo, utcnow
+from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig, NodePoll, NodeReply
+from orchestrator.models.diagnosis import RankStacks
+from orchestrator.models.profile import RankEvent
+from orchestrator.models.requests import RankState
 
 __all__ = ["AgentSide"]
 

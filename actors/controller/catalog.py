@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from actors.controller.persistence import Finished, Persistence
 from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
-from orchestrator.models import ProfileState
-from orchestrator.summaries import ProfilePage, ProfileSummary
+from orchestrator.models.requests import ProfileState
+from orchestrator.models.summaries import ProfilePage, ProfileSummary
 
 __all__ = ["Catalog", "Loaded", "finished_entry"]
 

@@ -21,12 +21,13 @@ from datetime import datetime, timedelta
 from actors.controller.catalog import Catalog
 from actors.controller.leases import lease_is_live
 from actors.controller.retention import Retention
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
 from orchestrator.layout import STATE_ROOT, id_created_at, manifest_key, profile_prefix, state_key
-from orchestrator.models import StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.summaries import GcReport, GcRequest, Leftover
 from orchestrator.storage import open_storage
-from orchestrator.summaries import GcReport, GcRequest, Leftover
 
 __all__ = ["Cleanup", "find_leftovers"]
 

@@ -12,10 +12,10 @@ import asyncio
 import logging
 from urllib.parse import quote
 
-from actors.controller.history import RunHistory, compress
+from actors.controller.step_history import RunHistory, compress
 from orchestrator.errors import StorageError
 from orchestrator.layout import STATE_ROOT
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import open_storage
 
 __all__ = ["HistoryStore"]

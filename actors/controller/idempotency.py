@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.errors import IdempotencyKeyReusedError
-from orchestrator.models import IdempotencyKey, ProfileRequest, utcnow
+from orchestrator.models.common import IdempotencyKey, utcnow
+from orchestrator.models.requests import ProfileRequest
 
 __all__ = ["KEY_TTL", "SubmitKey", "SubmitKeys"]
 

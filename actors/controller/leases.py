@@ -18,10 +18,11 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from actors.controller.state import Profile
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
 from orchestrator.layout import STATE_ROOT, owner_key
-from orchestrator.models import StorageSpec, StrictModel, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import StrictModel, utcnow
+from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import Storage, open_storage
 
 __all__ = ["Leases", "OwnerLease", "lease_is_live"]

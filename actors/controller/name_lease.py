@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.errors import ClusterNameInUseError, StorageError
 from orchestrator.layout import lease_key
-from orchestrator.models import StorageSpec, utcnow
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
 from orchestrator.settings import CLUSTER_NAME_ENV_VAR, CLUSTER_NAME_LEASE_S_ENV_VAR
 from orchestrator.storage import open_storage
 

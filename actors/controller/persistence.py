@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict
 
 from actors.controller.idempotency import SubmitKey
 from actors.controller.state import Profile
-from orchestrator.diagnosis import WatchStatus
 from orchestrator.errors import AlreadyExistsError, StorageError
 from orchestrator.layout import (
     config_key,
@@ -36,9 +35,11 @@ from orchestrator.layout import (
     watches_prefix,
 )
 from orchestrator.manifest import read_manifest, write_manifest
-from orchestrator.models import Manifest, ProfileStatus, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.diagnosis import WatchStatus
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.summaries import ProfileSummary
 from orchestrator.storage import open_storage
-from orchestrator.summaries import ProfileSummary
 
 __all__ = ["Finished", "Persistence", "SavedIndex", "SavedProfile"]
 

@@ -11,9 +11,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from actors.controller.state import Profile, Window
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import InvalidRequestError, TargetNotFoundError
-from orchestrator.models import ProfileRequest, ProfileState, RankResult, RankState, TorchOptions
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.profile import RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState, TorchOptions
 from orchestrator.settings import MIN_LEAD_STEPS
 
 __all__ = [

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from actors.controller.health import Health
-from orchestrator.control import TargetInfo, WorkerStatus
 from orchestrator.errors import ForbiddenError
-from orchestrator.models import Command, WorkerInfo
+from orchestrator.models.agent_protocol import Command, WorkerInfo
+from orchestrator.models.control import TargetInfo, WorkerStatus
 
 __all__ = ["Registry", "RelayLink", "Worker", "run_of"]
 

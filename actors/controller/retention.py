@@ -13,10 +13,10 @@ from datetime import timedelta
 
 from actors.controller.catalog import Catalog
 from actors.controller.persistence import Finished, Persistence
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
 from orchestrator.layout import profile_prefix
-from orchestrator.models import utcnow
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import open_storage
 
 __all__ = ["Retention", "expired"]

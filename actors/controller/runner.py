@@ -26,9 +26,12 @@ from actors.controller.planning import (
 )
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import StorageError
-from orchestrator.models import Command, Manifest, ProfileState, RankResult, RankState, WindowSpec, WorkerInfo, utcnow
+from orchestrator.models.agent_protocol import Command, WindowSpec, WorkerInfo
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.profile import Manifest, RankResult
+from orchestrator.models.requests import ProfileState, RankState
 
 __all__ = ["PostprocessFn", "Runner"]
 

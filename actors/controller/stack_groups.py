@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from orchestrator.diagnosis import Frame, MissingRank, RankStacks, StackGroup, ThreadStack
-from orchestrator.models import WorkerInfo
+from orchestrator.models.agent_protocol import WorkerInfo
+from orchestrator.models.diagnosis import Frame, MissingRank, RankStacks, StackGroup, ThreadStack
 
 __all__ = ["RankDigest", "collective_notes", "digest", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
 

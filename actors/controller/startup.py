@@ -25,10 +25,10 @@ from actors.controller.retention import Retention
 from actors.controller.runner import Runner
 from actors.controller.state import Profile
 from actors.controller.watches import Watches
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import MANIFEST_NAME
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import ControllerConfig
 
 __all__ = ["Startup"]
 

@@ -19,19 +19,11 @@ from datetime import datetime
 from actors.controller.idempotency import SubmitKey
 from orchestrator.errors import IllegalTransitionError
 from orchestrator.layout import profile_prefix
-from orchestrator.models import (
-    BundleKind,
-    Manifest,
-    PostprocessProgress,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    RankResult,
-    StorageSpec,
-    Trigger,
-    utcnow,
-)
-from orchestrator.post_window import PostWindowCheck
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.post_window import PostWindowCheck
+from orchestrator.models.profile import BundleKind, Manifest, PostprocessProgress, ProfileStatus, RankResult, Trigger
+from orchestrator.models.requests import ProfileRequest, ProfileState
 
 __all__ = ["ALLOWED", "Profile", "Window", "wait_event"]
 

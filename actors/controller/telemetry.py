@@ -15,18 +15,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from actors.controller.health import Health
-from actors.controller.history import History, RunHistory
 from actors.controller.history_store import HistoryStore
 from actors.controller.metrics import Metrics
-from actors.controller.post_window import PostWindowChecks
+from actors.controller.post_window_check import PostWindowChecks
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import WatchStatus
+from actors.controller.step_history import History, RunHistory
 from orchestrator.errors import StorageError, TargetNotFoundError
-from orchestrator.history import TargetHistory
-from orchestrator.models import Manifest, StorageSpec
-from orchestrator.post_window import PostWindowCheck
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.post_window import PostWindowCheck
+from orchestrator.models.profile import Manifest
 
 __all__ = ["Telemetry"]
 

@@ -3,9 +3,9 @@ as asked is refused then (HTTP 422), not on every firing."""
 
 from __future__ import annotations
 
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import WatchSpec
 from orchestrator.errors import InvalidWatchError
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import WatchSpec
 
 __all__ = ["MIN_BASELINE_SAMPLES", "check"]
 

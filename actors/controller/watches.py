@@ -31,10 +31,12 @@ from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import WatchFiring, WatchSpec, WatchStatus
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
-from orchestrator.models import ProfileRequest, ProfileState, Trigger, utcnow
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import WatchFiring, WatchSpec, WatchStatus
+from orchestrator.models.profile import Trigger
+from orchestrator.models.requests import ProfileRequest, ProfileState
 
 __all__ = ["Watches"]
 

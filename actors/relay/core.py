@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.controller.state import wait_event
-from orchestrator.control import NodeBeat, NodePoll, NodeReply
-from orchestrator.diagnosis import RankStacks
 from orchestrator.errors import ForbiddenError
-from orchestrator.models import Command, Heartbeat, RankEvent, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.control import NodeBeat, NodePoll, NodeReply
+from orchestrator.models.diagnosis import RankStacks
+from orchestrator.models.profile import RankEvent
 
 __all__ = ["RelayCore", "RelayError"]
 

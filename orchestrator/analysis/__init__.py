@@ -17,8 +17,8 @@ from typing import Any
 from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.idle import blame_late_ranks
-from orchestrator.analysis.models import Finding, RankSummary, Summary
 from orchestrator.analysis.rank import analyze_rank
+from orchestrator.models.analysis import Finding, RankSummary, Summary
 from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gcpause import gc_paused

@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis.models import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
+from orchestrator.models.analysis import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [
     "ARRIVAL_MIN_FRACTION",

@@ -24,8 +24,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
-from orchestrator.analysis.models import CopyStats, GpuStats
 from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
+from orchestrator.models.analysis import CopyStats, GpuStats
 from orchestrator.traces.loader import Span
 
 __all__ = ["DeviceView", "WindowGpu"]

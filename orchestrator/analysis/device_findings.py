@@ -14,7 +14,7 @@ from orchestrator.analysis.finding_base import (
     share,
     step_word,
 )
-from orchestrator.analysis.models import Finding, RankSummary, Straggler
+from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = [
     "COMM_EXPOSED_FRACTION",

@@ -22,10 +22,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.analysis.models import PHASES, Finding, OpStat, Phase, RankSummary, Summary
 from orchestrator.analysis.significance import mann_whitney_p, min_p_value, quantile
 from orchestrator.layout import parse_profiler_step
-from orchestrator.models import ProfileOptions
+from orchestrator.models.analysis import PHASES, Finding, OpStat, Phase, RankSummary, Summary
+from orchestrator.models.requests import ProfileOptions
 
 __all__ = [
     "ALPHA",

@@ -15,10 +15,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from orchestrator.analysis.diff import DiffInput, OpRow
-from orchestrator.analysis.models import Summary
 from orchestrator.errors import InvalidRequestError
 from orchestrator.layout import MANIFEST_NAME, rank_in_name
-from orchestrator.models import Manifest, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.analysis import Summary
+from orchestrator.models.profile import Manifest
 
 __all__ = ["load_folder", "load_stored", "parse_op_table"]
 

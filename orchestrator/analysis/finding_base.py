@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.analysis.models import Finding, IdleCause, RankSummary
+from orchestrator.models.analysis import Finding, IdleCause, RankSummary
 
 __all__ = [
     "DEVICE_NAMES",

@@ -23,8 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
-from orchestrator.analysis.finding_base import WARNING_SAVING_FRACTION, host_fix_bound, make_finding, ranks_text, share, step_word
-from orchestrator.analysis.models import CopyStats, Finding, IdleCause, RankSummary, Straggler
+from orchestrator.analysis.finding_base import (
+    WARNING_SAVING_FRACTION,
+    host_fix_bound,
+    make_finding,
+    ranks_text,
+    share,
+    step_word,
+)
+from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
     "DATALOADER_BOUND_FRACTION",

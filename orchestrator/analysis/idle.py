@@ -34,7 +34,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
-from orchestrator.analysis.models import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat, RankSummary
+from orchestrator.models.analysis import (
+    IDLE_CAUSES,
+    IDLE_LABELS,
+    IdleAttribution,
+    IdleCause,
+    IdleShare,
+    OpStat,
+    RankSummary,
+)
 from orchestrator.traces.loader import Span
 
 __all__ = ["LAUNCH_GAP_US", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute", "blame_late_ranks"]

@@ -22,7 +22,8 @@ from orchestrator.analysis import analyze_for_merge
 from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
-from orchestrator.models import Artifact, Manifest, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.profile import Artifact, Manifest
 from orchestrator.storage import open_storage
 from orchestrator.traces.fanout import RankMap, fetching, serial
 from orchestrator.traces.loader import TraceFile, TraceSet

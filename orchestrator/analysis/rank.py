@@ -57,9 +57,8 @@ from typing import Literal
 
 from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.idle import HostThread, attribute
-from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
-from orchestrator.analysis.models import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
@@ -76,6 +75,7 @@ from orchestrator.analysis.spans import (
     where,
 )
 from orchestrator.layout import parse_profiler_step
+from orchestrator.models.analysis import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank"]

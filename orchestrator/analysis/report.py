@@ -12,8 +12,8 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
-from orchestrator.analysis.models import IDLE_CAUSES, IDLE_LABELS, PHASES, RankSummary, Summary
-from orchestrator.models import Manifest
+from orchestrator.models.analysis import IDLE_CAUSES, IDLE_LABELS, PHASES, RankSummary, Summary
+from orchestrator.models.profile import Manifest
 
 __all__ = ["IDLE_COLORS", "PHASE_COLORS", "render_report", "write_report"]
 

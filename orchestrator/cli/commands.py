@@ -21,11 +21,8 @@ from orchestrator.errors import (
     ConfigurationError,
     InvalidRequestError,
 )
-from orchestrator.models import (
-    Manifest,
-    ProfileState,
-    ProfileStatus,
-)
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
     SERVE_APP_NAME,
 )

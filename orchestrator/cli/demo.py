@@ -23,7 +23,8 @@ from orchestrator.cli.example_job import TRAIN_JOB, ExampleJob
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup, format_size
 from orchestrator.client import ProfilingClient
 from orchestrator.errors import RayprofError
-from orchestrator.models import Manifest, ProfileState, ProfileStatus
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileState
 from orchestrator.settings import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
 
 __all__ = ["DEMO_TARGET", "run_demo"]

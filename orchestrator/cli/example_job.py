@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.control import TargetInfo
+from orchestrator.models.control import TargetInfo
 
 __all__ = ["TRAIN_JOB", "ExampleJob"]
 

@@ -12,18 +12,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.cli import commands as cmd
-from orchestrator.cli import diff as diff_cmd
-from orchestrator.cli import history as history_cmd
-from orchestrator.cli import stacks as stacks_cmd
+from orchestrator.cli import diff_command as diff_cmd
+from orchestrator.cli import history_command as history_cmd
+from orchestrator.cli import stacks_commands as stacks_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
     RayprofError,
 )
-from orchestrator.models import (
-    ProfileState,
-)
+from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_URL,

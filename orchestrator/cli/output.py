@@ -12,10 +12,7 @@ from pydantic import BaseModel
 
 from orchestrator.cli.progress import format_size, steps_captured, window_steps
 from orchestrator.cli.terminal import printable, printable_lines
-from orchestrator.models import (
-    Manifest,
-    ProfileStatus,
-)
+from orchestrator.models.profile import Manifest, ProfileStatus
 
 __all__ = [
     "emit_json",
@@ -104,7 +101,7 @@ def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
 
 
 def print_analysis(summary: Any, report: Path | None) -> None:
-    from orchestrator.analysis.models import PHASES
+    from orchestrator.models.analysis import PHASES
 
     out(f"{printable(summary.source)}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
     rows = [

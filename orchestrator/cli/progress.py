@@ -12,12 +12,8 @@ from orchestrator.client import ProfilingClient
 from orchestrator.errors import (
     RayprofError,
 )
-from orchestrator.models import (
-    ProfileState,
-    ProfileStatus,
-    RankResult,
-    RankState,
-)
+from orchestrator.models.profile import ProfileStatus, RankResult
+from orchestrator.models.requests import ProfileState, RankState
 
 __all__ = ["ProgressPrinter", "current_steps_lookup", "format_progress", "format_size", "steps_captured", "window_steps"]
 

@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.control import TargetInfo
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     IntegrityError,
@@ -20,12 +18,17 @@ from orchestrator.errors import (
     RayprofError,
     StorageError,
 )
-from orchestrator.history import TargetHistory
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
-from orchestrator.models import IdempotencyKey, Manifest, Name, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import IdempotencyKey, Name
+from orchestrator.models.control import TargetInfo
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.settings import DEFAULT_HISTORY_SPAN_S, DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
-from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff
@@ -216,7 +219,7 @@ class ProfilingClient:
         import ray
 
         from actors.controller.actor import create_controller
-        from orchestrator.client.actor import ActorBackend
+        from orchestrator.client.ray_backend import ActorBackend
         from orchestrator.config import controller_config, default_storage_spec, normalize_uri
 
         if not ray.is_initialized():

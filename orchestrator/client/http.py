@@ -15,22 +15,24 @@ import httpx
 from pydantic import TypeAdapter
 
 from orchestrator import errors
-from orchestrator.control import TargetInfo
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     InvalidRequestError,
     RayprofError,
     UnauthorizedError,
 )
-from orchestrator.history import TargetHistory
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import TargetInfo
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
     S3_ENDPOINT_URL_ENV_VAR,
     S3_REGION_ENV_VAR,
 )
-from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     # typing.Self is 3.11's; typing_extensions (pydantic's dependency) has it for 3.10, for the type checker only.

@@ -12,7 +12,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.errors import RayprofError
-from orchestrator.models import IDEMPOTENCY_KEY_MAX_LENGTH, IDEMPOTENCY_KEY_PATTERN, NAME_MAX_LENGTH, NAME_PATTERN
+from orchestrator.models.common import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_PATTERN,
+    NAME_MAX_LENGTH,
+    NAME_PATTERN,
+)
 from orchestrator.service.console import router as console_router
 from orchestrator.service.docs import router as docs_router
 from orchestrator.service.security import (

@@ -23,24 +23,20 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from ray import serve
 
 from orchestrator.auth import check_exposure, read_token
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import (
     ControllerUnavailableError,
     NotFoundError,
     RayprofError,
 )
-from orchestrator.history import TargetHistory
 from orchestrator.manifest import read_artifact
-from orchestrator.models import (
-    NAME_MAX_LENGTH,
-    NAME_PATTERN,
-    Manifest,
-    ProfileRequest,
-    ProfileState,
-    ProfileStatus,
-    StorageSpec,
-)
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.ray_compat import ingress
 from orchestrator.service.api import Credentials, IdempotencyKeyHeader, ProfileId, api
 from orchestrator.service.console import ConsoleRoutes
@@ -54,7 +50,6 @@ from orchestrator.settings import (
     MAX_PAGE_SIZE,
 )
 from orchestrator.storage import open_storage
-from orchestrator.summaries import GcReport, GcRequest, ProfilePage
 
 __all__ = [
     "ProfileView",

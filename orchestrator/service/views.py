@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.control import TargetInfo
-from orchestrator.diagnosis import WatchStatus
-from orchestrator.models import Manifest, Name, ProfileStatus
+from orchestrator.models.common import Name
+from orchestrator.models.control import TargetInfo
+from orchestrator.models.diagnosis import WatchStatus
+from orchestrator.models.profile import Manifest, ProfileStatus
 
 __all__ = ["ErrorBody", "ProfileView", "StacksRequest", "StorageView", "TargetList", "WatchList"]
 

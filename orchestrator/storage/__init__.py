@@ -2,7 +2,7 @@
 
 Every write is all-or-nothing: a file is written under a temporary name and
 renamed; an S3 object exists only once its (multipart) upload completes. Only
-then is an :class:`~orchestrator.models.Artifact` with size and sha256 returned,
+then is an :class:`~orchestrator.models.profile.Artifact` with size and sha256 returned,
 so whatever lists an artifact lists a complete one.
 """
 
@@ -12,7 +12,7 @@ import functools
 from urllib.parse import urlparse
 
 from orchestrator.config import normalize_uri
-from orchestrator.models import StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage.base import Storage, sha256_file
 from orchestrator.storage.local import FileStorage, MemoryStorage
 from orchestrator.storage.s3 import S3Storage

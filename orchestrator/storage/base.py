@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.errors import IntegrityError, StorageError
 from orchestrator.layout import MANIFEST_NAME
-from orchestrator.models import Artifact, ArtifactKind
+from orchestrator.models.profile import Artifact, ArtifactKind
 
 _CHUNK = 1024 * 1024
 

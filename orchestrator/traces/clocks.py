@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
-from orchestrator.merge_stats import RankAlignment
+from orchestrator.models.merge_stats import RankAlignment
 
 __all__ = ["MAX_DRIFT", "WALL_CLOCK_NOTE", "align", "wall_clock_note"]
 

@@ -30,7 +30,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.layout import TRACE_SUFFIXES, parse_trace_name, rank_in_name
-from orchestrator.merge_stats import RejectedTrace
+from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from orchestrator import settings
-from orchestrator.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.fanout import RankMap
 from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from orchestrator.layout import parse_profiler_step
-from orchestrator.merge_stats import RankAlignment
+from orchestrator.models.merge_stats import RankAlignment
 from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.gzjoin import Deflate
 from orchestrator.traces.loader import TraceFile

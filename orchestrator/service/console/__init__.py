@@ -35,9 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.analysis.diff import ProfileDiff
 from orchestrator.analysis.memory_chart import downsample, parse_timeline
-from orchestrator.control import ControllerConfig
 from orchestrator.errors import IntegrityError, NotFoundError
-from orchestrator.models import Artifact, ArtifactKind, Manifest
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.profile import Artifact, ArtifactKind, Manifest
 from orchestrator.service.security import Guard
 
 __all__ = ["CONSOLE_CSP", "LINK_TTL_S", "ArtifactLink", "ConsoleRoutes", "ProfileLinks", "router", "sign"]

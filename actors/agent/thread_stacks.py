@@ -24,8 +24,8 @@ import sysconfig
 import threading
 from pathlib import Path
 
-from orchestrator.diagnosis import Collective, Frame, RankStacks, ThreadStack
-from orchestrator.models import utcnow
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack
 from orchestrator.settings import DEFAULT_STACKS_MAX_RANK_BYTES
 from orchestrator.stack_limits import bound_stacks
 

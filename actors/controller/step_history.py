@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from actors.controller.registry import Worker
-from orchestrator.history import RankSeries, TargetHistory
+from orchestrator.models.history import RankSeries, TargetHistory
 
 __all__ = ["TIERS", "History", "RankHistory", "RunHistory", "Tier", "compress"]
 

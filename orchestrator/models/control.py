@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.models import Command, Heartbeat, Name, StorageSpec, StrictModel, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, WorkerInfo
+from orchestrator.models.common import Name, StrictModel
 from orchestrator.settings import (
     DEFAULT_CLUSTER_NAME_LEASE_S,
     DEFAULT_GC_GRACE_HOURS,

@@ -15,8 +15,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.controller.handle import find_controller
 from actors.relay.core import RelayCore
-from orchestrator.diagnosis import RankStacks
-from orchestrator.models import Command, Heartbeat, RankEvent, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.diagnosis import RankStacks
+from orchestrator.models.profile import RankEvent
 from orchestrator.settings import CONTROLLER_NAMESPACE
 
 __all__ = ["Relay", "relay_for", "relay_name"]

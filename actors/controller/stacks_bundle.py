@@ -37,22 +37,15 @@ from actors.controller.stack_groups import (
 )
 from actors.controller.state import Profile, wait_event
 from orchestrator.config import normalize_uri
-from orchestrator.control import ControllerConfig
-from orchestrator.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models import (
-    Artifact,
-    Command,
-    Manifest,
-    ProfileRequest,
-    ProfileState,
-    RankResult,
-    RankState,
-    Trigger,
-    utcnow,
-)
+from orchestrator.models.agent_protocol import Command
+from orchestrator.models.common import utcnow
+from orchestrator.models.control import ControllerConfig
+from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
+from orchestrator.models.profile import Artifact, Manifest, RankResult, Trigger
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.stack_limits import bound_stacks
 from orchestrator.storage import Storage, open_storage
 

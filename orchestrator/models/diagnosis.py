@@ -8,7 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from orchestrator.models import Name, ProfileState, StrictModel, Trigger
+from orchestrator.models.common import Name, StrictModel
+from orchestrator.models.profile import Trigger
+from orchestrator.models.requests import ProfileState
 
 __all__ = [
     "Collective",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.control import TargetInfo
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import ControllerUnavailableError, RayprofError
-from orchestrator.history import TargetHistory
-from orchestrator.models import Manifest, ProfileRequest, ProfileState, ProfileStatus, StorageSpec
-from orchestrator.summaries import GcReport, GcRequest, ProfilePage
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import TargetInfo
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.history import TargetHistory
+from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff

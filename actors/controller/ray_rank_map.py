@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.models import PostprocessProgress
+from orchestrator.models.profile import PostprocessProgress
 from orchestrator.traces.fanout import RankFn
 from orchestrator.traces.loader import TraceFile
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from orchestrator.cli.commands import _client
 from orchestrator.cli.output import emit_json, out, table
-from orchestrator.cli.stacks import parse_duration
+from orchestrator.cli.stacks_commands import parse_duration
 from orchestrator.errors import EXIT_OK, InvalidRequestError
-from orchestrator.history import RankSeries
+from orchestrator.models.history import RankSeries
 from orchestrator.settings import DEFAULT_HISTORY_SPAN_S
 
 __all__ = ["add_command", "sparkline"]

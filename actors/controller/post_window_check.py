@@ -21,9 +21,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from actors.controller.history import TIERS, History
 from actors.controller.state import Profile
-from orchestrator.post_window import PostWindowCheck, RankPostWindow, Verdict
+from actors.controller.step_history import TIERS, History
+from orchestrator.models.post_window import PostWindowCheck, RankPostWindow, Verdict
 
 __all__ = ["PostWindowChecks", "check_rank", "segments", "summarize"]
 

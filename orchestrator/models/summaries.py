@@ -11,7 +11,9 @@ from datetime import datetime
 
 from pydantic import Field
 
-from orchestrator.models import BundleKind, Name, ProfileState, ProfileStatus, RankState, StrictModel, Trigger
+from orchestrator.models.common import Name, StrictModel
+from orchestrator.models.profile import BundleKind, ProfileStatus, Trigger
+from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.settings import MAX_GC_GRACE_HOURS
 
 __all__ = ["GcReport", "GcRequest", "Leftover", "ProfilePage", "ProfileSummary"]

@@ -9,9 +9,9 @@ from typing import Any
 
 from orchestrator.cli.commands import _client
 from orchestrator.cli.output import emit_json, out, table
-from orchestrator.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
-from orchestrator.models import ProfileState
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.requests import ProfileState
 
 __all__ = ["add_commands", "parse_duration"]
 

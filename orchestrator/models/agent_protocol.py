@@ -1,0 +1,84 @@
+"""What an agent and the controller say to each other: registration, heartbeats, windows, commands."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from orchestrator.models.common import ArtifactKey, Name, StrictModel
+from orchestrator.models.requests import TorchOptions
+from orchestrator.settings import DEFAULT_STACKS_MAX_RANK_BYTES, MIN_STACKS_MAX_RANK_BYTES
+
+
+class StorageSpec(StrictModel):
+    """Where artifacts go. Server configuration only, never taken from a request."""
+
+    uri: str
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+
+
+class WorkerInfo(StrictModel):
+    """What an agent tells the controller about itself when it registers."""
+
+    agent_id: str
+    target: Name
+    world_rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    local_rank: int = Field(ge=0)
+    node_rank: int = Field(ge=0)
+    node_id: str
+    host: str
+    pid: int
+    device: str
+    ray_job_id: str | None = None
+    submission_id: str | None = None
+    experiment_path: str | None = None
+    torch_version: str
+    cuda_available: bool = False
+
+
+class Heartbeat(StrictModel):
+    """Sent with every long-poll: progress of this worker's training loop."""
+
+    agent_id: str
+    step: int = Field(ge=0)
+    step_time_s: float | None = None
+
+
+class WindowSpec(StrictModel):
+    """One profiling window as an agent receives it."""
+
+    profile_id: Name
+    target: Name
+    start_step: int = Field(ge=0)
+    steps: int = Field(ge=1)
+    warmup: int = Field(ge=0)
+    options: TorchOptions
+    storage: StorageSpec
+    prefix: ArtifactKey
+    max_trace_bytes: int
+
+    @property
+    def stop_step(self) -> int:
+        """First step after the window."""
+        return self.start_step + self.steps
+
+
+class Command(StrictModel):
+    """Controller -> agent, the answer to a long-poll.
+
+    ``sync``: report your step count now. ``arm``: open ``window``.
+    ``cancel``: drop the window of ``profile_id``. ``register``: the controller
+    does not know you (it restarted); register again. ``stacks``: answer with
+    every thread's stacks (bundle ``profile_id``), from the agent's own thread.
+    """
+
+    kind: Literal["sync", "arm", "cancel", "register", "stacks"]
+    window: WindowSpec | None = None
+    profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
+    native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
+    max_bytes: int = Field(
+        default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES, description="``stacks``: the answer's size limit."
+    )

@@ -1,0 +1,65 @@
+"""Names, keys and the strict base every boundary model shares."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, the only clock the manifest uses."""
+    return datetime.now(timezone.utc)
+
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
+NAME_MAX_LENGTH = 128
+_KEY_MAX_LENGTH = 1024
+# C0 controls, DEL and C1 controls: never part of a name, a key or a path.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_name(value: str) -> str:
+    # Names become storage path components: refuse anything that could climb out.
+    if ".." in value:
+        raise ValueError("must not contain '..'")
+    return value
+
+
+def _check_key(value: str) -> str:
+    # Keys are joined onto a storage root and onto a download folder: a relative
+    # path of plain parts, nothing that climbs out or reaches the terminal.
+    if value.startswith("/") or "\\" in value:
+        raise ValueError("must be a relative path with '/' separators")
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        raise ValueError("must not have empty, '.' or '..' parts")
+    if _CONTROL_CHARS.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN),
+    AfterValidator(_check_name),
+]
+"""A target or profile id: letters, digits, '.', '_', '-', '='; no separators, no '..'."""
+
+# Printable ASCII, no spaces: what an HTTP header carries unchanged.
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+IdempotencyKey = Annotated[
+    str, Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX_LENGTH, pattern=IDEMPOTENCY_KEY_PATTERN)
+]
+"""A client's name for one submit (the ``Idempotency-Key`` header): a retry with it returns the first profile."""
+
+ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), AfterValidator(_check_key)]
+"""A storage key relative to a root or a profile folder: no absolute path, no '..', no control characters."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+

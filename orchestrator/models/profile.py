@@ -1,0 +1,175 @@
+"""A profile as the API returns it and as its manifest records it: artifacts, rank results, status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from orchestrator.models.common import ArtifactKey, Name, StrictModel
+from orchestrator.models.merge_stats import MergeStats
+from orchestrator.models.post_window import PostWindowCheck
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.settings import MANIFEST_VERSION
+
+ArtifactKind = Literal[
+    "trace",
+    "memory_timeline",
+    "op_table",
+    "memory_snapshot",
+    "merged_trace",
+    "report",
+    "manifest",
+    "stacks",
+    "stacks_summary",
+    "flight_recorder",
+]
+
+BundleKind = Literal["profile", "stacks"]
+"""What a profile folder holds: a profiler window's traces, or every rank's stacks."""
+
+
+class Artifact(StrictModel):
+    """A file in storage, fully written before it is listed."""
+
+    kind: ArtifactKind
+    key: ArtifactKey = Field(description="Path relative to the profile folder.")
+    uri: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+_MISSED_START_DOC = "The arm reached this rank after the window's first step had passed there."
+_EVENT_AT_DOC = "When the agent made this event, by its clock: the rank's armed/capturing/finished times."
+
+
+class RankEvent(StrictModel):
+    """Agent -> controller: a rank's window changed state."""
+
+    profile_id: Name
+    agent_id: str
+    state: RankState
+    first_step: int | None = None
+    last_step: int | None = None
+    step_durations_ms: list[float] = Field(default_factory=list)
+    base_time_ns: int | None = None
+    trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
+    artifacts: list[Artifact] = Field(default_factory=list)
+    reason: str | None = None
+    missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
+    at: datetime | None = Field(default=None, description=_EVENT_AT_DOC)
+
+
+class Trigger(StrictModel):
+    """Why the controller took a profile or stacks by itself."""
+
+    kind: Literal["slower_than", "rank_lag", "stalled"]
+    watch_id: str | None = Field(default=None, description="The watch that fired; none for the stall detector.")
+    baseline: float | None = Field(default=None, description="slower_than: baseline step time (s); rank_lag: 0.")
+    observed: float | None = Field(default=None, description="Step time (s), steps behind, or seconds without progress.")
+    threshold: float | None = None
+    at: datetime
+    detail: str = Field(description="The trigger in words.")
+
+
+class RankResult(StrictModel):
+    """One rank in a profile: who it is, what it captured, what it uploaded."""
+
+    rank: int
+    local_rank: int | None = None
+    node_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    device: str | None = None
+    state: RankState
+    reason: str | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    step_durations_ms: list[float] = Field(default_factory=list)
+    base_time_ns: int | None = None
+    trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
+    artifacts: list[Artifact] = Field(default_factory=list)
+    armed_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    capture_ended_at: datetime | None = None
+    finished_at: datetime | None = None
+    missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
+
+    @property
+    def bytes_uploaded(self) -> int:
+        return sum(a.bytes for a in self.artifacts)
+
+
+class PostprocessProgress(StrictModel):
+    """Per-rank postprocessing done so far, e.g. "analysing 12/64 ranks"."""
+
+    phase: Literal["analysing", "scanning", "merging"]
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+    def __str__(self) -> str:
+        return f"{self.phase} {self.done}/{self.total} ranks"
+
+
+class ProfileStatus(StrictModel):
+    """A profile request as the controller sees it now."""
+
+    id: Name
+    kind: BundleKind = "profile"
+    target: Name
+    run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
+    state: ProfileState
+    reason: str | None = None
+    request: ProfileRequest
+    start_step: int | None = None
+    stop_step: int | None = Field(
+        default=None, description="First step after the window; start_step + steps unless the byte cap shortened it."
+    )
+    storage_uri: str
+    manifest_uri: str | None = None
+    ranks: list[RankResult] = Field(default_factory=list)
+    created_at: datetime
+    scheduled_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    finished_at: datetime | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
+    postprocess: PostprocessProgress | None = Field(
+        default=None, description="While COLLECTING: how far the per-rank analysis and merge have got."
+    )
+    post_window: PostWindowCheck | None = Field(default=None, description="Steps after the window against steps before it.")
+
+
+class Manifest(StrictModel):
+    """``manifest.json``: the commit point of a profile, written last."""
+
+    version: Literal[1] = MANIFEST_VERSION
+    profile_id: Name
+    kind: BundleKind = "profile"
+    target: Name
+    status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
+    reason: str | None = None
+    request: ProfileRequest
+    storage_uri: str = Field(description="Folder that holds this profile.")
+    start_step: int | None
+    stop_step: int | None
+    cluster: dict[str, Any] = Field(default_factory=dict)
+    ranks: list[RankResult]
+    artifacts: list[Artifact] = Field(default_factory=list, description="Profile-level files.")
+    requested_at: datetime
+    scheduled_at: datetime | None = None
+    capture_started_at: datetime | None = None
+    finished_at: datetime
+    summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
+    analysis_error: str | None = None
+    trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
+    merge: MergeStats | None = Field(
+        default=None, description="What the merged trace holds: its budget, what was dropped, each rank's clock alignment."
+    )
+    post_window: PostWindowCheck | None = Field(
+        default=None, description="The post-window check as it stood when the manifest was written; the status has its end."
+    )
+
+    def all_artifacts(self) -> list[Artifact]:
+        """Every file the manifest lists, rank artifacts first."""
+        return [a for r in self.ranks for a in r.artifacts] + list(self.artifacts)

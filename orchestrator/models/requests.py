@@ -1,0 +1,94 @@
+"""What a user asks for: a profile request, its options, and the states a profile and a rank go through."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from orchestrator.models.common import Name, StrictModel
+
+
+class ProfileState(str, enum.Enum):
+    """Life of a profile request: PENDING -> SCHEDULED -> CAPTURING -> COLLECTING -> terminal."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    CAPTURING = "CAPTURING"
+    COLLECTING = "COLLECTING"
+    DONE = "DONE"
+    PARTIAL = "PARTIAL"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_PROFILE_STATES
+
+
+_TERMINAL_PROFILE_STATES = frozenset(
+    {ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED}
+)
+
+
+class RankState(str, enum.Enum):
+    """One rank's part in a profile."""
+
+    WAITING = "WAITING"
+    ARMED = "ARMED"
+    CAPTURING = "CAPTURING"
+    UPLOADING = "UPLOADING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RankState.DONE, RankState.FAILED, RankState.CANCELLED)
+
+
+class TorchOptions(StrictModel):
+    """What ``torch.profiler.profile`` records; one field per argument of the same name."""
+
+    activities: list[Literal["cpu", "cuda"]] | None = Field(
+        default=None, description="Default: cpu, plus cuda where the worker has a GPU."
+    )
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+
+
+class ProfileOptions(TorchOptions):
+    """A window's length and reach, plus what to record."""
+
+    steps: int = Field(ge=1, description="Optimizer steps to record on every rank.")
+    warmup: int = Field(default=0, ge=0, description="Profiler warmup steps before the window.")
+    ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, description="World ranks to profile; default all (an empty list is refused)."
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Give up on ranks that have not reported by then."
+    )
+    queue: bool = Field(
+        default=False, description="Wait behind a running window instead of failing with 409."
+    )
+
+    def torch_options(self) -> TorchOptions:
+        """The part of these options that ``torch.profiler.profile`` takes."""
+        return TorchOptions(**{name: getattr(self, name) for name in TorchOptions.model_fields})
+
+
+class ProfileRequest(ProfileOptions):
+    """``POST /v1/profiles`` body and ``ProfilingClient.profile`` arguments."""
+
+    target: Name
+    run: Name | None = Field(
+        default=None,
+        description="The run's Ray job (submission id or job id) when two live runs share the target name; "
+        "default the newest.",
+    )
+
+
