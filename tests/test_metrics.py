@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 from actors.controller import metric_names as m
-from actors.controller.metrics import Metrics
-from orchestrator.diagnosis import WatchSpec
-from orchestrator.models import ProfileRequest
+from actors.controller.health import Health
+from actors.controller.metrics import GAUGE_REFRESH_S, Metrics
+from actors.controller.registry import Worker
+from orchestrator.models.agent_protocol import WorkerInfo
+from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.post_window import PostWindowCheck, RankPostWindow
+from orchestrator.models.requests import ProfileRequest
 from tests.conftest import REPO
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
 
@@ -83,15 +88,49 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
         step_ranks = {tags["rank"] for _, tags in recorders[m.STEP_TIME.name].calls}
         assert step_ranks == {"0", "1"}
         assert all(tags["target"] == "run" for _, tags in recorders[m.STEP_TIME.name].calls)
-        assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0, 1.0]  # training, then STALLED
+        assert [v for v, _ in itertools.groupby(v for v, _ in recorders[m.STALLED.name].calls)] == [0.0, 1.0]  # training, then STALLED
         assert recorders[m.PROFILES.name].calls == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
         assert [t["trigger"] for _, t in recorders[m.STACKS.name].calls][0] == "manual"
         assert {t["outcome"] for _, t in recorders[m.STACKS.name].calls} == {"DONE"}
         assert recorders[m.STORED_BYTES.name].calls  # the ranks' files and the stacks bundle's
         assert recorders[m.WINDOW_DURATION.name].calls[0][0] > 0
-        # Unchanged gauges are not set again on every tick.
-        values = [(v, t["rank"]) for v, t in recorders[m.STEP_TIME.name].calls]
-        assert len(values) == len(set(values))
 
     run(scenario())
 
+
+
+def _worker(rank: int) -> Worker:
+    info = WorkerInfo(
+        agent_id=f"a{rank}", target="run", world_rank=rank, world_size=2, local_rank=rank, node_rank=0,
+        node_id="n", host="h", pid=100 + rank, device="cpu", torch_version="2",
+    )
+    return Worker(info=info, registered_at=0.0, secret="s", seen_at=0.0, step=10, step_time_s=0.1, advanced_at=0.0)
+
+
+def test_an_unchanged_gauge_is_set_again_before_rays_exporter_drops_it():
+    # Ray 2.60's metrics agent drops a gauge's label set that was not set for two export
+    # periods (20 s by default): a target that stays not-STALLED must not vanish from Prometheus.
+    metrics = Metrics()
+    recorders = {name: _Recorder() for name in metrics._m}
+    metrics._m = recorders
+    workers = {0: _worker(0), 1: _worker(1)}
+    healthy = Health(stalled=False, stalled_s=0.0, threshold_s=60.0, median_step_s=0.1)
+    for now in (0.0, 0.4, 1.0, 2.0, 3.0):
+        metrics.run("run", workers, healthy, now)
+    assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0]  # unchanged: not set on every tick
+    metrics.run("run", workers, healthy, GAUGE_REFRESH_S + 0.5)
+    assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0, 0.0]
+    assert len(recorders[m.RANKS.name].calls) == 2
+    assert {t["rank"] for _, t in recorders[m.STEPS_BEHIND.name].calls[-2:]} == {"0", "1"}
+
+
+def test_a_post_window_ratio_stays_exported_while_its_target_is_live():
+    metrics = Metrics()
+    recorders = {name: _Recorder() for name in metrics._m}
+    metrics._m = recorders
+    check = PostWindowCheck(threshold=1.1, steps=5, verdict="ok", ranks=[RankPostWindow(rank=0, ratio=1.02)], detail="ok")
+    metrics.post_window("run", check)
+    healthy = Health(stalled=False, stalled_s=0.0, threshold_s=60.0, median_step_s=0.1)
+    metrics.run("run", {0: _worker(0)}, healthy, 0.0)
+    metrics.run("run", {0: _worker(0)}, healthy, GAUGE_REFRESH_S + 0.5)
+    assert [v for v, _ in recorders[m.POST_WINDOW_RATIO.name].calls] == [1.02, 1.02]

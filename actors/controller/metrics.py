@@ -2,14 +2,17 @@
 
 Ray exports them from every node's metrics agent, so they reach Ray's
 Prometheus and Grafana with no setup of ours. Gauges are set on the monitor
-tick from the heartbeats already held (never on a rank's step path), and
-only when their value changed: at 1,024 ranks a tick would otherwise make
-thousands of calls into Ray's metrics core for nothing. Counters and
+tick from the heartbeats already held (never on a rank's step path), when
+their value changed or :data:`GAUGE_REFRESH_S` after they were last set: at
+1,024 ranks setting every gauge on every tick would make thousands of calls
+into Ray's metrics core for nothing. Counters and
 histograms are recorded when a profile, a stacks bundle, a watch firing or a
 post-window check ends.
 
-Ray keeps a gauge's last value per label set for the life of the process:
-a rank that left keeps its last value (its ``rayprof_ranks`` count drops).
+Ray 2.60's metrics agent drops a gauge's label set that was not set for two
+export periods (20 s by default; Ray 2.43's kept it for the life of the
+process), so an unchanged gauge (a target that stays not STALLED) is set
+again on the refresh period, and a rank or target that left ages out.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from actors.controller import metric_names as m
 from actors.controller.health import Health
 from actors.controller.registry import Worker
 from actors.controller.state import Profile
-from orchestrator.models import Trigger
-from orchestrator.post_window import PostWindowCheck
+from orchestrator.models.post_window import PostWindowCheck
+from orchestrator.models.profile import Trigger
 
 __all__ = ["Metrics"]
 
 _MEDIAN_OF = 16
+# Under half of Ray's default export period (10 s), so every export carries every live label set.
+GAUGE_REFRESH_S = 5.0
 
 
 def _make(metric: m.MetricDef) -> Any:
@@ -49,15 +54,18 @@ class Metrics:
 
     def __init__(self) -> None:
         self._m = {d.name: _make(d) for d in m.METRICS}
-        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+        # (metric, labels) -> (value, when it was set, by the tick's clock)
+        self._last: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
+        self._post_window: dict[str, dict[int, float]] = {}
         self._step_times: dict[tuple[str, int], deque[float]] = {}
         self._seen: dict[tuple[str, int], float] = {}
 
-    def _gauge(self, metric: m.MetricDef, value: float, *labels: str) -> None:
+    def _gauge(self, metric: m.MetricDef, now: float, value: float, *labels: str) -> None:
         key = (metric.name, labels)
-        if self._last.get(key) == value:
+        last = self._last.get(key)
+        if last is not None and last[0] == value and now - last[1] < GAUGE_REFRESH_S:
             return
-        self._last[key] = value
+        self._last[key] = (value, now)
         self._m[metric.name].set(value, tags=dict(zip(metric.tags, labels, strict=True)))
 
     def _count(self, metric: m.MetricDef, value: float, *labels: str) -> None:
@@ -69,29 +77,35 @@ class Metrics:
 
     def run(self, target: str, workers: dict[int, Worker], health: Health, now: float) -> None:
         """One tick's gauges for the newest run of ``target``."""
-        self._gauge(m.STALLED, 1.0 if health.stalled else 0.0, target)
-        self._gauge(m.LAGGING, float(len(health.lagging)), target)
-        self._gauge(m.RANKS, float(len(workers)), target)
+        self._gauge(m.STALLED, now, 1.0 if health.stalled else 0.0, target)
+        self._gauge(m.LAGGING, now, float(len(health.lagging)), target)
+        self._gauge(m.RANKS, now, float(len(workers)), target)
+        for rank, ratio in self._post_window.get(target, {}).items():
+            self._gauge(m.POST_WINDOW_RATIO, now, ratio, target, str(rank))
         for rank, w in workers.items():
             r = str(rank)
             # Whole seconds: the value (and a call into Ray) changes once a second, not every tick.
-            self._gauge(m.SINCE_STEP, float(int(now - w.advanced_at)), target, r)
-            self._gauge(m.STEPS_BEHIND, float(health.behind.get(rank, 0)), target, r)
+            self._gauge(m.SINCE_STEP, now, float(int(now - w.advanced_at)), target, r)
+            self._gauge(m.STEPS_BEHIND, now, float(health.behind.get(rank, 0)), target, r)
             if w.step_time_s is None:
                 continue
-            self._gauge(m.STEP_TIME, w.step_time_s, target, r)
+            self._gauge(m.STEP_TIME, now, w.step_time_s, target, r)
             key = (target, rank)
             if self._seen.get(key) != w.seen_at:
                 self._seen[key] = w.seen_at
                 recent = self._step_times.setdefault(key, deque(maxlen=_MEDIAN_OF))
                 recent.append(w.step_time_s)
-                self._gauge(m.STEP_TIME_MEDIAN, statistics.median(recent), target, r)
+                self._gauge(m.STEP_TIME_MEDIAN, now, statistics.median(recent), target, r)
 
     def forget(self, targets: set[str]) -> None:
         """Drop what is held for targets no longer live (their series keep their last value in Ray)."""
         for key in [k for k in self._step_times if k[0] not in targets]:
             del self._step_times[key]
             self._seen.pop(key, None)
+        for target in self._post_window.keys() - targets:
+            del self._post_window[target]
+        for key in [k for k in self._last if k[1][0] not in targets]:
+            del self._last[key]
 
     def bundle_ended(self, profile: Profile, postprocess_s: float | None) -> None:
         """A profile or stacks bundle reached its terminal state."""
@@ -112,6 +126,5 @@ class Metrics:
 
     def post_window(self, target: str, check: PostWindowCheck) -> None:
         self._count(m.POST_WINDOW_CHECKS, 1.0, target, check.verdict)
-        for r in check.ranks:
-            if r.ratio is not None:
-                self._gauge(m.POST_WINDOW_RATIO, r.ratio, target, str(r.rank))
+        # Set on the next tick, and again on the refresh period while the target is live.
+        self._post_window[target] = {r.rank: r.ratio for r in check.ranks if r.ratio is not None}
