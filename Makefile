@@ -27,7 +27,7 @@ test: setup browser
 # The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
 # ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on
 # the other Ray Train (v2 there), stacks of live jobs, the console in a browser. CI runs it after
-# `make test` (README, Install: its time).
+# `make test` (docs/deploy.md, How the range is tested: its time).
 OLDEST_RAY_VENV ?= .venv-ray-oldest
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
 OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_client_http.py \
@@ -59,7 +59,7 @@ test-oldest-ray: setup-oldest-ray browser
 
 # The costliest live tests (the demo end to end, 50 windows in a row, four that each
 # start a job of their own, and hosts on a real network): ~11 min more than `make test`,
-# plus tests/test_netns.py's time (README, Tests).
+# plus tests/test_netns.py's time (docs/testing.md).
 test-extended: setup
 	$(PY) -m pytest -q -ra -m extended
 

@@ -2,7 +2,7 @@
 
 Supported: Ray 2.43 through 2.x (``pyproject.toml``); CI runs the whole suite on
 the newest and the live core path on the oldest (``make test-oldest-ray``).
-Tried by hand as well: 2.40 and 2.47 (README, Install, says how they did).
+Tried by hand as well: 2.40 and 2.47 (docs/deploy.md, How the range is tested, says how they did).
 Which releases take which path:
 
 - **Token auth**: ``ray.exceptions.AuthenticationError`` exists from 2.52 (a
@@ -24,7 +24,7 @@ Which releases take which path:
   (2.57 walks them). Ray 2.47's Serve (and older) also reads ``FieldDescriptor.label``,
   which protobuf 7 removed (2.60 runs on protobuf 7). A cluster image of those
   releases has such versions; a fresh environment pins them
-  (``deploy/constraints-ray-oldest.txt``, README, Install).
+  (``deploy/constraints-ray-oldest.txt``, docs/deploy.md).
 - **Internals** (no public call exists in any supported release): the cluster id
   and the job's submission id from ``ray._private.worker``; Serve's controller
   from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the

@@ -1,6 +1,6 @@
-"""README's token-auth sequence, run as written: `ray start` → `rayprof serve` → `ray job submit` → `rayprof targets`.
+"""docs/deploy.md's token-auth sequence, run as written: `ray start` → `rayprof serve` → `ray job submit` → `rayprof targets`.
 
-The commands are read out of README.md's "Running on a Ray cluster: token auth"
+The commands are read out of docs/deploy.md's "Running on a Ray cluster: token auth"
 block, so the document and the test cannot drift apart. They run in a fresh
 shell's environment with a fresh HOME: `ray get-auth-token --generate` makes
 the token there, so the cluster requires it.
@@ -23,8 +23,9 @@ from tests.own_cluster import REPO, ray_stop, require_no_other_cluster, shell_en
 pytest_plugins = ["tests.own_cluster"]
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
+DOC = REPO / "docs" / "deploy.md"
 SECTION = "## Running on a Ray cluster: token auth"
-# What README's commands use: the GCS port it names, and Ray's and rayprof's defaults.
+# What the document's commands use: the GCS port it names, and Ray's and rayprof's defaults.
 PORTS = {"GCS (--port)": 6390, "rayprof serve": 8000, "Ray dashboard": 8265, "Ray client server": 10001}
 GCS_ADDRESS = "127.0.0.1:6390"
 TARGET = "my-run"
@@ -32,11 +33,11 @@ TARGETS_TIMEOUT_S = 240
 
 
 def readme_commands() -> list[str]:
-    """The commands of README's token-auth block, continuation lines joined, comment lines left out."""
-    text = (REPO / "README.md").read_text()
-    assert SECTION in text, f"README.md has no section {SECTION!r}"
+    """The commands of the token-auth block, continuation lines joined, comment lines left out."""
+    text = DOC.read_text()
+    assert SECTION in text, f"{DOC.name} has no section {SECTION!r}"
     block = re.search(r"```bash\n(.*?)```", text.split(SECTION, 1)[1], re.S)
-    assert block, f"README.md's {SECTION!r} has no bash block"
+    assert block, f"{DOC.name}'s {SECTION!r} has no bash block"
     lines = block.group(1).replace("\\\n", " ").splitlines()
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
@@ -66,10 +67,10 @@ def _key(command: str) -> str:
 
 @pytest.fixture(scope="module")
 def readme_cluster(tmp_path_factory) -> Iterator[ReadmeCluster]:
-    """README's block up to `rayprof targets`; its `ray stop` afterwards."""
+    """The block up to `rayprof targets`; its `ray stop` afterwards."""
     require_no_other_cluster()
     busy = [f"{what} {port}" for what, port in PORTS.items() if _listening(port)]
-    assert not busy, f"README's commands need these ports on 127.0.0.1, but they are taken: {busy}"
+    assert not busy, f"The token-auth commands need these ports on 127.0.0.1, but they are taken: {busy}"
     commands = readme_commands()
     keys = [_key(c) for c in commands]
     assert keys == ["ray get-auth-token", "ray start", "rayprof serve", "ray job", "rayprof targets", "ray stop"], (

@@ -10,7 +10,7 @@ test process is a client outside every host, reaching them through the bridge.
 
 The job runs without DDP (``--no-ddp``): with DDP a rank whose peer's host went
 dark blocks in the next all-reduce, so no rank could finish a window that a lost
-host was part of (see README, "When a host drops out"). Agents poll through a
+host was part of (see docs/faults.md, "When a host drops out"). Agents poll through a
 relay on their node (``--relay``). Ray Train may restart the worker group
 (``--max-failures``), so the job comes back once the host does.
 

@@ -143,7 +143,7 @@ def _idle_bars(ranks: list[RankSummary]) -> str:
     )
     return (
         "<h2>Why the device idles</h2><p class=muted>Per step: device busy time, then each idle gap blamed on what the "
-        "launching host thread was doing (see README, Reading the results).</p>"
+        "launching host thread was doing (see rayprof's docs/results.md).</p>"
         f'<div class="legend">{legend}</div>' + "".join(parts)
     )
 
