@@ -6,12 +6,13 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.models.requests import ProfileState
-from tests.conftest import RAYPROF_CLI
+from tests.conftest import LIVE_TARGET, RAYPROF_CLI
 
 pytestmark = [pytest.mark.integration, pytest.mark.extended]
 
@@ -75,3 +76,35 @@ def test_a_slowdown_takes_exactly_one_profile_within_a_minute(ray_cluster, clien
     note_ms = f"profiled median step {step_ms:.0f} ms vs baseline {1000 * trigger.baseline:.0f} ms"
     print(note_ms)
     assert step_ms > 1.3 * 1000 * trigger.baseline
+
+
+def test_a_schedule_profiles_a_live_job_now_and_a_minute_later_and_the_two_diff(ray_cluster, live_job, client):
+    created = subprocess.run(
+        [RAYPROF_CLI, "watch", LIVE_TARGET, "--every", "1m", "--then-profile", "3", "--cooldown", "1m",
+         "--max-per-hour", "60", "--in-cluster", "--address", ray_cluster],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert created.returncode == 0, created.stderr
+    watch_id = created.stdout.split()[0]
+    try:
+        deadline = time.monotonic() + 150
+        watch = client.get_watch(watch_id)
+        while len(watch.firings) < 2 and time.monotonic() < deadline:
+            time.sleep(2.0)
+            watch = client.get_watch(watch_id)
+    finally:
+        client.delete_watch(watch_id)
+    assert len(watch.firings) == 2, f"firings: {watch.firings}"
+    first, second = watch.firings
+    spacing = (second.at - first.at).total_seconds()
+    print(f"\nscheduled firings {spacing:.1f}s apart: {first.profile_id}, {second.profile_id}")
+    assert 60 <= spacing < 90 and first.at - watch.created_at < timedelta(seconds=5)
+    manifests = [client.get(f.profile_id).wait(timeout=180) for f in watch.firings]
+    for manifest in manifests:
+        assert manifest.status == ProfileState.DONE
+        assert manifest.trigger.kind == "schedule" and manifest.trigger.watch_id == watch_id
+    # The history a long job keeps: two scheduled profiles of the same job, compared.
+    diff = client.diff(first.profile_id, second.profile_id)
+    print(f"diff comparable={diff.comparable} {diff.not_comparable} {diff.claims}")
+    assert (diff.a.profile_id, diff.b.profile_id) == (first.profile_id, second.profile_id)
+    assert diff.a.ranks == diff.b.ranks == [0, 1] and len(diff.a.steps) == len(diff.b.steps) == 3

@@ -156,8 +156,8 @@ def test_the_cap_counts_a_rolling_hour_beyond_the_last_20_firings(home):
     watch = _Watch(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=50 - i) for i in range(30)])
     aged = _Watch(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=61)] + list(watch.fired)[1:])
 
-    assert Watches._blocked(watch) == "CAPPED"
-    assert Watches._blocked(aged) is None
+    assert Watches._blocked(watch, now) == "CAPPED"
+    assert Watches._blocked(aged, now) is None
     assert len(_Watch(id="w", spec=spec, created_at=now, fired=[now] * 100).fired) == 30
 
 

@@ -39,12 +39,6 @@ PostprocessFn = Callable[[Manifest, Profile, float], Awaitable[Manifest]]
 _UNSEEN = object()
 
 
-def _condition(watch: WatchStatus) -> str:
-    if watch.spec.slower_than is not None:
-        return "slower_than"
-    return "rank_lag" if watch.spec.rank_lag is not None else "stalled"
-
-
 class Telemetry:
     def __init__(
         self,
@@ -158,7 +152,7 @@ class Telemetry:
                 continue
             for f in watch.firings:
                 if last is None or f.at > last:
-                    self._metrics.watch_fired(watch.spec.target, _condition(watch), f.error is not None)
+                    self._metrics.watch_fired(watch.spec.target, watch.spec.condition, f.error is not None)
 
     # ---- storage ----------------------------------------------------------
 

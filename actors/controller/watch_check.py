@@ -3,14 +3,20 @@ as asked is refused then (HTTP 422), not on every firing."""
 
 from __future__ import annotations
 
+import math
+
 from orchestrator.errors import InvalidWatchError
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import WatchSpec
 
-__all__ = ["MIN_BASELINE_SAMPLES", "check"]
+__all__ = ["MIN_BASELINE_SAMPLES", "MIN_EVERY_S", "check"]
 
 # Samples a baseline needs before it is trusted.
 MIN_BASELINE_SAMPLES = 5
+# The shortest schedule: once a minute is the most the hourly cap (max_per_hour <= 60) allows, and a
+# window, its upload and its postprocess take seconds to tens of seconds.
+MIN_EVERY_S = 60.0
+_HOUR_S = 3600.0
 
 
 def check(spec: WatchSpec, config: ControllerConfig) -> None:
@@ -28,9 +34,35 @@ def check(spec: WatchSpec, config: ControllerConfig) -> None:
             )
     elif spec.ranks == "lagging":
         raise InvalidWatchError("ranks='lagging' picks the ranks to profile; it needs action='profile'", target=spec.target)
+    if spec.every_s is not None:
+        _check_schedule(spec)
     if spec.slower_than is not None and spec.baseline_s < MIN_BASELINE_SAMPLES * config.monitor_interval_s:
         raise InvalidWatchError(
             f"baseline_s={spec.baseline_s:g} holds fewer than {MIN_BASELINE_SAMPLES} samples at one per "
             f"{config.monitor_interval_s:g}s (RAYPROF_MONITOR_INTERVAL_S): the baseline would never be ready",
             target=spec.target,
         )
+
+
+def _check_schedule(spec: WatchSpec) -> None:
+    """A schedule the cooldown or the hourly cap would hold back is refused (it would fire in bursts),
+    as are a condition's options; every problem is named at once."""
+    every = spec.every_s or 0.0
+    problems = []
+    if every < MIN_EVERY_S:
+        problems.append(f"every_s={every:g} is under the minimum of {MIN_EVERY_S:g}s")
+    if spec.cooldown_s > every:
+        problems.append(
+            f"cooldown_s={spec.cooldown_s:g} is longer than every_s={every:g}: it would hold back scheduled "
+            "firings; give a cooldown of at most every_s"
+        )
+    if every * spec.max_per_hour < _HOUR_S:
+        problems.append(
+            f"every_s={every:g} fires {_HOUR_S / every:.3g} times an hour, over max_per_hour={spec.max_per_hour}: "
+            f"raise max_per_hour to {math.ceil(_HOUR_S / every)} or lengthen every_s"
+        )
+    for name, what in (("for_s", "how long a condition holds"), ("baseline_s", "slower_than's baseline")):
+        if getattr(spec, name) != WatchSpec.model_fields[name].default:
+            problems.append(f"{name} is {what}; a schedule has no condition: leave it out")
+    if problems:
+        raise InvalidWatchError("; ".join(problems), target=spec.target)

@@ -5,14 +5,16 @@ already holds (no call to any rank, no work on training ranks): each run's
 health (:mod:`actors.controller.health`) and, per target, the median step
 time across ranks, kept as a rolling series. A watch's condition
 (``slower_than`` x the rolling median, ``rank_lag`` steps, ``stalled``) that
-holds for ``for_s`` runs its action: a profile window or every rank's stacks,
+holds for ``for_s`` runs its action, and so does a schedule (``every_s``) that is
+due, on this tick and never on a rank's step: a profile window or every rank's stacks,
 with the :class:`Trigger` recorded in the profile's status and manifest. A
 cooldown and a cap over any rolling hour bound how often; a firing that fails
 counts toward both, and a watch whose action fails
 ``RAYPROF_WATCH_MAX_FAILURES`` times in a row is paused with its reason. A
 watch is checked against the server's limits when it is created, so it is
 never refused on every firing. Watches are saved and come back after a
-controller restart.
+controller restart; a schedule's next firing is counted from its last saved
+firing, so a restart fires only what is due.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
-from orchestrator.models.diagnosis import WatchFiring, WatchSpec, WatchStatus
+from orchestrator.models.diagnosis import WatchFiring, WatchSpec, WatchStatus, duration_text
 from orchestrator.models.profile import Trigger
 from orchestrator.models.requests import ProfileRequest, ProfileState
 
@@ -79,6 +81,12 @@ class _Watch:
     def __post_init__(self) -> None:
         self.fired = deque(self.fired, maxlen=self.spec.max_per_hour)
 
+    def next_at(self) -> datetime | None:
+        """A schedule's next firing: due at creation, then every_s after the last firing or failed try."""
+        if self.spec.every_s is None:
+            return None
+        return self.fired[-1] + timedelta(seconds=self.spec.every_s) if self.fired else self.created_at
+
     def status(self, now: float) -> WatchStatus:
         return WatchStatus(
             id=self.id,
@@ -88,6 +96,7 @@ class _Watch:
             baseline=self.baseline,
             observed=self.observed,
             holding_s=now - self.holding_since if self.holding_since is not None else None,
+            next_at=self.next_at(),
             note=self.note,
             firings=self.firings[-_FIRINGS_KEPT:],
             fired_at=list(self.fired),
@@ -121,6 +130,9 @@ class Watches:
         self._series: dict[str, deque[tuple[float, float]]] = {}
         self._stalled: set[tuple[str, str]] = set()
         self.stall_stacks: dict[tuple[str, str], str] = {}
+        # The wall clock that firings, cooldowns, caps and schedules are counted on (they are saved,
+        # so a restart counts on from them); tests move it forward instead of sleeping.
+        self.clock: Callable[[], datetime] = utcnow
 
     # ---- the API ----------------------------------------------------------
 
@@ -130,7 +142,7 @@ class Watches:
         held = len(self._watches) + self._creating
         if held >= config.max_watches:
             raise InvalidRequestError(f"{held} watches already (max {config.max_watches}, RAYPROF_MAX_WATCHES)")
-        watch = _Watch(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=utcnow())
+        watch = _Watch(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=self.clock())
         status = watch.status(time.monotonic())
         self._creating += 1
         try:
@@ -206,8 +218,9 @@ class Watches:
             if health.median_step_s is not None:
                 series = self._series.setdefault(name, deque(maxlen=_SERIES_KEPT))
                 series.append((now, health.median_step_s))
+        wall = self.clock()
         for watch in list(self._watches.values()):
-            self._advance(watch, newest.get(watch.spec.target), now)
+            self._advance(watch, newest.get(watch.spec.target), now, wall)
             if watch.saved < watch.changes and not watch.busy and now - watch.save_tried >= _SAVE_RETRY_S:
                 watch.save_tried = now
                 self._spawn(self._save(watch))
@@ -234,7 +247,9 @@ class Watches:
         values = [v for t, v in self._series.get(target, ()) if since <= t <= until]
         return statistics.median(values) if len(values) >= MIN_BASELINE_SAMPLES else None
 
-    def _advance(self, watch: _Watch, run: tuple[dict[int, Worker], Health] | None, now: float) -> None:
+    def _advance(
+        self, watch: _Watch, run: tuple[dict[int, Worker], Health] | None, now: float, wall: datetime
+    ) -> None:
         spec = watch.spec
         if watch.paused is not None:
             watch.state, watch.holding_since = "PAUSED", None
@@ -243,24 +258,36 @@ class Watches:
             watch.state, watch.holding_since, watch.observed, watch.note = "WAITING", None, None, "target not live"
             return
         workers, health = run
-        holds, trigger_args = self._condition(watch, health, now)
+        holds, trigger_args = self._condition(watch, health, now, wall)
         if not holds:
             watch.holding_since = None
             watch.state = "WAITING"
         else:
             watch.holding_since = watch.holding_since if watch.holding_since is not None else now
             watch.state = "HOLDING"
-        blocked = self._blocked(watch)
+        blocked = self._blocked(watch, wall)
         if blocked is not None:
             watch.state = blocked
-        if not holds or now - (watch.holding_since or now) < spec.for_s or watch.busy or blocked is not None:
+        hold_s = 0.0 if spec.every_s is not None else spec.for_s
+        if not holds or now - (watch.holding_since or now) < hold_s or watch.busy or blocked is not None:
             return
-        trigger = Trigger(watch_id=watch.id, at=utcnow(), **trigger_args)
+        trigger = Trigger(watch_id=watch.id, at=wall, **trigger_args)
         watch.busy = True
         self._spawn(self._fire(watch, trigger, workers, health))
 
-    def _condition(self, watch: _Watch, health: Health, now: float) -> tuple[bool, dict[str, Any]]:
+    def _condition(self, watch: _Watch, health: Health, now: float, wall: datetime) -> tuple[bool, dict[str, Any]]:
         spec = watch.spec
+        due = watch.next_at()
+        if due is not None:
+            watch.note = None
+            since = (wall - watch.fired[-1]).total_seconds() if watch.fired else None
+            watch.observed = since
+            return wall >= due, dict(
+                kind="schedule",
+                observed=since,
+                threshold=spec.every_s,
+                detail=f"every {duration_text(spec.every_s or 0)}: due {due:%Y-%m-%d %H:%M:%S} UTC",
+            )
         if spec.slower_than is not None:
             if watch.holding_since is None:
                 # The baseline is frozen while the condition holds: slow samples never raise it.
@@ -298,11 +325,10 @@ class Watches:
         )
 
     @staticmethod
-    def _blocked(watch: _Watch) -> str | None:
+    def _blocked(watch: _Watch, wall: datetime) -> str | None:
         """COOLDOWN or CAPPED when the watch may not fire now, else None. Failed firings count:
         a watch whose action keeps failing must not retry on every tick."""
         fired = watch.fired
-        wall = utcnow()
         if fired and wall - fired[-1] < timedelta(seconds=watch.spec.cooldown_s):
             return "COOLDOWN"
         # fired holds at most max_per_hour times: when full, its oldest is the max_per_hour-th latest.

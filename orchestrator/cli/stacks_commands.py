@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator.cli.commands import _client
 from orchestrator.cli.output import emit_json, out, table
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
-from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
+from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus, duration_text
 from orchestrator.models.requests import ProfileState
 
 __all__ = ["add_commands", "parse_duration"]
@@ -35,12 +35,17 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     p.add_argument("--native", action="store_true", help="add native frames through py-spy (rayprof[native])")
     p.add_argument("--run", metavar="JOB", help="the run (Ray job) when two live runs share the name (default the newest)")
 
-    p = command("watch", watch, "watch a target and profile (or take stacks) when it slows, lags or stalls", parents)
+    p = command(
+        "watch", watch, "watch a target and profile (or take stacks) when it slows, lags or stalls, or on a schedule", parents
+    )
     p.add_argument("target", help="Ray Train run name")
     cond = p.add_mutually_exclusive_group(required=True)
     cond.add_argument("--slower-than", type=float, metavar="RATIO", help="median step time over the baseline, e.g. 1.3")
     cond.add_argument("--rank-lag", type=int, metavar="STEPS", help="a rank this many steps behind the leader")
     cond.add_argument("--stalled", action="store_true", help="no rank advanced (see RAYPROF_STALL_MIN_S)")
+    cond.add_argument(
+        "--every", type=parse_duration, metavar="DURATION", help="on a schedule: now, then this long after each firing"
+    )
     p.add_argument("--for", dest="for_s", type=parse_duration, default=30.0, help="how long it must hold (default 30s)")
     then = p.add_mutually_exclusive_group()
     then.add_argument("--then-profile", type=int, metavar="STEPS", help="then profile this many steps (default 5)")
@@ -101,6 +106,7 @@ def watch(args: argparse.Namespace) -> int:
         slower_than=args.slower_than,
         rank_lag=args.rank_lag,
         stalled=args.stalled,
+        every_s=args.every,
         for_s=args.for_s,
         # A stalled run takes no steps to profile: stacks is the only action that can work.
         action="stacks" if args.then_stacks or (args.stalled and args.then_profile is None) else "profile",
@@ -124,12 +130,13 @@ def describe(spec: WatchSpec) -> str:
         cond = f"median step time over {spec.slower_than:g}x its {spec.baseline_s:g}s baseline"
     elif spec.rank_lag is not None:
         cond = f"a rank {spec.rank_lag}+ steps behind the leader"
-    else:
+    elif spec.stalled:
         cond = "no rank advancing (STALLED)"
+    else:
+        cond = None
     then = "take every rank's stacks" if spec.action == "stacks" else f"profile {spec.profile_steps} steps on {spec.ranks} ranks"
-    return (
-        f"when {cond} for {spec.for_s:g}s, {then}; cooldown {spec.cooldown_s:g}s, at most {spec.max_per_hour}/hour"
-    )
+    when = f"every {duration_text(spec.every_s or 0)}" if cond is None else f"when {cond} for {spec.for_s:g}s"
+    return f"{when}, {then}; cooldown {spec.cooldown_s:g}s, at most {spec.max_per_hour}/hour"
 
 
 def watches(args: argparse.Namespace) -> int:
@@ -154,7 +161,8 @@ def watches(args: argparse.Namespace) -> int:
     ]
     out(table(rows, ["watch", "target", "state", "baseline", "observed", "fired", "last"]))
     for w in found:
-        out(f"{w.id}: {describe(w.spec)}" + (f" ({w.note})" if w.note else ""))
+        due = f"; next {w.next_at:%Y-%m-%d %H:%M:%S} UTC" if w.next_at is not None and w.paused is None else ""
+        out(f"{w.id}: {describe(w.spec)}{due}" + (f" ({w.note})" if w.note else ""))
         if w.paused:
             out(f"{w.id} PAUSED: {w.paused}")
     return EXIT_OK

@@ -304,7 +304,8 @@ class ProfilingClient:
         """Watch ``target`` and act when a condition holds; options are :class:`WatchSpec` fields.
 
         E.g. ``watch("run", slower_than=1.3, for_s=30, profile_steps=5)``,
-        ``watch("run", rank_lag=3)``, ``watch("run", stalled=True, action="stacks")``.
+        ``watch("run", rank_lag=3)``, ``watch("run", stalled=True, action="stacks")``,
+        ``watch("run", every_s=1800, profile_steps=3)`` (a profile now and every 30 minutes).
         """
         return self._backend.create_watch(WatchSpec(target=target, **options))
 

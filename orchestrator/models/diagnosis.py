@@ -25,6 +25,7 @@ __all__ = [
     "WatchFiring",
     "WatchSpec",
     "WatchStatus",
+    "duration_text",
     "safe_text",
 ]
 
@@ -39,6 +40,16 @@ def safe_text(text: str) -> str:
     failed the whole bundle.
     """
     return _SURROGATE.sub("\ufffd", text)
+
+
+def duration_text(seconds: float) -> str:
+    """``1800`` -> ``30m``, ``5400`` -> ``1h30m``, ``90`` -> ``1m30s``: a duration as the CLI takes it."""
+    whole = round(seconds)
+    if whole != seconds or whole == 0:
+        return f"{seconds:g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n)
 
 
 # Text a rank sends: made writable where a model is built (the agent) or re-validated (the controller).
@@ -141,9 +152,10 @@ class WatchSpec(StrictModel):
     """``POST /v1/watches``: a condition on a target and what to do when it holds.
 
     Exactly one condition: ``slower_than`` (median step time over the rolling
-    baseline), ``rank_lag`` (a rank this many steps behind the leader) or
-    ``stalled``. The action: ``profile`` (a window of ``profile_steps`` steps)
-    or ``stacks``.
+    baseline), ``rank_lag`` (a rank this many steps behind the leader),
+    ``stalled``, or ``every_s`` (a schedule: due at creation, then this long
+    after each firing, while the target is live). The action: ``profile`` (a
+    window of ``profile_steps`` steps) or ``stacks``.
     """
 
     target: Name
@@ -152,24 +164,41 @@ class WatchSpec(StrictModel):
     )
     rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
     stalled: bool = False
-    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold.")
+    every_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="A schedule: seconds between firings, at least 60 and within the cooldown and hourly cap "
+        "(checked at creation).",
+    )
+    for_s: float = Field(default=30.0, ge=0, le=86400, description="How long the condition must hold; not for a schedule.")
     action: Literal["profile", "stacks"] = "profile"
     profile_steps: int = Field(default=5, ge=1, description="At most RAYPROF_MAX_STEPS (checked at creation).")
     ranks: Literal["all", "lagging"] = Field(
         default="all", description="lagging: profile the lagging ranks plus up to 2 healthy ones (rank_lag only)."
     )
-    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median.")
+    baseline_s: float = Field(default=300.0, ge=10, le=86400, description="Rolling window of the baseline median (slower_than).")
     cooldown_s: float = Field(default=600.0, ge=0, le=86400)
     max_per_hour: int = Field(default=4, ge=1, le=60)
 
     @model_validator(mode="after")
     def _one_condition(self) -> WatchSpec:
-        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled]
+        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled, self.every_s is not None]
         if sum(conditions) != 1:
-            raise ValueError("give exactly one condition: slower_than, rank_lag or stalled")
+            raise ValueError("give exactly one condition: slower_than, rank_lag, stalled or every_s")
         if self.ranks == "lagging" and self.rank_lag is None:
             raise ValueError("ranks='lagging' needs rank_lag")
         return self
+
+    @property
+    def condition(self) -> Literal["slower_than", "rank_lag", "stalled", "schedule"]:
+        """The condition's kind, as a firing's trigger names it."""
+        if self.slower_than is not None:
+            return "slower_than"
+        if self.rank_lag is not None:
+            return "rank_lag"
+        return "stalled" if self.stalled else "schedule"
 
 
 class WatchFiring(StrictModel):
@@ -188,13 +217,19 @@ class WatchStatus(StrictModel):
     spec: WatchSpec
     created_at: datetime
     state: Literal["WAITING", "HOLDING", "COOLDOWN", "CAPPED", "PAUSED"] = Field(
-        description="WAITING: condition not met; HOLDING: met, not yet for long enough; COOLDOWN / CAPPED: "
+        description="WAITING: condition not met (a schedule: not due, see next_at); HOLDING: met, not yet for "
+        "long enough (a schedule: due, firing); COOLDOWN / CAPPED: "
         "it fired (or tried to) and waits for the cooldown or the hourly cap; PAUSED: its action failed "
         "RAYPROF_WATCH_MAX_FAILURES times in a row (see paused)."
     )
     baseline: float | None = Field(default=None, description="Baseline step time (s), for slower_than.")
     observed: float | None = Field(default=None, description="The value the condition compares now.")
     holding_s: float | None = Field(default=None, description="How long the condition has held.")
+    next_at: datetime | None = Field(
+        default=None,
+        description="A schedule's next firing: its creation, then its last firing (or failed try) plus every_s; "
+        "one due while the target is not live happens when it is.",
+    )
     note: str | None = None
     firings: list[WatchFiring] = Field(default_factory=list, description="Newest last; the last 20.")
     fired_at: list[datetime] = Field(

@@ -64,11 +64,11 @@ class RankEvent(StrictModel):
 class Trigger(StrictModel):
     """Why the controller took a profile or stacks by itself."""
 
-    kind: Literal["slower_than", "rank_lag", "stalled"]
+    kind: Literal["slower_than", "rank_lag", "stalled", "schedule"]
     watch_id: str | None = Field(default=None, description="The watch that fired; none for the stall detector.")
     baseline: float | None = Field(default=None, description="slower_than: baseline step time (s); rank_lag: 0.")
     observed: float | None = Field(default=None, description="Step time (s), steps behind, or seconds without progress.")
-    threshold: float | None = None
+    threshold: float | None = Field(default=None, description="The limit observed passed; schedule: the period (s).")
     at: datetime
     detail: str = Field(description="The trigger in words.")
 
