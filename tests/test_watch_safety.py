@@ -20,7 +20,8 @@ import pytest
 
 from actors.controller.persistence import Finished, Persistence
 from actors.controller.retention import expired
-from actors.controller.watches import Watches, _Watch
+from actors.controller.watch_record import WatchRecord
+from actors.controller.watches import Watches
 from orchestrator.cli import output
 from orchestrator.cli import stacks_commands as cli
 from orchestrator.errors import InvalidRequestError, InvalidWatchError
@@ -153,12 +154,12 @@ def test_a_busy_watch_is_capped_over_the_hour_and_never_pushes_out_a_requested_p
 def test_the_cap_counts_a_rolling_hour_beyond_the_last_20_firings(home):
     spec = lagging(max_per_hour=30)
     now = utcnow()
-    watch = _Watch(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=50 - i) for i in range(30)])
-    aged = _Watch(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=61)] + list(watch.fired)[1:])
+    watch = WatchRecord(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=50 - i) for i in range(30)])
+    aged = WatchRecord(id="w", spec=spec, created_at=now, fired=[now - timedelta(minutes=61)] + list(watch.fired)[1:])
 
     assert Watches._blocked(watch, now) == "CAPPED"
     assert Watches._blocked(aged, now) is None
-    assert len(_Watch(id="w", spec=spec, created_at=now, fired=[now] * 100).fired) == 30
+    assert len(WatchRecord(id="w", spec=spec, created_at=now, fired=[now] * 100).fired) == 30
 
 
 def _entry(n: int, trigger: Trigger | None) -> Finished:

@@ -218,3 +218,27 @@ def test_watches_beyond_the_limit_are_refused(home):
 def test_a_watch_needs_exactly_one_sound_condition(fields):
     with pytest.raises(ValidationError):
         WatchSpec(target="run", **fields)
+
+
+@pytest.mark.parametrize("condition", [dict(rank_lag=3), dict(stalled=True, action="stacks")])
+def test_the_target_not_live_note_clears_once_the_target_is_live(home, condition):
+    async def go():
+        c = controller(home, stall_auto_stacks=False)
+        watch = await c.create_watch(WatchSpec(target="run", for_s=0.1, **condition))
+        await until_watch(c, watch.id, lambda w: w.note == "target not live")
+        agents = await start_agents(c, 2)
+        state = await until_watch(c, watch.id, lambda w: w.note != "target not live")
+        for a in agents:
+            await a.stop()
+        return state
+
+    assert run(go()).note is None
+
+
+async def until_watch(c: Controller, watch_id: str, holds):
+    for _ in range(200):
+        state = await c.get_watch(watch_id)
+        if holds(state):
+            return state
+        await asyncio.sleep(0.05)
+    return state

@@ -25,7 +25,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +32,7 @@ from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
+from actors.controller.watch_record import FIRINGS_KEPT, WatchRecord
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
@@ -44,7 +44,6 @@ __all__ = ["Watches"]
 
 logger = logging.getLogger(__name__)
 
-_FIRINGS_KEPT = 20
 _SERIES_KEPT = 3600
 # Healthy ranks profiled beside the lagging ones (ranks="lagging").
 _HEALTHY_BESIDE_LAGGING = 2
@@ -54,55 +53,7 @@ _SAVE_RETRY_S = 5.0
 TakeStacks = Callable[[str, str | None, bool, Trigger], Awaitable[Any]]
 Submit = Callable[[ProfileRequest, Trigger], Awaitable[Any]]
 
-
-@dataclass
-class _Watch:
-    id: str
-    spec: WatchSpec
-    created_at: datetime
-    firings: list[WatchFiring] = field(default_factory=list)
-    # When it fired or tried to, newest last: the cooldown and the rolling-hour cap read these, and
-    # no more than max_per_hour are ever needed to tell whether the cap is reached.
-    fired: deque[datetime] = field(default_factory=deque)
-    failures: int = 0
-    paused: str | None = None
-    state: str = "WAITING"
-    baseline: float | None = None
-    observed: float | None = None
-    note: str | None = None
-    holding_since: float | None = None
-    busy: bool = False
-    # Changes to save (a firing, a pause) / the last of them saved: a save that lands after a
-    # newer one failed must not mark the watch saved.
-    changes: int = 0
-    saved: int = 0
-    save_tried: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.fired = deque(self.fired, maxlen=self.spec.max_per_hour)
-
-    def next_at(self) -> datetime | None:
-        """A schedule's next firing: due at creation, then every_s after the last firing or failed try."""
-        if self.spec.every_s is None:
-            return None
-        return self.fired[-1] + timedelta(seconds=self.spec.every_s) if self.fired else self.created_at
-
-    def status(self, now: float) -> WatchStatus:
-        return WatchStatus(
-            id=self.id,
-            spec=self.spec,
-            created_at=self.created_at,
-            state="PAUSED" if self.paused is not None else self.state,
-            baseline=self.baseline,
-            observed=self.observed,
-            holding_s=now - self.holding_since if self.holding_since is not None else None,
-            next_at=self.next_at(),
-            note=self.note,
-            firings=self.firings[-_FIRINGS_KEPT:],
-            fired_at=list(self.fired),
-            failures=self.failures,
-            paused=self.paused,
-        )
+_NOT_LIVE = "target not live"
 
 
 class Watches:
@@ -123,7 +74,7 @@ class Watches:
         self._take_stacks = take_stacks
         self._submit = submit
         self._spawn = spawn
-        self._watches: dict[str, _Watch] = {}
+        self._watches: dict[str, WatchRecord] = {}
         # Creates between their limit check and their save: counted against the limit, so
         # concurrent creates cannot all pass the check before any of them is added.
         self._creating = 0
@@ -142,7 +93,7 @@ class Watches:
         held = len(self._watches) + self._creating
         if held >= config.max_watches:
             raise InvalidRequestError(f"{held} watches already (max {config.max_watches}, RAYPROF_MAX_WATCHES)")
-        watch = _Watch(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=self.clock())
+        watch = WatchRecord(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=self.clock())
         status = watch.status(time.monotonic())
         self._creating += 1
         try:
@@ -167,7 +118,7 @@ class Watches:
 
     def restore(self, saved: list[WatchStatus]) -> None:
         for s in saved:
-            watch = _Watch(
+            watch = WatchRecord(
                 id=s.id,
                 spec=s.spec,
                 created_at=s.created_at,
@@ -179,7 +130,7 @@ class Watches:
             )
             self._watches.setdefault(s.id, watch)
 
-    def _watch(self, watch_id: str) -> _Watch:
+    def _watch(self, watch_id: str) -> WatchRecord:
         try:
             return self._watches[watch_id]
         except KeyError:
@@ -248,15 +199,17 @@ class Watches:
         return statistics.median(values) if len(values) >= MIN_BASELINE_SAMPLES else None
 
     def _advance(
-        self, watch: _Watch, run: tuple[dict[int, Worker], Health] | None, now: float, wall: datetime
+        self, watch: WatchRecord, run: tuple[dict[int, Worker], Health] | None, now: float, wall: datetime
     ) -> None:
         spec = watch.spec
         if watch.paused is not None:
             watch.state, watch.holding_since = "PAUSED", None
             return
         if run is None:
-            watch.state, watch.holding_since, watch.observed, watch.note = "WAITING", None, None, "target not live"
+            watch.state, watch.holding_since, watch.observed, watch.note = "WAITING", None, None, _NOT_LIVE
             return
+        if watch.note == _NOT_LIVE:  # a firing's failure note stays until the next firing
+            watch.note = None
         workers, health = run
         holds, trigger_args = self._condition(watch, health, now, wall)
         if not holds:
@@ -275,7 +228,7 @@ class Watches:
         watch.busy = True
         self._spawn(self._fire(watch, trigger, workers, health))
 
-    def _condition(self, watch: _Watch, health: Health, now: float, wall: datetime) -> tuple[bool, dict[str, Any]]:
+    def _condition(self, watch: WatchRecord, health: Health, now: float, wall: datetime) -> tuple[bool, dict[str, Any]]:
         spec = watch.spec
         due = watch.next_at()
         if due is not None:
@@ -325,7 +278,7 @@ class Watches:
         )
 
     @staticmethod
-    def _blocked(watch: _Watch, wall: datetime) -> str | None:
+    def _blocked(watch: WatchRecord, wall: datetime) -> str | None:
         """COOLDOWN or CAPPED when the watch may not fire now, else None. Failed firings count:
         a watch whose action keeps failing must not retry on every tick."""
         fired = watch.fired
@@ -336,7 +289,7 @@ class Watches:
             return "CAPPED"
         return None
 
-    async def _fire(self, watch: _Watch, trigger: Trigger, workers: dict[int, Worker], health: Health) -> None:
+    async def _fire(self, watch: WatchRecord, trigger: Trigger, workers: dict[int, Worker], health: Health) -> None:
         spec = watch.spec
         firing: WatchFiring | None = None
         try:
@@ -368,14 +321,14 @@ class Watches:
             watch.busy = False
         if firing is None:
             return
-        watch.firings = [*watch.firings, firing][-_FIRINGS_KEPT:]
+        watch.firings = [*watch.firings, firing][-FIRINGS_KEPT:]
         watch.fired.append(firing.at)
         watch.holding_since = None
         self._count_failure(watch, firing.error)
         watch.changes += 1
         await self._save(watch)
 
-    async def _save(self, watch: _Watch) -> None:
+    async def _save(self, watch: WatchRecord) -> None:
         """Save a watch's firings and pause; on a storage error, a later tick tries again."""
         if watch.id not in self._watches:
             return
@@ -388,7 +341,7 @@ class Watches:
             return
         watch.saved = max(watch.saved, covered)
 
-    def _count_failure(self, watch: _Watch, error: str | None) -> None:
+    def _count_failure(self, watch: WatchRecord, error: str | None) -> None:
         if error is None:
             watch.failures = 0
             return
