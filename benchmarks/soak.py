@@ -44,12 +44,13 @@ _FLAKY_CALLS = ("put_bytes", "put_file", "get_bytes", "exists", "list", "folders
 _PLANTED = "prof-20200101-000000-deadbeef"
 
 
-def _install_flaky_storage(rate: float, seed: int) -> dict[str, int]:
-    """Make this process's file storage fail ``rate`` of its calls; returns the live counts."""
+def _install_flaky_storage(rate: float, seed: int) -> tuple[dict[str, int], list[float]]:
+    """Make this process's file storage fail ``rate`` of its calls; returns the live counts and the rate."""
     from orchestrator.errors import StorageError
     from orchestrator.storage.local import FileStorage
 
     counts = {"calls": 0, "injected": 0}
+    failing = [rate]  # set to 0 by FlakyController.soak_calm at the end
     rng = random.Random(seed)
     lock = threading.Lock()
 
@@ -59,7 +60,7 @@ def _install_flaky_storage(rate: float, seed: int) -> dict[str, int]:
         def flaky(self: Any, *args: Any, **kwargs: Any) -> Any:
             with lock:
                 counts["calls"] += 1
-                fail = rng.random() < rate
+                fail = rng.random() < failing[0]
                 counts["injected"] += fail
             if fail:
                 raise StorageError(f"injected failure of {name} (soak benchmark)")
@@ -69,15 +70,19 @@ def _install_flaky_storage(rate: float, seed: int) -> dict[str, int]:
 
     for name in _FLAKY_CALLS:
         setattr(FileStorage, name, wrap(name))
-    return counts
+    return counts, failing
 
 
 class FlakyController(Controller):
     """The real control actor, its storage failing at random: the soak's only seam."""
 
     def __init__(self, config: Any, rate: float, seed: int) -> None:
-        self._flaky = _install_flaky_storage(rate, seed)
+        self._flaky, self._failing = _install_flaky_storage(rate, seed)
         super().__init__(config)
+
+    async def soak_calm(self) -> None:
+        """Storage stops failing: the end of the soak checks what a clean retention round keeps."""
+        self._failing[0] = 0.0
 
     async def soak_probe(self) -> dict[str, int]:
         return {"rss": proc_rss_bytes(os.getpid()), "tasks": len(self._tasks), **self._flaky}
@@ -196,6 +201,10 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             except RayprofError as e:  # ended without a manifest, or never ended
                 ended[pid] = e
         probe = ray.get(handle.soak_probe.remote())
+        # A delete that failed is left for retention's next round (the next profile to end, or gc):
+        # with storage calm again, one gc round must bring the automatic ones within their budget.
+        ray.get(handle.soak_calm.remote())
+        _retrying(lambda: client.gc(grace_hours=0.001), log)
         page = client.list(limit=1000)
     finally:
         job.stop()
