@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from actors.controller.catalog import Catalog
 from actors.controller.leases import Leases
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
@@ -36,7 +37,6 @@ from actors.controller.stack_groups import (
     summary_line,
 )
 from actors.controller.state import Profile, wait_event
-from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
@@ -44,7 +44,7 @@ from orchestrator.models.agent_protocol import Command
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
-from orchestrator.models.profile import Artifact, Manifest, RankResult, Trigger
+from orchestrator.models.profile import Artifact, RankResult, StacksSummary, Trigger
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.stack_limits import bound_stacks
 from orchestrator.storage import Storage, open_storage
@@ -89,13 +89,13 @@ class StacksTaker:
         registry: Registry,
         persistence: Persistence,
         config: Callable[[], ControllerConfig],
-        profiles: dict[str, Profile],
+        catalog: Catalog,
         leases: Leases,
     ) -> None:
         self._registry = registry
         self._persistence = persistence
         self._config = config
-        self._profiles = profiles
+        self._catalog = catalog
         self._leases = leases
         self._pending: dict[str, _Pending] = {}
 
@@ -157,12 +157,11 @@ class StacksTaker:
             id=bundle_id,
             request=ProfileRequest(target=target, steps=1),
             storage=storage,
-            storage_uri=f"{normalize_uri(storage.uri)}/{target}/{bundle_id}",
             run=run,
             kind="stacks",
             trigger=trigger,
         )
-        self._profiles[bundle_id] = profile
+        self._catalog.add(profile)
         taken_at = utcnow()
         pending = _Pending(
             profile=profile,
@@ -291,23 +290,9 @@ class StacksTaker:
                 artifacts=rank_files.get(rank, []),
                 finished_at=finished,
             )
-        manifest = Manifest(
-            profile_id=profile.id,
-            kind="stacks",
-            target=profile.target,
-            status=state,
-            reason=reason,
-            request=profile.request,
-            storage_uri=profile.storage_uri,
-            start_step=None,
-            stop_step=None,
-            ranks=[profile.ranks[r] for r in sorted(profile.ranks)],
-            artifacts=artifacts,
-            requested_at=profile.created_at,
-            finished_at=finished,
-            summary={"stacks": bundle.summary},
-            trigger=profile.trigger,
-        )
+        profile.finished_at = finished
+        summary = StacksSummary(line=bundle.summary, groups=len(bundle.groups), missing=sorted(missing))
+        manifest = profile.manifest_of(state, reason, artifacts=artifacts, summary=summary)
         if state != ProfileState.FAILED:
             try:
                 profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
@@ -315,7 +300,6 @@ class StacksTaker:
             except StorageError as e:
                 state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
         profile.reason = reason
-        profile.finished_at = finished
         profile.transition(state)
         try:
             await self._persistence.save(profile)
