@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors.controller.catalog import Catalog
 from actors.controller.leases import Leases
@@ -176,15 +177,11 @@ class StacksTaker:
             return await self._store(pending, missing, native, taken_at)
         except Exception as e:
             logger.exception("rayprof controller: stacks %s failed", bundle_id)
-            bundle = StacksBundle(
-                id=bundle_id,
-                target=target,
-                run=run,
+            bundle = _bundle_of(
+                profile,
                 state=profile.state if profile.state.is_terminal else ProfileState.FAILED,
                 summary="the stacks could not be taken",
                 groups=[],
-                storage_uri=profile.storage_uri,
-                trigger=trigger,
                 taken_at=taken_at,
                 finished_at=utcnow(),
             )
@@ -241,10 +238,8 @@ class StacksTaker:
         fr_notes = {d.flight_recorder_note for d in digests.values() if d.flight_recorder_note and not d.latest}
         any_collectives = any(d.latest for d in digests.values())
         state = ProfileState.DONE if not missing else ProfileState.PARTIAL if digests else ProfileState.FAILED
-        bundle = StacksBundle(
-            id=profile.id,
-            target=profile.target,
-            run=profile.run,
+        bundle = _bundle_of(
+            profile,
             state=state,
             summary=summary_line(groups, missing),
             groups=groups,
@@ -253,8 +248,6 @@ class StacksTaker:
             collectives=collective_notes(digests),
             flight_recorder_note=sorted(fr_notes)[0] if fr_notes and not any_collectives else None,
             native_notes=sorted({d.native_note for d in digests.values() if d.native_note}) if native else [],
-            storage_uri=profile.storage_uri,
-            trigger=profile.trigger,
             taken_at=taken_at,
             finished_at=utcnow(),
         )
@@ -308,3 +301,11 @@ class StacksTaker:
         await self._leases.release(profile)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
+
+
+# What a bundle's record says of the bundle itself, as the controller holds it.
+_BUNDLE_FIELDS = ("id", "run", "storage_uri", "target", "trigger")
+
+
+def _bundle_of(profile: Profile, **fields: Any) -> StacksBundle:
+    return StacksBundle(**{name: getattr(profile, name) for name in _BUNDLE_FIELDS}, **fields)
