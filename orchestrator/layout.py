@@ -45,6 +45,7 @@ __all__ = [
     "parse_trace_name",
     "profile_id",
     "profile_prefix",
+    "profile_uri",
     "rank_artifact_keys",
     "rank_in_name",
     "rank_stacks_keys",
@@ -75,6 +76,11 @@ _RANK_IN_NAME = re.compile(r"(?:^|[._-])rank[_-]?(\d+)(?=[._-]|$)", re.IGNORECAS
 def profile_prefix(target: str, profile_id: str) -> str:
     """Folder of one profile, relative to the storage root."""
     return f"{target}/{profile_id}"
+
+
+def profile_uri(root_uri: str, target: str, profile_id: str) -> str:
+    """Full URI of one profile's folder under the storage root ``root_uri`` (normalized, no trailing slash)."""
+    return f"{root_uri}/{profile_prefix(target, profile_id)}"
 
 
 def manifest_key(target: str, profile_id: str) -> str:

@@ -11,10 +11,11 @@ import pytest
 from actors.agent.thread_stacks import take_stacks
 from actors.controller.stack_groups import ranks_text
 from orchestrator.errors import TargetNotFoundError
-from orchestrator.layout import STACKS_NAME
+from orchestrator.layout import STACKS_NAME, profile_uri
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.diagnosis import Collective
+from orchestrator.models.profile import StacksSummary
 from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import SLOW_THING, run, start_agents
@@ -68,6 +69,16 @@ def test_a_bundle_is_stored_like_a_profile_with_its_manifest_last_and_listed_wit
     assert [(p.id, p.kind) for p in page.profiles] == [(bundle.id, "stacks")]
 
 
+def test_a_bundles_manifest_holds_its_stacks_summary_and_its_folder_like_a_profiles(home):
+    def plant(agents):
+        agents[1].stack = list(SLOW_THING)
+
+    bundle, _ = run(stacks_of(home, 3, plant))
+    manifest = read_manifest(open_storage(home), "run", bundle.id)
+    assert manifest.summary == StacksSummary(line=bundle.summary, groups=2, missing=[])
+    assert manifest.storage_uri == bundle.storage_uri == profile_uri(home.uri, "run", bundle.id)
+
+
 def test_a_rank_that_does_not_answer_is_listed_with_why_and_the_bundle_is_partial(home):
     def plant(agents):
         agents[2].stack = None
@@ -78,6 +89,7 @@ def test_a_rank_that_does_not_answer_is_listed_with_why_and_the_bundle_is_partia
     assert bundle.missing[0].reason.startswith("no answer within 0.5s")
     assert bundle.summary.endswith("rank 2 did not answer")
     assert page.profiles[0].rank_states == {RankState.DONE: 2, RankState.FAILED: 1}
+    assert read_manifest(open_storage(home), "run", bundle.id).summary.missing == [2]
 
 
 def test_the_flight_recorders_name_the_collective_a_rank_never_joined(home):

@@ -34,7 +34,7 @@ from actors.controller.startup import Startup
 from actors.controller.state import Profile, wait_event
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
-from orchestrator.config import controller_config, normalize_uri
+from orchestrator.config import controller_config
 from orchestrator.errors import ConflictError, ProfileNotFoundError
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.agent_protocol import Command, StorageSpec
@@ -104,7 +104,7 @@ class Controller(Startup, AgentSide):
         self._retention = Retention(self._persistence, lambda: self._config)
         self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
         self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
-        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._profiles, self._leases)
+        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._catalog, self._leases)
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
@@ -186,7 +186,6 @@ class Controller(Startup, AgentSide):
             id=new_id,
             request=request,
             storage=storage,
-            storage_uri=f"{normalize_uri(storage.uri)}/{target}/{new_id}",
             run=request.run,
             trigger=trigger,
             submit_key=key,

@@ -169,16 +169,7 @@ class AgentSide:
         elif event.state == RankState.UPLOADING:
             update["capture_ended_at"] = at
         if event.state.is_terminal:
-            update.update(
-                finished_at=at,
-                first_step=event.first_step,
-                last_step=event.last_step,
-                step_durations_ms=event.step_durations_ms,
-                base_time_ns=event.base_time_ns,
-                trace_bytes=event.trace_bytes,
-                artifacts=event.artifacts,
-                missed_start=event.missed_start,
-            )
+            update.update(event.outcome(), finished_at=at)
         profile.ranks[rank] = current.model_copy(update=update)
         if event.state in (RankState.FAILED, RankState.CANCELLED):
             logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)

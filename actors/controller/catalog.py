@@ -69,6 +69,10 @@ class Catalog:
     def __contains__(self, profile_id: str) -> bool:
         return profile_id in self.live or profile_id in self.finished
 
+    def add(self, profile: Profile) -> None:
+        """Hold a new profile (or stacks bundle) as live, from now until :meth:`finish`."""
+        self.live[profile.id] = profile
+
     async def load(self) -> Loaded:
         """Read what the index and the state files hold, changing nothing here: a restore that
         fails at any later step has adopted nothing, and the next attempt starts over.

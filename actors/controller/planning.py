@@ -144,8 +144,9 @@ def plan_window(request: ProfileRequest, start: int, per_step_bytes: float | Non
 def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -> float | None:
     """Largest raw trace bytes per step on any rank, in the latest finished window like ``request``."""
     options: TorchOptions = request.torch_options()
+    # (when it ended, its window, its ranks): the filter's facts kept in the type, not asserted again.
     like = [
-        p
+        (p.finished_at, p.window, p.ranks.values())
         for p in profiles
         if p.target == request.target
         and p.state.is_terminal
@@ -156,9 +157,8 @@ def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -
     ]
     if not like:
         return None
-    latest = max(like, key=lambda p: p.finished_at)
-    assert latest.window is not None
-    return max(r.trace_bytes / latest.window.steps for r in latest.ranks.values() if r.trace_bytes)
+    _, window, ranks = max(like, key=lambda ended: ended[0])
+    return max(r.trace_bytes / window.steps for r in ranks if r.trace_bytes)
 
 
 def rearm_after_missed_start(ranks: Iterable[RankResult], rearms: int, cancelled: bool) -> bool:

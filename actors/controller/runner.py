@@ -27,7 +27,7 @@ from actors.controller.planning import (
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
 from orchestrator.errors import StorageError
-from orchestrator.models.agent_protocol import Command, WindowSpec, WorkerInfo
+from orchestrator.models.agent_protocol import Command, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, RankResult
@@ -133,7 +133,7 @@ class Runner:
                     reason=f"no agent registered for this rank within {config.poll_timeout_s:g}s",
                 )
             else:
-                profile.ranks[rank] = _rank_result(worker.info)
+                profile.ranks[rank] = RankResult.waiting(worker.info)
                 profile.agents[rank] = worker.info.agent_id
         present = [workers[r] for r in selected if r in workers]
         if not present:
@@ -241,25 +241,7 @@ class Runner:
         """Write the manifest (the commit point), then record the terminal state."""
         profile.finished_at = utcnow()
         self._remember_arm_round(profile)
-        window = profile.window
-        manifest = Manifest(
-            profile_id=profile.id,
-            trigger=profile.trigger,
-            target=profile.target,
-            status=state,
-            reason=reason,
-            request=profile.request,
-            storage_uri=profile.storage_uri,
-            start_step=window.start_step if window else None,
-            stop_step=window.stop_step if window else None,
-            cluster=self._cluster_info(profile),
-            ranks=[profile.ranks[r] for r in sorted(profile.ranks)],
-            requested_at=profile.created_at,
-            scheduled_at=profile.scheduled_at,
-            capture_started_at=profile.capture_started_at,
-            finished_at=profile.finished_at,
-            post_window=profile.post_window,
-        )
+        manifest = profile.manifest_of(state, reason, cluster=self._cluster_info(profile))
         if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
             manifest = await self._postprocess(manifest, profile, self._config().postprocess_timeout_s)
         try:
@@ -269,18 +251,6 @@ class Runner:
             state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
         profile.reason = reason
         await self.transition(profile, state)
-
-
-def _rank_result(info: WorkerInfo) -> RankResult:
-    return RankResult(
-        rank=info.world_rank,
-        local_rank=info.local_rank,
-        node_id=info.node_id,
-        host=info.host,
-        pid=info.pid,
-        device=info.device,
-        state=RankState.WAITING,
-    )
 
 
 def _ended(result: RankResult, state: RankState, reason: str) -> RankResult:

@@ -23,7 +23,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from actors.controller.catalog import Catalog
 from actors.controller.leases import Leases
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
@@ -36,7 +38,6 @@ from actors.controller.stack_groups import (
     summary_line,
 )
 from actors.controller.state import Profile, wait_event
-from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
@@ -44,7 +45,7 @@ from orchestrator.models.agent_protocol import Command
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
-from orchestrator.models.profile import Artifact, Manifest, RankResult, Trigger
+from orchestrator.models.profile import Artifact, RankResult, StacksSummary, Trigger
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.stack_limits import bound_stacks
 from orchestrator.storage import Storage, open_storage
@@ -89,13 +90,13 @@ class StacksTaker:
         registry: Registry,
         persistence: Persistence,
         config: Callable[[], ControllerConfig],
-        profiles: dict[str, Profile],
+        catalog: Catalog,
         leases: Leases,
     ) -> None:
         self._registry = registry
         self._persistence = persistence
         self._config = config
-        self._profiles = profiles
+        self._catalog = catalog
         self._leases = leases
         self._pending: dict[str, _Pending] = {}
 
@@ -157,12 +158,11 @@ class StacksTaker:
             id=bundle_id,
             request=ProfileRequest(target=target, steps=1),
             storage=storage,
-            storage_uri=f"{normalize_uri(storage.uri)}/{target}/{bundle_id}",
             run=run,
             kind="stacks",
             trigger=trigger,
         )
-        self._profiles[bundle_id] = profile
+        self._catalog.add(profile)
         taken_at = utcnow()
         pending = _Pending(
             profile=profile,
@@ -177,15 +177,11 @@ class StacksTaker:
             return await self._store(pending, missing, native, taken_at)
         except Exception as e:
             logger.exception("rayprof controller: stacks %s failed", bundle_id)
-            bundle = StacksBundle(
-                id=bundle_id,
-                target=target,
-                run=run,
+            bundle = _bundle_of(
+                profile,
                 state=profile.state if profile.state.is_terminal else ProfileState.FAILED,
                 summary="the stacks could not be taken",
                 groups=[],
-                storage_uri=profile.storage_uri,
-                trigger=trigger,
                 taken_at=taken_at,
                 finished_at=utcnow(),
             )
@@ -242,10 +238,8 @@ class StacksTaker:
         fr_notes = {d.flight_recorder_note for d in digests.values() if d.flight_recorder_note and not d.latest}
         any_collectives = any(d.latest for d in digests.values())
         state = ProfileState.DONE if not missing else ProfileState.PARTIAL if digests else ProfileState.FAILED
-        bundle = StacksBundle(
-            id=profile.id,
-            target=profile.target,
-            run=profile.run,
+        bundle = _bundle_of(
+            profile,
             state=state,
             summary=summary_line(groups, missing),
             groups=groups,
@@ -254,8 +248,6 @@ class StacksTaker:
             collectives=collective_notes(digests),
             flight_recorder_note=sorted(fr_notes)[0] if fr_notes and not any_collectives else None,
             native_notes=sorted({d.native_note for d in digests.values() if d.native_note}) if native else [],
-            storage_uri=profile.storage_uri,
-            trigger=profile.trigger,
             taken_at=taken_at,
             finished_at=utcnow(),
         )
@@ -291,23 +283,9 @@ class StacksTaker:
                 artifacts=rank_files.get(rank, []),
                 finished_at=finished,
             )
-        manifest = Manifest(
-            profile_id=profile.id,
-            kind="stacks",
-            target=profile.target,
-            status=state,
-            reason=reason,
-            request=profile.request,
-            storage_uri=profile.storage_uri,
-            start_step=None,
-            stop_step=None,
-            ranks=[profile.ranks[r] for r in sorted(profile.ranks)],
-            artifacts=artifacts,
-            requested_at=profile.created_at,
-            finished_at=finished,
-            summary={"stacks": bundle.summary},
-            trigger=profile.trigger,
-        )
+        profile.finished_at = finished
+        summary = StacksSummary(line=bundle.summary, groups=len(bundle.groups), missing=sorted(missing))
+        manifest = profile.manifest_of(state, reason, artifacts=artifacts, summary=summary)
         if state != ProfileState.FAILED:
             try:
                 profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
@@ -315,7 +293,6 @@ class StacksTaker:
             except StorageError as e:
                 state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
         profile.reason = reason
-        profile.finished_at = finished
         profile.transition(state)
         try:
             await self._persistence.save(profile)
@@ -324,3 +301,11 @@ class StacksTaker:
         await self._leases.release(profile)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
+
+
+# What a bundle's record says of the bundle itself, as the controller holds it.
+_BUNDLE_FIELDS = ("id", "run", "storage_uri", "target", "trigger")
+
+
+def _bundle_of(profile: Profile, **fields: Any) -> StacksBundle:
+    return StacksBundle(**{name: getattr(profile, name) for name in _BUNDLE_FIELDS}, **fields)

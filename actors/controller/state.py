@@ -15,14 +15,25 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from actors.controller.idempotency import SubmitKey
+from orchestrator.config import normalize_uri
 from orchestrator.errors import IllegalTransitionError
-from orchestrator.layout import profile_prefix
+from orchestrator.layout import profile_prefix, profile_uri
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.post_window import PostWindowCheck
-from orchestrator.models.profile import BundleKind, Manifest, PostprocessProgress, ProfileStatus, RankResult, Trigger
+from orchestrator.models.profile import (
+    Artifact,
+    BundleKind,
+    Manifest,
+    PostprocessProgress,
+    ProfileStatus,
+    RankResult,
+    StacksSummary,
+    Trigger,
+)
 from orchestrator.models.requests import ProfileRequest, ProfileState
 
 __all__ = ["ALLOWED", "Profile", "Window", "wait_event"]
@@ -79,7 +90,8 @@ class Profile:
     id: str
     request: ProfileRequest
     storage: StorageSpec
-    storage_uri: str
+    # The profile's folder; made from the storage, the target and the id unless restored.
+    storage_uri: str = ""
     run: str | None = None
     state: ProfileState = ProfileState.PENDING
     reason: str | None = None
@@ -105,9 +117,32 @@ class Profile:
     # The post-window check, set by the controller's telemetry from the window's end.
     post_window: PostWindowCheck | None = None
 
+    def __post_init__(self) -> None:
+        if not self.storage_uri:
+            self.storage_uri = profile_uri(normalize_uri(self.storage.uri), self.target, self.id)
+
     @property
     def target(self) -> str:
         return self.request.target
+
+    @property
+    def start_step(self) -> int | None:
+        return self.window.start_step if self.window else None
+
+    @property
+    def stop_step(self) -> int | None:
+        return self.window.stop_step if self.window else None
+
+    @property
+    def requested_at(self) -> datetime:
+        return self.created_at
+
+    @property
+    def profile_id(self) -> str:
+        return self.id
+
+    def sorted_ranks(self) -> list[RankResult]:
+        return [self.ranks[r] for r in sorted(self.ranks)]
 
     @property
     def prefix(self) -> str:
@@ -124,26 +159,26 @@ class Profile:
         return previous
 
     def snapshot(self) -> ProfileStatus:
-        return ProfileStatus(
-            id=self.id,
-            kind=self.kind,
-            trigger=self.trigger,
-            target=self.target,
-            run=self.run,
-            state=self.state,
-            reason=self.reason,
-            request=self.request,
-            start_step=self.window.start_step if self.window else None,
-            stop_step=self.window.stop_step if self.window else None,
-            storage_uri=self.storage_uri,
-            manifest_uri=self.manifest_uri,
-            ranks=[self.ranks[r] for r in sorted(self.ranks)],
-            created_at=self.created_at,
-            scheduled_at=self.scheduled_at,
-            capture_started_at=self.capture_started_at,
-            finished_at=self.finished_at,
-            postprocess=self.postprocess,
-            post_window=self.post_window,
+        return ProfileStatus(**{name: getattr(self, name) for name in _STATUS_FIELDS}, ranks=self.sorted_ranks())
+
+    def manifest_of(
+        self,
+        status: ProfileState,
+        reason: str | None,
+        cluster: dict[str, Any] | None = None,
+        artifacts: list[Artifact] | None = None,
+        summary: StacksSummary | None = None,
+    ) -> Manifest:
+        """The manifest of this profile once it has ended (``finished_at`` set): the one place a
+        manifest is made from a record, for profiles (a draft the postprocess completes) and stacks alike."""
+        return Manifest(
+            **{name: getattr(self, name) for name in _MANIFEST_FIELDS},
+            status=status,
+            reason=reason,
+            cluster=cluster or {},
+            ranks=self.sorted_ranks(),
+            artifacts=artifacts or [],
+            summary=summary,
         )
 
     @classmethod
@@ -159,23 +194,27 @@ class Profile:
         if status.start_step is not None and status.stop_step is not None:
             window = Window(status.start_step, status.stop_step - status.start_step, window_note)
         return cls(
-            id=status.id,
-            request=status.request,
+            **{name: getattr(status, name) for name in _RESTORED_FIELDS},
             storage=storage,
-            storage_uri=status.storage_uri,
-            run=status.run,
-            state=status.state,
-            reason=status.reason,
             window=window,
-            manifest_uri=status.manifest_uri,
             ranks={r.rank: r for r in status.ranks},
-            created_at=status.created_at,
-            scheduled_at=status.scheduled_at,
-            capture_started_at=status.capture_started_at,
-            finished_at=status.finished_at,
             cancel_requested=cancel_requested,
-            kind=status.kind,
-            trigger=status.trigger,
             submit_key=submit_key,
-            post_window=status.post_window,
         )
+
+
+# Fields a Profile and the records made from it share by name (computed, so a field added to
+# both is carried without another line). Ranks are a dict here and a sorted list there.
+_STATUS_FIELDS = tuple(sorted(ProfileStatus.model_fields.keys() - {"ranks"}))
+# Derived here (target, the window's steps) or not carried across a restart (postprocess progress:
+# a restored COLLECTING profile runs its postprocess again).
+_RESTORED_FIELDS = tuple(
+    sorted(ProfileStatus.model_fields.keys() - {"ranks", "target", "start_step", "stop_step", "postprocess"})
+)
+# What the manifest records that the profile holds; the rest is known only once it ends.
+_MANIFEST_FIELDS = tuple(
+    sorted(
+        Manifest.model_fields.keys()
+        - {"version", "status", "reason", "cluster", "ranks", "artifacts", "summary", "analysis_error", "merge"}
+    )
+)

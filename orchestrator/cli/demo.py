@@ -16,13 +16,13 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 from orchestrator.cli.example_job import TRAIN_JOB, ExampleJob
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup, format_size
 from orchestrator.client import ProfilingClient
 from orchestrator.errors import RayprofError
+from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import DISCOVERY_INTERVAL_S_ENV_VAR, POLL_TIMEOUT_S_ENV_VAR
@@ -89,10 +89,9 @@ def _print_result(manifest: Manifest, elapsed_s: float, capture_latency_s: float
         print(f"  traces:    {folder / 'traces'}")
         print(f"  view:      tensorboard --logdir {folder / 'traces'}")
         print(f"  analyse:   rayprof analyze {folder}")
-    summary: dict[str, Any] = manifest.summary or {}
-    for finding in summary.get("findings") or []:
-        print(f"  finding:   {finding.get('title')} (ranks {finding.get('ranks')})")
-        print(f"             fix: {finding.get('fix')}")
+    for finding in manifest.summary.findings if isinstance(manifest.summary, Summary) else []:
+        print(f"  finding:   {finding.title} (ranks {finding.ranks})")
+        print(f"             fix: {finding.fix}")
     report = next((a for a in manifest.artifacts if a.kind == "report"), None)
     if report is not None:
         print(f"  report:    {folder / report.key if folder is not None else report.uri}")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.traces.loader import RejectedTrace
+from orchestrator.models.merge_stats import RejectedTrace
 
 __all__ = [
     "PHASES",

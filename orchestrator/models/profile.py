@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from orchestrator.models.agent_protocol import WorkerInfo
+from orchestrator.models.analysis import Summary
 from orchestrator.models.common import ArtifactKey, Name, StrictModel
 from orchestrator.models.merge_stats import MergeStats
 from orchestrator.models.post_window import PostWindowCheck
@@ -60,6 +62,11 @@ class RankEvent(StrictModel):
     missed_start: bool = Field(default=False, description=_MISSED_START_DOC)
     at: datetime | None = Field(default=None, description=_EVENT_AT_DOC)
 
+    def outcome(self) -> dict[str, Any]:
+        """What a rank's final event adds to its :class:`RankResult` (every field the two share
+        but state and reason, which every event sets): a field added to both is carried here."""
+        return {name: getattr(self, name) for name in _OUTCOME_FIELDS}
+
 
 class Trigger(StrictModel):
     """Why the controller took a profile or stacks by itself."""
@@ -99,6 +106,16 @@ class RankResult(StrictModel):
     @property
     def bytes_uploaded(self) -> int:
         return sum(a.bytes for a in self.artifacts)
+
+    @classmethod
+    def waiting(cls, info: WorkerInfo) -> RankResult:
+        """A selected rank before it armed: who it is, from what its agent registered."""
+        shared = {name: getattr(info, name) for name in _WORKER_FIELDS}
+        return cls(rank=info.world_rank, state=RankState.WAITING, **shared)
+
+
+_WORKER_FIELDS = tuple(sorted(WorkerInfo.model_fields.keys() & RankResult.model_fields.keys()))
+_OUTCOME_FIELDS = tuple(sorted((RankEvent.model_fields.keys() & RankResult.model_fields.keys()) - {"state", "reason"}))
 
 
 class PostprocessProgress(StrictModel):
@@ -140,6 +157,15 @@ class ProfileStatus(StrictModel):
     post_window: PostWindowCheck | None = Field(default=None, description="Steps after the window against steps before it.")
 
 
+class StacksSummary(StrictModel):
+    """A stacks bundle's manifest summary: its one line, and how the ranks fell out."""
+
+    kind: Literal["stacks"] = "stacks"
+    line: str = Field(description="One line: ranks that differ from the majority first.")
+    groups: int | None = Field(default=None, ge=0, description="Groups of ranks with the same stacks (unknown in old manifests).")
+    missing: list[int] = Field(default_factory=list, description="Ranks that gave no usable answer.")
+
+
 class Manifest(StrictModel):
     """``manifest.json``: the commit point of a profile, written last."""
 
@@ -160,7 +186,9 @@ class Manifest(StrictModel):
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime
-    summary: dict[str, Any] | None = Field(default=None, description="orchestrator.analysis Summary.")
+    summary: Summary | StacksSummary | None = Field(
+        default=None, description="A profile's analysis summary, or a stacks bundle's summary: by ``kind``."
+    )
     analysis_error: str | None = None
     trigger: Trigger | None = Field(default=None, description="Set when a watch or the stall detector took it.")
     merge: MergeStats | None = Field(
@@ -169,6 +197,23 @@ class Manifest(StrictModel):
     post_window: PostWindowCheck | None = Field(
         default=None, description="The post-window check as it stood when the manifest was written; the status has its end."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_stacks_summary(cls, data: Any) -> Any:
+        # Manifests of stacks bundles written before StacksSummary hold {"stacks": line}; folders are kept for weeks.
+        if isinstance(data, dict) and data.get("kind") == "stacks" and isinstance(data.get("summary"), dict):
+            old = data["summary"]
+            if old.keys() == {"stacks"}:
+                return {**data, "summary": {"line": old["stacks"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _summary_of_its_kind(self) -> Manifest:
+        expected = StacksSummary if self.kind == "stacks" else Summary
+        if self.summary is not None and not isinstance(self.summary, expected):
+            raise ValueError(f"a manifest of kind {self.kind!r} holds a {expected.__name__} summary")
+        return self
 
     def all_artifacts(self) -> list[Artifact]:
         """Every file the manifest lists, rank artifacts first."""

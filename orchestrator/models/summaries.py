@@ -41,21 +41,12 @@ class ProfileSummary(StrictModel):
         counts: dict[RankState, int] = {}
         for rank in status.ranks:
             counts[rank.state] = counts.get(rank.state, 0) + 1
-        return cls(
-            id=status.id,
-            kind=status.kind,
-            target=status.target,
-            run=status.run,
-            state=status.state,
-            reason=status.reason,
-            steps=status.request.steps,
-            rank_states=counts,
-            storage_uri=status.storage_uri,
-            manifest_uri=status.manifest_uri,
-            created_at=status.created_at,
-            finished_at=status.finished_at,
-            trigger=status.trigger,
-        )
+        shared = {name: getattr(status, name) for name in _FROM_STATUS}
+        return cls(**shared, steps=status.request.steps, rank_states=counts)
+
+
+# Fields a summary copies from the full record by name: a field added to both is carried here.
+_FROM_STATUS = tuple(sorted(ProfileSummary.model_fields.keys() - {"steps", "rank_states"}))
 
 
 class ProfilePage(StrictModel):
