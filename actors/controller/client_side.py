@@ -1,7 +1,7 @@
 """The client side of the control actor for one profile: read it, wait on it, cancel or delete it.
 
 Each HTTP request on a profile is answered by one of these in one call: ``read`` (status and,
-once it ended with one, manifest), ``report`` (the report's bytes, read from storage here) and
+once it ended with one, manifest), ``report_html`` (the report's bytes, read from storage here) and
 ``remove`` (DELETE's policy: delete a finished profile, cancel a running one).
 """
 
@@ -124,7 +124,7 @@ class ClientSide:
         profile.manifest = await self._persistence.read_manifest(profile)
         return profile.manifest
 
-    async def report(self, profile_id: str) -> bytes:
+    async def report_html(self, profile_id: str) -> bytes:
         """The analysis report (``report.html``) its manifest lists, checked against its checksum."""
         manifest = await self.manifest(profile_id)
         report = next((a for a in manifest.artifacts if a.kind == "report"), None)

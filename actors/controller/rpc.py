@@ -105,8 +105,8 @@ class ControllerRpc:
     def manifest(self, profile_id: str) -> ObjectRef[Manifest]:
         return self.handle.manifest.remote(profile_id)
 
-    def report(self, profile_id: str) -> ObjectRef[bytes]:
-        return self.handle.report.remote(profile_id)
+    def report_html(self, profile_id: str) -> ObjectRef[bytes]:
+        return self.handle.report_html.remote(profile_id)
 
     def targets(self) -> ObjectRef[list[TargetInfo]]:
         return self.handle.targets.remote()

@@ -219,7 +219,7 @@ class ProfilingService(ConsoleRoutes):
     )
     async def get_report(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> HTMLResponse:
         self._guard.check(request, credentials)
-        data = await self._ask(lambda c: c.report(profile_id))
+        data = await self._ask(lambda c: c.report_html(profile_id))
         return HTMLResponse(data.decode("utf-8", errors="replace"), headers=REPORT_HEADERS)
 
     @api.get("/v1/storage", response_model=StorageView, summary="Where clients download profiles from")
