@@ -2,8 +2,8 @@
 
 Thin on purpose (the FastAPI app itself, its error handlers and shared parameter
 types are in :mod:`orchestrator.service.api`): each route validates its input, makes one call to the
-control actor (:mod:`actors.controller.actor`) and maps the answer or error to
-HTTP. Every error is JSON ``{"error": code, "detail": message}``.
+control actor through its typed client (:class:`actors.controller.rpc.ControllerRpc`) and maps the
+answer or error to HTTP. Every error is JSON ``{"error": code, "detail": message}``.
 
 Deploy with ``rayprof serve``, ``serve run deploy/serve_config.yaml``, or in
 Python::
