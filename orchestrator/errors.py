@@ -7,9 +7,10 @@
     │   └── InvalidWatchError     a watch that could never act as asked (HTTP 422)
     ├── UnauthorizedError         missing or wrong bearer token (HTTP 401)
     ├── ForbiddenError            a request from another site, or a call without its registration secret (HTTP 403)
-    ├── NotFoundError             unknown target or profile id (HTTP 404)
+    ├── NotFoundError             unknown target, profile or watch id (HTTP 404)
     │   ├── TargetNotFoundError
-    │   └── ProfileNotFoundError
+    │   ├── ProfileNotFoundError
+    │   └── WatchNotFoundError
     ├── ConflictError             a window already runs on the target (HTTP 409)
     ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
     │   ├── RestoringError        it is still reading its saved state from storage
@@ -22,8 +23,12 @@
     └── IllegalTransitionError    a bug: the controller tried a state change its diagram forbids
 
 Each exception carries the context a user needs (profile id, target, rank),
-its HTTP status and the CLI exit status it maps to: 2 for what the caller can
-fix (4xx), 1 for what went wrong on the way (5xx).
+its HTTP status and code (the service answers ``{"error": code, "detail":
+message}``, and the HTTP client raises the same class from it) and the CLI exit
+status it maps to: 2 for what the caller can fix (4xx), 1 for what went wrong
+on the way (5xx). Raised in the control actor, it reaches callers as itself
+(:func:`actors.controller.rpc.ray_errors`). ``tests/test_errors.py`` checks
+every class maps.
 """
 
 from __future__ import annotations

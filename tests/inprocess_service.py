@@ -38,11 +38,14 @@ class ActorLike:
         return _Method(self._controller, name)
 
 
-def install_service(monkeypatch: pytest.MonkeyPatch, controller: Controller, **options: Any) -> Any:
-    """The real app (an ASGI app), served by a ``ProfilingService`` built with ``options``."""
+def install_service(
+    monkeypatch: pytest.MonkeyPatch, controller: Controller, handle: ActorLike | None = None, **options: Any
+) -> Any:
+    """The real app (an ASGI app), served by a ``ProfilingService`` built with ``options``
+    that reaches ``controller`` through ``handle`` (default: an ``ActorLike``)."""
     cls = service_app.ProfilingService.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
     instance = cls.__new__(cls)
-    cls.__init__(instance, controller=ActorLike(controller), **options)
+    cls.__init__(instance, controller=handle or ActorLike(controller), **options)
     monkeypatch.setattr(serve, "get_replica_context", lambda: types.SimpleNamespace(servable_object=instance))
     return service_app.api
 

@@ -3,7 +3,10 @@
 A named, detached, async Ray actor (``rayprof-controller`` in namespace
 ``rayprof``). Agents long-poll it; clients submit, watch, cancel and delete
 profiles. The worker registry, the state machine, the decisions and the
-saving live in their own modules; this one wires them to Ray.
+saving live in their own modules, as do the calls agents make
+(:mod:`actors.controller.agent_side`) and the calls clients make about one
+profile (:mod:`actors.controller.client_side`); this one wires them to Ray.
+Callers use the typed :class:`actors.controller.rpc.ControllerRpc`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ray
 from actors.controller.agent_side import AgentSide
 from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
+from actors.controller.client_side import ClientSide
 from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.idempotency import SubmitKey, SubmitKeys
 from actors.controller.leases import Leases
@@ -31,27 +35,27 @@ from actors.controller.retention import Retention
 from actors.controller.runner import Runner
 from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.startup import Startup
-from actors.controller.state import Profile, wait_event
+from actors.controller.state import Profile
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config
-from orchestrator.errors import ConflictError, ProfileNotFoundError
+from orchestrator.errors import ConflictError
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models.agent_protocol import Command, StorageSpec
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig, TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.models.history import TargetHistory
-from orchestrator.models.profile import Manifest, ProfileStatus, Trigger
-from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
-from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
+from orchestrator.models.profile import ProfileStatus, Trigger
+from orchestrator.models.requests import ProfileRequest
+from orchestrator.models.summaries import GcReport, GcRequest
 from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
 
 __all__ = ["Controller", "create_controller"]
 
 logger = logging.getLogger(__name__)
 
-class Controller(Startup, AgentSide):
+class Controller(Startup, AgentSide, ClientSide):
     """Registry of targets and the state machine of every profile request.
 
     ``postprocess`` and ``cluster`` are seams for tests that run the class
@@ -218,76 +222,10 @@ class Controller(Startup, AgentSide):
             del self._accepting[profile.id]
         self._spawn(self._run_profile(profile))
 
-    async def get(self, profile_id: str) -> ProfileStatus:
-        """Current status of one profile."""
-        await self._restored_state()
-        return (await self._catalog.profile(profile_id)).snapshot()
-
-    async def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
-        """Status once the profile changes state or ends, or after ``timeout_s``."""
-        await self._restored_state()
-        profile = await self._catalog.profile(profile_id)
-        if not profile.state.is_terminal:
-            profile.changed.clear()
-            await wait_event(profile.changed, max(0.0, min(timeout_s, 60.0)))
-        return profile.snapshot()
-
-    async def list(
-        self, target: str | None = None, state: ProfileState | None = None, limit: int = 100, offset: int = 0
-    ) -> ProfilePage:
-        """One page of profile summaries, newest first, optionally filtered."""
-        await self._restored_state()
-        return self._catalog.page(target, state, limit, offset)
-
-    async def cancel(self, profile_id: str) -> ProfileStatus:
-        """Stop a profile: armed and capturing ranks drop their window."""
-        await self._restored_state()
-        profile = await self._catalog.profile(profile_id)
-        if profile.state.is_terminal:
-            return profile.snapshot()
-        profile.cancel_requested = True
-        # The window is set as the arms go out: from then on a WAITING rank may hold an
-        # armed window whose ARMED has not arrived yet, and only a cancel closes it.
-        arms_sent = profile.window is not None
-        for rank, result in profile.ranks.items():
-            if result.state.is_terminal:
-                continue
-            worker = self._registry.workers.get(profile.agents.get(rank, ""))
-            if arms_sent and worker is not None:
-                worker.send(Command(kind="cancel", profile_id=profile.id))
-            elif result.state == RankState.WAITING:
-                profile.ranks[rank] = result.model_copy(
-                    update={"state": RankState.CANCELLED, "reason": "cancelled before the window was armed"}
-                )
-        profile.changed.set()
-        # Saved, so a restart goes on cancelling instead of resuming the window.
-        await self._persistence.save(profile)
-        return profile.snapshot()
-
-    async def delete(self, profile_id: str) -> None:
-        """Delete a finished profile: its folder in storage and its saved state."""
-        await self._restored_state()
-        await self._retention.delete(await self._catalog.ended(profile_id))
-        self._catalog.remove(profile_id)
-        await self._catalog.save_index()
-
     async def gc(self, request: GcRequest) -> GcReport:
         """Apply retention now and delete leftover folders; with ``dry_run``, only say what would go."""
         await self._restored_state()
         return await self._cleanup.collect(request)
-
-    async def manifest(self, profile_id: str) -> Manifest:
-        """The stored manifest of a finished profile."""
-        await self._restored_state()
-        profile = await self._catalog.profile(profile_id)
-        if profile.manifest is not None:
-            return profile.manifest
-        if profile.manifest_uri is None:
-            raise ProfileNotFoundError(
-                f"profile {profile_id} has no manifest yet (state {profile.state.value})", profile_id=profile_id
-            )
-        profile.manifest = await self._persistence.read_manifest(profile)
-        return profile.manifest
 
     async def targets(self) -> list[TargetInfo]:
         """Live Ray Train runs with registered agents."""

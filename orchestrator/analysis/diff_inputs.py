@@ -61,7 +61,7 @@ def _complete(tables: dict[int, list[OpRow]], summary: Summary) -> dict[int, lis
 
 def load_folder(path: Path, label: str | None = None) -> DiffInput:
     """A downloaded profile folder, or a folder of traces (analysed now)."""
-    from orchestrator.analysis import analyze_folder
+    from orchestrator.analysis.front import analyze_folder
 
     path = Path(path)
     label = label or str(path)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.analysis import analyze_for_merge
+from orchestrator.analysis.front import analyze_for_merge
 from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME

@@ -295,7 +295,7 @@ def download(args: argparse.Namespace) -> int:
 
 def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
     """Analyse a folder of traces; when ``write``, also merge them into ``merged.trace.json.gz`` and write ``report.html``."""
-    from orchestrator.analysis import analyze_folder, analyze_for_merge
+    from orchestrator.analysis.front import analyze_folder, analyze_for_merge
     from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
     from orchestrator.layout import MERGED_TRACE_NAME

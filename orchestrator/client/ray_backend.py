@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.errors import ControllerUnavailableError, RayprofError
+from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
+from orchestrator.errors import ControllerUnavailableError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
@@ -15,75 +17,74 @@ from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from orchestrator.analysis.diff import ProfileDiff
 
 __all__ = ["ActorBackend"]
 
 _READ_RETRIES = 10
+T = TypeVar("T")
 
 
 class ActorBackend:
     """Calls the control actor through Ray."""
 
     def __init__(self, handle: Any) -> None:
-        self._handle = handle
+        self._controller = ControllerRpc(handle)
 
-    def _call(self, method: str, *args: Any, timeout: float = 60.0, retries: int = 0) -> Any:
+    def _call(self, call: Callable[[ControllerRpc], ObjectRef[T]], *, timeout: float = 60.0, retries: int = 0) -> T:
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
 
         for attempt in range(retries + 1):
             try:
-                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
-            except RayTaskError as e:
-                if isinstance(e.cause, RayprofError):
-                    raise e.cause from None
-                raise
-            except (RayActorError, ray.exceptions.GetTimeoutError) as e:
-                if attempt == retries:
-                    raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {e}") from e
+                with ray_errors():
+                    return ray.get(call(self._controller), timeout=timeout)
+            except ControllerUnavailableError as e:
+                if not is_unreachable(e) or attempt == retries:
+                    raise
                 time.sleep(1.0)
         raise AssertionError("unreachable")
 
-    def _read(self, method: str, *args: Any) -> Any:
+    def _read(self, call: Callable[[ControllerRpc], ObjectRef[T]]) -> T:
         # Reads are idempotent: ride out a controller restart (it restores its state).
-        return self._call(method, *args, retries=_READ_RETRIES)
+        return self._call(call, retries=_READ_RETRIES)
 
     def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
         # With a key a submit is safe to repeat: a retry after a restart or a timeout gets the first profile.
         retries = _READ_RETRIES if idempotency_key is not None else 0
-        return self._call("submit", request, idempotency_key, retries=retries)
+        return self._call(lambda c: c.submit(request, idempotency_key), retries=retries)
 
     def get(self, profile_id: str) -> ProfileStatus:
-        return self._read("get", profile_id)
+        return self._read(lambda c: c.get(profile_id))
 
     def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
-        return self._call("wait", profile_id, timeout_s, timeout=timeout_s + 30)
+        return self._call(lambda c: c.wait(profile_id, timeout_s), timeout=timeout_s + 30)
 
     def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
-        return self._read("list", target, state, limit, offset)
+        return self._read(lambda c: c.list(target, state, limit, offset))
 
     def delete(self, profile_id: str) -> None:
-        self._call("delete", profile_id)
+        self._call(lambda c: c.delete(profile_id))
 
     def gc(self, request: GcRequest) -> GcReport:
-        return self._call("gc", request, timeout=600.0)
+        return self._call(lambda c: c.gc(request), timeout=600.0)
 
     def cancel(self, profile_id: str) -> ProfileStatus:
-        return self._call("cancel", profile_id)
+        return self._call(lambda c: c.cancel(profile_id))
 
     def manifest(self, profile_id: str) -> Manifest:
-        return self._read("manifest", profile_id)
+        return self._read(lambda c: c.manifest(profile_id))
 
     def targets(self) -> list[TargetInfo]:
-        return self._read("targets")
+        return self._read(lambda c: c.targets())
 
     def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
-        return self._read("history", target, run, span_s, ranks)
+        return self._read(lambda c: c.history(target, run, span_s, ranks))
 
     def storage(self) -> StorageSpec:
         # Asked each time: the storage can be reconfigured while this client lives.
-        return self._read("config").storage
+        return self._read(lambda c: c.config()).storage
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         from orchestrator.analysis.diff import diff_profiles
@@ -93,16 +94,16 @@ class ActorBackend:
         return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))
 
     def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle:
-        return self._call("stacks", target, native, run, timeout=120.0)
+        return self._call(lambda c: c.stacks(target, native, run), timeout=120.0)
 
     def create_watch(self, spec: WatchSpec) -> WatchStatus:
-        return self._call("create_watch", spec)
+        return self._call(lambda c: c.create_watch(spec))
 
     def get_watch(self, watch_id: str) -> WatchStatus:
-        return self._read("get_watch", watch_id)
+        return self._read(lambda c: c.get_watch(watch_id))
 
     def list_watches(self) -> list[WatchStatus]:
-        return self._read("list_watches")
+        return self._read(lambda c: c.list_watches())
 
     def delete_watch(self, watch_id: str) -> None:
-        self._call("delete_watch", watch_id)
+        self._call(lambda c: c.delete_watch(watch_id))

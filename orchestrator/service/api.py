@@ -3,7 +3,7 @@ and the parameter types its routes share. :mod:`orchestrator.service.app` adds t
 """
 
 # No ``from __future__ import annotations``: FastAPI must resolve these annotations at import.
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +31,7 @@ from orchestrator.service.security import (
 from orchestrator.service.views import ErrorBody
 from orchestrator.settings import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 
-__all__ = ["Credentials", "IdempotencyKeyHeader", "ProfileId", "api"]
+__all__ = ["ERROR_RESPONSES", "Credentials", "IdempotencyKeyHeader", "ProfileId", "api"]
 
 # Checked here too so a bad id is a 422, not a controller round trip.
 ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
@@ -48,6 +48,28 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
+    403: {"model": ErrorBody, "description": "Sent by a page of another web site (its Origin is not this service's)."},
+    404: {"model": ErrorBody, "description": "Unknown target, profile or watch."},
+    409: {
+        "model": ErrorBody,
+        "description": "A window already runs on the target (conflict), or an object that must not be replaced exists.",
+    },
+    422: {"model": ErrorBody, "description": "Malformed body, unknown field, invalid name, or a reused Idempotency-Key."},
+    500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
+    502: {"model": ErrorBody, "description": "Reading or writing storage failed (a generic message and an error id)."},
+    503: {
+        "model": ErrorBody,
+        "description": "The control actor is unavailable, still restoring its saved state (restoring), "
+        "or another live cluster holds its cluster name (cluster_name_in_use).",
+    },
+    504: {"model": ErrorBody, "description": "Waiting for a profile ran out of time."},
+}
+"""Every HTTP status a rayprof error (:mod:`orchestrator.errors`) is answered with; a test checks each is here."""
+
+
 api = FastAPI(
     title="rayprof",
     version="1",
@@ -57,19 +79,7 @@ api = FastAPI(
     docs_url=None,
     redoc_url=None,
     openapi_url=None,
-    responses={
-        400: {"model": ErrorBody, "description": "A value the server refuses, or a Host not allowed without a token."},
-        401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
-        403: {"model": ErrorBody, "description": "Sent by a page of another web site (its Origin is not this service's)."},
-        404: {"model": ErrorBody, "description": "Unknown target or profile."},
-        422: {"model": ErrorBody, "description": "Malformed body, unknown field, invalid name, or a reused Idempotency-Key."},
-        500: {"model": ErrorBody, "description": "A server fault: a generic message and an error id, details in the log."},
-        503: {
-            "model": ErrorBody,
-            "description": "The control actor is unavailable, still restoring its saved state (restoring), "
-            "or another live cluster holds its cluster name (cluster_name_in_use).",
-        },
-    },
+    responses=ERROR_RESPONSES,
 )
 api.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 api.include_router(console_router)

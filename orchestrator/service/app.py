@@ -2,8 +2,8 @@
 
 Thin on purpose (the FastAPI app itself, its error handlers and shared parameter
 types are in :mod:`orchestrator.service.api`): each route validates its input, makes one call to the
-control actor (:mod:`actors.controller.actor`) and maps the answer or error to
-HTTP. Every error is JSON ``{"error": code, "detail": message}``.
+control actor through its typed client (:class:`actors.controller.rpc.ControllerRpc`) and maps the
+answer or error to HTTP. Every error is JSON ``{"error": code, "detail": message}``.
 
 Deploy with ``rayprof serve``, ``serve run deploy/serve_config.yaml``, or in
 Python::
@@ -16,25 +16,24 @@ Python::
 # rebuilds route signatures and cannot resolve string annotations, so FastAPI
 # would treat the body, Request and dependencies as query parameters.
 import asyncio
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from ray import serve
 
+from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
 from orchestrator.errors import (
     ControllerUnavailableError,
-    NotFoundError,
-    RayprofError,
 )
-from orchestrator.manifest import read_artifact
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
-from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.models.history import TargetHistory
-from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.profile import Manifest
+from orchestrator.models.reads import ProfileRead
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.ray_compat import ingress
@@ -49,7 +48,6 @@ from orchestrator.settings import (
     MAX_HTTP_WAIT_S,
     MAX_PAGE_SIZE,
 )
-from orchestrator.storage import open_storage
 
 __all__ = [
     "ProfileView",
@@ -60,6 +58,8 @@ __all__ = [
     "app",
     "build_app",
 ]
+
+T = TypeVar("T")
 
 CALL_TIMEOUT_S = 30.0
 """How long one call to the control actor may take before the service answers 503."""
@@ -102,49 +102,49 @@ class ProfilingService(ConsoleRoutes):
         self._guard = Guard(token, allowed_hosts)
         self._storage = storage
         self._pinned = controller is not None
-        self._controller = controller
-        self._configured: Any = None
+        self._controller: ControllerRpc | None = ControllerRpc(controller) if controller is not None else None
+        self._configured: Awaitable[None] | None = None
         if controller is None:
             # Create the control actor now, not on the first request: agents only
             # discover an existing one, so jobs can register as soon as we are up.
             self._connect()
 
-    def _connect(self) -> Any:
+    def _connect(self) -> ControllerRpc:
         from actors.controller.actor import create_controller
         from orchestrator.config import controller_config
 
-        self._controller = create_controller(controller_config(self._storage))
+        self._controller = ControllerRpc(create_controller(controller_config(self._storage)))
         if self._storage is not None:
             # An actor that already existed keeps its old storage unless told; the
             # reply is awaited before the next call so errors are not lost.
-            self._configured = self._controller.configure.remote(self._storage)
+            self._configured = self._controller.configure(self._storage)
         return self._controller
 
-    async def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
-        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-
+    async def _ask(self, call: Callable[[ControllerRpc], Awaitable[T]], timeout: float = CALL_TIMEOUT_S) -> T:
+        """One call to the control actor: ``call`` sends it through the typed client."""
         try:
-            controller = self._controller if self._controller is not None else self._connect()
-            if self._configured is not None:
-                await asyncio.wait_for(self._configured, timeout)
-                self._configured = None
-            return await asyncio.wait_for(getattr(controller, method).remote(*args), timeout)
-        except RayTaskError as e:
-            if isinstance(e.cause, RayprofError):
-                raise e.cause from None
-            raise
-        except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as e:  # wait_for raises asyncio.TimeoutError on 3.10
-            if not self._pinned:
+            with ray_errors():
+                controller = self._controller if self._controller is not None else self._connect()
+                if self._configured is not None:
+                    await asyncio.wait_for(self._configured, timeout)
+                    self._configured = None
+                return await asyncio.wait_for(call(controller), timeout)
+        except ControllerUnavailableError as e:
+            if is_unreachable(e) and not self._pinned:
                 # Dropped so the next request finds (or recreates) the named actor.
                 self._controller = None
-            raise ControllerUnavailableError(f"the rayprof control actor is unavailable: {type(e).__name__}") from e
+            raise
 
-    async def _view(self, status: ProfileStatus, request: Request) -> ProfileView:
-        manifest = None
-        if status.state.is_terminal and status.manifest_uri is not None:
-            manifest = await self._call("manifest", status.id)
-        url = str(request.url_for("get_profile", profile_id=status.id))
-        return ProfileView(**dict(status), status_url=url, manifest=manifest)
+    async def _call(self, method: str, *args: Any) -> Any:
+        # The console routes' way in (orchestrator.service.console), until they call _ask.
+        return await self._ask(lambda controller: getattr(controller, method)(*args))
+
+    def _view(self, read: ProfileRead, request: Request) -> ProfileView:
+        if read.deleted:
+            url = str(request.url)
+        else:
+            url = str(request.url_for("get_profile", profile_id=read.status.id))
+        return ProfileView(**dict(read.status), status_url=url, manifest=read.manifest)
 
     @api.get("/openapi.json", include_in_schema=False)
     async def openapi_schema(self, request: Request, credentials: Credentials) -> JSONResponse:
@@ -153,7 +153,7 @@ class ProfilingService(ConsoleRoutes):
 
     @api.get("/healthz", summary="Liveness: the service and its control actor answer")
     async def healthz(self) -> dict[str, str]:
-        await self._call("ping", timeout=5.0)
+        await self._ask(lambda c: c.ping(), timeout=5.0)
         return {"status": "ok"}
 
     @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
@@ -161,7 +161,10 @@ class ProfilingService(ConsoleRoutes):
         self, body: ProfileRequest, request: Request, credentials: Credentials, idempotency_key: IdempotencyKeyHeader = None
     ) -> JSONResponse:
         self._guard.check(request, credentials)
-        view = await self._view(await self._call("submit", body, idempotency_key), request)
+        status = await self._ask(lambda c: c.submit(body, idempotency_key))
+        # A finished profile (an idempotent retry after it ended) is answered with its manifest, as GET does.
+        read = await self._ask(lambda c: c.read(status.id)) if status.state.is_terminal else ProfileRead(status=status)
+        view = self._view(read, request)
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
 
     @api.get("/v1/profiles", response_model=ProfilePage, summary="One page of profiles, newest first")
@@ -175,7 +178,7 @@ class ProfilingService(ConsoleRoutes):
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> ProfilePage:
         self._guard.check(request, credentials)
-        return await self._call("list", target, state, limit, offset)
+        return await self._ask(lambda c: c.list(target, state, limit, offset))
 
     @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
     async def get_profile(
@@ -188,11 +191,7 @@ class ProfilingService(ConsoleRoutes):
         ] = 0.0,
     ) -> ProfileView:
         self._guard.check(request, credentials)
-        if wait_s > 0:
-            status = await self._call("wait", profile_id, wait_s, timeout=wait_s + CALL_TIMEOUT_S)
-        else:
-            status = await self._call("get", profile_id)
-        return await self._view(status, request)
+        return self._view(await self._ask(lambda c: c.read(profile_id, wait_s), timeout=wait_s + CALL_TIMEOUT_S), request)
 
     @api.delete(
         "/v1/profiles/{profile_id}",
@@ -201,21 +200,17 @@ class ProfilingService(ConsoleRoutes):
     )
     async def cancel_profile(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileView:
         self._guard.check(request, credentials)
-        status: ProfileStatus = await self._call("get", profile_id)
-        if status.state.is_terminal:
-            await self._call("delete", profile_id)
-            return ProfileView(**status.model_dump(), status_url=str(request.url))
-        return await self._view(await self._call("cancel", profile_id), request)
+        return self._view(await self._ask(lambda c: c.remove(profile_id)), request)
 
     @api.post("/v1/gc", response_model=GcReport, summary="Apply retention now and delete leftover folders")
     async def collect_garbage(self, body: GcRequest, request: Request, credentials: Credentials) -> GcReport:
         self._guard.check(request, credentials)
-        return await self._call("gc", body, timeout=GC_TIMEOUT_S)
+        return await self._ask(lambda c: c.gc(body), timeout=GC_TIMEOUT_S)
 
     @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
     async def get_manifest(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> Manifest:
         self._guard.check(request, credentials)
-        return await self._call("manifest", profile_id)
+        return await self._ask(lambda c: c.manifest(profile_id))
 
     @api.get(
         "/v1/profiles/{profile_id}/report",
@@ -224,27 +219,19 @@ class ProfilingService(ConsoleRoutes):
     )
     async def get_report(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> HTMLResponse:
         self._guard.check(request, credentials)
-        manifest: Manifest = await self._call("manifest", profile_id)
-        report = next((a for a in manifest.artifacts if a.kind == "report"), None)
-        if report is None:
-            raise NotFoundError(
-                f"profile {profile_id} has no report: its manifest lists no artifact of kind 'report'",
-                profile_id=profile_id,
-            )
-        config: ControllerConfig = await self._call("config")
-        data = await asyncio.to_thread(read_artifact, open_storage(config.storage), manifest, report.key, report.sha256)
+        data = await self._ask(lambda c: c.report_html(profile_id))
         return HTMLResponse(data.decode("utf-8", errors="replace"), headers=REPORT_HEADERS)
 
     @api.get("/v1/storage", response_model=StorageView, summary="Where clients download profiles from")
     async def get_storage(self, request: Request, credentials: Credentials) -> StorageView:
         self._guard.check(request, credentials)
-        config: ControllerConfig = await self._call("config")
+        config = await self._ask(lambda c: c.config())
         return StorageView(uri=config.storage.uri)
 
     @api.get("/v1/targets", response_model=TargetList, summary="Live training runs and their ranks")
     async def list_targets(self, request: Request, credentials: Credentials) -> TargetList:
         self._guard.check(request, credentials)
-        return TargetList(targets=await self._call("targets"))
+        return TargetList(targets=await self._ask(lambda c: c.targets()))
 
     @api.post(
         "/v1/targets/{target}/stacks",
@@ -258,8 +245,8 @@ class ProfilingService(ConsoleRoutes):
         self, target: ProfileId, request: Request, credentials: Credentials, body: StacksRequest | None = None
     ) -> JSONResponse:
         self._guard.check(request, credentials)
-        body = body or StacksRequest()
-        bundle: StacksBundle = await self._call("stacks", target, body.native, body.run, timeout=CALL_TIMEOUT_S + 60)
+        stacks = body or StacksRequest()
+        bundle = await self._ask(lambda c: c.stacks(target, stacks.native, stacks.run), timeout=CALL_TIMEOUT_S + 60)
         location = str(request.url_for("get_profile", profile_id=bundle.id))
         return JSONResponse(bundle.model_dump(mode="json"), status_code=201, headers={"Location": location})
 
@@ -278,27 +265,27 @@ class ProfilingService(ConsoleRoutes):
         rank: Annotated[list[int] | None, Query(description="Only these ranks (repeat the parameter).")] = None,
     ) -> TargetHistory:
         self._guard.check(request, credentials)
-        return await self._call("history", target, run, span_s, rank)
+        return await self._ask(lambda c: c.history(target, run, span_s, rank))
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._call("create_watch", body)
+        return await self._ask(lambda c: c.create_watch(body))
 
     @api.get("/v1/watches", response_model=WatchList, summary="Every watch")
     async def list_watches(self, request: Request, credentials: Credentials) -> WatchList:
         self._guard.check(request, credentials)
-        return WatchList(watches=await self._call("list_watches"))
+        return WatchList(watches=await self._ask(lambda c: c.list_watches()))
 
     @api.get("/v1/watches/{watch_id}", response_model=WatchStatus, summary="One watch: state, baseline, firings")
     async def get_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._call("get_watch", watch_id)
+        return await self._ask(lambda c: c.get_watch(watch_id))
 
     @api.delete("/v1/watches/{watch_id}", response_model=WatchStatus, summary="Stop and forget a watch")
     async def delete_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._call("delete_watch", watch_id)
+        return await self._ask(lambda c: c.delete_watch(watch_id))
 
 
 _APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts"}

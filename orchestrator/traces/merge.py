@@ -104,7 +104,7 @@ def merge_traces(
     or an unreadable file is skipped with its reason in ``MergeStats.skipped``.
     ``max_bytes`` (raw JSON) defaults to ``RAYPROF_MAX_MERGED_BYTES``;
     ``rank_map`` runs the per-rank passes. ``scans`` (rank -> pass 1, from
-    :func:`~orchestrator.analysis.analyze_for_merge`'s read of the same files)
+    :func:`~orchestrator.analysis.front.analyze_for_merge`'s read of the same files)
     spares those ranks the scan; the others are scanned here.
     """
     started = time.perf_counter()
