@@ -24,6 +24,32 @@ def request(steps: int = 10, **options) -> ProfileRequest:
     return ProfileRequest(target="run", steps=steps, **options)
 
 
+class Stepped:
+    """Takes the runner's loop away from a controller: its profiles move only when the test
+    calls :meth:`step` (``Runner.step``, one iteration of the loop), until :meth:`release`
+    hands a profile back to the runner's own loop. The test waits on nothing but its agents."""
+
+    def __init__(self, c) -> None:
+        self._c = c
+        self._runner_loop = c._runner.run
+        self._released: dict[str, asyncio.Event] = {}
+        c._runner.run = self._hold
+
+    async def _hold(self, profile: Profile) -> None:
+        await self._release_of(profile.id).wait()
+        await self._runner_loop(profile)
+
+    def _release_of(self, profile_id: str) -> asyncio.Event:
+        return self._released.setdefault(profile_id, asyncio.Event())
+
+    async def step(self, profile_id: str) -> bool:
+        """One iteration of the runner's loop for this profile; True once it is terminal."""
+        return await self._c._runner.step(self._c._catalog.live[profile_id])
+
+    def release(self, profile_id: str) -> None:
+        self._release_of(profile_id).set()
+
+
 def test_a_profile_goes_through_every_state_to_done_and_writes_its_manifest(home):
     async def go():
         c = controller(home)
@@ -44,6 +70,33 @@ def test_a_profile_goes_through_every_state_to_done_and_writes_its_manifest(home
     manifest = read_manifest(open_storage(home), "run", status.id)
     assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
     assert manifest.cluster["nodes"] == 2
+
+
+def test_a_stepped_profile_moves_only_when_its_runner_steps(home):
+    async def go():
+        c = controller(home)
+        stepped = Stepped(c)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=2))
+        states = [(await c.get(submitted.id)).state]
+        states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
+        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
+        await asyncio.gather(*(a.window_task for a in agents))  # both ranks DONE
+        states.append((await c.get(submitted.id)).state)  # nothing moved it
+        states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
+        for a in agents:
+            await a.stop()
+        return submitted.id, states
+
+    profile_id, states = run(go())
+    assert states == [
+        ProfileState.PENDING,
+        (False, ProfileState.SCHEDULED),
+        ProfileState.SCHEDULED,
+        (True, ProfileState.DONE),
+    ]
+    manifest = read_manifest(open_storage(home), "run", profile_id)
+    assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
 
 
 def test_a_rank_that_fails_makes_the_profile_partial_with_its_reason(home):
@@ -154,13 +207,16 @@ def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when
 def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_rank(home):
     async def go():
         c = controller(home)
+        stepped = Stepped(c)
         gate = asyncio.Event()
         agents = await start_agents(c, 2, arm_ack_gate=gate)
         submitted = await c.submit(request(steps=40, warmup=5))
-        await until(lambda: all(a.windows for a in agents), timeout_s=2)
+        assert not await stepped.step(submitted.id)  # the arms are sent
+        await until(lambda: all(a.windows for a in agents), timeout_s=2)  # and reached the agents
         waiting = {r.rank for r in (await c.get(submitted.id)).ranks if r.state == RankState.WAITING}
         await c.cancel(submitted.id)
         gate.set()
+        stepped.release(submitted.id)
         status, _ = await wait_terminal(c, submitted.id)
         await until(lambda: all(a.window_task is None or a.window_task.done() for a in agents), timeout_s=2)
         for a in agents:
@@ -196,13 +252,15 @@ def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(hom
 def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
     async def go():
         first = controller(home)
+        stepped = Stepped(first)
         agents = await start_agents(first, 2)
         agents[1].behaviour = "stall_upload"
         submitted = await first.submit(request(steps=5, timeout_s=20))
-        await status_when(
-            first, submitted.id, lambda s: s.state == ProfileState.COLLECTING and s.ranks[0].state == RankState.DONE, timeout_s=4
-        )
-        await agents[0].window_task  # rank 0's result is acknowledged, so it is saved
+        assert not await stepped.step(submitted.id)  # scheduled: the arms are sent
+        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
+        # Rank 0 is DONE and rank 1 UPLOADING (and stays so), each acknowledged.
+        await asyncio.gather(*(a.window_task for a in agents))
+        assert not await stepped.step(submitted.id)  # COLLECTING, saved
         # The actor restarts: same agents, a new controller on the same home storage.
         second = controller(home)
         restored = await second.get(submitted.id)
@@ -224,10 +282,11 @@ def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
 def test_a_cancel_survives_a_restart(home):
     async def go():
         first = controller(home)
+        stepped = Stepped(first)
         agents = await start_agents(first, 1)
         agents[0].behaviour = "hang"
         submitted = await first.submit(request(steps=5, timeout_s=20))
-        await asyncio.sleep(0.1)
+        assert not await stepped.step(submitted.id)  # scheduled and saved: the arm is sent
         for a in agents:
             await a.stop()
         await first.cancel(submitted.id)
