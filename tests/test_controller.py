@@ -18,36 +18,11 @@ from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info
+from tests.stepped_runner import Stepped
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:
     return ProfileRequest(target="run", steps=steps, **options)
-
-
-class Stepped:
-    """Takes the runner's loop away from a controller: its profiles move only when the test
-    calls :meth:`step` (``Runner.step``, one iteration of the loop), until :meth:`release`
-    hands a profile back to the runner's own loop. The test waits on nothing but its agents."""
-
-    def __init__(self, c) -> None:
-        self._c = c
-        self._runner_loop = c._runner.run
-        self._released: dict[str, asyncio.Event] = {}
-        c._runner.run = self._hold
-
-    async def _hold(self, profile: Profile) -> None:
-        await self._release_of(profile.id).wait()
-        await self._runner_loop(profile)
-
-    def _release_of(self, profile_id: str) -> asyncio.Event:
-        return self._released.setdefault(profile_id, asyncio.Event())
-
-    async def step(self, profile_id: str) -> bool:
-        """One iteration of the runner's loop for this profile; True once it is terminal."""
-        return await self._c._runner.step(self._c._catalog.live[profile_id])
-
-    def release(self, profile_id: str) -> None:
-        self._release_of(profile_id).set()
 
 
 def test_a_profile_goes_through_every_state_to_done_and_writes_its_manifest(home):
@@ -249,54 +224,6 @@ def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(hom
     assert status.id not in agents[1].cancelled
 
 
-def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
-    async def go():
-        first = controller(home)
-        stepped = Stepped(first)
-        agents = await start_agents(first, 2)
-        agents[1].behaviour = "stall_upload"
-        submitted = await first.submit(request(steps=5, timeout_s=20))
-        assert not await stepped.step(submitted.id)  # scheduled: the arms are sent
-        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
-        # Rank 0 is DONE and rank 1 UPLOADING (and stays so), each acknowledged.
-        await asyncio.gather(*(a.window_task for a in agents))
-        assert not await stepped.step(submitted.id)  # COLLECTING, saved
-        # The actor restarts: same agents, a new controller on the same home storage.
-        second = controller(home)
-        restored = await second.get(submitted.id)
-        for a in agents:
-            a.controller = second
-            await a.register()
-        await agents[1].finish(agents[1].windows[0])
-        status, _ = await wait_terminal(second, submitted.id)
-        for a in agents:
-            await a.stop()
-        return restored, status
-
-    restored, status = run(go())
-    assert restored.state == ProfileState.COLLECTING
-    assert [r.state for r in restored.ranks] == [RankState.DONE, RankState.UPLOADING]
-    assert status.state == ProfileState.DONE
-
-
-def test_a_cancel_survives_a_restart(home):
-    async def go():
-        first = controller(home)
-        stepped = Stepped(first)
-        agents = await start_agents(first, 1)
-        agents[0].behaviour = "hang"
-        submitted = await first.submit(request(steps=5, timeout_s=20))
-        assert not await stepped.step(submitted.id)  # scheduled and saved: the arm is sent
-        for a in agents:
-            await a.stop()
-        await first.cancel(submitted.id)
-        second = controller(home)
-        status, _ = await wait_terminal(second, submitted.id)
-        return status
-
-    assert run(go()).state == ProfileState.CANCELLED
-
-
 def test_the_next_window_like_one_over_the_byte_cap_is_planned_shorter(home):
     async def go():
         c = controller(home, max_trace_bytes=10_000)
@@ -350,21 +277,6 @@ def test_a_second_request_on_a_busy_target_is_a_conflict(home):
                 await a.stop()
 
     run(go())
-
-
-def test_two_controllers_on_one_root_do_not_adopt_each_others_profiles(home):
-    async def go():
-        a = controller(home, cluster_name="cluster-a")
-        agents = await start_agents(a, 1)
-        agents[0].behaviour = "hang"
-        submitted = await a.submit(request(steps=3, timeout_s=20))
-        b = controller(home, cluster_name="cluster-b")
-        seen_by_b = (await b.list()).total
-        await a.cancel(submitted.id)
-        await agents[0].stop()
-        return seen_by_b
-
-    assert run(go()) == 0
 
 
 def test_a_manifest_is_never_replaced(home):
