@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigurationError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
 
-__all__ = ["controller_config", "default_storage_spec", "normalize_uri"]
+__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes", "normalize_uri"]
 
 
 def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
@@ -55,6 +55,11 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         post_window_slowdown=c.env_float(c.POST_WINDOW_SLOWDOWN_ENV_VAR, c.DEFAULT_POST_WINDOW_SLOWDOWN),
         post_window_steps=c.env_int(c.POST_WINDOW_STEPS_ENV_VAR, c.DEFAULT_POST_WINDOW_STEPS),
     )
+
+
+def max_merged_bytes() -> int:
+    """The merged trace's byte cap (``RAYPROF_MAX_MERGED_BYTES``), read where the merge runs."""
+    return c.env_int(c.MAX_MERGED_BYTES_ENV_VAR, c.DEFAULT_MAX_MERGED_BYTES)
 
 
 def default_storage_spec() -> StorageSpec:

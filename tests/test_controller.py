@@ -18,6 +18,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info
+from tests.stepped_runner import Stepped
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:
@@ -44,6 +45,33 @@ def test_a_profile_goes_through_every_state_to_done_and_writes_its_manifest(home
     manifest = read_manifest(open_storage(home), "run", status.id)
     assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
     assert manifest.cluster["nodes"] == 2
+
+
+def test_a_stepped_profile_moves_only_when_its_runner_steps(home):
+    async def go():
+        c = controller(home)
+        stepped = Stepped(c)
+        agents = await start_agents(c, 2)
+        submitted = await c.submit(request(steps=2))
+        states = [(await c.get(submitted.id)).state]
+        states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
+        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
+        await asyncio.gather(*(a.window_task for a in agents))  # both ranks DONE
+        states.append((await c.get(submitted.id)).state)  # nothing moved it
+        states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
+        for a in agents:
+            await a.stop()
+        return submitted.id, states
+
+    profile_id, states = run(go())
+    assert states == [
+        ProfileState.PENDING,
+        (False, ProfileState.SCHEDULED),
+        ProfileState.SCHEDULED,
+        (True, ProfileState.DONE),
+    ]
+    manifest = read_manifest(open_storage(home), "run", profile_id)
+    assert [(r.rank, r.state) for r in manifest.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
 
 
 def test_a_rank_that_fails_makes_the_profile_partial_with_its_reason(home):
@@ -154,13 +182,16 @@ def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when
 def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_rank(home):
     async def go():
         c = controller(home)
+        stepped = Stepped(c)
         gate = asyncio.Event()
         agents = await start_agents(c, 2, arm_ack_gate=gate)
         submitted = await c.submit(request(steps=40, warmup=5))
-        await until(lambda: all(a.windows for a in agents), timeout_s=2)
+        assert not await stepped.step(submitted.id)  # the arms are sent
+        await until(lambda: all(a.windows for a in agents), timeout_s=2)  # and reached the agents
         waiting = {r.rank for r in (await c.get(submitted.id)).ranks if r.state == RankState.WAITING}
         await c.cancel(submitted.id)
         gate.set()
+        stepped.release(submitted.id)
         status, _ = await wait_terminal(c, submitted.id)
         await until(lambda: all(a.window_task is None or a.window_task.done() for a in agents), timeout_s=2)
         for a in agents:
@@ -191,51 +222,6 @@ def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(hom
     assert status.state == ProfileState.DONE
     assert status.id in agents[0].cancelled
     assert status.id not in agents[1].cancelled
-
-
-def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
-    async def go():
-        first = controller(home)
-        agents = await start_agents(first, 2)
-        agents[1].behaviour = "stall_upload"
-        submitted = await first.submit(request(steps=5, timeout_s=20))
-        await status_when(
-            first, submitted.id, lambda s: s.state == ProfileState.COLLECTING and s.ranks[0].state == RankState.DONE, timeout_s=4
-        )
-        await agents[0].window_task  # rank 0's result is acknowledged, so it is saved
-        # The actor restarts: same agents, a new controller on the same home storage.
-        second = controller(home)
-        restored = await second.get(submitted.id)
-        for a in agents:
-            a.controller = second
-            await a.register()
-        await agents[1].finish(agents[1].windows[0])
-        status, _ = await wait_terminal(second, submitted.id)
-        for a in agents:
-            await a.stop()
-        return restored, status
-
-    restored, status = run(go())
-    assert restored.state == ProfileState.COLLECTING
-    assert [r.state for r in restored.ranks] == [RankState.DONE, RankState.UPLOADING]
-    assert status.state == ProfileState.DONE
-
-
-def test_a_cancel_survives_a_restart(home):
-    async def go():
-        first = controller(home)
-        agents = await start_agents(first, 1)
-        agents[0].behaviour = "hang"
-        submitted = await first.submit(request(steps=5, timeout_s=20))
-        await asyncio.sleep(0.1)
-        for a in agents:
-            await a.stop()
-        await first.cancel(submitted.id)
-        second = controller(home)
-        status, _ = await wait_terminal(second, submitted.id)
-        return status
-
-    assert run(go()).state == ProfileState.CANCELLED
 
 
 def test_the_next_window_like_one_over_the_byte_cap_is_planned_shorter(home):
@@ -291,21 +277,6 @@ def test_a_second_request_on_a_busy_target_is_a_conflict(home):
                 await a.stop()
 
     run(go())
-
-
-def test_two_controllers_on_one_root_do_not_adopt_each_others_profiles(home):
-    async def go():
-        a = controller(home, cluster_name="cluster-a")
-        agents = await start_agents(a, 1)
-        agents[0].behaviour = "hang"
-        submitted = await a.submit(request(steps=3, timeout_s=20))
-        b = controller(home, cluster_name="cluster-b")
-        seen_by_b = (await b.list()).total
-        await a.cancel(submitted.id)
-        await agents[0].stop()
-        return seen_by_b
-
-    assert run(go()) == 0
 
 
 def test_a_manifest_is_never_replaced(home):

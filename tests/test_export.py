@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-from actors.export import EXIT_MALFORMED, EXIT_TOO_LARGE, op_table, step_spans
+from actors.export.contract import EXIT_MALFORMED, EXIT_TOO_LARGE
 from actors.export.cut import plan_cut, write_kept
+from actors.export.exporter import op_table, step_spans
 from actors.export.reader import MalformedTrace, TraceReader
 from tests.conftest import REPO
 
@@ -316,3 +317,33 @@ def test_child_memory_is_a_fraction_of_the_trace_not_a_multiple(profiled, tmp_pa
     peak = _peak_rss_of_child(raw, tmp_path, *args)
 
     assert peak < 0.5 * size, f"peak RSS {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB trace"
+
+
+def test_the_childs_answer_is_the_contracts_result_and_uses_its_file_names(profiled, tmp_path):
+    # Both sides build on actors/export/contract.py: the agent's command line, the child's
+    # files, and the agent's typed reading of what the child prints.
+    from pydantic import TypeAdapter
+
+    from actors.export.contract import MEMORY_NAME, OPS_NAME, TRACE_NAME, ExportResult, child_args
+
+    _, raw = profiled
+    args = child_args(raw, tmp_path, memory=True, shapes=False, max_bytes=10**9)
+    done = subprocess.run([sys.executable, "-m", "actors.export", *args], capture_output=True, text=True, check=True)
+    result = TypeAdapter(ExportResult).validate_json(done.stdout)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MEMORY_NAME, OPS_NAME, TRACE_NAME])
+    assert sorted(result.steps) == sorted(step_spans(json.loads(raw.read_text())["traceEvents"]))
+    assert all(isinstance(n, int) for n in result.steps)
+    assert result.cut is False and result.raw_bytes == raw.stat().st_size
+
+
+def test_the_export_file_names_are_written_only_in_the_contract():
+    names = ('"trace.json.gz"', '"ops.csv"', '"memory.json.gz"', '"trace.json"', '"--max-bytes"')
+    homes = {
+        str(path.relative_to(REPO)): [n for n in names if n in path.read_text()]
+        for package in ("actors/export", "actors/agent")
+        for path in (REPO / package).glob("*.py")
+    }
+    assert {path: found for path, found in homes.items() if found} == {
+        "actors/export/contract.py": list(names)
+    }

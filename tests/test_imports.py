@@ -33,5 +33,5 @@ def test_importing_the_agent_loads_no_analysis_service_or_cli_module():
 
 
 def test_the_export_child_loads_neither_torch_nor_pydantic():
-    loaded = _modules_after("import actors.export")
+    loaded = _modules_after("import actors.export.exporter, actors.export.contract")
     assert [m for m in loaded if m.split(".")[0] in ("torch", "pydantic", "ray")] == []

@@ -9,7 +9,6 @@ then run off the training thread (a short-lived thread and a child process).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import subprocess
@@ -21,9 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import TypeAdapter
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from actors.export import EXIT_TOO_LARGE
+from actors.export.contract import (
+    EXIT_TOO_LARGE,
+    MEMORY_NAME,
+    OPS_NAME,
+    RAW_TRACE_NAME,
+    TRACE_NAME,
+    ExportResult,
+    child_args,
+)
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
@@ -142,7 +150,7 @@ class Capture:
         # that already pays prof.stop() (benchmarks/window.py measures both).
         tmp = Path(tempfile.mkdtemp(prefix=f"rayprof-{self.window.profile_id}-"))
         try:
-            prof.export_chrome_trace(str(tmp / _RAW_TRACE))
+            prof.export_chrome_trace(str(tmp / RAW_TRACE_NAME))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -193,24 +201,24 @@ class Capture:
         keys = rank_artifact_keys(w.prefix, self.info.world_rank, self.info.host, self.info.pid)
         storage = open_storage(w.storage)
 
-        raw = tmp / _RAW_TRACE
+        raw = tmp / RAW_TRACE_NAME
         result = _run_exporter(raw, tmp, memory=w.options.profile_memory, shapes=w.options.record_shapes, max_bytes=w.max_trace_bytes)
         raw.unlink()
 
-        artifacts: list[Artifact] = [storage.put_file(tmp / "trace.json.gz", keys["trace"], "trace", folder=w.prefix)]
+        artifacts: list[Artifact] = [storage.put_file(tmp / TRACE_NAME, keys["trace"], "trace", folder=w.prefix)]
         if w.options.profile_memory:
             artifacts.append(
-                storage.put_file(tmp / "memory.json.gz", keys["memory_timeline"], "memory_timeline", folder=w.prefix)
+                storage.put_file(tmp / MEMORY_NAME, keys["memory_timeline"], "memory_timeline", folder=w.prefix)
             )
-        artifacts.append(storage.put_file(tmp / "ops.csv", keys["op_table"], "op_table", folder=w.prefix))
+        artifacts.append(storage.put_file(tmp / OPS_NAME, keys["op_table"], "op_table", folder=w.prefix))
 
-        steps = {int(n): ms for n, ms in result["steps"].items()}
+        steps = result.steps
         numbers = sorted(steps)
         reason = None
-        if result["cut"] and numbers:
+        if result.cut and numbers:
             reason = (
                 f"trace cut to steps {numbers[0]}..{numbers[-1]} of {w.start_step}..{w.stop_step - 1}: "
-                f"the window's trace was {result['raw_bytes']} bytes, over the cap of {w.max_trace_bytes} bytes "
+                f"the window's trace was {result.raw_bytes} bytes, over the cap of {w.max_trace_bytes} bytes "
                 "(RAYPROF_MAX_TRACE_BYTES)"
             )
         return self._event(
@@ -219,21 +227,19 @@ class Capture:
             first_step=numbers[0] if numbers else None,
             last_step=numbers[-1] if numbers else None,
             step_durations_ms=[steps[n] for n in numbers],
-            base_time_ns=result["base_time_ns"],
-            trace_bytes=result["raw_bytes"],
+            base_time_ns=result.base_time_ns,
+            trace_bytes=result.raw_bytes,
             artifacts=artifacts,
         )
 
 
-def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> dict[str, Any]:
+def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> ExportResult:
     """Parse the trace and write the artifacts in a child process (see actors.export)."""
-    cmd = [sys.executable, "-m", "actors.export", str(raw), str(out), "--max-bytes", str(max_bytes)]
+    cmd = [sys.executable, "-m", "actors.export", *child_args(raw, out, memory=memory, shapes=shapes, max_bytes=max_bytes)]
     # Lowest CPU priority: on a busy node the training process keeps its cores and the export
     # waits (measured with all options on 2 cores: steps during the export 1.83x -> 1.54x).
     nice = shutil.which("nice")
     cmd = [nice, "-n", "19", *cmd] if nice else cmd
-    cmd += ["--memory"] if memory else []
-    cmd += ["--shapes"] if shapes else []
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
     if done.returncode == EXIT_TOO_LARGE:
         raise CaptureTooLarge(
@@ -243,10 +249,10 @@ def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes
         )
     if done.returncode != 0:
         raise RuntimeError(f"trace export exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout)
+    return _EXPORT_RESULT.validate_json(done.stdout)
 
 
-# The raw trace as Kineto writes it, in the window's temp folder.
-_RAW_TRACE = "trace.json"
+# Checks the child's answer at the process boundary (keys of ``steps`` back to ints).
+_EXPORT_RESULT = TypeAdapter(ExportResult)
 # Generous: a 512 MiB trace parses in well under a minute.
 _EXPORT_TIMEOUT_S = 600

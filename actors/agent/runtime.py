@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
 from actors.agent.thread_stacks import take_stacks
 from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
-from orchestrator.models.common import utcnow
+from orchestrator.models.common import to_name, utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
@@ -295,17 +294,6 @@ def _remove_hook() -> None:
         _hook_handle = None
 
 
-_NAME_BAD = re.compile(r"[^A-Za-z0-9._=-]")
-
-
-def target_name(run_name: str) -> str:
-    """A Ray Train run name made safe as a storage path component."""
-    name = _NAME_BAD.sub("_", run_name).replace("..", "_")
-    if not name or not name[0].isalnum():
-        name = "run" + name
-    return name[:128]
-
-
 def _worker_info() -> WorkerInfo | None:
     try:
         import ray
@@ -337,7 +325,7 @@ def _worker_info() -> WorkerInfo | None:
         pass
     return WorkerInfo(
         agent_id=uuid.uuid4().hex,
-        target=target_name(run_name),
+        target=to_name(run_name),
         world_rank=ctx.get_world_rank(),
         world_size=ctx.get_world_size(),
         local_rank=ctx.get_local_rank(),
@@ -350,5 +338,4 @@ def _worker_info() -> WorkerInfo | None:
         submission_id=submission_id,
         experiment_path=experiment_path,
         torch_version=torch.__version__,
-        cuda_available=torch.cuda.is_available(),
     )

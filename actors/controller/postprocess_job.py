@@ -21,7 +21,6 @@ import ray
 
 from actors.controller.ray_rank_map import RayRankMap
 from actors.controller.state import Profile
-from orchestrator import settings
 from orchestrator.analysis.postprocess import PostprocessResult, postprocess
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models.analysis import Summary
@@ -49,9 +48,8 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
     # The nodes of the ranks that finished this window: each answered moments ago.
     nodes = {r.rank: r.node_id for r in draft.ranks if r.state == RankState.DONE and r.node_id}
     fan = RayRankMap(progress, in_flight=_cluster_cpus(), nodes=nodes)
-    max_bytes = settings.env_int(settings.MAX_MERGED_BYTES_ENV_VAR, settings.DEFAULT_MAX_MERGED_BYTES)
     job = asyncio.ensure_future(
-        asyncio.to_thread(postprocess, profile.storage, profile.prefix, draft, max_bytes=max_bytes, rank_map=fan)
+        asyncio.to_thread(postprocess, profile.storage, profile.prefix, draft, rank_map=fan)
     )
     try:
         result: PostprocessResult = await asyncio.wait_for(asyncio.shield(job), timeout_s)

@@ -63,32 +63,56 @@ class Runner:
         self._cluster_info = cluster_info
         # Target -> how long its last window took to arm every rank.
         self._arm_rounds: dict[str, float] = {}
+        # Profile id -> times armed again in its current run; present once its first step ran.
+        self._rearms: dict[str, int] = {}
 
     async def run(self, profile: Profile) -> None:
-        """Schedule (unless restored past that), wait for every rank, then finish."""
+        """Step the profile until it is terminal, waiting for news from its ranks between steps."""
         try:
-            if profile.cancel_requested and profile.window is None:
-                await self.finish(profile, ProfileState.CANCELLED, "cancelled before it was scheduled")
-                return
-            if profile.window is None:
-                await self._schedule(profile)
-            rearms = 0
-            while not profile.state.is_terminal:
-                await self._await_ranks(profile)
-                if rearm_after_missed_start(profile.ranks.values(), rearms, profile.cancel_requested):
-                    rearms += 1
-                    self._remember_arm_round(profile)
-                    logger.info("rayprof controller: %s: every rank missed the start of %s; arming again", profile.id, profile.window)
-                    # No rank holds the window now: a cancel before the new arms go out ends the ranks at once.
-                    profile.window = None
-                    await self._schedule(profile)
-                    continue
-                state, reason = outcome(list(profile.ranks.values()), profile.window, profile.cancel_requested)
-                await self.finish(profile, state, reason)
+            while not await self.step(profile):
+                await self._wait_for_news(profile)
         except Exception as e:
             logger.exception("rayprof controller: profile %s failed", profile.id)
             if not profile.state.is_terminal:
                 await self.fail_without_storage(profile, f"controller error: {type(e).__name__}: {str(e)[:300]}")
+        finally:
+            self._rearms.pop(profile.id, None)
+
+    async def step(self, profile: Profile) -> bool:
+        """One iteration of the loop :meth:`run` repeats; True once the profile is terminal.
+
+        The first step of a run schedules the profile (unless restored past that); every
+        step checks each rank once (lost, timed out, the profile's state to advance), and
+        once every rank has ended arms again (every rank missed the start) or finishes. A
+        step never waits for news from a rank, so a test can drive a profile one iteration
+        at a time, as Ray Train v2's controller tests step its loop.
+        """
+        if profile.state.is_terminal:
+            return True
+        if profile.id not in self._rearms:
+            self._rearms[profile.id] = 0
+            if profile.cancel_requested and profile.window is None:
+                await self.finish(profile, ProfileState.CANCELLED, "cancelled before it was scheduled")
+                return True
+            if profile.window is None:
+                await self._schedule(profile)
+                if profile.state.is_terminal:
+                    return True
+        if not await self._check_ranks(profile):
+            return False
+        rearms = self._rearms[profile.id]
+        if rearm_after_missed_start(profile.ranks.values(), rearms, profile.cancel_requested):
+            self._rearms[profile.id] = rearms + 1
+            self._remember_arm_round(profile)
+            logger.info("rayprof controller: %s: every rank missed the start of %s; arming again", profile.id, profile.window)
+            # No rank holds the window now: a cancel before the new arms go out ends the ranks at once.
+            profile.window = None
+            await self._schedule(profile)
+            # The new window's ranks are checked at once, not after a wait for news.
+            return await self.step(profile)
+        state, reason = outcome(list(profile.ranks.values()), profile.window, profile.cancel_requested)
+        await self.finish(profile, state, reason)
+        return True
 
     async def transition(self, profile: Profile, state: ProfileState) -> None:
         """Change state, then save it; a save that fails is logged, and the next change saves again."""
@@ -186,38 +210,41 @@ class Runner:
             await asyncio.sleep(0.01)
         return time.monotonic() - sent
 
-    async def _await_ranks(self, profile: Profile) -> None:
-        """Wait until every rank is terminal, failing the ones that time out or vanish."""
+    async def _check_ranks(self, profile: Profile) -> bool:
+        """Check every rank once, failing the ones that timed out or vanished; True when every rank has ended."""
         limit = timeout_s(profile.request, self._config())
         if profile.deadline is None:
             profile.deadline = time.monotonic() + limit
-        while True:
-            self._end_lost_ranks(profile)
-            ranks = profile.ranks.values()
-            if all(r.state.is_terminal for r in ranks):
-                return
-            if profile.state == ProfileState.SCHEDULED and profile.capture_started_at is not None:
-                await self.transition(profile, ProfileState.CAPTURING)
-            capture_over = all(r.state == RankState.UPLOADING or r.state.is_terminal for r in ranks)
-            if profile.state in (ProfileState.SCHEDULED, ProfileState.CAPTURING) and capture_over:
-                await self.transition(profile, ProfileState.COLLECTING)
-            left = profile.deadline - time.monotonic()
-            if left <= 0:
-                for rank, result in profile.ranks.items():
-                    if not result.state.is_terminal:
-                        reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
-                        profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
-                        # A rank still holding the window (a lagging rank far from its start) would
-                        # refuse every later window until it reached it: it is told to drop it now.
-                        worker = self._registry.workers.get(profile.agents.get(rank, ""))
-                        if worker is not None:
-                            worker.send(Command(kind="cancel", profile_id=profile.id))
-                return
-            profile.changed.clear()
-            await wait_event(profile.changed, min(left, 1.0))
-            # Events come in bursts (a relay's batch, a thousand ranks arming); one scan of
-            # every rank per burst, not per event, keeps this O(ranks) per window.
-            await asyncio.sleep(_RESCAN_S)
+        self._end_lost_ranks(profile)
+        ranks = profile.ranks.values()
+        if all(r.state.is_terminal for r in ranks):
+            return True
+        if profile.state == ProfileState.SCHEDULED and profile.capture_started_at is not None:
+            await self.transition(profile, ProfileState.CAPTURING)
+        capture_over = all(r.state == RankState.UPLOADING or r.state.is_terminal for r in ranks)
+        if profile.state in (ProfileState.SCHEDULED, ProfileState.CAPTURING) and capture_over:
+            await self.transition(profile, ProfileState.COLLECTING)
+        if profile.deadline - time.monotonic() > 0:
+            return False
+        for rank, result in profile.ranks.items():
+            if not result.state.is_terminal:
+                reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
+                profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                # A rank still holding the window (a lagging rank far from its start) would
+                # refuse every later window until it reached it: it is told to drop it now.
+                worker = self._registry.workers.get(profile.agents.get(rank, ""))
+                if worker is not None:
+                    worker.send(Command(kind="cancel", profile_id=profile.id))
+        return True
+
+    @staticmethod
+    async def _wait_for_news(profile: Profile) -> None:
+        left = (profile.deadline or 0.0) - time.monotonic()
+        profile.changed.clear()
+        await wait_event(profile.changed, max(0.0, min(left, 1.0)))
+        # Events come in bursts (a relay's batch, a thousand ranks arming); one scan of
+        # every rank per burst, not per event, keeps this O(ranks) per window.
+        await asyncio.sleep(_RESCAN_S)
 
     def _end_lost_ranks(self, profile: Profile) -> None:
         workers = self._registry.workers

@@ -1,7 +1,7 @@
-"""``python -m actors.export``: the export child process (see the package docstring)."""
+"""``python -m actors.export``: the export child process (see :mod:`actors.export.exporter`)."""
 
 import sys
 
-from actors.export import main
+from actors.export.exporter import main
 
 sys.exit(main())

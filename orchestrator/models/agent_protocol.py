@@ -36,7 +36,6 @@ class WorkerInfo(StrictModel):
     submission_id: str | None = None
     experiment_path: str | None = None
     torch_version: str
-    cuda_available: bool = False
 
 
 class Heartbeat(StrictModel):

@@ -14,8 +14,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
+# The name rule, its one home: the pattern a Name must match, and what makes any text one.
+_NAME_CHARS = "A-Za-z0-9._=-"
+NAME_PATTERN = rf"^[A-Za-z0-9][{_NAME_CHARS}]*$"
 NAME_MAX_LENGTH = 128
+_NOT_NAME_CHAR = re.compile(rf"[^{_NAME_CHARS}]")
 _KEY_MAX_LENGTH = 1024
 # C0 controls, DEL and C1 controls: never part of a name, a key or a path.
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -38,6 +41,15 @@ def _check_key(value: str) -> str:
     if _CONTROL_CHARS.search(value):
         raise ValueError("must not contain control characters")
     return value
+
+
+def to_name(text: str) -> str:
+    """``text`` made a valid :data:`Name`: other characters and '..' become '_', a leading
+    non-alphanumeric gets ``run`` before it, and the result is cut to the maximum length."""
+    name = _NOT_NAME_CHAR.sub("_", text).replace("..", "_")
+    if not name or not name[0].isalnum():
+        name = "run" + name
+    return name[:NAME_MAX_LENGTH]
 
 
 Name = Annotated[

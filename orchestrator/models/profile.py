@@ -19,7 +19,6 @@ ArtifactKind = Literal[
     "trace",
     "memory_timeline",
     "op_table",
-    "memory_snapshot",
     "merged_trace",
     "report",
     "manifest",

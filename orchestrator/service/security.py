@@ -32,7 +32,9 @@ from orchestrator.errors import (
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR
 
 __all__ = [
+    "FRAMED_REPORT_CSP",
     "MAX_BODY_BYTES",
+    "REPORT_CSP",
     "REPORT_HEADERS",
     "BodyLimit",
     "Guard",
@@ -48,11 +50,12 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 """Request bodies above this are refused with 413: a profile request is a few hundred bytes."""
 
-# report.html is inline CSS and SVG only: nothing may load, run, submit or frame it.
-REPORT_CSP = (
-    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
-    "form-action 'none'; frame-ancestors 'none'; sandbox"
-)
+# report.html is inline CSS and SVG only: nothing may load, run or submit. The two policies
+# differ only in who may frame it: served at its own URL (/report) nothing may; the
+# console shows it in a sandboxed frame of its own origin, so that origin may.
+_REPORT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+REPORT_CSP = f"{_REPORT_POLICY}; frame-ancestors 'none'; sandbox"
+FRAMED_REPORT_CSP = f"{_REPORT_POLICY}; frame-ancestors 'self'; sandbox"
 REPORT_HEADERS = {
     "content-security-policy": REPORT_CSP,
     "x-content-type-options": "nosniff",

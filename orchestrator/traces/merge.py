@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from orchestrator import settings
+from orchestrator.config import max_merged_bytes
 from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
 from orchestrator.traces.clocks import align, wall_clock_note
 from orchestrator.traces.fanout import RankMap, serial
@@ -109,7 +109,7 @@ def merge_traces(
     """
     started = time.perf_counter()
     if max_bytes is None:
-        max_bytes = settings.env_int(settings.MAX_MERGED_BYTES_ENV_VAR, settings.DEFAULT_MAX_MERGED_BYTES)
+        max_bytes = max_merged_bytes()
     files, skipped = _as_trace_files(traces)
     files.sort(key=lambda tf: tf.rank)
     rank_scans = scan_ranks(files, rank_map, scans)

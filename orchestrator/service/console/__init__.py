@@ -36,9 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.analysis.diff import ProfileDiff
 from orchestrator.analysis.memory_chart import downsample, parse_timeline
 from orchestrator.errors import IntegrityError, NotFoundError
+from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Artifact, ArtifactKind, Manifest
-from orchestrator.service.security import Guard
+from orchestrator.service.security import FRAMED_REPORT_CSP, Guard
 
 __all__ = ["CONSOLE_CSP", "LINK_TTL_S", "ArtifactLink", "ConsoleRoutes", "ProfileLinks", "router", "sign"]
 
@@ -48,8 +49,6 @@ CONSOLE_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-# What a stored report may do inside the console's sandboxed frame: its own inline CSS and SVG, nothing else.
-REPORT_CSP = "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
 
 _STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -57,8 +56,7 @@ _STATIC = {
     "compare.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
-_ID = r"^[A-Za-z0-9][A-Za-z0-9._=-]*$"
-ProfileId = Annotated[str, Path(min_length=1, max_length=128, pattern=_ID)]
+ProfileId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
 
 router = APIRouter()
 _bearer = HTTPBearer(auto_error=False)
@@ -201,7 +199,7 @@ class ConsoleRoutes:
         data = await self._manifest_bytes(manifest, artifact)
         if artifact.kind == "report":
             return Response(
-                data, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP}
+                data, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": FRAMED_REPORT_CSP}
             )
         name = key.rsplit("/", 1)[-1]
         headers = {"Content-Disposition": f'attachment; filename="{name}"', "X-Content-Type-Options": "nosniff"}
