@@ -158,3 +158,19 @@ def test_a_manifests_summary_must_be_of_its_kind():
         Manifest.model_validate({**_stacks_manifest(stacks.model_dump()), "kind": "profile"})
     profile = Manifest.model_validate({**_stacks_manifest(analysis.model_dump(mode="json")), "kind": "profile"})
     assert profile.summary == analysis
+
+
+def test_a_bundle_saved_with_the_old_invented_request_loads_without_one():
+    # Bundles written before they were their own kind carry {"target", "steps": 1}: dropped on load.
+    manifest = Manifest.model_validate(_stacks_manifest({"line": "all alike"}))
+    assert manifest.request is None
+    saved = {**_stacks_manifest(None), "id": "stk-1", "state": "DONE", "created_at": "2024-01-01T00:00:00Z"}
+    status = ProfileStatus.model_validate({k: v for k, v in saved.items() if k in ProfileStatus.model_fields})
+    assert status.request is None and status.target == "run"
+
+
+def test_a_profile_needs_its_request_and_a_bundle_has_none():
+    without = {k: v for k, v in _stacks_manifest({"line": "x"}).items() if k != "request"}
+    with pytest.raises(ValidationError, match="a profile has a request"):
+        Manifest.model_validate({**without, "kind": "profile", "summary": None})
+    assert Manifest.model_validate(without).request is None

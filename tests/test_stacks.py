@@ -79,6 +79,22 @@ def test_a_bundles_manifest_holds_its_stacks_summary_and_its_folder_like_a_profi
     assert manifest.storage_uri == bundle.storage_uri == profile_uri(home.uri, "run", bundle.id)
 
 
+def test_a_bundle_asks_for_no_window_in_its_manifest_its_status_or_its_list_item(home):
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2)
+        bundle = await c.stacks("run")
+        status, page = await c.get(bundle.id), await c.list()
+        for a in agents:
+            await a.stop()
+        return bundle, status, page
+
+    bundle, status, page = run(go())
+    assert read_manifest(open_storage(home), "run", bundle.id).request is None
+    assert status.kind == "stacks" and status.request is None and status.target == "run"
+    assert [(p.kind, p.steps) for p in page.profiles] == [("stacks", None)]
+
+
 def test_a_rank_that_does_not_answer_is_listed_with_why_and_the_bundle_is_partial(home):
     def plant(agents):
         agents[2].stack = None

@@ -152,6 +152,7 @@ def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -
         and p.state.is_terminal
         and p.window is not None
         and p.finished_at is not None
+        and p.request is not None
         and p.request.torch_options() == options
         and any(r.trace_bytes for r in p.ranks.values())
     ]

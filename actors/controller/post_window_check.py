@@ -174,7 +174,7 @@ class PostWindowChecks:
         run = self._history.runs.get((profile.target, profile.run or ""))
         give_up = run is None or wall - tracked.since > _GIVE_UP_S or wall - run.last_t > _LOOKBACK_S
         since = (profile.scheduled_at.timestamp() if profile.scheduled_at else tracked.since) - _LOOKBACK_S
-        first = window.start_step - profile.request.warmup
+        first = window.start_step - profile.window_request.warmup
         for rank, outcome in profile.ranks.items():
             if rank in tracked.ranks and tracked.ranks[rank].verdict != "pending":
                 continue

@@ -46,7 +46,7 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
 from orchestrator.models.profile import Artifact, RankResult, StacksSummary, Trigger
-from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.stack_limits import bound_stacks
 from orchestrator.storage import Storage, open_storage
 
@@ -156,7 +156,8 @@ class StacksTaker:
         storage = config.storage
         profile = Profile(
             id=bundle_id,
-            request=ProfileRequest(target=target, steps=1),
+            request=None,
+            target=target,
             storage=storage,
             run=run,
             kind="stacks",

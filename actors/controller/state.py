@@ -88,10 +88,12 @@ class Profile:
     """One profile request as the controller holds it."""
 
     id: str
-    request: ProfileRequest
+    # What was asked of a profile window; a stacks bundle asks for none (its target is given).
+    request: ProfileRequest | None
     storage: StorageSpec
     # The profile's folder; made from the storage, the target and the id unless restored.
     storage_uri: str = ""
+    target: str = ""
     run: str | None = None
     state: ProfileState = ProfileState.PENDING
     reason: str | None = None
@@ -118,12 +120,19 @@ class Profile:
     post_window: PostWindowCheck | None = None
 
     def __post_init__(self) -> None:
+        if not self.target:
+            if self.request is None:
+                raise ValueError(f"{self.id}: a record without a request names its target")
+            self.target = self.request.target
         if not self.storage_uri:
             self.storage_uri = profile_uri(normalize_uri(self.storage.uri), self.target, self.id)
 
     @property
-    def target(self) -> str:
-        return self.request.target
+    def window_request(self) -> ProfileRequest:
+        """What was asked of this profile's window; only the runner's profiles (never a bundle) have one."""
+        if self.request is None:
+            raise TypeError(f"{self.id} is a stacks bundle: it asks for no window")
+        return self.request
 
     @property
     def start_step(self) -> int | None:
@@ -206,10 +215,10 @@ class Profile:
 # Fields a Profile and the records made from it share by name (computed, so a field added to
 # both is carried without another line). Ranks are a dict here and a sorted list there.
 _STATUS_FIELDS = tuple(sorted(ProfileStatus.model_fields.keys() - {"ranks"}))
-# Derived here (target, the window's steps) or not carried across a restart (postprocess progress:
+# Derived here (the window's steps) or not carried across a restart (postprocess progress:
 # a restored COLLECTING profile runs its postprocess again).
 _RESTORED_FIELDS = tuple(
-    sorted(ProfileStatus.model_fields.keys() - {"ranks", "target", "start_step", "stop_step", "postprocess"})
+    sorted(ProfileStatus.model_fields.keys() - {"ranks", "start_step", "stop_step", "postprocess"})
 )
 # What the manifest records that the profile holds; the rest is known only once it ends.
 _MANIFEST_FIELDS = tuple(

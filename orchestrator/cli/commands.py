@@ -246,7 +246,7 @@ def list_profiles(args: argparse.Namespace) -> int:
         emit_json(page)
         return EXIT_OK
     rows = [
-        [p.id, p.target, p.state.value, str(p.steps), p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
+        [p.id, p.target, p.state.value, str(p.steps) if p.steps is not None else "-", p.created_at.strftime("%Y-%m-%d %H:%M:%S")]
         for p in page.profiles
     ]
     out(table(rows, ["id", "target", "state", "steps", "created (UTC)"]) if rows else "no profiles")

@@ -66,7 +66,7 @@ def window_steps(status: ProfileStatus) -> int:
     """Steps in the window as planned: fewer than asked when the byte cap shortened it."""
     if status.start_step is not None and status.stop_step is not None:
         return status.stop_step - status.start_step
-    return status.request.steps
+    return status.request.steps if status.request is not None else 0
 
 
 def steps_captured(rank: RankResult, status: ProfileStatus, step_now: int | None) -> int:

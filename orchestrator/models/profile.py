@@ -128,6 +128,19 @@ class PostprocessProgress(StrictModel):
         return f"{self.phase} {self.done}/{self.total} ranks"
 
 
+def _bundle_asks_nothing(data: Any) -> Any:
+    # Stacks bundles saved or written before they became their own kind carry an invented
+    # one-step request; folders and saved state are kept for weeks, so it is dropped on load.
+    if isinstance(data, dict) and data.get("kind") == "stacks" and data.get("request") is not None:
+        return {**data, "request": None}
+    return data
+
+
+def _request_of_its_kind(kind: str, request: ProfileRequest | None) -> None:
+    if (kind == "profile") != (request is not None):
+        raise ValueError("a profile has a request and a stacks bundle has none")
+
+
 class ProfileStatus(StrictModel):
     """A profile request as the controller sees it now."""
 
@@ -137,7 +150,7 @@ class ProfileStatus(StrictModel):
     run: str | None = Field(default=None, description="The Ray job of the run profiled, once scheduled.")
     state: ProfileState
     reason: str | None = None
-    request: ProfileRequest
+    request: ProfileRequest | None = Field(default=None, description="What was asked: a profile's window; none for a stacks bundle.")
     start_step: int | None = None
     stop_step: int | None = Field(
         default=None, description="First step after the window; start_step + steps unless the byte cap shortened it."
@@ -154,6 +167,16 @@ class ProfileStatus(StrictModel):
         default=None, description="While COLLECTING: how far the per-rank analysis and merge have got."
     )
     post_window: PostWindowCheck | None = Field(default=None, description="Steps after the window against steps before it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_bundle(cls, data: Any) -> Any:
+        return _bundle_asks_nothing(data)
+
+    @model_validator(mode="after")
+    def _request_of_kind(self) -> ProfileStatus:
+        _request_of_its_kind(self.kind, self.request)
+        return self
 
 
 class StacksSummary(StrictModel):
@@ -174,7 +197,7 @@ class Manifest(StrictModel):
     target: Name
     status: Literal[ProfileState.DONE, ProfileState.PARTIAL, ProfileState.FAILED, ProfileState.CANCELLED]
     reason: str | None = None
-    request: ProfileRequest
+    request: ProfileRequest | None = Field(default=None, description="What was asked: a profile's window; none for a stacks bundle.")
     storage_uri: str = Field(description="Folder that holds this profile.")
     start_step: int | None
     stop_step: int | None
@@ -200,6 +223,7 @@ class Manifest(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _old_stacks_summary(cls, data: Any) -> Any:
+        data = _bundle_asks_nothing(data)
         # Manifests of stacks bundles written before StacksSummary hold {"stacks": line}; folders are kept for weeks.
         if isinstance(data, dict) and data.get("kind") == "stacks" and isinstance(data.get("summary"), dict):
             old = data["summary"]
@@ -209,6 +233,7 @@ class Manifest(StrictModel):
 
     @model_validator(mode="after")
     def _summary_of_its_kind(self) -> Manifest:
+        _request_of_its_kind(self.kind, self.request)
         expected = StacksSummary if self.kind == "stacks" else Summary
         if self.summary is not None and not isinstance(self.summary, expected):
             raise ValueError(f"a manifest of kind {self.kind!r} holds a {expected.__name__} summary")

@@ -28,7 +28,7 @@ class ProfileSummary(StrictModel):
     run: str | None = None
     state: ProfileState
     reason: str | None = None
-    steps: int = Field(ge=1, description="Steps asked for.")
+    steps: int | None = Field(default=None, ge=1, description="Steps asked for; none for a stacks bundle.")
     rank_states: dict[RankState, int] = Field(default_factory=dict, description="How many ranks are in each state.")
     storage_uri: str
     manifest_uri: str | None = None
@@ -42,7 +42,7 @@ class ProfileSummary(StrictModel):
         for rank in status.ranks:
             counts[rank.state] = counts.get(rank.state, 0) + 1
         shared = {name: getattr(status, name) for name in _FROM_STATUS}
-        return cls(**shared, steps=status.request.steps, rank_states=counts)
+        return cls(**shared, steps=status.request.steps if status.request is not None else None, rank_states=counts)
 
 
 # Fields a summary copies from the full record by name: a field added to both is carried here.
