@@ -289,6 +289,8 @@ class Controller(Startup, AgentSide, ClientSide):
                 self._telemetry.tick(time.monotonic(), list(self._profiles.values()), self._watches.list())
             except Exception:
                 logger.exception("rayprof controller: telemetry tick failed")
+            if self._retention.retry_due(time.monotonic()):
+                self._spawn(self._retention.enforce(self._catalog))
 
     # ---- internals -------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
@@ -19,9 +20,13 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import open_storage
 
-__all__ = ["Retention", "expired"]
+__all__ = ["RETRY_S", "Retention", "expired"]
 
 logger = logging.getLogger(__name__)
+
+# A delete that failed is tried again this long after, from the monitor tick: without it, what a
+# failed round left stayed until the next profile ended, which may be never (a capped watch).
+RETRY_S = 5.0
 
 
 def expired(finished: Iterable[Finished], count: int, days: float, auto_count: int) -> list[Finished]:
@@ -44,6 +49,13 @@ class Retention:
     def __init__(self, persistence: Persistence, config: Callable[[], ControllerConfig]) -> None:
         self._persistence = persistence
         self._config = config
+        # One round at a time (a profile ending and the retry could race for the same folder).
+        self._lock = asyncio.Lock()
+        self._retry_at: float | None = None
+
+    def retry_due(self, now: float) -> bool:
+        """Whether a round left something it failed to delete, and its retry is due (monotonic ``now``)."""
+        return self._retry_at is not None and now >= self._retry_at and not self._lock.locked()
 
     def due(self, catalog: Catalog) -> list[Finished]:
         """What the policy no longer keeps."""
@@ -52,7 +64,13 @@ class Retention:
 
     async def enforce(self, catalog: Catalog) -> list[str]:
         """Delete what the policy no longer keeps; returns what failed. A storage error leaves
-        that profile for the next round."""
+        that profile for the next round: the next profile to end, gc, or the monitor tick ``RETRY_S`` later."""
+        async with self._lock:
+            failed = await self._round(catalog)
+        self._retry_at = time.monotonic() + RETRY_S if failed else None
+        return failed
+
+    async def _round(self, catalog: Catalog) -> list[str]:
         failed = []
         due = self.due(catalog)
         for entry in due:

@@ -131,7 +131,7 @@ class Profile:
     def window_request(self) -> ProfileRequest:
         """What was asked of this profile's window; only the runner's profiles (never a bundle) have one."""
         if self.request is None:
-            raise TypeError(f"{self.id} is a stacks bundle: it asks for no window")
+            raise ValueError(f"{self.id} is a stacks bundle: it asks for no window")
         return self.request
 
     @property
