@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -54,7 +53,7 @@ def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
     summary = Summary.model_validate(manifest.summary)
     assert [r.rank for r in summary.ranks] == [0, 1]
     assert summary.steps == [manifest.start_step, manifest.start_step + 1]
-    assert Summary.model_validate_json(json.dumps(manifest.summary)) == summary
+    assert Summary.model_validate_json(manifest.summary.model_dump_json()) == summary
     # The per-rank Ray tasks' merge: its budget and each rank's clock alignment are in the manifest.
     assert manifest.merge is not None and manifest.merge.ranks == [0, 1]
     assert [a.rank for a in manifest.merge.alignment] == [0, 1] and manifest.merge.events > 0

@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchestrator.auth import check_exposure, host_of, is_loopback, read_token
 from orchestrator.errors import ConfigurationError, RayprofError, StorageError
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.service.security import (
     Guard,
     SecurityHeaders,
@@ -135,7 +136,16 @@ def test_deploy_config_builds_on_loopback_without_a_token(monkeypatch):
     (application,) = config["applications"]
     monkeypatch.setattr(service_app, "serve_http_host", lambda: config["http_options"]["host"])
 
-    assert service_app.build_app(application.get("args")) is not None
+    built = service_app.build_app(application.get("args"))
+    # The deployment Serve would run, with the config's settings: its storage, no token, not insecure.
+    bound = built._bound_deployment
+    assert bound.name == "ProfilingService"
+    assert bound.init_kwargs == {
+        "storage": StorageSpec(uri="file:///mnt/cluster_storage/rayprof"),
+        "token": None,
+        "insecure": False,
+        "allowed_hosts": (),
+    }
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,9 @@ def test_stacks_name_the_hung_rank_and_its_frame_and_the_target_turns_stalled(ra
     assert lines[1].startswith("rank 1 is in train_job.py:") and "in _planted_hang;" in lines[1]
     assert "rank 0 waits in all_reduce (distributed_c10d.py:" in lines[1] and "in train_loop" in lines[1]
     assert "rank 1 never joined it" in done.stdout
-    assert took < 10 + 5  # 10 s for the ranks, plus starting the CLI and connecting to Ray
+    # Both ranks answered from their agents' own threads while training is blocked (a rank that did
+    # not answer within the per-rank timeout would be named here), whatever the machine's speed.
+    assert "did not answer" not in done.stdout and "no rank answered" not in done.stdout
 
     target = wait_for(
         lambda: (t := _target(client, "hang-run")) is not None and t.health == "STALLED" and t.stall_stacks and t,
