@@ -36,10 +36,10 @@ from actors.controller.runner import Runner
 from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.startup import Startup
 from actors.controller.state import Profile
+from actors.controller.target_queue import TargetQueue
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config
-from orchestrator.errors import ConflictError
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
@@ -78,9 +78,7 @@ class Controller(Startup, AgentSide, ClientSide):
         self._catalog = Catalog(self._persistence)
         # The unfinished profiles, by id: what agents report on.
         self._profiles = self._catalog.live
-        self._slots: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, list[str]] = {}
-        self._active: dict[str, str] = {}
+        self._queue = TargetQueue(self._profiles, lambda: self._config.max_queued_per_target)
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Event | None = None
         self._submit_keys = SubmitKeys()
@@ -166,24 +164,7 @@ class Controller(Startup, AgentSide, ClientSide):
         workers = self._registry.run_workers(request.target, request.run)
         world_size = max((w.info.world_size for w in workers.values()), default=None)
         validate(request, self._config, world_size, self._registry.names())
-        target = request.target
-        # A profile that has ended but not yet released its slot is not in the way.
-        queued = [p for p in self._waiting.get(target, []) if not self._profiles[p].state.is_terminal]
-        running = self._active.get(target)
-        if running is not None and self._profiles[running].state.is_terminal:
-            running = None
-        if running is not None or queued:
-            if not request.queue:
-                raise ConflictError(
-                    f"profile {running or queued[0]} is already running on {target!r}; "
-                    "retry when it ends or pass queue=true",
-                    target=target,
-                )
-            if len(queued) >= self._config.max_queued_per_target:
-                raise ConflictError(
-                    f"{len(queued)} profiles already queued on {target!r} (max {self._config.max_queued_per_target})",
-                    target=target,
-                )
+        self._queue.admit(request)
         storage = self._config.storage
         new_id = new_profile_id("prof", utcnow(), uuid.uuid4().hex[:8])
         profile = Profile(
@@ -196,7 +177,7 @@ class Controller(Startup, AgentSide, ClientSide):
         )
         # Reserved before the save: the limits above count it, and a retry finds its key.
         self._profiles[profile.id] = profile
-        self._waiting.setdefault(target, []).append(profile.id)
+        self._queue.join(profile)
         if key is not None:
             self._submit_keys.remember(key, profile.id, profile.created_at)
         accepting = self._accepting[profile.id] = self._spawn(self._accept(profile))
@@ -213,7 +194,7 @@ class Controller(Startup, AgentSide, ClientSide):
             await self._leases.hold(profile)
         except BaseException:
             self._profiles.pop(profile.id, None)
-            self._waiting[profile.target].remove(profile.id)
+            self._queue.leave(profile)
             self._persistence.forget(profile.id)
             if profile.submit_key is not None:
                 self._submit_keys.forget(profile.submit_key, profile.id)
@@ -232,7 +213,7 @@ class Controller(Startup, AgentSide, ClientSide):
         await self._ensure_started()
         now = time.monotonic()
         return self._registry.target_infos(
-            self._active, self._waiting, lambda workers: self._watches.assess(workers, now), self._watches.stall_stacks
+            self._queue.active, self._queue.waiting, lambda workers: self._watches.assess(workers, now), self._watches.stall_stacks
         )
 
     async def stacks(self, target: str, native: bool = False, run: str | None = None) -> StacksBundle:
@@ -304,24 +285,11 @@ class Controller(Startup, AgentSide, ClientSide):
 
     def _start_profile(self, profile: Profile) -> None:
         # Queue synchronously so a second submit sees this one at once.
-        self._waiting.setdefault(profile.target, []).append(profile.id)
+        self._queue.join(profile)
         self._spawn(self._run_profile(profile))
 
     async def _run_profile(self, profile: Profile) -> None:
-        target = profile.target
-        slot = self._slots.setdefault(target, asyncio.Lock())
-        waiting = self._waiting[target]
-        try:
-            async with slot:
-                waiting.remove(profile.id)
-                self._active[target] = profile.id
-                try:
-                    await self._runner.run(profile)
-                finally:
-                    self._active.pop(target, None)
-        finally:
-            if profile.id in waiting:
-                waiting.remove(profile.id)
+        await self._queue.run(profile, self._runner.run)
         await self._catalog.finish(profile)
         await self._leases.release(profile)
         self._telemetry.bundle_ended(profile)
