@@ -63,6 +63,7 @@ def test_a_target_shows_running_and_its_step_time_history_with_its_profiles_mark
         card.get_by_label("History span").select_option("300")
     expect(chart.locator("polyline")).to_have_count(2)
     card.get_by_label("History span").select_option("900")
+    expect(chart).to_have_attribute("aria-label", re.compile(r"over 15 min$"))
     shot(page, "targets")
 
 
@@ -145,6 +146,11 @@ def test_the_watches_page_creates_lists_and_deletes_a_watch_with_the_keyboard(pa
     (made,) = [w for w in httpx.get(f"{service.url}/v1/watches", timeout=30).json()["watches"] if w["id"] == watch_id]
     assert made["spec"]["target"] == LIVE_TARGET
     assert (made["spec"]["rank_lag"], made["spec"]["action"], made["spec"]["for_s"], made["spec"]["cooldown_s"]) == (1000, "stacks", 60, 7200)
+    unlabeled = page.evaluate(
+        "[...document.querySelectorAll('input, select')]"
+        ".filter(e => e.labels.length === 0 && !e.getAttribute('aria-label')).map(e => e.id)"
+    )
+    assert unlabeled == []
     shot(page, "watches")
 
     page.get_by_role("button", name=f"Delete watch {watch_id}").press("Enter")
@@ -173,7 +179,7 @@ def test_a_profile_page_shows_the_whole_report_and_each_ranks_device_idle_bar(pa
         return body
 
     _answer_with(page, rf"/v1/profiles/{profile_id}\?wait_s=", with_gpu_summary)
-    page.goto(f"{service.url}/#/profiles/{profile_id}")
+    page.reload()  # the tab is on this profile's page already
 
     idle = page.locator("#idle")
     expect(idle.locator("tbody tr")).to_have_count(8)
@@ -187,6 +193,8 @@ def test_a_profile_page_shows_the_whole_report_and_each_ranks_device_idle_bar(pa
         cause = rects.nth(i).get_attribute("data-cause")
         assert rects.nth(i).evaluate("r => getComputedStyle(r).fill") == _rgb(IDLE_COLORS[cause])
     assert "device busy" in idle.locator(".legend").inner_text()
+    css = httpx.get(f"{service.url}/console/idle.css", timeout=30)
+    assert ".idle-late_rank{fill:" + IDLE_COLORS["late_rank"] in css.text and "script-src 'self'" in css.headers["content-security-policy"]
 
     # The report is shown whole: the frame is as tall as the report, its step-time chart and top operators in view.
     frame = page.frame_locator("iframe.report")

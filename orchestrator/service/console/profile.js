@@ -156,7 +156,10 @@ async function profilePage(gen, id) {
         try { await api(`v1/profiles/${encodeURIComponent(id)}`, { method: "DELETE" }); } catch (err) { failed(err); }
       },
     });
-    main.replaceChildren(el("h1", { text: `Profile ${id}` }), head, actions || "", el("h2", { text: "Ranks" }), rankTable(view));
+    // Issue 25's post-window check: a rank that stays slower after the window (the profiler may not have let go).
+    const after = view.post_window ? el("p", { id: "post-window", class: view.post_window.verdict === "slower" ? "bad" : "muted" },
+      `After the window: ${view.post_window.detail}`) : "";
+    main.replaceChildren(el("h1", { text: `Profile ${id}` }), head, after, actions || "", el("h2", { text: "Ranks" }), rankTable(view));
     if (STATES_DONE.has(view.state)) {
       if (view.manifest_uri) {
         try { main.append(...await finishedParts(view)); } catch (err) { failed(err); }

@@ -82,17 +82,17 @@ function targetCard(t) {
     stateLine(t), lagLine(t),
     table([["rank"], ["host", "l"], ["device", "l"], ["step"], ["steps behind"], ["step ms"], ["last seen s"]], rows));
   const chartBox = el("div", { class: "history-box", "aria-live": "off" }, el("p", { class: "muted", text: "Loading the history…" }));
-  const select = historySpanSelect(`${runKey(t)}-span`, () => refreshHistory(chartBox));
+  const select = historySpanSelect(`${runKey(t)}-span`, () => refreshHistory(chartBox).catch(failed));
   const history = el("section", { class: "history", "aria-label": `Step-time history of ${runLabel(t)}` },
     el("div", { class: "row" }, el("h3", { text: "Step time per rank (ms)" }), select), chartBox);
   return el("section", { class: "card target", "data-target": t.name, "data-run": t.run || "", "data-key": runKey(t) },
     live, profileForm(t), el("div", { class: "row actions" }, stacksButton(t)), history);
 }
 
-// The card's chart box keeps the run it draws and its span select; the poll and the select redraw it.
+// The card keeps the run it shows (card.target) and its span select; the poll and the select redraw the chart.
 async function refreshHistory(box) {
   const card = box.closest("section.target");
-  try { await drawHistory(card.target, box, card.querySelector("select[name=span]")); } catch (err) { failed(err); }
+  await drawHistory(card.target, box, card.querySelector("select[name=span]"));
 }
 
 function stacksButton(t) {
