@@ -40,7 +40,6 @@ def test_targets_page_shows_the_live_run_its_ranks_and_a_step_time_chart(page, s
     # Each rank's line gains a point per refresh (every 2 s): wait for a second one.
     for i in range(2):
         expect(lines.nth(i)).to_have_attribute("points", re.compile(r"\S+ \S+"), timeout=30_000)
-    shot(page, "targets")
 
 
 def test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report(page, service):
@@ -56,6 +55,11 @@ def test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report(pag
     assert page.get_by_role("heading", name="Open in Perfetto").is_visible()
     merged = page.get_by_role("link", name="merged.trace.json.gz").first.get_attribute("href")
     assert httpx.get(f"{service.url}{merged}", timeout=30).content[:2] == b"\x1f\x8b"
+    # Shown whole (the frame grows to the report's height once it has loaded).
+    page.wait_for_function(
+        "f => f.offsetHeight >= f.contentDocument.documentElement.scrollHeight",
+        arg=page.locator("iframe.report").element_handle(),
+    )
     shot(page, "profile")
 
 
