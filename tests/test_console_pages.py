@@ -204,4 +204,11 @@ def test_a_profile_page_shows_the_whole_report_and_each_ranks_device_idle_bar(pa
     # Taller than the 70vh (630 px) frame that cut it off after the step-time legend.
     assert iframe.evaluate("f => f.contentDocument.documentElement.scrollHeight") > 900
     assert frame.locator("svg polyline").count() >= 2  # the step-time chart, one line per rank
+    # Opening a rank's top operators makes the report taller, and the frame with it.
+    before = iframe.evaluate("f => f.offsetHeight")
+    frame.locator("details summary").first.click()
+    page.wait_for_function(
+        "([f, h]) => f.offsetHeight > h && f.offsetHeight >= f.contentDocument.documentElement.scrollHeight",
+        arg=[iframe.element_handle(), before],
+    )
     shot(page, "profile-idle")

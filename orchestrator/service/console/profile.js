@@ -68,7 +68,11 @@ function reportFrame(src, id) {
   const frame = el("iframe", { class: "report", src, sandbox: "allow-same-origin", title: `analysis report of ${id}` });
   frame.addEventListener("load", () => {
     const doc = frame.contentDocument;
-    if (doc && doc.documentElement) frame.style.height = `${doc.documentElement.scrollHeight + 4}px`;
+    if (!doc || !doc.body) return;
+    const fit = () => { frame.style.height = `${doc.documentElement.scrollHeight + 4}px`; };
+    fit();
+    // Opening a rank's top operators (a <details>) makes the report taller.
+    new ResizeObserver(fit).observe(doc.body);
   });
   return frame;
 }
