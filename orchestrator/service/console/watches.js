@@ -3,7 +3,8 @@
 "use strict";
 
 // The conditions a watch can wait for: one radio each, with the field it needs (POST /v1/watches).
-// A new kind of watch (a schedule, say) is one more entry here plus its words in watchWhen.
+// A new kind of watch (a schedule, say) is one more entry here plus its words in watchWhen; a field
+// whose key ends in _s is read as a duration (30s, 10m, 1h).
 const CONDITIONS = [
   { key: "slower_than", label: "median step time over its baseline by", field: { type: "number", min: "1.01", step: "0.01", value: "1.3", unit: "x" } },
   { key: "rank_lag", label: "a rank this many steps behind the leader", field: { type: "number", min: "1", step: "1", value: "10", unit: "steps" } },
@@ -76,7 +77,9 @@ function watchForm(targets, onCreated) {
       ranks: data.get("ranks"), for_s: parseDuration(data.get("for")), baseline_s: parseDuration(data.get("baseline")),
       cooldown_s: parseDuration(data.get("cooldown")), max_per_hour: Number(data.get("max")),
     };
-    if (condition === "stalled") body.stalled = true; else body[condition] = Number(data.get(condition));
+    // A condition's field is a number, or a duration when its key ends in _s (as a schedule's would).
+    if (condition === "stalled") body.stalled = true;
+    else body[condition] = condition.endsWith("_s") ? parseDuration(data.get(condition)) : Number(data.get(condition));
     const bad = ["for_s", "baseline_s", "cooldown_s"].filter((k) => Number.isNaN(body[k]));
     if (bad.length) { say(`${bad.join(", ")}: give a duration like 30s, 10m or 1h.`, true); return; }
     try {
