@@ -1,103 +1,23 @@
 """The web console in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
 
 Screenshots of each page go to ``test-artifacts/screenshots/`` (gitignored);
-README's images in docs/img/ are copies of them.
+README's images in docs/img/ are copies of them. The new pages (stacks, watches,
+a target's state and history, device-idle bars) are in tests/test_console_pages.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from benchmarks._stored import CLUSTER, write_saved_profiles
-from tests.conftest import LIVE_TARGET, REPO
+from tests.conftest import LIVE_TARGET
+from tests.console_fixtures import profile_from_form, shot
 
-pytest_plugins = ["tests.serve_fixtures"]
+pytest_plugins = ["tests.serve_fixtures", "tests.console_fixtures"]
 pytestmark = pytest.mark.integration
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
-DONE_TIMEOUT_MS = 180_000
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs it (apt-get install -y chromium, as root)")
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Any, live_job, service) -> Iterator[Any]:
-    """A fresh tab; fails the test on any console error (a CSP violation is one)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.set_default_timeout(30_000)
-    yield tab
-    context.close()
-    # A 401 the test provokes on purpose is logged as a failed resource load; anything else is a bug.
-    assert [e for e in errors if "401" not in e] == []
-
-
-@pytest.fixture(scope="module")
-def stored(service, tmp_path_factory) -> Iterator[tuple[str, list[str]]]:
-    """A second app whose control actor restored 120 stored profiles of 64 ranks; its URL and their ids."""
-    import ray
-    from ray import serve
-
-    from actors.controller.actor import Controller
-    from orchestrator.config import controller_config, normalize_uri
-    from orchestrator.models.agent_protocol import StorageSpec
-    from orchestrator.service.app import ProfilingService
-
-    home = StorageSpec(uri=normalize_uri(str(tmp_path_factory.mktemp("stored"))))
-    ids = write_saved_profiles(home, 120, 64)
-    config = controller_config(home).model_copy(update={"cluster_name": CLUSTER})
-    controller = ray.remote(Controller).options(num_cpus=0).remote(config)
-    serve.run(ProfilingService.bind(controller=controller), name="rayprof-stored", route_prefix="/stored")
-    yield f"{service.url}/stored", ids
-    serve.delete("rayprof-stored")
-    ray.kill(controller, no_restart=True)
-
-
-def shot(tab: Any, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    tab.screenshot(path=str(path), full_page=True)
-    return path
-
-
-def profile_from_form(tab: Any, url: str, steps: int = 3) -> str:
-    """Start a profile of the live run from the Targets page's form; returns its id."""
-    tab.goto(f"{url}/#/targets")
-    form = tab.get_by_role("form", name=f"Profile {LIVE_TARGET}")
-    form.get_by_label("Steps").fill(str(steps))
-    form.get_by_role("button", name=f"Profile {LIVE_TARGET}").click()
-    tab.wait_for_url(re.compile(r"#/profiles/.+"))
-    tab.locator("#profile-state", has_text="DONE").wait_for(timeout=DONE_TIMEOUT_MS)
-    return tab.url.rsplit("/", 1)[-1]
 
 
 def test_console_is_served_with_a_strict_content_security_policy(service):
@@ -120,7 +40,6 @@ def test_targets_page_shows_the_live_run_its_ranks_and_a_step_time_chart(page, s
     # Each rank's line gains a point per refresh (every 2 s): wait for a second one.
     for i in range(2):
         expect(lines.nth(i)).to_have_attribute("points", re.compile(r"\S+ \S+"), timeout=30_000)
-    shot(page, "targets")
 
 
 def test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report(page, service):
@@ -129,12 +48,18 @@ def test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report(pag
     frame = page.frame_locator("iframe.report")
     frame.locator("h1").wait_for()
     assert profile_id in page.locator("h1").first.inner_text()
-    assert page.locator("iframe.report").get_attribute("sandbox") == ""
+    # Sandboxed: no script runs in it (same-origin only so that the console can size it to the report).
+    assert page.locator("iframe.report").get_attribute("sandbox") == "allow-same-origin"
     links = page.locator("table a[download]")
     assert links.count() >= 5  # 2 traces, 2 op tables, merged trace, report
     assert page.get_by_role("heading", name="Open in Perfetto").is_visible()
     merged = page.get_by_role("link", name="merged.trace.json.gz").first.get_attribute("href")
     assert httpx.get(f"{service.url}{merged}", timeout=30).content[:2] == b"\x1f\x8b"
+    # Shown whole (the frame grows to the report's height once it has loaded).
+    page.wait_for_function(
+        "f => f.offsetHeight >= f.contentDocument.documentElement.scrollHeight",
+        arg=page.locator("iframe.report").element_handle(),
+    )
     shot(page, "profile")
 
 
@@ -185,7 +110,7 @@ def test_every_control_has_a_label_and_the_keyboard_reaches_the_profile_form(pag
         focused.append(page.evaluate("document.activeElement.id || document.activeElement.textContent"))
         if focused[-1] == steps:
             break
-    header = ["rayprof", "nav-targets", "nav-profiles", "nav-compare", "token-input", "token-save", "token-forget"]
+    header = ["rayprof", "nav-targets", "nav-profiles", "nav-watches", "nav-compare", "token-input", "token-save", "token-forget"]
     assert focused[: len(header)] == header
     assert focused[-1] == steps
 

@@ -46,7 +46,10 @@ def test_a_valid_name_is_kept_as_it_is():
 def test_the_report_policies_are_defined_once_and_differ_only_in_who_may_frame_the_report():
     assert _files_matching(r"(?m)^\s*\w*REPORT_CSP\s*=") == ["orchestrator/service/security.py"]
     assert "frame-ancestors 'none'" in REPORT_CSP and "sandbox" in REPORT_CSP
-    assert FRAMED_REPORT_CSP == REPORT_CSP.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
+    assert FRAMED_REPORT_CSP == REPORT_CSP.replace("frame-ancestors 'none'", "frame-ancestors 'self'").replace(
+        "sandbox", "sandbox allow-same-origin"
+    )
+    assert "allow-scripts" not in FRAMED_REPORT_CSP and "default-src 'none'" in FRAMED_REPORT_CSP
 
 
 def test_the_merged_trace_cap_is_read_from_the_environment_in_one_place():

@@ -21,7 +21,9 @@ import pytest
 from tests.conftest import REPO
 from tests.test_imports import _FORBIDDEN_IN_WORKER
 
-CONSOLE_FILES = ("index.html", "app.js", "compare.js", "app.css")
+CONSOLE_FILES = (
+    "index.html", "app.js", "targets.js", "history.js", "profile.js", "stacks.js", "watches.js", "compare.js", "app.css"
+)
 
 
 def _run(*args: str | Path, cwd: Path, timeout: float = 900) -> str:

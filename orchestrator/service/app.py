@@ -135,9 +135,6 @@ class ProfilingService(ConsoleRoutes):
                 self._controller = None
             raise
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        # The console routes' way in (orchestrator.service.console), until they call _ask.
-        return await self._ask(lambda controller: getattr(controller, method)(*args))
 
     def _view(self, read: ProfileRead, request: Request) -> ProfileView:
         if read.deleted:

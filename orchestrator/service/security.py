@@ -52,10 +52,12 @@ MAX_BODY_BYTES = 64 * 1024
 
 # report.html is inline CSS and SVG only: nothing may load, run or submit. The two policies
 # differ only in who may frame it: served at its own URL (/report) nothing may; the
-# console shows it in a sandboxed frame of its own origin, so that origin may.
+# console shows it in a sandboxed frame of its own origin, so that origin may, and the
+# frame keeps that origin (allow-same-origin, never allow-scripts: no script runs in it)
+# so the console can read its height and show all of it rather than a scrolled slice.
 _REPORT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 REPORT_CSP = f"{_REPORT_POLICY}; frame-ancestors 'none'; sandbox"
-FRAMED_REPORT_CSP = f"{_REPORT_POLICY}; frame-ancestors 'self'; sandbox"
+FRAMED_REPORT_CSP = f"{_REPORT_POLICY}; frame-ancestors 'self'; sandbox allow-same-origin"
 REPORT_HEADERS = {
     "content-security-policy": REPORT_CSP,
     "x-content-type-options": "nosniff",
