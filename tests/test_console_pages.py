@@ -158,6 +158,26 @@ def test_the_watches_page_creates_lists_and_deletes_a_watch_with_the_keyboard(pa
     assert watch_id not in {w["id"] for w in httpx.get(f"{service.url}/v1/watches", timeout=30).json()["watches"]}
 
 
+def test_the_watches_page_creates_a_schedule_and_shows_its_next_firing(page, service):
+    page.goto(f"{service.url}/#/watches")
+    form = page.get_by_role("form", name="Create a watch")
+    form.get_by_label("on a schedule, every", exact=True).check()
+    form.get_by_label(re.compile(r"on a schedule, every \(a duration")).fill("2h")
+    # Stacks, not a window: a schedule fires once at creation, and the live job is shared.
+    form.get_by_label("take every rank's stacks").check()
+    form.get_by_role("button", name="Create watch").press("Enter")
+
+    row = page.locator("#watch-list tbody tr").filter(has_text="every 2h")
+    expect(row).to_have_count(1)
+    expect(row.locator(".next-at")).to_contain_text("next")
+    watch_id = row.get_attribute("data-watch")
+    (made,) = [w for w in httpx.get(f"{service.url}/v1/watches", timeout=30).json()["watches"] if w["id"] == watch_id]
+    assert (made["spec"]["every_s"], made["spec"]["action"], made["spec"]["target"]) == (7200, "stacks", LIVE_TARGET)
+    assert made["next_at"] is not None
+    page.get_by_role("button", name=f"Delete watch {watch_id}").press("Enter")
+    expect(page.locator(f'#watch-list tr[data-watch="{watch_id}"]')).to_have_count(0)
+
+
 def test_a_bad_duration_is_refused_in_the_page_and_nothing_is_created(page, service):
     before = len(httpx.get(f"{service.url}/v1/watches", timeout=30).json()["watches"])
     page.goto(f"{service.url}/#/watches")

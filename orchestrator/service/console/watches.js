@@ -9,6 +9,7 @@ const CONDITIONS = [
   { key: "slower_than", label: "median step time over its baseline by", field: { type: "number", min: "1.01", step: "0.01", value: "1.3", unit: "x" } },
   { key: "rank_lag", label: "a rank this many steps behind the leader", field: { type: "number", min: "1", step: "1", value: "10", unit: "steps" } },
   { key: "stalled", label: "no rank advances (STALLED)", field: null },
+  { key: "every_s", label: "on a schedule, every", field: { type: "text", value: "30m", size: "6", unit: "a duration like 30m" } },
 ];
 const UNITS = { "": 1, s: 1, m: 60, h: 3600 };
 
@@ -20,6 +21,7 @@ function parseDuration(text) {
 
 // A watch in words, as `rayprof watches` says it.
 function watchWhen(spec) {
+  if (spec.every_s !== null && spec.every_s !== undefined) return `every ${fmtSeconds(spec.every_s)}`;
   if (spec.slower_than !== null) return `median step time over ${spec.slower_than}x its ${spec.baseline_s}s baseline`;
   if (spec.rank_lag !== null) return `a rank ${spec.rank_lag}+ steps behind the leader`;
   return "no rank advancing (STALLED)";
@@ -27,7 +29,8 @@ function watchWhen(spec) {
 
 function watchWords(spec) {
   const then = spec.action === "stacks" ? "take every rank's stacks" : `profile ${spec.profile_steps} steps on ${spec.ranks} ranks`;
-  return `when ${watchWhen(spec)} for ${spec.for_s}s, ${then}; cooldown ${spec.cooldown_s}s, at most ${spec.max_per_hour}/hour`;
+  const when = spec.every_s !== null && spec.every_s !== undefined ? watchWhen(spec) : `when ${watchWhen(spec)} for ${spec.for_s}s`;
+  return `${when}, ${then}; cooldown ${spec.cooldown_s}s, at most ${spec.max_per_hour}/hour`;
 }
 
 function field(id, label, attrs) {
@@ -39,7 +42,7 @@ function watchForm(targets, onCreated) {
     el("input", { type: "radio", name: "condition", id: `watch-when-${c.key}`, value: c.key, checked: i === 0 }),
     el("label", { for: `watch-when-${c.key}`, text: c.label }),
     c.field ? el("input", { type: c.field.type, id: `watch-${c.key}`, name: c.key, min: c.field.min, step: c.field.step,
-      value: c.field.value, "aria-label": `${c.label} (${c.field.unit})` }) : ""));
+      size: c.field.size, value: c.field.value, "aria-label": `${c.label} (${c.field.unit})` }) : ""));
   const form = el("form", { id: "watch-form", "aria-label": "Create a watch" },
     el("fieldset", {}, el("legend", { text: "Watch a target" }),
       el("div", { class: "row" },
@@ -77,10 +80,12 @@ function watchForm(targets, onCreated) {
       ranks: data.get("ranks"), for_s: parseDuration(data.get("for")), baseline_s: parseDuration(data.get("baseline")),
       cooldown_s: parseDuration(data.get("cooldown")), max_per_hour: Number(data.get("max")),
     };
+    // A schedule has no condition to hold or baseline to fill (the API refuses them with one).
+    if (condition === "every_s") { delete body.for_s; delete body.baseline_s; }
     // A condition's field is a number, or a duration when its key ends in _s (as a schedule's would).
     if (condition === "stalled") body.stalled = true;
     else body[condition] = condition.endsWith("_s") ? parseDuration(data.get(condition)) : Number(data.get(condition));
-    const bad = ["for_s", "baseline_s", "cooldown_s"].filter((k) => Number.isNaN(body[k]));
+    const bad = ["for_s", "baseline_s", "cooldown_s", "every_s"].filter((k) => Number.isNaN(body[k]));
     if (bad.length) { say(`${bad.join(", ")}: give a duration like 30s, 10m or 1h.`, true); return; }
     try {
       const status = await api("v1/watches", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
@@ -103,7 +108,8 @@ function watchRows(watches, onDeleted) {
   return watches.map((w) => el("tr", { "data-watch": w.id },
     td(w.id, "l"), td(w.spec.target, "l"),
     td(el("span", {}, watchWords(w.spec), w.note ? el("span", { class: "muted", text: ` (${w.note})` }) : "",
-      w.paused ? el("span", { class: "bad", text: ` PAUSED: ${w.paused}` }) : ""), "l"),
+      w.paused ? el("span", { class: "bad", text: ` PAUSED: ${w.paused}` }) : "",
+      w.next_at ? el("span", { class: "muted next-at", text: ` next ${new Date(w.next_at).toLocaleString()}` }) : ""), "l"),
     td(el("span", { class: `state watch-${w.state}`, text: w.state }), "l"),
     td(w.baseline === null ? "–" : `${fmtMs(w.baseline * 1000)} ms`), td(w.observed === null ? "–" : String(Number(w.observed.toPrecision(4)))),
     td(w.holding_s === null ? "–" : fmtSeconds(w.holding_s)), td(firingsList(w), "l"),
