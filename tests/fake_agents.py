@@ -25,7 +25,7 @@ from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, 
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack
-from orchestrator.models.profile import ProfileStatus, RankEvent
+from orchestrator.models.profile import ArtifactKind, ProfileStatus, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
 
@@ -109,6 +109,8 @@ class FakeAgent:
     info: WorkerInfo
     behaviour: Behaviour = "ok"
     trace_bytes: int = 1000
+    # What finish() uploads: an op table (no postprocess), or "trace" so the controller runs its postprocess.
+    upload: ArtifactKind = "op_table"
     step: int = 0
     windows: list[WindowSpec] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
@@ -223,8 +225,9 @@ class FakeAgent:
 
     async def finish(self, window: WindowSpec) -> None:
         """Upload this rank's file and report the window DONE."""
-        key = rank_artifact_keys(window.prefix, self.info.world_rank, self.info.host, self.info.pid)["op_table"]
-        artifact = open_storage(window.storage).put_bytes(b"name,count\n", key, "op_table", folder=window.prefix)
+        key = rank_artifact_keys(window.prefix, self.info.world_rank, self.info.host, self.info.pid)[self.upload]
+        body = b"{}" if self.upload == "trace" else b"name,count\n"
+        artifact = open_storage(window.storage).put_bytes(body, key, self.upload, folder=window.prefix)
         await self.report(
             window,
             RankState.DONE,

@@ -12,10 +12,10 @@ import uvicorn
 from playwright.async_api import async_playwright
 
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
+from tests.console_fixtures import CHROMIUM, CHROMIUM_ARGS
 from tests.fake_agents import FakeAgent, make_controller, run, worker_info
 from tests.inprocess_service import install_service
 from tests.serve_fixtures import free_port
-from tests.test_console_browser import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(autouse=True)

@@ -167,7 +167,7 @@ def test_the_watches_page_creates_a_schedule_and_shows_its_next_firing(page, ser
     form.get_by_label("take every rank's stacks").check()
     form.get_by_role("button", name="Create watch").press("Enter")
 
-    row = page.locator("#watch-list tbody tr").filter(has_text="every 2h")
+    row = page.locator("#watch-list tbody tr").filter(has_text="every 2.0 h")
     expect(row).to_have_count(1)
     expect(row.locator(".next-at")).to_contain_text("next")
     watch_id = row.get_attribute("data-watch")

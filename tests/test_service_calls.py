@@ -11,14 +11,12 @@ import httpx
 import pytest
 
 from actors.controller.actor import Controller
-from orchestrator.layout import profile_prefix, rank_artifact_keys
-from orchestrator.models.agent_protocol import WindowSpec
-from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.layout import profile_prefix
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from orchestrator.storage import open_storage
 from tests.fake_agents import (
     FAKE_RAY_CLUSTER,
-    STEP_S,
     FakeAgent,
     fast_config,
     run,
@@ -42,22 +40,6 @@ async def with_report(draft, profile, timeout_s):
     folder = profile_prefix(draft.target, draft.profile_id)
     artifact = open_storage(profile.storage).put_bytes(REPORT, f"{folder}/report.html", "report", folder=folder)
     return draft.model_copy(update={"artifacts": [*draft.artifacts, artifact]})
-
-
-class TracingAgent(FakeAgent):
-    """Uploads a trace, so that the controller runs its postprocess."""
-
-    async def finish(self, window: WindowSpec) -> None:
-        key = rank_artifact_keys(window.prefix, self.info.world_rank, self.info.host, self.info.pid)["trace"]
-        artifact = open_storage(window.storage).put_bytes(b"{}", key, "trace", folder=window.prefix)
-        await self.report(
-            window,
-            RankState.DONE,
-            first_step=window.start_step,
-            last_step=window.stop_step - 1,
-            step_durations_ms=[STEP_S * 1000] * window.steps,
-            artifacts=[artifact],
-        )
 
 
 class _Counted:
@@ -85,7 +67,7 @@ def test_get_report_and_delete_of_a_profile_make_one_controller_call_each(home, 
         controller = Controller(fast_config(home), postprocess=with_report, cluster=FAKE_RAY_CLUSTER)
         armed = asyncio.Event()  # held unset: the first profile stays running until cancelled
         for rank in range(2):
-            await TracingAgent(controller, worker_info(rank, 2), arm_ack_gate=armed).start()
+            await FakeAgent(controller, worker_info(rank, 2), arm_ack_gate=armed, upload="trace").start()
         handle = CountingHandle(controller)
         app = install_service(monkeypatch, controller, handle=handle)
         calls: dict[str, dict[str, int]] = {}
