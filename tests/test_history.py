@@ -199,3 +199,24 @@ def test_a_window_that_leaves_a_rank_slower_is_said_in_its_status_and_saved(home
             await a.stop()
 
     run(scenario(), timeout_s=60)
+
+
+def test_a_live_run_with_no_points_yet_has_an_empty_history_not_a_404(home):
+    # The console asks for a target's history as soon as its card shows: a run that just
+    # registered, or a controller with history off, has no points, but it is not unknown.
+    async def scenario():
+        c = make_controller(home, history=False)
+        agents = await start_agents(c, 2)
+        view = await c.history("run")
+        named = await c.history("run", "job1")
+        with pytest.raises(TargetNotFoundError):
+            await c.history("run", "no-such-job")
+        with pytest.raises(TargetNotFoundError):
+            await c.history("nope")
+        for a in agents:
+            await a.stop()
+        return view, named
+
+    view, named = run(scenario())
+    assert (view.target, view.run, view.ranks, view.resolution_s) == ("run", "job1", [], 1.0)
+    assert named == view

@@ -185,8 +185,8 @@ class Telemetry:
     def view(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
         """One run's history over the last ``span_s``: the named run, else the newest live one,
         else the one heard from last."""
+        live = self._registry.runs(target)
         if run is None:
-            live = self._registry.runs(target)
             runs = [r for (t, _), r in self.history.runs.items() if t == target]
             found = self.history.runs.get((target, next(iter(live)))) if live else None
             if found is None and runs:
@@ -194,5 +194,9 @@ class Telemetry:
         else:
             found = self.history.runs.get((target, run))
         if found is None:
-            raise TargetNotFoundError(f"no step-time history for {target!r}" + (f" run {run!r}" if run else ""), target=target)
+            newest = next(iter(live), None)
+            if newest is None or run not in (None, *live):
+                raise TargetNotFoundError(f"no step-time history for {target!r}" + (f" run {run!r}" if run else ""), target=target)
+            # Live but no point yet (just registered, or history off): empty, not unknown.
+            found = RunHistory(target, run or newest)
         return found.view(span_s, time.time(), ranks)
