@@ -4,7 +4,8 @@ Each module measures one property the design promises and exposes
 ``run(quick: bool, log: LogFn) -> list[Result]``:
 
 - ``idle``          cost of the agent's step path with no window armed
-- ``idle_process``  the same in a whole Ray Train process: no rayprof / setup hook / hook + control actor, alternated
+- ``idle_process``  the same in a whole Ray Train process: no rayprof / setup hook / hook + control actor / no rayprof
+                    again (A/A: what the comparison can resolve), alternated
 - ``trigger``       request accepted -> every rank capturing, on a live TorchTrainer job
 - ``window``        step-time cost of an open window, and the stall after it closes
 - ``artifacts``     bytes per profiled step, upload throughput to S3 (moto) and cluster storage
