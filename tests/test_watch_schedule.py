@@ -226,6 +226,19 @@ def test_every_problem_of_a_schedule_is_named_at_once(home):
         assert why in message
 
 
+def test_a_period_of_a_few_ulps_is_refused_as_under_the_minimum_not_an_internal_error(home):
+    # Found by the schema fuzzer: every_s=5e-324 passes the model's gt=0, and 3600 / 5e-324 is infinite.
+    async def go():
+        c = controller(home, Clock())
+        with pytest.raises(InvalidWatchError) as refused:
+            await c.create_watch(WatchSpec(target="run", every_s=5e-324, cooldown_s=0))
+        return refused.value.message, await c.list_watches()
+
+    message, watches = run(go())
+    assert "every_s=4.94066e-324 is under the minimum of 60s" in message and "lengthen every_s" in message
+    assert watches == []
+
+
 def test_over_http_a_bad_schedule_is_a_422_and_a_good_one_is_created(home, monkeypatch):
     async def go():
         c = controller(home, Clock())

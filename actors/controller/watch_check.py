@@ -57,9 +57,12 @@ def _check_schedule(spec: WatchSpec) -> None:
             "firings; give a cooldown of at most every_s"
         )
     if every * spec.max_per_hour < _HOUR_S:
+        per_hour = _HOUR_S / every
+        # A period of a few ulps (5e-324 s, as a fuzzer sends) fires an infinity of times an hour: no count to raise to.
+        raise_to = f"raise max_per_hour to {math.ceil(per_hour)} or " if math.isfinite(per_hour) else ""
         problems.append(
-            f"every_s={every:g} fires {_HOUR_S / every:.3g} times an hour, over max_per_hour={spec.max_per_hour}: "
-            f"raise max_per_hour to {math.ceil(_HOUR_S / every)} or lengthen every_s"
+            f"every_s={every:g} fires {per_hour:.3g} times an hour, over max_per_hour={spec.max_per_hour}: "
+            f"{raise_to}lengthen every_s"
         )
     for name, what in (("for_s", "how long a condition holds"), ("baseline_s", "slower_than's baseline")):
         if getattr(spec, name) != WatchSpec.model_fields[name].default:
