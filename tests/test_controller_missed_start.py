@@ -6,7 +6,7 @@ from __future__ import annotations
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.fake_agents import make_controller as controller
-from tests.fake_agents import run, start_agents, wait_terminal
+from tests.fake_agents import run, start_agents, until, wait_terminal
 
 
 def profile_with(home: StorageSpec, behaviours: list[str]):
@@ -35,6 +35,27 @@ def test_a_window_every_rank_missed_is_armed_again_and_ends_done(home):
     assert status.start_step == again.start_step
     assert all(a.windows[1] == again for a in agents)
     assert [r.missed_start for r in status.ranks] == [False, False]
+
+
+def test_a_window_armed_again_starts_after_the_missed_start_even_when_no_step_count_moved(home):
+    # The ranks said they were past the start; their step counts (a stale heartbeat, a sync that
+    # timed out) may not show it yet. Frozen counts here: the new start still comes after the old.
+    async def go():
+        c = controller(home)
+        agents = await start_agents(c, 2, behaviour="late_arm", training=False)
+        profile_id = (await c.submit(ProfileRequest(target="run", steps=3))).id
+        armed_twice = await until(lambda: all(len(a.windows) == 2 for a in agents), timeout_s=20)
+        await c.cancel(profile_id)
+        await wait_terminal(c, profile_id, timeout_s=20)
+        for a in agents:
+            await a.stop()
+        return armed_twice, agents
+
+    armed_twice, agents = run(go(), timeout_s=60)
+    assert armed_twice
+    first, again = agents[0].windows
+    assert again.start_step > first.start_step
+    assert agents[1].windows == [first, again]
 
 
 def test_a_window_missed_again_ends_failed_saying_the_start_had_passed(home):

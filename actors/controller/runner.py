@@ -105,9 +105,12 @@ class Runner:
             self._rearms[profile.id] = rearms + 1
             self._remember_arm_round(profile)
             logger.info("rayprof controller: %s: every rank missed the start of %s; arming again", profile.id, profile.window)
+            # Every rank said it was past the missed start: the new one comes after it, whatever a
+            # stale step count (a sync that timed out, a heartbeat in flight) says.
+            past = profile.window.start_step if profile.window else 0
             # No rank holds the window now: a cancel before the new arms go out ends the ranks at once.
             profile.window = None
-            await self._schedule(profile)
+            await self._schedule(profile, past=past)
             # The new window's ranks are checked at once, not after a wait for news.
             return await self.step(profile)
         state, reason = outcome(list(profile.ranks.values()), profile.window, profile.cancel_requested)
@@ -133,8 +136,9 @@ class Runner:
         if not profile.state.is_terminal:
             await self.transition(profile, ProfileState.FAILED)
 
-    async def _schedule(self, profile: Profile) -> None:
-        """Pick the start step ahead of the fastest rank and arm every selected rank."""
+    async def _schedule(self, profile: Profile, past: int = 0) -> None:
+        """Pick the start step ahead of the fastest rank (and of ``past``, a step every rank is known to
+        have reached) and arm every selected rank."""
         config = self._config()
         workers = self._registry.run_workers(profile.target, profile.run)
         if not workers:
@@ -167,7 +171,7 @@ class Runner:
             return
         now = time.monotonic()
         start = start_step(
-            max(w.estimated_step(now) for w in present),
+            max(past, *(w.estimated_step(now) for w in present)),
             (w.step_time_s for w in present if w.step_time_s),
             sync_round_s,
             config.arm_lead_s,
