@@ -33,18 +33,37 @@ def train_fn(cfg: dict) -> None:
             opt.step()
 
     run(3000)  # warm up; the agent (if any) attaches at the first of these steps
+    agent = next((t for t in threading.enumerate() if t.name == "rayprof-agent"), None)
     per_block, blocks = 400, []
+    agent0, start = _thread_use(agent), time.perf_counter()
     deadline = time.monotonic() + cfg["seconds"]
     while time.monotonic() < deadline:
         w0, c0 = time.perf_counter(), time.thread_time()
         run(per_block)
         blocks.append([(time.perf_counter() - w0) / per_block, (time.thread_time() - c0) / per_block])
+    agent1, timed_s = _thread_use(agent), time.perf_counter() - start
     with open(cfg["out"], "w") as f:
         json.dump({
             "blocks": blocks,
             "torch_threads": torch.get_num_threads(),
-            "agent_thread": any(t.name == "rayprof-agent" for t in threading.enumerate()),
+            "agent_thread": agent is not None,
+            "timed_s": timed_s,
+            # What the agent's own thread did while the steps were timed: CPU seconds and wake-ups.
+            "agent_cpu_s": agent1[0] - agent0[0],
+            "agent_wakeups": agent1[1] - agent0[1],
         }, f)
+
+
+def _thread_use(thread) -> tuple[float, int]:
+    """CPU seconds (ns clock of that thread) and context switches (each a wake-up) of ``thread`` so far."""
+    import time
+
+    if thread is None:
+        return (0.0, 0)
+    cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    return (cpu, switches)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks import LogFn
-from benchmarks._stats import REPO, Result, ensure_ray, summarize
+from benchmarks._stats import REPO, Result, ensure_ray, proc_cpu_seconds, summarize
 
 NAME = "idle_process"
 RATIO_TARGET = 1.005
@@ -33,17 +33,22 @@ RATIO_TARGET = 1.005
 _MODES = ("none", "hook", "hook+controller", "none again")
 
 
-def _controller(present: bool) -> None:
+def _controller(present: bool) -> int | None:
+    """Start or stop the control actor; its pid while present."""
     import ray
 
     from actors.controller.actor import create_controller
     from actors.controller.handle import find_controller
+    from benchmarks.control_plane import _controller_pid
     from orchestrator.config import controller_config
 
     handle = find_controller()
-    if present and handle is None:
-        ray.get(create_controller(controller_config(None)).ping.remote())
-    elif not present and handle is not None:
+    if present:
+        if handle is None:
+            handle = create_controller(controller_config(None))
+            ray.get(handle.ping.remote())
+        return _controller_pid(handle)
+    if handle is not None:
         ray.kill(handle)
         deadline = time.monotonic() + 30
         while find_controller() is not None and time.monotonic() < deadline:
@@ -69,6 +74,9 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     rounds, seconds = (2, 4.0) if quick else (6, 10.0)
     ratios: dict[str, dict[str, list[float]]] = {m: {"wall": [], "cpu": []} for m in _MODES[1:]}
     step_us: list[float] = []
+    agent_cpu: list[float] = []
+    agent_wakeups: list[float] = []
+    controller_cpu: list[float] = []
     threads: dict[str, set[int]] = {m: set() for m in _MODES}
     with tempfile.TemporaryDirectory(prefix="rayprof-idle-process-") as tmp:
         try:
@@ -76,8 +84,14 @@ def run(quick: bool, log: LogFn) -> list[Result]:
                 order = _MODES if r % 2 == 0 else _MODES[::-1]
                 got: dict[str, dict] = {}
                 for mode in order:
-                    _controller(mode == "hook+controller")
+                    pid = _controller(mode == "hook+controller")
+                    cpu0, wall0 = (proc_cpu_seconds(pid) if pid else 0.0), time.monotonic()
                     got[mode] = data = _job(address, mode, seconds, Path(tmp))
+                    if pid:
+                        controller_cpu.append(100 * (proc_cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0))
+                    if mode.startswith("hook"):
+                        agent_cpu.append(100 * data["agent_cpu_s"] / data["timed_s"])
+                        agent_wakeups.append(data["agent_wakeups"] / data["timed_s"])
                     threads[mode].add(data["torch_threads"])
                     if data["agent_thread"] != mode.startswith("hook"):
                         raise RuntimeError(f"{mode}: the agent {'did not attach' if mode.startswith('hook') else 'ran'}")
@@ -92,7 +106,16 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             _controller(False)
     note = (f"{rounds} rounds x {len(_MODES)} one-rank jobs of {seconds:.0f} s, alternated; ratio to the same round's "
             f"plain job; torch threads seen: " + ", ".join(f"{m} {sorted(t)}" for m, t in threads.items()))
-    rows = [Result.of(NAME, "plain job step time (wall)", "us", step_us)]
+    rows = [
+        Result.of(NAME, "plain job step time (wall)", "us", step_us),
+        # Counted, not timed: what the agent's thread and the control actor took while the steps ran.
+        Result.of(NAME, "agent thread CPU while the steps are timed", "% of a core", agent_cpu,
+                  note="its own thread's CPU clock over the timed blocks of every hooked job"),
+        Result.of(NAME, "agent thread wake-ups while the steps are timed", "/s", agent_wakeups,
+                  note="context switches of that thread: each is one time it ran (and took the GIL)"),
+        Result.of(NAME, "control actor CPU during a hooked job", "% of a core", controller_cpu,
+                  note="the whole job's life, from its start to its end: registration and its heartbeats"),
+    ]
     for mode in _MODES[1:]:
         for kind in ("wall", "cpu"):
             values = ratios[mode][kind]
