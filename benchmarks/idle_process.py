@@ -14,7 +14,6 @@ does to the process (it once froze torch at one thread per core: 1.04-1.07x).
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from benchmarks import LogFn
 from benchmarks._stats import REPO, Result, ensure_ray, proc_cpu_seconds, summarize
+from orchestrator.analysis.significance import mann_whitney_p
 
 NAME = "idle_process"
 RATIO_TARGET = 1.005
@@ -138,20 +138,9 @@ def run(quick: bool, log: LogFn) -> list[Result]:
 
 
 def _within(values: list[float], noise: list[float]) -> str:
-    """Whether the hooked ratios stand out from the A/A ones: a one-sided Mann-Whitney U, exact by enumeration."""
-    n, m = len(values), len(noise)
-    if n < 2 or m < 2:
-        return "too few rounds to compare with A/A"
-    u = sum((v > a) + 0.5 * (v == a) for v in values for a in noise)
-    # The share of equally likely splits of the pooled ratios whose U is at least this one's.
-    pooled = values + noise
-    splits = list(itertools.combinations(range(n + m), n))
-    at_least = 0
-    for chosen in splits:
-        picked = set(chosen)
-        a = [pooled[i] for i in chosen]
-        b = [pooled[i] for i in range(n + m) if i not in picked]
-        at_least += sum((x > y) + 0.5 * (x == y) for x in a for y in b) >= u
-    p = at_least / len(splits)
-    return f"{'above' if p < 0.05 else 'not distinguishable from'} A/A (one-sided Mann-Whitney p = {p:.2f})"
-
+    """Whether the ratios stand apart from the A/A ones: the diff's Mann-Whitney U test (exact for few rounds)."""
+    p = mann_whitney_p(values, noise)
+    if p >= 0.05:
+        return f"not distinguishable from A/A (Mann-Whitney p = {p:.2f})"
+    side = "above" if statistics.median(values) > statistics.median(noise) else "below"
+    return f"{side} A/A (Mann-Whitney p = {p:.2f})"
