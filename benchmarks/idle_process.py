@@ -1,13 +1,13 @@
 """Idle cost of a whole training process: a one-rank Ray Train job with ~0.1 ms steps,
 with no rayprof, with the setup hook only, and with the hook and the control actor.
 
-The three run as separate jobs on one cluster, alternated (ABC CBA ...), and
-each round's ratio is taken against that round's plain job, so slow drift in
-the machine's load cancels. A second plain job in every round (A/A) measures
-what the comparison itself can resolve: one process differs from the next by a
-few percent with nothing changed (memory layout, which core, the neighbours),
-so a hooked ratio inside the A/A spread is no measured cost. Per job: the median over ~400-step blocks of wall
-and thread-CPU time per step. This is what ``idle``'s fast-path numbers cannot
+Each runs as a separate job on one cluster, with a second plain job (A/A),
+alternated (ABCD DCBA ...); each round's ratios are taken against that round's
+plain job, so slow drift in the machine's load cancels. The A/A ratio is what
+the comparison itself can resolve: one process differs from the next with
+nothing changed (memory layout, which core, the neighbours; by up to 30% on a
+shared box), so a hooked ratio inside the A/A spread is no measured cost. Per
+job: the median over ~400-step blocks of wall and thread-CPU time per step. This is what ``idle``'s fast-path numbers cannot
 see: Ray's worker, the agent's thread and its calls, and what the setup hook
 does to the process (it once froze torch at one thread per core: 1.04-1.07x).
 """
