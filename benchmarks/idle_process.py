@@ -7,9 +7,9 @@ plain job, so slow drift in the machine's load cancels. The A/A ratio is what
 the comparison itself can resolve: one process differs from the next with
 nothing changed (memory layout, which core, the neighbours; by up to 30% on a
 shared box), so a hooked ratio inside the A/A spread is no measured cost. Per
-job: the median over ~400-step blocks of wall and thread-CPU time per step. This is what ``idle``'s fast-path numbers cannot
-see: Ray's worker, the agent's thread and its calls, and what the setup hook
-does to the process (it once froze torch at one thread per core: 1.04-1.07x).
+job: the median over ~400-step blocks of wall and thread-CPU time per step.
+This is what ``idle``'s fast-path numbers cannot see: Ray's worker, the agent's
+thread and its calls, and what the setup hook does to the process (it once froze torch at one thread per core: 1.04-1.07x).
 """
 
 from __future__ import annotations
