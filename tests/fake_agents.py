@@ -20,11 +20,12 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
+from actors.controller.persistence import Persistence
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
-from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack
+from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack, WatchStatus
 from orchestrator.models.profile import ArtifactKind, ProfileStatus, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
@@ -270,6 +271,13 @@ async def until(holds: Callable[[], bool], *, timeout_s: float, interval_s: floa
     while not (held := holds()) and loop.time() < deadline:
         await asyncio.sleep(interval_s)
     return held
+
+
+async def saved_watch(home: StorageSpec, watch_id: str) -> WatchStatus | None:
+    """The watch as storage holds it, which is what a restarted controller reads: a firing shows in
+    the running controller's memory before its save lands."""
+    saved = await Persistence(home, fast_config(home).cluster_name).load_watches()
+    return next((w for w in saved if w.id == watch_id), None)
 
 
 async def status_when(

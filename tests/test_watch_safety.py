@@ -36,7 +36,7 @@ from orchestrator.service.security import rayprof_error_response
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
 from tests.conftest import RAYPROF_CLI
-from tests.fake_agents import MONITORED, STEP_S, make_controller, start_agents, until, wait_terminal
+from tests.fake_agents import MONITORED, STEP_S, make_controller, saved_watch, start_agents, until, wait_terminal
 from tests.fake_agents import run as run_bounded
 
 
@@ -122,11 +122,15 @@ def test_a_busy_watch_is_capped_over_the_hour_and_never_pushes_out_a_requested_p
         await asyncio.sleep(0.5)
         server.start()
         capped = await until(lambda: c._watches.get(watch.id).state == "CAPPED", timeout_s=40)
-        # The last firing's bundle may still be ending, and a delete the outage refused is retried
-        # from the monitor tick (retention.RETRY_S): wait for both, bounded, rather than a fixed time.
+        # The last firing's bundle may still be ending, a delete the outage refused is retried from the
+        # monitor tick (retention.RETRY_S), and so is the last firing's save, which the restart reads:
+        # wait for all three, bounded, rather than a fixed time.
         for _ in range(150):
             page = await c.list()
-            if len([p for p in page.profiles if p.trigger is not None]) <= 3 and not c._retention.retry_due(float("inf")):
+            ended = len([p for p in page.profiles if p.trigger is not None]) <= 3
+            saved = await saved_watch(home, watch.id)
+            landed = saved is not None and saved.fired_at == c._watches.get(watch.id).fired_at
+            if ended and landed and not c._retention.retry_due(float("inf")):
                 break
             await asyncio.sleep(0.2)
         state = c._watches.get(watch.id)
