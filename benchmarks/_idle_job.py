@@ -36,12 +36,16 @@ def train_fn(cfg: dict) -> None:
     agent = next((t for t in threading.enumerate() if t.name == "rayprof-agent"), None)
     per_block, blocks = 400, []
     agent0, start = _thread_use(agent), time.perf_counter()
+    process0, train0 = time.process_time(), time.thread_time()
     deadline = time.monotonic() + cfg["seconds"]
     while time.monotonic() < deadline:
         w0, c0 = time.perf_counter(), time.thread_time()
         run(per_block)
         blocks.append([(time.perf_counter() - w0) / per_block, (time.thread_time() - c0) / per_block])
     agent1, timed_s = _thread_use(agent), time.perf_counter() - start
+    train_cpu_s = time.thread_time() - train0
+    others_cpu_s = time.process_time() - process0 - train_cpu_s
+    hook_s = _hook_cost_s() if agent is not None else 0.0
     with open(cfg["out"], "w") as f:
         json.dump({
             "blocks": blocks,
@@ -51,7 +55,50 @@ def train_fn(cfg: dict) -> None:
             # What the agent's own thread did while the steps were timed: CPU seconds and wake-ups.
             "agent_cpu_s": agent1[0] - agent0[0],
             "agent_wakeups": agent1[1] - agent0[1],
+            # CPU the process's other threads (Ray's core worker, the agent) took meanwhile, against
+            # the training thread's: work, not speed, so a noisy box shifts it far less than time.
+            "steps": per_block * len(blocks),
+            "train_cpu_s": train_cpu_s,
+            "others_cpu_s": others_cpu_s,
+            "hook_s": hook_s,
         }, f)
+
+
+def _hook_cost_s() -> float:
+    """What the optimizer hooks add to one optimizer step here: an optimizer that does nothing, stepped
+    in short runs with torch's global post-hooks in place and set aside by turns; the median of the
+    pairs' differences (adjacent runs share the machine's momentary speed). Run after the timed blocks:
+    the agent counts these steps as training steps."""
+    import statistics
+    import time
+
+    import torch
+    from torch.optim import optimizer as torch_optimizer
+
+    class Nothing(torch.optim.Optimizer):
+        def step(self, closure=None):
+            return None
+
+    nothing = Nothing([torch.zeros(1, requires_grad=True)], {})
+    hooks = torch_optimizer._global_optimizer_post_hooks
+    held = dict(hooks)
+
+    def per_step(hooked: bool, n: int = 2000) -> float:
+        hooks.update(held) if hooked else hooks.clear()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            nothing.step()
+        return (time.perf_counter() - t0) / n
+
+    differences = []
+    try:
+        for i in range(60):
+            first, second = (True, False) if i % 2 == 0 else (False, True)
+            a, b = per_step(first), per_step(second)
+            differences.append(a - b if first else b - a)
+    finally:
+        hooks.update(held)
+    return statistics.median(differences)
 
 
 def _thread_use(thread) -> tuple[float, int]:
