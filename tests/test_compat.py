@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.models.requests import ProfileState
 from tests.conftest import LIVE_TARGET, wait_for
+from tests.hta_apart import hta
 
 pytestmark = pytest.mark.integration
 
@@ -64,17 +65,13 @@ def test_tensorboard_plugin_lists_the_profile_with_one_worker_per_rank(profile_d
 
 
 def test_hta_loads_every_rank_with_the_window_steps(profile_dir):
-    from hta.trace_analysis import TraceAnalysis
-
     manifest = json.loads((profile_dir / "manifest.json").read_text())
     window = {f"ProfilerStep#{n}" for n in range(manifest["start_step"], manifest["stop_step"])}
-    analysis = TraceAnalysis(trace_dir=str(profile_dir / "traces"))
+    loaded = hta("steps", profile_dir / "traces")
 
-    assert sorted(analysis.t.traces) == [0, 1]
-    symbols = analysis.t.symbol_table.sym_table
-    for rank in (0, 1):
-        names = {symbols[i] for i in analysis.t.get_trace(rank)["name"].unique()}
+    assert sorted(loaded) == ["0", "1"]
+    for rank in ("0", "1"):
         # HTA trims at most the last iteration; every other step of the window is there, on every rank.
-        steps = {n for n in names if n.startswith("ProfilerStep#")}
+        steps = set(loaded[rank])
         last = f"ProfilerStep#{manifest['stop_step'] - 1}"
         assert window - {last} <= steps <= window

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hta_apart import hta
 from tests.realtraces import external
 from tests.tracefiles import shared
 
@@ -64,7 +65,5 @@ def test_gpu_busy_compute_and_overlap_agree_with_hta_within_2_points(case: str) 
 @pytest.mark.parametrize("case", LIVE)
 def test_the_reference_file_holds_what_hta_says(case: str) -> None:
     pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis (dev extra) is not installed")
-    from tests.data.make_hta_reference import hta_figures
-
-    live = hta_figures(shared("external-traces", case, "traces"))
+    live = hta("figures", shared("external-traces", case, "traces"))
     assert live == REFERENCE["cases"][case]
