@@ -84,7 +84,10 @@ def _hook_cost_s() -> float:
     held = dict(hooks)
 
     def per_step(hooked: bool, n: int = 2000) -> float:
-        hooks.update(held) if hooked else hooks.clear()
+        if hooked:
+            hooks.update(held)
+        else:
+            hooks.clear()
         t0 = time.perf_counter()
         for _ in range(n):
             nothing.step()

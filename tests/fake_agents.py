@@ -280,6 +280,22 @@ async def saved_watch(home: StorageSpec, watch_id: str) -> WatchStatus | None:
     return next((w for w in saved if w.id == watch_id), None)
 
 
+async def until_saved(
+    home: StorageSpec, watch_id: str, holds: Callable[[WatchStatus], bool], *, timeout_s: float
+) -> bool:
+    """Read the watch from storage until ``holds(watch)`` or ``timeout_s`` passes; whether it held. A test
+    waits on this before a restart, which reads storage."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        saved = await saved_watch(home, watch_id)
+        if saved is not None and holds(saved):
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+
+
 async def status_when(
     controller: Controller, profile_id: str, holds: Callable[[ProfileStatus], bool], *, timeout_s: float,
     interval_s: float = 0.01,

@@ -21,7 +21,7 @@ from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.requests import ProfileRequest, ProfileState
-from tests.fake_agents import MONITORED, make_controller, saved_watch, start_agents, until, wait_terminal
+from tests.fake_agents import MONITORED, make_controller, start_agents, until, until_saved, wait_terminal
 from tests.fake_agents import run as run_bounded
 from tests.inprocess_service import service_client
 
@@ -148,11 +148,7 @@ def test_a_restart_counts_on_from_the_last_firing_and_fires_only_when_due(home):
         agents = await start_agents(c, 2)
         watch = await c.create_watch(every_minute(action="stacks", every_s=600, cooldown_s=0, max_per_hour=6))
         await until(lambda: len(c._watches.get(watch.id).firings) == 1, timeout_s=20)
-        for _ in range(200):  # the restart reads storage: wait, bounded, for the firing to land there
-            saved = await saved_watch(home, watch.id)
-            if saved is not None and len(saved.firings) == 1:
-                break
-            await asyncio.sleep(0.1)
+        await until_saved(home, watch.id, lambda w: len(w.firings) == 1, timeout_s=20)
         await stop_all(agents)
         created = watch.created_at
         not_due = await restarted(created + timedelta(seconds=300), 1.5)

@@ -19,8 +19,8 @@ from tests.fake_agents import (
     MONITORED,
     STEP_S,
     make_controller,
-    saved_watch,
     start_agents,
+    until_saved,
     wait_terminal,
 )
 from tests.fake_agents import run as run_bounded
@@ -175,11 +175,7 @@ def test_watches_survive_a_controller_restart_with_their_firings(home):
         agents = await start_agents(c, 3)
         agents[2].step_s = 3 * STEP_S
         watch = await c.create_watch(WatchSpec(target="run", rank_lag=3, for_s=0.1, action="stacks"))
-        for _ in range(200):  # the restart reads storage: wait, bounded, for the firing to land there
-            saved = await saved_watch(home, watch.id)
-            if saved is not None and saved.firings:
-                break
-            await asyncio.sleep(0.05)
+        await until_saved(home, watch.id, lambda w: bool(w.firings), timeout_s=10)
         for a in agents:
             await a.stop()
         restarted = controller(home)
