@@ -25,6 +25,11 @@ DEFAULT_MAX_STEPS = 50
 MAX_WARMUP_STEPS_ENV_VAR = "RAYPROF_MAX_WARMUP_STEPS"
 DEFAULT_MAX_WARMUP_STEPS = 10
 
+# Entries of the CUDA allocator's history a memory snapshot keeps (the newest); each costs ~1 KiB
+# with its Python stack, so the default bounds a rank's snapshot near 100 MiB. Read in the workers.
+MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR = "RAYPROF_MEMORY_SNAPSHOT_MAX_ENTRIES"
+DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES = 100_000
+
 # How long one long-poll from an agent may wait at the controller. It is also
 # the heartbeat: a worker silent for POLL_TIMEOUT + WORKER_EXPIRY_GRACE is gone.
 POLL_TIMEOUT_S_ENV_VAR = "RAYPROF_POLL_TIMEOUT_S"
@@ -140,6 +145,10 @@ HISTORY_ENV_VAR = "RAYPROF_HISTORY"
 DEFAULT_HISTORY = 1
 HISTORY_SAVE_INTERVAL_S_ENV_VAR = "RAYPROF_HISTORY_SAVE_INTERVAL_S"
 DEFAULT_HISTORY_SAVE_INTERVAL_S = 300.0
+# A run with no live worker for this long is forgotten: its history, the series its watches compare
+# against, its stall's stacks, its metrics and the agents it retired (a long-lived controller sees
+# thousands of runs, each with a unique name).
+DEFAULT_ENDED_RUN_KEPT_S = 3600.0
 # After a window, a rank whose steps stay over POST_WINDOW_SLOWDOWN x its steps before the window
 # for more than POST_WINDOW_STEPS steps is reported: the profiler may not have let go.
 POST_WINDOW_SLOWDOWN_ENV_VAR = "RAYPROF_POST_WINDOW_SLOWDOWN"

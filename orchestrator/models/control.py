@@ -13,6 +13,7 @@ from orchestrator.settings import (
     DEFAULT_CLUSTER_NAME_LEASE_S,
     DEFAULT_GC_GRACE_HOURS,
     DEFAULT_HISTORY,
+    DEFAULT_ENDED_RUN_KEPT_S,
     DEFAULT_HISTORY_SAVE_INTERVAL_S,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
@@ -101,6 +102,9 @@ class ControllerConfig(StrictModel):
     metrics: bool = Field(default=bool(DEFAULT_METRICS))
     history: bool = Field(default=bool(DEFAULT_HISTORY))
     history_save_interval_s: float = Field(default=DEFAULT_HISTORY_SAVE_INTERVAL_S, gt=0)
+    ended_run_kept_s: float = Field(
+        default=DEFAULT_ENDED_RUN_KEPT_S, gt=0, description="How long what is kept per run outlives the run."
+    )
     post_window_slowdown: float = Field(default=DEFAULT_POST_WINDOW_SLOWDOWN, gt=1)
     post_window_steps: int = Field(default=DEFAULT_POST_WINDOW_STEPS, ge=1)
 
