@@ -11,9 +11,9 @@ from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, 
 from orchestrator.models.common import Name, StrictModel
 from orchestrator.settings import (
     DEFAULT_CLUSTER_NAME_LEASE_S,
+    DEFAULT_ENDED_RUN_KEPT_S,
     DEFAULT_GC_GRACE_HOURS,
     DEFAULT_HISTORY,
-    DEFAULT_ENDED_RUN_KEPT_S,
     DEFAULT_HISTORY_SAVE_INTERVAL_S,
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
