@@ -5,6 +5,8 @@ Storage layout (keys relative to the storage root)::
     {target}/{profile_id}/
       traces/rank{R}.{host}.{pid}.pt.trace.json.gz
       memory/rank{R}.memory_timeline.json.gz
+      memory/rank{R}.snapshot.pickle      with memory_snapshot: the CUDA allocator's history (torch's format)
+      memory/rank{R}.snapshot.html        ... and its page, which needs no internet
       ops/rank{R}.key_averages.csv
       merged.trace.json.gz
       report.html
@@ -153,6 +155,8 @@ def rank_artifact_keys(prefix: str, rank: int, host: str, pid: int) -> dict[str,
         "trace": f"{prefix}/traces/rank{rank}.{host}.{pid}{TRACE_SUFFIXES[1]}",
         "memory_timeline": f"{prefix}/memory/rank{rank}.memory_timeline.json.gz",
         "op_table": f"{prefix}/ops/rank{rank}.key_averages.csv",
+        "memory_snapshot": f"{prefix}/memory/rank{rank}.snapshot.pickle",
+        "memory_view": f"{prefix}/memory/rank{rank}.snapshot.html",
     }
 
 

@@ -28,15 +28,23 @@ from actors.export.contract import (
     MEMORY_NAME,
     OPS_NAME,
     RAW_TRACE_NAME,
+    SNAPSHOT_NAME,
+    SNAPSHOT_PAGE_NAME,
     TRACE_NAME,
     ExportResult,
     child_args,
 )
+from actors.agent.cuda_memory import Allocator, TorchAllocator, dump_snapshot
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
+from orchestrator.settings import (
+    DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES,
+    MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR,
+    env_int,
+)
 from orchestrator.storage import open_storage
 
 __all__ = ["Capture"]
@@ -63,13 +71,24 @@ class Capture:
     the trace holds ``ProfilerStep#start_step`` .. ``#start_step+steps-1``.
     """
 
-    def __init__(self, window: WindowSpec, info: WorkerInfo, emit: EmitFn, on_closed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        window: WindowSpec,
+        info: WorkerInfo,
+        emit: EmitFn,
+        on_closed: Callable[[], None],
+        allocator: Allocator | None = None,
+    ) -> None:
         self.window = window
         self.info = info
         self._emit = emit
         self._on_closed = on_closed
         self._first_boundary = window.start_step - window.warmup
         self._prof: torch.profiler.profile | None = None
+        # The CUDA allocator's history, recorded over the window's steps when memory_snapshot is on.
+        self._allocator: Allocator = allocator or TorchAllocator()
+        self._recording = False
+        self._snapshot: dict[str, Any] | None = None
         self.cancelled = False
         self.closed = False
         self.finisher: threading.Thread | None = None
@@ -95,7 +114,7 @@ class Capture:
             elif step < self.window.stop_step:
                 self._prof.step()
                 if step == self.window.start_step:
-                    self._emit_state(RankState.CAPTURING)
+                    self._window_begins()
             else:
                 self._stop()
         except Exception as e:  # Training must survive any profiler failure.
@@ -122,10 +141,12 @@ class Capture:
 
     def _start(self, step: int) -> None:
         w = self.window
+        if w.options.memory_snapshot and (why := self._allocator.unavailable()):
+            raise RuntimeError(f"memory_snapshot asked for, but {why}")
         prof = torch.profiler.profile(
             activities=self._activities(),
             schedule=self._schedule,
-            **w.options.model_dump(exclude={"activities"}),
+            **w.options.profiler_kwargs(),
         )
         # Number profiler steps by the global optimizer step so every rank's
         # trace carries the same ProfilerStep#N markers.
@@ -137,12 +158,31 @@ class Capture:
         prof.start()
         self._prof = prof
         if step == w.start_step:
-            self._emit_state(RankState.CAPTURING)
+            self._window_begins()
+
+    def _window_begins(self) -> None:
+        """The boundary before the window's first step: record the allocator from here on, say CAPTURING."""
+        if self.window.options.memory_snapshot:
+            self._allocator.start(env_int(MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR, DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES))
+            self._recording = True
+        self._emit_state(RankState.CAPTURING)
+
+    def _stop_recording(self) -> None:
+        if self._recording:
+            self._recording = False
+            self._allocator.stop()
 
     def _stop(self) -> None:
         prof, self._prof = self._prof, None
         assert prof is not None
         prof.stop()
+        if self._recording:
+            # Taken here, on the training thread, so it holds exactly the window's steps; written
+            # out (pickled, rendered) off this thread in _finish.
+            try:
+                self._snapshot = self._allocator.snapshot()
+            finally:
+                self._stop_recording()
         # export_chrome_trace is one C++ call that holds the GIL from start to end
         # (~5 ms for a default 5-step CPU window, ~20 ms with every option). Run from
         # another thread it stalls this one just as long, plus the GIL hand-offs, in
@@ -167,6 +207,10 @@ class Capture:
                 prof.stop()
             except Exception:
                 logger.exception("rayprof: stopping the profiler failed")
+        try:
+            self._stop_recording()
+        except Exception:
+            logger.exception("rayprof: stopping the allocator's history failed")
         self._close()
         self._emit(self._event(state, reason=reason, missed_start=missed_start))
 
@@ -211,6 +255,9 @@ class Capture:
                 storage.put_file(tmp / MEMORY_NAME, keys["memory_timeline"], "memory_timeline", folder=w.prefix)
             )
         artifacts.append(storage.put_file(tmp / OPS_NAME, keys["op_table"], "op_table", folder=w.prefix))
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            artifacts += self._put_snapshot(snapshot, tmp, keys, storage)
 
         steps = result.steps
         numbers = sorted(steps)
@@ -233,14 +280,34 @@ class Capture:
         )
 
 
-def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> ExportResult:
-    """Parse the trace and write the artifacts in a child process (see actors.export)."""
-    cmd = [sys.executable, "-m", "actors.export", *child_args(raw, out, memory=memory, shapes=shapes, max_bytes=max_bytes)]
-    # Lowest CPU priority: on a busy node the training process keeps its cores and the export
-    # waits (measured with all options on 2 cores: steps during the export 1.83x -> 1.54x).
+    def _put_snapshot(self, snapshot: dict[str, Any], tmp: Path, keys: dict[str, str], storage: Any) -> list[Artifact]:
+        """The allocator's snapshot as torch's viewers read it, and its page that needs no internet."""
+        w = self.window
+        pickled, page = tmp / SNAPSHOT_NAME, tmp / SNAPSHOT_PAGE_NAME
+        dump_snapshot(snapshot, pickled)
+        title = f"CUDA memory of rank {self.info.world_rank}, profile {w.profile_id}, steps {w.start_step}..{w.stop_step - 1}"
+        done = _run_child(["-m", "actors.export.memory_view", str(pickled), str(page), title])
+        if done.returncode != 0:
+            raise RuntimeError(f"memory snapshot page exited {done.returncode}: {done.stderr.strip()[-500:]}")
+        return [
+            storage.put_file(pickled, keys["memory_snapshot"], "memory_snapshot", folder=w.prefix),
+            storage.put_file(page, keys["memory_view"], "memory_view", folder=w.prefix),
+        ]
+
+
+def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a child process, bounded, at the lowest CPU priority: on a busy node the
+    training process keeps its cores and the child waits (measured with all options on 2 cores:
+    steps during the export 1.83x -> 1.54x)."""
+    cmd = [sys.executable, *args]
     nice = shutil.which("nice")
     cmd = [nice, "-n", "19", *cmd] if nice else cmd
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
+
+
+def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> ExportResult:
+    """Parse the trace and write the artifacts in a child process (see actors.export)."""
+    done = _run_child(["-m", "actors.export", *child_args(raw, out, memory=memory, shapes=shapes, max_bytes=max_bytes)])
     if done.returncode == EXIT_TOO_LARGE:
         raise CaptureTooLarge(
             f"{done.stderr.strip()[-300:]} (RAYPROF_MAX_TRACE_BYTES); nothing kept: "

@@ -19,6 +19,8 @@ __all__ = [
     "MEMORY_NAME",
     "OPS_NAME",
     "RAW_TRACE_NAME",
+    "SNAPSHOT_NAME",
+    "SNAPSHOT_PAGE_NAME",
     "TRACE_NAME",
     "ExportResult",
     "child_args",
@@ -31,6 +33,10 @@ RAW_TRACE_NAME = "trace.json"
 TRACE_NAME = "trace.json.gz"
 OPS_NAME = "ops.csv"
 MEMORY_NAME = "memory.json.gz"
+# With memory_snapshot: the CUDA allocator's snapshot as the agent pickles it, and the page
+# ``python -m actors.export.memory_view`` renders from it.
+SNAPSHOT_NAME = "snapshot.pickle"
+SNAPSHOT_PAGE_NAME = "snapshot.html"
 
 # Nothing of the trace can be kept: its first step alone, or the whole trace at over
 # twice the byte cap, is over the cap.

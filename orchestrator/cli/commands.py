@@ -192,6 +192,7 @@ def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
         "with_stack": args.with_stack,
         "with_flops": args.with_flops,
         "with_modules": args.with_modules,
+        "memory_snapshot": args.memory_snapshot,
         "warmup": args.warmup,
         "queue": args.queue,
     }

@@ -165,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag in ("record-shapes", "profile-memory", "with-stack", "with-flops", "with-modules"):
         p.add_argument(f"--{flag}", action="store_true", help=f"torch.profiler {flag.replace('-', '_')}=True")
+    p.add_argument(
+        "--memory-snapshot",
+        action="store_true",
+        help="record the CUDA caching allocator's history over the window and store each rank's snapshot "
+        "(CUDA workers only)",
+    )
 
     stacks_cmd.add_commands(command, [connection])
     history_cmd.add_command(command, [connection])

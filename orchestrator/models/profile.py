@@ -18,6 +18,8 @@ from orchestrator.settings import MANIFEST_VERSION
 ArtifactKind = Literal[
     "trace",
     "memory_timeline",
+    "memory_snapshot",
+    "memory_view",
     "op_table",
     "merged_trace",
     "report",

@@ -49,7 +49,8 @@ class RankState(str, enum.Enum):
 
 
 class TorchOptions(StrictModel):
-    """What ``torch.profiler.profile`` records; one field per argument of the same name."""
+    """What a window records: ``torch.profiler.profile``'s arguments (one field per argument of
+    the same name), and the CUDA caching allocator's history (``memory_snapshot``)."""
 
     activities: list[Literal["cpu", "cuda"]] | None = Field(
         default=None, description="Default: cpu, plus cuda where the worker has a GPU."
@@ -59,6 +60,15 @@ class TorchOptions(StrictModel):
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
+    memory_snapshot: bool = Field(
+        default=False,
+        description="Record the CUDA caching allocator's history over the window's steps and store each "
+        "rank's snapshot (torch's pickle, and a page that needs no internet); CUDA workers only.",
+    )
+
+    def profiler_kwargs(self) -> dict[str, bool]:
+        """The arguments ``torch.profiler.profile`` takes as they are (activities are mapped by the agent)."""
+        return self.model_dump(exclude={"activities", "memory_snapshot"})
 
 
 class ProfileOptions(TorchOptions):

@@ -10,7 +10,7 @@ const PAGE_SIZE = 50;
 const TARGET_POLL_MS = 2000;
 const STATES_DONE = new Set(["DONE", "PARTIAL", "FAILED", "CANCELLED"]);
 const PHASES = ["data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other"];
-const OPTIONS = ["record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"];
+const OPTIONS = ["record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules", "memory_snapshot"];
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const main = document.getElementById("main");

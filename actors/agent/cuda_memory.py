@@ -1,0 +1,88 @@
+"""The CUDA caching allocator's history: the one seam between rayprof and torch's private memory API.
+
+``torch.cuda.memory._record_memory_history``, ``torch.cuda.memory._snapshot`` and
+``torch._C._cuda_attach_out_of_memory_observer`` are underscore APIs. Everything rayprof
+calls of them is here, so a torch release that changes them is one file to fix, and the
+tests drive :class:`Allocator`'s fake (``tests/fake_allocator.py``) on machines without CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["Allocator", "OomCallback", "TorchAllocator", "dump_snapshot"]
+
+logger = logging.getLogger(__name__)
+
+# (device index, bytes asked for, bytes the allocator holds on the device, bytes free on the device)
+OomCallback = Callable[[int, int, int, int], None]
+
+
+class Allocator(Protocol):
+    """What a window and the OOM watch need of the caching allocator."""
+
+    def unavailable(self) -> str | None:
+        """Why history cannot be recorded in this process, or ``None`` when it can."""
+        ...
+
+    def start(self, max_entries: int) -> None:
+        """Record every allocation and free from now on, at most ``max_entries`` kept (Python stacks only)."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The allocator's segments and the recorded history (``torch.cuda.memory._snapshot()``)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop recording and drop the history."""
+        ...
+
+    def observe_oom(self, callback: OomCallback) -> None:
+        """Call ``callback`` on the allocating thread when an allocation fails, before torch raises."""
+        ...
+
+
+class TorchAllocator:
+    """The real allocator of this process's CUDA devices."""
+
+    def unavailable(self) -> str | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "this worker has no CUDA device (a memory snapshot records the CUDA caching allocator)"
+        return None
+
+    def start(self, max_entries: int) -> None:
+        import torch
+
+        # Python frames only: C++ frames cost a symbolization per allocation (torch's own advice
+        # for long recordings), and a training step allocates thousands of blocks.
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks="python", max_entries=max_entries
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        import torch
+
+        return torch.cuda.memory._snapshot()
+
+    def stop(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    def observe_oom(self, callback: OomCallback) -> None:
+        import torch
+
+        torch._C._cuda_attach_out_of_memory_observer(callback)
+
+
+def dump_snapshot(snapshot: dict[str, Any], path: Path) -> int:
+    """Write ``snapshot`` as torch's own viewers read it (a pickle, as ``_dump_snapshot`` writes); returns its size."""
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return path.stat().st_size
