@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from orchestrator.cli import commands as cmd
 from orchestrator.cli import diff_command as diff_cmd
 from orchestrator.cli import history_command as history_cmd
+from orchestrator.cli import mcp_command as mcp_cmd
 from orchestrator.cli import stacks_commands as stacks_cmd
 from orchestrator.cli.output import fail, set_results
 from orchestrator.errors import (
@@ -174,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
 
     stacks_cmd.add_commands(command, [connection])
     history_cmd.add_command(command, [connection])
+    mcp_cmd.add_command(command, [connection], _version())
 
     p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
     p.add_argument("id")
@@ -232,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     results = sys.stdout
     previous = set_results(results)
-    if args.command == "serve" or getattr(args, "in_cluster", False):
+    # `mcp` keeps sys.stdout: it is the protocol's channel (the SDK points fd 1 at stderr while serving).
+    if args.command == "serve" or (getattr(args, "in_cluster", False) and args.command != "mcp"):
         sys.stdout = sys.stderr
     try:
         return args.handler(args)

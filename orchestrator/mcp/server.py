@@ -1,0 +1,54 @@
+"""``rayprof mcp``: the MCP server over the client the CLI uses, on stdio.
+
+:func:`build_server` is shared with the HTTP service's mount
+(:mod:`orchestrator.mcp.http`); only where the client comes from differs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from mcp.server.mcpserver import MCPServer
+
+from orchestrator.client import ProfilingClient
+from orchestrator.mcp.resources import add_resources
+from orchestrator.mcp.tools import ClientSource, add_tools
+
+__all__ = ["INSTRUCTIONS", "build_server", "lazy_client", "serve_stdio"]
+
+INSTRUCTIONS = """\
+rayprof profiles live PyTorch training runs on Ray. To find why a run is slow: list_targets (stalled \
+and lagging runs first), history for when it slowed and which rank, profile a few steps (findings with \
+their savings, stragglers, idle attribution per rank), and diff against an earlier profile to see what \
+changed and whether it is noise. A STALLED run: take_stacks names the rank that is elsewhere and the \
+collective others wait in. Answers are capped; `truncated` says what was cut.\
+"""
+
+
+def lazy_client(make: Callable[[], ProfilingClient]) -> ClientSource:
+    """``make()`` on the first tool call, once: the server starts (and lists its tools) with no
+    cluster or service reachable, and a connection error is a tool error an agent can read."""
+    lock = threading.Lock()
+    made: list[ProfilingClient] = []
+
+    def source() -> ProfilingClient:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return source
+
+
+def build_server(client: ClientSource, *, read_only: bool = False, version: str = "") -> MCPServer:
+    """The MCP server: tools (the acting ones unless ``read_only``) and resources over ``client``."""
+    server = MCPServer("rayprof", instructions=INSTRUCTIONS, version=version, log_level="WARNING")
+    add_tools(server, client, read_only=read_only)
+    add_resources(server, client)
+    return server
+
+
+def serve_stdio(client: ClientSource, *, read_only: bool = False, version: str = "") -> None:
+    """Serve MCP on stdin/stdout until the client closes them (the SDK points fd 1 at stderr meanwhile)."""
+    build_server(client, read_only=read_only, version=version).run("stdio")
