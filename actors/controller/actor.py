@@ -25,6 +25,7 @@ from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.client_side import ClientSide
 from actors.controller.cluster import cluster_info, ray_cluster_id
+from actors.controller.ended_runs import EndedRuns
 from actors.controller.idempotency import SubmitKey, SubmitKeys
 from actors.controller.leases import Leases
 from actors.controller.name_lease import NameLease
@@ -110,6 +111,7 @@ class Controller(Startup, AgentSide, ClientSide):
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
+        self._ended = EndedRuns()
 
     # ---- lifecycle (start and restore: actors.controller.startup) ---------
 
@@ -272,6 +274,16 @@ class Controller(Startup, AgentSide, ClientSide):
                 logger.exception("rayprof controller: telemetry tick failed")
             if self._retention.retry_due(time.monotonic()):
                 self._spawn(self._retention.enforce(self._catalog))
+            self._forget_ended(time.monotonic())
+
+    def _forget_ended(self, now: float) -> None:
+        """Drop what is kept per target and run once it has been gone for ``ended_run_kept_s``:
+        a detached controller sees thousands of uniquely named runs come and go."""
+        kept_s = self._config.ended_run_kept_s
+        gone = self._ended.check({(w.info.target, w.run) for w in self._registry.workers.values()}, now, kept_s)
+        self._watches.forget(gone)
+        self._runner.forget(gone.targets)
+        self._registry.forget_left(now - kept_s)
 
     # ---- internals -------------------------------------------------------
 

@@ -157,6 +157,10 @@ class Persistence:
         # Shielded: a caller cancelled mid-write (an agent's call dropped) must not release the
         # lock while its thread still writes, or that older snapshot could land after a newer one.
         await asyncio.shield(self._save(profile, saves, saves.asked))
+        # A finished profile is saved again after the catalog forgot it (its post-window check):
+        # its counters go once nothing is pending, or every profile ever run would keep a pair.
+        if profile.state.is_terminal and saves.done >= saves.asked and self._saves.get(profile.id) is saves:
+            del self._saves[profile.id]
 
     async def _save(self, profile: Profile, saves: _Saves, wanted: int) -> None:
         key = state_key(self._cluster, profile.id)

@@ -46,6 +46,14 @@ def _same(expected: str, given: str | None) -> bool:
     return given is not None and hmac.compare_digest(expected.encode(), given.encode())
 
 
+def _remember(left: OrderedDict[str, tuple[str, float]], agent_id: str, reason: str, at: float) -> None:
+    """Note why and when ``agent_id`` left, newest last (so forgetting by age pops from the front)."""
+    left.pop(agent_id, None)
+    left[agent_id] = (reason, at)
+    while len(left) > _RETIRED_KEPT:
+        left.popitem(last=False)
+
+
 def run_of(info: WorkerInfo) -> str:
     """The run a worker belongs to within its target name: its Ray job."""
     return info.submission_id or info.ray_job_id or "local"
@@ -104,9 +112,10 @@ class Registry:
         self._clock = clock
         self.workers: dict[str, Worker] = {}
         self.relays: dict[str, RelayLink] = {}
-        self._retired: OrderedDict[str, str] = OrderedDict()
-        # Why each dropped worker left: the reason its open windows' ranks fail with.
-        self.gone: OrderedDict[str, str] = OrderedDict()
+        # Agent id -> (why, when by the clock) of retired and of dropped workers, oldest first:
+        # a dropped worker's reason is what its open windows' ranks fail with.
+        self._retired: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._gone: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def register(
         self,
@@ -190,9 +199,18 @@ class Registry:
             link.wake.set()
 
     def _retire(self, agent_id: str, reason: str) -> None:
-        self._retired[agent_id] = reason
-        while len(self._retired) > _RETIRED_KEPT:
-            self._retired.popitem(last=False)
+        _remember(self._retired, agent_id, reason, self._clock())
+
+    def why_gone(self, agent_id: str) -> str | None:
+        """Why a dropped worker left, while it is remembered."""
+        gone = self._gone.get(agent_id)
+        return gone[0] if gone is not None else None
+
+    def forget_left(self, before: float) -> None:
+        """Forget the workers retired or dropped before ``before`` (clock time): their runs are long over."""
+        for left in (self._retired, self._gone):
+            while left and next(iter(left.values()))[1] < before:
+                left.popitem(last=False)
 
     def heartbeat(self, agent_id: str, step: int, step_time_s: float | None, age_s: float = 0.0) -> Worker | None:
         """Record progress; ``age_s``: how long ago the worker sent it (a relay held it that long)."""
@@ -216,9 +234,7 @@ class Registry:
         if worker is not None:
             self._unlink(worker)
             worker.wake.set()
-            self.gone[agent_id] = reason
-            while len(self.gone) > _RETIRED_KEPT:
-                self.gone.popitem(last=False)
+            _remember(self._gone, agent_id, reason, self._clock())
         return worker
 
     def expired(self, expiry_s: float) -> list[Worker]:

@@ -259,9 +259,14 @@ class Runner:
             if profile.cancel_requested and (agent_id is None or agent_id not in workers):
                 profile.ranks[rank] = _ended(result, RankState.CANCELLED, "cancelled")
             elif agent_id is not None and agent_id not in workers:
-                why = self._registry.gone.get(agent_id, "its process exited or was restarted")
+                why = self._registry.why_gone(agent_id) or "its process exited or was restarted"
                 reason = f"worker stopped responding during the window: {why}"
                 profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+
+    def forget(self, targets: list[str]) -> None:
+        """Drop what is kept about targets gone for good."""
+        for target in targets:
+            self._arm_rounds.pop(target, None)
 
     def _remember_arm_round(self, profile: Profile) -> None:
         arm_round = arm_round_s(profile.ranks.values(), profile.scheduled_at)

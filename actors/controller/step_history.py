@@ -40,8 +40,6 @@ class Tier:
 
 
 TIERS = (Tier(1.0, 600.0), Tier(10.0, 7200.0), Tier(60.0, 86400.0))
-# A run with no heartbeat for this long is forgotten (memory and storage).
-ENDED_KEPT_S = 3600.0
 _NAN = float("nan")
 
 
@@ -245,9 +243,9 @@ class History:
             run.recorded[rank] = w.seen_at
             run.add(rank, wall - (now - w.seen_at), w.step, w.step_time_s)
 
-    def forget_ended(self, wall: float) -> list[RunHistory]:
-        """Drop runs without a heartbeat for ``ENDED_KEPT_S``; returns them."""
-        ended = [r for r in self.runs.values() if wall - r.last_t > ENDED_KEPT_S]
+    def forget_ended(self, wall: float, kept_s: float) -> list[RunHistory]:
+        """Drop runs without a heartbeat for ``kept_s``; returns them (memory here, storage by the caller)."""
+        ended = [r for r in self.runs.values() if wall - r.last_t > kept_s]
         for r in ended:
             del self.runs[(r.target, r.run)]
         return ended

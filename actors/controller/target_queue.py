@@ -57,6 +57,8 @@ class TargetQueue:
         line = self.waiting.get(profile.target, [])
         if profile.id in line:
             line.remove(profile.id)
+        if not line:
+            self.waiting.pop(profile.target, None)
 
     async def run(self, profile: Profile, window: Callable[[Profile], Awaitable[None]]) -> None:
         """Wait for the target's slot, then run ``window`` holding it; the place is left however it ends."""
@@ -72,3 +74,7 @@ class TargetQueue:
                     self.active.pop(target, None)
         finally:
             self.leave(profile)
+            # Nobody else in line (every waiter for the slot is in it): a finished target leaves
+            # nothing behind, however many uniquely named runs come and go.
+            if target not in self.waiting and not slot.locked() and self._slots.get(target) is slot:
+                del self._slots[target]

@@ -114,13 +114,13 @@ class Telemetry:
         config = self._config()
         wall = time.time()
         if config.history:
-            self._history_tick(now, wall, config.history_save_interval_s)
+            self._history_tick(now, wall, config)
             if self._loaded:
                 self._checks.tick(live, wall)
         if self._metrics is not None:
             self._metrics_tick(now, watches)
 
-    def _history_tick(self, now: float, wall: float, save_interval_s: float) -> None:
+    def _history_tick(self, now: float, wall: float, config: ControllerConfig) -> None:
         if self._loaded is None:
             self._loaded = False
             self._spawn(self._load())
@@ -128,9 +128,9 @@ class Telemetry:
         if not self._loaded:
             return
         self.history.record(self._registry.workers.values(), now, wall)
-        for run in self.history.forget_ended(wall):
+        for run in self.history.forget_ended(wall, config.ended_run_kept_s):
             self._spawn(self._delete(run))
-        if now - self._saved_at >= save_interval_s and not self._saving:
+        if now - self._saved_at >= config.history_save_interval_s and not self._saving:
             self._saved_at = now
             self._spawn(self.save())
 

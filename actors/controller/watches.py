@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from actors.controller.ended_runs import Gone
 from actors.controller.health import Health, assess
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
@@ -135,6 +136,13 @@ class Watches:
             return self._watches[watch_id]
         except KeyError:
             raise WatchNotFoundError(f"no watch with id {watch_id!r}") from None
+
+    def forget(self, gone: Gone) -> None:
+        """Drop the step-time series of targets and the stall stacks of runs gone for good."""
+        for target in gone.targets:
+            self._series.pop(target, None)
+        for key in gone.runs:
+            self.stall_stacks.pop(key, None)
 
     # ---- one monitor tick ---------------------------------------------------
 
