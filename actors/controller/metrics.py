@@ -12,7 +12,12 @@ post-window check ends.
 Ray 2.60's metrics agent drops a gauge's label set that was not set for two
 export periods (20 s by default; Ray 2.43's kept it for the life of the
 process), so an unchanged gauge (a target that stays not STALLED) is set
-again on the refresh period, and a rank or target that left ages out.
+again on the refresh period. When a target or one of its ranks leaves, its
+state gauges (stalled, lagging, ranks, steps behind, seconds since a step)
+are set once to 0, their final value, and never again: on 2.60 the label set
+then ages out; on 2.43 it stays at 0, so an alert on it clears instead of
+firing for the life of the controller. Step times and post-window ratios keep
+their last value, which was the run's last measurement.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ def _make(metric: m.MetricDef) -> Any:
     return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
 
 
+# What a state gauge says once its target or rank has left: nothing stalled, lagging or behind.
+_FINAL = {d.name: 0.0 for d in (m.STALLED, m.LAGGING, m.RANKS, m.STEPS_BEHIND, m.SINCE_STEP)}
+
+
 def trigger_label(trigger: Trigger | None) -> str:
     return trigger.kind if trigger is not None else "manual"
 
@@ -59,6 +68,8 @@ class Metrics:
         self._post_window: dict[str, dict[int, float]] = {}
         self._step_times: dict[tuple[str, int], deque[float]] = {}
         self._seen: dict[tuple[str, int], float] = {}
+        # Target -> the ranks its per-rank gauges were set for: a rank that leaves gets its final values.
+        self._ranks: dict[str, set[int]] = {}
 
     def _gauge(self, metric: m.MetricDef, now: float, value: float, *labels: str) -> None:
         key = (metric.name, labels)
@@ -77,6 +88,11 @@ class Metrics:
 
     def run(self, target: str, workers: dict[int, Worker], health: Health, now: float) -> None:
         """One tick's gauges for the newest run of ``target``."""
+        ranks = self._ranks.setdefault(target, set())
+        for left in ranks - workers.keys():
+            self._end(target, str(left))
+        ranks.intersection_update(workers.keys())
+        ranks.update(workers.keys())
         self._gauge(m.STALLED, now, 1.0 if health.stalled else 0.0, target)
         self._gauge(m.LAGGING, now, float(len(health.lagging)), target)
         self._gauge(m.RANKS, now, float(len(workers)), target)
@@ -98,14 +114,29 @@ class Metrics:
                 self._gauge(m.STEP_TIME_MEDIAN, now, statistics.median(recent), target, r)
 
     def forget(self, targets: set[str]) -> None:
-        """Drop what is held for targets no longer live (their series keep their last value in Ray)."""
-        for key in [k for k in self._step_times if k[0] not in targets]:
-            del self._step_times[key]
-            self._seen.pop(key, None)
+        """Targets no longer live: their state gauges get their final value, and what is held goes."""
+        # Every target with gauges went through run(), which noted it in _ranks.
+        for target in self._ranks.keys() - targets:
+            self._end(target, None)
+            del self._ranks[target]
         for target in self._post_window.keys() - targets:
             del self._post_window[target]
-        for key in [k for k in self._last if k[1][0] not in targets]:
+
+    def _end(self, target: str, rank: str | None) -> None:
+        """Set the final value of ``target``'s gauges (of its ``rank`` only, when given) and stop setting them."""
+        for key in [k for k in self._last if k[1][0] == target and (rank is None or k[1][1:] == (rank,))]:
+            name, labels = key
             del self._last[key]
+            if name in _FINAL:
+                metric = next(d for d in m.METRICS if d.name == name)
+                self._m[name].set(_FINAL[name], tags=dict(zip(metric.tags, labels, strict=True)))
+        for key in [k for k in self._step_times if k[0] == target and (rank is None or str(k[1]) == rank)]:
+            del self._step_times[key]
+            self._seen.pop(key, None)
+
+    def label_sets(self) -> int:
+        """Gauge label sets being set (exported) now: what Prometheus holds of live runs."""
+        return len(self._last)
 
     def bundle_ended(self, profile: Profile, postprocess_s: float | None) -> None:
         """A profile or stacks bundle reached its terminal state."""
