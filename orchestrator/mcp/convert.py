@@ -20,6 +20,7 @@ from orchestrator.mcp.results import (
     ProfileResult,
     RankAnalysis,
     RankDiffBrief,
+    RankNow,
     RankOutcome,
     RankPoints,
     StackGroupBrief,
@@ -84,8 +85,10 @@ def target_list(targets: list[TargetInfo]) -> TargetList:
                 active_profile=t.active_profile,
                 queued_profiles=t.queued_profiles,
                 stall_stacks=t.stall_stacks,
-                steps={r.info.world_rank: r.step for r in t.ranks},
-                step_time_ms={r.info.world_rank: _ms(r.step_time_s) for r in t.ranks},
+                ranks=[
+                    RankNow(rank=r.info.world_rank, step=r.step, step_time_ms=_ms(r.step_time_s))
+                    for r in sorted(t.ranks, key=lambda r: (r.step, -(r.step_time_s or 0.0), r.info.world_rank))
+                ],
             )
             for t in ordered
         ]

@@ -24,6 +24,7 @@ __all__ = [
     "ProfileList",
     "ProfileResult",
     "RankAnalysis",
+    "RankNow",
     "RankOutcome",
     "RankPoints",
     "StacksResult",
@@ -44,6 +45,12 @@ class _Capped(_Result):
     truncated: str | None = Field(default=None, description=_TRUNCATED)
 
 
+class RankNow(_Result):
+    rank: int
+    step: int
+    step_time_ms: float | None = Field(description="Its latest step time.")
+
+
 class TargetBrief(_Result):
     """One live run: its ranks' progress and health."""
 
@@ -57,8 +64,7 @@ class TargetBrief(_Result):
     active_profile: str | None = Field(description="The window running now; a profile without queue=true gets a 409.")
     queued_profiles: list[str]
     stall_stacks: str | None = Field(description="Stacks bundle taken when it turned STALLED (get_profile reads it).")
-    steps: dict[int, int] = Field(description="Rank -> its current step.")
-    step_time_ms: dict[int, float | None] = Field(description="Rank -> its latest step time.")
+    ranks: list[RankNow] = Field(description="Furthest behind first, then slowest.")
 
 
 class TargetList(_Capped):

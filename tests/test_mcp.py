@@ -1,0 +1,176 @@
+"""The MCP server without a cluster: its tool list, input validation, size caps, error mapping.
+
+Driven through the SDK's own client in process (``mcp.Client(server)``); the live
+paths (stdio against the test cluster, HTTP against the service) are in test_mcp_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp import Client
+
+from orchestrator.errors import (
+    ConflictError,
+    ControllerUnavailableError,
+    StorageError,
+    TargetNotFoundError,
+)
+from orchestrator.mcp import build_server
+from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri
+from orchestrator.mcp.convert import history_result
+from orchestrator.mcp.results import HistoryResult, RankNow, TargetBrief, TargetList
+from orchestrator.mcp.tool_errors import tool_error
+from orchestrator.mcp.tools import ACTING_TOOLS
+from orchestrator.models.history import RankSeries, TargetHistory
+
+
+class _Untouched:
+    """A client source that fails the test if a tool reaches it: input validation must refuse first."""
+
+    calls = 0
+
+    def __call__(self) -> Any:
+        _Untouched.calls += 1
+        raise AssertionError("a tool reached the client with arguments it should have refused")
+
+
+def _run(coro_fn: Any) -> Any:
+    return anyio.run(coro_fn)
+
+
+def test_acting_tools_are_annotated_and_read_only_leaves_them_out():
+    async def tools(read_only: bool) -> dict[str, Any]:
+        async with Client(build_server(_Untouched(), read_only=read_only)) as c:
+            return {t.name: t for t in (await c.list_tools()).tools}
+
+    every = _run(lambda: tools(False))
+    assert set(ACTING_TOOLS) <= set(every)
+    for name, tool in every.items():
+        acts = name in ACTING_TOOLS
+        assert tool.annotations.read_only_hint is (not acts), name
+        assert tool.output_schema is not None, f"{name} has no typed result"
+        assert tool.description.startswith("ACTS on") is acts, name
+    assert every["delete_watch"].annotations.destructive_hint is True
+    assert every["profile"].annotations.destructive_hint is False
+
+    read_only = _run(lambda: tools(True))
+    assert set(read_only) == set(every) - set(ACTING_TOOLS)
+
+
+# Arguments the schemas refuse: bad names (path tricks, spaces, empty), out-of-range numbers, wrong types.
+_BAD_NAME = st.one_of(
+    st.sampled_from(["", "../etc", "a/b", "a b", "-x", "..", "a..b", "x" * 300]),
+    st.text(min_size=1, max_size=20).filter(lambda s: not s.replace("-", "").replace("_", "").isalnum()),
+)
+_BAD_CALLS = st.one_of(
+    st.builds(lambda n: ("get_profile", {"profile_id": n}), _BAD_NAME),
+    st.builds(lambda n: ("diff", {"a": n, "b": "p1"}), _BAD_NAME),
+    st.builds(lambda n: ("take_stacks", {"target": n}), _BAD_NAME),
+    st.builds(lambda s: ("profile", {"request": {"target": "run", "steps": s}}), st.integers(max_value=0)),
+    st.builds(lambda n: ("profile", {"request": {"target": n, "steps": 1}}), _BAD_NAME),
+    st.builds(
+        lambda k: ("profile", {"request": {"target": "run", "steps": 1, k: True}}),
+        st.text(min_size=1, max_size=10).filter(lambda k: k not in ("queue", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")),
+    ),
+    st.builds(lambda s: ("history", {"target": "run", "span_s": s}), st.one_of(st.floats(max_value=0), st.floats(min_value=86401, allow_infinity=False))),
+    st.builds(lambda p: ("history", {"target": "run", "max_points": p}), st.one_of(st.integers(max_value=1), st.integers(min_value=241))),
+    st.builds(lambda w: ("get_profile", {"profile_id": "p1", "wait_timeout_s": w}), st.floats(min_value=901, allow_infinity=False)),
+    st.builds(lambda x: ("list_profiles", {"limit": x}), st.one_of(st.integers(max_value=0), st.integers(min_value=51))),
+    st.builds(lambda v: ("create_watch", {"watch": {"target": "run", "slower_than": v}}), st.floats(max_value=1.0)),
+    st.builds(lambda a: ("get_findings", a), st.dictionaries(st.sampled_from(["profile_id", "x"]), st.integers(), min_size=1)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(call=_BAD_CALLS)
+def test_invalid_tool_arguments_are_tool_errors_that_never_reach_the_client(call):
+    name, arguments = call
+    _Untouched.calls = 0
+
+    async def go() -> Any:
+        async with Client(build_server(_Untouched())) as c:
+            return await c.call_tool(name, arguments)
+
+    result = _run(go)
+    assert result.is_error, (name, arguments, result)
+    assert _Untouched.calls == 0
+    assert "validation error" in result.content[0].text
+
+
+def test_an_answer_over_the_cap_keeps_its_head_and_says_what_was_cut():
+    target = TargetBrief(
+        name="run", run=None, world_size=4096, health="TRAINING", stalled_s=None, median_step_time_ms=1.0,
+        lagging_ranks=list(range(4096)), active_profile=None, queued_profiles=[], stall_stacks=None,
+        ranks=[RankNow(rank=r, step=10, step_time_ms=1.0) for r in range(4096)],
+    )
+    capped = cap(TargetList(targets=[target]))
+    size = len(capped.model_dump_json())
+    assert size <= MAX_ANSWER_BYTES
+    assert capped.targets[0].lagging_ranks[:3] == [0, 1, 2]
+    assert "targets[0].lagging_ranks" in capped.truncated and "of 4096" in capped.truncated
+    small = TargetList(targets=[])
+    assert cap(small) is small and small.truncated is None
+
+
+def test_history_is_downsampled_to_max_points_per_rank_and_capped():
+    n = 3600
+    series = [
+        RankSeries(rank=r, t=[float(i) for i in range(n)], step=list(range(n)), step_time_s=[0.1 * (r + 1)] * n)
+        for r in range(8)
+    ]
+    history = TargetHistory(target="run", run="job", resolution_s=1.0, span_s=3600.0, ranks=series)
+    result = cap(history_result(history, max_points=60))
+    assert isinstance(result, HistoryResult)
+    assert [r.rank for r in result.ranks] == [7, 6, 5, 4, 3, 2, 1, 0]  # slowest first
+    assert all(len(r.t) == 60 for r in result.ranks)
+    assert result.resolution_s == 60.0
+    assert result.ranks[0].step_time_ms[0] == pytest.approx(800.0)
+    assert result.truncated is None and len(result.model_dump_json()) <= MAX_ANSWER_BYTES
+
+
+@pytest.mark.parametrize(
+    "uri, public",
+    [
+        ("s3://bucket/prefix/run/p1/manifest.json", "s3://bucket/prefix/run/p1/manifest.json"),
+        ("http://AKIA:secret@minio:9000/b/k?X-Amz-Signature=abc", "http://minio:9000/b/k"),
+        ("https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA%2F&X-Amz-Signature=s", "https://b.s3.amazonaws.com/k"),
+        ("/mnt/cluster/store/run/p1", "/mnt/cluster/store/run/p1"),
+        ("http://[::1]:9000/b", "http://[::1]:9000/b"),
+    ],
+)
+def test_locations_lose_credentials(uri, public):
+    assert public_uri(uri) == public
+
+
+def test_a_409_says_a_window_is_running_and_how_to_queue():
+    text = str(tool_error(ConflictError("a window already runs on live-run", target="live-run")))
+    assert text.startswith("[conflict] a window already runs on live-run")
+    assert "queue=true" in text
+
+    assert "list_targets" in str(tool_error(TargetNotFoundError("no live target 'x'")))
+    assert "retry" in str(tool_error(ControllerUnavailableError("cannot reach the service at http://127.0.0.1:1")))
+
+
+def test_a_server_fault_hides_its_message():
+    text = str(tool_error(StorageError("botocore said: https://secret-endpoint/...")))
+    assert "secret-endpoint" not in text and "[storage_error]" in text
+
+
+def test_a_tool_error_reaches_the_client_as_an_error_result():
+    def failing() -> Any:
+        raise ConflictError("a window already runs on live-run")
+
+    async def go() -> Any:
+        async with Client(build_server(failing)) as c:
+            return await c.call_tool("profile", {"request": {"target": "live-run", "steps": 2}})
+
+    result = _run(go)
+    assert result.is_error
+    assert "[conflict]" in result.content[0].text and "queue=true" in result.content[0].text
+    json.dumps(result.model_dump(mode="json"))
