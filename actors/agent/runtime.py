@@ -24,10 +24,10 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
+from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
 from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
 from orchestrator.models.common import to_name, utcnow
@@ -54,7 +54,7 @@ _MIN_REGISTER_INTERVAL_S = 1.0
 
 _agent: Agent | None = None
 _attach_lock = threading.Lock()
-_hook_handle: Any = None
+_hook_handle: StepCycle | None = None
 
 
 class Agent:
@@ -66,6 +66,8 @@ class Agent:
         # The one attribute the step path checks; set by the poll thread, cleared
         # by the training thread when the window closes.
         self.capture: Capture | None = None
+        # What one step is, while the optimizer hook counts steps; None: explicit agent.step() calls.
+        self.step_cycle: StepCycle | None = None
         self._poll_timeout_s = env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
         self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
         relay_min = env_int(RELAY_MIN_WORLD_SIZE_ENV_VAR, DEFAULT_RELAY_MIN_WORLD_SIZE)
@@ -105,7 +107,9 @@ class Agent:
             if count > last[0]:
                 self._step_time_s = (now - last[1]) / (count - last[0])
             self._last_sample = (count, now)
-        return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s)
+        cycle = self.step_cycle
+        definition = cycle.definition if cycle is not None else EXPLICIT_STEP
+        return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s, step_definition=definition)
 
     def _handle(self, command: Command) -> None:
         """Carry out ``arm``, ``cancel`` or ``stacks``; ``sync`` needs nothing but the next poll."""
@@ -233,14 +237,16 @@ def step() -> None:
         return
     if _hook_handle is not None:
         _remove_hook()
+        agent.step_cycle = None
     agent.step()
 
 
 def attach(*, use_optimizer_hook: bool = True) -> Agent | None:
     """Attach the agent to this Ray Train worker; returns ``None`` outside one.
 
-    Idempotent. With ``use_optimizer_hook`` every ``optimizer.step()`` is a step
-    boundary; otherwise call :func:`step` once per training step.
+    Idempotent. With ``use_optimizer_hook`` one step is one cycle of the job's
+    optimizer steps (one ``optimizer.step()``, or G's and D's in a GAN: see
+    :mod:`actors.agent.step_cycle`); otherwise call :func:`step` once per training step.
     """
     global _agent
     with _attach_lock:
@@ -273,18 +279,16 @@ def adopt_lazy_hook(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None
     except Exception:
         logger.exception("rayprof: attaching the agent failed; this worker runs without one")
         return
-    if agent is not None:
-        # This optimizer step is the first boundary the agent sees.
-        agent.step()
+    if agent is not None and _hook_handle is not None:
+        # This optimizer step is the first the agent's step cycle sees.
+        _hook_handle.feed(optimizer, args, kwargs)
 
 
 def _set_hook(agent: Agent) -> None:
+    """Count steps through torch's optimizer post-step hook, one per learned cycle of optimizer steps."""
     global _hook_handle
     _remove_hook()
-    agent_step = agent.step
-    _hook_handle = register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: agent_step()
-    )
+    _hook_handle = agent.step_cycle = StepCycle(agent.step)
 
 
 def _remove_hook() -> None:

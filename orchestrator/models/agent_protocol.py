@@ -44,6 +44,9 @@ class Heartbeat(StrictModel):
     agent_id: str
     step: int = Field(ge=0)
     step_time_s: float | None = None
+    step_definition: str | None = Field(
+        default=None, description="What one step is, e.g. '1 step = Adam.step ×1 + SGD.step ×1' (the agent's step cycle)."
+    )
 
 
 class WindowSpec(StrictModel):

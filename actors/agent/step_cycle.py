@@ -1,0 +1,239 @@
+"""What one training step is: the job's cycle of optimizer steps, learned from its first ones.
+
+A job with one optimizer steps it once per iteration, but a GAN steps two (the
+discriminator's, then the generator's) and a WGAN's critic steps five times
+per generator step. Counting every ``optimizer.step()`` as a step made a GAN's
+step half an iteration, with the halves mixed in every step figure. So the
+agent's optimizer post-step hook first *learns* the cycle, then counts one
+step per cycle.
+
+Learning: each call records its optimizer's key and counts a step whenever the
+first-seen optimizer steps (for one optimizer that is already exact). Once the
+sequence of at least ``LEARN_MIN_CALLS`` calls repeats one cycle of ``p`` calls
+at least ``REPEATS`` times and ends on a cycle's end, the hook in torch's global
+post-hook dict is replaced with a counting one: one ``id`` compare per call and
+a step at each cycle's end. Replaced in place (same key): torch iterates that
+dict while it calls the hook, and a value swap is the one change it tolerates.
+The provisional count (cycle starts) goes on from where it is, so the count
+never goes back; when the first optimizer steps once a cycle, as in a GAN, it
+equals the cycles done at that moment and does not jump either. No cycle within ``LEARN_MAX_CALLS`` calls:
+it keeps counting the first-seen optimizer's steps, and says so.
+
+A key is an optimizer's class and its first parameter's id: the same when a
+loop builds a new optimizer over the same parameters (per epoch, or per step),
+different for G and D. An optimizer whose key the cycle does not hold (a new
+model, a new phase of training) starts the learning again.
+
+Each call of ``optimizer.step()`` is one call whatever it does inside: a
+closure optimizer (LBFGS, Lightning) runs forward and backward inside its one
+call, gradient accumulation steps once per accumulated batch, a
+``torch.compile``d model leaves the optimizer alone. GradScaler is the
+exception: on inf/NaN gradients it skips ``optimizer.step()`` altogether, so
+no post-step hook runs; so the agent wraps ``GradScaler._maybe_opt_step`` (its
+one place that calls or skips ``optimizer.step()``) and feeds a skipped call to
+the hook as the step it stands for: a step stays one iteration when AMP skips.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+__all__ = ["EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
+
+logger = logging.getLogger(__name__)
+
+LEARN_MIN_CALLS = 8
+REPEATS = 3
+LEARN_MAX_CALLS = 48
+EXPLICIT_STEP = "1 step = 1 actors.agent.step() call"
+
+Key = tuple[str, int]
+Hook = Callable[[Any, Any, Any], None]
+
+# The registered StepCycle that a GradScaler's skipped step is fed to (one per process).
+_active: StepCycle | None = None
+_scaler_watched = False
+
+
+def _key(optimizer: Any) -> Key:
+    try:
+        return (type(optimizer).__name__, id(optimizer.param_groups[0]["params"][0]))
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return (type(optimizer).__name__, id(optimizer))
+
+
+def period(seq: list[Key]) -> int:
+    """The smallest ``p`` such that ``seq`` repeats itself every ``p`` calls."""
+    n = len(seq)
+    for p in range(1, n + 1):
+        if all(seq[i] == seq[i - p] for i in range(p, n)):
+            return p
+    return n
+
+
+def describe(cycle: list[Key]) -> str:
+    """``1 step = Adam.step ×1 + SGD.step ×1``: optimizer classes in the order they step, with their counts."""
+    counts: dict[str, int] = {}
+    for name, _ in cycle:
+        counts[name] = counts.get(name, 0) + 1
+    return "1 step = " + " + ".join(f"{name}.step ×{n}" for name, n in counts.items())
+
+
+class StepCycle:
+    """The agent's optimizer post-step hook: learns the cycle, then counts one ``on_step`` per cycle.
+
+    ``definition`` says what one step is (read by the agent's poll thread for
+    its heartbeat). Everything else runs in the training thread.
+    """
+
+    def __init__(self, on_step: Callable[[], None]) -> None:
+        self._on_step = on_step
+        self._seq: list[Key] = []
+        self._ids: dict[Key, int] = {}
+        self._cycle: list[Key] = []
+        # Every optimizer the counting hook knows: the cycle's, or all seen when no cycle was found.
+        self._known: set[Key] = set()
+        # Calls of the cycle's last optimizer since the last step, when it steps more than once a cycle.
+        self._seen = [0]
+        self._handle: Any = register_optimizer_step_post_hook(self._learn)
+        self.definition: str | None = None
+        global _active
+        _active = self
+        _watch_grad_scaler()
+
+    @property
+    def learned(self) -> bool:
+        return bool(self._cycle)
+
+    def remove(self) -> None:
+        """Unregister from torch (explicit steps took over, or the agent went)."""
+        global _active
+        self._handle.remove()
+        if _active is self:
+            _active = None
+
+    def feed(self, optimizer: Any, args: Any = (), kwargs: Any = None) -> None:
+        """One optimizer step seen before this hook was registered (the setup hook's first one)."""
+        self._current()(optimizer, args, kwargs or {})
+
+    def _current(self) -> Hook:
+        hooks = self._handle.hooks_dict_ref()
+        return hooks.get(self._handle.id, self._learn) if hooks is not None else self._learn
+
+    def _swap(self, hook: Hook) -> None:
+        hooks = self._handle.hooks_dict_ref()
+        # Only while still registered: after remove() a swap would register it again.
+        if hooks is not None and self._handle.id in hooks:
+            hooks[self._handle.id] = hook
+
+    def _learn(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        key = _key(optimizer)
+        seq = self._seq
+        seq.append(key)
+        self._ids[key] = id(optimizer)
+        if key == seq[0]:
+            self._on_step()
+        n = len(seq)
+        if n == 1:
+            self.definition = f"{describe(seq)} (learning the cycle of optimizer steps)"
+        if n < LEARN_MIN_CALLS:
+            return
+        p = period(seq)
+        if n % p == 0 and n >= REPEATS * p:
+            self._settle(seq[:p])
+        elif n >= LEARN_MAX_CALLS:
+            self._settle(seq[:1], known=set(seq))
+            self.definition = f"{describe(seq[:1])} (no repeating cycle in the first {n} optimizer steps)"
+
+    def _settle(self, cycle: list[Key], known: set[Key] | None = None) -> None:
+        self._cycle = cycle
+        self._known = known or set(cycle)
+        self._seq = []
+        self._seen[0] = 0
+        self.definition = describe(cycle)
+        self._swap(self._counting())
+        logger.info("rayprof agent: %s", self.definition)
+
+    def _counting(self) -> Hook:
+        """The hook once the cycle is known: one id compare, a step when the cycle's last optimizer ends it."""
+        cycle = self._cycle
+        last = cycle[-1]
+        times = cycle.count(last)
+        last_id = self._ids[last]
+        others = frozenset(self._ids[k] for k in self._known if k != last)
+        step, unseen, seen = self._on_step, self._unseen, self._seen
+        if times == 1:
+
+            def count(optimizer: Any, args: Any, kwargs: Any) -> None:
+                i = id(optimizer)
+                if i == last_id:
+                    step()
+                elif i not in others:
+                    unseen(optimizer, args, kwargs)
+
+            return count
+
+        def count_nth(optimizer: Any, args: Any, kwargs: Any) -> None:
+            i = id(optimizer)
+            if i == last_id:
+                seen[0] += 1
+                if seen[0] == times:
+                    seen[0] = 0
+                    step()
+            elif i not in others:
+                unseen(optimizer, args, kwargs)
+
+        return count_nth
+
+    def _unseen(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """An optimizer object the counting hook does not know: a rebuilt one of the cycle, or a new cycle."""
+        key = _key(optimizer)
+        if key in self._known:
+            self._ids[key] = id(optimizer)
+            hook = self._counting()
+            self._swap(hook)
+            hook(optimizer, args, kwargs)
+            return
+        logger.info("rayprof agent: a new optimizer (%s) steps; learning the cycle of optimizer steps again", key[0])
+        self._cycle = []
+        self._known = set()
+        self._ids = {}
+        self._swap(self._learn)
+        self._learn(optimizer, args, kwargs)
+
+
+def _watch_grad_scaler() -> None:
+    """Wrap ``GradScaler._maybe_opt_step`` once per process: a step it skips is fed to the active cycle.
+
+    A per-call hook on that one optimizer tells whether it stepped (a few
+    microseconds per ``scaler.step()``, next to the device sync GradScaler
+    already does there); the optimizer post-step path of every other job is untouched.
+    """
+    global _scaler_watched
+    if _scaler_watched:
+        return
+    _scaler_watched = True
+    try:
+        from torch.amp.grad_scaler import GradScaler
+
+        original = GradScaler._maybe_opt_step
+    except (ImportError, AttributeError):
+        return
+
+    def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+        stepped: list[bool] = []
+        handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+        try:
+            retval = original(self, optimizer, optimizer_state, *args, **kwargs)
+        finally:
+            handle.remove()
+        cycle = _active
+        if not stepped and cycle is not None:
+            cycle.feed(optimizer, args, kwargs)
+        return retval
+
+    GradScaler._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]

@@ -1,0 +1,262 @@
+"""What one step is: the agent's optimizer hook learns the job's cycle of optimizer steps (real torch, no Ray)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks
+
+from actors.agent import runtime
+from actors.agent.runtime import Agent
+from actors.agent.step_cycle import EXPLICIT_STEP, LEARN_MAX_CALLS, StepCycle
+from orchestrator.models.agent_protocol import WorkerInfo
+
+INFO = WorkerInfo(
+    agent_id="a1", target="unit", world_rank=0, world_size=1, local_rank=0, node_rank=0,
+    node_id="n", host="h", pid=1, device="cpu", torch_version=torch.__version__,
+)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> None:
+        self.n += 1
+
+
+@pytest.fixture
+def cycle() -> Iterator[tuple[StepCycle, Counter]]:
+    counter = Counter()
+    c = StepCycle(counter)
+    try:
+        yield c, counter
+    finally:
+        c.remove()
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def _backward(model: torch.nn.Module) -> torch.Tensor:
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def _gan_iterations(g_opt: torch.optim.Optimizer, d_opt: torch.optim.Optimizer, g, d, n: int, critic: int = 1) -> None:
+    for _ in range(n):
+        for _ in range(critic):
+            d_opt.zero_grad()
+            _backward(d)
+            d_opt.step()
+        g_opt.zero_grad()
+        _backward(g)
+        g_opt.step()
+
+
+def test_one_optimizer_counts_every_step_from_the_first(cycle):
+    c, steps = cycle
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    counts = []
+    for _ in range(20):
+        _backward(model)
+        opt.step()
+        counts.append(steps.n)
+    assert counts == list(range(1, 21))
+    assert c.learned and c.definition == "1 step = SGD.step ×1"
+
+
+def test_a_gan_step_is_one_generator_and_one_discriminator_step(cycle):
+    c, steps = cycle
+    g, d = _model(0), _model(1)
+    g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.SGD(d.parameters(), lr=0.01)
+    _gan_iterations(g_opt, d_opt, g, d, 10)
+    assert c.learned and c.definition == "1 step = SGD.step ×1 + Adam.step ×1"
+    assert steps.n == 10
+    before = steps.n
+    _gan_iterations(g_opt, d_opt, g, d, 7)
+    assert steps.n - before == 7
+
+
+def test_a_critic_stepped_five_times_per_generator_step_makes_one_step_of_six(cycle):
+    c, steps = cycle
+    g, d = _model(0), _model(1)
+    g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.RMSprop(d.parameters())
+    _gan_iterations(g_opt, d_opt, g, d, 4, critic=5)
+    assert c.learned and c.definition == "1 step = RMSprop.step ×5 + Adam.step ×1"
+    before = steps.n
+    for i in range(1, 6):
+        _gan_iterations(g_opt, d_opt, g, d, 1, critic=5)
+        assert steps.n - before == i
+
+
+def test_after_learning_the_hook_is_swapped_for_the_counting_one(cycle):
+    c, steps = cycle
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook_id = c._handle.id
+    assert _global_optimizer_post_hooks[hook_id] == c._learn
+    for _ in range(10):
+        _backward(model)
+        opt.step()
+    counting = _global_optimizer_post_hooks[hook_id]
+    assert counting != c._learn
+
+    # The idle path: the counting hook calls nothing but id() and the step counter.
+    calls: list[str] = []
+
+    def tracer(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls.append(f"{event}:{getattr(arg, '__name__', frame.f_code.co_name)}")
+
+    sys.setprofile(tracer)
+    counting(opt, (), {})
+    sys.setprofile(None)
+    assert calls == ["call:count", "c_call:id", "call:__call__", "c_call:setprofile"]
+
+
+def test_a_closure_optimizer_step_is_one_step_however_often_it_evaluates(cycle):
+    c, steps = cycle
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=4)
+    x = torch.randn(4, 8)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(12):
+        opt.step(closure)
+    assert steps.n == 12 and c.definition == "1 step = LBFGS.step ×1"
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_step(cycle):
+    c, steps = cycle
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(10):
+        for _ in range(4):
+            _backward(model)
+        opt.step()
+        opt.zero_grad()
+    assert steps.n == 10 and c.definition == "1 step = AdamW.step ×1"
+
+
+def test_a_step_amp_skips_on_inf_gradients_is_still_a_step(cycle):
+    c, steps = cycle
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    skipped = 0
+    for i in range(12):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+        if i in (0, 5, 9):
+            next(model.parameters()).grad.fill_(float("inf"))  # GradScaler skips optimizer.step() on this one
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
+    assert skipped == 3
+    assert steps.n == 12
+
+
+def test_a_compiled_model_keeps_one_step_per_optimizer_step(cycle):
+    c, steps = cycle
+    model = _model()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(10):
+        opt.zero_grad()
+        compiled(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    assert steps.n == 10 and c.definition == "1 step = Adam.step ×1"
+
+
+def test_an_optimizer_rebuilt_every_iteration_over_the_same_parameters_keeps_counting(cycle):
+    c, steps = cycle
+    model = _model()
+    for _ in range(20):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        _backward(model)
+        opt.step()
+    assert steps.n == 20 and c.definition == "1 step = SGD.step ×1"
+
+
+def test_a_new_optimizer_after_learning_starts_learning_again_and_never_goes_back(cycle):
+    c, steps = cycle
+    model, head = _model(0), _model(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(10):
+        _backward(model)
+        opt.step()
+    assert steps.n == 10
+    # Fine-tuning phase: a second optimizer joins, stepped after the first.
+    head_opt = torch.optim.Adam(head.parameters())
+    counts = []
+    for _ in range(10):
+        _backward(model)
+        opt.step()
+        _backward(head)
+        head_opt.step()
+        counts.append(steps.n)
+    assert counts == sorted(counts) and counts[-1] > 10
+    assert c.definition == "1 step = Adam.step ×1 + SGD.step ×1"
+    before = steps.n
+    for _ in range(3):
+        opt.step()
+        head_opt.step()
+    assert steps.n - before == 3
+
+
+def test_no_repeating_cycle_counts_the_first_optimizer_and_says_so(cycle):
+    c, steps = cycle
+    models = [_model(i) for i in range(3)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
+    # An irregular pattern: the first optimizer, then a growing run of the others.
+    order = [0]
+    k = 1
+    while len(order) < LEARN_MAX_CALLS + 5:
+        order += [1 + (j % 2) for j in range(k)] + [0]
+        k += 1
+    for i in order[: LEARN_MAX_CALLS + 5]:
+        opts[i].step()
+    assert c.learned and c.definition is not None and "no repeating cycle" in c.definition
+    assert steps.n == order[: LEARN_MAX_CALLS + 5].count(0)
+
+
+def test_the_agent_hook_counts_cycles_and_heartbeats_say_what_a_step_is():
+    agent = Agent(INFO)  # never started: no thread, no controller
+    g, d = _model(0), _model(1)
+    g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.Adam(d.parameters())
+    runtime._set_hook(agent)
+    try:
+        _gan_iterations(g_opt, d_opt, g, d, 12)
+    finally:
+        runtime._remove_hook()
+    assert agent.step_count == 12
+    assert agent._heartbeat().step_definition == "1 step = Adam.step ×2"
+
+
+def test_explicit_steps_say_so_in_the_heartbeat(monkeypatch):
+    agent = Agent(INFO)
+    monkeypatch.setattr(runtime, "_agent", agent)
+    runtime._set_hook(agent)
+    opt = torch.optim.SGD(_model().parameters(), lr=0.01)
+    opt.step()
+    runtime.step()  # the first explicit step removes the optimizer hook
+    opt.step()
+    runtime.step()
+    assert runtime._hook_handle is None
+    assert agent.step_count == 3
+    assert agent._heartbeat().step_definition == EXPLICIT_STEP
+
