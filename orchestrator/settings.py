@@ -186,6 +186,11 @@ MAX_HTTP_WAIT_S = 30.0
 # The span `rayprof history` and GET /v1/targets/{t}/history show by default, and the most one may ask.
 DEFAULT_HISTORY_SPAN_S = 600.0
 MAX_HISTORY_SPAN_S = 86_400.0
+# Most points one history answer holds (all ranks together), and the most one may ask: past it the
+# controller answers per-bucket min/median/max of the slowest ranks and one band of every rank
+# (10 minutes at 1,024 ranks is 613k points, 26 MB, unbounded).
+DEFAULT_HISTORY_MAX_POINTS = 4096
+MAX_HISTORY_MAX_POINTS = 200_000
 
 # Profiles per page of a list (HTTP, client, CLI), and the most one page may hold.
 DEFAULT_PAGE_SIZE = 100

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RankSeries", "TargetHistory"]
+__all__ = ["BandSeries", "RankSeries", "TargetHistory"]
 
 
 class RankSeries(BaseModel):
@@ -16,8 +16,27 @@ class RankSeries(BaseModel):
     t: list[float] = Field(default_factory=list, description="Unix time of the last heartbeat in each point.")
     step: list[int] = Field(default_factory=list, description="The rank's step count at that heartbeat.")
     step_time_s: list[float | None] = Field(
-        default_factory=list, description="Mean step time the rank reported within the point (s); null when none."
+        default_factory=list,
+        description="Mean step time the rank reported within the point (s); null when none. In a downsampled "
+        "answer, the median of the heartbeats' step times in the bucket.",
     )
+    step_time_min_s: list[float | None] | None = Field(
+        default=None, description="Downsampled answers only: the least step time in each bucket."
+    )
+    step_time_max_s: list[float | None] | None = Field(
+        default=None, description="Downsampled answers only: the greatest step time in each bucket."
+    )
+
+
+class BandSeries(BaseModel):
+    """Every rank of the run at once, per bucket: the spread a chart draws behind the ranks it shows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    t: list[float] = Field(default_factory=list, description="Unix time of each bucket's end.")
+    step_time_min_s: list[float | None] = Field(default_factory=list)
+    step_time_median_s: list[float | None] = Field(default_factory=list, description="Median of the ranks' medians.")
+    step_time_max_s: list[float | None] = Field(default_factory=list)
 
 
 class TargetHistory(BaseModel):
@@ -30,3 +49,10 @@ class TargetHistory(BaseModel):
     resolution_s: float = Field(description="Width of one point: the finest tier that covers the span asked for.")
     span_s: float
     ranks: list[RankSeries] = Field(default_factory=list)
+    ranks_total: int | None = Field(
+        default=None, description="Ranks with points in the span (of those asked for); more than in ranks when downsampled."
+    )
+    downsampled: bool = Field(
+        default=False, description="Points are buckets of several heartbeats, and only the slowest ranks are listed."
+    )
+    band: BandSeries | None = Field(default=None, description="Every rank's spread, when not every rank is listed.")
