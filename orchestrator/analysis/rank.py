@@ -24,12 +24,15 @@ counted twice and the phases add up to the step time:
                   copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
                   ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
                   Device-to-device copies never block the host for long and get no phase of their own.
- 5. ``optimizer`` inside ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``.
- 6. ``backward``  inside a span that names backward on the main thread: autograd nodes
-                  (``autograd::engine::evaluate_function: ...``, 1.8's ``...Backward``) or a
-                  ``record_function`` such as HTA's ``## backward ##``.
- 7. ``forward``   inside a module forward span (``*.forward`` annotations such as
-                  ``DistributedDataParallel.forward``, ``## forward ##``, or ``nn.Module:``).
+ 5-7. ``optimizer``, ``backward``, ``forward``: the innermost of these spans open on the
+                  main thread decides (:mod:`orchestrator.analysis.phases`), so forward and
+                  backward that a closure optimizer runs inside ``Optimizer.step#...`` are
+                  forward and backward. ``optimizer``: ``Optimizer.step#...`` / ``zero_grad#...``;
+                  ``backward``: autograd nodes (``autograd::engine::evaluate_function: ...``,
+                  1.8's ``...Backward``, ``CompiledFunctionBackward``), compiled autograd's regions
+                  or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
+                  forward span (``*.forward`` annotations such as ``DistributedDataParallel.forward``,
+                  ``## forward ##``, or ``nn.Module:``).
  8. The main thread is in no span of rules 1-7 (an untraced gap, or an op of no
     phase). Then the other threads of the process say what it waits for:
     ``backward`` while an autograd thread (a thread that runs backward spans)
@@ -59,6 +62,7 @@ from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
+from orchestrator.analysis.phases import nested_phases
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
@@ -69,8 +73,6 @@ from orchestrator.analysis.spans import (
     is_comm,
     is_copy_call,
     is_data,
-    is_forward,
-    is_optimizer,
     is_sync,
     where,
 )
@@ -228,18 +230,19 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 entry[1] += us
 
     sync_rule = union(sync_spans)
+    step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
+    backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
+    nested = nested_phases(main, main_kinds, step_names, backward_elsewhere)
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union(where(main_kinds, is_data))),
         ("sync", sync_rule),
         ("comm", union(where(main_kinds, is_comm))),
         ("memcpy", union(upload_spans)),
-        ("optimizer", union(where(main_kinds, is_optimizer))),
-        ("backward", union(where(main_kinds, is_backward))),
-        ("forward", union(where(main_kinds, is_forward))),
+        ("optimizer", nested["optimizer"]),
+        ("backward", nested["backward"]),
+        ("forward", nested["forward"]),
     ]
-    step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
     any_main_span = cover(main, skip=step_names)
-    backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
     comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
 

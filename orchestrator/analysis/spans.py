@@ -66,6 +66,7 @@ _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 # A record_function or autograd node that names backward: "## backward ##",
 # "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
 _BACKWARD = re.compile(r"backward", re.IGNORECASE)
+_COMPILED_AUTOGRAD = "Torch-Compiled Region: !"
 # HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it.
 _COMM_KERNEL = re.compile(r"^nccl.*Kernel")
 _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
@@ -99,8 +100,11 @@ def is_optimizer(span: Span) -> bool:
 
 
 def is_backward(span: Span) -> bool:
-    """An autograd node or a ``record_function`` that names backward, on any host thread."""
-    return span.cat in ("cpu_op", "user_annotation") and _BACKWARD.search(span.name) is not None and not is_comm(span)
+    """An autograd node or a ``record_function`` that names backward, on any host thread; or a compiled
+    autograd graph (``Torch-Compiled Region: !0/...``: compiled autograd's compile ids start with ``!``)."""
+    return span.cat in ("cpu_op", "user_annotation") and not is_comm(span) and (
+        _BACKWARD.search(span.name) is not None or span.name.startswith(_COMPILED_AUTOGRAD)
+    )
 
 
 def is_forward(span: Span) -> bool:

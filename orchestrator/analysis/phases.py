@@ -1,0 +1,103 @@
+"""Forward, backward and optimizer time on the main thread, from how its spans nest.
+
+The innermost recognised span decides each instant, not a fixed order of names:
+a closure optimizer (``LBFGS``, Lightning's ``optimizer.step(closure)``) runs the
+model's forward and backward inside ``Optimizer.step#...``, and that time is
+forward and backward; only the optimizer's own remainder is optimizer time.
+
+* backward: an autograd node or a span that names backward (:func:`spans.is_backward`,
+  which covers ``CompiledFunctionBackward`` and compiled autograd's regions); on a
+  GPU, also the time an ``Optimizer.step`` runs no op of its own while the autograd
+  engine's device thread runs backward (the closure's ``loss.backward()``);
+* forward: a module forward span (:func:`spans.is_forward`), and the time an
+  ``Optimizer.step`` spends before the first backward inside it (the closure's
+  model and loss, which need carry no marker);
+* optimizer: ``Optimizer.step`` / ``zero_grad`` where neither of the above holds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Literal
+
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, union
+from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optimizer
+from orchestrator.traces.loader import Span
+
+__all__ = ["nested_phases"]
+
+# ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
+Label = Literal["forward", "backward", "optimizer", "step"]
+
+
+def _label(span: Span) -> Label | None:
+    if is_optimizer(span):
+        return "step" if span.name.startswith("Optimizer.step#") else "optimizer"
+    if is_backward(span):
+        return "backward"
+    if is_forward(span):
+        return "forward"
+    return None
+
+
+def innermost(spans: Iterable[tuple[float, float, Label]]) -> dict[Label, Intervals]:
+    """Each label's time where its span is the innermost labelled one open (spans of one thread)."""
+    ordered = sorted(spans, key=lambda s: (s[0], -s[1]))
+    out: dict[Label, Intervals] = defaultdict(list)
+    stack: list[tuple[float, Label]] = []  # (end, label) of the open spans, innermost last
+    cur = float("-inf")
+    i, n = 0, len(ordered)
+    while i < n or stack:
+        while stack and stack[-1][0] <= cur:
+            stack.pop()
+        nxt = ordered[i][0] if i < n else float("inf")
+        if not stack:
+            if i >= n:
+                break
+            cur = nxt
+        else:
+            t = min(stack[-1][0], nxt)
+            if t > cur:
+                out[stack[-1][1]].append((cur, t))
+            cur = t
+        while i < n and ordered[i][0] <= cur:
+            if ordered[i][1] > cur:
+                stack.append((ordered[i][1], ordered[i][2]))
+            i += 1
+    return {label: union(ivs) for label, ivs in out.items()}
+
+
+def nested_phases(
+    main: list[Span], main_kinds: Kinds, skip: frozenset[str], backward_elsewhere: Intervals
+) -> dict[Literal["forward", "backward", "optimizer"], Intervals]:
+    """The main thread's forward, backward and optimizer intervals (disjoint).
+
+    ``main``: its spans in start order; ``skip``: its step span names; ``backward_elsewhere``:
+    when the process's autograd threads run backward.
+    """
+    labelled = [
+        (s.ts, s.end, label)
+        for group in main_kinds.values() if (label := _label(group[0])) is not None
+        for s in group
+    ]
+    inner = innermost(labelled)
+    step = inner.get("step", [])
+    if not step:
+        return {"forward": inner.get("forward", []), "backward": inner.get("backward", []), "optimizer": inner.get("optimizer", [])}
+    # An Optimizer.step's own time in which the main thread runs no op while an autograd thread runs backward.
+    steps = frozenset(name for (name, _), group in main_kinds.items() if _label(group[0]) == "step")
+    deeper = cover(main, skip=skip | steps)
+    waiting = intersect(subtract(step, deeper), backward_elsewhere)
+    backward = union(inner.get("backward", []) + waiting)
+    step = subtract(step, waiting)
+    # The closure's model and loss: an Optimizer.step's own time before the first backward inside it.
+    any_backward = union(backward + backward_elsewhere)
+    before: Intervals = []
+    for t0, t1 in union((s[0], s[1]) for s in labelled if s[2] == "step"):
+        first = next(iter(clip(any_backward, t0, t1)), None)
+        if first is not None:
+            before += clip(step, t0, first[0])
+    forward = union(inner.get("forward", []) + before)
+    optimizer = union(subtract(step, before) + inner.get("optimizer", []))
+    return {"forward": forward, "backward": backward, "optimizer": optimizer}

@@ -1,0 +1,61 @@
+"""Record the closure-optimizer trace fixtures under tests/data/traces/ (CPU, one process).
+
+    python tests/data/make_phase_traces.py
+
+Cases (issue 29, phases from nesting):
+  closure_adam  Lightning's pattern: ``optimizer.step(closure)`` with Adam, the closure runs
+                zero_grad, forward, loss and backward inside ``Optimizer.step#Adam.step``
+  closure_lbfgs LBFGS, whose step calls the closure itself
+
+Each records steps 2-4 with torch.profiler, as ``<case>/traces/rank0.pt.trace.json.gz``.
+The tests assert only that backward and forward are found inside the optimizer step,
+not this machine's speed, so re-recording keeps them true.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+OUT = Path(__file__).parent / "traces"
+
+
+def record(case: str) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    params = model.parameters()
+    opt: torch.optim.Optimizer = torch.optim.LBFGS(params, max_iter=2) if case == "closure_lbfgs" else torch.optim.Adam(params)
+    x, y = torch.randn(256, 128), torch.randint(0, 10, (256,))
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    folder = OUT / case / "traces"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "rank0.pt.trace.json"
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=1, warmup=1, active=3),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+        ) as prof:
+            for _ in range(5):
+                opt.step(closure)
+                prof.step()
+        with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return folder
+
+
+if __name__ == "__main__":
+    for name in ("closure_adam", "closure_lbfgs"):
+        print(record(name))
