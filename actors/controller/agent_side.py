@@ -74,7 +74,9 @@ class AgentSide:
         await self._ensure_started()
         if self._registry.check(heartbeat.agent_id, secret) is None:
             return Command(kind="register")
-        worker = self._registry.heartbeat(heartbeat.agent_id, heartbeat.step, heartbeat.step_time_s)
+        worker = self._registry.heartbeat(
+            heartbeat.agent_id, heartbeat.step, heartbeat.step_time_s, step_definition=heartbeat.step_definition
+        )
         if worker is None:
             return Command(kind="register")
         if not worker.commands:
@@ -95,7 +97,7 @@ class AgentSide:
             if hb.agent_id not in self._registry.workers:
                 reply.commands[hb.agent_id] = [Command(kind="register")]
             elif link is not None and hb.agent_id in link.agents:
-                self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s)
+                self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s, hb.step_definition)
             # else: a rank registered through another relay (or none): not this relay's to speak for.
         if link is None:
             return reply

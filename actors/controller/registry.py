@@ -81,6 +81,8 @@ class Worker:
     heard_at: float = 0.0
     step: int = 0
     step_time_s: float | None = None
+    # What one step is, as the agent's latest heartbeat said (its learned cycle of optimizer steps).
+    step_definition: str | None = None
     # When its step count last went up (a heartbeat showed progress), and recent (time, step) heartbeats.
     advanced_at: float = 0.0
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
@@ -212,7 +214,9 @@ class Registry:
             while left and next(iter(left.values()))[1] < before:
                 left.popitem(last=False)
 
-    def heartbeat(self, agent_id: str, step: int, step_time_s: float | None, age_s: float = 0.0) -> Worker | None:
+    def heartbeat(
+        self, agent_id: str, step: int, step_time_s: float | None, age_s: float = 0.0, step_definition: str | None = None
+    ) -> Worker | None:
         """Record progress; ``age_s``: how long ago the worker sent it (a relay held it that long)."""
         worker = self.workers.get(agent_id)
         if worker is not None:
@@ -224,6 +228,7 @@ class Registry:
                 worker.advanced_at = now
             worker.step = step
             worker.step_time_s = step_time_s
+            worker.step_definition = step_definition or worker.step_definition
             worker.seen_at = now
             worker.samples.append((now, step))
         return worker
@@ -287,6 +292,7 @@ class Registry:
                                 info=w.info,
                                 step=w.step,
                                 step_time_s=w.step_time_s,
+                                step_definition=w.step_definition,
                                 last_seen_s=now - w.seen_at,
                                 advanced_s=now - w.advanced_at,
                                 steps_behind=h.behind.get(w.info.world_rank),

@@ -161,7 +161,7 @@ class Runner:
                     reason=f"no agent registered for this rank within {config.poll_timeout_s:g}s",
                 )
             else:
-                profile.ranks[rank] = RankResult.waiting(worker.info)
+                profile.ranks[rank] = RankResult.waiting(worker.info, worker.step_definition)
                 profile.agents[rank] = worker.info.agent_id
         present = [workers[r] for r in selected if r in workers]
         if not present:

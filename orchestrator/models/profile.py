@@ -95,6 +95,9 @@ class RankResult(StrictModel):
     first_step: int | None = None
     last_step: int | None = None
     step_durations_ms: list[float] = Field(default_factory=list)
+    step_definition: str | None = Field(
+        default=None, description="What one step is on this rank, e.g. '1 step = Adam.step ×1 + SGD.step ×1'."
+    )
     base_time_ns: int | None = None
     trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")
     artifacts: list[Artifact] = Field(default_factory=list)
@@ -109,10 +112,10 @@ class RankResult(StrictModel):
         return sum(a.bytes for a in self.artifacts)
 
     @classmethod
-    def waiting(cls, info: WorkerInfo) -> RankResult:
-        """A selected rank before it armed: who it is, from what its agent registered."""
+    def waiting(cls, info: WorkerInfo, step_definition: str | None = None) -> RankResult:
+        """A selected rank before it armed: who it is, from what its agent registered, and what one step is."""
         shared = {name: getattr(info, name) for name in _WORKER_FIELDS}
-        return cls(rank=info.world_rank, state=RankState.WAITING, **shared)
+        return cls(rank=info.world_rank, state=RankState.WAITING, step_definition=step_definition, **shared)
 
 
 _WORKER_FIELDS = tuple(sorted(WorkerInfo.model_fields.keys() & RankResult.model_fields.keys()))
