@@ -42,8 +42,10 @@ from orchestrator.service.console import ConsoleRoutes
 from orchestrator.service.security import REPORT_HEADERS, Guard, serve_http_host
 from orchestrator.service.views import ProfileView, StacksRequest, StorageView, TargetList, WatchList
 from orchestrator.settings import (
+    DEFAULT_HISTORY_MAX_POINTS,
     DEFAULT_HISTORY_SPAN_S,
     DEFAULT_PAGE_SIZE,
+    MAX_HISTORY_MAX_POINTS,
     MAX_HISTORY_SPAN_S,
     MAX_HTTP_WAIT_S,
     MAX_PAGE_SIZE,
@@ -260,9 +262,18 @@ class ProfilingService(ConsoleRoutes):
         run: Annotated[str | None, Query(max_length=NAME_MAX_LENGTH)] = None,
         span_s: Annotated[float, Query(gt=0, le=MAX_HISTORY_SPAN_S)] = DEFAULT_HISTORY_SPAN_S,
         rank: Annotated[list[int] | None, Query(description="Only these ranks (repeat the parameter).")] = None,
+        max_points: Annotated[
+            int,
+            Query(
+                ge=2 * 60,
+                le=MAX_HISTORY_MAX_POINTS,
+                description="Most points in the answer, every rank together; past it, per-bucket min/median/max "
+                "of the slowest ranks and a band of every rank.",
+            ),
+        ] = DEFAULT_HISTORY_MAX_POINTS,
     ) -> TargetHistory:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.history(target, run, span_s, rank))
+        return await self._ask(lambda c: c.history(target, run, span_s, rank, max_points))
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:
