@@ -50,7 +50,12 @@ from orchestrator.models.history import TargetHistory
 from orchestrator.models.profile import ProfileStatus, Trigger
 from orchestrator.models.requests import ProfileRequest
 from orchestrator.models.summaries import GcReport, GcRequest
-from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
+from orchestrator.settings import (
+    CONTROLLER_NAME,
+    CONTROLLER_NAMESPACE,
+    DEFAULT_HISTORY_MAX_POINTS,
+    DEFAULT_HISTORY_SPAN_S,
+)
 
 __all__ = ["Controller", "create_controller"]
 
@@ -254,11 +259,17 @@ class Controller(Startup, AgentSide, ClientSide):
         return await self._watches.delete(watch_id)
 
     async def history(
-        self, target: str, run: str | None = None, span_s: float = 600.0, ranks: list[int] | None = None
+        self,
+        target: str,
+        run: str | None = None,
+        span_s: float = DEFAULT_HISTORY_SPAN_S,
+        ranks: list[int] | None = None,
+        max_points: int = DEFAULT_HISTORY_MAX_POINTS,
     ) -> TargetHistory:
-        """Step-time history of a run of ``target`` over the last ``span_s`` seconds (of ``ranks``, or all)."""
+        """Step-time history of a run of ``target`` over the last ``span_s`` seconds (of ``ranks``, or all),
+        downsampled past ``max_points`` points (the slowest ranks, and a band of every rank)."""
         await self._ensure_started()
-        return self._telemetry.view(target, run, span_s, ranks)
+        return await self._telemetry.view(target, run, span_s, ranks, max_points)
 
     async def _monitor(self) -> None:
         """Health, watches and telemetry, from the heartbeats held here; a failed tick is logged, never fatal."""

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ControllerUnavailableError, RayprofError
+from orchestrator.settings import DEFAULT_HISTORY_MAX_POINTS
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -112,9 +113,14 @@ class ControllerRpc:
         return self.handle.targets.remote()
 
     def history(
-        self, target: str, run: str | None, span_s: float, ranks: list[int] | None
+        self,
+        target: str,
+        run: str | None,
+        span_s: float,
+        ranks: list[int] | None,
+        max_points: int = DEFAULT_HISTORY_MAX_POINTS,
     ) -> ObjectRef[TargetHistory]:
-        return self.handle.history.remote(target, run, span_s, ranks)
+        return self.handle.history.remote(target, run, span_s, ranks, max_points)
 
     def stacks(self, target: str, native: bool, run: str | None) -> ObjectRef[StacksBundle]:
         return self.handle.stacks.remote(target, native, run)

@@ -23,8 +23,8 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from actors.controller.history_answer import Snapshot
 from actors.controller.registry import Worker
-from orchestrator.models.history import RankSeries, TargetHistory
 
 __all__ = ["TIERS", "History", "RankHistory", "RunHistory", "Tier", "compress"]
 
@@ -158,24 +158,13 @@ class RunHistory:
         self.ranks.setdefault(rank, RankHistory()).add(t, step, step_time_s)
         self.last_t = max(self.last_t, t)
 
-    def view(self, span_s: float, now: float, ranks: list[int] | None = None) -> TargetHistory:
-        """The last ``span_s`` at the finest tier that covers it; every rank, or those in ``ranks``."""
+    def snapshot(self, span_s: float, now: float, ranks: list[int] | None = None) -> Snapshot:
+        """The points of every rank (or those in ``ranks``) at the finest tier that covers the last
+        ``span_s``, copied so :func:`actors.controller.history_answer.answer` can read them off the loop."""
         tier = next((i for i, t in enumerate(TIERS) if t.span_s >= span_s), len(TIERS) - 1)
-        since = now - span_s
-        series = []
-        for rank in sorted(self.ranks if ranks is None else set(ranks) & self.ranks.keys()):
-            points = self.ranks[rank].points(tier, since)
-            series.append(
-                RankSeries(
-                    rank=rank,
-                    t=[p[0] for p in points],
-                    step=[p[1] for p in points],
-                    step_time_s=[None if math.isnan(p[2]) else p[2] for p in points],
-                )
-            )
-        return TargetHistory(
-            target=self.target, run=self.run, resolution_s=TIERS[tier].resolution_s, span_s=span_s, ranks=series
-        )
+        chosen = sorted(self.ranks if ranks is None else set(ranks) & self.ranks.keys())
+        columns = [(rank, *self.ranks[rank].tiers[tier].columns()) for rank in chosen]
+        return Snapshot(self.target, self.run, TIERS[tier].resolution_s, span_s, now, columns)
 
     # ---- saving -------------------------------------------------------------
 

@@ -9,11 +9,13 @@ its postprocess with :meth:`timed`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from actors.controller import history_answer
 from actors.controller.health import Health
 from actors.controller.history_store import HistoryStore
 from actors.controller.metrics import Metrics
@@ -182,9 +184,11 @@ class Telemetry:
 
     # ---- the API ----------------------------------------------------------
 
-    def view(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
+    async def view(
+        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
+    ) -> TargetHistory:
         """One run's history over the last ``span_s``: the named run, else the newest live one,
-        else the one heard from last."""
+        else the one heard from last; downsampled past ``max_points``, and built in a thread."""
         live = self._registry.runs(target)
         if run is None:
             runs = [r for (t, _), r in self.history.runs.items() if t == target]
@@ -199,4 +203,5 @@ class Telemetry:
                 raise TargetNotFoundError(f"no step-time history for {target!r}" + (f" run {run!r}" if run else ""), target=target)
             # Live but no point yet (just registered, or history off): empty, not unknown.
             found = RunHistory(target, run or newest)
-        return found.view(span_s, time.time(), ranks)
+        snapshot = found.snapshot(span_s, time.time(), ranks)
+        return await asyncio.to_thread(history_answer.answer, snapshot, max_points)

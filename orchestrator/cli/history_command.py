@@ -12,7 +12,7 @@ from orchestrator.cli.output import emit_json, out, table
 from orchestrator.cli.stacks_commands import parse_duration
 from orchestrator.errors import EXIT_OK, InvalidRequestError
 from orchestrator.models.history import RankSeries
-from orchestrator.settings import DEFAULT_HISTORY_SPAN_S
+from orchestrator.settings import DEFAULT_HISTORY_MAX_POINTS, DEFAULT_HISTORY_SPAN_S
 
 __all__ = ["add_command", "sparkline"]
 
@@ -31,6 +31,12 @@ def add_command(command: Callable[..., Any], parents: Sequence[Any]) -> None:
         help="how far back: 10m (1 s points), up to 2h (10 s), up to 24h (1 min); default 10m",
     )
     p.add_argument("--ranks", help="comma-separated world ranks (default: all)")
+    p.add_argument(
+        "--max-points",
+        type=int,
+        default=DEFAULT_HISTORY_MAX_POINTS,
+        help="most points, every rank together; past it the slowest ranks are shown, per bucket (default %(default)s)",
+    )
 
 
 def sparkline(values: Sequence[float | None], width: int = _WIDTH) -> str:
@@ -76,10 +82,12 @@ def history(args: argparse.Namespace) -> int:
             ranks = [int(r) for r in args.ranks.split(",")]
         except ValueError:
             raise InvalidRequestError(f"--ranks {args.ranks!r}: give comma-separated integers, e.g. 0,1") from None
-    found = _client(args).history(args.target, run=args.run, span_s=args.span, ranks=ranks)
+    found = _client(args).history(args.target, run=args.run, span_s=args.span, ranks=ranks, max_points=args.max_points)
     if args.json:
         emit_json(found)
         return EXIT_OK
     out(f"{found.target}  run {found.run}  last {found.span_s:g}s at {found.resolution_s:g}s per point")
+    if found.downsampled and found.ranks_total is not None and len(found.ranks) < found.ranks_total:
+        out(f"the {len(found.ranks)} slowest of {found.ranks_total} ranks (by median step time; --max-points for more)")
     out(table([_row(s) for s in found.ranks], ["rank", "steps", "median", "max", "latest", "step time (low to high)"]))
     return EXIT_OK

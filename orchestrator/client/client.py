@@ -27,7 +27,7 @@ from orchestrator.models.history import TargetHistory
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
-from orchestrator.settings import DEFAULT_HISTORY_SPAN_S, DEFAULT_PAGE_SIZE
+from orchestrator.settings import DEFAULT_HISTORY_MAX_POINTS, DEFAULT_HISTORY_SPAN_S, DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
 
 if TYPE_CHECKING:
@@ -51,7 +51,9 @@ class Backend(Protocol):
     def cancel(self, profile_id: str) -> ProfileStatus: ...
     def manifest(self, profile_id: str) -> Manifest: ...
     def targets(self) -> list[TargetInfo]: ...
-    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory: ...
+    def history(
+        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
+    ) -> TargetHistory: ...
     def storage(self) -> StorageSpec: ...
     def diff(self, a: str, b: str) -> ProfileDiff: ...
     def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle: ...
@@ -286,11 +288,19 @@ class ProfilingClient:
         return self._backend.diff(a, b)
 
     def history(
-        self, target: str, *, run: str | None = None, span_s: float = DEFAULT_HISTORY_SPAN_S, ranks: list[int] | None = None
+        self,
+        target: str,
+        *,
+        run: str | None = None,
+        span_s: float = DEFAULT_HISTORY_SPAN_S,
+        ranks: list[int] | None = None,
+        max_points: int = DEFAULT_HISTORY_MAX_POINTS,
     ) -> TargetHistory:
         """Step-time history of ``target``'s newest live run (or ``run``) per rank over the last ``span_s``
-        seconds: 1 s points up to 10 minutes, 10 s up to 2 hours, 1 minute up to 24 hours."""
-        return self._backend.history(target, run, span_s, ranks)
+        seconds: 1 s points up to 10 minutes, 10 s up to 2 hours, 1 minute up to 24 hours. Past
+        ``max_points`` (every rank together) the controller downsamples: per-bucket min/median/max of
+        the slowest ranks, and a band of every rank."""
+        return self._backend.history(target, run, span_s, ranks, max_points)
 
     def stacks(self, target: str, *, native: bool = False, run: str | None = None) -> StacksBundle:
         """Every live rank's stacks now, grouped (ranks unlike the majority first), stored like a profile.

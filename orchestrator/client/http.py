@@ -165,8 +165,10 @@ class HttpBackend:
     def targets(self) -> list[TargetInfo]:
         return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
 
-    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
-        params: dict[str, Any] = {"span_s": span_s, "rank": ranks or []}
+    def history(
+        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
+    ) -> TargetHistory:
+        params: dict[str, Any] = {"span_s": span_s, "rank": ranks or [], "max_points": max_points}
         if run is not None:
             params["run"] = run
         body = self._request("GET", f"/v1/targets/{quote(target, safe='')}/history", params=params)

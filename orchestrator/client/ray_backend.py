@@ -79,8 +79,10 @@ class ActorBackend:
     def targets(self) -> list[TargetInfo]:
         return self._read(lambda c: c.targets())
 
-    def history(self, target: str, run: str | None, span_s: float, ranks: list[int] | None) -> TargetHistory:
-        return self._read(lambda c: c.history(target, run, span_s, ranks))
+    def history(
+        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
+    ) -> TargetHistory:
+        return self._read(lambda c: c.history(target, run, span_s, ranks, max_points))
 
     def storage(self) -> StorageSpec:
         # Asked each time: the storage can be reconfigured while this client lives.
