@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
+.PHONY: device-wheels setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,3 +74,12 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(OLDEST_RAY_VENV) rayprof-demo
+
+# The device check (benchmarks/gpu.py) runs where there is torch but no Ray and no internet:
+# rayprof's small dependencies travel there as wheels for its Python (3.12 on the H100 machine),
+# unpacked onto PYTHONPATH (README, "The GPU path").
+DEVICE_PYTHON ?= 3.12
+device-wheels: setup
+	$(PY) -m pip download -q --only-binary=:all: --python-version $(DEVICE_PYTHON) --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		-d .device-wheels pydantic msgspec isal
