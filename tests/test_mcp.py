@@ -23,11 +23,17 @@ from orchestrator.errors import (
 )
 from orchestrator.mcp import build_server
 from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri
-from orchestrator.mcp.convert import history_result
+from orchestrator.analysis import analyze_folder
+from orchestrator.mcp.convert import analysis_of, history_result
+from orchestrator.mcp.resources import manifest_json, report_text
 from orchestrator.mcp.results import HistoryResult, RankNow, TargetBrief, TargetList
 from orchestrator.mcp.tool_errors import tool_error
 from orchestrator.mcp.tools import ACTING_TOOLS
+from orchestrator.models.common import utcnow
 from orchestrator.models.history import RankSeries, TargetHistory
+from orchestrator.models.profile import Artifact, Manifest, RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from tests.tracefiles import case
 
 
 class _Untouched:
@@ -174,3 +180,42 @@ def test_a_tool_error_reaches_the_client_as_an_error_result():
     assert result.is_error
     assert "[conflict]" in result.content[0].text and "queue=true" in result.content[0].text
     json.dumps(result.model_dump(mode="json"))
+
+
+def _straggler_manifest() -> Manifest:
+    """A manifest whose summary is the analysis of the straggler case's real traces."""
+    return Manifest(
+        profile_id="p1",
+        target="job",
+        status=ProfileState.DONE,
+        request=ProfileRequest(target="job", steps=4),
+        storage_uri="s3://bucket/store/job/p1",
+        start_step=121,
+        stop_step=125,
+        ranks=[RankResult(rank=0, state=RankState.DONE), RankResult(rank=1, state=RankState.DONE)],
+        artifacts=[
+            Artifact(kind="report", key="report.html", uri="http://key:secret@minio:9000/b/k?X-Amz-Signature=s", bytes=1, sha256="0" * 64)
+        ],
+        requested_at=utcnow(),
+        finished_at=utcnow(),
+        summary=analyze_folder(case("straggler")).model_dump(mode="json"),
+    )
+
+
+def test_a_profiles_analysis_names_the_straggler_with_its_findings_largest_saving_first():
+    # Failed before the fix: analysis_of asked the Summary for a `kind` only a stacks summary has.
+    analysis = analysis_of(_straggler_manifest())
+    assert analysis is not None and analysis.stragglers
+    assert analysis.ranks[0].rank == analysis.stragglers[0].rank  # the slowest rank first
+    savings = [f.max_saving_ms for f in analysis.findings]
+    assert savings == sorted(savings, reverse=True)
+
+
+def test_the_resources_are_compact_and_hold_no_credentials():
+    manifest = _straggler_manifest()
+    text = report_text(manifest, analysis_of(manifest))
+    assert text.startswith("rayprof profile p1 of job: DONE") and "straggler: rank" in text
+    assert len(text.encode()) <= MAX_ANSWER_BYTES
+    data = manifest_json(manifest)
+    assert "secret" not in data and "X-Amz" not in data and "http://minio:9000/b/k" in data
+    assert len(data.encode()) <= MAX_ANSWER_BYTES + 200

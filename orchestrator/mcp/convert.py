@@ -30,6 +30,7 @@ from orchestrator.mcp.results import (
     WatchBrief,
     WatchList,
 )
+from orchestrator.models.analysis import Summary
 from orchestrator.models.control import TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchStatus
 from orchestrator.models.history import TargetHistory
@@ -98,7 +99,7 @@ def target_list(targets: list[TargetInfo]) -> TargetList:
 def analysis_of(manifest: Manifest) -> Analysis | None:
     """A profile manifest's analysis; ``None`` for a stacks bundle or a window with no summary."""
     summary = manifest.summary
-    if manifest.kind != "profile" or summary is None or summary.kind == "stacks":
+    if not isinstance(summary, Summary):
         if manifest.analysis_error is None or manifest.kind != "profile":
             return None
         return Analysis(

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
-from pydantic import Field
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
 
 from orchestrator.client import ProfileHandle, ProfilingClient
 from orchestrator.errors import InvalidRequestError, ProfileTimeoutError
@@ -56,20 +56,20 @@ WaitS = Annotated[float, Field(gt=0, le=MAX_WAIT_S, description="How long to wai
 def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> None:
     """Register the tools on ``server``; the acting ones only when not ``read_only``."""
 
-    def list_targets() -> TargetList:
+    def list_targets() -> Annotated[CallToolResult, TargetList]:
         """Live training runs: ranks, each rank's step and step time, health (STALLED), lagging ranks,
         the window running now. Start here: stalled and lagging runs are listed first."""
         with tool_errors():
-            return cap(convert.target_list(client().targets()))
+            return _answer(convert.target_list(client().targets()))
 
-    def get_profile(profile_id: ProfileId, wait: bool = False, wait_timeout_s: WaitS = 300.0) -> ProfileResult:
+    def get_profile(profile_id: ProfileId, wait: bool = False, wait_timeout_s: WaitS = 300.0) -> Annotated[CallToolResult, ProfileResult]:
         """A profile's (or stacks bundle's) state, each rank's outcome and, once it ended, its
         analysis: findings with their savings, stragglers, per-rank time and idle attribution."""
         with tool_errors():
             handle = client().get(profile_id)
-            return cap(_ended(handle, wait, wait_timeout_s))
+            return _answer(_ended(handle, wait, wait_timeout_s))
 
-    def get_findings(profile_id: ProfileId) -> Analysis:
+    def get_findings(profile_id: ProfileId) -> Annotated[CallToolResult, Analysis]:
         """The analysis of an ended profile: findings (largest saving first, with evidence and fix),
         stragglers and the phase that holds them back, per-rank step time and device idle by cause."""
         with tool_errors():
@@ -83,25 +83,25 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
                     f"{profile_id} has no analysis: a {status.kind} bundle ended {status.state.value} "
                     f"({status.reason or 'no reason given'}); get_profile shows it", profile_id=profile_id
                 )
-            return cap(analysis)
+            return _answer(analysis)
 
     def list_profiles(
         target: Target | None = None,
         state: ProfileState | None = None,
         limit: Annotated[int, Field(ge=1, le=MAX_LIST)] = 20,
-    ) -> ProfileList:
+    ) -> Annotated[CallToolResult, ProfileList]:
         """Stored profiles and stacks bundles, newest first (ids for get_profile, get_findings, diff)."""
         with tool_errors():
-            return cap(convert.profile_list(client().list(target, state, limit=limit)))
+            return _answer(convert.profile_list(client().list(target, state, limit=limit)))
 
     def diff(
         a: Annotated[Name, Field(description="The profile before (the baseline).")],
         b: Annotated[Name, Field(description="The profile after.")],
-    ) -> DiffResult:
+    ) -> Annotated[CallToolResult, DiffResult]:
         """What changed from profile a to profile b: step time, phases, ranks, ops and kernels, each with a
         Mann-Whitney significance verdict; findings resolved and new. Compare profiles of the same target."""
         with tool_errors():
-            return cap(convert.diff_result(client().diff(a, b)))
+            return _answer(convert.diff_result(client().diff(a, b)))
 
     def history(
         target: Target,
@@ -109,16 +109,16 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         span_s: Annotated[float, Field(gt=0, le=MAX_HISTORY_SPAN_S, description="How far back, seconds.")] = 600.0,
         ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None, Field(description="Only these ranks.")] = None,
         max_points: Annotated[int, Field(ge=2, le=240, description="Points per rank at most.")] = 60,
-    ) -> HistoryResult:
+    ) -> Annotated[CallToolResult, HistoryResult]:
         """Step time per rank over time (slowest median first), downsampled: when it slowed and which rank."""
         with tool_errors():
             answer = client().history(target, run=run, span_s=span_s, ranks=ranks)
-            return cap(convert.history_result(answer, max_points))
+            return _answer(convert.history_result(answer, max_points))
 
-    def list_watches() -> WatchList:
+    def list_watches() -> Annotated[CallToolResult, WatchList]:
         """Every watch: its condition, state, what it observes now, and its last firings."""
         with tool_errors():
-            return cap(convert.watch_list(client().watches()))
+            return _answer(convert.watch_list(client().watches()))
 
     for fn in (list_targets, get_profile, get_findings, list_profiles, diff, history, list_watches):
         server.add_tool(fn, annotations=_READ, structured_output=True)
@@ -129,39 +129,39 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         request: ProfileRequest,
         wait: Annotated[bool, Field(description="Wait for the end and answer with the findings.")] = True,
         wait_timeout_s: WaitS = 300.0,
-    ) -> ProfileResult:
+    ) -> Annotated[CallToolResult, ProfileResult]:
         """ACTS on the live job: records `request.steps` optimizer steps with torch.profiler on every rank
         (or `request.ranks`), then analyses them. With wait (default) answers with the findings and their
         savings, stragglers, per-rank idle attribution and the manifest's location; else with the id to poll.
         One window per target at a time: set request.queue=true to run after a running one."""
         with tool_errors():
             handle = client().profile(**request.model_dump(exclude_defaults=True))
-            return cap(_ended(handle, wait, wait_timeout_s))
+            return _answer(_ended(handle, wait, wait_timeout_s))
 
     def take_stacks(
         target: Target,
         run: Annotated[str | None, Field(max_length=128, description="The run's Ray job, when two share a name.")] = None,
-    ) -> StacksResult:
+    ) -> Annotated[CallToolResult, StacksResult]:
         """ACTS on the live job: takes every live rank's Python stacks now (a few seconds, training goes on)
         and stores them as a bundle. Answers grouped stacks, ranks unlike the majority first, and the verdict
         on a hang: which rank is where, and which collective some ranks never joined."""
         with tool_errors():
             bundle = client().stacks(target, run=run)
             health = next((t for t in client().targets() if t.name == target), None)
-            return cap(convert.stacks_result(bundle, health))
+            return _answer(convert.stacks_result(bundle, health))
 
-    def create_watch(watch: WatchSpec) -> WatchBrief:
+    def create_watch(watch: WatchSpec) -> Annotated[CallToolResult, WatchBrief]:
         """ACTS on the live job: watches a target and, while the condition holds, takes a profile or
         stacks on its own (slower_than a baseline, rank_lag, stalled, or every_s on a schedule)."""
         with tool_errors():
-            return cap(convert.watch_brief(client().watch(**watch.model_dump(exclude_defaults=True))))
+            return _answer(convert.watch_brief(client().watch(**watch.model_dump(exclude_defaults=True))))
 
-    def delete_watch(watch_id: Annotated[Name, Field(description="The watch's id (list_watches).")]) -> WatchList:
+    def delete_watch(watch_id: Annotated[Name, Field(description="The watch's id (list_watches).")]) -> Annotated[CallToolResult, WatchList]:
         """ACTS on the controller: stops and forgets a watch (its firings' profiles stay). Answers the watches left."""
         with tool_errors():
             c = client()
             c.delete_watch(watch_id)
-            return cap(convert.watch_list(c.watches()))
+            return _answer(convert.watch_list(c.watches()))
 
     acts = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
     server.add_tool(profile, annotations=acts, structured_output=True)
@@ -171,7 +171,17 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
     server.add_tool(delete_watch, annotations=removes, structured_output=True)
 
 
-def _ended(handle: ProfileHandle, wait: bool, wait_timeout_s: float) -> ProfileResult:
+def _answer(result: BaseModel) -> CallToolResult:
+    """``result`` capped, as structured content and as the same JSON in compact text (the SDK would
+    indent it, a third more bytes of an agent's context for nothing)."""
+    capped = cap(result)
+    return CallToolResult(
+        content=[TextContent(type="text", text=capped.model_dump_json())],
+        structured_content=capped.model_dump(mode="json"),
+    )
+
+
+def _ended(handle: ProfileHandle, wait: bool, wait_timeout_s: float) -> Annotated[CallToolResult, ProfileResult]:
     """The handle's result now, or (``wait``) at its end; a window still running at the timeout is
     answered as it stands, with what to call next, not as an error."""
     manifest = None
