@@ -102,7 +102,7 @@ def alignment_errors(docs: dict[int, dict[str, Any]], clocks: list[Clock], stats
     for rank, doc in docs.items():
         a, t0, root_t0 = by_rank[rank], _first_ts(doc), _first_ts(root)
 
-        def error(t: float) -> float:
+        def error(t: float, a=a, rank=rank, t0=t0, root_t0=root_t0) -> float:
             # Where the merge puts true time t on this rank, against where it puts it on rank 0.
             here = a.merged_us(_moved(t, clocks[rank], t0))
             return abs(here - by_rank[0].merged_us(_moved(t, clocks[0], root_t0)))

@@ -23,6 +23,7 @@ import torch
 from pydantic import TypeAdapter
 from torch.profiler import ProfilerAction, ProfilerActivity
 
+from actors.agent.cuda_memory import Allocator, TorchAllocator, dump_snapshot
 from actors.export.contract import (
     EXIT_TOO_LARGE,
     MEMORY_NAME,
@@ -34,7 +35,6 @@ from actors.export.contract import (
     ExportResult,
     child_args,
 )
-from actors.agent.cuda_memory import Allocator, TorchAllocator, dump_snapshot
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
