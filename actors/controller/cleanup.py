@@ -34,8 +34,11 @@ __all__ = ["Cleanup", "find_leftovers"]
 logger = logging.getLogger(__name__)
 
 
-def find_leftovers(spec: StorageSpec, known: Callable[[str], bool], older_than: datetime) -> list[Leftover]:
-    """Leftover profile folders in ``spec``'s storage; ``known`` says whether a controller holds an id."""
+def find_leftovers(
+    spec: StorageSpec, known: Callable[[str], bool], older_than: datetime, skipped: list[str] | None = None
+) -> list[Leftover]:
+    """Leftover profile folders in ``spec``'s storage; ``known`` says whether a controller holds an id.
+    A folder kept only because its owner lease is unreadable is added to ``skipped``, with why."""
     storage = open_storage(spec)
     now = utcnow()
     clusters = storage.folders(STATE_ROOT)
@@ -51,7 +54,7 @@ def find_leftovers(spec: StorageSpec, known: Callable[[str], bool], older_than: 
                 continue
             if any(storage.exists(state_key(cluster, profile_id)) for cluster in clusters):
                 continue
-            if lease_is_live(storage, target, profile_id, now):
+            if lease_is_live(storage, target, profile_id, now, skipped):
                 continue
             if not storage.list(profile_prefix(target, profile_id) + "/"):
                 continue
@@ -72,11 +75,12 @@ class Cleanup:
         cfg = self._config()
         grace = timedelta(hours=request.grace_hours or cfg.gc_grace_hours)
         due = self._retention.due(self._catalog)
+        skipped: list[str] = []
         leftovers = await asyncio.to_thread(
-            find_leftovers, cfg.storage, self._catalog.__contains__, utcnow() - grace
+            find_leftovers, cfg.storage, self._catalog.__contains__, utcnow() - grace, skipped
         )
         if request.dry_run:
-            return GcReport(dry_run=True, expired=[e.summary for e in due], leftovers=leftovers)
+            return GcReport(dry_run=True, expired=[e.summary for e in due], leftovers=leftovers, skipped=skipped)
         failed = await self._retention.enforce(self._catalog)
         gone = [e.summary for e in due if e.id not in self._catalog]
         storage = open_storage(cfg.storage)
@@ -92,4 +96,4 @@ class Cleanup:
                 continue
             deleted.append(leftover)
             logger.info("rayprof controller: deleted leftover %s", leftover.uri)
-        return GcReport(dry_run=False, expired=gone, leftovers=deleted, failed=failed)
+        return GcReport(dry_run=False, expired=gone, leftovers=deleted, failed=failed, skipped=skipped)

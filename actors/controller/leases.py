@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from pydantic import ValidationError
+from pydantic import AwareDatetime, ValidationError
 
 from actors.controller.state import Profile
 from orchestrator.errors import StorageError
@@ -36,21 +36,33 @@ class OwnerLease(StrictModel):
     cluster: str
     profile_id: str
     state_uri: str
-    renewed_at: datetime
-    expires_at: datetime
+    # Aware: one without a timezone is unreadable (kept, with the reason), never compared with the clock.
+    renewed_at: AwareDatetime
+    expires_at: AwareDatetime
 
 
-def lease_is_live(storage: Storage, target: str, profile_id: str, now: datetime) -> bool:
+def lease_is_live(
+    storage: Storage, target: str, profile_id: str, now: datetime, unreadable: list[str] | None = None
+) -> bool:
     """Whether the folder has a lease that has not run out. A lease that cannot be parsed counts as
-    live: gc deletes only what it can prove abandoned. Raises :class:`StorageError`."""
+    live: gc deletes only what it can prove abandoned; why is logged and added to ``unreadable``.
+    Raises :class:`StorageError`."""
     key = owner_key(target, profile_id)
     if not storage.exists(key):
         return False
     try:
         return OwnerLease.model_validate_json(storage.get_bytes(key)).expires_at > now
     except ValidationError as e:
-        logger.warning("rayprof controller: unreadable owner lease %s kept as live: %s", storage.uri(key), e)
+        reason = f"{storage.uri(key)}: kept, its owner lease is unreadable ({e.error_count()} errors: {_first(e)})"
+        logger.warning("rayprof controller: %s", reason)
+        if unreadable is not None:
+            unreadable.append(reason)
         return True
+
+
+def _first(e: ValidationError) -> str:
+    error = e.errors()[0]
+    return f"{'.'.join(str(p) for p in error['loc']) or 'file'}: {error['msg']}"
 
 
 class Leases:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from orchestrator.errors import ClusterNameInUseError, StorageError
 from orchestrator.layout import lease_key
@@ -40,8 +40,10 @@ class LeaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     owner: str
-    renewed_at: datetime
-    expires_at: datetime
+    # Aware: a file without a timezone (another tool's, a hand edit) is unreadable, so replaced,
+    # never compared with this controller's clock (which raised, and wedged every restore).
+    renewed_at: AwareDatetime
+    expires_at: AwareDatetime
 
 
 class NameLease:

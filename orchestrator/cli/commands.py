@@ -266,6 +266,8 @@ def gc(args: argparse.Namespace) -> int:
         rows += [[x.profile_id, x.target, "-", "leftover (no manifest, no saved state)"] for x in report.leftovers]
         out(table(rows, ["id", "target", "state", "why"]) if rows else "nothing to delete")
         out(f"{verb} {len(report.expired)} expired profiles and {len(report.leftovers)} leftover folders")
+        for why in report.skipped:
+            out(why)
     if report.failed:
         raise CleanupIncompleteError(f"{len(report.failed)} could not be deleted: " + "; ".join(report.failed))
     return EXIT_OK

@@ -86,3 +86,6 @@ class GcReport(StrictModel):
     expired: list[ProfileSummary] = Field(description="Finished profiles past the retention policy.")
     leftovers: list[Leftover]
     failed: list[str] = Field(default_factory=list, description="What could not be deleted, and why.")
+    skipped: list[str] = Field(
+        default_factory=list, description="Folders kept only because their owner lease cannot be read, and why."
+    )
