@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: device-wheels setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
+.PHONY: device-wheels lint setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ browser:
 
 setup: $(VENV)/.installed
 
-test: setup browser
+lint: setup
+	$(PY) -m ruff check .
+
+test: setup browser lint
 	$(PY) -m pytest -q -ra -m 'not extended'
 
 # The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
