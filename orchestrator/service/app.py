@@ -20,13 +20,14 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from ray import serve
 
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
 from orchestrator.errors import (
     ControllerUnavailableError,
+    NotFoundError,
 )
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
@@ -106,6 +107,7 @@ class ProfilingService(ConsoleRoutes):
         self._pinned = controller is not None
         self._controller: ControllerRpc | None = ControllerRpc(controller) if controller is not None else None
         self._configured: Awaitable[None] | None = None
+        self._mcp_endpoint: Any = None  # orchestrator.mcp.http.McpEndpoint, made on the first /mcp request
         if controller is None:
             # Create the control actor now, not on the first request: agents only
             # discover an existing one, so jobs can register as soon as we are up.
@@ -274,6 +276,34 @@ class ProfilingService(ConsoleRoutes):
     ) -> TargetHistory:
         self._guard.check(request, credentials)
         return await self._ask(lambda c: c.history(target, run, span_s, rank, max_points))
+
+    @api.api_route("/mcp", methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    async def mcp(self, request: Request, credentials: Credentials) -> Response:
+        """The MCP server (streamable HTTP), under the same token, Host and Origin rules as the API."""
+        self._guard.check(request, credentials)
+        if self._controller is None:
+            self._connect()
+        return self._mcp_response(request)
+
+    def _mcp_response(self, request: Request) -> Response:
+        try:
+            from orchestrator.mcp.http import McpEndpoint, McpResponse
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] != "mcp":
+                raise
+            raise NotFoundError("this service has no MCP server: install rayprof[mcp] where it runs") from None
+        if self._mcp_endpoint is None:
+            from orchestrator.client import ProfilingClient
+            from orchestrator.client.ray_backend import ActorBackend
+
+            def client() -> ProfilingClient:
+                controller = self._controller
+                if controller is None:
+                    raise ControllerUnavailableError("the control actor is not connected yet: retry")
+                return ProfilingClient(backend=ActorBackend(controller.handle))
+
+            self._mcp_endpoint = McpEndpoint(client)
+        return McpResponse(self._mcp_endpoint, request)
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:

@@ -1,0 +1,180 @@
+"""``rayprof mcp`` as an agent's MCP client runs it: the SDK's ClientSession over stdio, spawning the
+console script against the session's cluster; and the service's ``/mcp`` over streamable HTTP.
+
+One stdio session does what an agent asked "why is my run slow?" would: list the targets, profile
+the live run to DONE, read the findings and the report, meet a 409 and queue, diff two profiles,
+read the history, and take the stacks of a job with a planted hang. Each call's answer size is
+printed (``-s``) as the transcript the README quotes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from orchestrator.cli.example_job import ExampleJob
+from orchestrator.mcp.bounds import MAX_ANSWER_BYTES
+from tests.conftest import LIVE_TARGET, RAYPROF_CLI, REPO, wait_for
+from tests.serve_fixtures import TOKEN
+
+pytest_plugins = ["tests.serve_fixtures"]
+pytestmark = pytest.mark.integration
+
+HANG_TARGET = "mcp-hang"
+HANG_AT = 3
+
+
+@pytest.fixture(scope="module")
+def hang_job(ray_cluster, tmp_path_factory):
+    """Rank 1 sleeps forever at step 3, rank 0 blocks in all_reduce. Started first: it comes up while
+    the live run is profiled, and once hung costs no CPU."""
+    log = tmp_path_factory.mktemp("mcp") / f"{HANG_TARGET}.log"
+    job = ExampleJob(
+        ray_cluster, HANG_TARGET, log, "--workers", "2", "--hang-rank", "1", "--hang-at-step", str(HANG_AT),
+        "--flight-recorder", "2000",
+    )
+    try:
+        yield job
+    finally:
+        job.stop(timeout=5)
+
+
+class Transcript:
+    """Each tool call with its arguments, its answer's size and the answer; printed at the end."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+        self.lines: list[str] = []
+
+    async def call(self, name: str, arguments: dict[str, Any], *, error: bool = False) -> dict[str, Any] | str:
+        result = await self.session.call_tool(name, arguments, read_timeout_seconds=600)
+        text = result.content[0].text
+        size = len(text.encode())
+        self.lines.append(f"→ {name}({json.dumps(arguments)})\n← {size} bytes{' (error)' if result.is_error else ''}: {text[:1500]}")
+        assert result.is_error is error, text
+        assert size <= MAX_ANSWER_BYTES, f"{name} answered {size} bytes"
+        if error:
+            return text
+        assert result.structured_content is not None
+        return result.structured_content
+
+
+def _stdio(ray_cluster: str, *args: str) -> StdioServerParameters:
+    # The whole environment: the session's RAYPROF_* settings and S3 credentials, as a user's shell has them.
+    return StdioServerParameters(
+        command=RAYPROF_CLI, args=["mcp", "--in-cluster", "--address", ray_cluster, *args], env=dict(os.environ), cwd=REPO
+    )
+
+
+def test_an_agent_finds_why_over_stdio(ray_cluster, client, live_job, hang_job, tmp_path):
+    errlog = (tmp_path / "mcp-server.log").open("w")
+
+    async def session() -> list[str]:
+        async with stdio_client(_stdio(ray_cluster), errlog=errlog) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            t = Transcript(s)
+            targets = await t.call("list_targets", {})
+            live = next(x for x in targets["targets"] if x["name"] == LIVE_TARGET)
+            assert live["world_size"] == 2 and len(live["ranks"]) == 2
+
+            first = await t.call("profile", {"request": {"target": LIVE_TARGET, "steps": 3}, "wait": False})
+            assert first["state"] in ("PENDING", "SCHEDULED", "RUNNING", "COLLECTING") and "get_profile" in first["next"]
+            busy = await t.call("profile", {"request": {"target": LIVE_TARGET, "steps": 3}}, error=True)
+            assert "[conflict]" in busy and "queue=true" in busy
+            second = await t.call("profile", {"request": {"target": LIVE_TARGET, "steps": 3, "queue": True}})
+            assert second["state"] == "DONE", second
+            first = await t.call("get_profile", {"profile_id": first["id"], "wait": True})
+            assert first["state"] == "DONE", first
+
+            analysis = second["analysis"]
+            assert sorted(r["rank"] for r in analysis["ranks"]) == [0, 1]
+            assert all(r["median_step_ms"] > 0 for r in analysis["ranks"])
+            assert second["manifest_uri"] and second["manifest_resource"].endswith("/manifest")
+            findings = await t.call("get_findings", {"profile_id": second["id"]})
+            assert findings["ranks"] == analysis["ranks"]
+            report = await s.read_resource(second["report_resource"])
+            assert f"rayprof profile {second['id']} of {LIVE_TARGET}: DONE" in report.contents[0].text
+            manifest = json.loads((await s.read_resource(second["manifest_resource"])).contents[0].text)
+            assert manifest["profile_id"] == second["id"] and "aws_secret_access_key" not in json.dumps(manifest).lower()
+
+            diff = await t.call("diff", {"a": first["id"], "b": second["id"]})
+            assert diff["a"] == first["id"] and diff["step_time"]["verdict"] in ("decreased", "increased", "unchanged", "too_few_steps")
+            history = await t.call("history", {"target": LIVE_TARGET, "span_s": 600, "max_points": 20})
+            assert {r["rank"] for r in history["ranks"]} == {0, 1} and all(len(r["t"]) <= 20 for r in history["ranks"])
+
+            wait_for(
+                lambda: any(x.name == HANG_TARGET and min(r.step for r in x.ranks) >= HANG_AT for x in client.targets()),
+                timeout=300,
+                what="the planted hang",
+            )
+            stacks = await t.call("take_stacks", {"target": HANG_TARGET})
+            assert stacks["verdict"].startswith("rank 1 is in train_job.py:") and "_planted_hang" in stacks["verdict"]
+            assert "rank 0 waits in all_reduce" in stacks["verdict"]
+            assert stacks["groups"][0]["ranks_text"] == "rank 1"
+            return t.lines
+
+    started = time.monotonic()
+    try:
+        lines = anyio.run(session)
+    finally:
+        errlog.close()
+        print("--- the server's stderr ---\n" + (tmp_path / "mcp-server.log").read_text()[-6000:])
+    print(f"\n--- MCP transcript ({time.monotonic() - started:.0f} s) ---\n" + "\n".join(lines))
+
+
+def test_read_only_serves_no_acting_tool(ray_cluster):
+    async def names() -> set[str]:
+        async with stdio_client(_stdio(ray_cluster, "--read-only")) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            return {tool.name for tool in (await s.list_tools()).tools}
+
+    tools = anyio.run(names)
+    assert "list_targets" in tools and not tools & {"profile", "take_stacks", "create_watch", "delete_watch"}
+
+
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+_MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def test_the_service_serves_mcp_under_the_api_token_and_host_rules(service, live_job):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def targets(url: str, token: str | None) -> list[str]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as s,
+        ):
+            await s.initialize()
+            result = await s.call_tool("list_targets", {})
+            assert not result.is_error, result.content[0].text
+            return [t["name"] for t in result.structured_content["targets"]]
+
+    assert LIVE_TARGET in anyio.run(targets, f"{service.url}/mcp", None)
+    assert LIVE_TARGET in anyio.run(targets, f"{service.secure_url}/mcp", TOKEN)
+
+    with httpx.Client(timeout=30) as http:
+        refused = http.post(f"{service.secure_url}/mcp", json=_INITIALIZE, headers=_MCP_HEADERS)
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+        wrong = http.post(
+            f"{service.secure_url}/mcp", json=_INITIALIZE, headers={**_MCP_HEADERS, "Authorization": "Bearer " + "x" * 24}
+        )
+        assert wrong.status_code == 401
+        rebound = http.post(f"{service.url}/mcp", json=_INITIALIZE, headers={**_MCP_HEADERS, "Host": "attacker.example"})
+        assert rebound.status_code == 400 and "not allowed" in rebound.json()["detail"]
+        cross_site = http.post(f"{service.url}/mcp", json=_INITIALIZE, headers={**_MCP_HEADERS, "Origin": "https://evil.example"})
+        assert cross_site.status_code == 403
