@@ -45,13 +45,14 @@ def test_data_the_device_waits_for_the_dataloader() -> None:
 
 
 def test_sync_only_the_idle_part_of_a_wait_is_its_saving() -> None:
-    # A100 TorchRec-style: the host waits 152 ms a step in DtoH reads, but the device idles only 16.6 ms of it.
+    # A100 TorchRec-style: the host waits 152 ms a step in DtoH reads, but the device idles only 19.5 ms for them:
+    # 16.6 ms during the reads and (issue 29, the drain) 2.9 ms in the gaps right after, while the host launches anew.
     summary = external("hta_negative_queue_a100_r0of16")
     rank = only_rank(summary)
     assert rank.mean_phases.sync == pytest.approx(152.2, abs=0.1)
-    assert causes(rank)["sync"] == pytest.approx(16.6, abs=0.1)
+    assert causes(rank)["sync"] == pytest.approx(19.5, abs=0.1)
     sync = finding(summary, "host_sync")
-    assert sync.max_saving_ms == pytest.approx(16.6, abs=0.1) and "runs queued work for the rest" in sync.evidence
+    assert sync.max_saving_ms == pytest.approx(19.5, abs=0.1) and "runs queued work for the rest" in sync.evidence
 
 
 def test_queued_work_that_waits_on_the_device_is_not_blamed_on_the_host() -> None:
@@ -95,10 +96,12 @@ def test_late_rank_a_waiters_idle_time_is_the_late_ranks() -> None:
 
 
 def test_cpu_names_the_host_ops_the_device_waits_for() -> None:
-    # HTA's nccl_parser A100 trace: the device idles 170 ms a step, 144 ms of it while the host runs ops.
+    # HTA's nccl_parser A100 trace: the device idles 170 ms a step, 142 ms of it while the host runs ops
+    # (143.5 before issue 29: 1.4 ms of it is in CUDA runtime calls, cudaEventRecord first, now a cause of their own).
     rank = only_rank(external("hta_nccl_parser_a100_r0of2"))
     cpu = rank.idle.get("cpu")
-    assert cpu is not None and rank.idle.causes[0] is cpu and cpu.ms_per_step == pytest.approx(143.5, abs=0.1)
+    assert cpu is not None and rank.idle.causes[0] is cpu and cpu.ms_per_step == pytest.approx(142.2, abs=0.1)
+    assert causes(rank)["runtime"] == pytest.approx(1.4, abs=0.1) and rank.idle.get("runtime").top[0].name == "cudaEventRecord"
     assert cpu.top and cpu.top[0].name == "aten::empty"
     # Python between ops inside a ProfilerStep is named as such.
     after = only_rank(h100("seed003_after")).idle.get("cpu")
@@ -106,16 +109,32 @@ def test_cpu_names_the_host_ops_the_device_waits_for() -> None:
 
 
 def test_launch_the_host_launches_kernels_no_faster_than_they_run() -> None:
-    # HTA's trace_diff control A100 trace: short gaps between kernels while the host dispatches ops lead.
-    rank = only_rank(external("hta_trace_diff_control_a100_r3of8"))
-    assert rank.idle.causes[0].cause == "launch" and causes(rank)["launch"] == pytest.approx(5.2, abs=0.1)
+    # H100 "after": the host dispatches Adam's and the model's small kernels no faster than they run.
+    rank = only_rank(h100("seed003_after"))
+    assert causes(rank)["launch"] == pytest.approx(1.5, abs=0.1)
 
 
-def test_a_slow_launch_call_is_host_time_named_by_the_call() -> None:
-    # HTA's MI250 mini toy: hipLaunchKernel calls take 3.3 ms a step (the runtime's own work), not launch pace.
+def test_sync_drain_the_gaps_after_a_wait_are_the_waits() -> None:
+    # HTA's trace_diff control A100 trace (TorchRec-style): the host waits 12.7 ms a step in DtoH reads while the
+    # device runs queued work; after each wait the queue is empty and the device idles while the host launches
+    # again. Before issue 29 that was 5.2 ms "launch" + 4.3 ms "cpu" and no finding at all; the drain gives the
+    # sync what the waits cost, bounded by the device work they waited out.
+    summary = external("hta_trace_diff_control_a100_r3of8")
+    rank = only_rank(summary)
+    assert rank.mean_phases.sync == pytest.approx(12.7, abs=0.1)
+    assert rank.idle.causes[0].cause == "sync" and causes(rank)["sync"] == pytest.approx(6.7, abs=0.1)
+    assert causes(rank)["launch"] == pytest.approx(2.5, abs=0.1) and causes(rank)["cpu"] == pytest.approx(1.1, abs=0.1)
+    top = summary.findings[0]
+    assert top.code == "host_sync" and top.severity == "warning" and top.max_saving_ms == pytest.approx(6.7, abs=0.1)
+
+
+def test_a_slow_launch_call_is_runtime_time_named_by_the_call() -> None:
+    # HTA's MI250 mini toy: hipLaunchKernel calls take 3.3 ms a step (the runtime's own work), not launch pace;
+    # issue 29 counts CUDA/HIP runtime calls apart from Python / CPU ops (they were "cpu" before).
     rank = only_rank(external("hta_amd_mi250_minitoy"))
-    cpu = rank.idle.get("cpu")
-    assert cpu.top[0].name == "hipLaunchKernel" and cpu.top[0].total_ms / len(rank.steps) == pytest.approx(3.3, abs=0.1)
+    runtime = rank.idle.get("runtime")
+    assert rank.idle.causes[0] is runtime and runtime.ms_per_step == pytest.approx(3.3, abs=0.1)
+    assert runtime.top[0].name == "hipLaunchKernel" and runtime.top[0].total_ms / len(rank.steps) == pytest.approx(3.3, abs=0.1)
 
 
 def test_untraced_the_launching_thread_is_in_no_span() -> None:
@@ -128,9 +147,10 @@ def test_untraced_the_launching_thread_is_in_no_span() -> None:
 
 
 def test_a_gpu_bound_job_gets_no_sync_or_copy_finding() -> None:
-    # HTA's trace_diff test V100 trace: busy 96%; its syncs leave the device idle 0.04 ms a step.
+    # HTA's trace_diff test V100 trace: busy 96%; its syncs leave the device idle 0.11 ms a step (0.04 ms before
+    # issue 29 counted the drain after them).
     summary = external("hta_trace_diff_test_v100_r1of2")
-    assert causes(only_rank(summary))["sync"] < 0.1
+    assert causes(only_rank(summary))["sync"] < 0.15
     assert codes(summary)[0] == "gpu_bound" and not {"host_sync", "htod_copy"} & set(codes(summary))
 
 

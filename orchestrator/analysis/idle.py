@@ -11,15 +11,26 @@ same correlation id). That launch says who the device waited for:
   the *launching thread*, so that stretch is cut by what that thread was
   doing, by the first rule that holds: in a DataLoader ``next()`` (``data``), in
   a sync or device-to-host read (``sync``), blocked in a host-to-device copy
-  (``copy``), in a collective (``collective``), in any other profiled span
-  (``cpu``; named by the innermost span), in a ``ProfilerStep`` but in no op
-  (``cpu``, "Python outside any op"), else ``untraced``. From the launch call on, the
-  gap is the launch's (``launch``) unless the call itself is slower than :data:`LAUNCH_GAP_US`
-  (the runtime loads modules or allocates: host time, named by the call); a ``cpu`` stretch of a gap shorter
-  than :data:`LAUNCH_GAP_US`: the host dispatches kernels no faster than the
-  device runs them;
+  (``copy``), in a collective (``collective``), in a CUDA/HIP runtime call
+  (``runtime``: the allocator, events, streams, a slow launch; named by the call),
+  in any other profiled span (``cpu``; named by the innermost span, and by the
+  optimizer step or ``record_function`` region around it), in a ``ProfilerStep``
+  but in no op (``cpu``, "Python outside any op"), else ``untraced``. From the launch
+  call on, the gap is the launch's (``launch``) unless the call itself is slower than
+  :data:`LAUNCH_GAP_US` (the runtime loads modules or allocates: host time, named by
+  the call); a ``cpu`` stretch of a gap shorter than :data:`LAUNCH_GAP_US`: the host
+  dispatches kernels no faster than the device runs them;
 * the next work's launch is unknown (not recorded, or after the window): the
   main thread's activity, as above.
+
+*Drain after a sync*: a sync or device-to-host read empties the device's queue,
+and the host has to launch anew after it returns, so the gaps that follow (the
+launching thread behind the device) are the sync's (``sync``), up to what the
+wait cost: the device work (not a collective's spinning kernel) that ran during
+the wait, which the host would otherwise have run ahead of. This is TraceLens's ``sync_drain`` with a bound: a
+host-bound job whose host is always behind is not blamed on its syncs. What
+would be ``runtime``, ``cpu``, ``launch`` or ``untraced`` there is the sync's;
+the DataLoader, copies and collectives keep their own causes.
 
 ``late_rank`` is given out across ranks (:func:`blame_late_ranks`): on a rank
 that waits for late arrivers, its collective and sync idle time, up to what it
@@ -29,11 +40,13 @@ other) taken further: the host wait is split by its cause.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
+from orchestrator.analysis.spans import is_comm_kernel
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
     IDLE_LABELS,
@@ -65,12 +78,37 @@ class HostThread:
     sync: Intervals = field(default_factory=list)
     copy: Intervals = field(default_factory=list)
     collective: Intervals = field(default_factory=list)
+    runtime: Intervals = field(default_factory=list)  # CUDA/HIP runtime and driver calls
     busy: Intervals = field(default_factory=list)  # any span but the step spans
     # On the main thread: collectives on its process's other threads (gloo's worker), while it is in no span.
     elsewhere: Intervals = field(default_factory=list)
     steps: Intervals = field(default_factory=list)  # ProfilerStep spans: Python runs there even outside ops
     spans: Sequence[Span] = ()  # sorted by (start, -end), to name the innermost span
     skip: frozenset[str] = frozenset()  # span names never named (the step spans)
+    regions: Sequence[Span] = ()  # optimizer steps and record_function regions, sorted, to name the innermost
+
+
+@dataclass
+class _Drain:
+    """One thread's latest sync and what is left of its cost to give out to the gaps after it."""
+
+    sync: tuple[float, float] | None = None
+    left: float = 0.0
+
+    def take(self, syncs: Intervals, work: Intervals, a: float, b: float) -> tuple[float, float] | None:
+        """The part of the gap ``(a, b)`` that the latest sync before ``a`` drained, if any."""
+        i = bisect.bisect_right(syncs, a, key=lambda iv: iv[0]) - 1
+        if i < 0:
+            return None
+        if syncs[i] != self.sync:
+            self.sync = syncs[i]
+            self.left += total(clip(work, *syncs[i]))  # the queued work the host waited out
+        start = max(a, syncs[i][1])  # in the wait itself the gap is the sync's already
+        length = min(b - start, self.left)
+        if length <= 0:
+            return None
+        self.left -= length
+        return (start, start + length)
 
 
 def _busy_and_first(spans: Sequence[Span]) -> tuple[Intervals, list[Span]]:
@@ -106,7 +144,21 @@ def attribute(
     starts = [iv[0] for iv in busy]
     out: dict[IdleCause, Intervals] = defaultdict(list)
     pieces: dict[Thread | None, Intervals] = defaultdict(list)
+    launched: dict[Thread | None, Intervals] = defaultdict(list)  # each thread's launch pieces, to name their regions
+    hosts: dict[Thread | None, HostThread] = {}
+
+    def host(thread: Thread | None) -> HostThread:
+        if thread not in hosts:
+            hosts[thread] = host_of(thread) if thread is not None else HostThread()
+        return hosts[thread]
+
     short: Intervals = []
+    drains: Intervals = []
+    # A sync on any thread drains the device's one queue, for every thread's launches after it.
+    syncs = union(iv for thread in {main, *(t for _, _, t in launches.values())} for iv in host(thread).sync)
+    # A collective kernel that runs during a wait spins for the other ranks: the late-rank story, not queued work.
+    work = union((s.ts, s.end) for s in device_spans if not is_comm_kernel(s))
+    drain = _Drain()
     k, n = 0, len(starts)
     for a, b in subtract(union(windows), busy):
         while k < n and starts[k] < b:  # both in time order: the next busy span starts at or after the gap's end
@@ -115,11 +167,15 @@ def attribute(
         launch = launches.get(nxt.correlation) if nxt is not None and nxt.correlation is not None else None
         if launch is None:
             pieces[main].append((a, b))
+            if (piece := drain.take(syncs, work, a, b)) is not None:
+                drains.append(piece)
             continue
         called, returned, thread = launch
         if returned <= a:
             out["queued"].append((a, b))
             continue
+        if (piece := drain.take(syncs, work, a, b)) is not None:
+            drains.append(piece)
         cut = min(max(called, a), b)
         if returned - called > LAUNCH_GAP_US:
             cut = min(returned, b)  # a slow launch call does the runtime's own work (module loading): host time, named by the call
@@ -128,40 +184,63 @@ def attribute(
             if starts[k] - a < LAUNCH_GAP_US:
                 short.append((a, cut))
         if cut < b:
-            out["launch"].append((cut, b))
-    named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for thread, rest in pieces.items():
-        host = host_of(thread) if thread is not None else HostThread()
-        for cause, intervals in (("data", host.data), ("sync", host.sync), ("copy", host.copy), ("collective", host.collective)):
+            launched[thread].append((cut, b))
+    drains = union(drains)
+    named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    for thread in set(pieces) | set(launched):
+        rest = union(pieces.get(thread, []))
+        h = host(thread)
+        for cause, intervals in (("data", h.data), ("sync", h.sync), ("copy", h.copy), ("collective", h.collective)):
             taken = intersect(rest, intervals)
             out[cause] += taken  # type: ignore[index]
             rest = subtract(rest, taken)
-        cpu = intersect(rest, host.busy)
+        drained = intersect(rest, drains)
+        out["sync"] += drained
+        rest = subtract(rest, drained)
+        cpu = intersect(rest, h.busy)
         rest = subtract(rest, cpu)
-        waiting = intersect(rest, host.elsewhere)
+        waiting = intersect(rest, h.elsewhere)
         out["collective"] += waiting
         rest = subtract(rest, waiting)
-        python = intersect(rest, host.steps)
+        python = intersect(rest, h.steps)
         out["untraced"] += subtract(rest, python)
         paced = intersect(cpu, union(short))
-        out["launch"] += paced
         cpu = subtract(cpu, paced)
+        launch = union(launched.get(thread, []))
+        out["sync"] += intersect(launch, drains)
+        launch = union(subtract(launch, drains) + paced)
+        out["launch"] += launch
+        runtime = intersect(cpu, h.runtime)
+        cpu = subtract(cpu, runtime)
+        out["runtime"] += runtime
         out["cpu"] += cpu + python
-        _name_innermost(host.spans, cpu, host.skip, named)
+        _name_innermost(h.spans, runtime, h.skip, named["runtime"])
+        _name_innermost(h.spans, cpu, h.skip, named["cpu"])
         if python:
-            entry = named[PYTHON_OUTSIDE_OPS]
+            entry = named["cpu"][PYTHON_OUTSIDE_OPS]
             entry[0] += len(python)
             entry[1] += total(python)
+        for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch)):
+            _name_innermost(h.regions, ivs, frozenset(), regions[cause])  # type: ignore[index]
     merged = {cause: union(intervals) for cause, intervals in out.items()}
     per_window = [
         {c: ms for c in IDLE_CAUSES if c in merged and (ms := total(clip(merged[c], t0, t1)) / 1000) > 0} for t0, t1 in windows
     ]
     step_ms = sum(t1 - t0 for t0, t1 in windows) / max(len(windows), 1) / 1000
-    return summarize(per_window, _top(named), step_ms), per_window
+    for by_region in regions.values():
+        by_region.pop(PYTHON_OUTSIDE_OPS, None)  # time in no region
+    tops = {cause: _top(by_name) for cause, by_name in named.items()}
+    return summarize(per_window, tops, {cause: _top(by_name) for cause, by_name in regions.items()}, step_ms), per_window
 
 
-def summarize(per_window: Sequence[dict[IdleCause, float]], top: list[OpStat], step_ms: float | None = None) -> IdleAttribution:
-    """Per-step means of the windows' idle ms by cause, largest first."""
+def summarize(
+    per_window: Sequence[dict[IdleCause, float]],
+    tops: dict[IdleCause, list[OpStat]],
+    regions: dict[IdleCause, list[OpStat]],
+    step_ms: float | None = None,
+) -> IdleAttribution:
+    """Per-step means of the windows' idle ms by cause, largest first, each with its named ops and regions."""
     n = max(len(per_window), 1)
     sums: dict[IdleCause, float] = defaultdict(float)
     for row in per_window:
@@ -175,7 +254,8 @@ def summarize(per_window: Sequence[dict[IdleCause, float]], top: list[OpStat], s
             label=IDLE_LABELS[cause],
             ms_per_step=ms / n,
             fraction_of_step=(ms / n / step) if step else 0.0,
-            top=top if cause == "cpu" else [],
+            top=tops.get(cause, []),
+            regions=regions.get(cause, []),
         )
         for cause, ms in sorted(sums.items(), key=lambda kv: (-kv[1], IDLE_CAUSES.index(kv[0])))
         if ms > 0
@@ -267,6 +347,7 @@ def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
         if moved > 0:
             row["late_rank"] = moved
         steps.append(s.model_copy(update={"idle_ms": row}))
-    cpu = r.idle.get("cpu")
-    idle = summarize([s.idle_ms for s in steps], cpu.top if cpu else [], r.mean_step_ms)
+    idle = summarize(
+        [s.idle_ms for s in steps], {c.cause: c.top for c in r.idle.causes}, {c.cause: c.regions for c in r.idle.causes}, r.mean_step_ms
+    )
     return r.model_copy(update={"steps": steps, "idle": idle})

@@ -73,6 +73,8 @@ from orchestrator.analysis.spans import (
     is_comm,
     is_copy_call,
     is_data,
+    is_region,
+    is_runtime,
     is_sync,
     where,
 )
@@ -299,8 +301,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     idle = None
     if device_spans and windows:
         main_host = HostThread(
-            data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1], busy=any_main_span,
-            elsewhere=comm_elsewhere, steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names,
+            data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
+            runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
+            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names, regions=_regions(main),
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key]), main_key
@@ -339,8 +342,13 @@ def _host_thread(spans: list[Span], kinds: Kinds) -> HostThread:
     """What a thread other than the main one was doing, for the device idle gaps its launches end."""
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
-        busy=cover(spans), spans=spans,
+        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, regions=_regions(spans),
     )
+
+
+def _regions(spans: list[Span]) -> list[Span]:
+    """The optimizer steps and record_function regions among a thread's spans, in their order."""
+    return [s for s in spans if is_region(s)]
 
 
 def _sum_by_name(spans: Iterable[Span]) -> Iterable[tuple[str, int, float]]:

@@ -35,6 +35,7 @@ IDLE_COLORS = {
     "copy": PHASE_COLORS["memcpy"],
     "collective": PHASE_COLORS["comm"],
     "late_rank": "#9c755f",
+    "runtime": "#8cd17d",
     "cpu": "#ff9da7",
     "launch": "#d37295",
     "queued": "#d4a6c8",

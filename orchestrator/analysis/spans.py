@@ -33,6 +33,8 @@ __all__ = [
     "is_data",
     "is_forward",
     "is_optimizer",
+    "is_region",
+    "is_runtime",
     "is_sync",
     "where",
 ]
@@ -112,6 +114,23 @@ def is_forward(span: Span) -> bool:
     if span.name.startswith("nn.Module:"):
         return True
     return span.cat == "user_annotation" and (span.name.endswith(".forward") or span.name.strip("# ") == "forward")
+
+
+def is_runtime(span: Span) -> bool:
+    """A CUDA/HIP runtime or driver call (``cudaMalloc``, ``cudaFree``, ``cudaLaunchKernel``, ``cudaEventRecord``...)."""
+    return span.cat in _RUNTIME_CATEGORIES
+
+
+def is_region(span: Span) -> bool:
+    """A named stretch of host work a fix can point at: an optimizer step or zero_grad, or a ``record_function``
+    region of the user's (not a step, phase, DataLoader or collective marker)."""
+    if is_optimizer(span):
+        return True
+    return (
+        span.cat == "user_annotation"
+        and not span.name.startswith(("ProfilerStep#", "## "))
+        and not (is_forward(span) or is_backward(span) or is_data(span) or is_comm(span))
+    )
 
 
 def is_comm_kernel(span: Span) -> bool:

@@ -35,15 +35,18 @@ Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "s
 PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
 
 
-IdleCause = Literal["data", "sync", "copy", "collective", "late_rank", "cpu", "launch", "queued", "untraced"]
-IDLE_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank", "cpu", "launch", "queued", "untraced")
+IdleCause = Literal["data", "sync", "copy", "collective", "late_rank", "runtime", "cpu", "launch", "queued", "untraced"]
+IDLE_CAUSES: tuple[IdleCause, ...] = (
+    "data", "sync", "copy", "collective", "late_rank", "runtime", "cpu", "launch", "queued", "untraced"
+)
 # What each cause means, in the words the report and the console show.
 IDLE_LABELS: dict[IdleCause, str] = {
     "data": "the host waits for the DataLoader",
-    "sync": "the host waits in a sync or device-to-host read",
+    "sync": "the host waits in a sync or device-to-host read, or launches again after one (the queue ran dry)",
     "copy": "the host is blocked in a host-to-device copy",
     "collective": "the host waits in a collective",
     "late_rank": "a collective waits for a late rank",
+    "runtime": "the host is in CUDA/HIP runtime calls (allocator, slow launches, events, streams)",
     "cpu": "the host runs Python / CPU ops",
     "launch": "launch-bound: kernels are launched no faster than they run",
     "queued": "work is queued but waits on the device (stream/event dependency)",
@@ -128,7 +131,12 @@ class IdleShare(_Model):
     ms_per_step: float
     fraction_of_step: float
     top: list[OpStat] = Field(
-        default_factory=list, description="cpu: the host ops (innermost span) the device idles during, summed over the steps."
+        default_factory=list,
+        description="cpu / runtime: the host ops or runtime calls (innermost span) the device idles during, summed over the steps.",
+    )
+    regions: list[OpStat] = Field(
+        default_factory=list,
+        description="cpu: the optimizer steps and record_function regions the host is in while the device idles, summed over the steps.",
     )
 
 
