@@ -22,7 +22,7 @@ from orchestrator.errors import (
     TargetNotFoundError,
 )
 from orchestrator.mcp import build_server
-from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri
+from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri, rounded
 from orchestrator.analysis import analyze_folder
 from orchestrator.mcp.convert import analysis_of, history_result
 from orchestrator.mcp.resources import manifest_json, report_text
@@ -121,7 +121,7 @@ def test_an_answer_over_the_cap_keeps_its_head_and_says_what_was_cut():
     assert capped.targets[0].lagging_ranks[:3] == [0, 1, 2]
     assert "targets[0].lagging_ranks" in capped.truncated and "of 4096" in capped.truncated
     small = TargetList(targets=[])
-    assert cap(small) is small and small.truncated is None
+    assert cap(small) == small and cap(small).truncated is None
 
 
 def test_history_is_downsampled_to_max_points_per_rank_and_capped():
@@ -219,3 +219,10 @@ def test_the_resources_are_compact_and_hold_no_credentials():
     data = manifest_json(manifest)
     assert "secret" not in data and "X-Amz" not in data and "http://minio:9000/b/k" in data
     assert len(data.encode()) <= MAX_ANSWER_BYTES + 200
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12))
+def test_rounding_keeps_three_decimals_or_three_significant_digits(x):
+    r = rounded(x)
+    assert r == pytest.approx(x, rel=5e-3, abs=5e-4)
+    assert len(repr(r)) <= max(len(repr(round(x))) + 5, 10)

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-__all__ = ["MAX_ANSWER_BYTES", "cap", "cut", "public_uri"]
+__all__ = ["MAX_ANSWER_BYTES", "cap", "cut", "public_uri", "rounded"]
 
 MAX_ANSWER_BYTES = 24 * 1024
 """The JSON of one answer, at most: a few thousand tokens (the wire carries it as text and as structure)."""
@@ -87,11 +87,23 @@ def cut(data: Any, max_bytes: int = MAX_ANSWER_BYTES) -> str | None:
     return note
 
 
+def rounded(data: Any) -> Any:
+    """Floats to 3 decimals, or 3 significant digits below 1: a microsecond of a step time, a
+    p-value's or fraction's third digit is all an answer needs; 17 digits triple its bytes."""
+    if isinstance(data, float):
+        return round(data, 3) if abs(data) >= 1 or data == 0 else float(f"{data:.3g}")
+    if isinstance(data, dict):
+        return {k: rounded(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [rounded(v) for v in data]
+    return data
+
+
 def cap(result: M, max_bytes: int = MAX_ANSWER_BYTES) -> M:
-    """``result`` cut to ``max_bytes`` of JSON (see :func:`cut`), its ``truncated`` field saying what was cut."""
-    data = result.model_dump(mode="json")
+    """``result`` with its floats :func:`rounded`, cut to ``max_bytes`` of JSON (see :func:`cut`),
+    its ``truncated`` field saying what was cut."""
+    data = rounded(result.model_dump(mode="json"))
     note = cut(data, max_bytes)
-    if note is None:
-        return result
-    data["truncated"] = note
+    if note is not None:
+        data["truncated"] = note
     return type(result).model_validate(data)

@@ -183,6 +183,14 @@ def profile_list(page: ProfilePage) -> ProfileList:
     )
 
 
+def _short(filename: str) -> str:
+    """An installed package's file from its package on (``ray/train/...``): the install prefix is noise."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    return filename
+
+
 def stacks_result(bundle: StacksBundle, target: TargetInfo | None) -> StacksResult:
     groups = [
         StackGroupBrief(
@@ -191,7 +199,7 @@ def stacks_result(bundle: StacksBundle, target: TargetInfo | None) -> StacksResu
             waiting=g.waiting,
             majority=g.majority,
             # Frames are outermost first (a traceback); the innermost say where it is.
-            frames=[f"{f.filename}:{f.line} in {f.function}" for f in reversed(g.frames[-FRAMES_PER_GROUP:])],
+            frames=[f"{_short(f.filename)}:{f.line} in {f.function}" for f in reversed(g.frames[-FRAMES_PER_GROUP:])],
         )
         for g in bundle.groups
     ]

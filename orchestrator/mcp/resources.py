@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.errors import InvalidRequestError, RayprofError
 from orchestrator.mcp import convert
-from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cut, public_uri
+from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cut, public_uri, rounded
 from orchestrator.mcp.results import Analysis
 from orchestrator.mcp.tool_errors import tool_error
 from orchestrator.mcp.tools import ClientSource
@@ -81,7 +81,7 @@ def _public(data: Any) -> Any:
 
 def manifest_json(manifest: Manifest) -> str:
     """The manifest as compact JSON, locations without credentials, capped (``truncated`` says what went)."""
-    data = _public(manifest.model_dump(mode="json"))
+    data = rounded(_public(manifest.model_dump(mode="json")))
     note = cut(data)
     if note is not None:
         data["truncated"] = note
