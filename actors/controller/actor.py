@@ -101,7 +101,7 @@ class Controller(Startup, AgentSide, ClientSide):
             self._cluster,
             lambda: self._config,
             lambda workers, now: self._watches.assess(workers, now),
-            self._persistence.save,
+            self._save_checked,
             lambda profile_id: profile_id in self._catalog,
             self._spawn,
         )
@@ -297,6 +297,11 @@ class Controller(Startup, AgentSide, ClientSide):
         self._registry.forget_left(now - kept_s)
 
     # ---- internals -------------------------------------------------------
+
+    async def _save_checked(self, profile: Profile) -> None:
+        """Save a profile whose post-window check ended, and its entry in the index of finished ones."""
+        await self._persistence.save(profile)
+        await self._catalog.refresh(profile)
 
     async def _await_target(self, target: str) -> None:
         """Give an unknown target until a worker's expiry after this actor started: after a

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from actors.controller.persistence import Finished, Persistence
+from actors.controller.post_window_check import awaits_check
 from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.models.requests import ProfileState
@@ -36,7 +37,12 @@ _RECENT = 32
 
 
 def finished_entry(profile: Profile) -> Finished:
-    return Finished(summary=ProfileSummary.of(profile.snapshot()), storage=profile.storage, submit_key=profile.submit_key)
+    return Finished(
+        summary=ProfileSummary.of(profile.snapshot()),
+        storage=profile.storage,
+        submit_key=profile.submit_key,
+        post_window_pending=awaits_check(profile),
+    )
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,17 @@ class Catalog:
         self._persistence.forget(profile.id)
         self._remember(profile)
         await self.save_index()
+
+    async def refresh(self, profile: Profile) -> None:
+        """A finished profile changed after it finished (its post-window check ended): its entry too."""
+        entry = self.finished.get(profile.id)
+        if entry is not None and entry != (fresh := finished_entry(profile)):
+            self.finished[profile.id] = fresh
+            await self.save_index()
+
+    def awaiting_checks(self) -> list[str]:
+        """Finished profiles whose post-window check had no verdict when last saved."""
+        return [e.id for e in self.finished.values() if e.post_window_pending]
 
     async def profile(self, profile_id: str) -> Profile:
         """One profile in full: a finished one is read from its state file unless cached."""

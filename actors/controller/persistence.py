@@ -75,6 +75,8 @@ class Finished(BaseModel):
     summary: ProfileSummary
     storage: StorageSpec
     submit_key: SubmitKey | None = None
+    # Its post-window check had no verdict yet: a restarted controller resumes it (or ends it).
+    post_window_pending: bool = False
 
     @property
     def id(self) -> str:

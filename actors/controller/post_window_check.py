@@ -25,7 +25,7 @@ from actors.controller.state import Profile
 from actors.controller.step_history import TIERS, History
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow, Verdict
 
-__all__ = ["PostWindowChecks", "check_rank", "segments", "summarize"]
+__all__ = ["PostWindowChecks", "awaits_check", "check_rank", "segments", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,12 @@ def summarize(ranks: list[RankPostWindow], threshold: float, steps: int) -> Post
     return PostWindowCheck(threshold=threshold, steps=steps, verdict=verdict, ranks=ranks, detail=detail)
 
 
+def awaits_check(profile: Profile) -> bool:
+    """Whether ``profile`` captured a window whose post-window check has no verdict yet."""
+    done = profile.post_window is not None and profile.post_window.final
+    return profile.kind == "profile" and profile.window is not None and profile.capture_started_at is not None and not done
+
+
 @dataclass
 class _Tracked:
     profile: Profile
@@ -147,9 +153,9 @@ class PostWindowChecks:
         self._read_at = float("-inf")
 
     def track(self, profile: Profile, wall: float) -> None:
-        """Follow ``profile`` if it captured a window and has no final check yet."""
-        done = profile.post_window is not None and profile.post_window.final
-        if profile.kind == "profile" and profile.window is not None and profile.capture_started_at is not None and not done:
+        """Follow ``profile`` if it captured a window and has no final check yet; ``wall``: since when
+        (a check gives up once its history no longer reaches back to then)."""
+        if awaits_check(profile):
             self._tracked.setdefault(profile.id, _Tracked(profile, wall))
 
     def tick(self, live: Iterable[Profile], wall: float) -> None:
@@ -166,6 +172,16 @@ class PostWindowChecks:
                 del self._tracked[profile_id]
                 logger.info("rayprof controller: %s after its window: %s", profile_id, check.detail)
                 self._finished(tracked.profile, check)
+
+    def end(self, profile: Profile) -> None:
+        """End ``profile``'s check as it stands: every rank without a verdict is ``unknown``."""
+        threshold, steps, _ = self._settings()
+        known = {r.rank: r for r in profile.post_window.ranks} if profile.post_window is not None else {}
+        ranks = [known.get(rank, RankPostWindow(rank=rank)) for rank in sorted(profile.ranks)]
+        ranks = [r.model_copy(update={"verdict": "unknown"}) if r.verdict == "pending" else r for r in ranks]
+        self._tracked.pop(profile.id, None)
+        profile.post_window = summarize(ranks, threshold, steps)
+        self._finished(profile, profile.post_window)
 
     def _check(self, tracked: _Tracked, wall: float, threshold: float, steps: int) -> PostWindowCheck:
         profile = tracked.profile

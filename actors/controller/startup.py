@@ -24,6 +24,7 @@ from actors.controller.persistence import Persistence
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
 from actors.controller.state import Profile
+from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import MANIFEST_NAME
@@ -50,6 +51,7 @@ class Startup:
     _runner: Runner
     _retention: Retention
     _submit_keys: SubmitKeys
+    _telemetry: Telemetry
     _ready: asyncio.Event | None
     # Set once saved state is adopted; until then calls that read or change it answer 503 with why.
     _restored: bool = False
@@ -130,8 +132,18 @@ class Startup:
         # Only now: a submit must find the resumed profiles queued on their targets.
         self._restored = True
         await self._catalog.settle(loaded)
+        await self._resume_checks()
         await self._retention.enforce(self._catalog)
         return True
+
+    async def _resume_checks(self) -> None:
+        """Post-window checks that were in progress at the restart: followed again (or ended), never
+        left pending. Never raises: a record that cannot be read keeps its saved check."""
+        for profile_id in self._catalog.awaiting_checks():
+            try:
+                self._telemetry.resume_check(await self._catalog.profile(profile_id))
+            except Exception as e:
+                logger.warning("rayprof controller: cannot resume the post-window check of %s: %s", profile_id, e)
 
     async def _retry_restore(self) -> None:
         while not await self._restore():

@@ -95,6 +95,15 @@ class Telemetry:
         if self._metrics is not None:
             self._metrics.bundle_ended(profile, postprocess_s)
 
+    def resume_check(self, profile: Profile) -> None:
+        """A finished profile whose post-window check was in progress when the controller restarted:
+        followed again from when it finished (it gives up, ``unknown``, when the history is gone)."""
+        since = profile.finished_at.timestamp() if profile.finished_at is not None else time.time()
+        if self._config().history:
+            self._checks.track(profile, since)
+            return
+        self._checks.end(profile)  # no history is kept: nothing would ever decide it
+
     def _check_ended(self, profile: Profile, check: PostWindowCheck) -> None:
         if self._metrics is not None:
             self._metrics.post_window(profile.target, check)
