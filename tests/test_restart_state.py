@@ -3,8 +3,10 @@ a watch firing between its action and its save, a command queued to a worker tha
 
 from __future__ import annotations
 
+from orchestrator.errors import StorageError
+from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.requests import ProfileRequest
-from tests.fake_agents import MONITORED, make_controller, run, start_agents, status_when, wait_terminal
+from tests.fake_agents import MONITORED, make_controller, run, start_agents, status_when, until, wait_terminal
 
 
 def test_a_post_window_check_in_progress_at_a_restart_ends_instead_of_staying_pending(home):
@@ -33,3 +35,41 @@ def test_a_post_window_check_in_progress_at_a_restart_ends_instead_of_staying_pe
     assert restored.post_window is not None and not restored.post_window.final
     assert later.post_window is not None and later.post_window.final, later.post_window
     assert later.post_window.verdict == "unknown"
+
+
+def test_a_watch_that_crashed_between_its_action_and_its_save_does_not_fire_again_at_once(home):
+    spec = WatchSpec(target="run", every_s=600, action="stacks", cooldown_s=0, max_per_hour=6)
+
+    async def scenario():
+        first = make_controller(home, **MONITORED)
+        agents = await start_agents(first, 2)
+        save_watch = first._persistence.save_watch
+
+        async def lost_after_the_action(status):
+            # The process dies once the action is done: no save after it ever lands.
+            if any(p.kind == "stacks" for p in first._catalog.known()) or first._catalog.finished:
+                raise StorageError("the controller died before this save")
+            await save_watch(status)
+
+        first._persistence.save_watch = lost_after_the_action
+        watch = await first.create_watch(spec)
+        assert await until(lambda: len(first._watches.get(watch.id).firings) == 1, timeout_s=20)
+        for a in agents:
+            await a.stop()
+        second = make_controller(home, **MONITORED)
+        await second.ping()
+        agents = await start_agents(second, 2)
+        # The restored watch is evaluated with its target live: it either fires, or says when it is due.
+        evaluated = await until(
+            lambda: second._watches.get(watch.id).firings or second._watches.get(watch.id).observed is not None,
+            timeout_s=20,
+        )
+        for a in agents:
+            await a.stop()
+        return evaluated, await second.get_watch(watch.id), await second.list()
+
+    evaluated, restored, page = run(scenario(), timeout_s=90)
+    assert evaluated
+    assert restored.firings == [] or len(restored.fired_at) == 1, restored
+    assert [p.kind for p in page.profiles] == ["stacks"], page.profiles  # the first controller's, only
+    assert restored.next_at is not None and restored.next_at > restored.created_at

@@ -23,6 +23,7 @@ from actors.controller.persistence import Finished, Persistence
 from actors.controller.post_window_check import awaits_check
 from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
+from orchestrator.models.profile import Trigger
 from orchestrator.models.requests import ProfileState
 from orchestrator.models.summaries import ProfilePage, ProfileSummary
 
@@ -145,6 +146,11 @@ class Catalog:
         if entry is not None and entry != (fresh := finished_entry(profile)):
             self.finished[profile.id] = fresh
             await self.save_index()
+
+    def triggered(self) -> list[tuple[str, Trigger]]:
+        """(id, trigger) of every profile and bundle a watch or the stall detector took."""
+        found = [(p.id, p.trigger) for p in self.live.values() if p.trigger is not None]
+        return found + [(e.id, e.summary.trigger) for e in self.finished.values() if e.summary.trigger is not None]
 
     def awaiting_checks(self) -> list[str]:
         """Finished profiles whose post-window check had no verdict when last saved."""

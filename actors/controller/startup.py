@@ -118,6 +118,7 @@ class Startup:
             self._config = self._config.model_copy(update={"storage": configured})
         unfinished = self._catalog.adopt(loaded)
         self._watches.restore(watches)
+        self._watches.recover(self._catalog.triggered())
         self._submit_keys.restore(
             [(e.submit_key, e.id, e.summary.created_at) for e in loaded.finished.values()]
             + [(p.submit_key, p.id, p.created_at) for p in unfinished]

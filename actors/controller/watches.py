@@ -131,6 +131,21 @@ class Watches:
             )
             self._watches.setdefault(s.id, watch)
 
+    def recover(self, triggered: list[tuple[str, Trigger]]) -> None:
+        """After :meth:`restore`: firings whose action left a profile (``(profile id, trigger)``) but whose
+        save never landed (the controller died in between) are counted again, so the restored watch
+        keeps its schedule, cooldown and hourly cap instead of firing again at once."""
+        for profile_id, trigger in sorted(triggered, key=lambda pt: pt[1].at):
+            watch = self._watches.get(trigger.watch_id or "")
+            if watch is None or (watch.fired and trigger.at <= watch.fired[-1]):
+                continue
+            watch.fired.append(trigger.at)
+            watch.firings = [*watch.firings, WatchFiring(at=trigger.at, profile_id=profile_id, trigger=trigger)][
+                -FIRINGS_KEPT:
+            ]
+            watch.changes += 1
+            logger.info("rayprof controller: %s: recovered its firing of %s from before the restart", watch.id, profile_id)
+
     def _watch(self, watch_id: str) -> WatchRecord:
         try:
             return self._watches[watch_id]
