@@ -72,10 +72,14 @@ def test_copy_a_pageable_upload_that_leaves_the_device_idle() -> None:
     summary = external("tbplugin_resnet50_nw4_b")
     rank = only_rank(summary)
     assert rank.mean_phases.memcpy == pytest.approx(14.5, abs=0.1) and causes(rank)["copy"] == pytest.approx(7.2, abs=0.1)
-    assert finding(summary, "htod_copy").max_saving_ms == pytest.approx(7.2, abs=0.1)
-    # Its twin blocks 9.5 ms but the device idles only 6.3 ms (4.5% of the step): no copy advice.
+    # The copy fix wins that idle time and (issue 29) the 2.9 ms the device spends staging the pageable copies:
+    # 10.1 ms, 7.1% of the step, under the 8% a warning needs: an info line, not a warning (the sample is healthy).
+    copy = finding(summary, "htod_copy")
+    assert copy.max_saving_ms == pytest.approx(10.1, abs=0.1) and copy.severity == "info"
+    # Its twin blocks 9.5 ms, the device idles 6.3 ms of it and stages 3.2 ms: 6.8% of the step, info too
+    # (before issue 29 the 6.3 ms alone, 4.5%, under the 5% floor: no line at all).
     assert causes(only_rank(external("tbplugin_resnet50_nw4_a")))["copy"] == pytest.approx(6.3, abs=0.1)
-    assert "htod_copy" not in codes(external("tbplugin_resnet50_nw4_a"))
+    assert finding(external("tbplugin_resnet50_nw4_a"), "htod_copy").severity == "info"
 
 
 def test_collective_the_host_waits_in_a_collective() -> None:

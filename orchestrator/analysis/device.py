@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
-from orchestrator.models.analysis import CopyStats, GpuStats
+from orchestrator.models.analysis import CopyStats, GpuStats, OpStat
 from orchestrator.traces.loader import Span
 
 __all__ = ["DeviceView", "WindowGpu"]
@@ -122,15 +122,23 @@ class DeviceView:
         """The device spans that start inside one of the windows."""
         return [s for _, s in self.placed(windows)]
 
-    def copies(self, windows: Sequence[Window], host_calls: Sequence[Span]) -> list[CopyStats]:
-        """Copies per direction and memory kind: count and device time per window, host time blocked in their calls."""
+    def copies(self, windows: Sequence[Window], host_calls: Sequence[Span], issuers: dict[int, str] | None = None) -> list[CopyStats]:
+        """Copies per direction and memory kind: count and device time per window, host time blocked in their calls,
+        and device time by who issued them (``issuers``: correlation id -> region / op)."""
         n = max(len(windows), 1)
         acc: dict[CopyKind, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        by: dict[CopyKind, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
         for s in self.in_windows(windows):
             if s.cat == "gpu_memcpy":
-                row = acc[copy_kind(s)]
+                kind = copy_kind(s)
+                row = acc[kind]
                 row[0] += 1
                 row[1] += s.end - s.ts
+                issuer = (issuers or {}).get(s.correlation) if s.correlation is not None else None
+                if issuer is not None:
+                    entry = by[kind][issuer]
+                    entry[0] += 1
+                    entry[1] += s.end - s.ts
         for call in host_calls:
             kind = self.copy_by_correlation.get(call.correlation) if call.correlation is not None else None
             if kind is not None and kind in acc:
@@ -142,6 +150,10 @@ class DeviceView:
                 calls_per_step=row[0] / n,
                 device_ms_per_step=row[1] / 1000 / n,
                 host_blocked_ms_per_step=row[2] / 1000 / n,
+                issued_by=[
+                    OpStat(name=name, calls=int(c), total_ms=us / 1000)
+                    for name, (c, us) in sorted(by[(direction, memory)].items(), key=lambda kv: (-kv[1][1], kv[0]))
+                ],
             )
             for (direction, memory), row in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
         ]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from orchestrator.analysis.advice import fix_for, named_causes
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
+    REPORT_FRACTION,
     claimed_causes,
     idle_text,
     make_finding,
@@ -40,18 +42,11 @@ _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 # Share of the step the device idles for causes with no finding of their own (host CPU work, launches,
 # queued work) from which it is reported even when the device is busy more than LOW_GPU_UTILIZATION.
 HOST_IDLE_FRACTION = 0.2
-# The fix for the largest of the causes the device-utilization finding counts.
-_FIXES = {
-    "cpu": "Take the host work the device waits for off the critical path: move pre/post-processing (the ops named "
-    "above) into DataLoader workers or a background thread, keep tensors on the device between steps, and avoid "
-    "Python-side loops over tensors.",
-    "launch": "Give the device more work per launch and the host less per step: a larger batch, torch.compile or CUDA "
-    "graphs for many small kernels, fused optimizers (foreach/fused=True), bf16 autocast.",
-    "queued": "The device had work queued and still idled: look for cross-stream waits (cudaStreamWaitEvent, "
-    "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other processes on the device).",
-    "untraced": "The launching thread ran code the profiler does not record: profile with with_stack=True or wrap "
-    "the step's parts in torch.profiler.record_function to see what the device waits for.",
-}
+# When no named cause explains the idle time (it is Python outside any op, or untraced): how to find out.
+_UNNAMED_FIX = (
+    "The host runs code the profiler does not name while the device idles: profile with with_stack=True or wrap "
+    "the step's parts in torch.profiler.record_function to see what the device waits for."
+)
 
 
 def _unclaimed(r: RankSummary) -> float:
@@ -69,7 +64,12 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     or when the idle time no other finding claims reaches ``HOST_IDLE_FRACTION``.
     Its bound is that unclaimed idle time (host CPU work, launch pace, queued
     work, untraced host time, and causes too small for their own finding), so
-    no idle time is counted in two findings.
+    no idle time is counted in two findings. The fix is the one for the largest
+    named cause (:mod:`orchestrator.analysis.advice`), and the runner-up's when it
+    explains at least ``REPORT_FRACTION`` of the step. A warning when that cause
+    explains ``WARNING_FRACTION`` of the step, or when the device is busy under
+    ``LOW_GPU_UTILIZATION`` and the unclaimed idle time does (a mostly idle device
+    is a fact, whatever the spread of its causes).
     """
     hit = [
         r for r in ranks
@@ -80,8 +80,9 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         return None
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
-    own = [c for c in worst.idle.causes if c.cause not in claimed]
-    lead = own[0].cause if own else "launch"
+    named = named_causes(worst, exclude=claimed)
+    fixes = [fix_for(c, worst) for i, c in enumerate(named[:2]) if i == 0 or share(worst, c.ms) >= REPORT_FRACTION]
+    mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
     return make_finding(
         "low_gpu_utilization",
         worst,
@@ -92,9 +93,11 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels per {worst.mean_step_ms:.1f} ms); found on {ranks_text(hit)}. "
             + idle_text(worst)
             + (f" Idle time with a finding of its own ({', '.join(sorted(claimed))}) is counted there, not here." if claimed else "")
+            + (" By what the host does: " + ", ".join(f"{c.name} {c.ms:.1f} ms" for c in named[:4]) + "." if named else "")
         ),
-        fix=_FIXES.get(lead, _FIXES["launch"]),
+        fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
+        cause_ms=max(named[0].ms if named else 0.0, _unclaimed(worst) if mostly_idle else 0.0),
     )
 
 

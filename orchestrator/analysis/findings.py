@@ -12,7 +12,9 @@ a sync, a blocking copy) shortens the step only where the device was idle
 waiting for it, never by the time the device stayed busy. So a wait during
 which the device runs queued work is no finding, and a GPU-bound job gets its
 kernels named instead. On a CPU-only trace the bound is the host time itself.
-A finding is a warning when that bound reaches ``WARNING_SAVING_FRACTION`` of the step.
+A finding is a warning when the named cause its fix removes explains at least
+``WARNING_FRACTION`` of the step (docs/results.md, "When a finding warns"); below it,
+at most an info line.
 
 The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`.
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from orchestrator.analysis.advice import round_trips
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.finding_base import (
-    WARNING_SAVING_FRACTION,
+    REPORT_FRACTION,
     host_fix_bound,
     make_finding,
     ranks_text,
@@ -35,7 +38,6 @@ from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSumm
 
 __all__ = [
     "DATALOADER_BOUND_FRACTION",
-    "HOST_SYNC_FRACTION",
     "MEMCPY_FRACTION",
     "MEMORY_PEAK_FRACTION",
     "MIN_SYNC_SAVING_FRACTION",
@@ -45,9 +47,6 @@ __all__ = [
 
 # Share of the step spent waiting for the next batch (CPU-only traces; on a device, the idle time it explains).
 DATALOADER_BOUND_FRACTION = 0.25
-# Share of the step a per-step sync's removal could save before it is a warning
-# (below it, a sync in every step is still reported, as info).
-HOST_SYNC_FRACTION = 0.05
 # Share of the step the host spends blocked in host-to-device copies (CPU-only traces; on a device, the idle time).
 MEMCPY_FRACTION = 0.05
 # Share of a device's memory that the peak allocation reaches.
@@ -58,9 +57,9 @@ MIN_SYNC_SAVING_FRACTION = 0.01
 
 def _on_device(r: RankSummary, cause: IdleCause, phase_ms: float, host_fraction: float) -> bool:
     """Whether ``cause`` is worth a finding on ``r``: on a device, when the idle time it explains reaches
-    ``WARNING_SAVING_FRACTION`` of the step; on a CPU-only trace, when the host time reaches ``host_fraction``."""
+    ``REPORT_FRACTION`` of the step; on a CPU-only trace, when the host time reaches ``host_fraction``."""
     if r.idle is not None:
-        return share(r, r.idle.ms(cause)) >= WARNING_SAVING_FRACTION
+        return share(r, r.idle.ms(cause)) >= REPORT_FRACTION
     return share(r, phase_ms) >= host_fraction
 
 
@@ -125,13 +124,15 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         "host_sync",
         worst,
         saving,
-        severity="warning" if on_device and share(worst, saving) >= HOST_SYNC_FRACTION else "info",
+        severity=None if on_device else "info",
         title="The host waits for a device value every step",
         evidence=(
             f"{calls:.0f} {'wait' if round(calls) == 1 else 'waits'} per step on {ranks_text(hit)} ({names}); {worst.mean_phases.sync:.2f} ms "
             f"({share(worst, worst.mean_phases.sync):.1%}) of the step on rank {worst.rank}."
             + (_idle_of(worst, "sync", worst.mean_phases.sync) if on_device
                else " This trace is CPU-only, where it is cheap; on a GPU each call waits for every queued kernel.")
+            + (" The device idle time counted includes the gaps after each wait while the host launches anew "
+               "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
         ),
         fix=(
@@ -147,40 +148,78 @@ def _uploads(r: RankSummary) -> list[CopyStats]:
     return [c for c in r.copies if c.direction in ("HtoD", "HtoH", "other") and c.host_blocked_ms_per_step > 0]
 
 
+def _pageable(r: RankSummary) -> list[CopyStats]:
+    """Copies to or from pageable host memory: on a device, their device time is staging, not useful work."""
+    return [c for c in r.copies if c.host_memory == "pageable" and c.direction in ("HtoD", "DtoH")] if r.gpu is not None else []
+
+
+def _copy_cost(r: RankSummary) -> float:
+    """What the copy fix can win per step: the idle time the host spends blocked in uploads, plus the device time
+    of pageable copies (pinned, non_blocking copies overlap compute; copies that are not made cost nothing)."""
+    return host_fix_bound(r, r.mean_phases.memcpy, "copy") + sum(c.device_ms_per_step for c in _pageable(r))
+
+
 def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """Host-to-device copies block the host while the device idles (device-to-host ones are waits, device-to-device
-    ones never block it)."""
-    hit = [r for r in ranks if _on_device(r, "copy", r.mean_phases.memcpy, MEMCPY_FRACTION)]
+    """Copies block the host while the device idles, or occupy the device copying pageable memory (device-to-host
+    reads are waits, the sync finding's; device-to-device copies never block the host). Names who issues them."""
+    hit = [r for r in ranks if share(r, _copy_cost(r)) >= (REPORT_FRACTION if r.idle is not None else MEMCPY_FRACTION)]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: host_fix_bound(r, r.mean_phases.memcpy, "copy"))
-    uploads = _uploads(worst)
+    worst = max(hit, key=_copy_cost)
+    per_step = max(len(worst.steps), 1)
+    shown = [c for c in worst.copies if c in _uploads(worst) or c in _pageable(worst)]
     parts = [
-        f"{c.calls_per_step:.0f} {c.host_memory or 'unnamed-memory'} {c.direction} ({c.host_blocked_ms_per_step:.2f} ms blocked)"
-        for c in uploads
+        f"{c.calls_per_step:.0f} {c.host_memory or 'unnamed-memory'} {c.direction} ({c.device_ms_per_step:.2f} ms on the device, "
+        f"{c.host_blocked_ms_per_step:.2f} ms blocked"
+        + (f"; issued by {', '.join(f'{o.name} {o.total_ms / per_step:.2f} ms' for o in c.issued_by[:3])}" if c.issued_by else "")
+        + ")"
+        for c in shown
     ]
-    pageable = any(c.host_memory != "pinned" for c in uploads) or not uploads
-    fix = (
-        "Set pin_memory=True on the DataLoader (or .pin_memory() the tensor) and copy with tensor.to(device, non_blocking=True), "
-        "so the copy overlaps compute instead of stalling the host; create constant tensors on the device directly."
-        if pageable
-        else "The source is already pinned: copy with non_blocking=True (and prefetch the next batch to the device on a side "
-        "stream) so the host does not wait for the copy."
+    pageable_ms = sum(c.device_ms_per_step for c in _pageable(worst))
+    trips = round_trips(worst)
+    uploads = _uploads(worst)
+    if trips:
+        region, ms = max(trips.items(), key=lambda kv: kv[1])
+        fix = (
+            f"The region {region!r} copies to the host and back ({ms:.1f} ms of pageable copies per step): compute it on "
+            "the device (torch.nonzero / torch.argwhere / boolean masks on the device tensor) and drop the .cpu() / "
+            ".numpy() round trip."
+        )
+    elif any(c.host_memory != "pinned" for c in uploads) or (not uploads and not pageable_ms):
+        fix = (
+            "Set pin_memory=True on the DataLoader (or .pin_memory() the tensor) and copy with tensor.to(device, non_blocking=True), "
+            "so the copy overlaps compute instead of stalling the host; create constant tensors on the device directly."
+        )
+    elif uploads:
+        fix = (
+            "The source is already pinned: copy with non_blocking=True (and prefetch the next batch to the device on a side "
+            "stream) so the host does not wait for the copy."
+        )
+    else:
+        fix = (
+            "Keep the values on the device; where the host needs them, copy them with non_blocking=True into a pinned "
+            "buffer and read it after a CUDA event has completed."
+        )
+    title = (
+        f"Copies to and from pageable memory cost {share(worst, _copy_cost(worst)):.0%} of the step" if pageable_ms
+        else f"Host-to-device copies block the host for {share(worst, worst.mean_phases.memcpy):.0%} of the step"
     )
     return make_finding(
         "htod_copy",
         worst,
-        host_fix_bound(worst, worst.mean_phases.memcpy, "copy"),
-        title=f"Host-to-device copies block the host for {share(worst, worst.mean_phases.memcpy):.0%} of the step",
+        _copy_cost(worst),
+        title=title,
         evidence=(
             f"Copies to the device hold the host {worst.mean_phases.memcpy:.2f} ms of a {worst.mean_step_ms:.1f} ms step on rank "
-            f"{worst.rank}.{_idle_of(worst, 'copy', worst.mean_phases.memcpy)} Found on {ranks_text(hit)}."
-            + (f" Per step: {', '.join(parts)}." if parts else "")
+            f"{worst.rank}.{_idle_of(worst, 'copy', worst.mean_phases.memcpy)}"
+            + (f" Copies to or from pageable memory occupy the device {pageable_ms:.2f} ms a step, staged through a bounce "
+               "buffer while the host waits." if pageable_ms else "")
+            + f" Found on {ranks_text(hit)}."
+            + (f" Per step: {'; '.join(parts)}." if parts else "")
         ),
         fix=fix,
         ranks=[r.rank for r in hit],
     )
-
 
 
 def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:

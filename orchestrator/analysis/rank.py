@@ -183,6 +183,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     upload_spans: list[tuple[float, float]] = []
     sync_spans: list[tuple[float, float]] = []
     copy_calls: list[Span] = []
+    issuers: dict[int, str] = {}  # a copy call's correlation id -> the region and op that issued it
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     upload_copy_start = [0.0]  # device start of the latest upload's copy
 
@@ -193,6 +194,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         waits = is_sync(span) and (not device_spans or span.cat in ("cuda_runtime", "cuda_driver"))
         if is_copy_call(span):
             copy_calls.append(span)
+            if span.correlation is not None:
+                issuers[span.correlation] = _issuer(ancestors)
             direction = dev.copy_by_correlation.get(span.correlation, ("other", None))[0]
             if direction == "DtoH":
                 waits = True
@@ -330,7 +333,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
         gpu=gpu_stats,
         idle=idle,
-        copies=dev.copies(windows, copy_calls) if windows else [],
+        copies=dev.copies(windows, copy_calls, issuers) if windows else [],
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
         top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=_memory(trace),
@@ -344,6 +347,13 @@ def _host_thread(spans: list[Span], kinds: Kinds) -> HostThread:
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
         runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, regions=_regions(spans),
     )
+
+
+def _issuer(ancestors: list[Span]) -> str:
+    """Who issued a copy: the innermost region (``record_function``, optimizer step) and the outermost op around it."""
+    region = next((a.name for a in reversed(ancestors) if is_region(a)), None)
+    op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
+    return " / ".join(name for name in (region, op) if name) or "(no op)"
 
 
 def _regions(spans: list[Span]) -> list[Span]:

@@ -162,6 +162,11 @@ class CopyStats(_Model):
     calls_per_step: float
     device_ms_per_step: float
     host_blocked_ms_per_step: float = Field(description="Main-thread time inside the runtime calls that started them.")
+    issued_by: list[OpStat] = Field(
+        default_factory=list,
+        description="Who issues them: the record_function region and op around the call ('MASK INDICES / aten::to'), "
+        "with the copies' device time, summed over the steps.",
+    )
 
 
 class MemoryPeak(_Model):

@@ -1,0 +1,154 @@
+"""Advice from the evidence: the device idle time no finding of its own claims, split into named causes,
+each with the fix that removes it.
+
+The idle attribution (:mod:`orchestrator.analysis.idle`) says what the host did while the
+device idled: ``cpu`` and ``runtime`` name the innermost op or call and the optimizer step or
+``record_function`` region around it, ``launch`` the region it falls in. Here those become
+causes a fix can point at, each with its idle ms per step:
+
+* ``optimizer``: host time in ``Optimizer.step`` / ``zero_grad`` (its ops and its launch pace):
+  a fused or foreach optimizer;
+* ``region``: host time in one of the user's ``record_function`` regions (its ops and Python):
+  keep its work on the device, or off the step;
+* ``allocator``: ``cudaMalloc`` / ``cudaFree`` / ``hipMalloc``...: the caching allocator;
+* ``launch_calls``: slow launch calls (``cudaLaunchKernel`` / ``hipLaunchKernel`` that take the
+  runtime's own time), and ``launch``: kernels launched no faster than they run (outside the
+  optimizer): CUDA graphs, ``torch.compile``, a larger batch;
+* ``runtime_calls``: other runtime calls (events, streams), named;
+* ``op``: one host op the device waits for, named;
+* ``queued``: work already launched that waits on a stream or event dependency.
+
+Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
+but is no cause: no fix can be told from it. Ops inside a region may be named twice (as the op and
+within the region); the causes decide the advice and the warning, never the bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
+from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
+
+__all__ = ["Cause", "fix_for", "named_causes", "round_trips"]
+
+Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "launch", "op", "queued"]
+_ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One named, actionable cause of device idle time on a rank, in ms per analysed step."""
+
+    kind: Kind
+    name: str
+    ms: float
+
+
+def _per_step(r: RankSummary, ops: Iterable[OpStat]) -> dict[str, float]:
+    n = max(len(r.steps), 1)
+    return {o.name: o.total_ms / n for o in ops}
+
+
+def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Cause]:
+    """The named causes of ``r``'s device idle time among its idle causes not in ``exclude``, largest first."""
+    if r.idle is None:
+        return []
+    skip = set(exclude)
+    shares = {c.cause: c for c in r.idle.causes if c.cause not in skip}
+    optimizer = 0.0
+    regions: dict[str, float] = {}
+    # Runtime calls in a region are the allocator's or the launches' (below), not the region's.
+    for cause in ("cpu", "launch"):
+        if cause in shares:
+            for name, ms in _per_step(r, shares[cause].regions).items():
+                if name.startswith("Optimizer."):
+                    optimizer += ms
+                elif cause == "cpu":
+                    regions[name] = regions.get(name, 0.0) + ms
+    out = [Cause("optimizer", "the optimizer step", optimizer)] if optimizer > 0 else []
+    out += [Cause("region", name, ms) for name, ms in regions.items()]
+    if "runtime" in shares:
+        calls = _per_step(r, shares["runtime"].top)
+        alloc = {n: ms for n, ms in calls.items() if any(k in n for k in _ALLOCATOR)}
+        if alloc:
+            out.append(Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values())))
+        out += [Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms) for n, ms in calls.items() if n not in alloc]
+    if "launch" in shares:
+        in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith("Optimizer."))
+        out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0)))
+    if "cpu" in shares:
+        named = set(regions) | {PYTHON_OUTSIDE_OPS}
+        out += [Cause("op", n, ms) for n, ms in _per_step(r, shares["cpu"].top).items() if n not in named and not n.startswith("Optimizer.")]
+    if "queued" in shares:
+        out.append(Cause("queued", "queued work", shares["queued"].ms_per_step))
+    return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
+
+
+def round_trips(r: RankSummary) -> dict[str, float]:
+    """Regions that copy pageable memory to the host and back, with the device ms per step of those copies."""
+    n = max(len(r.steps), 1)
+    by_dir: dict[str, dict[str, float]] = {"DtoH": {}, "HtoD": {}}
+    for c in r.copies:
+        if c.direction in by_dir and c.host_memory == "pageable":
+            for o in c.issued_by:
+                region = o.name.split(" / ")[0] if " / " in o.name else None
+                if region is not None:
+                    by_dir[c.direction][region] = by_dir[c.direction].get(region, 0.0) + o.total_ms / n
+    return {name: ms + by_dir["HtoD"][name] for name, ms in by_dir["DtoH"].items() if name in by_dir["HtoD"]}
+
+
+def fix_for(cause: Cause, r: RankSummary) -> str:
+    """The concrete change that removes ``cause``, with its figure."""
+    figure = f"{cause.ms:.1f} ms per step"
+    if cause.kind == "optimizer":
+        return (
+            f"The optimizer's host time leaves the device idle {figure}: use a fused or foreach optimizer "
+            "(e.g. torch.optim.AdamW(params, fused=True), or foreach=True), which launches a few kernels for all "
+            "parameters instead of several per parameter, and zero_grad(set_to_none=True); or torch.compile the optimizer step."
+        )
+    if cause.kind == "region":
+        trip = round_trips(r).get(cause.name)
+        if trip is not None:
+            return (
+                f"The region {cause.name!r} leaves the device idle {figure} and copies to the host and back "
+                f"({trip:.1f} ms of pageable copies per step): compute it on the device (torch.nonzero / torch.argwhere / "
+                "boolean masks on the device tensor) and drop the .cpu() / .numpy() round trip."
+            )
+        return (
+            f"The host runs the region {cause.name!r} while the device idles ({figure}): keep its work on the device, "
+            "or move it off the step (a background thread, or every N steps)."
+        )
+    if cause.kind == "allocator":
+        return (
+            f"{cause.name} leave the device idle {figure}: let PyTorch's caching allocator reuse memory: no "
+            "torch.cuda.empty_cache() in the loop, no tensors allocated anew each iteration (preallocate and reuse "
+            "buffers), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation."
+        )
+    if cause.kind == "runtime_calls":
+        return (
+            f"The runtime call {cause.name} leaves the device idle {figure}: look for where it is called each step "
+            "(event polling, stream creation, a slow first launch that loads modules) and hoist it out of the loop."
+        )
+    if cause.kind == "launch_calls":
+        return (
+            f"Launch calls ({cause.name}) take the runtime's own time while the device idles ({figure}): launch fewer, "
+            "bigger kernels: CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
+        )
+    if cause.kind == "launch":
+        return (
+            f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
+            "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
+        )
+    if cause.kind == "queued":
+        return (
+            f"The device had work queued and still idled ({figure}): look for cross-stream waits (cudaStreamWaitEvent, "
+            "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
+            "processes on the device)."
+        )
+    return (
+        f"The host op {cause.name} leaves the device idle {figure}: cut the host's per-op overhead on the step "
+        "(torch.compile, fewer small ops, no Python loops over tensors) or make the op run on the device."
+    )
