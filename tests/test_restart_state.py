@@ -3,10 +3,14 @@ a watch firing between its action and its save, a command queued to a worker tha
 
 from __future__ import annotations
 
+import asyncio
+
+from actors.controller.registry import Registry
 from orchestrator.errors import StorageError
+from orchestrator.models.agent_protocol import Command
 from orchestrator.models.diagnosis import WatchSpec
-from orchestrator.models.requests import ProfileRequest
-from tests.fake_agents import MONITORED, make_controller, run, start_agents, status_when, until, wait_terminal
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from tests.fake_agents import MONITORED, make_controller, run, start_agents, status_when, until, wait_terminal, worker_info
 
 
 def test_a_post_window_check_in_progress_at_a_restart_ends_instead_of_staying_pending(home):
@@ -73,3 +77,43 @@ def test_a_watch_that_crashed_between_its_action_and_its_save_does_not_fire_agai
     assert restored.firings == [] or len(restored.fired_at) == 1, restored
     assert [p.kind for p in page.profiles] == ["stacks"], page.profiles  # the first controller's, only
     assert restored.next_at is not None and restored.next_at > restored.created_at
+
+
+def test_a_command_queued_to_a_worker_that_expires_and_re_registers_is_delivered(home):
+    # Rank 1's agent stops calling (a long pause) while its stacks are asked for: its worker expires, is
+    # dropped, and the agent re-registers when it calls again. Its stacks command must reach it then.
+    async def scenario():
+        c = make_controller(home, stacks_timeout_s=20.0)
+        agents = await start_agents(c, 2)
+        await c.ping()
+        paused = agents[1]
+        poll = paused._tasks[1]
+        poll.cancel()
+        await asyncio.gather(poll, return_exceptions=True)
+        taking = asyncio.ensure_future(c.stacks("run"))
+        assert await until(lambda: paused.info.agent_id not in c._registry.workers, timeout_s=10)
+        paused._tasks.append(asyncio.create_task(paused._poll()))  # the pause ends: it calls again
+        bundle = await asyncio.wait_for(taking, 30)
+        for a in agents:
+            await a.stop()
+        return bundle
+
+    bundle = run(scenario(), timeout_s=60)
+    assert bundle.state == ProfileState.DONE, bundle.missing
+
+
+def test_a_command_queued_to_a_dropped_worker_reaches_it_when_it_registers_again_and_only_it():
+    registry = Registry()
+    info = worker_info(0, 2)
+    worker, _ = registry.register(info)
+    assert worker is not None
+    queued = Command(kind="sync")
+    worker.send(queued)
+    registry.drop(info.agent_id, "no heartbeat for over 20s")
+    other, _ = registry.register(worker_info(1, 2))  # another agent gets nothing of it
+    again, _ = registry.register(info)
+    assert other is not None and not other.commands
+    assert again is not None and list(again.commands) == [queued]
+    again.commands.popleft()  # its poll took it
+    registry.drop(info.agent_id, "no heartbeat for over 20s")
+    assert not registry.register(info)[0].commands  # delivered once, not twice

@@ -46,10 +46,20 @@ def _same(expected: str, given: str | None) -> bool:
     return given is not None and hmac.compare_digest(expected.encode(), given.encode())
 
 
-def _remember(left: OrderedDict[str, tuple[str, float]], agent_id: str, reason: str, at: float) -> None:
-    """Note why and when ``agent_id`` left, newest last (so forgetting by age pops from the front)."""
+@dataclass
+class _Left:
+    """Why and when (by the registry's clock) a worker was retired or dropped, and the commands it
+    had not collected yet: a dropped worker that registers again (it had only gone silent) gets them."""
+
+    reason: str
+    at: float
+    commands: list[Command] = field(default_factory=list)
+
+
+def _remember(left: OrderedDict[str, _Left], agent_id: str, record: _Left) -> None:
+    """Note ``record`` for ``agent_id``, newest last (so forgetting by age pops from the front)."""
     left.pop(agent_id, None)
-    left[agent_id] = (reason, at)
+    left[agent_id] = record
     while len(left) > _RETIRED_KEPT:
         left.popitem(last=False)
 
@@ -116,8 +126,8 @@ class Registry:
         self.relays: dict[str, RelayLink] = {}
         # Agent id -> (why, when by the clock) of retired and of dropped workers, oldest first:
         # a dropped worker's reason is what its open windows' ranks fail with.
-        self._retired: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._gone: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._retired: OrderedDict[str, _Left] = OrderedDict()
+        self._gone: OrderedDict[str, _Left] = OrderedDict()
 
     def register(
         self,
@@ -157,10 +167,17 @@ class Registry:
                 info=info, registered_at=now, secret=secrets.token_urlsafe(32), seen_at=now, heard_at=now,
                 advanced_at=now,
             )
+            gone = self._gone.get(info.agent_id)
+            if gone is not None and gone.commands:
+                # It had only gone silent (dropped on expiry): what it was sent meanwhile is its still.
+                worker.commands.extend(gone.commands)
+                gone.commands = []
         else:
             worker.info = info
             worker.seen_at = worker.heard_at = now
         self._link(worker, relay_id, relay_secret)
+        if worker.commands and worker.relay is not None:
+            worker.relay.wake.set()  # carried over: the relay's long-poll takes them now
         return worker, replaced
 
     def check(self, agent_id: str, secret: str | None) -> Worker | None:
@@ -201,17 +218,23 @@ class Registry:
             link.wake.set()
 
     def _retire(self, agent_id: str, reason: str) -> None:
-        _remember(self._retired, agent_id, reason, self._clock())
+        _remember(self._retired, agent_id, _Left(reason, self._clock()))
 
     def why_gone(self, agent_id: str) -> str | None:
         """Why a dropped worker left, while it is remembered."""
         gone = self._gone.get(agent_id)
-        return gone[0] if gone is not None else None
+        return gone.reason if gone is not None else None
+
+    def may_return(self, agent_id: str, within_s: float) -> bool:
+        """Whether ``agent_id`` was dropped less than ``within_s`` ago, and not retired: a worker that
+        only went silent registers again at its next call."""
+        gone = self._gone.get(agent_id)
+        return gone is not None and agent_id not in self._retired and self._clock() - gone.at < within_s
 
     def forget_left(self, before: float) -> None:
         """Forget the workers retired or dropped before ``before`` (clock time): their runs are long over."""
         for left in (self._retired, self._gone):
-            while left and next(iter(left.values()))[1] < before:
+            while left and next(iter(left.values())).at < before:
                 left.popitem(last=False)
 
     def heartbeat(
@@ -239,7 +262,7 @@ class Registry:
         if worker is not None:
             self._unlink(worker)
             worker.wake.set()
-            _remember(self._gone, agent_id, reason, self._clock())
+            _remember(self._gone, agent_id, _Left(reason, self._clock(), list(worker.commands)))
         return worker
 
     def expired(self, expiry_s: float) -> list[Worker]:

@@ -197,6 +197,8 @@ class StacksTaker:
         workers = pending.workers
         self._pending[bundle_id] = pending
         sent = time.monotonic()
+        config = self._config()
+        expiry_s = config.poll_timeout_s + config.worker_expiry_grace_s
         command = Command(kind="stacks", profile_id=bundle_id, native=native, max_bytes=pending.max_bytes)
         try:
             for worker in workers.values():
@@ -204,8 +206,10 @@ class StacksTaker:
             deadline = sent + timeout_s
             while (left := deadline - time.monotonic()) > 0:
                 unanswered = [a for a, rank in pending.expected.items() if rank not in pending.answered]
-                # Done once every rank answered or its worker is gone: nobody else will answer.
-                if all(a not in self._registry.workers for a in unanswered):
+                # Done once every rank answered or its worker is gone: nobody else will answer. A worker
+                # dropped on expiry within one expiry may only have gone silent: it registers again at its
+                # next call, and gets its command then.
+                if all(a not in self._registry.workers and not self._registry.may_return(a, expiry_s) for a in unanswered):
                     break
                 pending.arrived.clear()
                 await wait_event(pending.arrived, min(left, 0.5))
@@ -220,11 +224,13 @@ class StacksTaker:
         for rank, worker in workers.items():
             if rank in pending.answered:
                 continue
-            if worker.info.agent_id not in self._registry.workers:
-                reason = "the worker went away while its stacks were asked for (process exited or restarted)"
+            current = self._registry.workers.get(worker.info.agent_id)  # re-registered: a new record
+            if current is None:
+                why = self._registry.why_gone(worker.info.agent_id) or "its process exited or restarted"
+                reason = f"the worker went away while its stacks were asked for: {why}"
             else:
                 reason = (
-                    f"no answer within {timeout_s:g}s (last heartbeat {now - worker.seen_at:.0f}s ago): the agent's "
+                    f"no answer within {timeout_s:g}s (last heartbeat {now - current.seen_at:.0f}s ago): the agent's "
                     "thread may be blocked by a call that holds the GIL"
                 )
             missing.append(MissingRank(rank=rank, reason=reason))
