@@ -30,6 +30,11 @@ DEFAULT_MAX_WARMUP_STEPS = 10
 MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR = "RAYPROF_MEMORY_SNAPSHOT_MAX_ENTRIES"
 DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES = 100_000
 
+# Under an OOM watch, how long the rank that ran out of CUDA memory holds the failing thread,
+# before the exception reaches the job, for its snapshot to be stored (read in the workers).
+OOM_HOLD_S_ENV_VAR = "RAYPROF_OOM_HOLD_S"
+DEFAULT_OOM_HOLD_S = 10.0
+
 # How long one long-poll from an agent may wait at the controller. It is also
 # the heartbeat: a worker silent for POLL_TIMEOUT + WORKER_EXPIRY_GRACE is gone.
 POLL_TIMEOUT_S_ENV_VAR = "RAYPROF_POLL_TIMEOUT_S"

@@ -22,6 +22,7 @@ class FakeAllocator:
     def __init__(self, unavailable: str | None = None) -> None:
         self._unavailable = unavailable
         self.recording = False
+        self.recorders = 0
         self.max_entries: int | None = None
         self.starts = 0
         self.stops = 0
@@ -34,7 +35,9 @@ class FakeAllocator:
         return self._unavailable
 
     def start(self, max_entries: int) -> None:
-        self.recording, self.max_entries = True, max_entries
+        self.recorders += 1
+        if self.recorders == 1:
+            self.recording, self.max_entries = True, max_entries
         self.starts += 1
 
     def snapshot(self) -> dict[str, Any]:
@@ -45,8 +48,10 @@ class FakeAllocator:
         }
 
     def stop(self) -> None:
-        self.recording = False
-        self._events.clear()
+        self.recorders = max(0, self.recorders - 1)
+        if self.recorders == 0:
+            self.recording = False
+            self._events.clear()
         self.stops += 1
 
     def observe_oom(self, callback: OomCallback) -> None:

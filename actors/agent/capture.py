@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -23,14 +21,13 @@ import torch
 from pydantic import TypeAdapter
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from actors.agent.cuda_memory import Allocator, TorchAllocator, dump_snapshot
+from actors.agent.children import run_child, store_snapshot
+from actors.agent.cuda_memory import Allocator, TorchAllocator
 from actors.export.contract import (
     EXIT_TOO_LARGE,
     MEMORY_NAME,
     OPS_NAME,
     RAW_TRACE_NAME,
-    SNAPSHOT_NAME,
-    SNAPSHOT_PAGE_NAME,
     TRACE_NAME,
     ExportResult,
     child_args,
@@ -257,7 +254,8 @@ class Capture:
         artifacts.append(storage.put_file(tmp / OPS_NAME, keys["op_table"], "op_table", folder=w.prefix))
         snapshot, self._snapshot = self._snapshot, None
         if snapshot is not None:
-            artifacts += self._put_snapshot(snapshot, tmp, keys, storage)
+            title = f"CUDA memory of rank {self.info.world_rank}, profile {w.profile_id}, steps {w.start_step}..{w.stop_step - 1}"
+            artifacts += store_snapshot(snapshot, tmp, keys, storage, w.prefix, title)
 
         steps = result.steps
         numbers = sorted(steps)
@@ -280,34 +278,9 @@ class Capture:
         )
 
 
-    def _put_snapshot(self, snapshot: dict[str, Any], tmp: Path, keys: dict[str, str], storage: Any) -> list[Artifact]:
-        """The allocator's snapshot as torch's viewers read it, and its page that needs no internet."""
-        w = self.window
-        pickled, page = tmp / SNAPSHOT_NAME, tmp / SNAPSHOT_PAGE_NAME
-        dump_snapshot(snapshot, pickled)
-        title = f"CUDA memory of rank {self.info.world_rank}, profile {w.profile_id}, steps {w.start_step}..{w.stop_step - 1}"
-        done = _run_child(["-m", "actors.export.memory_view", str(pickled), str(page), title])
-        if done.returncode != 0:
-            raise RuntimeError(f"memory snapshot page exited {done.returncode}: {done.stderr.strip()[-500:]}")
-        return [
-            storage.put_file(pickled, keys["memory_snapshot"], "memory_snapshot", folder=w.prefix),
-            storage.put_file(page, keys["memory_view"], "memory_view", folder=w.prefix),
-        ]
-
-
-def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` in a child process, bounded, at the lowest CPU priority: on a busy node the
-    training process keeps its cores and the child waits (measured with all options on 2 cores:
-    steps during the export 1.83x -> 1.54x)."""
-    cmd = [sys.executable, *args]
-    nice = shutil.which("nice")
-    cmd = [nice, "-n", "19", *cmd] if nice else cmd
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S, check=False)
-
-
 def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes: int) -> ExportResult:
     """Parse the trace and write the artifacts in a child process (see actors.export)."""
-    done = _run_child(["-m", "actors.export", *child_args(raw, out, memory=memory, shapes=shapes, max_bytes=max_bytes)])
+    done = run_child(["-m", "actors.export", *child_args(raw, out, memory=memory, shapes=shapes, max_bytes=max_bytes)])
     if done.returncode == EXIT_TOO_LARGE:
         raise CaptureTooLarge(
             f"{done.stderr.strip()[-300:]} (RAYPROF_MAX_TRACE_BYTES); nothing kept: "
@@ -321,5 +294,3 @@ def _run_exporter(raw: Path, out: Path, *, memory: bool, shapes: bool, max_bytes
 
 # Checks the child's answer at the process boundary (keys of ``steps`` back to ints).
 _EXPORT_RESULT = TypeAdapter(ExportResult)
-# Generous: a 512 MiB trace parses in well under a minute.
-_EXPORT_TIMEOUT_S = 600

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +31,10 @@ class Allocator(Protocol):
         ...
 
     def start(self, max_entries: int) -> None:
-        """Record every allocation and free from now on, at most ``max_entries`` kept (Python stacks only)."""
+        """Record every allocation and free from now on, at most ``max_entries`` kept (Python stacks only).
+
+        Starts and stops are counted: recording goes on until every start has had its stop (a
+        window's snapshot and an OOM watch share the process's one history)."""
         ...
 
     def snapshot(self) -> dict[str, Any]:
@@ -49,6 +53,10 @@ class Allocator(Protocol):
 class TorchAllocator:
     """The real allocator of this process's CUDA devices."""
 
+    # The history is one per process, whoever asked for it.
+    _lock = threading.Lock()
+    _recorders = 0
+
     def unavailable(self) -> str | None:
         import torch
 
@@ -59,11 +67,14 @@ class TorchAllocator:
     def start(self, max_entries: int) -> None:
         import torch
 
-        # Python frames only: C++ frames cost a symbolization per allocation (torch's own advice
-        # for long recordings), and a training step allocates thousands of blocks.
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context="all", stacks="python", max_entries=max_entries
-        )
+        with TorchAllocator._lock:
+            TorchAllocator._recorders += 1
+            if TorchAllocator._recorders == 1:
+                # Python frames only: C++ frames cost a symbolization per allocation (torch's own
+                # advice for long recordings), and a training step allocates thousands of blocks.
+                torch.cuda.memory._record_memory_history(
+                    enabled="all", context="all", stacks="python", max_entries=max_entries
+                )
 
     def snapshot(self) -> dict[str, Any]:
         import torch
@@ -73,7 +84,10 @@ class TorchAllocator:
     def stop(self) -> None:
         import torch
 
-        torch.cuda.memory._record_memory_history(enabled=None)
+        with TorchAllocator._lock:
+            TorchAllocator._recorders = max(0, TorchAllocator._recorders - 1)
+            if TorchAllocator._recorders == 0:
+                torch.cuda.memory._record_memory_history(enabled=None)
 
     def observe_oom(self, callback: OomCallback) -> None:
         import torch

@@ -27,9 +27,11 @@ import torch
 
 from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
+from actors.agent.cuda_memory import TorchAllocator
+from actors.agent.memory_watch import MemoryWatch
 from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
-from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
 from orchestrator.models.common import to_name, utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
@@ -73,6 +75,8 @@ class Agent:
         relay_min = env_int(RELAY_MIN_WORLD_SIZE_ENV_VAR, DEFAULT_RELAY_MIN_WORLD_SIZE)
         self.uses_relay = 0 < relay_min <= info.world_size
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        # An OOM watch's part on this rank; an out-of-memory report goes up like any event.
+        self.memory = MemoryWatch(info, TorchAllocator(), lambda report: self._inbox.put(("event", report)))
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
         self._last_sample: tuple[int, float] | None = None
         self._step_time_s: float | None = None
@@ -112,7 +116,7 @@ class Agent:
         return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s, step_definition=definition)
 
     def _handle(self, command: Command) -> None:
-        """Carry out ``arm``, ``cancel`` or ``stacks``; ``sync`` needs nothing but the next poll."""
+        """Carry out ``arm``, ``cancel``, ``stacks`` or ``memory_history``; ``sync`` needs nothing but the next poll."""
         if command.kind == "stacks":
             assert command.profile_id is not None
             stacks = take_stacks(
@@ -123,7 +127,13 @@ class Agent:
                 command.native,
                 command.max_bytes,
             )
+            if command.memory is not None:
+                title = f"CUDA memory of rank {self.info.world_rank}, bundle {command.profile_id}"
+                artifacts, note = self.memory.snapshot_to(command.memory, title)
+                stacks = stacks.model_copy(update={"artifacts": artifacts, "memory_note": note})
             self._inbox.put(("event", stacks))
+        elif command.kind == "memory_history":
+            self.memory.record(command.record)
         elif command.kind == "arm":
             window = command.window
             assert window is not None
@@ -169,7 +179,7 @@ class Agent:
         # Issued by the controller at registration; every later call carries it. Only this thread uses it.
         secret: str | None = None
         poll: Future | None = None
-        unsent: list[RankEvent | RankStacks] = []
+        unsent: list[RankEvent | RankStacks | OomReport] = []
         last_register = -_MIN_REGISTER_INTERVAL_S
         while True:
             try:
@@ -190,7 +200,11 @@ class Agent:
                     registered = True
                     poll = None
                 while unsent:
-                    send = upstream.stacks_reply if isinstance(unsent[0], RankStacks) else upstream.report
+                    first = unsent[0]
+                    send = (
+                        upstream.stacks_reply if isinstance(first, RankStacks)
+                        else upstream.oom if isinstance(first, OomReport) else upstream.report
+                    )
                     ray.get(send.remote(unsent[0], secret), timeout=30)
                     unsent.pop(0)
                 if poll is None:
@@ -215,7 +229,7 @@ class Agent:
                 upstream, registered, poll = None, False, None
                 self._wait_inbox(self._discovery_s, unsent)
 
-    def _wait_inbox(self, timeout: float, unsent: list[RankEvent | RankStacks]) -> None:
+    def _wait_inbox(self, timeout: float, unsent: list[RankEvent | RankStacks | OomReport]) -> None:
         """Sleep up to ``timeout`` but keep collecting events meanwhile."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:

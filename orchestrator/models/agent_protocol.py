@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
@@ -68,19 +69,47 @@ class WindowSpec(StrictModel):
         return self.start_step + self.steps
 
 
+class SnapshotDestination(StrictModel):
+    """Where a rank puts its CUDA allocator snapshot when a ``stacks`` command asks for it."""
+
+    storage: StorageSpec
+    prefix: ArtifactKey
+
+
+class OomReport(StrictModel):
+    """Agent -> controller, at once: this rank's CUDA allocator could not satisfy an allocation.
+
+    Sent by a rank whose history is being recorded for an OOM watch; the rank has kept its
+    snapshot, taken before the exception reached the job."""
+
+    agent_id: str
+    device: int
+    asked_bytes: int = Field(ge=0)
+    held_bytes: int = Field(ge=0, description="What the caching allocator held on the device.")
+    free_bytes: int = Field(ge=0, description="What the device had free.")
+    at: datetime
+
+
 class Command(StrictModel):
     """Controller -> agent, the answer to a long-poll.
 
     ``sync``: report your step count now. ``arm``: open ``window``.
     ``cancel``: drop the window of ``profile_id``. ``register``: the controller
     does not know you (it restarted); register again. ``stacks``: answer with
-    every thread's stacks (bundle ``profile_id``), from the agent's own thread.
+    every thread's stacks (bundle ``profile_id``), from the agent's own thread,
+    and with ``memory`` the CUDA allocator's snapshot stored there.
+    ``memory_history``: record the CUDA allocator's history and report an
+    out-of-memory error at once (``record``), or stop (an OOM watch's life).
     """
 
-    kind: Literal["sync", "arm", "cancel", "register", "stacks"]
+    kind: Literal["sync", "arm", "cancel", "register", "stacks", "memory_history"]
     window: WindowSpec | None = None
     profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
     native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
     max_bytes: int = Field(
         default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES, description="``stacks``: the answer's size limit."
     )
+    memory: SnapshotDestination | None = Field(
+        default=None, description="``stacks``: store the rank's CUDA allocator snapshot here too."
+    )
+    record: bool = Field(default=False, description="``memory_history``: record (True) or stop (False).")

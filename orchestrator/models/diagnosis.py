@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from orchestrator.models.common import Name, StrictModel
-from orchestrator.models.profile import Trigger
+from orchestrator.models.profile import Artifact, Trigger
 from orchestrator.models.requests import ProfileState
 
 __all__ = [
@@ -98,6 +98,10 @@ class RankStacks(StrictModel):
     flight_recorder: SafeText | None = Field(default=None, description="The flight recorder dump (JSON), when kept.")
     flight_recorder_note: SafeText | None = None
     truncated: SafeText | None = Field(default=None, description="What was cut to keep the answer under its limit.")
+    artifacts: list[Artifact] = Field(
+        default_factory=list, description="The rank's CUDA allocator snapshot and its page, when asked for and stored."
+    )
+    memory_note: SafeText | None = Field(default=None, description="Why the snapshot asked for is missing.")
 
 
 class StackGroup(StrictModel):
@@ -153,9 +157,11 @@ class WatchSpec(StrictModel):
 
     Exactly one condition: ``slower_than`` (median step time over the rolling
     baseline), ``rank_lag`` (a rank this many steps behind the leader),
-    ``stalled``, or ``every_s`` (a schedule: due at creation, then this long
-    after each firing, while the target is live). The action: ``profile`` (a
-    window of ``profile_steps`` steps) or ``stacks``.
+    ``stalled``, ``every_s`` (a schedule: due at creation, then this long
+    after each firing, while the target is live), or ``oom`` (a rank ran out of
+    CUDA memory: while the watch exists every rank records the allocator's
+    history, and the action, ``stacks``, stores every rank's snapshot with its
+    stacks). The action: ``profile`` (a window of ``profile_steps`` steps) or ``stacks``.
     """
 
     target: Name
@@ -164,6 +170,11 @@ class WatchSpec(StrictModel):
     )
     rank_lag: int | None = Field(default=None, ge=1, description="Steps behind the leading rank.")
     stalled: bool = False
+    oom: bool = Field(
+        default=False,
+        description="A rank's CUDA allocator could not satisfy an allocation: every rank's stacks and allocator "
+        "snapshot in one bundle (action stacks).",
+    )
     every_s: float | None = Field(
         default=None,
         gt=0,
@@ -184,16 +195,20 @@ class WatchSpec(StrictModel):
 
     @model_validator(mode="after")
     def _one_condition(self) -> WatchSpec:
-        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled, self.every_s is not None]
+        conditions = [self.slower_than is not None, self.rank_lag is not None, self.stalled, self.every_s is not None, self.oom]
         if sum(conditions) != 1:
-            raise ValueError("give exactly one condition: slower_than, rank_lag, stalled or every_s")
+            raise ValueError("give exactly one condition: slower_than, rank_lag, stalled, every_s or oom")
+        if self.oom and self.action != "stacks":
+            raise ValueError("an oom watch takes every rank's stacks and memory snapshots: set action='stacks'")
         if self.ranks == "lagging" and self.rank_lag is None:
             raise ValueError("ranks='lagging' needs rank_lag")
         return self
 
     @property
-    def condition(self) -> Literal["slower_than", "rank_lag", "stalled", "schedule"]:
+    def condition(self) -> Literal["slower_than", "rank_lag", "stalled", "schedule", "oom"]:
         """The condition's kind, as a firing's trigger names it."""
+        if self.oom:
+            return "oom"
         if self.slower_than is not None:
             return "slower_than"
         if self.rank_lag is not None:

@@ -69,16 +69,27 @@ class RankEvent(StrictModel):
         return {name: getattr(self, name) for name in _OUTCOME_FIELDS}
 
 
+class OutOfMemory(StrictModel):
+    """The out-of-memory error an ``oom`` watch fired on."""
+
+    rank: int
+    device: int
+    asked_bytes: int
+    held_bytes: int
+    free_bytes: int
+
+
 class Trigger(StrictModel):
     """Why the controller took a profile or stacks by itself."""
 
-    kind: Literal["slower_than", "rank_lag", "stalled", "schedule"]
+    kind: Literal["slower_than", "rank_lag", "stalled", "schedule", "oom"]
     watch_id: str | None = Field(default=None, description="The watch that fired; none for the stall detector.")
     baseline: float | None = Field(default=None, description="slower_than: baseline step time (s); rank_lag: 0.")
     observed: float | None = Field(default=None, description="Step time (s), steps behind, or seconds without progress.")
     threshold: float | None = Field(default=None, description="The limit observed passed; schedule: the period (s).")
     at: datetime
     detail: str = Field(description="The trigger in words.")
+    oom: OutOfMemory | None = Field(default=None, description="oom: the failing rank, what it asked for, what was free.")
 
 
 class RankResult(StrictModel):
