@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.layout import lease_key, owner_key
+from orchestrator.models.requests import ProfileRequest, RankState
 from orchestrator.models.summaries import GcRequest
-from tests.fake_agents import make_controller, run
+from tests.fake_agents import FakeAgent, make_controller, run, start_agents, status_when, worker_info
 
 # What a tool that writes datetime.utcnow().isoformat() leaves: no timezone.
 _NAIVE_LEASE = b'{"owner": "other-cluster", "renewed_at": "2020-01-01T00:00:00", "expires_at": "2020-01-01T00:01:00"}'
@@ -50,3 +51,32 @@ def test_gc_skips_a_folder_whose_owner_lease_has_naive_timestamps_and_says_why(h
         assert len(report.skipped) == 1 and "prof-20200101-000000-abcdef12" in report.skipped[0]
         assert "owner lease" in report.skipped[0]
     assert (Path(home.uri.removeprefix("file://")) / folder / "rank0.trace.json").exists()
+
+
+def test_a_worker_of_another_run_with_the_same_name_cannot_end_a_rank_of_this_runs_profile(home):
+    async def scenario():
+        c = make_controller(home)
+        job1 = await start_agents(c, 2, behaviour="hang")  # capture, then never report again
+        await c.ping()
+        submitted = await c.submit(ProfileRequest(target="run", run="job1", steps=3))
+        capturing = await status_when(
+            c, submitted.id, lambda s: all(r.state == RankState.CAPTURING for r in s.ranks), timeout_s=10
+        )
+        # A second job that uses the same run name: it registers normally, then reports on job 1's window.
+        intruder = FakeAgent(c, worker_info(0, 2, job="job2"))
+        await intruder.start()
+        await intruder.report(intruder_window(capturing, job1[0]), RankState.FAILED, reason="planted")
+        after = await c.get(submitted.id)
+        await c.cancel(submitted.id)
+        for a in (*job1, intruder):
+            await a.stop()
+        return after
+
+    after = run(scenario(), timeout_s=30)
+    assert [r.state for r in after.ranks] == [RankState.CAPTURING, RankState.CAPTURING], after.ranks
+
+
+def intruder_window(status, armed):
+    """The window job 1's rank 0 was armed with: what another process could learn from the API."""
+    assert armed.windows and armed.windows[0].profile_id == status.id
+    return armed.windows[0]

@@ -20,7 +20,8 @@ from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.state import Profile, wait_event
-from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from actors.controller.watches import Watches
+from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig, NodePoll, NodeReply
 from orchestrator.models.diagnosis import RankStacks
@@ -40,6 +41,7 @@ class AgentSide:
     _persistence: Persistence
     _profiles: dict[str, Profile]
     _stacks: StacksTaker
+    _watches: Watches
 
     async def _ensure_started(self) -> None:
         raise NotImplementedError
@@ -153,7 +155,9 @@ class AgentSide:
             return None
         rank = worker.info.world_rank
         current = profile.ranks.get(rank)
-        if worker.info.target != profile.target or current is None:
+        # Only the agent the rank's window was armed on speaks for it: another run's worker with the
+        # same target name and rank (or a replaced one) must not end this run's rank.
+        if worker.info.target != profile.target or current is None or profile.agents.get(rank) != event.agent_id:
             return None
         if current.state.is_terminal:
             self._drop_stray_window(worker, event)
@@ -190,6 +194,18 @@ class AgentSide:
         await self._ensure_started()
         if self._registry.check(stacks.agent_id, secret) is not None:
             await self._stacks.receive(stacks)
+
+    async def oom(self, report: OomReport, secret: str | None = None) -> None:
+        """A rank recording for an OOM watch ran out of CUDA memory (sent at once, not with a poll):
+        the watch fires on the next monitor tick, while the failing rank holds for its snapshot."""
+        await self._ensure_started()
+        worker = self._registry.check(report.agent_id, secret)
+        if worker is not None:
+            logger.info(
+                "rayprof controller: %s rank %d ran out of CUDA memory (asked %d bytes, %d free)",
+                worker.info.target, worker.info.world_rank, report.asked_bytes, report.free_bytes,
+            )
+            self._watches.oom.report(worker, report, self._watches.clock())
 
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)
