@@ -13,6 +13,7 @@ Each module measures one property the design promises and exposes
 - ``telemetry``     the controller's idle CPU and memory at 1,024 simulated ranks, metrics + history on vs off
 - ``scale``         manifest and merged trace for 64 ranks
 - ``analysis_scale`` analyze + merge of 64 ranks of real GPU traces (>= 1 GB), side by side with HTA
+- ``culprit``       planted multi-rank cases (8 to 256 ranks) from real traces: is the named straggler the planted one
 - ``clock_alignment`` the merge's clock fit on that folder's 64 ranks, each clock moved by a known offset and drift
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 - ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
@@ -29,6 +30,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "idle_process", "clock_alignment", "trigger", "control_plane", "telemetry", "restart", "console", "soak")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "culprit", "idle_process", "clock_alignment", "trigger", "control_plane", "telemetry", "restart", "console", "soak")
 
 __all__ = ["BENCHMARKS", "LogFn"]
