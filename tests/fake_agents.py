@@ -22,7 +22,15 @@ import torch
 from actors.controller.actor import Controller
 from actors.controller.persistence import Persistence
 from orchestrator.layout import rank_artifact_keys
-from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.models.agent_protocol import (
+    Command,
+    Heartbeat,
+    OomReport,
+    SnapshotDestination,
+    StorageSpec,
+    WindowSpec,
+    WorkerInfo,
+)
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadStack, WatchStatus
@@ -130,6 +138,10 @@ class FakeAgent:
     arm_ack_gate: asyncio.Event | None = None
     # What the controller issued at registration; every later call carries it, as the agent's do.
     secret: str | None = None
+    # Whether an OOM watch has this rank record the CUDA allocator's history (memory_history commands).
+    recording: bool = False
+    # Extra artifacts a stacks answer with memory lists (a test plants a key outside the rank's place).
+    extra_snapshot_files: list = field(default_factory=list)
 
     async def register(self) -> str | None:
         self.secret = await self.controller.register(self.info, secret=self.secret)
@@ -160,7 +172,13 @@ class FakeAgent:
                 continue
             if command.kind == "stacks":
                 if self.stack is not None:
-                    await self.controller.stacks_reply(self.stacks(command.profile_id), self.secret)
+                    reply = self.stacks(command.profile_id)
+                    if command.memory is not None:
+                        reply = reply.model_copy(update=self.snapshot(command.memory))
+                    await self.controller.stacks_reply(reply, self.secret)
+                continue
+            if command.kind == "memory_history":
+                self.recording = command.record
                 continue
             if command.kind == "register":
                 await self.register()
@@ -184,6 +202,26 @@ class FakeAgent:
             collectives=self.collectives,
             flight_recorder='{"entries": []}' if self.collectives else None,
             flight_recorder_note=None if self.collectives else "torch flight recorder is off",
+        )
+
+    def snapshot(self, dest: SnapshotDestination) -> dict[str, object]:
+        """What the agent's MemoryWatch answers: its snapshot and page stored, or why not."""
+        if not self.recording:
+            return {"memory_note": "this rank records no allocator history"}
+        storage = open_storage(dest.storage)
+        keys = rank_artifact_keys(dest.prefix, self.info.world_rank, self.info.host, self.info.pid)
+        files = [
+            storage.put_bytes(b"snapshot", keys["memory_snapshot"], "memory_snapshot", folder=dest.prefix),
+            storage.put_bytes(b"<html></html>", keys["memory_view"], "memory_view", folder=dest.prefix),
+        ]
+        return {"artifacts": files + self.extra_snapshot_files}
+
+    async def oom(self, asked_bytes: int, free_bytes: int) -> None:
+        """What the agent's observer reports when an allocation fails while it records."""
+        await self.controller.oom(
+            OomReport(agent_id=self.info.agent_id, device=0, asked_bytes=asked_bytes, held_bytes=asked_bytes // 2,
+                      free_bytes=free_bytes, at=utcnow()),
+            self.secret,
         )
 
     async def report(self, window: WindowSpec, state: RankState, **fields: object) -> None:

@@ -230,9 +230,9 @@ class Controller(Startup, AgentSide, ClientSide):
         return await self._take_stacks(target, run, native)
 
     async def _take_stacks(
-        self, target: str, run: str | None, native: bool, trigger: Trigger | None = None
+        self, target: str, run: str | None, native: bool, trigger: Trigger | None = None, memory: bool = False
     ) -> StacksBundle:
-        bundle = await self._stacks.take(target, run, native, trigger)
+        bundle = await self._stacks.take(target, run, native, trigger, memory)
         if bundle.id in self._profiles:
             profile = self._profiles[bundle.id]
             await self._catalog.finish(profile)

@@ -39,9 +39,9 @@ from actors.controller.stack_groups import (
 )
 from actors.controller.state import Profile, wait_event
 from orchestrator.errors import StorageError, TargetNotFoundError
-from orchestrator.layout import STACKS_NAME, profile_prefix, rank_stacks_keys
+from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models.agent_protocol import Command
+from orchestrator.models.agent_protocol import Command, SnapshotDestination
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
@@ -75,6 +75,8 @@ class _Pending:
     unusable: dict[int, str] = field(default_factory=dict)
     writes: set[asyncio.Task] = field(default_factory=set)
     shared: dict[tuple[tuple[str, int, str], ...], tuple[Frame, ...]] = field(default_factory=dict)
+    # Why a rank asked for its memory snapshot has none.
+    memory_notes: dict[int, str] = field(default_factory=dict)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -132,7 +134,9 @@ class StacksTaker:
                         await asyncio.to_thread(put, dump, keys["flight_recorder"], "flight_recorder", folder=pending.prefix)
                     )
                 pending.digests[rank] = digest(stacks, pending.shared)
-                pending.files[rank] = files
+                pending.files[rank] = files + _snapshot_files(pending.prefix, rank, reply.artifacts)
+                if reply.memory_note:
+                    pending.memory_notes[rank] = reply.memory_note
         except StorageError as e:
             pending.unusable[rank] = safe_text(f"its answer could not be stored: {e}")
         except Exception as e:
@@ -140,9 +144,15 @@ class StacksTaker:
             pending.unusable[rank] = safe_text(f"its answer could not be read: {type(e).__name__}: {e}")
 
     async def take(
-        self, target: str, run: str | None = None, native: bool = False, trigger: Trigger | None = None
+        self,
+        target: str,
+        run: str | None = None,
+        native: bool = False,
+        trigger: Trigger | None = None,
+        memory: bool = False,
     ) -> StacksBundle:
-        """Stacks of every live rank of ``target``'s newest run (or ``run``), stored and grouped.
+        """Stacks of every live rank of ``target``'s newest run (or ``run``), stored and grouped;
+        with ``memory``, each rank's CUDA allocator snapshot beside its stacks (an OOM watch's bundle).
         Once the bundle exists it always ends: an unexpected error ends it FAILED, with why."""
         config = self._config()
         workers = self._registry.run_workers(target, run)
@@ -174,7 +184,7 @@ class StacksTaker:
         )
         try:
             await self._leases.hold(profile)
-            missing = await self._collect(pending, native, config.stacks_timeout_s)
+            missing = await self._collect(pending, native, config.stacks_timeout_s, memory)
             return await self._store(pending, missing, native, taken_at)
         except Exception as e:
             logger.exception("rayprof controller: stacks %s failed", bundle_id)
@@ -191,7 +201,7 @@ class StacksTaker:
             reason = safe_text(f"the stacks could not be taken: {type(e).__name__}: {e}")
             return await self._end(profile, bundle, ProfileState.FAILED, reason, [], {})
 
-    async def _collect(self, pending: _Pending, native: bool, timeout_s: float) -> list[MissingRank]:
+    async def _collect(self, pending: _Pending, native: bool, timeout_s: float, memory: bool) -> list[MissingRank]:
         """Ask every rank, wait for the answers (and their writes); returns the ranks missing, with why."""
         bundle_id = pending.profile.id
         workers = pending.workers
@@ -199,7 +209,13 @@ class StacksTaker:
         sent = time.monotonic()
         config = self._config()
         expiry_s = config.poll_timeout_s + config.worker_expiry_grace_s
-        command = Command(kind="stacks", profile_id=bundle_id, native=native, max_bytes=pending.max_bytes)
+        command = Command(
+            kind="stacks",
+            profile_id=bundle_id,
+            native=native,
+            max_bytes=pending.max_bytes,
+            memory=SnapshotDestination(storage=pending.profile.storage, prefix=pending.prefix) if memory else None,
+        )
         try:
             for worker in workers.values():
                 worker.send(command)
@@ -255,6 +271,7 @@ class StacksTaker:
             collectives=collective_notes(digests),
             flight_recorder_note=sorted(fr_notes)[0] if fr_notes and not any_collectives else None,
             native_notes=sorted({d.native_note for d in digests.values() if d.native_note}) if native else [],
+            memory_notes=[RankNote(rank=r, note=n) for r, n in sorted(pending.memory_notes.items())],
             taken_at=taken_at,
             finished_at=utcnow(),
         )
@@ -308,6 +325,14 @@ class StacksTaker:
         await self._leases.release(profile)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
+
+
+def _snapshot_files(prefix: str, rank: int, artifacts: list[Artifact]) -> list[Artifact]:
+    """The snapshot files a rank says it stored: only its own two keys are listed (an answer is
+    the agent's word, and the manifest lists nothing outside the rank's place in the bundle)."""
+    keys = rank_artifact_keys(prefix, rank, host="", pid=0)
+    own = {keys[kind].removeprefix(f"{prefix}/"): kind for kind in ("memory_snapshot", "memory_view")}
+    return [a for a in artifacts if own.get(a.key) == a.kind]
 
 
 # What a bundle's record says of the bundle itself, as the controller holds it.

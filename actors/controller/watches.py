@@ -30,6 +30,7 @@ from typing import Any
 
 from actors.controller.ended_runs import Gone
 from actors.controller.health import Health, assess
+from actors.controller.oom_watch import OomEvents
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
@@ -51,7 +52,8 @@ _HEALTHY_BESIDE_LAGGING = 2
 # A watch whose save failed (a firing, a pause) is saved again this often until it lands.
 _SAVE_RETRY_S = 5.0
 
-TakeStacks = Callable[[str, str | None, bool, Trigger], Awaitable[Any]]
+# (target, run, native frames, trigger, memory snapshots too)
+TakeStacks = Callable[[str, str | None, bool, Trigger, bool], Awaitable[Any]]
 Submit = Callable[[ProfileRequest, Trigger], Awaitable[Any]]
 
 _NOT_LIVE = "target not live"
@@ -82,6 +84,7 @@ class Watches:
         self._series: dict[str, deque[tuple[float, float]]] = {}
         self._stalled: set[tuple[str, str]] = set()
         self.stall_stacks: dict[tuple[str, str], str] = {}
+        self.oom = OomEvents(registry)
         # The wall clock that firings, cooldowns, caps and schedules are counted on (they are saved,
         # so a restart counts on from them); tests move it forward instead of sleeping.
         self.clock: Callable[[], datetime] = utcnow
@@ -158,6 +161,7 @@ class Watches:
             self._series.pop(target, None)
         for key in gone.runs:
             self.stall_stacks.pop(key, None)
+        self.oom.forget(gone.targets)
 
     # ---- one monitor tick ---------------------------------------------------
 
@@ -192,6 +196,7 @@ class Watches:
             if health.median_step_s is not None:
                 series = self._series.setdefault(name, deque(maxlen=_SERIES_KEPT))
                 series.append((now, health.median_step_s))
+        self.oom.sync(w.spec for w in self._watches.values())
         wall = self.clock()
         for watch in list(self._watches.values()):
             self._advance(watch, newest.get(watch.spec.target), now, wall)
@@ -212,7 +217,7 @@ class Watches:
 
     async def _stall_stacks(self, key: tuple[str, str], trigger: Trigger) -> None:
         try:
-            bundle = await self._take_stacks(key[0], key[1], False, trigger)
+            bundle = await self._take_stacks(key[0], key[1], False, trigger, False)
             self.stall_stacks[key] = bundle.id
         except RayprofError as e:
             logger.warning("rayprof controller: stacks of stalled %s failed: %s", key[0], e)
@@ -244,7 +249,7 @@ class Watches:
         blocked = self._blocked(watch, wall)
         if blocked is not None:
             watch.state = blocked
-        hold_s = 0.0 if spec.every_s is not None else spec.for_s
+        hold_s = 0.0 if spec.every_s is not None or spec.oom else spec.for_s
         if not holds or now - (watch.holding_since or now) < hold_s or watch.busy or blocked is not None:
             return
         trigger = Trigger(watch_id=watch.id, at=wall, **trigger_args)
@@ -253,6 +258,8 @@ class Watches:
 
     def _condition(self, watch: WatchRecord, health: Health, now: float, wall: datetime) -> tuple[bool, dict[str, Any]]:
         spec = watch.spec
+        if spec.oom:
+            return self.oom.condition(spec, watch.fired[-1] if watch.fired else None)
         due = watch.next_at()
         if due is not None:
             watch.note = None
@@ -317,7 +324,7 @@ class Watches:
         firing: WatchFiring | None = None
         try:
             if spec.action == "stacks":
-                bundle = await self._take_stacks(spec.target, None, False, trigger)
+                bundle = await self._take_stacks(spec.target, None, False, trigger, spec.oom)
                 error = f"stacks {bundle.id} ended FAILED" if bundle.state == ProfileState.FAILED else None
                 firing = WatchFiring(at=trigger.at, profile_id=bundle.id, trigger=trigger, error=error)
             else:

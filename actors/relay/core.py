@@ -29,7 +29,7 @@ from typing import Any
 
 from actors.controller.state import wait_event
 from orchestrator.errors import ForbiddenError
-from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
 from orchestrator.models.control import NodeBeat, NodePoll, NodeReply
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
@@ -154,6 +154,10 @@ class RelayCore:
 
     async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
         await self._call("stacks_reply", stacks, secret)
+
+    async def oom(self, report: OomReport, secret: str | None = None) -> None:
+        """A local rank ran out of CUDA memory: straight up, not batched (the bundle is urgent)."""
+        await self._call("oom", report, secret)
 
     async def _flush(self) -> None:
         while self._batch:

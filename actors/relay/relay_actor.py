@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.controller.handle import find_controller
 from actors.relay.core import RelayCore
-from orchestrator.models.agent_protocol import Command, Heartbeat, WorkerInfo
+from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.settings import CONTROLLER_NAMESPACE
@@ -42,6 +42,9 @@ class Relay:
 
     async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
         await self._core.stacks_reply(stacks, secret)
+
+    async def oom(self, report: OomReport, secret: str | None = None) -> None:
+        await self._core.oom(report, secret)
 
     async def counters(self) -> dict[str, int]:
         return dict(self._core.upstream_calls)

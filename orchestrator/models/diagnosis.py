@@ -145,6 +145,9 @@ class StacksBundle(StrictModel):
     collectives: list[str] = Field(default_factory=list, description="Collectives some ranks never joined.")
     flight_recorder_note: str | None = None
     native_notes: list[str] = Field(default_factory=list)
+    memory_notes: list[RankNote] = Field(
+        default_factory=list, description="Ranks whose memory snapshot, asked for, is missing, and why."
+    )
     storage_uri: str
     manifest_uri: str | None = None
     trigger: Trigger | None = None

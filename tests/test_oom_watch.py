@@ -1,0 +1,162 @@
+"""OOM watches on the controller: every rank of the target records while the watch exists;
+a rank's out-of-memory report takes one bundle with every rank's stacks and allocator
+snapshot, the failing rank, what it asked for and what was free. Driven without Ray by fake
+agents (tests/fake_agents.py) that answer as the agent's MemoryWatch does."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.manifest import read_manifest
+from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.profile import Artifact
+from orchestrator.storage import open_storage
+from tests.fake_agents import MONITORED, make_controller, start_agents, until
+from tests.fake_agents import run as run_bounded
+
+MiB = 2**20
+
+
+def run(coro):
+    return run_bounded(coro, 40)
+
+
+def oom_watch(**overrides) -> WatchSpec:
+    return WatchSpec(**{"target": "run", "oom": True, "action": "stacks", "cooldown_s": 600, **overrides})
+
+
+async def _fired(controller, watch_id: str, count: int = 1):
+    for _ in range(400):
+        state = await controller.get_watch(watch_id)
+        if len(state.firings) >= count:
+            return state
+        await asyncio.sleep(0.025)
+    return state
+
+
+def test_every_rank_of_the_target_records_while_the_watch_exists(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 3)
+        watch = await c.create_watch(oom_watch())
+        recording = await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        await c.delete_watch(watch.id)
+        stopped = await until(lambda: not any(a.recording for a in agents), timeout_s=10)
+        for a in agents:
+            await a.stop()
+        return recording, stopped
+
+    assert run(go()) == (True, True)
+
+
+def test_an_oom_takes_one_bundle_with_every_ranks_stacks_and_snapshot_and_names_the_failing_rank(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 3)
+        watch = await c.create_watch(oom_watch())
+        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        await agents[1].oom(asked_bytes=2048 * MiB, free_bytes=300 * MiB)
+        state = await _fired(c, watch.id)
+        page = await c.list()
+        for a in agents:
+            await a.stop()
+        return state, page
+
+    state, page = run(go())
+    bundle = page.profiles[0]
+    assert [p.id for p in page.profiles] == [state.firings[0].profile_id]
+    assert bundle.kind == "stacks" and bundle.trigger.kind == "oom"
+    oom = bundle.trigger.oom
+    assert (oom.rank, oom.asked_bytes, oom.free_bytes) == (1, 2048 * MiB, 300 * MiB)
+    assert "rank 1 ran out of CUDA memory on cuda:0: asked for 2,048.0 MiB with 300.0 MiB free" in bundle.trigger.detail
+    manifest = read_manifest(open_storage(home), "run", bundle.id)
+    for rank in manifest.ranks:
+        kinds = {a.kind: a.key for a in rank.artifacts}
+        assert kinds["memory_snapshot"] == f"memory/rank{rank.rank}.snapshot.pickle"
+        assert kinds["memory_view"] == f"memory/rank{rank.rank}.snapshot.html"
+    assert manifest.trigger.oom.rank == 1
+
+
+def test_ooms_within_the_cooldown_take_no_second_bundle(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 2)
+        watch = await c.create_watch(oom_watch())
+        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        await agents[0].oom(asked_bytes=MiB, free_bytes=0)
+        await _fired(c, watch.id)
+        await agents[1].oom(asked_bytes=MiB, free_bytes=0)
+        c._watches.tick(time.monotonic())  # a tick after the report, stepped here: it would spawn the firing
+        busy = c._watches._watches[watch.id].busy
+        state = await c.get_watch(watch.id)
+        for a in agents:
+            await a.stop()
+        return state, busy
+
+    state, busy = run(go())
+    assert len(state.firings) == 1 and state.state == "COOLDOWN" and not busy
+
+
+def test_an_oom_of_a_target_without_an_oom_watch_takes_nothing(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 2)
+        await agents[0].oom(asked_bytes=MiB, free_bytes=0)
+        c._watches.tick(time.monotonic())
+        page = await c.list()
+        for a in agents:
+            await a.stop()
+        return page, [a.recording for a in agents]
+
+    page, recording = run(go())
+    assert page.profiles == [] and recording == [False, False]
+
+
+def test_a_rank_that_lists_a_file_outside_its_place_gets_only_its_own_listed(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 2)
+        stray = Artifact(kind="memory_snapshot", key="memory/rank0.snapshot.pickle", uri="file:///elsewhere", bytes=1, sha256="0" * 64)
+        agents[1].extra_snapshot_files = [stray]
+        watch = await c.create_watch(oom_watch())
+        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        await agents[1].oom(asked_bytes=MiB, free_bytes=0)
+        state = await _fired(c, watch.id)
+        for a in agents:
+            await a.stop()
+        return state
+
+    state = run(go())
+    manifest = read_manifest(open_storage(home), "run", state.firings[0].profile_id)
+    rank1 = next(r for r in manifest.ranks if r.rank == 1)
+    assert sorted(a.key for a in rank1.artifacts if a.kind.startswith("memory")) == [
+        "memory/rank1.snapshot.html", "memory/rank1.snapshot.pickle"]
+
+
+def test_a_rank_that_records_nothing_is_named_in_the_bundle_with_why(home):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        agents = await start_agents(c, 2)
+        watch = await c.create_watch(oom_watch())
+        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        agents[0].recording = False  # e.g. a CPU rank
+        await agents[1].oom(asked_bytes=MiB, free_bytes=0)
+        state = await _fired(c, watch.id)
+        for a in agents:
+            await a.stop()
+        return state
+
+    state = run(go())
+    stacks = open_storage(home).get_bytes(f"run/{state.firings[0].profile_id}/stacks.json")
+    assert b'"memory_notes"' in stacks and b"records no allocator history" in stacks
+
+
+def test_an_oom_watch_takes_stacks_and_says_so_when_asked_to_profile():
+    with pytest.raises(ValidationError, match="set action='stacks'"):
+        WatchSpec(target="run", oom=True)
+    with pytest.raises(ValidationError, match="exactly one condition"):
+        WatchSpec(target="run", oom=True, stalled=True, action="stacks")
