@@ -11,12 +11,16 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from orchestrator.cli import stacks_commands as cli
+from orchestrator.cli.main import main
 from orchestrator.manifest import read_manifest
-from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.profile import Artifact
 from orchestrator.storage import open_storage
 from tests.fake_agents import MONITORED, make_controller, start_agents, until
 from tests.fake_agents import run as run_bounded
+from tests.inprocess_service import service_client
 
 MiB = 2**20
 
@@ -160,3 +164,38 @@ def test_an_oom_watch_takes_stacks_and_says_so_when_asked_to_profile():
         WatchSpec(target="run", oom=True)
     with pytest.raises(ValidationError, match="exactly one condition"):
         WatchSpec(target="run", oom=True, stalled=True, action="stacks")
+
+
+def test_over_http_an_oom_watch_is_created_and_a_profiling_one_refused(home, monkeypatch):
+    async def go():
+        c = make_controller(home, **MONITORED)
+        async with service_client(monkeypatch, c) as http:
+            profiling = await http.post("/v1/watches", json={"target": "run", "oom": True})
+            good = await http.post("/v1/watches", json={"target": "run", "oom": True, "action": "stacks"})
+        return profiling, good
+
+    profiling, good = run(go())
+    assert profiling.status_code == 422 and "set action='stacks'" in profiling.json()["detail"]
+    assert good.status_code == 201 and WatchStatus.model_validate(good.json()).spec.condition == "oom"
+
+
+def test_the_cli_creates_an_oom_watch_both_ways_and_refuses_a_profile_action(monkeypatch, capsys):
+    sent: list[WatchSpec] = []
+    at = utcnow()
+
+    class Client:
+        def watch(self, target, **options):
+            sent.append(WatchSpec(target=target, **options))
+            return WatchStatus(id=f"watch-{len(sent)}", spec=sent[-1], created_at=at, state="WAITING")
+
+    monkeypatch.setattr(cli, "_client", lambda args: Client())
+    short = main(["oom-watch", "my-run", "--cooldown", "30m"])
+    long = main(["watch", "my-run", "--oom"])
+    text = capsys.readouterr().out
+    refused = main(["watch", "my-run", "--oom", "--then-profile", "3"])
+
+    assert (short, long, refused) == (0, 0, 2)
+    assert [(s.oom, s.action) for s in sent] == [(True, "stacks"), (True, "stacks")]
+    assert sent[0].cooldown_s == 1800
+    assert "watch-1  watching my-run: when a rank runs out of CUDA memory" in text
+    assert "leave out --then-profile" in capsys.readouterr().err

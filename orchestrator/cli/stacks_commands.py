@@ -28,6 +28,12 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+_OOM_HELP = (
+    "when a rank runs out of CUDA memory, every rank's stacks and CUDA allocator snapshot in one bundle "
+    "(every rank records the allocator's history while the watch exists)"
+)
+
+
 def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     """Register the commands on the ``rayprof`` parser (``command`` is main's subparser factory)."""
     p = command("stacks", stacks, "every rank's stacks now, grouped; stored like a profile", parents)
@@ -46,12 +52,18 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     cond.add_argument(
         "--every", type=parse_duration, metavar="DURATION", help="on a schedule: now, then this long after each firing"
     )
+    cond.add_argument("--oom", action="store_true", help=_OOM_HELP)
     p.add_argument("--for", dest="for_s", type=parse_duration, default=30.0, help="how long it must hold (default 30s)")
     then = p.add_mutually_exclusive_group()
     then.add_argument("--then-profile", type=int, metavar="STEPS", help="then profile this many steps (default 5)")
     then.add_argument("--then-stacks", action="store_true", help="then take every rank's stacks (default with --stalled)")
     p.add_argument("--ranks", choices=["all", "lagging"], default="all", help="with --rank-lag: lagging ranks + 2 healthy")
     p.add_argument("--baseline", type=parse_duration, default=300.0, help="rolling baseline window (default 5m)")
+    p.add_argument("--cooldown", type=parse_duration, default=600.0, help="quiet time after it fires (default 10m)")
+    p.add_argument("--max-per-hour", type=int, default=4, help="most firings in any hour (default 4)")
+
+    p = command("oom-watch", oom_watch, "the same as watch TARGET --oom: " + _OOM_HELP, parents)
+    p.add_argument("target", help="Ray Train run name")
     p.add_argument("--cooldown", type=parse_duration, default=600.0, help="quiet time after it fires (default 10m)")
     p.add_argument("--max-per-hour", type=int, default=4, help="most firings in any hour (default 4)")
 
@@ -101,21 +113,35 @@ def print_stacks(bundle: StacksBundle) -> None:
 def watch(args: argparse.Namespace) -> int:
     if args.ranks == "lagging" and args.rank_lag is None:
         raise InvalidRequestError("--ranks lagging needs --rank-lag")
+    if args.oom and args.then_profile is not None:
+        raise InvalidRequestError("--oom takes every rank's stacks and memory snapshots; leave out --then-profile")
     spec = WatchSpec(
         target=args.target,
         slower_than=args.slower_than,
         rank_lag=args.rank_lag,
         stalled=args.stalled,
         every_s=args.every,
+        oom=args.oom,
         for_s=args.for_s,
-        # A stalled run takes no steps to profile: stacks is the only action that can work.
-        action="stacks" if args.then_stacks or (args.stalled and args.then_profile is None) else "profile",
+        # A stalled run takes no steps to profile, nor does a rank out of memory: stacks is what can work.
+        action="stacks" if args.then_stacks or ((args.stalled or args.oom) and args.then_profile is None) else "profile",
         profile_steps=5 if args.then_profile is None else args.then_profile,
         ranks=args.ranks,
         baseline_s=args.baseline,
         cooldown_s=args.cooldown,
         max_per_hour=args.max_per_hour,
     )
+    return _create(args, spec)
+
+
+def oom_watch(args: argparse.Namespace) -> int:
+    spec = WatchSpec(
+        target=args.target, oom=True, action="stacks", cooldown_s=args.cooldown, max_per_hour=args.max_per_hour
+    )
+    return _create(args, spec)
+
+
+def _create(args: argparse.Namespace, spec: WatchSpec) -> int:
     status = _client(args).watch(spec.target, **spec.model_dump(exclude={"target"}))
     if args.json:
         emit_json(status)
@@ -126,6 +152,11 @@ def watch(args: argparse.Namespace) -> int:
 
 def describe(spec: WatchSpec) -> str:
     """A watch in words."""
+    if spec.oom:
+        return (
+            "when a rank runs out of CUDA memory (every rank records the allocator's history), take every rank's "
+            f"stacks and memory snapshot; cooldown {spec.cooldown_s:g}s, at most {spec.max_per_hour}/hour"
+        )
     if spec.slower_than is not None:
         cond = f"median step time over {spec.slower_than:g}x its {spec.baseline_s:g}s baseline"
     elif spec.rank_lag is not None:

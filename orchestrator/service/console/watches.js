@@ -10,6 +10,7 @@ const CONDITIONS = [
   { key: "rank_lag", label: "a rank this many steps behind the leader", field: { type: "number", min: "1", step: "1", value: "10", unit: "steps" } },
   { key: "stalled", label: "no rank advances (STALLED)", field: null },
   { key: "every_s", label: "on a schedule, every", field: { type: "text", value: "30m", size: "6", unit: "a duration like 30m" } },
+  { key: "oom", label: "a rank runs out of CUDA memory (every rank records the allocator's history; stacks and memory snapshots)", field: null },
 ];
 const UNITS = { "": 1, s: 1, m: 60, h: 3600 };
 
@@ -24,12 +25,15 @@ function watchWhen(spec) {
   if (spec.every_s !== null && spec.every_s !== undefined) return `every ${fmtSeconds(spec.every_s)}`;
   if (spec.slower_than !== null) return `median step time over ${spec.slower_than}x its ${spec.baseline_s}s baseline`;
   if (spec.rank_lag !== null) return `a rank ${spec.rank_lag}+ steps behind the leader`;
+  if (spec.oom) return "a rank runs out of CUDA memory";
   return "no rank advancing (STALLED)";
 }
 
 function watchWords(spec) {
-  const then = spec.action === "stacks" ? "take every rank's stacks" : `profile ${spec.profile_steps} steps on ${spec.ranks} ranks`;
-  const when = spec.every_s !== null && spec.every_s !== undefined ? watchWhen(spec) : `when ${watchWhen(spec)} for ${spec.for_s}s`;
+  const then = spec.oom ? "take every rank's stacks and memory snapshot"
+    : spec.action === "stacks" ? "take every rank's stacks" : `profile ${spec.profile_steps} steps on ${spec.ranks} ranks`;
+  const when = spec.every_s !== null && spec.every_s !== undefined ? watchWhen(spec)
+    : spec.oom ? `when ${watchWhen(spec)}` : `when ${watchWhen(spec)} for ${spec.for_s}s`;
   return `${when}, ${then}; cooldown ${spec.cooldown_s}s, at most ${spec.max_per_hour}/hour`;
 }
 
@@ -67,9 +71,12 @@ function watchForm(targets, onCreated) {
         field("watch-cooldown", "cooldown", { type: "text", value: "10m", size: "6", required: true }),
         field("watch-max", "at most per hour", { type: "number", min: "1", max: "60", value: "4", required: true })),
       el("button", { type: "submit", id: "watch-create", text: "Create watch" })));
-  // A stalled run takes no steps to profile: stacks is the only action that can work (the CLI's default too).
+  // A stalled run takes no steps to profile, nor does a rank out of memory: stacks is the action that
+  // can work (the CLI's default too; an oom watch takes nothing else).
   form.addEventListener("change", (ev) => {
-    if (ev.target.name === "condition" && ev.target.value === "stalled") form.querySelector("#watch-then-stacks").checked = true;
+    if (ev.target.name === "condition" && (ev.target.value === "stalled" || ev.target.value === "oom")) {
+      form.querySelector("#watch-then-stacks").checked = true;
+    }
   });
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -83,7 +90,7 @@ function watchForm(targets, onCreated) {
     // A schedule has no condition to hold or baseline to fill (the API refuses them with one).
     if (condition === "every_s") { delete body.for_s; delete body.baseline_s; }
     // A condition's field is a number, or a duration when its key ends in _s (as a schedule's would).
-    if (condition === "stalled") body.stalled = true;
+    if (condition === "stalled" || condition === "oom") body[condition] = true;
     else body[condition] = condition.endsWith("_s") ? parseDuration(data.get(condition)) : Number(data.get(condition));
     const bad = ["for_s", "baseline_s", "cooldown_s", "every_s"].filter((k) => Number.isNaN(body[k]));
     if (bad.length) { say(`${bad.join(", ")}: give a duration like 30s, 10m or 1h.`, true); return; }
