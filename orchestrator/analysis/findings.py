@@ -63,12 +63,12 @@ def _on_device(r: RankSummary, cause: IdleCause, phase_ms: float, host_fraction:
     return share(r, phase_ms) >= host_fraction
 
 
-def _idle_of(r: RankSummary, cause: IdleCause, host_ms: float) -> str:
+def _idle_of(r: RankSummary, cause: IdleCause, host_ms: float, busy_with: str = "queued work") -> str:
     """How much of a host cost of ``host_ms`` left the device idle, on a device trace."""
     if r.idle is None:
         return ""
     idle = r.idle.ms(cause)
-    rest = " and runs queued work for the rest" if idle < 0.95 * host_ms else ""
+    rest = f" and runs {busy_with} for the rest" if idle < 0.95 * host_ms else ""
     return f" The device idles {idle:.1f} ms of that time{rest}."
 
 
@@ -211,7 +211,7 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         title=title,
         evidence=(
             f"Copies to the device hold the host {worst.mean_phases.memcpy:.2f} ms of a {worst.mean_step_ms:.1f} ms step on rank "
-            f"{worst.rank}.{_idle_of(worst, 'copy', worst.mean_phases.memcpy)}"
+            f"{worst.rank}.{_idle_of(worst, 'copy', worst.mean_phases.memcpy, 'the copies or queued work')}"
             + (f" Copies to or from pageable memory occupy the device {pageable_ms:.2f} ms a step, staged through a bounce "
                "buffer while the host waits." if pageable_ms else "")
             + f" Found on {ranks_text(hit)}."

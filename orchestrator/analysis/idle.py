@@ -45,7 +45,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.analysis.intervals import Intervals, clip, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import is_comm_kernel
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
@@ -86,6 +86,8 @@ class HostThread:
     spans: Sequence[Span] = ()  # sorted by (start, -end), to name the innermost span
     skip: frozenset[str] = frozenset()  # span names never named (the step spans)
     regions: Sequence[Span] = ()  # optimizer steps and record_function regions, sorted, to name the innermost
+    # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
+    optimizer: Intervals | None = None
 
 
 @dataclass
@@ -221,8 +223,12 @@ def attribute(
             entry = named["cpu"][PYTHON_OUTSIDE_OPS]
             entry[0] += len(python)
             entry[1] += total(python)
+        steps = [s for s in h.regions if s.name.startswith("Optimizer.")]
+        own = h.optimizer if h.optimizer is not None else cover(steps)
+        users = [s for s in h.regions if not s.name.startswith("Optimizer.")]
         for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch)):
-            _name_innermost(h.regions, ivs, frozenset(), regions[cause])  # type: ignore[index]
+            _name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause])  # type: ignore[index]
+            _name_innermost(users, ivs, frozenset(), regions[cause])  # type: ignore[index]
     merged = {cause: union(intervals) for cause, intervals in out.items()}
     per_window = [
         {c: ms for c in IDLE_CAUSES if c in merged and (ms := total(clip(merged[c], t0, t1)) / 1000) > 0} for t0, t1 in windows

@@ -307,6 +307,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names, regions=_regions(main),
+            optimizer=nested["optimizer"],
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key]), main_key
