@@ -24,7 +24,7 @@ from orchestrator.errors import (
 from orchestrator.mcp import build_server
 from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri, rounded
 from orchestrator.analysis import analyze_folder
-from orchestrator.mcp.convert import analysis_of, history_result
+from orchestrator.mcp.convert import _short, analysis_of, history_result
 from orchestrator.mcp.resources import manifest_json, report_text
 from orchestrator.mcp.results import HistoryResult, RankNow, TargetBrief, TargetList
 from orchestrator.mcp.tool_errors import tool_error
@@ -226,3 +226,16 @@ def test_rounding_keeps_three_decimals_or_three_significant_digits(x):
     r = rounded(x)
     assert r == pytest.approx(x, rel=5e-3, abs=5e-4)
     assert len(repr(r)) <= max(len(repr(round(x))) + 5, 10)
+
+
+@pytest.mark.parametrize(
+    "path, short",
+    [
+        ("/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", "threading.py"),
+        ("/work/.venv/lib/python3.11/site-packages/ray/train/v2/_internal/util.py", "ray/train/v2/_internal/util.py"),
+        ("/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", "torch/distributed/distributed_c10d.py"),
+        ("/work/main/deploy/examples/train_job.py", "/work/main/deploy/examples/train_job.py"),
+    ],
+)
+def test_stack_frames_of_installed_code_lose_the_install_prefix(path, short):
+    assert _short(path) == short

@@ -7,6 +7,7 @@ leaves in an answer) and artifact lists are left out (the manifest resource has 
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from orchestrator.analysis.diff import ProfileDiff
@@ -106,6 +107,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
             profile_id=manifest.profile_id, steps=[], findings=[], stragglers=[], step_spread=None, ranks=[],
             issues=[], analysis_error=manifest.analysis_error,
         )
+    stragglers = [s.rank for s in summary.stragglers]
     ranks = [
         RankAnalysis(
             rank=r.rank,
@@ -116,8 +118,12 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
             idle_ms_per_step=r.idle.idle_ms_per_step if r.idle is not None else None,
             idle_causes=list(r.idle.causes) if r.idle is not None else [],
         )
-        # The slowest rank first: the one an agent looks at.
-        for r in sorted(summary.ranks, key=lambda r: -(r.median_step_ms or 0.0))
+        # Stragglers first, then the busiest: ranks in lockstep share one step time, and the
+        # fast ones spend theirs waiting for the others.
+        for r in sorted(
+            summary.ranks,
+            key=lambda r: (r.rank not in stragglers, -((r.median_step_ms or 0.0) - r.waits_for_others_ms), r.rank),
+        )
     ]
     return Analysis(
         profile_id=manifest.profile_id,
@@ -183,12 +189,13 @@ def profile_list(page: ProfilePage) -> ProfileList:
     )
 
 
+_INSTALLED = re.compile(r".*/(?:site-packages|dist-packages|lib/python3\.\d+)/")
+
+
 def _short(filename: str) -> str:
-    """An installed package's file from its package on (``ray/train/...``): the install prefix is noise."""
-    for marker in ("/site-packages/", "/dist-packages/"):
-        if marker in filename:
-            return filename.rsplit(marker, 1)[1]
-    return filename
+    """An installed package's or the standard library's file from the package on (``ray/train/...``,
+    ``threading.py``): the install prefix is noise an agent pays for in every frame."""
+    return _INSTALLED.sub("", filename, count=1)
 
 
 def stacks_result(bundle: StacksBundle, target: TargetInfo | None) -> StacksResult:
