@@ -27,6 +27,13 @@ def test_a_rank_a_fifth_slower_is_named_though_everyone_waits_for_it(fault, n):
         assert named_culprits(ranks) == {next(iter(planted)): fault}
 
 
+def test_a_rank_slow_after_the_all_reduce_is_named_for_its_optimizer_not_only_as_late():
+    # Its optimizer delays its next step's start: late, and busy for the same time.
+    for seed in range(5):
+        ranks, planted = build_set(DLRM, 32, "optimizer", 0.5, random.Random(seed))
+        assert named_culprits(ranks) == dict.fromkeys(planted, "optimizer"), seed
+
+
 def test_a_slow_node_names_its_eight_ranks():
     ranks, planted = build_set(DLRM, 32, "slow_node", 0.2, random.Random(1))
     assert named_culprits(ranks) == dict.fromkeys(planted, "forward")

@@ -231,10 +231,18 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
 
 
 def stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
-    """Default straggler identification: late arrivers and busy stragglers; a rank that is both is named for the larger loss."""
-    found: dict[int, Straggler] = {}
-    for s in late_arrivers(ranks) + busy_time_stragglers(ranks):
-        if s.rank not in found or s.excess_ms > found[s.rank].excess_ms:
+    """Default straggler identification: late arrivers and busy stragglers.
+
+    A rank that is both is named as busy when its extra busy time is at least
+    half its late-arrival loss: then the late start is its own step's work
+    (an optimizer after the all-reduce delays its next step), and the phase
+    says where that goes; "starts late" alone named no phase for two thirds of
+    such ranks (``benchmarks/culprit.py``, optimizer). Otherwise the larger loss names it.
+    """
+    found = {s.rank: s for s in late_arrivers(ranks)}
+    for s in busy_time_stragglers(ranks):
+        late = found.get(s.rank)
+        if late is None or s.excess_ms >= late.excess_ms / 2:
             found[s.rank] = s
     return [found[r] for r in sorted(found)]
 
