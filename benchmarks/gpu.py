@@ -241,37 +241,40 @@ def _windows_check(driver: Driver, loop: Loop, count: int, steps_timed: int) -> 
 
 
 def _oom_check(driver: Driver, loop: Loop) -> dict[str, Any]:
-    """Plant an OOM with the allocator's observer on: its snapshot lands before the job sees the error."""
-    from actors.agent.cuda_memory import TorchAllocator, dump_snapshot
+    """Plant an OOM under the agent's OOM watch (its MemoryWatch, recording as a ``memory_history``
+    command has it): the snapshot is kept and reported before the job sees the error, then stored
+    as a bundle's stacks command would have it stored, and the job trains on."""
+    from actors.agent.cuda_memory import TorchAllocator
+    from orchestrator.config import normalize_uri
+    from orchestrator.models.agent_protocol import SnapshotDestination, StorageSpec
 
-    allocator, seen = TorchAllocator(), {}
-    allocator.start(max_entries=20_000)
-
-    def observer(device: int, size: int, held: int, free: int) -> None:
-        t0 = time.perf_counter()
-        path = driver.store / "oom.snapshot.pickle"
-        seen.update(device=device, size=size, held=held, free=free, bytes=dump_snapshot(allocator.snapshot(), path),
-                    snapshot_ms=(time.perf_counter() - t0) * 1000, path=path)
-
-    allocator.observe_oom(observer)
+    watch = driver.agent.memory
+    watch._hold_s = 0.5  # nobody stores it while the failing thread waits here: hold it briefly
+    reports: list[Any] = []
+    watch._report = reports.append
+    watch.record(True)
     total = torch.cuda.get_device_properties(0).total_memory
-    caught, seen_first = None, False
+    caught, reported_first, t0 = None, False, time.perf_counter()
     try:
         torch.empty(int(total * 1.5), dtype=torch.uint8, device="cuda")
     except torch.OutOfMemoryError as e:
-        caught, seen_first = type(e).__name__, bool(seen)
-    import pickle
-
-    oom_events = 0
-    if "path" in seen:
-        with open(seen["path"], "rb") as f:
-            snap = pickle.load(f)
-        oom_events = sum(1 for tr in snap.get("device_traces", []) for e in tr if e.get("action") == "oom")
-    allocator.stop()
+        caught, reported_first = type(e).__name__, bool(reports)
+    held_ms = (time.perf_counter() - t0) * 1000
+    dest = SnapshotDestination(storage=StorageSpec(uri=normalize_uri(str(driver.store))), prefix="gpu/oom-bundle")
+    artifacts, note = watch.snapshot_to(dest, "OOM check")
+    page = (driver.store / "gpu" / "oom-bundle" / "memory" / "rank0.snapshot.html")
+    text = page.read_text() if page.is_file() else ""
+    watch.record(False)
     driver.train(loop, 2)  # the job trains on
-    return {"exception": caught, "snapshot_before_exception": seen_first, "asked_bytes": seen.get("size"),
-            "free_bytes": seen.get("free"), "snapshot_bytes": seen.get("bytes"), "oom_events_in_snapshot": oom_events,
-            "snapshot_ms": seen.get("snapshot_ms"), "trains_on": True}
+    report = reports[0] if reports else None
+    return {
+        "exception": caught, "reported_before_exception": reported_first,
+        "asked_bytes": report.asked_bytes if report else None, "free_bytes": report.free_bytes if report else None,
+        "limit_bytes": report.limit_bytes if report else None, "error_reached_job_after_ms": held_ms,
+        "stored": {a.kind: a.bytes for a in artifacts}, "note": note,
+        "page_names_the_oom": "Out of memory" in text and "asked for" in text,
+        "recording_after": TorchAllocator._recorders, "trains_on": True,
+    }
 
 
 def _verdict(store: Path, profile_id: str) -> dict[str, Any]:
@@ -380,7 +383,8 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
             out.append(f"memory_snapshot window: {snap['state']} {snap['reason']}")
     if cuda and "oom" in r:
         oom = r["oom"]
-        if not (oom["exception"] and oom["snapshot_before_exception"] and oom["oom_events_in_snapshot"]):
+        if not (oom["exception"] and oom["reported_before_exception"] and oom["page_names_the_oom"]
+                and {"memory_snapshot", "memory_view"} <= set(oom["stored"])):
             out.append(f"planted OOM: {oom}")
     verdicts = r.get("verdicts", {})
     if "dataloader_bound" in verdicts.get("healthy_cnn", {}).get("warnings", []):

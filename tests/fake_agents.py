@@ -219,7 +219,7 @@ class FakeAgent:
     async def oom(self, asked_bytes: int, free_bytes: int) -> None:
         """What the agent's observer reports when an allocation fails while it records."""
         await self.controller.oom(
-            OomReport(agent_id=self.info.agent_id, device=0, asked_bytes=asked_bytes, held_bytes=asked_bytes // 2,
+            OomReport(agent_id=self.info.agent_id, device=0, asked_bytes=asked_bytes, limit_bytes=80 * 2**30,
                       free_bytes=free_bytes, at=utcnow()),
             self.secret,
         )

@@ -80,5 +80,5 @@ class FakeAllocator:
         """What torch does when an allocation fails: the observers, then the exception."""
         self._event("oom", 0, size, device_free=device_free)
         for callback in self.observers:
-            callback(0, size, sum(self._live.values()), device_free)
+            callback(0, size, 80 * 2**30, device_free)
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")

@@ -69,7 +69,7 @@ def test_an_oom_keeps_the_snapshot_and_reports_before_the_job_sees_the_unchanged
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 1048576000 bytes"):
         allocator.oom(1000 * MiB, device_free=3 * MiB)
 
-    assert [(r.asked_bytes, r.free_bytes, r.held_bytes) for r in reports] == [(1000 * MiB, 3 * MiB, 6 * MiB)]
+    assert [(r.asked_bytes, r.free_bytes) for r in reports] == [(1000 * MiB, 3 * MiB)]
     artifacts, note = watch.snapshot_to(_dest(tmp_path), "t")
     assert note is None
     with open(tmp_path / "store" / "unit" / "oom1" / "memory" / "rank0.snapshot.pickle", "rb") as f:

@@ -76,7 +76,7 @@ def test_an_oom_takes_one_bundle_with_every_ranks_stacks_and_snapshot_and_names_
     assert bundle.kind == "stacks" and bundle.trigger.kind == "oom"
     oom = bundle.trigger.oom
     assert (oom.rank, oom.asked_bytes, oom.free_bytes) == (1, 2048 * MiB, 300 * MiB)
-    assert "rank 1 ran out of CUDA memory on cuda:0: asked for 2,048.0 MiB with 300.0 MiB free" in bundle.trigger.detail
+    assert "rank 1 ran out of CUDA memory on cuda:0: asked for 2,048.0 MiB with 300.0 MiB free of 81,920.0 MiB" in bundle.trigger.detail
     manifest = read_manifest(open_storage(home), "run", bundle.id)
     for rank in manifest.ranks:
         kinds = {a.kind: a.key for a in rank.artifacts}

@@ -19,7 +19,7 @@ __all__ = ["Allocator", "OomCallback", "TorchAllocator", "dump_snapshot"]
 
 logger = logging.getLogger(__name__)
 
-# (device index, bytes asked for, bytes the allocator holds on the device, bytes free on the device)
+# (device index, bytes asked for, the device's memory or the share the process may use, bytes free on it)
 OomCallback = Callable[[int, int, int, int], None]
 
 

@@ -84,7 +84,7 @@ class MemoryWatch:
                 self._allocator.stop()
             self.recording = on
 
-    def _on_oom(self, device: int, asked: int, held: int, free: int) -> None:
+    def _on_oom(self, device: int, asked: int, limit: int, free: int) -> None:
         """torch's out-of-memory observer: the allocating thread, before the exception. Never raises."""
         try:
             now = self._clock()
@@ -100,7 +100,7 @@ class MemoryWatch:
             self._report(
                 OomReport(
                     agent_id=self._info.agent_id, device=device, asked_bytes=max(0, asked),
-                    held_bytes=max(0, held), free_bytes=max(0, free), at=utcnow(),
+                    limit_bytes=max(0, limit), free_bytes=max(0, free), at=utcnow(),
                 )
             )
         except Exception:

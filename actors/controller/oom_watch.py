@@ -45,7 +45,7 @@ class OomEvents:
         """A rank of ``worker``'s run ran out of CUDA memory."""
         oom = OutOfMemory(
             rank=worker.info.world_rank, device=report.device, asked_bytes=report.asked_bytes,
-            held_bytes=report.held_bytes, free_bytes=report.free_bytes,
+            limit_bytes=report.limit_bytes, free_bytes=report.free_bytes,
         )
         self._latest[worker.info.target] = _Latched(at=at, run=worker.run, oom=oom)
 
@@ -62,7 +62,7 @@ class OomEvents:
             oom=oom,
             detail=f"rank {oom.rank} ran out of CUDA memory on cuda:{oom.device}: asked for "
             f"{oom.asked_bytes / _MIB:,.1f} MiB with {oom.free_bytes / _MIB:,.1f} MiB free "
-            f"({oom.held_bytes / _MIB:,.1f} MiB held by the caching allocator)",
+            f"of {oom.limit_bytes / _MIB:,.1f} MiB",
         )
 
     def sync(self, watches: Iterable[WatchSpec]) -> None:

@@ -85,7 +85,9 @@ class OomReport(StrictModel):
     agent_id: str
     device: int
     asked_bytes: int = Field(ge=0)
-    held_bytes: int = Field(ge=0, description="What the caching allocator held on the device.")
+    limit_bytes: int = Field(
+        ge=0, description="The device's memory, or the share of it the process may use (set_per_process_memory_fraction)."
+    )
     free_bytes: int = Field(ge=0, description="What the device had free.")
     at: datetime
 

@@ -75,7 +75,7 @@ class OutOfMemory(StrictModel):
     rank: int
     device: int
     asked_bytes: int
-    held_bytes: int
+    limit_bytes: int = Field(description="The device's memory, or the share of it the process is allowed.")
     free_bytes: int
 
 
