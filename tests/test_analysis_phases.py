@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.intervals import total, union
@@ -102,3 +104,20 @@ def test_a_plain_optimizer_step_stays_optimizer_time() -> None:
     for name in ("seed003_before", "seed003_after"):
         (rank,) = h100(name).ranks
         assert rank.mean_phases.optimizer > 0.5 and rank.mean_phases.backward > 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 100), st.integers(1, 50), st.sampled_from(["forward", "backward", "optimizer", "step"])),
+        max_size=12,
+    )
+)
+def test_innermost_gives_every_instant_of_any_span_to_exactly_one_label(raw: list[tuple[int, int, str]]) -> None:
+    # Any spans, nested or overlapping as a trace from outside may have them: the labels' intervals are disjoint
+    # and together cover exactly the spans' union.
+    spans = [(float(a), float(a + d), label) for a, d, label in raw]
+    found = innermost(spans)  # type: ignore[arg-type]
+    every = sorted(iv for ivs in found.values() for iv in ivs)
+    assert all(a[1] <= b[0] for a, b in zip(every, every[1:]))
+    assert union(every) == union((a, b) for a, b, _ in spans)
