@@ -7,6 +7,7 @@ it is read from here by whoever creates the control actor.
 from __future__ import annotations
 
 import os
+from typing import Final
 
 CONTROLLER_NAME = "rayprof-controller"
 CONTROLLER_NAMESPACE = "rayprof"
@@ -201,7 +202,7 @@ MAX_HISTORY_MAX_POINTS = 200_000
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION: Final = 1
 
 
 def env_float(name: str, default: float) -> float:

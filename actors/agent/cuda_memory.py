@@ -79,7 +79,8 @@ class TorchAllocator:
     def snapshot(self) -> dict[str, Any]:
         import torch
 
-        return torch.cuda.memory._snapshot()
+        snapshot: dict[str, Any] = torch.cuda.memory._snapshot()
+        return snapshot
 
     def stop(self) -> None:
         import torch
@@ -92,7 +93,8 @@ class TorchAllocator:
     def observe_oom(self, callback: OomCallback) -> None:
         import torch
 
-        torch._C._cuda_attach_out_of_memory_observer(callback)
+        # Not in torch's type stubs, though torch's own docs use it for exactly this.
+        torch._C._cuda_attach_out_of_memory_observer(callback)  # type: ignore[attr-defined]
 
 
 def dump_snapshot(snapshot: dict[str, Any], path: Path) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +29,7 @@ __all__ = [
     "Summary",
 ]
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION: Final = 1
 
 Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other"]
 PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
