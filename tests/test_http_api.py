@@ -119,6 +119,20 @@ def test_delete_cancels_and_the_profile_has_no_report(live_job, file_store, http
     }
 
 
+def test_a_memory_snapshot_of_a_cpu_job_fails_each_rank_with_why_and_training_goes_on(live_job, file_store, http):
+    created = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 2, "memory_snapshot": True}).json()
+    final = wait_terminal(http, created["status_url"])
+    again = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 2}).json()
+    after = wait_terminal(http, again["status_url"])
+
+    assert final["state"] == "FAILED", why(final)
+    assert [r["reason"] for r in final["ranks"]] == [
+        "profiler error: RuntimeError: memory_snapshot asked for, but this worker has no CUDA device "
+        "(a memory snapshot records the CUDA caching allocator)"
+    ] * 2
+    assert after["state"] == "DONE", why(after)
+
+
 def test_targets_lists_the_live_run_with_its_ranks(live_job, http):
     targets = http.get("/v1/targets").json()["targets"]
 
