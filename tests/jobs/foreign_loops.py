@@ -1,0 +1,94 @@
+"""Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
+
+``python tests/jobs/foreign_loops.py --loop gan|compiled --name N --address A --stop-file F --storage-path P``
+
+* ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
+  iteration, the DCGAN example's order (D first), both DDP-wrapped.
+* ``compiled``: a ``torch.compile``d MLP (``aot_eager``: dynamo and AOTAutograd,
+  so backward runs as ``CompiledFunctionBackward``, without inductor's C++ build).
+
+Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def gan_loop(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.set_num_threads(1)
+    g = ray.train.torch.prepare_model(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32)))
+    d = ray.train.torch.prepare_model(nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1)))
+    g_opt = torch.optim.Adam(g.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    d_opt = torch.optim.SGD(d.parameters(), lr=1e-2)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    step = 0
+    while not (step % 20 == 0 and stop.exists()) and time.monotonic() < deadline:
+        real, noise = torch.randn(64, 32), torch.randn(64, 16)
+        fake = g(noise)
+        d_opt.zero_grad()
+        ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+        d_loss = F.binary_cross_entropy_with_logits(d(real), ones) + F.binary_cross_entropy_with_logits(d(fake.detach()), zeros)
+        d_loss.backward()
+        d_opt.step()
+        g_opt.zero_grad()
+        F.binary_cross_entropy_with_logits(d(fake), ones).backward()
+        g_opt.step()
+        step += 1
+    ray.train.report({"step": step})
+
+
+def compiled_loop(config: dict) -> None:
+    import ray.train
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    step = 0
+    while not (step % 20 == 0 and stop.exists()) and time.monotonic() < deadline:
+        x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(compiled(x), y).backward()
+        opt.step()
+        step += 1
+    ray.train.report({"step": step})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--loop", choices=["gan", "compiled"], required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--address", required=True)
+    p.add_argument("--stop-file", required=True)
+    p.add_argument("--storage-path", required=True)
+    p.add_argument("--max-seconds", type=float, default=600.0)
+    args = p.parse_args()
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ray.init(address=args.address, runtime_env={"worker_process_setup_hook": "actors.agent.install"}, log_to_driver=False)
+    trainer = TorchTrainer(
+        gan_loop if args.loop == "gan" else compiled_loop,
+        train_loop_config={"stop_file": args.stop_file, "max_seconds": args.max_seconds},
+        scaling_config=ScalingConfig(num_workers=2 if args.loop == "gan" else 1),
+        run_config=RunConfig(name=args.name, storage_path=args.storage_path),
+    )
+    trainer.fit()
+
+
+if __name__ == "__main__":
+    main()
