@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client
 
+from orchestrator.analysis import analyze_folder
 from orchestrator.errors import (
     ConflictError,
     ControllerUnavailableError,
@@ -23,7 +24,6 @@ from orchestrator.errors import (
 )
 from orchestrator.mcp import build_server
 from orchestrator.mcp.bounds import MAX_ANSWER_BYTES, cap, public_uri, rounded
-from orchestrator.analysis import analyze_folder
 from orchestrator.mcp.convert import _short, analysis_of, history_result
 from orchestrator.mcp.resources import manifest_json, report_text
 from orchestrator.mcp.results import HistoryResult, RankNow, TargetBrief, TargetList
