@@ -146,3 +146,15 @@ def test_a_cause_under_the_warning_share_is_at_most_an_info_line(tmp_path: Path)
     ]
     found = findings_of(tmp_path, events)
     assert all(f.severity == "info" for f in found)
+
+
+def test_no_fix_is_told_for_a_negligible_cause(tmp_path: Path) -> None:
+    # The device idles 795 µs of a 1 ms step while the host is in Python outside any op; the only named cause is a
+    # 5 µs op. Telling its fix would be a defect: the finding says how to find out what the host does instead.
+    events = [
+        launch(0, 1), kernel(0, 100, 1),
+        x_event("aten::add", 890, 5),
+        launch(895, 2, dur=3), kernel(900, 100, 2),
+    ]
+    top = findings_of(tmp_path, events)[0]
+    assert top.code == "low_gpu_utilization" and "aten::add" not in top.fix and "with_stack=True" in top.fix

@@ -23,6 +23,7 @@ __all__ = [
     "GPU_BOUND_UTILIZATION",
     "HOST_IDLE_FRACTION",
     "LOW_GPU_UTILIZATION",
+    "NEGLIGIBLE_FRACTION",
     "comm_exposed",
     "gpu_bound",
     "low_gpu_utilization",
@@ -39,6 +40,8 @@ COMM_EXPOSED_FRACTION = 0.25
 _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 
 
+# Share of the step under which a named cause is too small to be told a fix.
+NEGLIGIBLE_FRACTION = 0.01
 # Share of the step the device idles for causes with no finding of their own (host CPU work, launches,
 # queued work) from which it is reported even when the device is busy more than LOW_GPU_UTILIZATION.
 HOST_IDLE_FRACTION = 0.2
@@ -81,7 +84,12 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
     named = named_causes(worst, exclude=claimed)
-    fixes = [fix_for(c, worst) for i, c in enumerate(named[:2]) if i == 0 or share(worst, c.ms) >= REPORT_FRACTION]
+    # A fix is told for a cause that explains a share of the step worth it: the lead from NEGLIGIBLE_FRACTION, the runner-up
+    # from REPORT_FRACTION; a fix for a negligible cause would send the user after nothing.
+    fixes = [
+        fix_for(c, worst) for i, c in enumerate(named[:2])
+        if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
+    ]
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
     return make_finding(
         "low_gpu_utilization",
