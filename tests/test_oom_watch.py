@@ -33,6 +33,20 @@ def oom_watch(**overrides) -> WatchSpec:
     return WatchSpec(**{"target": "run", "oom": True, "action": "stacks", "cooldown_s": 600, **overrides})
 
 
+async def _watched(home, ranks: int):
+    """A controller, ``ranks`` fake agents and an OOM watch on their target, once every rank records."""
+    c = make_controller(home, **MONITORED)
+    agents = await start_agents(c, ranks)
+    watch = await c.create_watch(oom_watch())
+    await until(lambda: all(a.recording for a in agents), timeout_s=10)
+    return c, agents, watch
+
+
+async def _stop(agents) -> None:
+    for a in agents:
+        await a.stop()
+
+
 async def _fired(controller, watch_id: str, count: int = 1):
     for _ in range(400):
         state = await controller.get_watch(watch_id)
@@ -50,8 +64,7 @@ def test_every_rank_of_the_target_records_while_the_watch_exists(home):
         recording = await until(lambda: all(a.recording for a in agents), timeout_s=10)
         await c.delete_watch(watch.id)
         stopped = await until(lambda: not any(a.recording for a in agents), timeout_s=10)
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return recording, stopped
 
     assert run(go()) == (True, True)
@@ -59,15 +72,11 @@ def test_every_rank_of_the_target_records_while_the_watch_exists(home):
 
 def test_an_oom_takes_one_bundle_with_every_ranks_stacks_and_snapshot_and_names_the_failing_rank(home):
     async def go():
-        c = make_controller(home, **MONITORED)
-        agents = await start_agents(c, 3)
-        watch = await c.create_watch(oom_watch())
-        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        c, agents, watch = await _watched(home, 3)
         await agents[1].oom(asked_bytes=2048 * MiB, free_bytes=300 * MiB)
         state = await _fired(c, watch.id)
         page = await c.list()
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return state, page
 
     state, page = run(go())
@@ -87,18 +96,14 @@ def test_an_oom_takes_one_bundle_with_every_ranks_stacks_and_snapshot_and_names_
 
 def test_ooms_within_the_cooldown_take_no_second_bundle(home):
     async def go():
-        c = make_controller(home, **MONITORED)
-        agents = await start_agents(c, 2)
-        watch = await c.create_watch(oom_watch())
-        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        c, agents, watch = await _watched(home, 2)
         await agents[0].oom(asked_bytes=MiB, free_bytes=0)
         await _fired(c, watch.id)
         await agents[1].oom(asked_bytes=MiB, free_bytes=0)
         c._watches.tick(time.monotonic())  # a tick after the report, stepped here: it would spawn the firing
         busy = c._watches._watches[watch.id].busy
         state = await c.get_watch(watch.id)
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return state, busy
 
     state, busy = run(go())
@@ -112,8 +117,7 @@ def test_an_oom_of_a_target_without_an_oom_watch_takes_nothing(home):
         await agents[0].oom(asked_bytes=MiB, free_bytes=0)
         c._watches.tick(time.monotonic())
         page = await c.list()
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return page, [a.recording for a in agents]
 
     page, recording = run(go())
@@ -122,16 +126,12 @@ def test_an_oom_of_a_target_without_an_oom_watch_takes_nothing(home):
 
 def test_a_rank_that_lists_a_file_outside_its_place_gets_only_its_own_listed(home):
     async def go():
-        c = make_controller(home, **MONITORED)
-        agents = await start_agents(c, 2)
+        c, agents, watch = await _watched(home, 2)
         stray = Artifact(kind="memory_snapshot", key="memory/rank0.snapshot.pickle", uri="file:///elsewhere", bytes=1, sha256="0" * 64)
         agents[1].extra_snapshot_files = [stray]
-        watch = await c.create_watch(oom_watch())
-        await until(lambda: all(a.recording for a in agents), timeout_s=10)
         await agents[1].oom(asked_bytes=MiB, free_bytes=0)
         state = await _fired(c, watch.id)
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return state
 
     state = run(go())
@@ -143,15 +143,11 @@ def test_a_rank_that_lists_a_file_outside_its_place_gets_only_its_own_listed(hom
 
 def test_a_rank_that_records_nothing_is_named_in_the_bundle_with_why(home):
     async def go():
-        c = make_controller(home, **MONITORED)
-        agents = await start_agents(c, 2)
-        watch = await c.create_watch(oom_watch())
-        await until(lambda: all(a.recording for a in agents), timeout_s=10)
+        c, agents, watch = await _watched(home, 2)
         agents[0].recording = False  # e.g. a CPU rank
         await agents[1].oom(asked_bytes=MiB, free_bytes=0)
         state = await _fired(c, watch.id)
-        for a in agents:
-            await a.stop()
+        await _stop(agents)
         return state
 
     state = run(go())
