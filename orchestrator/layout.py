@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 
 __all__ = [
     "MANIFEST_NAME",
+    "MAX_STEP_DIGITS",
     "MERGED_TRACE_NAME",
     "OWNER_NAME",
     "REPORT_NAME",
@@ -68,7 +69,9 @@ STATE_ROOT = "_rayprof"
 # prof-YYYYmmdd-HHMMSS-hex8 (a profile) or stk-... (a stacks bundle): the time it was made, UTC.
 _ID = re.compile(r"^(?:prof|stk)-(\d{8}-\d{6})-[0-9a-f]{8}$")
 _ID_TIME = "%Y%m%d-%H%M%S"
-_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# A longer "step number" is no step count (and int() refuses 4,300 digits).
+MAX_STEP_DIGITS = 18
+_PROFILER_STEP = re.compile(rf"^ProfilerStep#(\d{{1,{MAX_STEP_DIGITS}}})$")
 # rank{R}.{host}.{pid}.pt.trace.json[.gz], as the capture pipeline names traces.
 _PIPELINE_NAME = re.compile(r"^rank(\d+)\.(.+)\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
 # "rank3" anywhere in other tools' names (HTA's rank-3.json, PARAM's *_rank3.*).

@@ -22,14 +22,14 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, sub
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.layout import TRACE_SUFFIXES, parse_trace_name, rank_in_name
+from orchestrator.layout import MAX_STEP_DIGITS, TRACE_SUFFIXES, parse_trace_name, rank_in_name
 from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
 
@@ -74,6 +74,8 @@ _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_
 _TS, _END = attrgetter("ts"), attrgetter("end")
 # About 3,000 years in µs: wall-clock µs since 1970 (old Kineto) stay far inside it.
 TIME_RANGE_US = 1e17
+# No span of a profiling window lasts a week; a longer one (or a negative one) is not a measurement.
+MAX_SPAN_US = 7 * 86_400e6
 _ROCM_HEADER_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version", "rocprofiler_version")
 
 
@@ -134,26 +136,30 @@ def _inspect(path: Path) -> TraceFile | RejectedTrace:
         parsed = parse_trace_name(path.name)
         host = parsed[1] if parsed else None
     base = header.get("baseTimeNanoseconds", 0)
+    if isinstance(base, int) and not isinstance(base, bool) and not 0 <= base < 2**63:
+        return RejectedTrace(
+            path=path, rank=name_rank, reason=f"baseTimeNanoseconds ({base.bit_length()} bits) is not a time any clock wrote"
+        )
     rank, source = (info_rank, "distributedInfo") if info_rank is not None else (name_rank, "file name")
     return TraceFile(
         rank=-1 if rank is None else rank,
         path=path,
         host=host,
-        world_size=world_size if isinstance(world_size, int) and not isinstance(world_size, bool) else None,
+        world_size=world_size if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size > 0 else None,
         base_time_ns=base if isinstance(base, int) and not isinstance(base, bool) else 0,
         rank_source=source,
     )
 
 
-def _ranges(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``: a 300-rank job missing 299 ranks stays one line."""
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+def _gaps(present: list[int], world_size: int) -> str:
+    """The ranks below ``world_size`` not in ``present`` (sorted), as ranges: ``0-2, 5``. From the ranks
+    present, so a 300-rank job missing 299 ranks, or a header claiming 10^12, stays one short line."""
+    runs, start = [], 0
+    for rank in [*present, world_size]:
+        if rank > start:
+            runs.append(str(start) if rank - 1 == start else f"{start}-{rank - 1}")
+        start = rank + 1
+    return ", ".join(runs)
 
 
 def discover_traces(folder: Path) -> TraceSet:
@@ -202,9 +208,10 @@ def discover_traces(folder: Path) -> TraceSet:
         issues.append(f"ranks disagree on world_size: {sizes}")
     elif sizes:
         world_size = next(iter(sizes.values()))
-        missing = sorted(set(range(world_size)) - {tf.rank for tf in files})
-        if missing:
-            issues.append(f"no usable trace for rank(s) [{_ranges(missing)}] of world_size {world_size}")
+        # From the ranks present, never from range(world_size): a header may claim any number.
+        present = sorted(tf.rank for tf in files if tf.rank < world_size)
+        if len(present) < world_size:
+            issues.append(f"no usable trace for rank(s) [{_gaps(present, world_size)}] of world_size {world_size}")
     if not paths:
         issues.append(f"no *.pt.trace.json[.gz] files in {_trace_folder(folder)}")
     return TraceSet(folder=folder, files=files, rejected=rejected, issues=issues)
@@ -313,6 +320,21 @@ def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) 
     return "cuda"
 
 
+def _check_spans(spans: list[Span], names: dict[str, str]) -> None:
+    """Refuse what no profiler measured: a span of negative length or longer than :data:`MAX_SPAN_US`,
+    a step numbered past ``MAX_STEP_DIGITS`` digits (it would be analysed as a measurement, or fail later)."""
+    if spans:
+        lengths = list(map(sub, map(_END, spans), map(_TS, spans)))
+        if min(lengths) < 0:
+            raise TraceParseError(f"a span of negative duration ({min(lengths):.6g} µs): not a measurement")
+        if max(lengths) > MAX_SPAN_US:
+            raise TraceParseError(f"a span of {max(lengths):.3g} µs (over {MAX_SPAN_US / 86_400e6:.0f} days): not a measurement")
+    for name in names:
+        digits = name[len("ProfilerStep#") :] if name.startswith("ProfilerStep#") else ""
+        if len(digits) > MAX_STEP_DIGITS and digits.isdigit():
+            raise TraceParseError(f"ProfilerStep#<{len(digits)} digits>: not a step number")
+
+
 def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     """Stream one rank's trace and keep spans, memory peaks, device properties and its kind.
 
@@ -380,6 +402,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     if spans and not (TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -TIME_RANGE_US):
         # JSON has no NaN or Infinity, but 1e308 is a number: refuse times no clock wrote.
         raise TraceParseError(f"timestamps beyond ±{TIME_RANGE_US:.0e} µs: not a trace any clock wrote")
+    _check_spans(spans, names)
     out.category_aliases = {old: new for old, new in categories.items() if old != new}
     out.device = _detect_device(out, set(categories.values()), names)
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)
