@@ -7,13 +7,15 @@ paths (stdio against the test cluster, HTTP against the service) are in test_mcp
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from typing import Any
 
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mcp import Client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.errors import (
@@ -33,6 +35,9 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.history import RankSeries, TargetHistory
 from orchestrator.models.profile import Artifact, Manifest, RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.settings import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
+from tests.conftest import RAYPROF_CLI
+from tests.serve_fixtures import free_port
 from tests.tracefiles import case
 
 
@@ -239,3 +244,34 @@ def test_rounding_keeps_three_decimals_or_three_significant_digits(x):
 )
 def test_stack_frames_of_installed_code_lose_the_install_prefix(path, short):
     assert _short(path) == short
+
+
+def _env_without_token() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR)}
+
+
+def test_rayprof_mcp_with_no_service_serves_its_tools_and_a_call_says_what_to_fix():
+    # The console script over stdio, as an MCP client starts it: up before any service is asked.
+    params = StdioServerParameters(
+        command=RAYPROF_CLI, args=["mcp", "--url", f"http://127.0.0.1:{free_port()}"], env=_env_without_token()
+    )
+
+    async def go() -> tuple[set[str], Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            names = {t.name for t in (await s.list_tools()).tools}
+            return names, await s.call_tool("list_targets", {})
+
+    names, result = _run(go)
+    assert set(ACTING_TOOLS) < names and "list_targets" in names
+    assert result.is_error
+    assert "[controller_unavailable] cannot reach the rayprof service" in result.content[0].text
+    assert "rayprof serve" in result.content[0].text
+
+
+def test_rayprof_mcp_refuses_an_empty_token_at_start():
+    done = subprocess.run(
+        [RAYPROF_CLI, "mcp"], env={**_env_without_token(), TOKEN_ENV_VAR: ""}, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )
+    assert done.returncode == 2 and "empty" in done.stderr
