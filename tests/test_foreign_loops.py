@@ -1,15 +1,17 @@
 """Live, hook-only: training code rayprof did not write, and what one step of it is.
 
-Each job is a plain PyTorch loop under Ray Train (``tests/jobs/foreign_loops.py``),
-instrumented only by the setup hook. A GAN's step is its two optimizers' steps;
-a ``torch.compile``d model's is its one optimizer's.
+Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
+instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
+``torch.compile``d model's and a Lightning module's (``optimizer.step(closure)``) their one
+optimizer's. The Lightning job starts its own framework: ``extended``.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,22 @@ from tests.tracefiles import load_trace
 pytestmark = pytest.mark.integration
 
 SCRIPT = REPO / "tests" / "jobs" / "foreign_loops.py"
-JOBS = {"gan": ("foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1"), "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1")}
+ADAM = "Optimizer.step#Adam.step"
+# loop -> (target, ranks, what one step is, the optimizer steps in one profiled step)
+JOBS = {
+    "gan": ("foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1", [ADAM, "Optimizer.step#SGD.step"]),
+    "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1", [ADAM]),
+    "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1", [ADAM]),
+}
 
 
-@pytest.fixture(scope="module")
-def foreign_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[dict[str, str]]:
-    logs = tmp_path_factory.mktemp("foreign")
+@contextmanager
+def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iterator[None]:
+    """The jobs of ``loops``, until each has said what one step is on every rank; stopped after."""
     procs = []
     try:
-        for loop, (name, _, _) in JOBS.items():
+        for loop in loops:
+            name = JOBS[loop][0]
             log = open(logs / f"{name}.log", "w")
             command = [sys.executable, str(SCRIPT), "--loop", loop, "--name", name, "--address", ray_cluster,
                        "--stop-file", str(logs / "stop"), "--storage-path", str(logs / "train")]
@@ -43,11 +52,11 @@ def foreign_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[dict[str, st
             found = {t.name: t for t in client.targets()}
             return all(
                 name in found and len(found[name].ranks) == ranks and all(r.step_definition == want for r in found[name].ranks)
-                for name, ranks, want in JOBS.values()
+                for name, ranks, want, _ in (JOBS[loop] for loop in loops)
             )
 
-        wait_for(learned, timeout=240, what="both jobs to train and say what one step is")
-        yield {loop: name for loop, (name, _, _) in JOBS.items()}
+        wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
+        yield
     finally:
         (logs / "stop").touch()
         for proc, log in procs:
@@ -59,31 +68,45 @@ def foreign_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[dict[str, st
             log.close()
 
 
+@pytest.fixture(scope="module")
+def plain_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[None]:
+    with _running(ray_cluster, client, tmp_path_factory.mktemp("foreign"), ["gan", "compiled"]):
+        yield
+
+
 def _optimizer_steps_per_profiler_step(trace: dict) -> list[list[str]]:
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
     opt = [e for e in events if e["name"].startswith("Optimizer.step#")]
-    return [
-        sorted(o["name"] for o in opt if s["ts"] <= o["ts"] < s["ts"] + s["dur"])
-        for s in steps
-    ]
+    return [sorted(o["name"] for o in opt if s["ts"] <= o["ts"] < s["ts"] + s["dur"]) for s in steps]
 
 
-@pytest.mark.parametrize("loop", ["gan", "compiled"])
-def test_one_profiled_step_of_an_unmodified_loop_is_one_iteration(foreign_jobs, file_store, loop):
-    name, ranks, definition = JOBS[loop]
-    manifest = file_store.client.profile(foreign_jobs[loop], steps=3).wait(timeout=180)
+def _profile_and_check(file_store, loop: str) -> None:
+    name, ranks, definition, optimizer_steps = JOBS[loop]
+    manifest = file_store.client.profile(name, steps=3).wait(timeout=180)
 
     assert manifest.status == ProfileState.DONE, manifest.reason
     assert [r.step_definition for r in manifest.ranks] == [definition] * ranks
-    wanted = (["Optimizer.step#Adam.step", "Optimizer.step#SGD.step"] if loop == "gan" else ["Optimizer.step#Adam.step"])
     folder = Path(file_store.root) / name / manifest.profile_id
     traces = sorted((folder / "traces").glob("rank*.pt.trace.json.gz"))
     assert len(traces) == ranks
     for path in traces:
-        assert _optimizer_steps_per_profiler_step(load_trace(path)) == [wanted] * 3
+        assert _optimizer_steps_per_profiler_step(load_trace(path)) == [sorted(optimizer_steps)] * 3
     summary = Summary.model_validate(manifest.summary)
     for r in summary.ranks:
-        # The report's phases add up to the step, and backward is found where loss.backward() runs.
+        # The report's phases add up to the step, and backward is found where loss.backward() runs
+        # (inside Optimizer.step for Lightning's closure).
         assert r.mean_phases.total() == pytest.approx(r.mean_step_ms, rel=0.02)
         assert r.mean_phases.backward > 0
+
+
+@pytest.mark.parametrize("loop", ["gan", "compiled"])
+def test_one_profiled_step_of_an_unmodified_loop_is_one_iteration(plain_jobs, file_store, loop):
+    _profile_and_check(file_store, loop)
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_a_lightning_job_is_one_closure_step(ray_cluster, client, file_store, tmp_path):
+    pytest.importorskip("lightning")
+    with _running(ray_cluster, client, tmp_path, ["lightning"]):
+        _profile_and_check(file_store, "lightning")

@@ -1,11 +1,13 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|lightning --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
 * ``compiled``: a ``torch.compile``d MLP (``aot_eager``: dynamo and AOTAutograd,
   so backward runs as ``CompiledFunctionBackward``, without inductor's C++ build).
+* ``lightning``: a LightningModule under Ray's ``RayDDPStrategy`` (2 ranks):
+  Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
 
 Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
 """
@@ -67,9 +69,49 @@ def compiled_loop(config: dict) -> None:
     ray.train.report({"step": step})
 
 
+def lightning_loop(config: dict) -> None:
+    import lightning.pytorch as pl
+    import ray.train.lightning as rtl
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    class StopFile(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+            if trainer.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
+                trainer.should_stop = True
+
+    data = DataLoader(TensorDataset(torch.randn(2048, 32), torch.randint(0, 10, (2048,))), batch_size=32)
+    trainer = pl.Trainer(
+        max_epochs=10_000, accelerator="cpu", devices="auto", strategy=rtl.RayDDPStrategy(),
+        plugins=[rtl.RayLightningEnvironment()], callbacks=[StopFile()], enable_checkpointing=False,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    rtl.prepare_trainer(trainer).fit(Net(), data)
+
+
+LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "lightning": (lightning_loop, 2)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--loop", choices=["gan", "compiled"], required=True)
+    p.add_argument("--loop", choices=sorted(LOOPS), required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--address", required=True)
     p.add_argument("--stop-file", required=True)
@@ -81,10 +123,11 @@ def main() -> None:
     from ray.train.torch import TorchTrainer
 
     ray.init(address=args.address, runtime_env={"worker_process_setup_hook": "actors.agent.install"}, log_to_driver=False)
+    loop, workers = LOOPS[args.loop]
     trainer = TorchTrainer(
-        gan_loop if args.loop == "gan" else compiled_loop,
+        loop,
         train_loop_config={"stop_file": args.stop_file, "max_seconds": args.max_seconds},
-        scaling_config=ScalingConfig(num_workers=2 if args.loop == "gan" else 1),
+        scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=args.name, storage_path=args.storage_path),
     )
     trainer.fit()
