@@ -147,10 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, required=True, help="optimizer steps to record on every rank")
     p.add_argument("--wait", action="store_true", help="wait for the end, showing per-rank progress on stderr")
     p.add_argument("--download", metavar="DIR", help="then download into DIR/<profile-id> (implies --wait)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    p.add_argument("--timeout", type=stacks_cmd.finite_float, default=600.0, help="seconds to wait (default 600)")
     p.add_argument(
         "--window-timeout",
-        type=float,
+        type=stacks_cmd.finite_float,
         default=None,
         help="server side: give up on ranks that have not reported after this many seconds",
     )
@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.add_argument(
         "--grace-hours",
-        type=float,
+        type=stacks_cmd.finite_float,
         default=None,
         help=f"keep leftovers younger than this (default ${GC_GRACE_HOURS_ENV_VAR} on the server, or 24)",
     )
@@ -225,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="service port (a free one if taken)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument("--timeout", type=stacks_cmd.finite_float, default=600.0, help="give up after this many seconds")
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus, duration_text
 from orchestrator.models.requests import ProfileState
 
-__all__ = ["add_commands", "parse_duration"]
+__all__ = ["add_commands", "finite_float", "parse_duration"]
 
 # Frames of each group shown on the terminal; the stored rank files hold every frame.
 _FRAMES_SHOWN = 8
@@ -23,9 +24,21 @@ _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 def parse_duration(text: str) -> float:
     """``30``, ``30s``, ``10m``, ``1h`` -> seconds."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m or 1h")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _UNITS[m.group(2)] if m is not None else math.nan
+    if not math.isfinite(seconds):  # 400 nines read as inf
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite duration like 30s, 10m or 1h")
+    return seconds
+
+
+def finite_float(text: str) -> float:
+    """A number argument; inf, nan and 1e400 (read as inf) are usage errors, not a traceback later."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
+    return value
 
 
 _OOM_HELP = (
@@ -46,7 +59,7 @@ def add_commands(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     )
     p.add_argument("target", help="Ray Train run name")
     cond = p.add_mutually_exclusive_group(required=True)
-    cond.add_argument("--slower-than", type=float, metavar="RATIO", help="median step time over the baseline, e.g. 1.3")
+    cond.add_argument("--slower-than", type=finite_float, metavar="RATIO", help="median step time over the baseline, e.g. 1.3")
     cond.add_argument("--rank-lag", type=int, metavar="STEPS", help="a rank this many steps behind the leader")
     cond.add_argument("--stalled", action="store_true", help="no rank advanced (see RAYPROF_STALL_MIN_S)")
     cond.add_argument(

@@ -80,7 +80,8 @@ class ProfileOptions(TorchOptions):
         default=None, min_length=1, description="World ranks to profile; default all (an empty list is refused)."
     )
     timeout_s: float | None = Field(
-        default=None, gt=0, description="Give up on ranks that have not reported by then."
+        # Finite: inf (or 1e400, which JSON reads as inf) has no deadline and no JSON form to send.
+        default=None, gt=0, allow_inf_nan=False, description="Give up on ranks that have not reported by then."
     )
     queue: bool = Field(
         default=False, description="Wait behind a running window instead of failing with 409."
