@@ -121,3 +121,18 @@ def test_innermost_gives_every_instant_of_any_span_to_exactly_one_label(raw: lis
     every = sorted(iv for ivs in found.values() for iv in ivs)
     assert all(a[1] <= b[0] for a, b in zip(every, every[1:]))
     assert union(every) == union((a, b) for a, b, _ in spans)
+
+
+def test_compiled_autograds_region_is_backward() -> None:
+    # Recorded: a torch.compile'd model whose loss.backward() runs under compiled autograd, as one
+    # "Torch-Compiled Region: !0/1/0" span with no autograd-engine node inside it.
+    folder = case("compiled_autograd")
+    (rank,) = analyze_folder(folder).ranks
+    (path,) = (folder / "traces").iterdir()
+    events = [e for e in load_trace(path)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    regions = union(
+        (e["ts"], e["ts"] + e["dur"]) for e in events
+        if e["name"].startswith("Torch-Compiled Region: !") and any(a <= e["ts"] < b for a, b in steps)
+    )
+    assert rank.mean_phases.backward == pytest.approx(total(regions) / 1000 / len(steps), rel=0.05)

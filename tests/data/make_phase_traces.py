@@ -1,11 +1,14 @@
 """Record the closure-optimizer trace fixtures under tests/data/traces/ (CPU, one process).
 
-    python tests/data/make_phase_traces.py
+    python tests/data/make_phase_traces.py [case ...]
 
 Cases (issue 29, phases from nesting):
   closure_adam  Lightning's pattern: ``optimizer.step(closure)`` with Adam, the closure runs
                 zero_grad, forward, loss and backward inside ``Optimizer.step#Adam.step``
   closure_lbfgs LBFGS, whose step calls the closure itself
+  compiled_autograd
+                torch.compile'd model (backend "eager") and loss.backward() under compiled autograd:
+                backward runs as a ``Torch-Compiled Region: !0/...`` span
 
 Each records steps 2-4 with torch.profiler, as ``<case>/traces/rank0.pt.trace.json.gz``.
 The tests assert only that backward and forward are found inside the optimizer step,
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,6 +42,15 @@ def record(case: str) -> Path:
         loss.backward()
         return loss
 
+    compiled = torch.compile(model, backend="eager")
+
+    def compiled_step() -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
+            loss.backward()
+        opt.step()
+
     folder = OUT / case / "traces"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -49,7 +62,10 @@ def record(case: str) -> Path:
             on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
         ) as prof:
             for _ in range(5):
-                opt.step(closure)
+                if case == "compiled_autograd":
+                    compiled_step()
+                else:
+                    opt.step(closure)
                 prof.step()
         with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -57,5 +73,5 @@ def record(case: str) -> Path:
 
 
 if __name__ == "__main__":
-    for name in ("closure_adam", "closure_lbfgs"):
+    for name in sys.argv[1:] or ("closure_adam", "closure_lbfgs", "compiled_autograd"):
         print(record(name))
