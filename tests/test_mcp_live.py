@@ -3,9 +3,9 @@ console script against the session's cluster; and the service's ``/mcp`` over st
 
 One stdio session does what an agent asked "why is my run slow?" would: list the targets, profile
 a run with a planted straggler to DONE and name the slow rank and why, meet a 409 and queue, read
-the findings and the report, diff two profiles, read the history, and take the stacks of a job
-with a planted hang. Each call and its answer is
-printed (``-s``; written to ``$RAYPROF_MCP_TRANSCRIPT`` when set): the transcript the README quotes.
+the findings and the report, diff two profiles, read the history, take the stacks of the planted
+hang, and add, list and remove a watch. Each call and its answer is printed (``-s``; written to
+``$RAYPROF_MCP_TRANSCRIPT`` when set): the transcript the README quotes.
 """
 
 from __future__ import annotations
@@ -140,6 +140,13 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             assert stacks["verdict"].startswith("rank 1 is in train_job.py:") and "_planted_hang" in stacks["verdict"]
             assert "rank 0 waits in all_reduce" in stacks["verdict"]
             assert stacks["groups"][0]["ranks_text"] == "rank 1"
+
+            spec = {"target": SLOW_TARGET, "stalled": True, "action": "stacks", "for_s": 3600}
+            watch = await t.call("create_watch", {"watch": spec})
+            assert watch["spec"]["stalled"] and watch["state"] in ("WAITING", "HOLDING")
+            assert watch["id"] in [w["id"] for w in (await t.call("list_watches", {}))["watches"]]
+            left = await t.call("delete_watch", {"watch_id": watch["id"]})
+            assert watch["id"] not in [w["id"] for w in left["watches"]]
             return t.lines
 
     started = time.monotonic()
@@ -187,6 +194,9 @@ def test_the_service_serves_mcp_under_the_api_token_and_host_rules(service, live
             await s.initialize()
             result = await s.call_tool("list_targets", {})
             assert not result.is_error, result.content[0].text
+            unknown = await s.call_tool("get_profile", {"profile_id": "prof-none"})
+            assert unknown.is_error and "[profile_not_found]" in unknown.content[0].text
+            assert "list_profiles" in unknown.content[0].text
             return [t["name"] for t in result.structured_content["targets"]]
 
     assert LIVE_TARGET in anyio.run(targets, f"{service.url}/mcp", None)
