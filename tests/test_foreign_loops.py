@@ -2,8 +2,9 @@
 
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
 instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
-``torch.compile``d model's and a Lightning module's (``optimizer.step(closure)``) their one
-optimizer's. The Lightning job starts its own framework: ``extended``.
+``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
+Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The Lightning and Trainer
+jobs start their own frameworks: ``extended``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ JOBS = {
     "gan": ("foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1", [ADAM, "Optimizer.step#SGD.step"]),
     "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1", [ADAM]),
     "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1", [ADAM]),
+    "hf": ("foreign-hf", 2, "1 step = AdamW.step ×1", ["Optimizer.step#AdamW.step"]),
 }
 
 
@@ -110,3 +112,10 @@ def test_one_profiled_step_of_a_lightning_job_is_one_closure_step(ray_cluster, c
     pytest.importorskip("lightning")
     with _running(ray_cluster, client, tmp_path, ["lightning"]):
         _profile_and_check(file_store, "lightning")
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_a_hugging_face_trainer_is_one_accumulated_step(ray_cluster, client, file_store, tmp_path):
+    pytest.importorskip("transformers")
+    with _running(ray_cluster, client, tmp_path, ["hf"]):
+        _profile_and_check(file_store, "hf")

@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|lightning --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|lightning|hf --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -8,6 +8,8 @@
   so backward runs as ``CompiledFunctionBackward``, without inductor's C++ build).
 * ``lightning``: a LightningModule under Ray's ``RayDDPStrategy`` (2 ranks):
   Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
+* ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
+  GPT-2 built from a config, synthetic token ids (no download), gradient accumulation 2.
 
 Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
 """
@@ -106,7 +108,41 @@ def lightning_loop(config: dict) -> None:
     rtl.prepare_trainer(trainer).fit(Net(), data)
 
 
-LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "lightning": (lightning_loop, 2)}
+def hf_loop(config: dict) -> None:
+    import tempfile
+
+    import ray.train.huggingface.transformers as rth
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    gpt = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+
+    class TokenIds(Dataset):
+        def __len__(self) -> int:
+            return 1_000_000
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            ids = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids}
+
+    class StopFile(TrainerCallback):
+        def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+            if state.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):  # type: ignore[attr-defined]
+                control.should_training_stop = True  # type: ignore[attr-defined]
+
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        max_steps=1_000_000, logging_strategy="no", save_strategy="no", report_to="none", use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True,
+    )
+    trainer = Trainer(model=GPT2LMHeadModel(gpt), args=args, train_dataset=TokenIds(), callbacks=[StopFile()])
+    rth.prepare_trainer(trainer).train()
+
+
+LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "lightning": (lightning_loop, 2), "hf": (hf_loop, 2)}
 
 
 def main() -> None:
