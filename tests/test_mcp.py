@@ -32,6 +32,7 @@ from orchestrator.mcp.results import HistoryResult, RankNow, TargetBrief, Target
 from orchestrator.mcp.tool_errors import tool_error
 from orchestrator.mcp.tools import ACTING_TOOLS
 from orchestrator.models.common import utcnow
+from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.history import RankSeries, TargetHistory
 from orchestrator.models.profile import Artifact, Manifest, RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
@@ -125,6 +126,8 @@ def test_an_answer_over_the_cap_keeps_its_head_and_says_what_was_cut():
     assert size <= MAX_ANSWER_BYTES
     assert capped.targets[0].lagging_ranks[:3] == [0, 1, 2]
     assert "targets[0].lagging_ranks" in capped.truncated and "of 4096" in capped.truncated
+    with pytest.raises(TypeError, match="no `truncated` field"):
+        cap(RankNow(rank=0, step=1, step_time_ms=None))
     small = TargetList(targets=[])
     assert cap(small) == small and cap(small).truncated is None
 
@@ -275,3 +278,40 @@ def test_rayprof_mcp_refuses_an_empty_token_at_start():
         timeout=60, stdin=subprocess.DEVNULL, check=False,
     )
     assert done.returncode == 2 and "empty" in done.stderr
+
+
+class _Watches:
+    """The three watch calls of a client, kept in a dict: what the watch tools send and answer."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, WatchStatus] = {}
+
+    def watch(self, target: str, **options: Any) -> WatchStatus:
+        status = WatchStatus(id=f"w{len(self.held)}", spec=WatchSpec(target=target, **options), created_at=utcnow(), state="WAITING")
+        self.held[status.id] = status
+        return status
+
+    def watches(self) -> list[WatchStatus]:
+        return list(self.held.values())
+
+    def delete_watch(self, watch_id: str) -> None:
+        del self.held[watch_id]
+
+
+def test_watch_tools_pass_the_spec_through_and_answer_typed():
+    store = _Watches()
+
+    async def go() -> list[Any]:
+        async with Client(build_server(lambda: store)) as c:
+            spec = {"target": "run", "slower_than": 1.3, "for_s": 60, "profile_steps": 3}
+            return [
+                await c.call_tool("create_watch", {"watch": spec}),
+                await c.call_tool("list_watches", {}),
+                await c.call_tool("delete_watch", {"watch_id": "w0"}),
+            ]
+
+    created, listed, left = _run(go)
+    assert not created.is_error, created.content[0].text
+    assert created.structured_content["watch"]["spec"]["slower_than"] == 1.3
+    assert [w["id"] for w in listed.structured_content["watches"]] == ["w0"]
+    assert left.structured_content["watches"] == [] and store.held == {}

@@ -142,7 +142,7 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             assert stacks["groups"][0]["ranks_text"] == "rank 1"
 
             spec = {"target": SLOW_TARGET, "stalled": True, "action": "stacks", "for_s": 3600}
-            watch = await t.call("create_watch", {"watch": spec})
+            watch = (await t.call("create_watch", {"watch": spec}))["watch"]
             assert watch["spec"]["stalled"] and watch["state"] in ("WAITING", "HOLDING")
             assert watch["id"] in [w["id"] for w in (await t.call("list_watches", {}))["watches"]]
             left = await t.call("delete_watch", {"watch_id": watch["id"]})

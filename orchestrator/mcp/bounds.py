@@ -102,6 +102,8 @@ def rounded(data: Any) -> Any:
 def cap(result: M, max_bytes: int = MAX_ANSWER_BYTES) -> M:
     """``result`` with its floats :func:`rounded`, cut to ``max_bytes`` of JSON (see :func:`cut`),
     its ``truncated`` field saying what was cut."""
+    if "truncated" not in type(result).model_fields:
+        raise TypeError(f"{type(result).__name__} has no `truncated` field to say what a cut left out")
     data = rounded(result.model_dump(mode="json"))
     note = cut(data, max_bytes)
     if note is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "TargetBrief",
     "TargetList",
     "WatchBrief",
+    "WatchCreated",
     "WatchList",
 ]
 
@@ -210,3 +211,7 @@ class WatchBrief(_Result):
 
 class WatchList(_Capped):
     watches: list[WatchBrief]
+
+
+class WatchCreated(_Capped):
+    watch: WatchBrief

@@ -27,7 +27,7 @@ from orchestrator.mcp.results import (
     ProfileResult,
     StacksResult,
     TargetList,
-    WatchBrief,
+    WatchCreated,
     WatchList,
 )
 from orchestrator.mcp.tool_errors import tool_errors
@@ -150,11 +150,12 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
             health = next((t for t in client().targets() if t.name == target), None)
             return _answer(convert.stacks_result(bundle, health))
 
-    def create_watch(watch: WatchSpec) -> Annotated[CallToolResult, WatchBrief]:
+    def create_watch(watch: WatchSpec) -> Annotated[CallToolResult, WatchCreated]:
         """ACTS on the live job: watches a target and, while the condition holds, takes a profile or
         stacks on its own (slower_than a baseline, rank_lag, stalled, or every_s on a schedule)."""
         with tool_errors():
-            return _answer(convert.watch_brief(client().watch(**watch.model_dump(exclude_defaults=True))))
+            created = client().watch(**watch.model_dump(exclude_defaults=True))
+            return _answer(WatchCreated(watch=convert.watch_brief(created)))
 
     def delete_watch(watch_id: Annotated[Name, Field(description="The watch's id (list_watches).")]) -> Annotated[CallToolResult, WatchList]:
         """ACTS on the controller: stops and forgets a watch (its firings' profiles stay). Answers the watches left."""
