@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.layout import lease_key, owner_key
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, RankState
 from orchestrator.models.summaries import GcRequest
-from tests.fake_agents import FakeAgent, make_controller, run, start_agents, status_when, worker_info
+from orchestrator.storage import normalize_uri
+from tests.fake_agents import FakeAgent, make_controller, run, start_agents, status_when, wait_terminal, worker_info
+from tests.inprocess_service import service_client
 
 # What a tool that writes datetime.utcnow().isoformat() leaves: no timezone.
 _NAIVE_LEASE = b'{"owner": "other-cluster", "renewed_at": "2020-01-01T00:00:00", "expires_at": "2020-01-01T00:01:00"}'
@@ -80,3 +83,23 @@ def intruder_window(status, armed):
     """The window job 1's rank 0 was armed with: what another process could learn from the API."""
     assert armed.windows and armed.windows[0].profile_id == status.id
     return armed.windows[0]
+
+
+def test_a_profile_is_read_from_the_storage_its_record_names_after_the_storage_is_reconfigured(home, tmp_path, monkeypatch):
+    async def scenario():
+        c = make_controller(home)
+        agents = await start_agents(c, 2)
+        await c.ping()
+        done, _ = await wait_terminal(c, (await c.submit(ProfileRequest(target="run", steps=2))).id)
+        for a in agents:
+            await a.stop()
+        key = (await c.manifest(done.id)).ranks[0].artifacts[0].key
+        # `rayprof serve --storage NEW`: new profiles go elsewhere; the earlier ones' files stay where they are.
+        await c.configure(StorageSpec(uri=normalize_uri(str(tmp_path / "new-root"))))
+        async with service_client(monkeypatch, c) as http:
+            artifact = await http.get(f"/v1/profiles/{done.id}/artifacts/{key}")
+        return artifact, await c.profile_storage(done.id)
+
+    artifact, storage = run(scenario(), timeout_s=30)
+    assert artifact.status_code == 200, artifact.text
+    assert storage == home

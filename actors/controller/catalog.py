@@ -23,6 +23,7 @@ from actors.controller.persistence import Finished, Persistence
 from actors.controller.post_window_check import awaits_check
 from actors.controller.state import Profile
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Trigger
 from orchestrator.models.requests import ProfileState
 from orchestrator.models.summaries import ProfilePage, ProfileSummary
@@ -185,6 +186,14 @@ class Catalog:
         if profile_id not in self.finished:
             raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
         return self.finished[profile_id]
+
+    def storage_of(self, profile_id: str) -> StorageSpec:
+        """The storage a profile was written to, as its record names it (not the storage configured now)."""
+        if profile_id in self.live:
+            return self.live[profile_id].storage
+        if profile_id not in self.finished:
+            raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
+        return self.finished[profile_id].storage
 
     def known(self) -> list[Profile]:
         """Profiles held in full: every unfinished one and the recently read finished ones."""

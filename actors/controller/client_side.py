@@ -16,7 +16,7 @@ from actors.controller.retention import Retention
 from actors.controller.state import wait_event
 from orchestrator.errors import NotFoundError, ProfileNotFoundError
 from orchestrator.manifest import read_artifact
-from orchestrator.models.agent_protocol import Command
+from orchestrator.models.agent_protocol import Command, StorageSpec
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.reads import ProfileRead
@@ -133,5 +133,11 @@ class ClientSide:
                 f"profile {profile_id} has no report: its manifest lists no artifact of kind 'report'",
                 profile_id=profile_id,
             )
-        storage = open_storage(self._config.storage)
+        storage = open_storage(self._catalog.storage_of(profile_id))
         return await asyncio.to_thread(read_artifact, storage, manifest, report.key, report.sha256)
+
+    async def profile_storage(self, profile_id: str) -> StorageSpec:
+        """Where a profile's files are: the storage its record names. After the storage is reconfigured
+        (``rayprof serve --storage NEW``) earlier profiles stay where they were written."""
+        await self._restored_state()
+        return self._catalog.storage_of(profile_id)

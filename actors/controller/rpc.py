@@ -109,6 +109,9 @@ class ControllerRpc:
     def report_html(self, profile_id: str) -> ObjectRef[bytes]:
         return self.handle.report_html.remote(profile_id)
 
+    def profile_storage(self, profile_id: str) -> ObjectRef[StorageSpec]:
+        return self.handle.profile_storage.remote(profile_id)
+
     def targets(self) -> ObjectRef[list[TargetInfo]]:
         return self.handle.targets.remote()
 

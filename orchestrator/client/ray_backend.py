@@ -92,8 +92,9 @@ class ActorBackend:
         from orchestrator.analysis.diff import diff_profiles
         from orchestrator.analysis.diff_inputs import load_stored
 
-        root = self.storage()
-        return diff_profiles(load_stored(self.manifest(a), root), load_stored(self.manifest(b), root))
+        # Each from the storage its record names: the configured one may have changed since.
+        sides = [load_stored(self.manifest(p), self._read(lambda c, p=p: c.profile_storage(p))) for p in (a, b)]
+        return diff_profiles(*sides)
 
     def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle:
         return self._call(lambda c: c.stacks(target, native, run), timeout=120.0)

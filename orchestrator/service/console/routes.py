@@ -35,7 +35,7 @@ from orchestrator.analysis.memory_chart import downsample, parse_timeline
 from orchestrator.analysis.report import IDLE_COLORS
 from orchestrator.errors import IntegrityError, NotFoundError
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
-from orchestrator.models.control import ControllerConfig
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Artifact, ArtifactKind, Manifest
 from orchestrator.service.security import FRAMED_REPORT_CSP, Guard
 
@@ -148,10 +148,9 @@ class ConsoleRoutes:
         from orchestrator.manifest import read_artifact
         from orchestrator.storage import open_storage
 
-        config: ControllerConfig = await self._ask(lambda c: c.config())
-        return await asyncio.to_thread(
-            read_artifact, open_storage(config.storage), manifest, artifact.key, artifact.sha256
-        )
+        # The storage the profile's record names: earlier profiles stay where they were written.
+        storage: StorageSpec = await self._ask(lambda c: c.profile_storage(manifest.profile_id))
+        return await asyncio.to_thread(read_artifact, open_storage(storage), manifest, artifact.key, artifact.sha256)
 
     def _signed_ok(self, profile_id: str, key: str, expires: int | None, signature: str | None) -> bool:
         link_key = self._guard.link_key
@@ -169,10 +168,11 @@ class ConsoleRoutes:
         self._guard.check(request, credentials)
         before: Manifest = await self._ask(lambda c: c.manifest(a))
         after: Manifest = await self._ask(lambda c: c.manifest(b))
-        config: ControllerConfig = await self._ask(lambda c: c.config())
+        before_in: StorageSpec = await self._ask(lambda c: c.profile_storage(a))
+        after_in: StorageSpec = await self._ask(lambda c: c.profile_storage(b))
         sides = await asyncio.gather(
-            asyncio.to_thread(load_stored, before, config.storage),
-            asyncio.to_thread(load_stored, after, config.storage),
+            asyncio.to_thread(load_stored, before, before_in),
+            asyncio.to_thread(load_stored, after, after_in),
         )
         return await asyncio.to_thread(diff_profiles, *sides)
 
