@@ -206,6 +206,7 @@ def _straggler_manifest() -> Manifest:
         ],
         requested_at=utcnow(),
         finished_at=utcnow(),
+        cluster={"experiment_paths": ["s3://AKIA:secret@bucket/exp"]},
         summary=analyze_folder(case("straggler")).model_dump(mode="json"),
     )
 

@@ -8,6 +8,7 @@ answers, and every location in them is shown without credentials.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -70,10 +71,16 @@ def report_text(manifest: Manifest, analysis: Analysis | None) -> str:
     return text
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
+
+
 def _public(data: Any) -> Any:
-    """Every ``uri`` in a manifest's JSON without credentials (see :func:`public_uri`)."""
+    """Every URL in a manifest's JSON (artifact and storage locations, experiment paths) without
+    credentials (see :func:`public_uri`); text that merely mentions one is left as it is."""
+    if isinstance(data, str):
+        return public_uri(data) if _URL.match(data) else data
     if isinstance(data, dict):
-        return {k: public_uri(v) if k.endswith("uri") and isinstance(v, str) else _public(v) for k, v in data.items()}
+        return {k: _public(v) for k, v in data.items()}
     if isinstance(data, list):
         return [_public(v) for v in data]
     return data
