@@ -7,11 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
 from actors.agent import runtime
 from actors.agent.runtime import Agent
-from actors.agent.step_cycle import EXPLICIT_STEP, LEARN_MAX_CALLS, StepCycle
+from actors.agent.step_cycle import EXPLICIT_STEP, LEARN_MAX_CALLS, StepCycle, period
 from orchestrator.models.agent_protocol import WorkerInfo
 
 INFO = WorkerInfo(
@@ -260,3 +262,47 @@ def test_explicit_steps_say_so_in_the_heartbeat(monkeypatch):
     assert agent.step_count == 3
     assert agent._heartbeat().step_definition == EXPLICIT_STEP
 
+
+
+class _Opt:
+    """Stands in for an optimizer: the cycle reads only its class name and its first parameter."""
+
+    def __init__(self) -> None:
+        self.param_groups = [{"params": [object()]}]
+
+
+_KINDS = [type(name, (_Opt,), {}) for name in ("Adam", "SGD", "RMSprop")]
+
+
+@given(
+    cycle=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    kinds=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+    after=st.integers(1, 10),
+)
+@settings(max_examples=150, deadline=None)
+def test_any_repeating_cycle_is_learned_and_then_counted_once_per_cycle(cycle, kinds, after):
+    opts = [_KINDS[k]() for k in kinds]
+    calls = [opts[i] for i in cycle]
+    counter = Counter()
+    c = StepCycle(counter)
+    try:
+        hook_calls = 0
+        previous = 0
+        for _ in range(LEARN_MAX_CALLS // len(calls) + 1):
+            for opt in calls:
+                c._current()(opt, (), {})
+                hook_calls += 1
+                assert previous <= counter.n <= hook_calls
+                previous = counter.n
+        assert c.learned
+        if "no repeating cycle" in (c.definition or ""):
+            return
+        before = counter.n
+        for _ in range(after):
+            for opt in calls:
+                c._current()(opt, (), {})
+        # The learned cycle is the smallest one that repeats (it divides the pattern's length).
+        p = period(cycle * 3)
+        assert counter.n - before == after * len(cycle) // p
+    finally:
+        c.remove()
