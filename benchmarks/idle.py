@@ -164,7 +164,7 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
         f"+{sorted(delta)[len(delta) // 2]:.0f} ns through optimizer.step()")
     return [
         Result.of(NAME, "post-step hook call (direct), net of loop", "ns", direct,
-                  note="iterating torch's global post-hook dict + the lambda _set_hook registers + Agent.step(): "
+                  note="iterating torch's global post-hook dict + the step cycle's counting hook (one id compare) + Agent.step(): "
                   "exactly what the hook adds to each optimizer.step()"),
         Result.of(NAME, "tiny optimizer.step(), no hook (thread CPU)", "ns", base),
         Result.of(NAME, "tiny optimizer.step(), agent hook idle (thread CPU)", "ns", hooked),
