@@ -23,12 +23,14 @@ same correlation id). That launch says who the device waited for:
 * the next work's launch is unknown (not recorded, or after the window): the
   main thread's activity, as above.
 
-*Drain after a sync*: a sync or device-to-host read empties the device's queue,
-and the host has to launch anew after it returns, so the gaps that follow (the
-launching thread behind the device) are the sync's (``sync``), up to what the
-wait cost: the device work (not a collective's spinning kernel) that ran during
-the wait, which the host would otherwise have run ahead of. This is TraceLens's ``sync_drain`` with a bound: a
-host-bound job whose host is always behind is not blamed on its syncs. What
+*Drain after a sync*: a sync or device-to-host read (on any thread) empties the
+device's queue, and the host has to launch anew after it returns, so the gaps
+that follow (the launching thread behind the device) are the sync's (``sync``),
+up to what the waits cost: the device work (not a collective's spinning kernel)
+that ran while the host waited, which it would otherwise have run ahead of. The
+waits' work adds up, and each such gap spends it, in time order. This is
+TraceLens's ``sync_drain`` with a bound: a host-bound job, whose host is behind
+the device anyway, waits out little work and is not blamed on its syncs. What
 would be ``runtime``, ``cpu``, ``launch`` or ``untraced`` there is the sync's;
 the DataLoader, copies and collectives keep their own causes.
 
@@ -92,13 +94,13 @@ class HostThread:
 
 @dataclass
 class _Drain:
-    """One thread's latest sync and what is left of its cost to give out to the gaps after it."""
+    """The latest sync seen, and what is left of the device work the waits so far sat out, to give to the gaps after them."""
 
     sync: tuple[float, float] | None = None
     left: float = 0.0
 
     def take(self, syncs: Intervals, work: Intervals, a: float, b: float) -> tuple[float, float] | None:
-        """The part of the gap ``(a, b)`` that the latest sync before ``a`` drained, if any."""
+        """The part of the gap ``(a, b)`` that the syncs before ``a`` drained, if any (``syncs``: every thread's, merged)."""
         i = bisect.bisect_right(syncs, a, key=lambda iv: iv[0]) - 1
         if i < 0:
             return None
