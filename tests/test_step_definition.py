@@ -39,3 +39,23 @@ def test_a_manifest_rank_says_what_one_step_was_when_the_window_was_planned():
     result = RankResult.waiting(worker_info(0, 1), GAN)
     assert result.step_definition == GAN
     assert result.model_copy(update={"first_step": 5}).step_definition == GAN
+
+
+def test_rayprof_targets_says_what_one_step_is(monkeypatch):
+    import argparse
+    import io
+
+    from orchestrator.cli import commands, output
+    from orchestrator.models.control import TargetInfo, WorkerStatus
+
+    ranks = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5, step_definition=GAN) for r in (0, 1)]
+    target = TargetInfo(name="run", world_size=2, ranks=ranks)
+    monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: [target]})())
+
+    printed = io.StringIO()
+    before = output.set_results(printed)
+    try:
+        assert commands.targets(argparse.Namespace(json=False)) == 0
+    finally:
+        output.set_results(before)
+    assert f"run: {GAN}" in printed.getvalue().splitlines()

@@ -180,6 +180,10 @@ def targets(args: argparse.Namespace) -> int:
         )
     out(table(rows, ["target", "ranks", "step", "step time", "health", "lagging (steps behind)", "active profile"]))
     for t in targets:
+        # What one step is, as the agents learned it (their cycle of optimizer steps); ranks normally agree.
+        definitions = sorted({r.step_definition for r in t.ranks if r.step_definition})
+        if definitions:
+            out(f"{t.name}: {' | '.join(definitions)}")
         if t.stall_stacks:
             out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof status {t.stall_stacks})")
     return EXIT_OK
