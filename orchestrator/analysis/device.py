@@ -130,13 +130,13 @@ class DeviceView:
         by: dict[CopyKind, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
         for s in self.in_windows(windows):
             if s.cat == "gpu_memcpy":
-                kind = copy_kind(s)
-                row = acc[kind]
+                of = copy_kind(s)
+                row = acc[of]
                 row[0] += 1
                 row[1] += s.end - s.ts
                 issuer = (issuers or {}).get(s.correlation) if s.correlation is not None else None
                 if issuer is not None:
-                    entry = by[kind][issuer]
+                    entry = by[of][issuer]
                     entry[0] += 1
                     entry[1] += s.end - s.ts
         for call in host_calls:

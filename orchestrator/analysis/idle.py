@@ -192,9 +192,9 @@ def attribute(
     drains = union(drains)
     named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
-    for thread in set(pieces) | set(launched):
-        rest = union(pieces.get(thread, []))
-        h = host(thread)
+    for who in set(pieces) | set(launched):
+        rest = union(pieces.get(who, []))
+        h = host(who)
         for cause, intervals in (("data", h.data), ("sync", h.sync), ("copy", h.copy), ("collective", h.collective)):
             taken = intersect(rest, intervals)
             out[cause] += taken  # type: ignore[index]
@@ -211,10 +211,10 @@ def attribute(
         out["untraced"] += subtract(rest, python)
         paced = intersect(cpu, union(short))
         cpu = subtract(cpu, paced)
-        launch = union(launched.get(thread, []))
-        out["sync"] += intersect(launch, drains)
-        launch = union(subtract(launch, drains) + paced)
-        out["launch"] += launch
+        launch_pace = union(launched.get(who, []))
+        out["sync"] += intersect(launch_pace, drains)
+        launch_pace = union(subtract(launch_pace, drains) + paced)
+        out["launch"] += launch_pace
         runtime = intersect(cpu, h.runtime)
         cpu = subtract(cpu, runtime)
         out["runtime"] += runtime
@@ -228,7 +228,7 @@ def attribute(
         steps = [s for s in h.regions if s.name.startswith("Optimizer.")]
         own = h.optimizer if h.optimizer is not None else cover(steps)
         users = [s for s in h.regions if not s.name.startswith("Optimizer.")]
-        for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch)):
+        for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch_pace)):
             _name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause])  # type: ignore[index]
             _name_innermost(users, ivs, frozenset(), regions[cause])  # type: ignore[index]
     merged = {cause: union(intervals) for cause, intervals in out.items()}
