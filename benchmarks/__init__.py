@@ -18,6 +18,7 @@ Each module measures one property the design promises and exposes
 - ``restart``       controller restart with 1,000 stored profiles x 64 ranks: time, memory, list page bytes
 - ``console``       the console's Profiles page with 1,000 stored profiles x 64 ranks, in headless Chromium
 - ``soak``          watches, retention and gc left running on a live job while storage fails 10% of calls
+- ``long_life``     one controller, 1,000 short uniquely named runs (in process, fake agents): memory flat, nothing kept per ended run
 
 Results go to ``benchmarks/results/latest.json`` and a table on stdout. No
 benchmark asserts anything: targets are reported as met or missed.
@@ -30,6 +31,6 @@ from collections.abc import Callable
 LogFn = Callable[[str], None]
 
 # Run order: the in-process benchmarks first, the ones that start Ray last.
-BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "culprit", "idle_process", "clock_alignment", "trigger", "control_plane", "telemetry", "restart", "console", "soak")
+BENCHMARKS: tuple[str, ...] = ("idle", "window", "artifacts", "scale", "analysis_scale", "culprit", "idle_process", "clock_alignment", "long_life", "trigger", "control_plane", "telemetry", "restart", "console", "soak")
 
 __all__ = ["BENCHMARKS", "LogFn"]

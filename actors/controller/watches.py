@@ -218,7 +218,9 @@ class Watches:
     async def _stall_stacks(self, key: tuple[str, str], trigger: Trigger) -> None:
         try:
             bundle = await self._take_stacks(key[0], key[1], False, trigger, False)
-            self.stall_stacks[key] = bundle.id
+            # Shown with the run while it is live; a run that left meanwhile keeps nothing here.
+            if self._registry.run_workers(key[0], key[1]):
+                self.stall_stacks[key] = bundle.id
         except RayprofError as e:
             logger.warning("rayprof controller: stacks of stalled %s failed: %s", key[0], e)
 
