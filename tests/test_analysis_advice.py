@@ -158,3 +158,12 @@ def test_no_fix_is_told_for_a_negligible_cause(tmp_path: Path) -> None:
     ]
     top = findings_of(tmp_path, events)[0]
     assert top.code == "low_gpu_utilization" and "aten::add" not in top.fix and "with_stack=True" in top.fix
+
+
+def test_phase_markers_are_no_host_op_to_fix() -> None:
+    # MTIA: 888 ms a step the host is innermost in "## backward ##" (Python in backward, no op); nccl_parser:
+    # 10 ms in "DistributedDataParallel.forward". Neither is an op a fix can name.
+    for case, marker in (("hta_mtia_single_rank", "## backward ##"), ("hta_nccl_parser_a100_r0of2", "DistributedDataParallel.forward")):
+        low = finding(external(case), "low_gpu_utilization")
+        named = low.evidence.split("By what the host does: ")[1]
+        assert marker not in named and marker not in low.fix

@@ -81,10 +81,15 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0)))
     if "cpu" in shares:
         named = set(regions) | {PYTHON_OUTSIDE_OPS}
-        out += [Cause("op", n, ms) for n, ms in _per_step(r, shares["cpu"].top).items() if n not in named and not n.startswith("Optimizer.")]
+        out += [Cause("op", n, ms) for n, ms in _per_step(r, shares["cpu"].top).items() if n not in named and not _marker(n)]
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
+
+
+def _marker(name: str) -> bool:
+    """A span that marks a phase or a step, not an op: time innermost in it is Python in that phase, no op to fix."""
+    return name.startswith(("Optimizer.", "## ", "nn.Module:", "ProfilerStep#")) or name.endswith(".forward")
 
 
 def round_trips(r: RankSummary) -> dict[str, float]:
