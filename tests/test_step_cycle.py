@@ -306,3 +306,18 @@ def test_any_repeating_cycle_is_learned_and_then_counted_once_per_cycle(cycle, k
         assert counter.n - before == after * len(cycle) // p
     finally:
         c.remove()
+
+
+def test_when_the_optimizer_that_ends_each_step_stops_the_others_are_counted_again(cycle):
+    c, steps = cycle
+    g, d = _model(0), _model(1)
+    g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.SGD(d.parameters(), lr=0.01)
+    _gan_iterations(g_opt, d_opt, g, d, 10)
+    assert c.definition == "1 step = SGD.step ×1 + Adam.step ×1"
+    # The generator is frozen: only the discriminator steps from now on.
+    counts = []
+    for _ in range(30):
+        d_opt.step()
+        counts.append(steps.n)
+    assert counts == sorted(counts) and counts[-1] - counts[0] >= 20
+    assert c.definition == "1 step = SGD.step ×1"

@@ -22,7 +22,9 @@ it keeps counting the first-seen optimizer's steps, and says so.
 A key is an optimizer's class and its first parameter's id: the same when a
 loop builds a new optimizer over the same parameters (per epoch, or per step),
 different for G and D. An optimizer whose key the cycle does not hold (a new
-model, a new phase of training) starts the learning again.
+model, a new phase of training) starts the learning again, and so do the
+cycle's other optimizers stepping twice a cycle's length without its last one
+(a GAN whose generator was frozen: steps would stop counting, and the run look STALLED).
 
 Each call of ``optimizer.step()`` is one call whatever it does inside: a
 closure optimizer (LBFGS, Lightning) runs forward and backward inside its one
@@ -97,8 +99,12 @@ class StepCycle:
         self._cycle: list[Key] = []
         # Every optimizer the counting hook knows: the cycle's, or all seen when no cycle was found.
         self._known: set[Key] = set()
-        # Calls of the cycle's last optimizer since the last step, when it steps more than once a cycle.
+        # Calls of the cycle's last optimizer since the last step, when it steps more than once a cycle;
+        # and calls of the cycle's other optimizers since the last step.
         self._seen = [0]
+        self._since = [0]
+        # How many calls of the others without the last one mean it stopped stepping (None: no cycle was found).
+        self._patience: int | None = None
         self._handle: Any = register_optimizer_step_post_hook(self._learn)
         self.definition: str | None = None
         global _active
@@ -152,8 +158,9 @@ class StepCycle:
     def _settle(self, cycle: list[Key], known: set[Key] | None = None) -> None:
         self._cycle = cycle
         self._known = known or set(cycle)
+        self._patience = None if known else 2 * len(cycle)
         self._seq = []
-        self._seen[0] = 0
+        self._seen[0] = self._since[0] = 0
         self.definition = describe(cycle)
         self._swap(self._counting())
         logger.info("rayprof agent: %s", self.definition)
@@ -165,14 +172,20 @@ class StepCycle:
         times = cycle.count(last)
         last_id = self._ids[last]
         others = frozenset(self._ids[k] for k in self._known if k != last)
-        step, unseen, seen = self._on_step, self._unseen, self._seen
+        step, unseen, relearn, seen, since = self._on_step, self._unseen, self._relearn, self._seen, self._since
+        patience = self._patience if self._patience is not None else float("inf")
         if times == 1:
 
             def count(optimizer: Any, args: Any, kwargs: Any) -> None:
                 i = id(optimizer)
                 if i == last_id:
+                    since[0] = 0
                     step()
-                elif i not in others:
+                elif i in others:
+                    since[0] += 1
+                    if since[0] > patience:
+                        relearn(optimizer, args, kwargs, "the optimizer that ended each step stopped stepping")
+                else:
                     unseen(optimizer, args, kwargs)
 
             return count
@@ -182,9 +195,13 @@ class StepCycle:
             if i == last_id:
                 seen[0] += 1
                 if seen[0] == times:
-                    seen[0] = 0
+                    seen[0] = since[0] = 0
                     step()
-            elif i not in others:
+            elif i in others:
+                since[0] += 1
+                if since[0] > patience:
+                    relearn(optimizer, args, kwargs, "the optimizer that ended each step stopped stepping")
+            else:
                 unseen(optimizer, args, kwargs)
 
         return count_nth
@@ -198,7 +215,10 @@ class StepCycle:
             self._swap(hook)
             hook(optimizer, args, kwargs)
             return
-        logger.info("rayprof agent: a new optimizer (%s) steps; learning the cycle of optimizer steps again", key[0])
+        self._relearn(optimizer, args, kwargs, f"a new optimizer ({key[0]}) steps")
+
+    def _relearn(self, optimizer: Any, args: Any, kwargs: Any, why: str) -> None:
+        logger.info("rayprof agent: %s; learning the cycle of optimizer steps again", why)
         self._cycle = []
         self._known = set()
         self._ids = {}
