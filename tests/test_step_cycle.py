@@ -321,3 +321,23 @@ def test_when_the_optimizer_that_ends_each_step_stops_the_others_are_counted_aga
         counts.append(steps.n)
     assert counts == sorted(counts) and counts[-1] - counts[0] >= 20
     assert c.definition == "1 step = SGD.step ×1"
+
+
+def test_a_duck_typed_optimizer_under_grad_scaler_still_steps(cycle):
+    # Not a torch Optimizer (no hooks): the GradScaler wrapper must leave it alone, never break training.
+    class Duck:
+        def __init__(self, params: list[torch.Tensor]) -> None:
+            self.param_groups = [{"params": params}]
+            self.steps = 0
+
+        def step(self) -> None:
+            self.steps += 1
+
+    model = _model()
+    duck = Duck(list(model.parameters()))
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(3):
+        scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+        scaler.step(duck)
+        scaler.update()
+    assert duck.steps == 3

@@ -245,6 +245,8 @@ def _watch_grad_scaler() -> None:
         return
 
     def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+        if not hasattr(optimizer, "register_step_post_hook"):  # duck-typed, no torch hooks: not ours to count
+            return original(self, optimizer, optimizer_state, *args, **kwargs)
         stepped: list[bool] = []
         handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
         try:
