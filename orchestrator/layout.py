@@ -19,7 +19,7 @@ Storage layout (keys relative to the storage root)::
     _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file
     _rayprof/{cluster}/storage.json                the storage configured at run time
     _rayprof/{cluster}/watches/{watch_id}.json     a watch, kept across controller restarts
-    _rayprof/{cluster}/lease.json                  which Ray cluster's controller holds the name, until when
+    _rayprof/{cluster}/lease/{generation}.json     which Ray cluster's controller holds the name (its last renewals)
 
 Standard library only: the export child process imports it and must start fast.
 """
@@ -41,7 +41,8 @@ __all__ = [
     "config_key",
     "id_created_at",
     "index_key",
-    "lease_key",
+    "lease_prefix",
+    "lease_record_key",
     "manifest_key",
     "owner_key",
     "parse_profiler_step",
@@ -113,9 +114,14 @@ def index_key(cluster: str) -> str:
     return f"{STATE_ROOT}/{cluster}/index.json"
 
 
-def lease_key(cluster: str) -> str:
-    """Key of the lease a live controller holds on its cluster name."""
-    return f"{STATE_ROOT}/{cluster}/lease.json"
+def lease_prefix(cluster: str) -> str:
+    """Folder of the lease a live controller holds on its cluster name: one record per renewal."""
+    return f"{STATE_ROOT}/{cluster}/lease"
+
+
+def lease_record_key(cluster: str, generation: int) -> str:
+    """Key of one renewal of the cluster name's lease (zero-padded: keys sort as generations do)."""
+    return f"{lease_prefix(cluster)}/{generation:020d}.json"
 
 
 def profile_id(kind: str, at: datetime, suffix: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.layout import lease_key, owner_key
+from orchestrator.layout import lease_record_key, owner_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, RankState
 from orchestrator.models.summaries import GcRequest
@@ -14,7 +14,7 @@ from tests.fake_agents import FakeAgent, make_controller, run, start_agents, sta
 from tests.inprocess_service import service_client
 
 # What a tool that writes datetime.utcnow().isoformat() leaves: no timezone.
-_NAIVE_LEASE = b'{"owner": "other-cluster", "renewed_at": "2020-01-01T00:00:00", "expires_at": "2020-01-01T00:01:00"}'
+_NAIVE_LEASE = b'{"owner": "other-cluster", "generation": 7, "renewed_at": "2020-01-01T00:00:00"}'
 _NAIVE_OWNER = (
     b'{"cluster": "other", "profile_id": "prof-20200101-000000-abcdef12", "state_uri": "file:///elsewhere", '
     b'"renewed_at": "2020-01-01T00:00:00", "expires_at": "2020-01-01T00:15:00"}'
@@ -28,7 +28,7 @@ def _write(home, key: str, data: bytes) -> None:
 
 
 def test_a_lease_with_naive_timestamps_is_replaced_and_the_controller_serves(home):
-    _write(home, lease_key("unit"), _NAIVE_LEASE)
+    _write(home, lease_record_key("unit", 7), _NAIVE_LEASE)
 
     async def scenario():
         c = make_controller(home)

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from actors.controller.actor import Controller
 from actors.controller.name_lease import LeaseRecord
 from orchestrator.config import normalize_uri
 from orchestrator.errors import ClusterNameInUseError, RestoringError
-from orchestrator.layout import lease_key
+from orchestrator.layout import lease_record_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import WatchSpec
@@ -240,10 +239,9 @@ def test_a_controller_that_finds_another_cluster_holding_its_name_at_renewal_sto
     async def go():
         a = named(home, "ray-a", cluster_name_lease_s=0.3)
         await a.ping()
-        # Another cluster started within one write of a and won the name (storage has no compare-and-swap).
-        now = utcnow()
-        theirs = LeaseRecord(owner="ray-z", renewed_at=now, expires_at=now + timedelta(seconds=60))
-        open_storage(home).put_bytes(theirs.model_dump_json().encode(), lease_key("shared"), "manifest")
+        # Another cluster took the name over (it saw a's renewals stand still, say while a's storage was away).
+        theirs = LeaseRecord(owner="ray-z", generation=10**6, renewed_at=utcnow())
+        open_storage(home).put_bytes(theirs.model_dump_json().encode(), lease_record_key("shared", 10**6), "manifest")
 
         async def refused() -> bool:
             try:

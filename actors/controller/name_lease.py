@@ -3,71 +3,91 @@
 Two Ray clusters started with one ``RAYPROF_CLUSTER_NAME`` on one storage root
 share ``_rayprof/{cluster}/``: the second would adopt the first's running
 profiles and save them FAILED. So before it restores anything a controller
-writes ``lease.json`` (its Ray cluster's id and an expiry) and renews it every
-third of ``RAYPROF_CLUSTER_NAME_LEASE_S``; a controller of another Ray cluster that finds
-an unexpired lease refuses to start, and tries again until the lease expires.
-A restarted controller of the same Ray cluster takes the lease at once: Ray
-runs one named controller per cluster, so the old one is gone.
+claims the name's lease and renews it every third of ``RAYPROF_CLUSTER_NAME_LEASE_S``.
 
-Storage offers no compare-and-swap here: two controllers that start within one
-read and write of each other can both pass the first check; each write is read
-back, and the loser finds the other's lease at its next renewal at the latest.
+The lease is a sequence of records ``_rayprof/{cluster}/lease/{generation}.json``,
+each written only if absent (S3's conditional put ``If-None-Match: *``; a hard
+link on a file system): of controllers that claim one generation at once,
+exactly one wins. The holder renews by claiming the next generation. A
+controller of another Ray cluster never reads a time from the record (its host's
+clock may run minutes ahead or behind): it takes the name only after it has seen
+the newest generation stand still for a whole lease by its own monotonic clock,
+and then by claiming the next generation, so two such controllers cannot both
+take it; the old holder finds the newer generation at its next renewal and
+stops. A restarted controller of the same Ray cluster claims the next generation
+at once: Ray runs one named controller per cluster, so the old one is gone. A
+record that cannot be read (another tool's, a hand edit) holds nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+import re
+import time
+from collections.abc import Callable
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.errors import ClusterNameInUseError, StorageError
-from orchestrator.layout import lease_key
+from orchestrator.errors import AlreadyExistsError, ClusterNameInUseError, StorageError
+from orchestrator.layout import lease_prefix, lease_record_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.settings import CLUSTER_NAME_ENV_VAR, CLUSTER_NAME_LEASE_S_ENV_VAR
-from orchestrator.storage import open_storage
+from orchestrator.storage import Storage, open_storage
 
 __all__ = ["LeaseRecord", "NameLease"]
 
 logger = logging.getLogger(__name__)
 
+_GENERATION = re.compile(r"^(\d{1,20})\.json$")
+
 
 class LeaseRecord(BaseModel):
-    """``_rayprof/{cluster}/lease.json``."""
+    """``_rayprof/{cluster}/lease/{generation}.json``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     owner: str
-    # Aware: a file without a timezone (another tool's, a hand edit) is unreadable, so replaced,
-    # never compared with this controller's clock (which raised, and wedged every restore).
+    generation: int = Field(ge=1)
+    # For people reading the file: no controller decides anything from another host's clock.
     renewed_at: AwareDatetime
-    expires_at: AwareDatetime
 
 
 class NameLease:
-    """This controller's hold on ``cluster`` under ``home``; ``owner`` is its Ray cluster's id."""
+    """This controller's hold on ``cluster`` under ``home``; ``owner`` is its Ray cluster's id. ``clock`` (this
+    controller's monotonic clock) times how long another holder's renewals stood still; tests move it."""
 
-    def __init__(self, home: StorageSpec, cluster: str, owner: str) -> None:
+    def __init__(self, home: StorageSpec, cluster: str, owner: str, clock: Callable[[], float] = time.monotonic) -> None:
         self._home = home
         self._cluster = cluster
         self._owner = owner
+        self._clock = clock
+        # The generation this controller last claimed; another owner's newest, and when it was first seen.
+        self._mine: int | None = None
+        self._seen: tuple[int, float] | None = None
 
     async def acquire(self, lease_s: float) -> None:
-        """Take or renew the lease. Raises :class:`ClusterNameInUseError` when another Ray cluster
-        holds it unexpired, :class:`StorageError` when storage fails (then nothing is known)."""
-        held = await self._read()
-        if held is not None:
-            self._check(held)
-        now = utcnow()
-        mine = LeaseRecord(owner=self._owner, renewed_at=now, expires_at=now + timedelta(seconds=lease_s))
+        """Claim (or renew) the lease. Raises :class:`ClusterNameInUseError` while another Ray cluster holds
+        it (renewed within the last ``lease_s`` of this controller's clock, or claimed first), and when
+        this controller's hold was taken over; :class:`StorageError` when storage fails."""
         storage = open_storage(self._home)
-        await asyncio.to_thread(storage.put_bytes, mine.model_dump_json().encode(), lease_key(self._cluster), "manifest")
-        # Read back: of two controllers that wrote at once, the one whose write landed last holds it.
-        after = await self._read()
-        if after is not None:
-            self._check(after)
+        generations, holder = await asyncio.to_thread(self._newest, storage)
+        newest = max(generations, default=0)
+        if holder is not None and holder != self._owner:
+            self._wait_out(newest, holder, lease_s)
+        record = LeaseRecord(owner=self._owner, generation=newest + 1, renewed_at=utcnow())
+        key = lease_record_key(self._cluster, newest + 1)
+        try:
+            await asyncio.to_thread(storage.put_bytes, record.model_dump_json().encode(), key, "manifest", if_absent=True)
+        except AlreadyExistsError:
+            # Another controller claimed this generation first: the name is its.
+            _, winner = await asyncio.to_thread(self._newest, storage)
+            raise self._in_use(winner or "unknown", newest + 1, 0.0, lease_s) from None
+        self._mine, self._seen = newest + 1, None
+        for old in generations:
+            if old < newest:  # the newest two stay: a reader between a claim and this prune finds one
+                await asyncio.to_thread(_delete_quietly, storage, lease_record_key(self._cluster, old))
 
     async def keep(self, lease_s: float) -> ClusterNameInUseError:
         """Renew every third of the lease until another Ray cluster is found holding it; returns that error.
@@ -81,28 +101,48 @@ class NameLease:
             except StorageError as e:
                 logger.warning("rayprof controller: cannot renew the lease on %r: %s", self._cluster, e)
 
-    async def _read(self) -> LeaseRecord | None:
-        storage = open_storage(self._home)
-        key = lease_key(self._cluster)
-        if not await asyncio.to_thread(storage.exists, key):
-            return None
-        data = await asyncio.to_thread(storage.get_bytes, key)
-        try:
-            return LeaseRecord.model_validate_json(data)
-        except ValueError as e:
-            logger.warning("rayprof controller: replacing the unreadable lease %s: %s", key, e)
-            return None
-
-    def _check(self, held: LeaseRecord) -> None:
-        now = utcnow()
-        if held.owner == self._owner or held.expires_at <= now:
-            return
-        age_s = max(0.0, (now - held.renewed_at).total_seconds())
-        raise ClusterNameInUseError(
-            f"the cluster name {self._cluster!r} is in use: the rayprof controller of another live Ray cluster "
-            f"({held.owner}) holds its lease under {self._home.uri} (renewed {age_s:.0f}s ago, expires "
-            f"{held.expires_at.isoformat(timespec='seconds')}). This controller adopts none of its profiles and "
-            f"serves nothing. Fix: give this cluster its own name ({CLUSTER_NAME_ENV_VAR}=another-name, or unset it "
-            f"to use the Ray cluster id), or stop the other cluster: this controller starts by itself once the "
-            f"lease has gone {CLUSTER_NAME_LEASE_S_ENV_VAR} unrenewed."
+    def _newest(self, storage: Storage) -> tuple[list[int], str | None]:
+        """The lease's generations in storage, and the owner of the newest (None: none, or unreadable)."""
+        generations = sorted(
+            int(m.group(1))
+            for key in storage.list(lease_prefix(self._cluster) + "/")
+            if (m := _GENERATION.match(key.rsplit("/", 1)[-1]))
         )
+        if not generations:
+            return [], None
+        key = lease_record_key(self._cluster, generations[-1])
+        try:
+            record = LeaseRecord.model_validate_json(storage.get_bytes(key))
+        except ValidationError as e:
+            logger.warning("rayprof controller: the lease record %s is unreadable; it holds nothing: %s", key, e)
+            return generations, None
+        return generations, record.owner
+
+    def _wait_out(self, generation: int, holder: str, lease_s: float) -> None:
+        """Raise unless ``holder``'s ``generation`` has stood still for ``lease_s`` by this controller's clock."""
+        now = self._clock()
+        if self._mine is not None:
+            raise self._in_use(holder, generation, 0.0, lease_s)  # this controller held it: taken over
+        if self._seen is None or self._seen[0] != generation:
+            self._seen = (generation, now)
+        still_s = now - self._seen[1]
+        if still_s < lease_s:
+            raise self._in_use(holder, generation, still_s, lease_s)
+
+    def _in_use(self, holder: str, generation: int, still_s: float, lease_s: float) -> ClusterNameInUseError:
+        return ClusterNameInUseError(
+            f"the cluster name {self._cluster!r} is in use: the rayprof controller of another live Ray cluster "
+            f"({holder}) holds its lease under {self._home.uri} (renewal {generation}, seen unchanged for "
+            f"{still_s:.0f}s of the {lease_s:g}s this controller waits, by its own clock). This controller adopts "
+            f"none of its profiles and serves nothing. Fix: give this cluster its own name "
+            f"({CLUSTER_NAME_ENV_VAR}=another-name, or unset it to use the Ray cluster id), or stop the other "
+            f"cluster: this controller starts by itself once the lease has gone {CLUSTER_NAME_LEASE_S_ENV_VAR} "
+            f"unrenewed."
+        )
+
+
+def _delete_quietly(storage: Storage, key: str) -> None:
+    try:
+        storage.delete(key)
+    except StorageError as e:  # an old generation left behind is pruned at a later renewal
+        logger.warning("rayprof controller: cannot prune the old lease record %s: %s", key, e)
