@@ -341,3 +341,19 @@ def test_a_duck_typed_optimizer_under_grad_scaler_still_steps(cycle):
         scaler.step(duck)
         scaler.update()
     assert duck.steps == 3
+
+
+def test_a_failure_while_learning_never_reaches_the_training_loop(cycle, monkeypatch):
+    c, steps = cycle
+
+    def broken(seq):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr("actors.agent.step_cycle.period", broken)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(12):
+        _backward(model)
+        opt.step()  # raised RuntimeError inside optimizer.step() before
+    assert steps.n == 12
+    assert c.definition is not None and "could not be learned" in c.definition

@@ -137,6 +137,18 @@ class StepCycle:
             hooks[self._handle.id] = hook
 
     def _learn(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self._learn_one(optimizer)
+        except Exception:  # It runs inside the job's optimizer.step(): never break training.
+            self._give_up()
+
+    def _give_up(self) -> None:
+        logger.exception("rayprof agent: learning the cycle of optimizer steps failed; every optimizer step is a step")
+        step = self._on_step
+        self._swap(lambda optimizer, args, kwargs: step())
+        self.definition = "1 step = 1 optimizer.step() of any optimizer (the cycle could not be learned)"
+
+    def _learn_one(self, optimizer: Any) -> None:
         key = _key(optimizer)
         seq = self._seq
         seq.append(key)
@@ -208,6 +220,12 @@ class StepCycle:
 
     def _unseen(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """An optimizer object the counting hook does not know: a rebuilt one of the cycle, or a new cycle."""
+        try:
+            self._unseen_one(optimizer, args, kwargs)
+        except Exception:  # inside the job's optimizer.step(), as _learn
+            self._give_up()
+
+    def _unseen_one(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = _key(optimizer)
         if key in self._known:
             self._ids[key] = id(optimizer)
