@@ -50,16 +50,35 @@ HISTORY_SPAN_S = 600
 
 
 class _Gauge:
-    """Stands in for one ray.util.metrics object: the label sets ever set (what Ray 2.43 exports for the
-    process's life) and when each was last set (Ray 2.60 drops one not set for two export periods)."""
+    """Stands in for one ray.util.metrics object. It counts the label sets ever set (what Ray 2.43 exports
+    for the process's life) and holds only those set within ``_IDLE_S`` (what Ray 2.60 still exports): a
+    record of every label set would itself grow with the runs, and be measured as the controller's."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.last: dict[tuple[tuple[str, str], ...], tuple[float, float]] = {}
+        self.ever = 0
+        # Label sets of state gauges that went idle at a value other than 0: an alert that never clears.
+        self.left_set = 0
 
     def set(self, value: float, tags: dict[str, str]) -> None:
-        self.last[tuple(sorted(tags.items()))] = (value, time.monotonic())
+        key = tuple(sorted(tags.items()))
+        if key not in self.last:
+            self.ever += 1
+        self.last[key] = (value, time.monotonic())
 
     inc = observe = set
+
+    def age_out(self) -> None:
+        now = time.monotonic()
+        for key, (value, at) in list(self.last.items()):
+            if now - at > _IDLE_S:
+                self.left_set += self.name in _STATE_GAUGES and value != 0.0
+                del self.last[key]
+
+
+# Twice the controller's refresh period (metrics.GAUGE_REFRESH_S): a live label set is set within it.
+_IDLE_S = 10.0
 
 
 def _holders(c: Any) -> dict[str, int]:
@@ -103,6 +122,8 @@ async def _one_run(c: Any, i: int) -> None:
 
 
 def _sample(c: Any) -> dict[str, Any]:
+    for gauge in c._telemetry._metrics._m.values():
+        gauge.age_out()
     gc.collect()
     return {"rss_mib": proc_rss_bytes(os.getpid()) / 2**20, "objects": len(gc.get_objects()), **_holders(c)}
 
@@ -135,7 +156,7 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     c = make_controller(StorageSpec(uri=normalize_uri(str(store))), **MONITORED, ended_run_kept_s=GRACE_S)
     # The controller logs every registration and drop at INFO: 8,000 lines say nothing here.
     logging.getLogger("actors").setLevel(logging.WARNING)
-    gauges = {name: _Gauge() for name in c._telemetry._metrics._m}
+    gauges = {name: _Gauge(name) for name in c._telemetry._metrics._m}
     c._telemetry._metrics._m = gauges
     await c.ping()
     curve: list[dict[str, Any]] = []
@@ -156,10 +177,11 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     )
     idle = {"runs": runs, "s": time.monotonic() - started, **_sample(c)}
     log(f"{NAME}: idle: rss {idle['rss_mib']:.1f} MiB, objects {idle['objects']:,}, holders {_holders(c)}")
-    ever = sum(len(g.last) for name, g in gauges.items() if name in _GAUGES)
-    nonzero_state = sum(
-        1 for name, g in gauges.items() if name in _STATE_GAUGES for value, _ in g.last.values() if value != 0.0
-    )
+    await asyncio.sleep(_IDLE_S + 1)  # the idle period: every ended run's label sets age out
+    for gauge in gauges.values():
+        gauge.age_out()
+    ever = sum(g.ever for name, g in gauges.items() if name in _GAUGES)
+    nonzero_state = sum(g.left_set for g in gauges.values())
     history = await _history_answer(c)
     return {"curve": curve, "idle": idle, "emptied": emptied, "ever": ever, "nonzero": nonzero_state, "history": history}
 
