@@ -84,11 +84,22 @@ def test_no_dev_package_is_installed_and_every_module_imports_without_one(venv):
         "import importlib, pkgutil, orchestrator, actors\n"
         "for pkg in (orchestrator, actors):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        if not m.name.endswith('.__main__'):  # runs the CLI\n"
+        "        # __main__ runs the CLI; orchestrator.mcp needs the mcp extra (test below)\n"
+        "        if not m.name.endswith('.__main__') and not m.name.startswith('orchestrator.mcp'):\n"
         "            importlib.import_module(m.name)\n"
         "print('ok')"
     )
     assert _python(venv, code).strip() == "ok"
+
+
+def test_rayprof_mcp_without_the_mcp_extra_says_how_to_install_it(venv):
+    # The core install stays without the MCP SDK; the one command that needs it says what to install.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYPROF_TOKEN")}
+    done = subprocess.run(
+        [str(venv / "rayprof"), "mcp"], capture_output=True, text=True, cwd=venv, timeout=120, env=env,
+        stdin=subprocess.DEVNULL, check=False,
+    )
+    assert done.returncode == 1 and "pip install 'rayprof[mcp]'" in done.stderr, done.stderr[-2000:]
 
 
 def test_importing_the_agent_loads_no_analysis_service_or_cli_module(venv):
