@@ -121,7 +121,7 @@ def test_after_learning_the_hook_is_swapped_for_the_counting_one(cycle):
     sys.setprofile(tracer)
     counting(opt, (), {})
     sys.setprofile(None)
-    assert calls == ["call:count", "c_call:id", "call:__call__", "c_call:setprofile"]
+    assert calls == ["call:count_one", "c_call:id", "call:__call__", "c_call:setprofile"]
 
 
 def test_a_closure_optimizer_step_is_one_step_however_often_it_evaluates(cycle):

@@ -186,6 +186,16 @@ class StepCycle:
         others = frozenset(self._ids[k] for k in self._known if k != last)
         step, unseen, relearn, seen, since = self._on_step, self._unseen, self._relearn, self._seen, self._since
         patience = self._patience if self._patience is not None else float("inf")
+        if not others:  # one optimizer, the common case: nothing else to watch
+
+            def count_one(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if id(optimizer) == last_id:
+                    step()
+                else:
+                    unseen(optimizer, args, kwargs)
+
+            return count_one
+
         if times == 1:
 
             def count(optimizer: Any, args: Any, kwargs: Any) -> None:
