@@ -46,8 +46,7 @@ async def _one_run(c: Controller, name: str) -> None:
 
 def test_what_is_kept_per_target_is_dropped_once_the_run_has_been_gone_for_its_grace_period(home):
     async def scenario():
-        c = make_controller(home, **MONITORED)
-        c._config = c._config.model_copy(update={"ended_run_kept_s": _GRACE_S})
+        c = make_controller(home, **MONITORED, ended_run_kept_s=_GRACE_S)
         await c.ping()
         for i in range(3):
             await _one_run(c, f"ray_train_run-{i}")
