@@ -257,9 +257,9 @@ class StepCycle:
 def _watch_grad_scaler() -> None:
     """Wrap ``GradScaler._maybe_opt_step`` once per process: a step it skips is fed to the active cycle.
 
-    A per-call hook on that one optimizer tells whether it stepped (a few
-    microseconds per ``scaler.step()``, next to the device sync GradScaler
-    already does there); the optimizer post-step path of every other job is untouched.
+    A per-call hook on that one optimizer tells whether it stepped (one hook
+    registration and removal per ``scaler.step()``, next to the device sync
+    GradScaler already does there); the optimizer post-step path of every other job is untouched.
     """
     global _scaler_watched
     if _scaler_watched:
