@@ -10,7 +10,16 @@ from orchestrator.errors import StorageError
 from orchestrator.models.agent_protocol import Command
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState
-from tests.fake_agents import MONITORED, make_controller, run, start_agents, status_when, until, wait_terminal, worker_info
+from tests.fake_agents import (
+    MONITORED,
+    make_controller,
+    run,
+    start_agents,
+    status_when,
+    until,
+    wait_terminal,
+    worker_info,
+)
 
 
 def test_a_post_window_check_in_progress_at_a_restart_ends_instead_of_staying_pending(home):

@@ -34,8 +34,8 @@ from orchestrator.analysis.diff import ProfileDiff
 from orchestrator.analysis.memory_chart import downsample, parse_timeline
 from orchestrator.analysis.report import IDLE_COLORS
 from orchestrator.errors import IntegrityError, NotFoundError
-from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.profile import Artifact, ArtifactKind, Manifest
 from orchestrator.service.security import FRAMED_REPORT_CSP, Guard
 
