@@ -34,7 +34,7 @@ from orchestrator.mcp.tools import ACTING_TOOLS
 from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.history import RankSeries, TargetHistory
-from orchestrator.models.profile import Artifact, Manifest, RankResult
+from orchestrator.models.profile import Artifact, Manifest, ProfileStatus, RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.settings import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.conftest import RAYPROF_CLI
@@ -316,3 +316,44 @@ def test_watch_tools_pass_the_spec_through_and_answer_typed():
     assert created.structured_content["watch"]["spec"]["slower_than"] == 1.3
     assert [w["id"] for w in listed.structured_content["watches"]] == ["w0"]
     assert left.structured_content["watches"] == [] and store.held == {}
+
+
+class _OneWindow:
+    """A client backend with one profile that is PENDING when submitted and DONE at the first wait."""
+
+    def _status(self, state: ProfileState) -> ProfileStatus:
+        return ProfileStatus(
+            id="p1", target="run", state=state, storage_uri="file:///s/run/p1", created_at=utcnow(),
+            request=ProfileRequest(target="run", steps=1), ranks=[RankResult(rank=0, state=RankState.DONE)],
+            manifest_uri="file:///s/run/p1/manifest.json" if state.is_terminal else None,
+        )
+
+    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
+        return self._status(ProfileState.PENDING)
+
+    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
+        return self._status(ProfileState.DONE)
+
+    def manifest(self, profile_id: str) -> Manifest:
+        return _straggler_manifest()
+
+
+def test_a_waited_profile_sends_progress_notices_with_each_ranks_state():
+    from orchestrator.client import ProfilingClient
+
+    client = ProfilingClient(backend=_OneWindow())  # type: ignore[arg-type]
+
+    async def go() -> tuple[Any, list[tuple[float, str | None]]]:
+        notices: list[tuple[float, str | None]] = []
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            notices.append((done, message))
+
+        async with Client(build_server(lambda: client)) as c:
+            result = await c.call_tool("profile", {"request": {"target": "run", "steps": 1}}, progress_callback=progress)
+        return result, notices
+
+    result, notices = _run(go)
+    assert not result.is_error, result.content[0].text
+    assert result.structured_content["state"] == "DONE"
+    assert notices == [(1, "DONE: rank 0 DONE")]

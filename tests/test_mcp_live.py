@@ -66,8 +66,15 @@ class Transcript:
         self.session = session
         self.lines: list[str] = []
 
-    async def call(self, name: str, arguments: dict[str, Any], *, error: bool = False) -> dict[str, Any] | str:
-        result = await self.session.call_tool(name, arguments, read_timeout_seconds=600)
+    async def call(
+        self, name: str, arguments: dict[str, Any], *, error: bool = False, notices: list[str] | None = None
+    ) -> dict[str, Any] | str:
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            assert notices is not None
+            notices.append(f"{done:g}: {message}")
+
+        callback = progress if notices is not None else None
+        result = await self.session.call_tool(name, arguments, read_timeout_seconds=600, progress_callback=callback)
         text = result.content[0].text
         size = len(text.encode())
         self.lines.append(f"→ {name}({json.dumps(arguments)})\n← {size} bytes{' (error)' if result.is_error else ''}: {text}")
@@ -104,8 +111,12 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             assert first["state"] in ("PENDING", "SCHEDULED", "RUNNING", "COLLECTING") and "get_profile" in first["next"]
             busy = await t.call("profile", {"request": request}, error=True)
             assert "[conflict]" in busy and "queue=true" in busy
-            second = await t.call("profile", {"request": {**request, "queue": True}})
+            notices: list[str] = []
+            second = await t.call("profile", {"request": {**request, "queue": True}}, notices=notices)
             assert second["state"] == "DONE", second
+            # The wait's progress: a notice per state it saw, each rank's state in words.
+            assert notices and notices[0].startswith("1: ") and "rank 0" in notices[0], notices
+            t.lines.append("  progress notices: " + " | ".join(notices))
             first = await t.call("get_profile", {"profile_id": first["id"], "wait": True})
             assert first["state"] == "DONE", first
             # Four training processes share two cores: one window may miss the planted straggler, not three.

@@ -8,10 +8,12 @@ thread, so the client's blocking calls never stall the server's event loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
+import anyio.from_thread
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -33,10 +35,13 @@ from orchestrator.mcp.results import (
 from orchestrator.mcp.tool_errors import tool_errors
 from orchestrator.models.common import Name
 from orchestrator.models.diagnosis import WatchSpec
+from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import MAX_HISTORY_SPAN_S
 
 __all__ = ["ACTING_TOOLS", "ClientSource", "add_tools"]
+
+logger = logging.getLogger(__name__)
 
 ClientSource = Callable[[], ProfilingClient]
 
@@ -62,12 +67,14 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         with tool_errors():
             return _answer(convert.target_list(client().targets()))
 
-    def get_profile(profile_id: ProfileId, wait: bool = False, wait_timeout_s: WaitS = 300.0) -> Annotated[CallToolResult, ProfileResult]:
+    def get_profile(
+        profile_id: ProfileId, ctx: Context, wait: bool = False, wait_timeout_s: WaitS = 300.0
+    ) -> Annotated[CallToolResult, ProfileResult]:
         """A profile's (or stacks bundle's) state, each rank's outcome and, once it ended, its
         analysis: findings with their savings, stragglers, per-rank time and idle attribution."""
         with tool_errors():
             handle = client().get(profile_id)
-            return _answer(_ended(handle, wait, wait_timeout_s))
+            return _answer(_ended(handle, wait, wait_timeout_s, ctx))
 
     def get_findings(profile_id: ProfileId) -> Annotated[CallToolResult, Analysis]:
         """The analysis of an ended profile: findings (largest saving first, with evidence and fix),
@@ -127,6 +134,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
 
     def profile(
         request: ProfileRequest,
+        ctx: Context,
         wait: Annotated[bool, Field(description="Wait for the end and answer with the findings.")] = True,
         wait_timeout_s: WaitS = 300.0,
     ) -> Annotated[CallToolResult, ProfileResult]:
@@ -136,7 +144,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         One window per target at a time: set request.queue=true to run after a running one."""
         with tool_errors():
             handle = client().profile(**request.model_dump(exclude_defaults=True))
-            return _answer(_ended(handle, wait, wait_timeout_s))
+            return _answer(_ended(handle, wait, wait_timeout_s, ctx))
 
     def take_stacks(
         target: Target,
@@ -182,14 +190,31 @@ def _answer(result: BaseModel) -> CallToolResult:
     )
 
 
-def _ended(handle: ProfileHandle, wait: bool, wait_timeout_s: float) -> Annotated[CallToolResult, ProfileResult]:
+def _progress(ctx: Context) -> Callable[[ProfileStatus], None]:
+    """Each status a wait sees as a progress notice (when the caller asked for them): the state and
+    every rank's, numbered 1, 2, ... as the protocol wants progress to grow."""
+    sent = 0
+
+    def report(status: ProfileStatus) -> None:
+        nonlocal sent
+        sent += 1
+        ranks = ", ".join(f"rank {r.rank} {r.state.value}" for r in status.ranks[:16])
+        try:
+            anyio.from_thread.run(ctx.report_progress, sent, None, f"{status.state.value}: {ranks}")
+        except Exception:  # noqa: BLE001 - a notice a transport cannot carry must not fail the wait
+            logger.debug("progress notice not sent", exc_info=True)
+
+    return report
+
+
+def _ended(handle: ProfileHandle, wait: bool, wait_timeout_s: float, ctx: Context) -> ProfileResult:
     """The handle's result now, or (``wait``) at its end; a window still running at the timeout is
     answered as it stands, with what to call next, not as an error."""
     manifest = None
     status = handle.last_status
     if wait and not status.state.is_terminal:
         try:
-            manifest = handle.wait(timeout=wait_timeout_s)
+            manifest = handle.wait(timeout=wait_timeout_s, progress=_progress(ctx))
         except ProfileTimeoutError:
             pass
         status = handle.last_status
