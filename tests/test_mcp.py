@@ -143,7 +143,7 @@ def test_history_is_downsampled_to_max_points_per_rank_and_capped():
     assert isinstance(result, HistoryResult)
     assert [r.rank for r in result.ranks] == [7, 6, 5, 4, 3, 2, 1, 0]  # slowest first
     assert all(len(r.t) == 60 for r in result.ranks)
-    assert result.resolution_s == 60.0
+    assert result.resolution_s == 60.0 and result.ranks_total == 8
     assert result.ranks[0].step_time_ms[0] == pytest.approx(800.0)
     assert result.truncated is None and len(result.model_dump_json()) <= MAX_ANSWER_BYTES
 

@@ -266,6 +266,7 @@ def history_result(history: TargetHistory, max_points: int) -> HistoryResult:
         run=history.run,
         span_s=history.span_s,
         resolution_s=history.resolution_s * widest,
+        ranks_total=history.ranks_total if history.ranks_total is not None else len(ranks),
         ranks=ranks,
     )
 

@@ -196,6 +196,7 @@ class HistoryResult(_Capped):
     run: str | None
     span_s: float
     resolution_s: float = Field(description="Width of one point after downsampling.")
+    ranks_total: int = Field(description="Ranks with points in the span; more than listed when the server kept the slowest.")
     ranks: list[RankPoints] = Field(description="Slowest median first.")
 
 

@@ -48,6 +48,8 @@ ClientSource = Callable[[], ProfilingClient]
 MAX_WAIT_S = 900.0
 """The longest a tool call waits for a window: an agent's call should not hang for longer."""
 MAX_LIST = 50
+HISTORY_RANKS = 16
+"""Ranks a history answer lists at most (the slowest, as the server picks them): more would not fit the cap."""
 ACTING_TOOLS = ("profile", "take_stacks", "create_watch", "delete_watch")
 """Tools that change the live job or what is stored; ``--read-only`` leaves them out."""
 
@@ -117,9 +119,11 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None, Field(description="Only these ranks.")] = None,
         max_points: Annotated[int, Field(ge=2, le=240, description="Points per rank at most.")] = 60,
     ) -> Annotated[CallToolResult, HistoryResult]:
-        """Step time per rank over time (slowest median first), downsampled: when it slowed and which rank."""
+        """Step time per rank over time (slowest median first), downsampled: when it slowed and which rank.
+        Of many ranks the slowest are listed (`ranks_total` says how many had points)."""
         with tool_errors():
-            answer = client().history(target, run=run, span_s=span_s, ranks=ranks)
+            # The server's budget is every rank's points together: enough for HISTORY_RANKS ranks at max_points.
+            answer = client().history(target, run=run, span_s=span_s, ranks=ranks, max_points=max_points * HISTORY_RANKS)
             return _answer(convert.history_result(answer, max_points))
 
     def list_watches() -> Annotated[CallToolResult, WatchList]:
