@@ -100,8 +100,8 @@ def _child(kind: str, folder: str) -> None:
     info: dict[str, Any] = {}
     if kind == "rayprof":
         from orchestrator.analysis import analyze_for_merge
+        from orchestrator.traces.discover import discover_traces
         from orchestrator.traces.fanout import process_pool
-        from orchestrator.traces.loader import discover_traces
         from orchestrator.traces.merge import merge_traces
 
         # One worker per core: the per-rank work the controller runs as Ray tasks, here in local processes.

@@ -29,7 +29,7 @@ from benchmarks._stats import Result
 from benchmarks.analysis_scale import _SOURCES
 from orchestrator.models.merge_stats import RankAlignment
 from orchestrator.traces.clocks import align, wall_clock_note
-from orchestrator.traces.loader import TraceFile
+from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.merge_plan import RankScan, scan_rank
 
 NAME = "clock_alignment"

@@ -134,7 +134,7 @@ def _child(kind: str, spec_path: str, traced: bool) -> None:
     from orchestrator.models.profile import Artifact, Manifest, RankResult
     from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
     from orchestrator.storage import FileStorage
-    from orchestrator.traces.loader import discover_traces
+    from orchestrator.traces.discover import discover_traces
     from orchestrator.traces.merge import merge_traces
 
     spec = json.loads(Path(spec_path).read_text())

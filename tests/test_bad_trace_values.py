@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.analysis.front import analyze_folder
-from orchestrator.traces.loader import discover_traces
+from orchestrator.traces.discover import discover_traces
 from tests.tracefiles import write_trace, x_event
 
 

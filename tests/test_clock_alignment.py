@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from orchestrator.analysis import Summary, analyze_for_merge
 from orchestrator.models.merge_stats import MergeStats
-from orchestrator.traces.loader import discover_traces
+from orchestrator.traces.discover import discover_traces
 from orchestrator.traces.merge import PID_STRIDE, merge_traces
 from tests.tracefiles import load_trace, shared, write_trace, x_event
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.traces.loader import discover_traces
+from orchestrator.traces.discover import discover_traces
 from orchestrator.traces.merge import ID_STRIDE, merge_folder, merge_traces
 from tests.tracefiles import case, shared, write_trace, x_event
 

@@ -20,8 +20,8 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Manifest, PostprocessProgress, RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
+from orchestrator.traces.discover import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.fanout import process_pool, serial
-from orchestrator.traces.loader import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge import merge_traces
 from tests.tracefiles import case, write_trace, x_event
 

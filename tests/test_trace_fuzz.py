@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.traces.loader import discover_traces, load_rank
+from orchestrator.traces.discover import discover_traces
+from orchestrator.traces.loader import load_rank
 from orchestrator.traces.merge import merge_folder
 from orchestrator.traces.stream import TraceParseError, iter_trace
 from tests.tracefiles import write_trace, x_event

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from orchestrator.traces.loader import RankTrace, TraceSet, discover_traces, load_rank
+from orchestrator.traces.discover import TraceSet, discover_traces
+from orchestrator.traces.loader import RankTrace, load_rank
 from orchestrator.traces.stream import TraceParseError, TraceReader, iter_trace, read_header
 from tests.tracefiles import EXTERNAL, shared, write_trace, x_event
 

@@ -28,8 +28,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.models.profile import PostprocessProgress
+from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.fanout import RankFn
-from orchestrator.traces.loader import TraceFile
 
 __all__ = ["PostprocessCancelled", "RayRankMap"]
 

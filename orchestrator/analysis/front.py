@@ -1,7 +1,7 @@
 """The analysis front: a folder of rank traces in, a :class:`Summary` out.
 
 Thin on purpose (the shape of HTA's ``trace_analysis.py``): the loader maps
-ranks to files (:mod:`orchestrator.traces.loader`), each rank is analysed on
+ranks to files (:mod:`orchestrator.traces.discover`), each rank is analysed on
 its own and dropped before the next is loaded (:mod:`orchestrator.analysis.rank`),
 and the cross-rank analyses and findings are functions over the per-rank
 results (:mod:`orchestrator.analysis.cross`, :mod:`orchestrator.analysis.findings`).
@@ -19,10 +19,12 @@ from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.models.analysis import Finding, RankSummary, Summary
+from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.traces.clocks import align, wall_clock_note
+from orchestrator.traces.discover import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gcpause import gc_paused
-from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces, load_rank
+from orchestrator.traces.loader import load_rank
 from orchestrator.traces.merge_plan import RankScan, RankScanner
 from orchestrator.traces.stream import TraceParseError
 

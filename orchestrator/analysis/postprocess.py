@@ -25,8 +25,8 @@ from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Artifact, Manifest
 from orchestrator.storage import open_storage
+from orchestrator.traces.discover import TraceFile, TraceSet
 from orchestrator.traces.fanout import RankMap, fetching, serial
-from orchestrator.traces.loader import TraceFile, TraceSet
 from orchestrator.traces.merge import merge_traces
 from orchestrator.traces.merge_plan import MergeStats
 

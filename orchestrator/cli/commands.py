@@ -306,8 +306,8 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
     from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
     from orchestrator.layout import MERGED_TRACE_NAME
+    from orchestrator.traces.discover import discover_traces
     from orchestrator.traces.fanout import process_pool
-    from orchestrator.traces.loader import discover_traces
     from orchestrator.traces.merge import merge_traces
 
     if not folder.is_dir():

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.storage import open_storage
-from orchestrator.traces.loader import RejectedTrace, TraceFile
+from orchestrator.traces.discover import TraceFile
 
 __all__ = ["RankFn", "RankMap", "fetching", "process_pool", "serial"]
 

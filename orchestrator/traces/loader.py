@@ -1,15 +1,7 @@
-"""Find rank traces in a folder and load one rank's trace into compact, typed form.
+"""Load one rank's trace into compact, typed form (the files were found by
+:mod:`orchestrator.traces.discover`).
 
-Two steps, kept apart so that merge and analysis can share the first:
-
-* :func:`discover_traces` maps rank -> file from each file's header alone. A
-  rank comes from ``distributedInfo.rank``, else from a ``rank<N>`` token in
-  the file name. A file that names no rank at all (plain torch.profiler, the
-  TensorBoard samples) is rank 0 when it is the folder's only trace, else takes
-  the lowest free rank in file name order, with a note in ``issues``. A file
-  whose rank is unreadable, contradicted by its name, or claimed by another
-  file too is *rejected with a reason*: never replaced silently.
-* :func:`load_rank` streams one file (msgspec-typed, see
+:func:`load_rank` streams one file (msgspec-typed, see
   :mod:`orchestrator.traces.stream`) and keeps only what the analysis needs:
   spans of a few categories, memory peaks, device properties, and what kind of
   trace it is (device, schedule, PyTorch 1.8/1.9 category names).
@@ -19,19 +11,16 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter, sub
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict
 
-from orchestrator.layout import MAX_STEP_DIGITS, TRACE_SUFFIXES, parse_trace_name, rank_in_name
-from orchestrator.models.merge_stats import RejectedTrace
-from orchestrator.traces.stream import TraceParseError, TraceReader, read_header
+from orchestrator.layout import MAX_STEP_DIGITS
+from orchestrator.traces.discover import TraceFile
+from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
     "LEGACY_CATEGORIES",
@@ -39,17 +28,12 @@ __all__ = [
     "BatchHook",
     "Device",
     "RankTrace",
-    "RejectedTrace",
     "Span",
-    "TraceFile",
-    "TraceSet",
     "canonical_category",
-    "discover_traces",
     "load_rank",
 ]
 
 Device = Literal["cuda", "rocm", "mtia", "cpu"]
-RankSource = Literal["distributedInfo", "file name", "lone file", "file order"]
 
 # PyTorch 1.8/1.9 (and the TensorBoard plugin's samples) wrote these category names;
 # the plugin matched them case-insensitively, and so do we.
@@ -79,142 +63,9 @@ MAX_SPAN_US = 7 * 86_400e6
 _ROCM_HEADER_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version", "rocprofiler_version")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TraceFile(_Model):
-    """One accepted rank trace and what its header says."""
-
-    rank: int
-    path: Path
-    host: str | None = None
-    world_size: int | None = None
-    base_time_ns: int = 0
-    # Where the rank came from; "lone file" and "file order" mean the trace named none.
-    rank_source: RankSource = "distributedInfo"
-
-
-class TraceSet(_Model):
-    """The result of :func:`discover_traces`: accepted files sorted by rank, plus the rest."""
-
-    folder: Path
-    files: list[TraceFile]
-    rejected: list[RejectedTrace]
-    issues: list[str]
-
-
 def canonical_category(cat: str) -> str:
     """Today's Kineto name for a category (``Operator`` -> ``cpu_op``); unknown names unchanged."""
     return LEGACY_CATEGORIES.get(cat.lower(), cat) if cat not in _KEPT_CATEGORIES else cat
-
-
-def _trace_folder(folder: Path) -> Path:
-    # A profile folder keeps its traces in traces/; a plain folder holds them directly.
-    sub = folder / "traces"
-    return sub if sub.is_dir() else folder
-
-
-def _inspect(path: Path) -> TraceFile | RejectedTrace:
-    """The file's rank from its header or name; ``rank=-1`` when it names none."""
-    name_rank = rank_in_name(path.name)
-    try:
-        header = read_header(path)
-    except TraceParseError as exc:
-        return RejectedTrace(path=path, rank=name_rank, reason=f"unreadable trace: {exc}")
-    info = header.get("distributedInfo")
-    info_rank = info.get("rank") if isinstance(info, dict) else None
-    if info_rank is not None and (not isinstance(info_rank, int) or isinstance(info_rank, bool) or info_rank < 0):
-        return RejectedTrace(path=path, rank=name_rank, reason=f"distributedInfo.rank is not a rank: {info_rank!r}")
-    if info_rank is not None and name_rank is not None and info_rank != name_rank:
-        return RejectedTrace(
-            path=path, rank=info_rank, reason=f"file name says rank {name_rank} but distributedInfo says rank {info_rank}"
-        )
-    world_size = info.get("world_size") if isinstance(info, dict) else None
-    host = header.get("host_name")
-    if not isinstance(host, str):
-        parsed = parse_trace_name(path.name)
-        host = parsed[1] if parsed else None
-    base = header.get("baseTimeNanoseconds", 0)
-    if isinstance(base, int) and not isinstance(base, bool) and not 0 <= base < 2**63:
-        return RejectedTrace(
-            path=path, rank=name_rank, reason=f"baseTimeNanoseconds ({base.bit_length()} bits) is not a time any clock wrote"
-        )
-    rank, source = (info_rank, "distributedInfo") if info_rank is not None else (name_rank, "file name")
-    return TraceFile(
-        rank=-1 if rank is None else rank,
-        path=path,
-        host=host,
-        world_size=world_size if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size > 0 else None,
-        base_time_ns=base if isinstance(base, int) and not isinstance(base, bool) else 0,
-        rank_source=source,
-    )
-
-
-def _gaps(present: list[int], world_size: int) -> str:
-    """The ranks below ``world_size`` not in ``present`` (sorted), as ranges: ``0-2, 5``. From the ranks
-    present, so a 300-rank job missing 299 ranks, or a header claiming 10^12, stays one short line."""
-    runs, start = [], 0
-    for rank in [*present, world_size]:
-        if rank > start:
-            runs.append(str(start) if rank - 1 == start else f"{start}-{rank - 1}")
-        start = rank + 1
-    return ", ".join(runs)
-
-
-def discover_traces(folder: Path) -> TraceSet:
-    """Map ranks to trace files in a profile folder (``traces/``) or a plain folder of traces.
-
-    Files are ``*.pt.trace.json`` or ``*.pt.trace.json.gz``. Raises
-    ``FileNotFoundError`` when the folder does not exist; everything else is
-    reported in the result.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no such folder: {folder}")
-    paths = sorted(p for p in _trace_folder(folder).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-    by_rank: dict[int, list[TraceFile]] = defaultdict(list)
-    rejected: list[RejectedTrace] = []
-    unranked: list[TraceFile] = []
-    for path in paths:
-        result = _inspect(path)
-        if isinstance(result, RejectedTrace):
-            rejected.append(result)
-        elif result.rank < 0:
-            unranked.append(result)
-        else:
-            by_rank[result.rank].append(result)
-    issues: list[str] = []
-    if len(unranked) == 1 and not by_rank:
-        by_rank[0].append(unranked[0].model_copy(update={"rank": 0, "rank_source": "lone file"}))
-    elif unranked:
-        free = (n for n in range(len(by_rank) + len(unranked)) if n not in by_rank)
-        for tf in unranked:
-            rank = next(free)
-            by_rank[rank].append(tf.model_copy(update={"rank": rank, "rank_source": "file order"}))
-            issues.append(f"{tf.path.name} names no rank: taken as rank {rank} by file name order")
-    files: list[TraceFile] = []
-    for rank in sorted(by_rank):
-        claimants = by_rank[rank]
-        if len(claimants) == 1:
-            files.append(claimants[0])
-            continue
-        # Which one is right cannot be known from the files: keep neither.
-        names = ", ".join(tf.path.name for tf in claimants)
-        for tf in claimants:
-            rejected.append(RejectedTrace(path=tf.path, rank=rank, reason=f"duplicate rank {rank}: claimed by {names}"))
-    sizes = {tf.rank: tf.world_size for tf in files if tf.world_size is not None}
-    if len(set(sizes.values())) > 1:
-        issues.append(f"ranks disagree on world_size: {sizes}")
-    elif sizes:
-        world_size = next(iter(sizes.values()))
-        # From the ranks present, never from range(world_size): a header may claim any number.
-        present = sorted(tf.rank for tf in files if tf.rank < world_size)
-        if len(present) < world_size:
-            issues.append(f"no usable trace for rank(s) [{_gaps(present, world_size)}] of world_size {world_size}")
-    if not paths:
-        issues.append(f"no *.pt.trace.json[.gz] files in {_trace_folder(folder)}")
-    return TraceSet(folder=folder, files=files, rejected=rejected, issues=issues)
 
 
 class Span(msgspec.Struct, frozen=True, gc=False):

@@ -47,11 +47,11 @@ from typing import Any
 import msgspec
 
 from orchestrator.config import max_merged_bytes
-from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment, RejectedTrace
 from orchestrator.traces.clocks import align, wall_clock_note
+from orchestrator.traces.discover import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gzjoin import GzipFile
-from orchestrator.traces.loader import RejectedTrace, TraceFile, TraceSet, discover_traces
 from orchestrator.traces.merge_plan import RankScan, bucket_floor_us, plan, scan_ranks
 from orchestrator.traces.merge_write import ID_STRIDE, PID_STRIDE, WriteJob, write_rank
 from orchestrator.traces.stream import TraceParseError, read_header

@@ -26,9 +26,10 @@ import msgspec
 
 from orchestrator import settings
 from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.fanout import RankMap
 from orchestrator.traces.gcpause import gc_paused
-from orchestrator.traces.loader import TIME_RANGE_US, TraceFile, canonical_category
+from orchestrator.traces.loader import TIME_RANGE_US, canonical_category
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [

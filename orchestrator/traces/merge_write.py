@@ -14,9 +14,9 @@ import msgspec
 
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.merge_stats import RankAlignment
+from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.gcpause import gc_paused
 from orchestrator.traces.gzjoin import Deflate
-from orchestrator.traces.loader import TraceFile
 from orchestrator.traces.merge_plan import MARKER, TIER_NAMES, new_metadata
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
