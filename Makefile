@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: device-wheels lint setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
+.PHONY: device-wheels docs lint setup browser test test-extended test-unit setup-oldest-ray-deps setup-oldest-ray test-oldest-ray demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ browser:
 	else echo "make: the console tests need /usr/bin/chromium: run 'sudo apt-get install -y chromium'" >&2; exit 1; fi
 
 setup: $(VENV)/.installed
+
+# docs/configuration.md is generated from orchestrator/settings_doc.py (a test fails when it is stale).
+docs: setup
+	$(PY) -m orchestrator.settings_doc --write
 
 lint: setup
 	$(PY) -m ruff check .

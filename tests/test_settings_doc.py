@@ -1,39 +1,41 @@
-"""Every setting in ``orchestrator.settings`` is in README's settings table, with its default."""
+"""docs/configuration.md is generated from ``orchestrator.settings_doc`` and names every setting of
+``orchestrator.settings`` with the default the code uses; README links to it instead of keeping a copy."""
 
 from __future__ import annotations
 
-import re
-
-from orchestrator import settings
+from orchestrator import settings, settings_doc
 from tests.conftest import REPO
 
-_ROW = re.compile(r"^\| (`RAYPROF_[A-Z0-9_]+`(?: / `RAYPROF_[A-Z0-9_]+`)*) \| .* \| (.+) \|$")
+
+def _settings() -> set[str]:
+    return {getattr(settings, n) for n in dir(settings) if n.endswith("_ENV_VAR")}
 
 
-def _readme_rows() -> dict[str, str]:
-    rows: dict[str, str] = {}
-    for line in (REPO / "README.md").read_text().splitlines():
-        m = _ROW.match(line)
-        if m and "TEST_" not in m.group(1):
-            names = re.findall(r"RAYPROF_[A-Z0-9_]+", m.group(1))
-            defaults = [d.strip() for d in m.group(2).split(" / ")]
-            for i, name in enumerate(names):
-                rows[name] = defaults[i] if len(defaults) == len(names) else m.group(2)
-    return rows
+def test_every_setting_has_a_row_and_every_row_a_setting():
+    documented = settings_doc.documented()
+    assert len(documented) == len(set(documented)), "a setting has two rows"
+    assert set(documented) == _settings()
 
 
-def _settings() -> dict[str, str]:
-    return {getattr(settings, n): n.removesuffix("_ENV_VAR") for n in dir(settings) if n.endswith("_ENV_VAR")}
+def test_the_page_is_current():
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert page == settings_doc.render(), "docs/configuration.md is stale: run `make docs`"
 
 
-def test_every_setting_has_a_readme_row_and_every_row_a_setting():
-    assert sorted(_readme_rows()) == sorted(_settings())
+def test_numeric_defaults_are_read_from_the_code_not_written_by_hand():
+    for section in settings_doc.SECTIONS:
+        for row in section.rows:
+            stems = [next(n for n in dir(settings) if getattr(settings, n) == env and n.endswith("_ENV_VAR")) for env in row.env_vars]
+            numeric = all(isinstance(getattr(settings, "DEFAULT_" + s.removesuffix("_ENV_VAR"), None), int | float) for s in stems)
+            assert numeric == (row.default is None), f"{row.env_vars}: numeric defaults come from DEFAULT_*"
 
 
-def test_numeric_defaults_in_the_readme_match_the_code():
-    rows = _readme_rows()
-    for env, stem in _settings().items():
-        default = getattr(settings, f"DEFAULT_{stem}", None)
-        cell = rows[env]
-        if isinstance(default, int | float) and re.fullmatch(r"[0-9.]+", cell):
-            assert float(cell) == float(default), f"{env}: README says {cell}, code says {default}"
+def test_byte_sizes_are_shown_in_mib():
+    row = next(r for s in settings_doc.SECTIONS for r in s.rows if r.env_vars == (settings.MAX_TRACE_BYTES_ENV_VAR,))
+    assert row.default_text() == "512 MiB"
+
+
+def test_readme_links_the_page_and_keeps_no_copy_of_the_table():
+    readme = (REPO / "README.md").read_text()
+    assert "docs/configuration.md" in readme
+    assert not any(line.startswith("| `RAYPROF_") for line in readme.splitlines())
