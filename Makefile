@@ -21,9 +21,9 @@ browser:
 
 setup: $(VENV)/.installed
 
-# docs/configuration.md is generated from orchestrator/settings_doc.py (a test fails when it is stale).
+# docs/configuration.md and docs/architecture.md's code map are generated (a test fails when one is stale).
 docs: setup
-	$(PY) -m orchestrator.settings_doc --write
+	$(PY) docs/generate.py
 
 lint: setup
 	$(PY) -m ruff check .
