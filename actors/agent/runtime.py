@@ -1,7 +1,7 @@
 """The agent that lives inside every Ray Train worker process.
 
 Public surface: :func:`attach` (call it in the train function) and :func:`step`
-(an explicit step boundary); the setup hook (:mod:`actors.agent.hook`) calls
+(an explicit step boundary); the setup hook (:func:`actors.agent.install`) calls
 :func:`adopt_lazy_hook` at a worker's first optimizer step.
 
 Hot path: a step boundary increments a counter and checks one attribute. Only
