@@ -28,9 +28,10 @@ docs: setup
 lint: setup
 	$(PY) -m ruff check .
 	# Strict types where processes meet: the models, the storage layout, the export child's contract,
-	# the CUDA allocator seam.
+	# the CUDA allocator seam, the agent side's RPC.
 	$(PY) -m mypy --strict --follow-imports=silent --ignore-missing-imports \
-		orchestrator/models/ orchestrator/layout.py actors/export/contract.py actors/agent/cuda_memory.py
+		orchestrator/models/ orchestrator/layout.py actors/export/contract.py actors/agent/cuda_memory.py \
+		actors/upstream.py
 
 test: setup browser lint
 	$(PY) -m pytest -q -ra -m 'not extended'

@@ -156,7 +156,7 @@ class Driver:
     def window(self, loop: Loop, profile_id: str, **options: Any) -> dict[str, Any]:
         """Arm one window 2 steps ahead, train through it and its upload; the rank's last event and trace facts."""
         from orchestrator.config import normalize_uri
-        from orchestrator.models.agent_protocol import Command, StorageSpec, WindowSpec
+        from orchestrator.models.agent_protocol import ArmCommand, StorageSpec, WindowSpec
         from orchestrator.models.requests import TorchOptions
 
         activities = self.activities
@@ -166,7 +166,7 @@ class Driver:
             options=TorchOptions(activities=activities, **options),
             storage=StorageSpec(uri=normalize_uri(str(self.store))), prefix=f"gpu/{profile_id}", max_trace_bytes=2**30,
         )
-        self.agent._handle(Command(kind="arm", window=window))
+        self.agent._handle(ArmCommand(window=window))
         capture = self.agent.capture
         assert capture is not None
         self.boundary_ms = []

@@ -23,10 +23,15 @@ from actors.controller.actor import Controller
 from actors.controller.persistence import Persistence
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import (
+    ArmCommand,
+    CancelCommand,
     Command,
     Heartbeat,
+    MemoryHistoryCommand,
     OomReport,
+    RegisterCommand,
     SnapshotDestination,
+    StacksCommand,
     StorageSpec,
     WindowSpec,
     WorkerInfo,
@@ -168,28 +173,23 @@ class FakeAgent:
             command: Command | None = await self.controller.poll(
                 Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s), self.secret
             )
-            if command is None or command.kind == "sync":
-                continue
-            if command.kind == "stacks":
-                if self.stack is not None:
-                    reply = self.stacks(command.profile_id)
-                    if command.memory is not None:
-                        reply = reply.model_copy(update=self.snapshot(command.memory))
-                    await self.controller.stacks_reply(reply, self.secret)
-                continue
-            if command.kind == "memory_history":
-                self.recording = command.record
-                continue
-            if command.kind == "register":
-                await self.register()
-            elif command.kind == "arm":
-                assert command.window is not None
-                self.windows.append(command.window)
-                self.window_task = asyncio.create_task(self._window(command.window))
-                self._tasks.append(self.window_task)
-            elif command.kind == "cancel":
-                assert command.profile_id is not None
-                self.cancelled.add(command.profile_id)
+            match command:
+                case StacksCommand(profile_id=bundle_id, memory=memory):
+                    if self.stack is not None:
+                        reply = self.stacks(bundle_id)
+                        if memory is not None:
+                            reply = reply.model_copy(update=self.snapshot(memory))
+                        await self.controller.stacks_reply(reply, self.secret)
+                case MemoryHistoryCommand(record=record):
+                    self.recording = record
+                case RegisterCommand():
+                    await self.register()
+                case ArmCommand(window=window):
+                    self.windows.append(window)
+                    self.window_task = asyncio.create_task(self._window(window))
+                    self._tasks.append(self.window_task)
+                case CancelCommand(profile_id=profile_id):
+                    self.cancelled.add(profile_id)
 
     def stacks(self, bundle_id: str | None) -> RankStacks:
         assert bundle_id is not None and self.stack is not None

@@ -94,3 +94,55 @@ def test_ordinary_artifact_keys_are_accepted():
     key = "traces/rank0.host-1.42.pt.trace.json.gz"
 
     assert Artifact(kind="trace", key=key, uri="file:///x", bytes=0, sha256="0" * 64).key == key
+
+
+def _window() -> dict:
+    return {
+        "profile_id": "p1", "target": "run", "start_step": 10, "steps": 2, "warmup": 0, "options": {},
+        "storage": {"uri": "file:///tmp/x"}, "prefix": "profiles/p1", "max_trace_bytes": 1,
+    }
+
+
+def test_a_nodes_commands_validate_each_as_its_own_kind():
+    from orchestrator.models.agent_protocol import (
+        ArmCommand,
+        CancelCommand,
+        MemoryHistoryCommand,
+        NodeReply,
+        RegisterCommand,
+        StacksCommand,
+        SyncCommand,
+    )
+
+    commands = [
+        {"kind": "sync"}, {"kind": "arm", "window": _window()}, {"kind": "cancel", "profile_id": "p1"},
+        {"kind": "register"}, {"kind": "stacks", "profile_id": "b1", "native": True}, {"kind": "memory_history", "record": True},
+    ]
+    reply = NodeReply.model_validate({"commands": {"agent": commands}})
+    got = reply.commands["agent"]
+    assert [type(c) for c in got] == [
+        SyncCommand, ArmCommand, CancelCommand, RegisterCommand, StacksCommand, MemoryHistoryCommand
+    ]
+    assert NodeReply.model_validate_json(reply.model_dump_json()) == reply
+
+
+@pytest.mark.parametrize(
+    "command",
+    [{"kind": "arm"}, {"kind": "cancel"}, {"kind": "stacks"}, {"kind": "memory_history"}, {"kind": "sync", "window": _window()},
+     {"kind": "nap"}, {}],
+)
+def test_a_command_without_what_its_kind_needs_or_with_what_it_does_not_is_rejected(command):
+    from orchestrator.models.agent_protocol import NodeReply
+
+    with pytest.raises(ValidationError):
+        NodeReply.model_validate({"commands": {"agent": [command]}})
+
+
+def test_a_command_survives_the_pickling_ray_does_as_its_own_kind():
+    import pickle
+
+    from orchestrator.models.agent_protocol import ArmCommand, NodeReply, StacksCommand, WindowSpec
+
+    reply = NodeReply(commands={"a": [ArmCommand(window=WindowSpec.model_validate(_window())), StacksCommand(profile_id="b1")]})
+    again = pickle.loads(pickle.dumps(reply))
+    assert again == reply and [type(c) for c in again.commands["a"]] == [ArmCommand, StacksCommand]

@@ -10,8 +10,7 @@ from actors.controller.actor import Controller
 from actors.controller.registry import Registry
 from actors.relay import RelayCore
 from orchestrator.errors import ForbiddenError
-from orchestrator.models.agent_protocol import Heartbeat
-from orchestrator.models.control import NodePoll
+from orchestrator.models.agent_protocol import Heartbeat, NodePoll
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from tests.fake_agents import FakeAgent, make_controller, run, start_agents, wait_terminal, worker_info
@@ -92,6 +91,20 @@ def test_a_window_costs_the_controller_a_few_calls_per_node_not_per_rank(home):
     # rank by rank that is 64 reports and 32+ polls; four nodes batch them.
     assert used["report_many"] < 64 / 2
     assert used["poll_node"] < 32 / 2
+
+
+def test_an_out_of_memory_report_goes_through_the_relay_to_the_controller_at_once(home):
+    async def go():
+        c = make_controller(home)
+        agents, relays = await start_relayed(c, 4)
+        await agents[1].oom(asked_bytes=2048, free_bytes=300)
+        for a in agents:
+            await a.stop()
+        return c, relays
+
+    c, relays = run(go())
+    assert calls(relays, "oom") == 1
+    assert c._watches.oom._latest["run"].oom.rank == 1
 
 
 def test_a_forwarded_heartbeat_is_dated_to_when_the_rank_sent_it():

@@ -7,7 +7,7 @@ import asyncio
 
 from actors.controller.registry import Registry
 from orchestrator.errors import StorageError
-from orchestrator.models.agent_protocol import Command
+from orchestrator.models.agent_protocol import SyncCommand
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from tests.fake_agents import (
@@ -116,7 +116,7 @@ def test_a_command_queued_to_a_dropped_worker_reaches_it_when_it_registers_again
     info = worker_info(0, 2)
     worker, _ = registry.register(info)
     assert worker is not None
-    queued = Command(kind="sync")
+    queued = SyncCommand()
     worker.send(queued)
     registry.drop(info.agent_id, "no heartbeat for over 20s")
     other, _ = registry.register(worker_info(1, 2))  # another agent gets nothing of it

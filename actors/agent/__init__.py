@@ -12,11 +12,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.agent.hook import install
+from actors.agent import hook
 
 __all__ = ["Agent", "attach", "install", "step"]
 
 _RUNTIME_NAMES = ("Agent", "attach", "step")
+
+
+def install() -> None:
+    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker.
+
+    Use with ``runtime_env={"worker_process_setup_hook": "actors.agent.install"}``.
+    In processes that are not Ray Train workers the hook removes itself at their
+    first optimizer step (most never take one).
+    """
+    hook.install(_adopt)
+
+
+def _adopt(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The first optimizer step: load the runtime (which imports torch's profiler) and let it attach.
+    Here, not in the hook, so that the hook imports nothing of the runtime that imports it."""
+    from actors.agent import runtime
+
+    runtime.adopt_lazy_hook(handle, optimizer, args, kwargs)
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,10 @@ Ray-assigned count (2 against 1 on a 2-core machine, +4 to +7% per step on a
 small job; far more oversubscription on a large node). So this module imports
 only the standard library, and registers the optimizer hook the moment the
 worker's own code finishes importing ``torch.optim.optimizer``.
+
+It knows nothing of the agent: :func:`install` is given what to call at the
+first step (``actors.agent.install`` hands it the runtime's attach), so the
+runtime may import this module without an import circle.
 """
 
 from __future__ import annotations
@@ -22,15 +26,19 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["discard", "install"]
+__all__ = ["FirstStep", "discard", "install"]
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 
+FirstStep = Callable[[Any, Any, Any, Any], None]
+"""Called at the first optimizer step with the hook's handle (to remove it), the optimizer, args, kwargs."""
+
 _lock = threading.Lock()
 _handle: Any = None
 _finder: _AfterImport | None = None
+_then: FirstStep | None = None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -77,18 +85,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             pass
 
 
-def install() -> None:
-    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker.
+def install(then: FirstStep) -> None:
+    """Call ``then`` at this process's first optimizer step (``actors.agent.install`` is the setup hook).
 
-    Use with ``runtime_env={"worker_process_setup_hook": "actors.agent.install"}``.
     Imports nothing beyond the standard library here: torch is imported by the
-    training code, and the hook is registered when it is. In processes that are
-    not Ray Train workers the hook removes itself at their first optimizer step
-    (most never take one). Never raises: Ray kills a worker whose setup hook fails.
+    training code, and the hook is registered when it is. Never raises: Ray kills
+    a worker whose setup hook fails.
     """
-    global _finder
+    global _finder, _then
     try:
         with _lock:
+            _then = then
             module = sys.modules.get(OPTIMIZER_MODULE)
             if module is not None and hasattr(module, "register_optimizer_step_post_hook"):
                 _register(module)
@@ -122,13 +129,13 @@ def _register(module: ModuleType) -> None:
 
 
 def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """The first optimizer step of this process: hand over to the agent's runtime (which imports torch's profiler)."""
+    """The first optimizer step of this process: hand over to what :func:`install` was given."""
     global _handle
     handle, _handle = _handle, None
     try:
-        from actors.agent import runtime
-
-        runtime.adopt_lazy_hook(handle, optimizer, args, kwargs)
+        if _then is None:
+            raise RuntimeError("the first-step hook fired without install()")
+        _then(handle, optimizer, args, kwargs)
     except Exception:
         logger.exception("rayprof: attaching the agent failed; this worker runs without one")
         if handle is not None:

@@ -1,7 +1,7 @@
 """The agent that lives inside every Ray Train worker process.
 
 Public surface: :func:`attach` (call it in the train function) and :func:`step`
-(an explicit step boundary); the setup hook (:mod:`actors.agent.hook`) calls
+(an explicit step boundary); the setup hook (:func:`actors.agent.install`) calls
 :func:`adopt_lazy_hook` at a worker's first optimizer step.
 
 Hot path: a step boundary increments a counter and checks one attribute. Only
@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,20 @@ from actors.agent.cuda_memory import TorchAllocator
 from actors.agent.memory_watch import MemoryWatch
 from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
-from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
+from actors.upstream import AgentUpstreamRpc
+from orchestrator.models.agent_protocol import (
+    ArmCommand,
+    CancelCommand,
+    Command,
+    Heartbeat,
+    MemoryHistoryCommand,
+    OomReport,
+    RegisterCommand,
+    StacksCommand,
+    SyncCommand,
+    WindowSpec,
+    WorkerInfo,
+)
 from orchestrator.models.common import to_name, utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
@@ -46,6 +59,9 @@ from orchestrator.settings import (
     env_float,
     env_int,
 )
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 __all__ = ["Agent", "adopt_lazy_hook", "attach", "step"]
 
@@ -116,69 +132,75 @@ class Agent:
         return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s, step_definition=definition)
 
     def _handle(self, command: Command) -> None:
-        """Carry out ``arm``, ``cancel``, ``stacks`` or ``memory_history``; ``sync`` needs nothing but the next poll."""
-        if command.kind == "stacks":
-            assert command.profile_id is not None
-            stacks = take_stacks(
-                command.profile_id,
-                self.info.agent_id,
-                self.step_count,
-                self.training_thread,
-                command.native,
-                command.max_bytes,
-            )
-            if command.memory is not None:
-                title = f"CUDA memory of rank {self.info.world_rank}, bundle {command.profile_id}"
-                artifacts, note = self.memory.snapshot_to(command.memory, title)
-                stacks = stacks.model_copy(update={"artifacts": artifacts, "memory_note": note})
-            self._inbox.put(("event", stacks))
-        elif command.kind == "memory_history":
-            self.memory.record(command.record)
-        elif command.kind == "arm":
-            window = command.window
-            assert window is not None
-            if self.capture is not None and not self.capture.closed:
-                self._emit(
-                    RankEvent(
-                        profile_id=window.profile_id,
-                        agent_id=self.info.agent_id,
-                        state=RankState.FAILED,
-                        reason=f"window {self.capture.window.profile_id} still open on this rank",
-                    )
-                )
-                return
-            self.capture = Capture(window, self.info, self._emit, self._window_closed)
-            self._emit(
-                RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED, at=utcnow())
-            )
-        elif command.kind == "cancel":
-            capture = self.capture
-            if capture is not None and capture.window.profile_id == command.profile_id:
-                capture.cancelled = True
+        """Carry out a command; ``sync`` needs nothing but the next poll, ``register`` is the poll thread's."""
+        match command:
+            case StacksCommand():
+                self._stacks(command)
+            case MemoryHistoryCommand(record=record):
+                self.memory.record(record)
+            case ArmCommand(window=window):
+                self._arm(window)
+            case CancelCommand(profile_id=profile_id):
+                capture = self.capture
+                if capture is not None and capture.window.profile_id == profile_id:
+                    capture.cancelled = True
+            case SyncCommand() | RegisterCommand():
+                pass
 
-    def _find_upstream(self) -> Any:
+    def _stacks(self, command: StacksCommand) -> None:
+        stacks = take_stacks(
+            command.profile_id,
+            self.info.agent_id,
+            self.step_count,
+            self.training_thread,
+            command.native,
+            command.max_bytes,
+        )
+        if command.memory is not None:
+            title = f"CUDA memory of rank {self.info.world_rank}, bundle {command.profile_id}"
+            artifacts, note = self.memory.snapshot_to(command.memory, title)
+            stacks = stacks.model_copy(update={"artifacts": artifacts, "memory_note": note})
+        self._inbox.put(("event", stacks))
+
+    def _arm(self, window: WindowSpec) -> None:
+        if self.capture is not None and not self.capture.closed:
+            self._emit(
+                RankEvent(
+                    profile_id=window.profile_id,
+                    agent_id=self.info.agent_id,
+                    state=RankState.FAILED,
+                    reason=f"window {self.capture.window.profile_id} still open on this rank",
+                )
+            )
+            return
+        self.capture = Capture(window, self.info, self._emit, self._window_closed)
+        self._emit(
+            RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED, at=utcnow())
+        )
+
+    def _find_upstream(self) -> AgentUpstreamRpc | None:
         """Whom to call: this node's relay when the job is large enough, else the controller itself."""
         from actors.controller.handle import find_controller
 
         controller = find_controller()
         if controller is None or not self.uses_relay:
-            return controller
+            return None if controller is None else AgentUpstreamRpc(controller)
         try:
             from actors.relay.relay_actor import relay_for
 
-            return relay_for(self.info, self._poll_timeout_s)
+            return AgentUpstreamRpc(relay_for(self.info, self._poll_timeout_s))
         except Exception as e:
             logger.warning("rayprof agent: no relay on this node (%s); calling the controller directly", e)
-            return controller
+            return AgentUpstreamRpc(controller)
 
     def _run(self) -> None:
         import ray
 
-        upstream = None
+        upstream: AgentUpstreamRpc | None = None
         registered = False
         # Issued by the controller at registration; every later call carries it. Only this thread uses it.
         secret: str | None = None
-        poll: Future | None = None
+        poll: Future[Command | None] | None = None
         unsent: list[RankEvent | RankStacks | OomReport] = []
         last_register = -_MIN_REGISTER_INTERVAL_S
         while True:
@@ -193,33 +215,29 @@ class Agent:
                     # dropping this worker. Never more than one register a second.
                     time.sleep(max(0.0, last_register + _MIN_REGISTER_INTERVAL_S - time.monotonic()))
                     last_register = time.monotonic()
-                    secret = ray.get(upstream.register.remote(self.info, secret=secret), timeout=30)
+                    secret = ray.get(upstream.register(self.info, secret=secret), timeout=30)
                     if secret is None:
                         logger.warning("rayprof agent: replaced on rank %d by a newer worker; stopping", self.info.world_rank)
                         return
                     registered = True
                     poll = None
                 while unsent:
-                    first = unsent[0]
-                    send = (
-                        upstream.stacks_reply if isinstance(first, RankStacks)
-                        else upstream.oom if isinstance(first, OomReport) else upstream.report
-                    )
-                    ray.get(send.remote(unsent[0], secret), timeout=30)
+                    ray.get(self._send(upstream, unsent[0], secret), timeout=30)
                     unsent.pop(0)
                 if poll is None:
-                    poll = upstream.poll.remote(self._heartbeat(), secret).future()
+                    poll = upstream.poll(self._heartbeat(), secret).future()
                     poll.add_done_callback(lambda f: self._inbox.put(("poll", f)))
                 kind, payload = self._inbox.get(timeout=self._poll_timeout_s + 30)
                 if kind == "event":
                     unsent.append(payload)
                 elif kind == "poll" and payload is poll:
                     poll = None
-                    command: Command | None = payload.result()
-                    if command is not None:
-                        if command.kind == "register":
+                    match payload.result():
+                        case None:
+                            pass
+                        case RegisterCommand():
                             registered = False
-                        else:
+                        case command:
                             self._handle(command)
             except queue.Empty:
                 poll = None
@@ -228,6 +246,17 @@ class Agent:
                 logger.info("rayprof agent: controller call failed (%s); reconnecting", type(e).__name__)
                 upstream, registered, poll = None, False, None
                 self._wait_inbox(self._discovery_s, unsent)
+
+    @staticmethod
+    def _send(upstream: AgentUpstreamRpc, item: RankEvent | RankStacks | OomReport, secret: str | None) -> ObjectRef[None]:
+        """One event up, by the call that takes its kind."""
+        match item:
+            case RankStacks():
+                return upstream.stacks_reply(item, secret)
+            case OomReport():
+                return upstream.oom(item, secret)
+            case RankEvent():
+                return upstream.report(item, secret)
 
     def _wait_inbox(self, timeout: float, unsent: list[RankEvent | RankStacks | OomReport]) -> None:
         """Sleep up to ``timeout`` but keep collecting events meanwhile."""

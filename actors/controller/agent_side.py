@@ -21,9 +21,18 @@ from actors.controller.registry import Registry, Worker
 from actors.controller.stacks_bundle import StacksTaker
 from actors.controller.state import Profile, wait_event
 from actors.controller.watches import Watches
-from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
+from orchestrator.models.agent_protocol import (
+    CancelCommand,
+    Command,
+    Heartbeat,
+    NodePoll,
+    NodeReply,
+    OomReport,
+    RegisterCommand,
+    WorkerInfo,
+)
 from orchestrator.models.common import utcnow
-from orchestrator.models.control import ControllerConfig, NodePoll, NodeReply
+from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
@@ -75,12 +84,12 @@ class AgentSide:
         """Long-poll: record progress, then wait for a command up to the poll timeout."""
         await self._ensure_started()
         if self._registry.check(heartbeat.agent_id, secret) is None:
-            return Command(kind="register")
+            return RegisterCommand()
         worker = self._registry.heartbeat(
             heartbeat.agent_id, heartbeat.step, heartbeat.step_time_s, step_definition=heartbeat.step_definition
         )
         if worker is None:
-            return Command(kind="register")
+            return RegisterCommand()
         if not worker.commands:
             worker.wake.clear()
             await wait_event(worker.wake, self._config.poll_timeout_s)
@@ -97,7 +106,7 @@ class AgentSide:
         for beat in poll.beats:
             hb = beat.heartbeat
             if hb.agent_id not in self._registry.workers:
-                reply.commands[hb.agent_id] = [Command(kind="register")]
+                reply.commands[hb.agent_id] = [RegisterCommand()]
             elif link is not None and hb.agent_id in link.agents:
                 self._registry.heartbeat(hb.agent_id, hb.step, hb.step_time_s, beat.age_s, hb.step_definition)
             # else: a rank registered through another relay (or none): not this relay's to speak for.
@@ -187,7 +196,7 @@ class AgentSide:
         """A window still open for a profile that has ended on this rank: it would make the
         rank refuse every later window until it closed, so the rank is told to drop it."""
         if event.state in (RankState.ARMED, RankState.CAPTURING):
-            worker.send(Command(kind="cancel", profile_id=event.profile_id))
+            worker.send(CancelCommand(profile_id=event.profile_id))
 
     async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
         """An agent's answer to a ``stacks`` command."""

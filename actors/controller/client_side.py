@@ -16,7 +16,7 @@ from actors.controller.retention import Retention
 from actors.controller.state import wait_event
 from orchestrator.errors import NotFoundError, ProfileNotFoundError
 from orchestrator.manifest import read_artifact
-from orchestrator.models.agent_protocol import Command, StorageSpec
+from orchestrator.models.agent_protocol import CancelCommand, StorageSpec
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.reads import ProfileRead
@@ -85,7 +85,7 @@ class ClientSide:
                 continue
             worker = self._registry.workers.get(profile.agents.get(rank, ""))
             if arms_sent and worker is not None:
-                worker.send(Command(kind="cancel", profile_id=profile.id))
+                worker.send(CancelCommand(profile_id=profile.id))
             elif result.state == RankState.WAITING:
                 profile.ranks[rank] = result.model_copy(
                     update={"state": RankState.CANCELLED, "reason": "cancelled before the window was armed"}

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.controller.registry import Registry, Worker
-from orchestrator.models.agent_protocol import Command, OomReport
+from orchestrator.models.agent_protocol import MemoryHistoryCommand, OomReport
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.profile import OutOfMemory
 
@@ -74,7 +74,7 @@ class OomEvents:
         for agent_id, worker in live.items():
             wanted = worker.info.target in watched
             if wanted != (agent_id in self._recording):
-                worker.send(Command(kind="memory_history", record=wanted))
+                worker.send(MemoryHistoryCommand(record=wanted))
                 (self._recording.add if wanted else self._recording.discard)(agent_id)
         self._recording &= set(live)
 

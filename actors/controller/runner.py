@@ -27,7 +27,7 @@ from actors.controller.planning import (
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
 from orchestrator.errors import StorageError
-from orchestrator.models.agent_protocol import Command, WindowSpec
+from orchestrator.models.agent_protocol import ArmCommand, CancelCommand, SyncCommand, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, RankResult
@@ -195,7 +195,7 @@ class Runner:
             max_trace_bytes=config.max_trace_bytes,
         )
         for worker in present:
-            worker.send(Command(kind="arm", window=window))
+            worker.send(ArmCommand(window=window))
         if profile.state == ProfileState.SCHEDULED:  # armed again: save the new window
             await self._save(profile)
         else:
@@ -206,7 +206,7 @@ class Runner:
         """Ask for fresh step counts so the start step is chosen from where ranks are now; returns the round's length."""
         sent = time.monotonic()
         for worker in present:
-            worker.send(Command(kind="sync"))
+            worker.send(SyncCommand())
         stale = present
         # Only the ranks not heard from yet are checked again: at 1,024 ranks a full scan
         # every few milliseconds costs the event loop more than the answers do.
@@ -238,7 +238,7 @@ class Runner:
                 # refuse every later window until it reached it: it is told to drop it now.
                 worker = self._registry.workers.get(profile.agents.get(rank, ""))
                 if worker is not None:
-                    worker.send(Command(kind="cancel", profile_id=profile.id))
+                    worker.send(CancelCommand(profile_id=profile.id))
         return True
 
     @staticmethod

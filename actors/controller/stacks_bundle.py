@@ -41,7 +41,7 @@ from actors.controller.state import Profile, wait_event
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models.agent_protocol import Command, SnapshotDestination
+from orchestrator.models.agent_protocol import SnapshotDestination, StacksCommand
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
@@ -209,8 +209,7 @@ class StacksTaker:
         sent = time.monotonic()
         config = self._config()
         expiry_s = config.poll_timeout_s + config.worker_expiry_grace_s
-        command = Command(
-            kind="stacks",
+        command = StacksCommand(
             profile_id=bundle_id,
             native=native,
             max_bytes=pending.max_bytes,

@@ -23,14 +23,23 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from actors.controller.state import wait_event
+from actors.upstream import RelayUpstreamRpc
 from orchestrator.errors import ForbiddenError
-from orchestrator.models.agent_protocol import Command, Heartbeat, OomReport, WorkerInfo
-from orchestrator.models.control import NodeBeat, NodePoll, NodeReply
+from orchestrator.models.agent_protocol import (
+    Command,
+    Heartbeat,
+    NodeBeat,
+    NodePoll,
+    NodeReply,
+    OomReport,
+    RegisterCommand,
+    WorkerInfo,
+)
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 
@@ -44,6 +53,9 @@ _REPOLL_WAIT_S = 0.1
 # Pauses before trying the controller again after failed node polls: the first retry is at
 # once (a restarted controller answers it, and its ranks re-register), then backing off.
 _RETRY_S = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class RelayError(RuntimeError):
@@ -63,7 +75,10 @@ class _Local:
 
 
 class RelayCore:
-    """Multiplexes one node's agents onto one long-poll; ``find_controller`` returns a handle or ``None``."""
+    """Multiplexes one node's agents onto one long-poll; ``find_controller`` returns a handle or ``None``.
+
+    It serves :class:`actors.upstream.AgentUpstream` to its agents and calls
+    :class:`actors.upstream.RelayUpstream` at the controller."""
 
     def __init__(
         self,
@@ -78,36 +93,43 @@ class RelayCore:
         self._find = find_controller
         self._poll_timeout_s = poll_timeout_s
         self._clock = clock
-        self._controller: Any = None
+        self._controller: RelayUpstreamRpc | None = None
         self._locals: dict[str, _Local] = {}
         self._node_loop: asyncio.Task | None = None
         self._repolled = asyncio.Event()
         self._batch: list[tuple[RankEvent, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
-        self.upstream_calls = {"poll_node": 0, "report_many": 0, "register": 0, "stacks_reply": 0, "report": 0}
+        self.upstream_calls = {"poll_node": 0, "report_many": 0, "register": 0, "stacks_reply": 0, "report": 0, "oom": 0}
 
-    def _upstream(self) -> Any:
+    def _upstream(self) -> RelayUpstreamRpc:
         if self._controller is None:
-            self._controller = self._find()
-            if self._controller is None:
+            handle = self._find()
+            if handle is None:
                 raise RelayError("no rayprof controller is running")
+            self._controller = RelayUpstreamRpc(handle)
         return self._controller
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        self.upstream_calls[method] += 1
+    async def _call(
+        self, method: Callable[Concatenate[RelayUpstreamRpc, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """One call to the controller: ``method`` of :class:`RelayUpstreamRpc`, counted by its name."""
+        name = method.__name__
+        self.upstream_calls[name] += 1
         try:
-            return await getattr(self._upstream(), method).remote(*args)
+            return await method(self._upstream(), *args, **kwargs)
         except RelayError:
             raise
         except Exception as e:
             # The controller restarted or died: find it again on the next call.
             self._controller = None
-            raise RelayError(f"controller call {method} failed: {type(e).__name__}: {str(e)[:200]}") from e
+            raise RelayError(f"controller call {name} failed: {type(e).__name__}: {str(e)[:200]}") from e
 
     async def register(self, info: WorkerInfo, secret: str | None = None) -> str | None:
         """Register a local agent with the controller, linked to this relay; returns the
         agent's secret (None: replaced on its rank, stop). ``secret``: the agent's from before."""
-        issued = await self._call("register", info, self.relay_id, secret, self._secret)
+        issued = await self._call(
+            RelayUpstreamRpc.register, info, relay_id=self.relay_id, secret=secret, relay_secret=self._secret
+        )
         if issued is not None:
             local = self._locals.get(info.agent_id)
             if local is None or local.secret != issued:
@@ -128,7 +150,7 @@ class RelayCore:
         local = self._local(heartbeat.agent_id, secret)
         if local is None:
             # Not registered through this relay (it restarted, or forgot a silent rank).
-            return Command(kind="register")
+            return RegisterCommand()
         local.beat, local.beat_at, local.polling = heartbeat, self._clock(), True
         self._repolled.set()
         self._ensure_node_loop()
@@ -144,7 +166,7 @@ class RelayCore:
         """A local rank's event; returns once the controller acknowledged the batch it rode in."""
         if self._local(event.agent_id, secret) is None:
             # Not known here (this relay restarted): the controller checks the rank's own secret.
-            await self._call("report", event, secret)
+            await self._call(RelayUpstreamRpc.report, event, secret)
             return
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batch.append((event, done))
@@ -153,17 +175,18 @@ class RelayCore:
         await done
 
     async def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> None:
-        await self._call("stacks_reply", stacks, secret)
+        await self._call(RelayUpstreamRpc.stacks_reply, stacks, secret)
 
     async def oom(self, report: OomReport, secret: str | None = None) -> None:
         """A local rank ran out of CUDA memory: straight up, not batched (the bundle is urgent)."""
-        await self._call("oom", report, secret)
+        await self._call(RelayUpstreamRpc.oom, report, secret)
 
     async def _flush(self) -> None:
         while self._batch:
             batch, self._batch = self._batch, []
             try:
-                await self._call("report_many", [event for event, _ in batch], self.relay_id, self._secret)
+                events = [event for event, _ in batch]
+                await self._call(RelayUpstreamRpc.report_many, events, self.relay_id, self._secret)
             except RelayError as e:
                 for _, done in batch:
                     done.set_exception(e)
@@ -193,9 +216,8 @@ class RelayCore:
                 if local.beat is not None
             ]
             try:
-                reply: NodeReply = await self._call(
-                    "poll_node", NodePoll(relay_id=self.relay_id, beats=beats), self._secret
-                )
+                poll = NodePoll(relay_id=self.relay_id, beats=beats)
+                reply = await self._call(RelayUpstreamRpc.poll_node, poll, self._secret)
             except RelayError as e:
                 logger.warning("rayprof relay %s: %s; retrying", self.relay_id, e)
                 await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])

@@ -1,9 +1,14 @@
-"""What an agent and the controller say to each other: registration, heartbeats, windows, commands."""
+"""What agents, their node's relay and the controller say to each other: registration, heartbeats,
+windows, commands (one model per kind, told apart by ``kind``), and a relay's node poll.
+
+Every message here crosses a Ray call pickled (agents and the controller ship together, so both
+ends have the same classes); a list of commands is validated as the :data:`Command` union.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -92,26 +97,75 @@ class OomReport(StrictModel):
     at: datetime
 
 
-class Command(StrictModel):
-    """Controller -> agent, the answer to a long-poll.
+class SyncCommand(StrictModel):
+    """Report your step count now (a sync round): nothing to do but the next poll."""
 
-    ``sync``: report your step count now. ``arm``: open ``window``.
-    ``cancel``: drop the window of ``profile_id``. ``register``: the controller
-    does not know you (it restarted); register again. ``stacks``: answer with
-    every thread's stacks (bundle ``profile_id``), from the agent's own thread,
-    and with ``memory`` the CUDA allocator's snapshot stored there.
-    ``memory_history``: record the CUDA allocator's history and report an
-    out-of-memory error at once (``record``), or stop (an OOM watch's life).
-    """
+    kind: Literal["sync"] = "sync"
 
-    kind: Literal["sync", "arm", "cancel", "register", "stacks", "memory_history"]
-    window: WindowSpec | None = None
-    profile_id: Name | None = Field(default=None, description="The profile, or the stacks bundle of ``stacks``.")
-    native: bool = Field(default=False, description="``stacks``: add native frames through py-spy.")
+
+class ArmCommand(StrictModel):
+    """Open ``window``."""
+
+    kind: Literal["arm"] = "arm"
+    window: WindowSpec
+
+
+class CancelCommand(StrictModel):
+    """Drop the window of ``profile_id``."""
+
+    kind: Literal["cancel"] = "cancel"
+    profile_id: Name
+
+
+class RegisterCommand(StrictModel):
+    """The controller (or relay) does not know you (it restarted): register again."""
+
+    kind: Literal["register"] = "register"
+
+
+class StacksCommand(StrictModel):
+    """Answer with every thread's stacks for bundle ``profile_id``, taken from the agent's own thread,
+    and with ``memory`` the CUDA allocator's snapshot stored there."""
+
+    kind: Literal["stacks"] = "stacks"
+    profile_id: Name = Field(description="The stacks bundle.")
+    native: bool = Field(default=False, description="Add native frames through py-spy.")
     max_bytes: int = Field(
-        default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES, description="``stacks``: the answer's size limit."
+        default=DEFAULT_STACKS_MAX_RANK_BYTES, ge=MIN_STACKS_MAX_RANK_BYTES, description="The answer's size limit."
     )
-    memory: SnapshotDestination | None = Field(
-        default=None, description="``stacks``: store the rank's CUDA allocator snapshot here too."
-    )
-    record: bool = Field(default=False, description="``memory_history``: record (True) or stop (False).")
+    memory: SnapshotDestination | None = Field(default=None, description="Store the rank's CUDA allocator snapshot here too.")
+
+
+class MemoryHistoryCommand(StrictModel):
+    """Record the CUDA allocator's history and report an out-of-memory error at once (``record``),
+    or stop (an OOM watch's life)."""
+
+    kind: Literal["memory_history"] = "memory_history"
+    record: bool
+
+
+Command = Annotated[
+    SyncCommand | ArmCommand | CancelCommand | RegisterCommand | StacksCommand | MemoryHistoryCommand,
+    Field(discriminator="kind"),
+]
+"""Controller (or relay) -> agent, the answer to a long-poll: one of the command models, by ``kind``."""
+
+
+class NodeBeat(StrictModel):
+    """One local rank's latest heartbeat, as a relay forwards it."""
+
+    heartbeat: Heartbeat
+    age_s: float = Field(ge=0, description="Seconds between the rank's poll and this forward: the controller dates it back.")
+
+
+class NodePoll(StrictModel):
+    """A relay's long-poll on behalf of every rank on its node."""
+
+    relay_id: str
+    beats: list[NodeBeat]
+
+
+class NodeReply(StrictModel):
+    """Commands for the relay's ranks, by agent id, oldest first."""
+
+    commands: dict[str, list[Command]] = Field(default_factory=dict)

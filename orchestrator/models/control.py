@@ -1,5 +1,4 @@
-"""What the control actor reports and runs with: live targets and their workers, its configuration,
-and what a node's relay and the controller say to each other."""
+"""What the control actor reports and runs with: live targets and their workers, its configuration."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.models.agent_protocol import Command, Heartbeat, StorageSpec, WorkerInfo
+from orchestrator.models.agent_protocol import StorageSpec, WorkerInfo
 from orchestrator.models.common import Name, StrictModel
 from orchestrator.settings import (
     DEFAULT_CLUSTER_NAME_LEASE_S,
@@ -33,7 +32,7 @@ from orchestrator.settings import (
     MIN_STACKS_MAX_RANK_BYTES,
 )
 
-__all__ = ["ControllerConfig", "NodeBeat", "NodePoll", "NodeReply", "TargetInfo", "WorkerStatus"]
+__all__ = ["ControllerConfig", "TargetInfo", "WorkerStatus"]
 
 
 class WorkerStatus(StrictModel):
@@ -109,22 +108,3 @@ class ControllerConfig(StrictModel):
     post_window_slowdown: float = Field(default=DEFAULT_POST_WINDOW_SLOWDOWN, gt=1)
     post_window_steps: int = Field(default=DEFAULT_POST_WINDOW_STEPS, ge=1)
 
-
-class NodeBeat(StrictModel):
-    """One local rank's latest heartbeat, as a relay forwards it."""
-
-    heartbeat: Heartbeat
-    age_s: float = Field(ge=0, description="Seconds between the rank's poll and this forward: the controller dates it back.")
-
-
-class NodePoll(StrictModel):
-    """A relay's long-poll on behalf of every rank on its node."""
-
-    relay_id: str
-    beats: list[NodeBeat]
-
-
-class NodeReply(StrictModel):
-    """Commands for the relay's ranks, by agent id, oldest first."""
-
-    commands: dict[str, list[Command]] = Field(default_factory=dict)
