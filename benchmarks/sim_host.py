@@ -92,40 +92,39 @@ class SimHost:
         return elapsed
 
     async def _register(self, info: Any) -> None:
-        self.secrets[info.agent_id] = await self._call("register", info, secret=self.secrets.get(info.agent_id))
+        secret = self.secrets.get(info.agent_id)
+        self.secrets[info.agent_id] = await self._call(info, "register", lambda up: up.register(info, secret=secret))
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        relay = self.relays.get(args[0].agent_id)
-        if relay is not None:
-            result = await getattr(relay, method)(*args, **kwargs)
-        else:
-            result = await getattr(self.controller, method).remote(*args, **kwargs)
-        self.calls[method] += 1
+    async def _call(self, info: Any, name: str, call: Any) -> Any:
+        """``call(upstream)`` through the agent's relay (in process) or at the controller, counted as ``name``."""
+        from actors.upstream import AgentUpstreamRpc
+
+        relay = self.relays.get(info.agent_id)
+        result = await call(relay if relay is not None else AgentUpstreamRpc(self.controller))
+        self.calls[name] += 1
         return result
 
     async def _agent(self, info: Any, delay_s: float) -> None:
-        from orchestrator.models.agent_protocol import Heartbeat
+        from orchestrator.models.agent_protocol import ArmCommand, Heartbeat, RegisterCommand
 
         await asyncio.sleep(delay_s)
         while not self.stopped:
             try:
                 self.outstanding_polls += 1
                 try:
-                    command = await self._call(
-                        "poll", Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s),
-                        self.secrets.get(info.agent_id),
-                    )
+                    beat = Heartbeat(agent_id=info.agent_id, step=self.step(), step_time_s=self.step_time_s)
+                    secret = self.secrets.get(info.agent_id)
+                    command = await self._call(info, "poll", lambda up, beat=beat, secret=secret: up.poll(beat, secret))
                 finally:
                     self.outstanding_polls -= 1
-                if command is None or command.kind == "sync":
-                    continue
-                if command.kind == "register":
-                    await self._register(info)
-                elif command.kind == "arm":
-                    self.arms += 1
-                    # Like Capture: the window is armed when the command arrives, so whether its
-                    # start has passed is decided now, not after ARMED is acknowledged.
-                    asyncio.get_running_loop().create_task(self._window(info, command.window, self.step(), datetime.now(timezone.utc)))
+                match command:
+                    case RegisterCommand():
+                        await self._register(info)
+                    case ArmCommand(window=window):
+                        self.arms += 1
+                        # Like Capture: the window is armed when the command arrives, so whether its
+                        # start has passed is decided now, not after ARMED is acknowledged.
+                        asyncio.get_running_loop().create_task(self._window(info, window, self.step(), datetime.now(timezone.utc)))
             except asyncio.CancelledError:
                 return
             except Exception:
@@ -140,7 +139,8 @@ class SimHost:
             return RankEvent(profile_id=window.profile_id, agent_id=info.agent_id, state=state, **kw)
 
         async def report(event: RankEvent) -> None:
-            await self._call("report", event, self.secrets.get(info.agent_id))
+            secret = self.secrets.get(info.agent_id)
+            await self._call(info, "report", lambda up: up.report(event, secret))
 
         await report(event(RankState.ARMED, at=armed_at))
         first = window.start_step - window.warmup
@@ -173,18 +173,20 @@ class SimHost:
 
     async def hammer(self, seconds: float, concurrency: int) -> int:
         """Cheap protocol calls (a report for an unknown profile) as fast as the controller answers."""
+        from actors.upstream import AgentUpstreamRpc
         from orchestrator.models.profile import RankEvent
         from orchestrator.models.requests import RankState
 
         event = RankEvent(profile_id="no-such-profile", agent_id=self.infos[0].agent_id, state=RankState.ARMED)
         secret = self.secrets.get(event.agent_id)
+        upstream = AgentUpstreamRpc(self.controller)
         deadline = time.monotonic() + seconds
         done = 0
 
         async def lane() -> None:
             nonlocal done
             while time.monotonic() < deadline:
-                await self.controller.report.remote(event, secret)
+                await upstream.report(event, secret)
                 done += 1
 
         await asyncio.gather(*(lane() for _ in range(concurrency)))
