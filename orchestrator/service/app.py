@@ -228,7 +228,11 @@ class ProfilingService(ConsoleRoutes):
         data = await self._ask(Api.report_html, profile_id)
         return HTMLResponse(data.decode("utf-8", errors="replace"), headers=REPORT_HEADERS)
 
-    @api.get("/v1/storage", response_model=StorageView, summary="Where clients download profiles from")
+    @api.get(
+        "/v1/storage",
+        response_model=StorageView,
+        summary="Where new profiles are stored (where one profile is: GET /v1/profiles/{profile_id}/storage)",
+    )
     async def get_storage(self, request: Request, credentials: Credentials) -> StorageView:
         self._guard.check(request, credentials)
         config = await self._ask(Api.config)
