@@ -114,10 +114,10 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
         for i in range(1 if quick else 3):
             before = sum_counters(hosts)
             c0, k0, m0, w0 = proc_cpu_seconds(pid), before["total"], before["missed"], time.monotonic()
-            status = client._backend.submit(ProfileRequest(target=target, steps=WINDOW_STEPS, timeout_s=120))
+            status = client._backend.call("submit", ProfileRequest(target=target, steps=WINDOW_STEPS, timeout_s=120))
             end = time.monotonic() + 150
             while not status.state.is_terminal and time.monotonic() < end:
-                status = client._backend.wait(status.id, 10.0)
+                status = client._backend.call("wait", status.id, 10.0)
             w1 = time.monotonic()
             after = sum_counters(hosts)
             c1, k1 = proc_cpu_seconds(pid), after["total"]
@@ -156,13 +156,13 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
 
         specs = [WatchSpec(target=target, slower_than=1.3)] * 4 + [WatchSpec(target=target, rank_lag=3)] * 3
         specs += [WatchSpec(target=target, stalled=True, action="stacks")] * 3
-        watches = [client._backend.create_watch(spec) for spec in specs]
+        watches = [client._backend.call("create_watch", spec) for spec in specs]
         time.sleep(2.0)
         c0, w0 = proc_cpu_seconds(pid), time.monotonic()
         time.sleep(idle_s / 2)
         out["watched_cpu_pct"] = 100 * (proc_cpu_seconds(pid) - c0) / (time.monotonic() - w0)
         for watch in watches:
-            client._backend.delete_watch(watch.id)
+            client._backend.call("delete_watch", watch.id)
         log(f"{NAME}[{n}/{per_node}]: idle with {len(watches)} watches: cpu {out['watched_cpu_pct']:.1f}%")
 
         # Capacity: cheap calls from every host at once.

@@ -83,7 +83,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     samples: list[dict[str, Any]] = []
     try:
         client = ProfilingClient.in_cluster(storage=str(tmp / "store"))
-        config = client._backend._config
+        config = client._backend.call("config")
         t0 = time.monotonic()
         for attempt in range(1, 3):
             # On an overloaded 2-core box Ray Train has been seen to fail a fresh
@@ -113,7 +113,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             status = handle.last_status
             end = time.monotonic() + 120
             while not status.state.is_terminal and time.monotonic() < end:
-                status = client._backend.wait(handle.id, 10.0)
+                status = client._backend.call("wait", handle.id, 10.0)
             starts = [r.capture_started_at for r in status.ranks if r.capture_started_at]
             sample: dict[str, Any] = {
                 "state": status.state.value,

@@ -1,4 +1,4 @@
-"""Downloads by the client, without Ray: files come from the configured storage and stay in their folder."""
+"""Downloads by the client, without Ray: files come from the storage the profile's record names and stay in their folder."""
 
 from __future__ import annotations
 
@@ -43,10 +43,13 @@ class _Backend:
         self._manifest = Manifest.model_validate(manifest)
         self._storage = storage
 
+    def call(self, name: str, *args):
+        return getattr(self, name)(*args)
+
     def manifest(self, profile_id: str) -> Manifest:
         return self._manifest
 
-    def storage(self) -> StorageSpec:
+    def profile_storage(self, profile_id: str) -> StorageSpec:
         return self._storage
 
 
@@ -64,7 +67,7 @@ def _handle(backend: _Backend, profile_id: str = PROFILE_ID) -> ProfileHandle:
     return ProfileHandle(backend, status)  # type: ignore[arg-type]
 
 
-def test_download_reads_the_configured_storage_not_the_manifests_storage_uri(tmp_path):
+def test_download_reads_the_storage_the_record_names_not_the_manifests_storage_uri(tmp_path):
     configured, decoy = tmp_path / "configured", tmp_path / "decoy"
     artifact = _stored(configured, "traces/r0.json", b"real")
     _stored(decoy, "traces/r0.json", b"decoy")

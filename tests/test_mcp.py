@@ -328,6 +328,9 @@ class _OneWindow:
             manifest_uri="file:///s/run/p1/manifest.json" if state.is_terminal else None,
         )
 
+    def call(self, name: str, *args: Any) -> Any:
+        return getattr(self, name)(*args)
+
     def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
         return self._status(ProfileState.PENDING)
 

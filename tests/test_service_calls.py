@@ -107,22 +107,29 @@ def test_get_report_and_delete_of_a_profile_make_one_controller_call_each(home, 
     }, calls
 
 
-def test_every_typed_rpc_names_a_controller_method_with_its_parameters():
+def test_every_operation_of_the_protocol_is_a_controller_method_with_its_parameters_and_types():
     import inspect
+    import typing
 
     import ray
 
-    from actors.controller.rpc import ControllerRpc
+    from orchestrator.models.api import OPERATIONS, ProfilingApi
 
     # Making an actor class of Controller (as create_controller does, in this process or an earlier
     # test's) has Ray 2.60 set a signature with its tracing parameter on each method's function.
     ray.remote(Controller)
 
-    def parameters(method) -> list[str]:
-        return [p for p in inspect.signature(method).parameters if p != "_ray_trace_ctx"][1:]
+    def parameters(method) -> list[tuple[str, object, object]]:
+        found = inspect.signature(method).parameters.values()
+        return [(p.name, p.kind, p.default) for p in found if p.name != "_ray_trace_ctx"][1:]
 
-    rpcs = [name for name, _ in inspect.getmembers(ControllerRpc, inspect.isfunction) if not name.startswith("_")]
-    assert len(rpcs) > 15
-    for name in rpcs:
-        # A client RPC that lands on an agent RPC of the same name (or none) is caught here.
-        assert parameters(getattr(ControllerRpc, name)) == parameters(getattr(Controller, name)), name
+    def types(method) -> dict[str, object]:
+        return {k: v for k, v in typing.get_type_hints(method).items() if k != "_ray_trace_ctx"}
+
+    assert len(OPERATIONS) > 15
+    for name in OPERATIONS:
+        # A client operation that lands on an agent RPC of the same name (or none) is caught here.
+        implemented = getattr(Controller, name)
+        assert inspect.iscoroutinefunction(implemented), name
+        assert parameters(getattr(ProfilingApi, name)) == parameters(implemented), name
+        assert types(getattr(ProfilingApi, name)) == types(implemented), name

@@ -6,7 +6,9 @@ profiles. The worker registry, the state machine, the decisions and the
 saving live in their own modules, as do the calls agents make
 (:mod:`actors.controller.agent_side`) and the calls clients make about one
 profile (:mod:`actors.controller.client_side`); this one wires them to Ray.
-Callers use the typed :class:`actors.controller.rpc.ControllerRpc`.
+The client calls are the operations of :class:`orchestrator.models.api.ProfilingApi`, which
+this class implements (tests/test_service_calls.py compares the signatures); callers send
+them through the Ray transport :class:`actors.controller.rpc.ControllerRpc`.
 """
 
 from __future__ import annotations

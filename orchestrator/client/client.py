@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -20,6 +20,8 @@ from orchestrator.errors import (
 )
 from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.api import Operation
+from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.common import IdempotencyKey, Name
 from orchestrator.models.control import TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
@@ -36,37 +38,30 @@ if TYPE_CHECKING:
 __all__ = ["ProfileHandle", "ProfilingClient"]
 
 ProgressFn = Callable[[ProfileStatus], None]
-_READ_RETRIES = 10
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class Backend(Protocol):
-    """What a client needs from the service; the actor and HTTP backends implement it."""
+class Transport(Protocol):
+    """How a client reaches rayprof: the control actor through Ray
+    (:class:`~orchestrator.client.ray_backend.ActorBackend`) or the HTTP service
+    (:class:`~orchestrator.client.http.HttpBackend`). Either sends any operation of
+    :class:`~orchestrator.models.api.ProfilingApi` by name; a diff runs where the profiles' storage is."""
 
-    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus: ...
-    def get(self, profile_id: str) -> ProfileStatus: ...
-    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus: ...
-    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage: ...
-    def delete(self, profile_id: str) -> None: ...
-    def gc(self, request: GcRequest) -> GcReport: ...
-    def cancel(self, profile_id: str) -> ProfileStatus: ...
-    def manifest(self, profile_id: str) -> Manifest: ...
-    def targets(self) -> list[TargetInfo]: ...
-    def history(
-        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
-    ) -> TargetHistory: ...
-    def storage(self) -> StorageSpec: ...
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
     def diff(self, a: str, b: str) -> ProfileDiff: ...
-    def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle: ...
-    def create_watch(self, spec: WatchSpec) -> WatchStatus: ...
-    def get_watch(self, watch_id: str) -> WatchStatus: ...
-    def list_watches(self) -> list[WatchStatus]: ...
-    def delete_watch(self, watch_id: str) -> None: ...
+
+
+def _call(transport: Transport, op: Operation[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``op`` over ``transport``, typed by the protocol's method (``_call(t, Api.get, profile_id)``)."""
+    result: R = transport.call(op.__name__, *args, **kwargs)
+    return result
 
 
 class ProfileHandle:
     """A submitted profile: poll it, wait for it, cancel it, download it."""
 
-    def __init__(self, backend: Backend, status: ProfileStatus) -> None:
+    def __init__(self, backend: Transport, status: ProfileStatus) -> None:
         self._backend = backend
         self.id = status.id
         self.target = status.target
@@ -77,7 +72,7 @@ class ProfileHandle:
 
     def status(self) -> ProfileStatus:
         """State now, with per-rank progress."""
-        self.last_status = self._backend.get(self.id)
+        self.last_status = _call(self._backend, Api.get, self.id)
         return self.last_status
 
     def wait(self, timeout: float = 300.0, progress: ProgressFn | None = None) -> Manifest:
@@ -95,7 +90,7 @@ class ProfileHandle:
                     f"profile {self.id} still {status.state.value} after {timeout:g}s", profile_id=self.id
                 )
             try:
-                status = self._backend.wait(self.id, min(left, 10.0))
+                status = _call(self._backend, Api.wait, self.id, min(left, 10.0))
             except ControllerUnavailableError:
                 # The controller restarts and restores its state; keep waiting.
                 time.sleep(min(1.0, max(left, 0.0)))
@@ -109,16 +104,16 @@ class ProfileHandle:
                         f"profile {self.id} ended {status.state.value} without a manifest: {status.reason}",
                         profile_id=self.id,
                     )
-                return self._backend.manifest(self.id)
+                return _call(self._backend, Api.manifest, self.id)
 
     def cancel(self) -> ProfileStatus:
         """Ask every rank to drop the window."""
-        self.last_status = self._backend.cancel(self.id)
+        self.last_status = _call(self._backend, Api.cancel, self.id)
         return self.last_status
 
     def manifest(self) -> Manifest:
         """The stored manifest (only once the profile has ended); it must be this profile's."""
-        manifest = self._backend.manifest(self.id)
+        manifest = _call(self._backend, Api.manifest, self.id)
         if (manifest.profile_id, manifest.target) != (self.id, self.target):
             raise IntegrityError(
                 f"asked for the manifest of {self.target}/{self.id} and got the one of "
@@ -129,15 +124,15 @@ class ProfileHandle:
 
     def download(self, dest: str | Path) -> Path:
         """Fetch the manifest and every artifact it lists into ``dest``, verifying sha256."""
-        return download_profile(self.manifest(), self._backend.storage(), Path(dest))
+        return download_profile(self.manifest(), _call(self._backend, Api.profile_storage, self.id), Path(dest))
 
 
 def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
     """Copy a profile's files into ``dest``; raises :class:`IntegrityError` on a checksum mismatch.
 
-    Files are read from ``spec`` (the configured storage root) under
-    ``{target}/{profile_id}``, never from a location the manifest names, and
-    every file is written inside ``dest`` or not at all.
+    Files are read from ``spec`` (the storage root the profile's record names: after a
+    reconfigure, earlier profiles stay where they were written) under ``{target}/{profile_id}``,
+    never from a location the manifest names, and every file is written inside ``dest`` or not at all.
     """
     storage = open_storage(spec)
     prefix = profile_prefix(manifest.target, manifest.profile_id)
@@ -154,7 +149,7 @@ def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
             # Not read from there on purpose; say why the file is not where we looked.
             raise StorageError(
                 f"{e.message}; the manifest says the profile was stored under {manifest.storage_uri}, outside the "
-                f"configured storage {storage.root_uri}: configure that storage to download it",
+                f"storage its record names, {storage.root_uri}",
                 profile_id=manifest.profile_id,
             ) from e
     _inside(folder, MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))
@@ -195,7 +190,7 @@ class ProfilingClient:
     offer the same methods.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, backend: Backend | None = None) -> None:
+    def __init__(self, url: str | None = None, token: str | None = None, *, backend: Transport | None = None) -> None:
         if backend is None:
             if url is None:
                 raise ValueError("pass the service URL, e.g. ProfilingClient('http://127.0.0.1:8000')")
@@ -221,6 +216,7 @@ class ProfilingClient:
         import ray
 
         from actors.controller.actor import create_controller
+        from actors.controller.rpc import ControllerRpc
         from orchestrator.client.ray_backend import ActorBackend
         from orchestrator.config import controller_config, default_storage_spec, normalize_uri
 
@@ -236,12 +232,12 @@ class ProfilingClient:
             )
         handle = create_controller(controller_config(spec))
         if spec is not None:
-            ray.get(handle.configure.remote(spec))
+            ray.get(ControllerRpc(handle).remote(Api.configure, spec))
         return cls(backend=ActorBackend(handle))
 
     def targets(self) -> list[TargetInfo]:
         """Live training runs with agents, their ranks and current steps."""
-        return self._backend.targets()
+        return _call(self._backend, Api.targets)
 
     def profile(
         self, target: str, steps: int, *, idempotency_key: str | None = None, **options: Any
@@ -258,11 +254,11 @@ class ProfilingClient:
         request = ProfileRequest(target=target, steps=steps, **options)
         if idempotency_key is not None:
             idempotency_key = _idempotency_key(idempotency_key)
-        return ProfileHandle(self._backend, self._backend.submit(request, idempotency_key))
+        return ProfileHandle(self._backend, _call(self._backend, Api.submit, request, idempotency_key))
 
     def get(self, profile_id: str) -> ProfileHandle:
         """Handle to an existing profile."""
-        return ProfileHandle(self._backend, self._backend.get(_profile_id(profile_id)))
+        return ProfileHandle(self._backend, _call(self._backend, Api.get, _profile_id(profile_id)))
 
     def list(
         self,
@@ -273,15 +269,15 @@ class ProfilingClient:
         offset: int = 0,
     ) -> ProfilePage:
         """One page of profiles, newest first (``.profiles``, ``.total``)."""
-        return self._backend.list(target, ProfileState(state) if state is not None else None, limit, offset)
+        return _call(self._backend, Api.list, target, ProfileState(state) if state is not None else None, limit, offset)
 
     def delete(self, profile_id: str) -> None:
         """Delete a finished profile: every file of it in storage, and its record."""
-        self._backend.delete(profile_id)
+        _call(self._backend, Api.delete, profile_id)
 
     def gc(self, *, dry_run: bool = False, grace_hours: float | None = None) -> GcReport:
         """Apply retention now and delete leftover folders older than ``grace_hours``; ``dry_run`` deletes nothing."""
-        return self._backend.gc(GcRequest(dry_run=dry_run, grace_hours=grace_hours))
+        return _call(self._backend, Api.gc, GcRequest(dry_run=dry_run, grace_hours=grace_hours))
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         """Compare profile ``b`` (after a change) with profile ``a`` (before): step time, phases, ops, findings."""
@@ -300,7 +296,7 @@ class ProfilingClient:
         seconds: 1 s points up to 10 minutes, 10 s up to 2 hours, 1 minute up to 24 hours. Past
         ``max_points`` (every rank together) the controller downsamples: per-bucket min/median/max of
         the slowest ranks, and a band of every rank."""
-        return self._backend.history(target, run, span_s, ranks, max_points)
+        return _call(self._backend, Api.history, target, run, span_s, ranks, max_points)
 
     def stacks(self, target: str, *, native: bool = False, run: str | None = None) -> StacksBundle:
         """Every live rank's stacks now, grouped (ranks unlike the majority first), stored like a profile.
@@ -308,7 +304,7 @@ class ProfilingClient:
         ``native`` adds native frames through py-spy where it is installed and may attach; ``run``
         picks the run (its Ray job) when two live runs share the target name (default the newest).
         """
-        return self._backend.stacks(target, native, run)
+        return _call(self._backend, Api.stacks, target, native, run)
 
     def watch(self, target: str, **options: Any) -> WatchStatus:
         """Watch ``target`` and act when a condition holds; options are :class:`WatchSpec` fields.
@@ -317,16 +313,16 @@ class ProfilingClient:
         ``watch("run", rank_lag=3)``, ``watch("run", stalled=True, action="stacks")``,
         ``watch("run", every_s=1800, profile_steps=3)`` (a profile now and every 30 minutes).
         """
-        return self._backend.create_watch(WatchSpec(target=target, **options))
+        return _call(self._backend, Api.create_watch, WatchSpec(target=target, **options))
 
     def watches(self) -> list[WatchStatus]:
         """Every watch, with its state and firings."""
-        return self._backend.list_watches()
+        return _call(self._backend, Api.list_watches)
 
     def get_watch(self, watch_id: str) -> WatchStatus:
         """One watch now."""
-        return self._backend.get_watch(watch_id)
+        return _call(self._backend, Api.get_watch, watch_id)
 
     def delete_watch(self, watch_id: str) -> None:
         """Stop and forget a watch."""
-        self._backend.delete_watch(watch_id)
+        _call(self._backend, Api.delete_watch, watch_id)

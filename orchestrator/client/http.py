@@ -1,6 +1,7 @@
-"""``HttpBackend``: the client's :class:`~orchestrator.client.Backend` over the HTTP API.
+"""``HttpBackend``: the client's HTTP transport of :class:`~orchestrator.models.api.ProfilingApi`.
 
-``ProfilingClient("http://127.0.0.1:8000", token)`` uses it. Error bodies
+``ProfilingClient("http://127.0.0.1:8000", token)`` uses it. Each operation goes out as its entry in
+:data:`orchestrator.client.routes.ROUTES` says; none is written here. Error bodies
 ``{"error": code, "detail": message}`` come back as the same exception classes
 the in-cluster client raises (``TargetNotFoundError``, ``ConflictError``, ...).
 """
@@ -12,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import TypeAdapter
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from orchestrator import errors
+from orchestrator.client.routes import ROUTES
 from orchestrator.errors import (
     ControllerUnavailableError,
     InvalidRequestError,
@@ -22,17 +25,8 @@ from orchestrator.errors import (
     UnauthorizedError,
 )
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.control import TargetInfo
-from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
-from orchestrator.models.history import TargetHistory
-from orchestrator.models.profile import Manifest, ProfileStatus
-from orchestrator.models.requests import ProfileRequest, ProfileState
-from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
-from orchestrator.settings import (
-    MAX_HTTP_WAIT_S,
-    S3_ENDPOINT_URL_ENV_VAR,
-    S3_REGION_ENV_VAR,
-)
+from orchestrator.models.api import bind, call_timeout
+from orchestrator.settings import S3_ENDPOINT_URL_ENV_VAR, S3_REGION_ENV_VAR
 
 if TYPE_CHECKING:
     # typing.Self is 3.11's; typing_extensions (pydantic's dependency) has it for 3.10, for the type checker only.
@@ -44,8 +38,10 @@ __all__ = ["HttpBackend", "error_for"]
 
 DEFAULT_TIMEOUT_S = 30.0
 
-# Fields the HTTP views add to a ProfileStatus (orchestrator.service.app.ProfileView).
-_VIEW_ONLY_FIELDS = ("status_url", "manifest")
+
+def _json(value: Any) -> Any:
+    """An argument as JSON (a model as it dumps itself, an enum as its value)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else to_jsonable_python(value)
 
 
 def _subclasses(cls: type[RayprofError]) -> list[type[RayprofError]]:
@@ -122,84 +118,34 @@ class HttpBackend:
             code, detail = None, response.text or response.reason_phrase
         raise error_for(response.status_code, code, detail)
 
-    @staticmethod
-    def _status(body: dict[str, Any]) -> ProfileStatus:
-        return ProfileStatus.model_validate({k: v for k, v in body.items() if k not in _VIEW_ONLY_FIELDS})
-
-    @staticmethod
-    def _path(profile_id: str) -> str:
-        return f"/v1/profiles/{quote(profile_id, safe='')}"
-
-    def submit(self, request: ProfileRequest, idempotency_key: str | None = None) -> ProfileStatus:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-        body = self._request("POST", "/v1/profiles", json=request.model_dump(mode="json"), headers=headers)
-        return self._status(body)
-
-    def get(self, profile_id: str) -> ProfileStatus:
-        return self._status(self._request("GET", self._path(profile_id)))
-
-    def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
-        wait_s = max(0.0, min(timeout_s, MAX_HTTP_WAIT_S))
-        body = self._request("GET", self._path(profile_id), params={"wait_s": wait_s}, timeout=wait_s + self._timeout_s)
-        return self._status(body)
-
-    def list(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
-        params: dict[str, str | int] = {"limit": limit, "offset": offset}
-        params.update({k: v for k, v in (("target", target), ("state", state.value if state else None)) if v})
-        return ProfilePage.model_validate(self._request("GET", "/v1/profiles", params=params))
-
-    def delete(self, profile_id: str) -> None:
-        self._request("DELETE", self._path(profile_id))
-
-    def gc(self, request: GcRequest) -> GcReport:
-        # Deleting many folders can take a while; never cut it short.
-        body = self._request("POST", "/v1/gc", json=request.model_dump(mode="json"), timeout=600.0)
-        return GcReport.model_validate(body)
-
-    def cancel(self, profile_id: str) -> ProfileStatus:
-        return self._status(self._request("DELETE", self._path(profile_id)))
-
-    def manifest(self, profile_id: str) -> Manifest:
-        return Manifest.model_validate(self._request("GET", f"{self._path(profile_id)}/manifest"))
-
-    def targets(self) -> list[TargetInfo]:
-        return TypeAdapter(list[TargetInfo]).validate_python(self._request("GET", "/v1/targets")["targets"])
-
-    def history(
-        self, target: str, run: str | None, span_s: float, ranks: list[int] | None, max_points: int
-    ) -> TargetHistory:
-        params: dict[str, Any] = {"span_s": span_s, "rank": ranks or [], "max_points": max_points}
-        if run is not None:
-            params["run"] = run
-        body = self._request("GET", f"/v1/targets/{quote(target, safe='')}/history", params=params)
-        return TargetHistory.model_validate(body)
-
-    def storage(self) -> StorageSpec:
-        # The service's root with this client's endpoint: the service may reach
-        # S3/MinIO under an address this machine cannot.
-        uri = self._request("GET", "/v1/storage")["uri"]
-        return StorageSpec(uri=uri, s3_endpoint_url=self._s3_endpoint_url, s3_region=self._s3_region)
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``name(*args, **kwargs)`` as the request its route describes; the answer as the operation's result."""
+        route = ROUTES.get(name)
+        if route is None:
+            raise InvalidRequestError(f"the operation {name!r} is the service's own: a client cannot send it over HTTP")
+        arguments = bind(name, args, kwargs)
+        if route.prepare is not None:
+            arguments = route.prepare(arguments)
+        path = route.path.format(**{f: quote(str(arguments[f]), safe="") for f in route.path_fields()})
+        params = {q: _json(arguments[a]) for q, a in route.query.items() if arguments[a] is not None}
+        headers = {h: str(arguments[a]) for h, a in route.headers.items() if arguments[a] is not None}
+        body: Any = None
+        if isinstance(route.body, str):
+            body = _json(arguments[route.body])
+        elif route.body is not None:
+            body = {a: _json(arguments[a]) for a in route.body}
+        timeout = call_timeout(name, arguments, self._timeout_s)
+        answer = self._request(route.method, path, params=params, json=body, headers=headers or None, timeout=timeout)
+        result = route.answer(answer)
+        if isinstance(result, StorageSpec):
+            # The service's root with this client's endpoint: the service may reach S3/MinIO
+            # under an address this machine cannot.
+            result = result.model_copy(update={"s3_endpoint_url": self._s3_endpoint_url, "s3_region": self._s3_region})
+        return result
 
     def diff(self, a: str, b: str) -> ProfileDiff:
+        """Compared by the service, which reads both profiles from storage."""
         from orchestrator.analysis.diff import ProfileDiff
 
-        path = f"{self._path(a)}/diff/{quote(b, safe='')}"
+        path = f"/v1/profiles/{quote(a, safe='')}/diff/{quote(b, safe='')}"
         return ProfileDiff.model_validate(self._request("GET", path))
-
-    def stacks(self, target: str, native: bool, run: str | None) -> StacksBundle:
-        # A POST: taking stacks acts on every rank and stores a bundle.
-        path = f"/v1/targets/{quote(target, safe='')}/stacks"
-        body = self._request("POST", path, json={"native": native, "run": run}, timeout=self._timeout_s + 60)
-        return StacksBundle.model_validate(body)
-
-    def create_watch(self, spec: WatchSpec) -> WatchStatus:
-        return WatchStatus.model_validate(self._request("POST", "/v1/watches", json=spec.model_dump(mode="json")))
-
-    def get_watch(self, watch_id: str) -> WatchStatus:
-        return WatchStatus.model_validate(self._request("GET", f"/v1/watches/{quote(watch_id, safe='')}"))
-
-    def list_watches(self) -> list[WatchStatus]:
-        return TypeAdapter(list[WatchStatus]).validate_python(self._request("GET", "/v1/watches")["watches"])
-
-    def delete_watch(self, watch_id: str) -> None:
-        self._request("DELETE", f"/v1/watches/{quote(watch_id, safe='')}")

@@ -2,8 +2,9 @@
 
 Thin on purpose (the FastAPI app itself, its error handlers and shared parameter
 types are in :mod:`orchestrator.service.api`): each route validates its input, makes one call to the
-control actor through its typed client (:class:`actors.controller.rpc.ControllerRpc`) and maps the
-answer or error to HTTP. Every error is JSON ``{"error": code, "detail": message}``.
+control actor through the Ray transport (:class:`actors.controller.rpc.ControllerRpc`), naming the
+operation by its :class:`~orchestrator.models.api.ProfilingApi` method, and maps the answer or error to
+HTTP. The client's side of each route is its entry in :data:`orchestrator.client.routes.ROUTES`. Every error is JSON ``{"error": code, "detail": message}``.
 
 Deploy with ``rayprof serve``, ``serve run deploy/serve_config.yaml``, or in
 Python::
@@ -16,8 +17,8 @@ Python::
 # rebuilds route signatures and cannot resolve string annotations, so FastAPI
 # would treat the body, Request and dependencies as query parameters.
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from collections.abc import Awaitable
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -30,6 +31,8 @@ from orchestrator.errors import (
     NotFoundError,
 )
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.api import Operation, bind, call_timeout
+from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.models.history import TargetHistory
@@ -62,12 +65,12 @@ __all__ = [
     "build_app",
 ]
 
-T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 CALL_TIMEOUT_S = 30.0
-"""How long one call to the control actor may take before the service answers 503."""
-GC_TIMEOUT_S = 600.0
-"""``POST /v1/gc`` deletes whole folders, maybe many: it may take this long."""
+"""How long one plain call to the control actor may take before the service answers 503 (longer ones
+by their policy: :func:`orchestrator.models.api.call_timeout`)."""
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
 # class: @ingress (serve.ingress) pickles the FastAPI app, route methods included, when the
@@ -121,18 +124,20 @@ class ProfilingService(ConsoleRoutes):
         if self._storage is not None:
             # An actor that already existed keeps its old storage unless told; the
             # reply is awaited before the next call so errors are not lost.
-            self._configured = self._controller.configure(self._storage)
+            self._configured = self._controller.remote(Api.configure, self._storage)
         return self._controller
 
-    async def _ask(self, call: Callable[[ControllerRpc], Awaitable[T]], timeout: float = CALL_TIMEOUT_S) -> T:
-        """One call to the control actor: ``call`` sends it through the typed client."""
+    async def _ask(self, op: Operation[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """One call of ``op`` to the control actor, timed by the operation's policy."""
+        timeout = call_timeout(op.__name__, bind(op.__name__, args, kwargs), CALL_TIMEOUT_S)
         try:
             with ray_errors():
                 controller = self._controller if self._controller is not None else self._connect()
                 if self._configured is not None:
                     await asyncio.wait_for(self._configured, timeout)
                     self._configured = None
-                return await asyncio.wait_for(call(controller), timeout)
+                result: R = await asyncio.wait_for(controller.remote(op, *args, **kwargs), timeout)
+                return result
         except ControllerUnavailableError as e:
             if is_unreachable(e) and not self._pinned:
                 # Dropped so the next request finds (or recreates) the named actor.
@@ -154,7 +159,7 @@ class ProfilingService(ConsoleRoutes):
 
     @api.get("/healthz", summary="Liveness: the service and its control actor answer")
     async def healthz(self) -> dict[str, str]:
-        await self._ask(lambda c: c.ping(), timeout=5.0)
+        await self._ask(Api.ping)
         return {"status": "ok"}
 
     @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
@@ -162,9 +167,9 @@ class ProfilingService(ConsoleRoutes):
         self, body: ProfileRequest, request: Request, credentials: Credentials, idempotency_key: IdempotencyKeyHeader = None
     ) -> JSONResponse:
         self._guard.check(request, credentials)
-        status = await self._ask(lambda c: c.submit(body, idempotency_key))
+        status = await self._ask(Api.submit, body, idempotency_key)
         # A finished profile (an idempotent retry after it ended) is answered with its manifest, as GET does.
-        read = await self._ask(lambda c: c.read(status.id)) if status.state.is_terminal else ProfileRead(status=status)
+        read = await self._ask(Api.read, status.id) if status.state.is_terminal else ProfileRead(status=status)
         view = self._view(read, request)
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers={"Location": view.status_url})
 
@@ -179,7 +184,7 @@ class ProfilingService(ConsoleRoutes):
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> ProfilePage:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.list(target, state, limit, offset))
+        return await self._ask(Api.list, target, state, limit, offset)
 
     @api.get("/v1/profiles/{profile_id}", response_model=ProfileView, summary="State, per-rank progress, manifest")
     async def get_profile(
@@ -192,7 +197,7 @@ class ProfilingService(ConsoleRoutes):
         ] = 0.0,
     ) -> ProfileView:
         self._guard.check(request, credentials)
-        return self._view(await self._ask(lambda c: c.read(profile_id, wait_s), timeout=wait_s + CALL_TIMEOUT_S), request)
+        return self._view(await self._ask(Api.read, profile_id, wait_s), request)
 
     @api.delete(
         "/v1/profiles/{profile_id}",
@@ -201,17 +206,17 @@ class ProfilingService(ConsoleRoutes):
     )
     async def cancel_profile(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileView:
         self._guard.check(request, credentials)
-        return self._view(await self._ask(lambda c: c.remove(profile_id)), request)
+        return self._view(await self._ask(Api.remove, profile_id), request)
 
     @api.post("/v1/gc", response_model=GcReport, summary="Apply retention now and delete leftover folders")
     async def collect_garbage(self, body: GcRequest, request: Request, credentials: Credentials) -> GcReport:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.gc(body), timeout=GC_TIMEOUT_S)
+        return await self._ask(Api.gc, body)
 
     @api.get("/v1/profiles/{profile_id}/manifest", response_model=Manifest, summary="The stored manifest")
     async def get_manifest(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> Manifest:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.manifest(profile_id))
+        return await self._ask(Api.manifest, profile_id)
 
     @api.get(
         "/v1/profiles/{profile_id}/report",
@@ -220,19 +225,33 @@ class ProfilingService(ConsoleRoutes):
     )
     async def get_report(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> HTMLResponse:
         self._guard.check(request, credentials)
-        data = await self._ask(lambda c: c.report_html(profile_id))
+        data = await self._ask(Api.report_html, profile_id)
         return HTMLResponse(data.decode("utf-8", errors="replace"), headers=REPORT_HEADERS)
 
-    @api.get("/v1/storage", response_model=StorageView, summary="Where clients download profiles from")
+    @api.get(
+        "/v1/storage",
+        response_model=StorageView,
+        summary="Where new profiles are stored (where one profile is: GET /v1/profiles/{profile_id}/storage)",
+    )
     async def get_storage(self, request: Request, credentials: Credentials) -> StorageView:
         self._guard.check(request, credentials)
-        config = await self._ask(lambda c: c.config())
+        config = await self._ask(Api.config)
         return StorageView(uri=config.storage.uri)
+
+    @api.get(
+        "/v1/profiles/{profile_id}/storage",
+        response_model=StorageView,
+        summary="Where this profile's files are: the storage its record names, which a reconfigure does not move",
+    )
+    async def get_profile_storage(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> StorageView:
+        self._guard.check(request, credentials)
+        storage = await self._ask(Api.profile_storage, profile_id)
+        return StorageView(uri=storage.uri)
 
     @api.get("/v1/targets", response_model=TargetList, summary="Live training runs and their ranks")
     async def list_targets(self, request: Request, credentials: Credentials) -> TargetList:
         self._guard.check(request, credentials)
-        return TargetList(targets=await self._ask(lambda c: c.targets()))
+        return TargetList(targets=await self._ask(Api.targets))
 
     @api.post(
         "/v1/targets/{target}/stacks",
@@ -247,7 +266,7 @@ class ProfilingService(ConsoleRoutes):
     ) -> JSONResponse:
         self._guard.check(request, credentials)
         stacks = body or StacksRequest()
-        bundle = await self._ask(lambda c: c.stacks(target, stacks.native, stacks.run), timeout=CALL_TIMEOUT_S + 60)
+        bundle = await self._ask(Api.stacks, target, stacks.native, stacks.run)
         location = str(request.url_for("get_profile", profile_id=bundle.id))
         return JSONResponse(bundle.model_dump(mode="json"), status_code=201, headers={"Location": location})
 
@@ -275,7 +294,7 @@ class ProfilingService(ConsoleRoutes):
         ] = DEFAULT_HISTORY_MAX_POINTS,
     ) -> TargetHistory:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.history(target, run, span_s, rank, max_points))
+        return await self._ask(Api.history, target, run, span_s, rank, max_points)
 
     @api.api_route("/mcp", methods=["GET", "POST", "DELETE"], include_in_schema=False)
     async def mcp(self, request: Request, credentials: Credentials) -> Response:
@@ -308,22 +327,22 @@ class ProfilingService(ConsoleRoutes):
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
     async def create_watch(self, body: WatchSpec, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.create_watch(body))
+        return await self._ask(Api.create_watch, body)
 
     @api.get("/v1/watches", response_model=WatchList, summary="Every watch")
     async def list_watches(self, request: Request, credentials: Credentials) -> WatchList:
         self._guard.check(request, credentials)
-        return WatchList(watches=await self._ask(lambda c: c.list_watches()))
+        return WatchList(watches=await self._ask(Api.list_watches))
 
     @api.get("/v1/watches/{watch_id}", response_model=WatchStatus, summary="One watch: state, baseline, firings")
     async def get_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.get_watch(watch_id))
+        return await self._ask(Api.get_watch, watch_id)
 
     @api.delete("/v1/watches/{watch_id}", response_model=WatchStatus, summary="Stop and forget a watch")
     async def delete_watch(self, watch_id: ProfileId, request: Request, credentials: Credentials) -> WatchStatus:
         self._guard.check(request, credentials)
-        return await self._ask(lambda c: c.delete_watch(watch_id))
+        return await self._ask(Api.delete_watch, watch_id)
 
 
 _APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts"}

@@ -39,7 +39,8 @@ class TargetList(_Response):
 
 
 class StorageView(_Response):
-    """``GET /v1/storage``: the root clients download profiles from (``{uri}/{target}/{id}/``)."""
+    """``GET /v1/storage``: the root new profiles are stored under; ``GET /v1/profiles/{id}/storage``: the root
+    one profile was stored under, which clients download it from (``{uri}/{target}/{id}/``)."""
 
     uri: str
 

@@ -29,12 +29,12 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.controller.rpc import ControllerRpc
 from orchestrator.analysis.diff import ProfileDiff
 from orchestrator.analysis.memory_chart import downsample, parse_timeline
 from orchestrator.analysis.report import IDLE_COLORS
 from orchestrator.errors import IntegrityError, NotFoundError
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.profile import Artifact, ArtifactKind, Manifest
 from orchestrator.service.security import FRAMED_REPORT_CSP, Guard
@@ -141,15 +141,15 @@ class ConsoleRoutes:
     """Routes of :class:`~orchestrator.service.app.ProfilingService` that the console adds."""
 
     _guard: Guard
-    # The service's one way to the control actor (orchestrator.service.app): a call on the typed client.
-    _ask: Callable[[Callable[[ControllerRpc], Awaitable[Any]]], Awaitable[Any]]
+    # The service's one way to the control actor (orchestrator.service.app): ``_ask(Api.manifest, profile_id)``.
+    _ask: Callable[..., Awaitable[Any]]
 
     async def _manifest_bytes(self, manifest: Manifest, artifact: Artifact) -> bytes:
         from orchestrator.manifest import read_artifact
         from orchestrator.storage import open_storage
 
         # The storage the profile's record names: earlier profiles stay where they were written.
-        storage: StorageSpec = await self._ask(lambda c: c.profile_storage(manifest.profile_id))
+        storage: StorageSpec = await self._ask(Api.profile_storage, manifest.profile_id)
         return await asyncio.to_thread(read_artifact, open_storage(storage), manifest, artifact.key, artifact.sha256)
 
     def _signed_ok(self, profile_id: str, key: str, expires: int | None, signature: str | None) -> bool:
@@ -166,10 +166,10 @@ class ConsoleRoutes:
         from orchestrator.analysis.diff_inputs import load_stored
 
         self._guard.check(request, credentials)
-        before: Manifest = await self._ask(lambda c: c.manifest(a))
-        after: Manifest = await self._ask(lambda c: c.manifest(b))
-        before_in: StorageSpec = await self._ask(lambda c: c.profile_storage(a))
-        after_in: StorageSpec = await self._ask(lambda c: c.profile_storage(b))
+        before: Manifest = await self._ask(Api.manifest, a)
+        after: Manifest = await self._ask(Api.manifest, b)
+        before_in: StorageSpec = await self._ask(Api.profile_storage, a)
+        after_in: StorageSpec = await self._ask(Api.profile_storage, b)
         sides = await asyncio.gather(
             asyncio.to_thread(load_stored, before, before_in),
             asyncio.to_thread(load_stored, after, after_in),
@@ -179,7 +179,7 @@ class ConsoleRoutes:
     @router.get("/v1/profiles/{profile_id}/links", response_model=ProfileLinks, summary="Browser URLs of artifacts")
     async def profile_links(self, profile_id: ProfileId, request: Request, credentials: Credentials) -> ProfileLinks:
         self._guard.check(request, credentials)
-        manifest: Manifest = await self._ask(lambda c: c.manifest(profile_id))
+        manifest: Manifest = await self._ask(Api.manifest, profile_id)
         link_key = self._guard.link_key
         expires = int(time.time()) + LINK_TTL_S if link_key is not None else None
         base = f"{request.scope.get('root_path', '')}/v1/profiles/{quote(profile_id, safe='')}/artifacts/"
@@ -210,7 +210,7 @@ class ConsoleRoutes:
     ) -> Response:
         if not self._signed_ok(profile_id, key, expires, signature):
             self._guard.check(request, credentials)
-        manifest: Manifest = await self._ask(lambda c: c.manifest(profile_id))
+        manifest: Manifest = await self._ask(Api.manifest, profile_id)
         artifact, _ = _find(manifest, key)
         data = await self._manifest_bytes(manifest, artifact)
         if artifact.kind == "report":
@@ -226,7 +226,7 @@ class ConsoleRoutes:
         self, profile_id: ProfileId, rank: int, request: Request, credentials: Credentials
     ) -> dict[str, Any]:
         self._guard.check(request, credentials)
-        manifest: Manifest = await self._ask(lambda c: c.manifest(profile_id))
+        manifest: Manifest = await self._ask(Api.manifest, profile_id)
         found = [a for r in manifest.ranks if r.rank == rank for a in r.artifacts if a.kind == "memory_timeline"]
         if not found:
             raise NotFoundError(
