@@ -18,7 +18,6 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from actors.controller.leases import OwnerLease
-from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.layout import owner_key, profile_id
 from orchestrator.models.agent_protocol import StorageSpec
@@ -67,7 +66,7 @@ def outage(s3_server, monkeypatch):
 
 
 def file_root(tmp_path, name: str) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / name)))
+    return StorageSpec(uri=str(tmp_path / name))
 
 
 def abandoned(root: StorageSpec, lease: str | None) -> str:

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from orchestrator.config import normalize_uri
 from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.layout import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, open_storage
 
@@ -30,7 +30,7 @@ def test_put_file_returns_size_and_sha256_of_the_stored_bytes(storage, tmp_path)
     local = tmp_path / "a.bin"
     local.write_bytes(os.urandom(10_000))
 
-    artifact = storage.put_file(local, "t/p/traces/a.bin", "trace", folder="t/p")
+    artifact = storage.scoped("t/p").put_file(local, "traces/a.bin", "trace")
 
     assert artifact.key == "traces/a.bin"
     assert artifact.bytes == 10_000
