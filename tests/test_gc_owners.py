@@ -77,9 +77,9 @@ def abandoned(root: StorageSpec, lease: str | None) -> str:
     if lease == "expired":
         at = utcnow() - timedelta(days=1)
         old = OwnerLease(cluster="gone", profile_id=folder_id, state_uri="s3://elsewhere", renewed_at=at, expires_at=at)
-        storage.put_bytes(old.model_dump_json().encode(), owner_key("run", folder_id), "manifest")
+        storage.put_state(old.model_dump_json().encode(), owner_key("run", folder_id))
     elif lease == "unreadable":
-        storage.put_bytes(b"{not json", owner_key("run", folder_id), "manifest")
+        storage.put_state(b"{not json", owner_key("run", folder_id))
     return folder_id
 
 

@@ -240,7 +240,7 @@ def test_a_controller_that_finds_another_cluster_holding_its_name_at_renewal_sto
         await a.ping()
         # Another cluster took the name over (it saw a's renewals stand still, say while a's storage was away).
         theirs = LeaseRecord(owner="ray-z", generation=10**6, renewed_at=utcnow())
-        open_storage(home).put_bytes(theirs.model_dump_json().encode(), lease_record_key("shared", 10**6), "manifest")
+        open_storage(home).put_state(theirs.model_dump_json().encode(), lease_record_key("shared", 10**6))
 
         async def refused() -> bool:
             try:
