@@ -159,12 +159,12 @@ class ScopedStorage(Storage):
     def exists(self, key: str) -> bool:
         return self._inner.exists(self._key(check_key(key)))
 
+    def folders(self, prefix: str) -> list[str]:
+        return self._inner.folders(self._key(check_key(prefix)) if prefix else self.folder)
+
     def list(self, prefix: str) -> list[str]:
         start = self._key("")
         return [k[len(start) :] for k in self._inner.list(start + prefix)]
-
-    def folders(self, prefix: str) -> list[str]:
-        return self._inner.folders(self._key(check_key(prefix)) if prefix else self.folder)
 
     def delete(self, key: str) -> None:
         self._inner.delete(self._key(check_key(key)))
