@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+from orchestrator.layout import MANIFEST_NAME, profile_prefix, rank_artifact_keys, state_key
 from orchestrator.layout import profile_id as new_id
-from orchestrator.layout import rank_artifact_keys, state_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, ProfileStatus, RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
-from orchestrator.storage import open_storage
+from orchestrator.storage import Storage, open_storage
 
 __all__ = ["CLUSTER", "TARGET", "write_saved_profiles"]
 
@@ -25,11 +25,10 @@ TARGET = "stored-run"
 STEPS = 5
 
 
-def _rank(storage_uri: str, prefix: str, rank: int, at) -> RankResult:
-    keys = rank_artifact_keys(prefix, rank, f"host{rank // 8}", 4000 + rank)
+def _rank(files: Storage, rank: int, at) -> RankResult:
+    keys = rank_artifact_keys(rank, f"host{rank // 8}", 4000 + rank)
     artifacts = [
-        Artifact(kind=kind, key=key[len(prefix) + 1 :], uri=f"{storage_uri}/{key[len(prefix) + 1 :]}",
-                 bytes=100_000 + rank, sha256="0" * 64)
+        Artifact(kind=kind, key=key, uri=files.uri(key), bytes=100_000 + rank, sha256="0" * 64)
         for kind, key in keys.items()
         if kind != "memory_timeline"
     ]
@@ -52,18 +51,17 @@ def write_saved_profiles(
     for i in range(count):
         at = start + timedelta(minutes=i)
         profile_id = new_id("prof", at, f"{i:08x}")
-        storage_uri = f"{home.uri}/{TARGET}/{profile_id}"
-        prefix = f"{TARGET}/{profile_id}"
+        files = storage.scoped(profile_prefix(TARGET, profile_id))
         status = ProfileStatus(
             id=profile_id, target=TARGET, run="raysubmit_bench", state=ProfileState.DONE,
             request=ProfileRequest(target=TARGET, steps=STEPS), start_step=100, stop_step=100 + STEPS,
-            storage_uri=storage_uri, manifest_uri=f"{storage_uri}/manifest.json",
-            ranks=[_rank(storage_uri, prefix, r, at) for r in range(ranks)],
+            storage_uri=files.root_uri, manifest_uri=files.uri(MANIFEST_NAME),
+            ranks=[_rank(files, r, at) for r in range(ranks)],
             created_at=at, scheduled_at=at, capture_started_at=at, finished_at=at,
         )
         # The controller's SavedProfile, spelled out: benchmarks must not import the actor's internals.
         saved = {"status": status.model_dump(mode="json"), "storage": home.model_dump(mode="json")}
-        storage.put_bytes(json.dumps(saved).encode(), state_key(cluster, profile_id), "manifest")
+        storage.put_state(json.dumps(saved).encode(), state_key(cluster, profile_id))
         ids.append(profile_id)
     return ids
 

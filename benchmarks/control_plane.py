@@ -59,12 +59,12 @@ def _one_scale(n: int, per_node: int, quick: bool, store: Path, log: LogFn) -> d
     from actors.controller.actor import create_controller
     from orchestrator.client import ProfilingClient
     from orchestrator.client.ray_backend import ActorBackend
-    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.config import controller_config
     from orchestrator.models.agent_protocol import StorageSpec
     from orchestrator.models.requests import ProfileRequest
 
     _kill_controller()
-    config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"n{n}"))))
+    config = controller_config(StorageSpec(uri=str(store / f"n{n}")))
     handle = create_controller(config)
     ray.get(handle.ping.remote(), timeout=60)
     pid = _controller_pid(handle)

@@ -155,7 +155,6 @@ class Driver:
 
     def window(self, loop: Loop, profile_id: str, **options: Any) -> dict[str, Any]:
         """Arm one window 2 steps ahead, train through it and its upload; the rank's last event and trace facts."""
-        from orchestrator.config import normalize_uri
         from orchestrator.models.agent_protocol import ArmCommand, StorageSpec, WindowSpec
         from orchestrator.models.requests import TorchOptions
 
@@ -164,7 +163,7 @@ class Driver:
         window = WindowSpec(
             profile_id=profile_id, target="gpu", start_step=start, steps=WINDOW_STEPS, warmup=0,
             options=TorchOptions(activities=activities, **options),
-            storage=StorageSpec(uri=normalize_uri(str(self.store))), prefix=f"gpu/{profile_id}", max_trace_bytes=2**30,
+            storage=StorageSpec(uri=str(self.store)), prefix=f"gpu/{profile_id}", max_trace_bytes=2**30,
         )
         self.agent._handle(ArmCommand(window=window))
         capture = self.agent.capture
@@ -245,7 +244,6 @@ def _oom_check(driver: Driver, loop: Loop) -> dict[str, Any]:
     command has it): the snapshot is kept and reported before the job sees the error, then stored
     as a bundle's stacks command would have it stored, and the job trains on."""
     from actors.agent.cuda_memory import TorchAllocator
-    from orchestrator.config import normalize_uri
     from orchestrator.models.agent_protocol import SnapshotDestination, StorageSpec
 
     watch = driver.agent.memory
@@ -260,7 +258,7 @@ def _oom_check(driver: Driver, loop: Loop) -> dict[str, Any]:
     except torch.OutOfMemoryError as e:
         caught, reported_first = type(e).__name__, bool(reports)
     held_ms = (time.perf_counter() - t0) * 1000
-    dest = SnapshotDestination(storage=StorageSpec(uri=normalize_uri(str(driver.store))), prefix="gpu/oom-bundle")
+    dest = SnapshotDestination(storage=StorageSpec(uri=str(driver.store)), prefix="gpu/oom-bundle")
     artifacts, note = watch.snapshot_to(dest, "OOM check")
     page = (driver.store / "gpu" / "oom-bundle" / "memory" / "rank0.snapshot.html")
     text = page.read_text() if page.is_file() else ""

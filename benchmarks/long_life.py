@@ -150,10 +150,9 @@ async def _history_answer(c: Any) -> dict[str, float]:
 
 async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     from orchestrator.models.agent_protocol import StorageSpec
-    from orchestrator.storage import normalize_uri
     from tests.fake_agents import MONITORED, make_controller, until
 
-    c = make_controller(StorageSpec(uri=normalize_uri(str(store))), **MONITORED, ended_run_kept_s=GRACE_S)
+    c = make_controller(StorageSpec(uri=str(store)), **MONITORED, ended_run_kept_s=GRACE_S)
     # The controller logs every registration and drop at INFO: 8,000 lines say nothing here.
     logging.getLogger("actors").setLevel(logging.WARNING)
     gauges = {name: _Gauge(name) for name in c._telemetry._metrics._m}

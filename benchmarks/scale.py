@@ -68,13 +68,14 @@ def build_profile(root: Path, ranks: int, seed: Path, ops: Path, log: LogFn) -> 
 
     Returns the manifest skeleton (per-rank artifact descriptions) as JSON-able data.
     """
+    from orchestrator.layout import profile_prefix, rank_artifact_keys
     from orchestrator.storage import FileStorage
 
     with gzip.open(seed, "rt", encoding="utf-8") as f:
         text = f.read()
     base = json.loads(text)
-    storage = FileStorage(root)
-    prefix = f"{TARGET}/{PROFILE_ID}"
+    prefix = profile_prefix(TARGET, PROFILE_ID)
+    files = FileStorage(root).scoped(prefix)
     rng = random.Random(0)
     work = root.parent / "gen"
     work.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,7 @@ def build_profile(root: Path, ranks: int, seed: Path, ops: Path, log: LogFn) -> 
                 ev.setdefault("args", {})["name"] = f"python {4000 + r}"
         host = f"node{r // 8}"
         pid = 4000 + r
+        keys = rank_artifact_keys(r, host, pid)
         local = work / f"rank{r}.json.gz"
         with gzip.open(local, "wt", encoding="utf-8", compresslevel=6) as f:
             json.dump(trace, f)
@@ -99,10 +101,9 @@ def build_profile(root: Path, ranks: int, seed: Path, ops: Path, log: LogFn) -> 
         with gzip.open(mem, "wt", encoding="utf-8") as f:
             json.dump({"base_time_ns": trace["baseTimeNanoseconds"], "devices": {}}, f)
         arts = [
-            storage.put_file(local, f"{prefix}/traces/rank{r}.{host}.{pid}.pt.trace.json.gz", "trace", folder=prefix),
-            storage.put_file(mem, f"{prefix}/memory/rank{r}.memory_timeline.json.gz", "memory_timeline",
-                             folder=prefix),
-            storage.put_file(ops, f"{prefix}/ops/rank{r}.key_averages.csv", "op_table", folder=prefix),
+            files.put_file(local, keys["trace"], "trace"),
+            files.put_file(mem, keys["memory_timeline"], "memory_timeline"),
+            files.put_file(ops, keys["op_table"], "op_table"),
         ]
         local.unlink()
         mem.unlink()

@@ -30,11 +30,11 @@ RANKS = 1024
 
 def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[str, float]:
     from actors.controller.actor import create_controller
-    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.config import controller_config
     from orchestrator.models.agent_protocol import StorageSpec
 
     _kill_controller()
-    config = controller_config(StorageSpec(uri=normalize_uri(str(store / f"{'on' if on else 'off'}-{time.time_ns()}"))))
+    config = controller_config(StorageSpec(uri=str(store / f"{'on' if on else 'off'}-{time.time_ns()}")))
     config = config.model_copy(update={"metrics": on, "history": on})
     handle = create_controller(config)
     ray.get(handle.ping.remote(), timeout=60)

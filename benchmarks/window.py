@@ -111,14 +111,13 @@ def _info(rank: int = 0):
 
 
 def _window_spec(store: Path, start: int, steps: int, options: dict[str, bool]):
-    from orchestrator.config import normalize_uri
     from orchestrator.models.agent_protocol import StorageSpec, WindowSpec
     from orchestrator.models.requests import TorchOptions
 
     profile_id = f"bench-{uuid.uuid4().hex[:8]}"
     return WindowSpec(
         profile_id=profile_id, target="bench", start_step=start, steps=steps, warmup=0,
-        options=TorchOptions(**options), storage=StorageSpec(uri=normalize_uri(str(store))),
+        options=TorchOptions(**options), storage=StorageSpec(uri=str(store)),
         prefix=f"bench/{profile_id}", max_trace_bytes=2**31,
     )
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 from orchestrator import settings as c
-from orchestrator.errors import ConfigurationError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
 
-__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes", "normalize_uri"]
+__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes"]
 
 
 def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
@@ -69,21 +67,8 @@ def default_storage_spec() -> StorageSpec:
         base = Path(c.CLUSTER_STORAGE_ROOT)
         uri = str(base / "rayprof") if base.is_dir() else str(Path("/tmp/rayprof"))
     return StorageSpec(
-        uri=normalize_uri(uri),
+        uri=uri,
         s3_endpoint_url=os.environ.get(c.S3_ENDPOINT_URL_ENV_VAR) or None,
         s3_region=os.environ.get(c.S3_REGION_ENV_VAR) or None,
     )
 
-
-def normalize_uri(uri: str) -> str:
-    """``s3://b/p`` stays; a plain or ``file://`` path becomes an absolute ``file://`` URI."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ConfigurationError(f"storage {uri!r} names no bucket; use s3://bucket/prefix")
-        return uri.rstrip("/")
-    if parsed.scheme == "file":
-        return Path(parsed.path).expanduser().resolve().as_uri()
-    if parsed.scheme == "":
-        return Path(uri).expanduser().resolve().as_uri()
-    raise ConfigurationError(f"unsupported storage {uri!r}: use a path, file:///path or s3://bucket/prefix")

@@ -16,34 +16,49 @@ Storage layout (keys relative to the storage root)::
       manifest.json                      written last: the commit point
       owner.json                         while unfinished: its controller's lease (actors/controller/leases.py)
     _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
+    _rayprof/{cluster}/history/{target}/{run}.bin.gz  a run's step-time history (the run name URL-quoted)
     _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file
     _rayprof/{cluster}/storage.json                the storage configured at run time
     _rayprof/{cluster}/watches/{watch_id}.json     a watch, kept across controller restarts
     _rayprof/{cluster}/lease/{generation}.json     which Ray cluster's controller holds the name (its last renewals)
 
-Standard library only: the export child process imports it and must start fast.
+Every key is made here. Keys in the rank tables are relative to the profile's folder: a caller
+writes them through ``storage.scoped(profile_prefix(...))`` (orchestrator/storage/base.py), so
+nothing joins a folder and a name by hand (tests/test_one_home.py fails on one that does).
+
+Standard library only (and orchestrator.errors, which is too): the export child process imports
+it and must start fast.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+from orchestrator.errors import ConfigurationError
 
 __all__ = [
     "MANIFEST_NAME",
     "MAX_STEP_DIGITS",
+    "HISTORY_SUFFIX",
     "MERGED_TRACE_NAME",
     "OWNER_NAME",
     "REPORT_NAME",
     "STACKS_NAME",
     "TRACE_SUFFIXES",
     "STATE_ROOT",
+    "cluster_state_prefix",
     "config_key",
+    "history_key",
+    "history_prefix",
     "id_created_at",
     "index_key",
     "lease_prefix",
     "lease_record_key",
     "manifest_key",
+    "normalize_uri",
     "owner_key",
     "parse_profiler_step",
     "parse_trace_name",
@@ -77,6 +92,23 @@ _PROFILER_STEP = re.compile(rf"^ProfilerStep#(\d{{1,{MAX_STEP_DIGITS}}})$")
 _PIPELINE_NAME = re.compile(r"^rank(\d+)\.(.+)\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
 # "rank3" anywhere in other tools' names (HTA's rank-3.json, PARAM's *_rank3.*).
 _RANK_IN_NAME = re.compile(r"(?:^|[._-])rank[_-]?(\d+)(?=[._-]|$)", re.IGNORECASE)
+HISTORY_SUFFIX = ".bin.gz"
+
+
+def normalize_uri(uri: str) -> str:
+    """A storage root's one form: ``s3://b/p`` stays (no trailing slash); a plain or ``file://`` path
+    becomes an absolute ``file://`` URI. Applied by :class:`~orchestrator.models.agent_protocol.StorageSpec`
+    itself, so every spec holds a normalized root."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ConfigurationError(f"storage {uri!r} names no bucket; use s3://bucket/prefix")
+        return uri.rstrip("/")
+    if parsed.scheme == "file":
+        return Path(parsed.path).expanduser().resolve().as_uri()
+    if parsed.scheme == "":
+        return Path(uri).expanduser().resolve().as_uri()
+    raise ConfigurationError(f"unsupported storage {uri!r}: use a path, file:///path or s3://bucket/prefix")
 
 
 def profile_prefix(target: str, profile_id: str) -> str:
@@ -99,9 +131,14 @@ def owner_key(target: str, profile_id: str) -> str:
     return f"{profile_prefix(target, profile_id)}/{OWNER_NAME}"
 
 
+def cluster_state_prefix(cluster: str) -> str:
+    """Folder of everything one cluster's controller keeps (its profiles' state, index, lease, watches...)."""
+    return f"{STATE_ROOT}/{cluster}"
+
+
 def state_prefix(cluster: str) -> str:
     """Folder of one cluster's saved controller state."""
-    return f"{STATE_ROOT}/{cluster}/profiles"
+    return f"{cluster_state_prefix(cluster)}/profiles"
 
 
 def state_key(cluster: str, profile_id: str) -> str:
@@ -111,12 +148,12 @@ def state_key(cluster: str, profile_id: str) -> str:
 
 def index_key(cluster: str) -> str:
     """Key of the index of a cluster's finished profiles."""
-    return f"{STATE_ROOT}/{cluster}/index.json"
+    return f"{cluster_state_prefix(cluster)}/index.json"
 
 
 def lease_prefix(cluster: str) -> str:
     """Folder of the lease a live controller holds on its cluster name: one record per renewal."""
-    return f"{STATE_ROOT}/{cluster}/lease"
+    return f"{cluster_state_prefix(cluster)}/lease"
 
 
 def lease_record_key(cluster: str, generation: int) -> str:
@@ -137,12 +174,12 @@ def id_created_at(name: str) -> datetime | None:
 
 def config_key(cluster: str) -> str:
     """Key of the storage a cluster's controller was configured with at run time."""
-    return f"{STATE_ROOT}/{cluster}/storage.json"
+    return f"{cluster_state_prefix(cluster)}/storage.json"
 
 
 def watches_prefix(cluster: str) -> str:
     """Folder of one cluster's saved watches."""
-    return f"{STATE_ROOT}/{cluster}/watches"
+    return f"{cluster_state_prefix(cluster)}/watches"
 
 
 def watch_key(cluster: str, watch_id: str) -> str:
@@ -150,22 +187,32 @@ def watch_key(cluster: str, watch_id: str) -> str:
     return f"{watches_prefix(cluster)}/{watch_id}.json"
 
 
-def rank_stacks_keys(prefix: str, rank: int) -> dict[str, str]:
-    """Keys of one rank's files in a stacks bundle, by artifact kind."""
+def history_prefix(cluster: str) -> str:
+    """Folder of one cluster's saved step-time histories."""
+    return f"{cluster_state_prefix(cluster)}/history"
+
+
+def history_key(cluster: str, target: str, run: str) -> str:
+    """Key of one run's saved step-time history (a run name may hold any character: quoted)."""
+    return f"{history_prefix(cluster)}/{target}/{quote(run, safe='')}{HISTORY_SUFFIX}"
+
+
+def rank_stacks_keys(rank: int) -> dict[str, str]:
+    """Keys of one rank's files in a stacks bundle, relative to its folder, by artifact kind."""
     return {
-        "stacks": f"{prefix}/stacks/rank{rank}.txt",
-        "flight_recorder": f"{prefix}/stacks/rank{rank}.flight_recorder.json",
+        "stacks": f"stacks/rank{rank}.txt",
+        "flight_recorder": f"stacks/rank{rank}.flight_recorder.json",
     }
 
 
-def rank_artifact_keys(prefix: str, rank: int, host: str, pid: int) -> dict[str, str]:
-    """Keys of one rank's artifacts under a profile's folder, by artifact kind."""
+def rank_artifact_keys(rank: int, host: str, pid: int) -> dict[str, str]:
+    """Keys of one rank's artifacts, relative to the profile's folder, by artifact kind."""
     return {
-        "trace": f"{prefix}/traces/rank{rank}.{host}.{pid}{TRACE_SUFFIXES[1]}",
-        "memory_timeline": f"{prefix}/memory/rank{rank}.memory_timeline.json.gz",
-        "op_table": f"{prefix}/ops/rank{rank}.key_averages.csv",
-        "memory_snapshot": f"{prefix}/memory/rank{rank}.snapshot.pickle",
-        "memory_view": f"{prefix}/memory/rank{rank}.snapshot.html",
+        "trace": f"traces/rank{rank}.{host}.{pid}{TRACE_SUFFIXES[1]}",
+        "memory_timeline": f"memory/rank{rank}.memory_timeline.json.gz",
+        "op_table": f"ops/rank{rank}.key_averages.csv",
+        "memory_snapshot": f"memory/rank{rank}.snapshot.pickle",
+        "memory_view": f"memory/rank{rank}.snapshot.html",
     }
 
 

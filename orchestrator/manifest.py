@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from orchestrator.errors import IntegrityError, StorageError
 from orchestrator.layout import manifest_key, profile_prefix
-from orchestrator.models.profile import Artifact, Manifest
+from orchestrator.models.profile import Manifest
 from orchestrator.storage import Storage
 
 __all__ = ["read_artifact", "read_manifest", "verify_manifest", "write_manifest"]
@@ -17,7 +17,7 @@ __all__ = ["read_artifact", "read_manifest", "verify_manifest", "write_manifest"
 def read_artifact(storage: Storage, manifest: Manifest, key: str, sha256: str) -> bytes:
     """One artifact of a profile, from ``{storage}/{target}/{profile_id}/{key}`` (never the manifest's
     ``storage_uri``), checked against the checksum the manifest lists."""
-    data = storage.get_bytes(f"{profile_prefix(manifest.target, manifest.profile_id)}/{key}")
+    data = _files(storage, manifest).get_bytes(key)
     if hashlib.sha256(data).hexdigest() != sha256:
         raise IntegrityError(f"{key} of {manifest.profile_id} does not match its manifest checksum")
     return data
@@ -29,9 +29,9 @@ def write_manifest(storage: Storage, manifest: Manifest) -> str:
     Refuses to list an artifact that is not in storage: a manifest never
     points at a missing file.
     """
+    files = _files(storage, manifest)
     for artifact in manifest.all_artifacts():
-        rel = _relative_key(manifest, artifact)
-        if not storage.exists(rel):
+        if not files.exists(artifact.key):
             raise IntegrityError(
                 f"{artifact.uri} is listed but missing from storage", profile_id=manifest.profile_id
             )
@@ -55,9 +55,10 @@ def verify_manifest(storage: Storage, manifest: Manifest) -> list[str]:
     import hashlib
 
     problems = []
+    files = _files(storage, manifest)
     for artifact in manifest.all_artifacts():
         try:
-            data = storage.get_bytes(_relative_key(manifest, artifact))
+            data = files.get_bytes(artifact.key)
         except StorageError as e:
             problems.append(f"{artifact.uri}: {e}")
             continue
@@ -68,5 +69,6 @@ def verify_manifest(storage: Storage, manifest: Manifest) -> list[str]:
     return problems
 
 
-def _relative_key(manifest: Manifest, artifact: Artifact) -> str:
-    return f"{profile_prefix(manifest.target, manifest.profile_id)}/{artifact.key}"
+def _files(storage: Storage, manifest: Manifest) -> Storage:
+    """The profile's folder, where the keys its manifest lists are relative to."""
+    return storage.scoped(profile_prefix(manifest.target, manifest.profile_id))

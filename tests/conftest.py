@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
-from orchestrator.config import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +71,7 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "c
 @pytest.fixture
 def home(tmp_path: Path) -> StorageSpec:
     """A fresh cluster-storage root for a controller driven without Ray (tests/fake_agents.py)."""
-    return StorageSpec(uri=normalize_uri(str(tmp_path / "store")))
+    return StorageSpec(uri=str(tmp_path / "store"))
 
 
 @pytest.fixture(scope="session")

@@ -65,11 +65,11 @@ def stored(service, tmp_path_factory) -> Iterator[tuple[str, list[str]]]:
     from ray import serve
 
     from actors.controller.actor import Controller
-    from orchestrator.config import controller_config, normalize_uri
+    from orchestrator.config import controller_config
     from orchestrator.models.agent_protocol import StorageSpec
     from orchestrator.service.app import ProfilingService
 
-    home = StorageSpec(uri=normalize_uri(str(tmp_path_factory.mktemp("stored"))))
+    home = StorageSpec(uri=str(tmp_path_factory.mktemp("stored")))
     ids = write_saved_profiles(home, 120, 64)
     config = controller_config(home).model_copy(update={"cluster_name": CLUSTER})
     controller = ray.remote(Controller).options(num_cpus=0).remote(config)

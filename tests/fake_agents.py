@@ -208,11 +208,11 @@ class FakeAgent:
         """What the agent's MemoryWatch answers: its snapshot and page stored, or why not."""
         if not self.recording:
             return {"memory_note": "this rank records no allocator history"}
-        storage = open_storage(dest.storage)
-        keys = rank_artifact_keys(dest.prefix, self.info.world_rank, self.info.host, self.info.pid)
+        storage = open_storage(dest.storage).scoped(dest.prefix)
+        keys = rank_artifact_keys(self.info.world_rank, self.info.host, self.info.pid)
         files = [
-            storage.put_bytes(b"snapshot", keys["memory_snapshot"], "memory_snapshot", folder=dest.prefix),
-            storage.put_bytes(b"<html></html>", keys["memory_view"], "memory_view", folder=dest.prefix),
+            storage.put_bytes(b"snapshot", keys["memory_snapshot"], "memory_snapshot"),
+            storage.put_bytes(b"<html></html>", keys["memory_view"], "memory_view"),
         ]
         return {"artifacts": files + self.extra_snapshot_files}
 
@@ -264,9 +264,9 @@ class FakeAgent:
 
     async def finish(self, window: WindowSpec) -> None:
         """Upload this rank's file and report the window DONE."""
-        key = rank_artifact_keys(window.prefix, self.info.world_rank, self.info.host, self.info.pid)[self.upload]
+        key = rank_artifact_keys(self.info.world_rank, self.info.host, self.info.pid)[self.upload]
         body = b"{}" if self.upload == "trace" else b"name,count\n"
-        artifact = open_storage(window.storage).put_bytes(body, key, self.upload, folder=window.prefix)
+        artifact = open_storage(window.storage).scoped(window.prefix).put_bytes(body, key, self.upload)
         await self.report(
             window,
             RankState.DONE,

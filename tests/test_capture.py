@@ -10,7 +10,6 @@ import torch
 
 from actors.agent.capture import Capture
 from actors.agent.runtime import Agent
-from orchestrator.config import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec, WindowSpec, WorkerInfo
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState, TorchOptions
@@ -27,7 +26,7 @@ def _window(
 ) -> WindowSpec:
     return WindowSpec(
         profile_id="p1", target="unit", start_step=start, steps=steps, warmup=warmup, options=TorchOptions(**options),
-        storage=StorageSpec(uri=normalize_uri(str(tmp_path / "store"))), prefix="unit/p1",
+        storage=StorageSpec(uri=str(tmp_path / "store")), prefix="unit/p1",
         max_trace_bytes=max_trace_bytes,
     )
 

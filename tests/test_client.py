@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.client.client import ProfileHandle, download_profile
 from orchestrator.errors import IntegrityError, InvalidRequestError
+from orchestrator.layout import profile_prefix
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Artifact, Manifest, ProfileStatus
 from orchestrator.storage import FileStorage
@@ -17,8 +18,7 @@ TARGET, PROFILE_ID = "run", "prof-1"
 
 def _stored(root, key: str, data: bytes) -> Artifact:
     """``data`` stored under the profile folder of ``root``; its artifact (key relative to that folder)."""
-    folder = f"{TARGET}/{PROFILE_ID}"
-    return FileStorage(root).put_bytes(data, f"{folder}/{key}", "trace", folder=folder)
+    return FileStorage(root).scoped(profile_prefix(TARGET, PROFILE_ID)).put_bytes(data, key, "trace")
 
 
 def _manifest(artifacts: list[Artifact], *, profile_id: str = PROFILE_ID, storage_uri: str = "file:///elsewhere") -> dict:

@@ -11,7 +11,6 @@ from orchestrator.client import ProfilingClient
 from orchestrator.client.http import HttpBackend
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState
-from orchestrator.storage import normalize_uri
 from tests.fake_agents import make_controller, run, start_agents, wait_terminal
 from tests.inprocess_service import BASE_URL, install_service
 
@@ -43,7 +42,7 @@ def test_a_download_over_http_reads_the_storage_the_profiles_record_names_after_
         for a in agents:
             await a.stop()
         # `rayprof serve --storage NEW`: new profiles go there; the earlier one's files stay in the first root.
-        await c.configure(StorageSpec(uri=normalize_uri(str(new_root))))
+        await c.configure(StorageSpec(uri=str(new_root)))
         app = install_service(monkeypatch, c)
         backend = HttpBackend(BASE_URL, transport=_SyncOverAsgi(app, asyncio.get_running_loop()))
         client = ProfilingClient(backend=backend)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from actors.controller.actor import Controller
-from orchestrator.config import normalize_uri
 from orchestrator.errors import RestoringError, StorageError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
@@ -37,7 +36,7 @@ def _broken_home(tmp_path: Path) -> StorageSpec:
     # A folder whose parent is a plain file: every read and write fails with an OSError.
     blocker = tmp_path / "blocker"
     blocker.write_text("not a folder")
-    return StorageSpec(uri=normalize_uri(str(blocker / "store")))
+    return StorageSpec(uri=str(blocker / "store"))
 
 
 def test_unreachable_home_storage_does_not_wedge_the_controller(tmp_path):

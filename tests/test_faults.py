@@ -107,11 +107,11 @@ def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on
     key = state_key(cluster, done.profile_id)
     saved = json.loads(home.get_bytes(key))
     saved["status"].update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
-    home.put_bytes(json.dumps(saved).encode(), key, "manifest")
+    home.put_state(json.dumps(saved).encode(), key)
     # The index of finished profiles is written after the final state save: the crash left it out.
     index = json.loads(home.get_bytes(index_key(cluster)))
     index["profiles"] = [e for e in index["profiles"] if e["summary"]["id"] != done.profile_id]
-    home.put_bytes(json.dumps(index).encode(), index_key(cluster), "manifest")
+    home.put_state(json.dumps(index).encode(), index_key(cluster))
 
     _restart_controller()
 

@@ -9,7 +9,6 @@ from orchestrator.layout import lease_record_key, owner_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, RankState
 from orchestrator.models.summaries import GcRequest
-from orchestrator.storage import normalize_uri
 from tests.fake_agents import FakeAgent, make_controller, run, start_agents, status_when, wait_terminal, worker_info
 from tests.inprocess_service import service_client
 
@@ -95,7 +94,7 @@ def test_a_profile_is_read_from_the_storage_its_record_names_after_the_storage_i
             await a.stop()
         key = (await c.manifest(done.id)).ranks[0].artifacts[0].key
         # `rayprof serve --storage NEW`: new profiles go elsewhere; the earlier ones' files stay where they are.
-        await c.configure(StorageSpec(uri=normalize_uri(str(tmp_path / "new-root"))))
+        await c.configure(StorageSpec(uri=str(tmp_path / "new-root")))
         async with service_client(monkeypatch, c) as http:
             artifact = await http.get(f"/v1/profiles/{done.id}/artifacts/{key}")
         return artifact, await c.profile_storage(done.id)

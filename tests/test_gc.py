@@ -81,7 +81,7 @@ def test_gc_keeps_folders_with_a_manifest_or_a_saved_state_or_a_name_rayprof_did
     committed = leftover(store, timedelta(days=2), manifest=True)
     foreign = leftover(store, timedelta(days=2), name="my-notes")
     other_cluster = leftover(store, timedelta(days=2))
-    open_storage(store).put_bytes(b"{}", state_key("another-cluster", other_cluster), "manifest")
+    open_storage(store).put_state(b"{}", state_key("another-cluster", other_cluster))
 
     report = run(controller(store).gc(GcRequest()))
 

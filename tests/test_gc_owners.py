@@ -18,7 +18,6 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from actors.controller.leases import OwnerLease
-from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.layout import owner_key, profile_id
 from orchestrator.models.agent_protocol import StorageSpec
@@ -67,7 +66,7 @@ def outage(s3_server, monkeypatch):
 
 
 def file_root(tmp_path, name: str) -> StorageSpec:
-    return StorageSpec(uri=normalize_uri(str(tmp_path / name)))
+    return StorageSpec(uri=str(tmp_path / name))
 
 
 def abandoned(root: StorageSpec, lease: str | None) -> str:
@@ -78,9 +77,9 @@ def abandoned(root: StorageSpec, lease: str | None) -> str:
     if lease == "expired":
         at = utcnow() - timedelta(days=1)
         old = OwnerLease(cluster="gone", profile_id=folder_id, state_uri="s3://elsewhere", renewed_at=at, expires_at=at)
-        storage.put_bytes(old.model_dump_json().encode(), owner_key("run", folder_id), "manifest")
+        storage.put_state(old.model_dump_json().encode(), owner_key("run", folder_id))
     elif lease == "unreadable":
-        storage.put_bytes(b"{not json", owner_key("run", folder_id), "manifest")
+        storage.put_state(b"{not json", owner_key("run", folder_id))
     return folder_id
 
 

@@ -14,7 +14,7 @@ from orchestrator.storage import MemoryStorage
 
 
 def _manifest(storage: MemoryStorage) -> Manifest:
-    artifact = storage.put_bytes(b"trace-bytes", "run/p1/traces/rank0.h.1.pt.trace.json.gz", "trace", folder="run/p1")
+    artifact = storage.scoped("run/p1").put_bytes(b"trace-bytes", "traces/rank0.h.1.pt.trace.json.gz", "trace")
     return Manifest(
         profile_id="p1",
         target="run",

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from actors.agent.capture import Capture
 from actors.export.memory_view import read_device, render
-from orchestrator.config import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec, WindowSpec
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import ProfileRequest, RankState, TorchOptions
@@ -26,7 +25,7 @@ MiB = 2**20
 def _window(tmp_path: Path, start: int, steps: int) -> WindowSpec:
     return WindowSpec(
         profile_id="p1", target="unit", start_step=start, steps=steps, warmup=0,
-        options=TorchOptions(memory_snapshot=True), storage=StorageSpec(uri=normalize_uri(str(tmp_path / "store"))),
+        options=TorchOptions(memory_snapshot=True), storage=StorageSpec(uri=str(tmp_path / "store")),
         prefix="unit/p1", max_trace_bytes=10**9,
     )
 

@@ -12,7 +12,6 @@ import torch
 
 from actors.agent.capture import Capture
 from actors.agent.memory_watch import OOM_MIN_INTERVAL_S, MemoryWatch
-from orchestrator.config import normalize_uri
 from orchestrator.models.agent_protocol import OomReport, SnapshotDestination, StorageSpec
 from tests.fake_allocator import FakeAllocator
 from tests.test_capture import INFO
@@ -35,7 +34,7 @@ def _watch(allocator: FakeAllocator, clock: Clock | None = None) -> tuple[Memory
 
 
 def _dest(tmp_path) -> SnapshotDestination:
-    return SnapshotDestination(storage=StorageSpec(uri=normalize_uri(str(tmp_path / "store"))), prefix="unit/oom1")
+    return SnapshotDestination(storage=StorageSpec(uri=str(tmp_path / "store")), prefix="unit/oom1")
 
 
 def test_recording_follows_the_command_and_the_observer_is_attached_once():

@@ -8,6 +8,8 @@ import re
 import pytest
 from pydantic import TypeAdapter
 
+from orchestrator import layout
+from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import Name, to_name
 from orchestrator.service.security import FRAMED_REPORT_CSP, REPORT_CSP
 from tests.conftest import REPO
@@ -61,3 +63,74 @@ def test_the_max_merged_bytes_setting_reaches_the_merge(monkeypatch):
 
     monkeypatch.setenv("RAYPROF_MAX_MERGED_BYTES", "150000")
     assert max_merged_bytes() == 150000
+
+
+# A storage key joined by hand: an f-string that puts "/" after a folder (``{prefix}/``,
+# ``{STATE_ROOT}/``, ``{profile.storage_uri}/``), one that writes a layout file name into a
+# key, or a folder with "/" added on for a listing. Keys come from orchestrator/layout.py and
+# a profile's files are addressed through ``storage.scoped(folder)``; only those two homes join.
+_LAYOUT_NAMES = "|".join(name for name in layout.__all__ if name.endswith(("_NAME", "_SUFFIX", "_SUFFIXES")))
+_HAND_JOINED = re.compile(
+    r'f"\{[^}"]*(?:prefix|folder|ROOT|_uri)\b[^}"]*\}/'
+    rf"|\{{(?:{_LAYOUT_NAMES})\}}"
+    r'|(?:prefix|folder|ROOT)\w*(?:\([^()]*\))?\s*\+\s*"/"'
+)
+_KEY_HOMES = ("orchestrator/layout.py", "orchestrator/storage/")
+
+
+def _lines_matching(pattern: re.Pattern[str], outside: tuple[str, ...] = ()) -> list[str]:
+    return [
+        f"{path}:{number}: {line.strip()}"
+        for path, text in sorted(_sources().items())
+        if not path.startswith(outside)
+        for number, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]
+
+
+def test_no_storage_key_is_joined_by_hand_outside_the_layout_and_the_storage():
+    assert _lines_matching(_HAND_JOINED, outside=_KEY_HOMES) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'storage.download(f"{prefix}/{artifact.key}", path)',
+        'storage.delete(f"{profile.prefix}/{name}")',
+        'storage.get_bytes(f"{profile_prefix(manifest.target, manifest.profile_id)}/{key}")',
+        'uri = open_storage(home).uri(f"{STATE_ROOT}/{self._cluster}")',
+        'profile.manifest_uri = f"{profile.storage_uri}/{MANIFEST_NAME}"',
+        'storage.put_bytes(data, f"run/{STACKS_NAME}", "stacks_summary")',
+        'keys = storage.list(lease_prefix(self._cluster) + "/")',
+        'keys = storage.list(self._prefix + "/")',
+    ],
+)
+def test_the_hand_joined_key_check_catches_each_way_a_key_was_joined(line):
+    assert _HAND_JOINED.search(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'f"{done}/{len(items)} ranks"',
+        'f"{url}/docs"',
+        'f"{request.scope.get(\'root_path\', \'\')}/v1/profiles/"',
+        'out(f"rayprof service: {SERVE_APP_NAME}")',
+    ],
+)
+def test_the_hand_joined_key_check_lets_counts_and_urls_be(line):
+    assert not _HAND_JOINED.search(line)
+
+
+def test_controller_state_is_written_as_state_and_only_the_manifest_with_kind_manifest():
+    # State (saved profiles, index, leases, histories) is no artifact: it goes through put_state.
+    writes = _lines_matching(re.compile(r'put_bytes\b.*"manifest"'))
+    assert [line.split(":")[0] for line in writes] == ["orchestrator/manifest.py"]
+
+
+def test_a_storage_root_is_normalized_only_by_the_storage_spec():
+    uses = re.compile(r"\bnormalize_uri\b(?!\(uri)")  # not its definition
+    used = [line for line in _lines_matching(uses) if "import normalize_uri" not in line and '"normalize_uri"' not in line]
+    assert [line.split(":")[0] for line in used] == ["orchestrator/models/agent_protocol.py"]
+    assert StorageSpec(uri="s3://b/p/").uri == "s3://b/p"
+    assert StorageSpec(uri="/tmp/a/../b").uri == StorageSpec(uri="file:///tmp/b").uri == "file:///tmp/b"

@@ -159,7 +159,7 @@ def _draft(tmp_path: Path, spec: StorageSpec, prefix: str) -> Manifest:
         events = [x_event("ProfilerStep#1", 0, 1000), x_event("aten::mm", 10 + rank, 500 - 100 * rank)]
         events += [x_event("ncclKernel_AllReduce", 600 + 7 * rank + 50 * k, 40, cat="kernel", pid=0, tid=7) for k in range(3)]
         local = write_trace(tmp_path / f"rank{rank}.pt.trace.json.gz", events, rank=rank, baseTimeNanoseconds=10**12 + rank * 10**6)
-        art = storage.put_file(local, f"{prefix}/traces/{local.name}", "trace", folder=prefix)
+        art = storage.scoped(prefix).put_file(local, f"traces/{local.name}", "trace")
         ranks.append(RankResult(rank=rank, host=f"h{rank}", state=RankState.DONE, base_time_ns=10**12 + rank * 10**6, artifacts=[art]))
     return Manifest(
         profile_id="p1", target="job", status=ProfileState.DONE, request=ProfileRequest(target="job", steps=1),
@@ -200,7 +200,7 @@ def test_a_postprocess_past_its_timeout_leaves_no_unlisted_file(tmp_path: Path, 
     uploaded = threading.Event()
 
     def slow_postprocess(spec: StorageSpec, prefix: str, draft: Manifest, **_: Any) -> None:
-        open_storage(spec).put_bytes(b"{}", f"{prefix}/merged.trace.json.gz", "merged_trace", folder=prefix)
+        open_storage(spec).scoped(prefix).put_bytes(b"{}", "merged.trace.json.gz", "merged_trace")
         uploaded.set()
         threading.Event().wait(1.0)  # still joining when the timeout comes
 

@@ -16,7 +16,6 @@ import pytest
 from actors.controller import startup
 from actors.controller.actor import Controller
 from actors.controller.name_lease import LeaseRecord
-from orchestrator.config import normalize_uri
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import lease_record_key
 from orchestrator.models.agent_protocol import StorageSpec
@@ -133,7 +132,7 @@ def test_an_s3_outage_in_the_middle_of_restore_strands_no_profile(restartable_s3
 
 
 def test_config_waits_for_restore_and_names_the_configured_storage(home, tmp_path):
-    elsewhere = StorageSpec(uri=normalize_uri(str(tmp_path / "elsewhere")))
+    elsewhere = StorageSpec(uri=str(tmp_path / "elsewhere"))
 
     async def go():
         first = make_controller(home)
@@ -241,7 +240,7 @@ def test_a_controller_that_finds_another_cluster_holding_its_name_at_renewal_sto
         await a.ping()
         # Another cluster took the name over (it saw a's renewals stand still, say while a's storage was away).
         theirs = LeaseRecord(owner="ray-z", generation=10**6, renewed_at=utcnow())
-        open_storage(home).put_bytes(theirs.model_dump_json().encode(), lease_record_key("shared", 10**6), "manifest")
+        open_storage(home).put_state(theirs.model_dump_json().encode(), lease_record_key("shared", 10**6))
 
         async def refused() -> bool:
             try:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from actors.controller.actor import Controller
-from orchestrator.layout import profile_prefix
+from orchestrator.layout import REPORT_NAME, profile_prefix
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from orchestrator.storage import open_storage
@@ -37,8 +37,8 @@ def _no_token_in_env(monkeypatch):
 
 async def with_report(draft, profile, timeout_s):
     """A postprocess that stores a report.html and lists it, as the analysis does."""
-    folder = profile_prefix(draft.target, draft.profile_id)
-    artifact = open_storage(profile.storage).put_bytes(REPORT, f"{folder}/report.html", "report", folder=folder)
+    folder = open_storage(profile.storage).scoped(profile_prefix(draft.target, draft.profile_id))
+    artifact = folder.put_bytes(REPORT, REPORT_NAME, "report")
     return draft.model_copy(update={"artifacts": [*draft.artifacts, artifact]})
 
 

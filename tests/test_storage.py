@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from orchestrator.config import normalize_uri
 from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.layout import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, open_storage
 
@@ -30,7 +30,7 @@ def test_put_file_returns_size_and_sha256_of_the_stored_bytes(storage, tmp_path)
     local = tmp_path / "a.bin"
     local.write_bytes(os.urandom(10_000))
 
-    artifact = storage.put_file(local, "t/p/traces/a.bin", "trace", folder="t/p")
+    artifact = storage.scoped("t/p").put_file(local, "traces/a.bin", "trace")
 
     assert artifact.key == "traces/a.bin"
     assert artifact.bytes == 10_000
@@ -123,3 +123,49 @@ def test_folders_names_the_folders_directly_under_a_prefix(storage):
     assert storage.folders("") == ["t", "u"]
     assert storage.folders("t") == ["p1", "p2"]
     assert storage.folders("missing") == []
+
+
+@pytest.mark.parametrize("uri", ["s3:///prefix", "gs://bucket/x"])
+def test_a_storage_spec_holds_its_root_normalized_and_refuses_an_unsupported_one(uri):
+    from orchestrator.errors import ConfigurationError
+
+    assert StorageSpec(uri="s3://b/p/").uri == "s3://b/p"
+    assert StorageSpec(uri="/tmp/x/../y").uri == StorageSpec(uri="file:///tmp/y").uri == "file:///tmp/y"
+    with pytest.raises(ConfigurationError):
+        StorageSpec(uri=uri)
+
+
+def test_a_scoped_storage_addresses_the_keys_under_its_folder(storage, tmp_path):
+    files = storage.scoped("t/p1")
+    storage.put_bytes(b"sibling", "t/p10/traces/r0.json", "trace")
+
+    artifact = files.put_bytes(b"x", "traces/r0.json", "trace")
+
+    assert artifact.key == "traces/r0.json"
+    assert artifact.uri == storage.uri("t/p1/traces/r0.json") == files.uri("traces/r0.json")
+    assert files.root_uri == storage.uri("t/p1")
+    assert storage.get_bytes("t/p1/traces/r0.json") == b"x" == files.scoped("traces").get_bytes("r0.json")
+    assert files.exists("traces/r0.json") and not files.exists("traces/r1.json")
+    assert files.list("") == ["traces/r0.json"]
+    assert files.folders("") == ["traces"]
+    assert files.download("traces/r0.json", tmp_path / "r0.json").read_bytes() == b"x"
+    files.delete("traces/r0.json")
+    assert not storage.exists("t/p1/traces/r0.json") and storage.exists("t/p10/traces/r0.json")
+
+
+@pytest.mark.parametrize("key", ["../p2/x", "/abs", "a//b"])
+def test_a_scoped_storage_refuses_a_key_that_leaves_its_folder(storage, key):
+    with pytest.raises(StorageError, match="invalid storage key"):
+        storage.scoped("t/p1").get_bytes(key)
+
+
+def test_state_is_stored_as_the_same_bytes_an_artifact_write_leaves(storage):
+    from orchestrator.errors import AlreadyExistsError
+
+    data = b'{"status": {"id": "p1"}}'
+    storage.put_bytes(data, "_rayprof/c/profiles/old.json", "manifest")  # how state was written before
+
+    assert storage.put_state(data, "_rayprof/c/profiles/new.json") is None
+    assert storage.get_bytes("_rayprof/c/profiles/new.json") == storage.get_bytes("_rayprof/c/profiles/old.json") == data
+    with pytest.raises(AlreadyExistsError):
+        storage.put_state(b"{}", "_rayprof/c/profiles/new.json", if_absent=True)

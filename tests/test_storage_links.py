@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import normalize_uri
 from orchestrator.errors import StorageError
 from orchestrator.layout import profile_id
 from orchestrator.models.agent_protocol import StorageSpec
@@ -39,7 +38,7 @@ def precious(outside: Path) -> list[str]:
 
 
 def gc(root: Path):
-    home = StorageSpec(uri=normalize_uri(str(root)))
+    home = StorageSpec(uri=str(root))
     return run(make_controller(home).gc(GcRequest()))
 
 

@@ -142,9 +142,9 @@ class HeldWrites:
         self.release = threading.Event()
         self.written = threading.Event()
         storage = open_storage(home)
-        put = storage.put_bytes
+        put = storage.put_state  # saved state is written through it
 
-        def put_bytes(data: bytes, key: str, *args, **kwargs):
+        def put_state(data: bytes, key: str, *args, **kwargs):
             if self.entered.is_set() or not holds(key, data):
                 return put(data, key, *args, **kwargs)
             self.entered.set()
@@ -154,7 +154,7 @@ class HeldWrites:
             finally:
                 self.written.set()
 
-        monkeypatch.setattr(storage, "put_bytes", put_bytes)
+        monkeypatch.setattr(storage, "put_state", put_state)
 
 
 def test_a_profile_deleted_while_its_last_save_is_in_flight_stays_deleted_after_a_restart(home, monkeypatch):

@@ -239,23 +239,21 @@ class Capture:
 
     def _export_and_upload(self, tmp: Path) -> RankEvent:
         w = self.window
-        keys = rank_artifact_keys(w.prefix, self.info.world_rank, self.info.host, self.info.pid)
-        storage = open_storage(w.storage)
+        keys = rank_artifact_keys(self.info.world_rank, self.info.host, self.info.pid)
+        storage = open_storage(w.storage).scoped(w.prefix)
 
         raw = tmp / RAW_TRACE_NAME
         result = _run_exporter(raw, tmp, memory=w.options.profile_memory, shapes=w.options.record_shapes, max_bytes=w.max_trace_bytes)
         raw.unlink()
 
-        artifacts: list[Artifact] = [storage.put_file(tmp / TRACE_NAME, keys["trace"], "trace", folder=w.prefix)]
+        artifacts: list[Artifact] = [storage.put_file(tmp / TRACE_NAME, keys["trace"], "trace")]
         if w.options.profile_memory:
-            artifacts.append(
-                storage.put_file(tmp / MEMORY_NAME, keys["memory_timeline"], "memory_timeline", folder=w.prefix)
-            )
-        artifacts.append(storage.put_file(tmp / OPS_NAME, keys["op_table"], "op_table", folder=w.prefix))
+            artifacts.append(storage.put_file(tmp / MEMORY_NAME, keys["memory_timeline"], "memory_timeline"))
+        artifacts.append(storage.put_file(tmp / OPS_NAME, keys["op_table"], "op_table"))
         snapshot, self._snapshot = self._snapshot, None
         if snapshot is not None:
             title = f"CUDA memory of rank {self.info.world_rank}, profile {w.profile_id}, steps {w.start_step}..{w.stop_step - 1}"
-            artifacts += store_snapshot(snapshot, tmp, keys, storage, w.prefix, title)
+            artifacts += store_snapshot(snapshot, tmp, keys, storage, title)
 
         steps = result.steps
         numbers = sorted(steps)

@@ -35,11 +35,11 @@ def run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def store_snapshot(
-    snapshot: dict[str, Any] | Path, tmp: Path, keys: dict[str, str], storage: Storage, folder: str, title: str
+    snapshot: dict[str, Any] | Path, tmp: Path, keys: dict[str, str], storage: Storage, title: str
 ) -> list[Artifact]:
     """The allocator's snapshot as torch's viewers read it (``snapshot``, or the pickle already
     written there) and its page that needs no internet, stored under ``keys`` (layout's
-    ``memory_snapshot`` and ``memory_view``)."""
+    ``memory_snapshot`` and ``memory_view``) in ``storage``, scoped to the profile's folder."""
     if isinstance(snapshot, Path):
         pickled = snapshot
     else:
@@ -50,6 +50,6 @@ def store_snapshot(
     if done.returncode != 0:
         raise RuntimeError(f"memory snapshot page exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return [
-        storage.put_file(pickled, keys["memory_snapshot"], "memory_snapshot", folder=folder),
-        storage.put_file(page, keys["memory_view"], "memory_view", folder=folder),
+        storage.put_file(pickled, keys["memory_snapshot"], "memory_snapshot"),
+        storage.put_file(page, keys["memory_view"], "memory_view"),
     ]

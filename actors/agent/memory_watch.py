@@ -119,9 +119,9 @@ class MemoryWatch:
             return [], "this rank records no allocator history (no CUDA device, or no OOM watch reached it)"
         tmp = Path(tempfile.mkdtemp(prefix="rayprof-snapshot-"))
         try:
-            keys = rank_artifact_keys(dest.prefix, self._info.world_rank, self._info.host, self._info.pid)
+            keys = rank_artifact_keys(self._info.world_rank, self._info.host, self._info.pid)
             snapshot = kept if kept is not None else self._allocator.snapshot()
-            return store_snapshot(snapshot, tmp, keys, open_storage(dest.storage), dest.prefix, title), None
+            return store_snapshot(snapshot, tmp, keys, open_storage(dest.storage).scoped(dest.prefix), title), None
         except Exception as e:
             logger.exception("rayprof agent: storing the memory snapshot failed")
             return [], f"the snapshot could not be stored: {type(e).__name__}: {e}"[:500]

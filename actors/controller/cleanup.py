@@ -56,10 +56,10 @@ def find_leftovers(
                 continue
             if lease_is_live(storage, target, profile_id, now, skipped):
                 continue
-            if not storage.list(profile_prefix(target, profile_id) + "/"):
+            folder = storage.scoped(profile_prefix(target, profile_id))
+            if not folder.list(""):
                 continue
-            uri = storage.uri(profile_prefix(target, profile_id))
-            found.append(Leftover(target=target, profile_id=profile_id, uri=uri, created_at=created))
+            found.append(Leftover(target=target, profile_id=profile_id, uri=folder.root_uri, created_at=created))
     return found
 
 

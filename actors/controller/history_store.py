@@ -1,6 +1,6 @@
 """Saving step-time histories in the controller's home storage, so they survive a restart.
 
-One object per run, ``_rayprof/{cluster}/history/{target}/{run}.bin.gz``,
+One object per run, ``_rayprof/{cluster}/history/{target}/{run}.bin.gz`` (layout's ``history_key``),
 rewritten whole every ``RAYPROF_HISTORY_SAVE_INTERVAL_S`` (a run of 1,024
 ranks after 24 h is ~20 MiB before compression). A history that cannot be
 read is logged and skipped; a restart then starts that run afresh.
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import quote
 
 from actors.controller.step_history import RunHistory, compress
 from orchestrator.errors import StorageError
-from orchestrator.layout import STATE_ROOT
+from orchestrator.layout import HISTORY_SUFFIX, history_key, history_prefix
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import open_storage
 
@@ -22,16 +21,13 @@ __all__ = ["HistoryStore"]
 
 logger = logging.getLogger(__name__)
 
-_SUFFIX = ".bin.gz"
-
-
 class HistoryStore:
     def __init__(self, home: StorageSpec, cluster: str) -> None:
         self._home = home
-        self._prefix = f"{STATE_ROOT}/{cluster}/history"
+        self._cluster = cluster
 
     def _key(self, target: str, run: str) -> str:
-        return f"{self._prefix}/{target}/{quote(run, safe='')}{_SUFFIX}"
+        return history_key(self._cluster, target, run)
 
     async def save(self, runs: list[RunHistory]) -> None:
         """Every run given; the dump is taken on the event loop, so it is one consistent instant."""
@@ -40,7 +36,7 @@ class HistoryStore:
 
         def write() -> None:
             for key, data in blobs:
-                storage.put_bytes(compress(data), key, "manifest")
+                storage.put_state(compress(data), key)
 
         await asyncio.to_thread(write)
 
@@ -49,11 +45,11 @@ class HistoryStore:
 
     async def load(self) -> list[RunHistory]:
         """Every saved run; raises :class:`StorageError` when storage cannot be listed."""
-        storage = open_storage(self._home)
-        keys = await asyncio.to_thread(storage.list, self._prefix + "/")
+        storage = open_storage(self._home).scoped(history_prefix(self._cluster))
+        keys = await asyncio.to_thread(storage.list, "")
         found = []
         for key in keys:
-            if not key.endswith(_SUFFIX):
+            if not key.endswith(HISTORY_SUFFIX):
                 continue
             try:
                 found.append(await asyncio.to_thread(lambda k=key: RunHistory.load(storage.get_bytes(k))))

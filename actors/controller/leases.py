@@ -19,7 +19,7 @@ from pydantic import AwareDatetime, ValidationError
 
 from actors.controller.state import Profile
 from orchestrator.errors import StorageError
-from orchestrator.layout import STATE_ROOT, owner_key
+from orchestrator.layout import cluster_state_prefix, owner_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import StrictModel, utcnow
 from orchestrator.models.control import ControllerConfig
@@ -113,14 +113,14 @@ class Leases:
         lease = OwnerLease(
             cluster=self._cluster,
             profile_id=profile.id,
-            state_uri=open_storage(self._home).uri(f"{STATE_ROOT}/{self._cluster}"),
+            state_uri=open_storage(self._home).uri(cluster_state_prefix(self._cluster)),
             renewed_at=now,
             expires_at=now + timedelta(seconds=self._config().owner_lease_s),
         )
         storage = open_storage(profile.storage)
         key = owner_key(profile.target, profile.id)
         try:
-            await asyncio.to_thread(storage.put_bytes, lease.model_dump_json().encode(), key, "manifest")
+            await asyncio.to_thread(storage.put_state, lease.model_dump_json().encode(), key)
         except StorageError as e:
             logger.warning("rayprof controller: cannot renew the owner lease of %s: %s", profile.id, e)
 

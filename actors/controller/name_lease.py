@@ -79,7 +79,7 @@ class NameLease:
         record = LeaseRecord(owner=self._owner, generation=newest + 1, renewed_at=utcnow())
         key = lease_record_key(self._cluster, newest + 1)
         try:
-            await asyncio.to_thread(storage.put_bytes, record.model_dump_json().encode(), key, "manifest", if_absent=True)
+            await asyncio.to_thread(storage.put_state, record.model_dump_json().encode(), key, if_absent=True)
         except AlreadyExistsError:
             # Another controller claimed this generation first: the name is its.
             _, winner = await asyncio.to_thread(self._newest, storage)
@@ -105,8 +105,8 @@ class NameLease:
         """The lease's generations in storage, and the owner of the newest (None: none, or unreadable)."""
         generations = sorted(
             int(m.group(1))
-            for key in storage.list(lease_prefix(self._cluster) + "/")
-            if (m := _GENERATION.match(key.rsplit("/", 1)[-1]))
+            for name in storage.scoped(lease_prefix(self._cluster)).list("")
+            if (m := _GENERATION.match(name))
         )
         if not generations:
             return [], None

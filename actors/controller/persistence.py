@@ -178,7 +178,7 @@ class Persistence:
                 submit_key=profile.submit_key,
             )
             storage = open_storage(self._home)
-            await asyncio.to_thread(storage.put_bytes, saved.model_dump_json().encode(), key, "manifest")
+            await asyncio.to_thread(storage.put_state, saved.model_dump_json().encode(), key)
             saves.done = covered
 
     def forget(self, profile_id: str) -> None:
@@ -215,13 +215,12 @@ class Persistence:
 
     async def save_config(self, spec: StorageSpec) -> None:
         storage = open_storage(self._home)
-        await asyncio.to_thread(storage.put_bytes, spec.model_dump_json().encode(), config_key(self._cluster), "manifest")
+        await asyncio.to_thread(storage.put_state, spec.model_dump_json().encode(), config_key(self._cluster))
 
     async def saved_ids(self) -> set[str]:
         """Ids of every profile this cluster's controller saved: one listing, no reads."""
-        prefix = state_prefix(self._cluster) + "/"
-        keys = await asyncio.to_thread(open_storage(self._home).list, prefix)
-        return {k[len(prefix) : -len(".json")] for k in keys if k.endswith(".json") and "/" not in k[len(prefix) :]}
+        names = await asyncio.to_thread(open_storage(self._home).scoped(state_prefix(self._cluster)).list, "")
+        return {n[: -len(".json")] for n in names if n.endswith(".json") and "/" not in n}
 
     async def load_profile(self, profile_id: str) -> SavedProfile | None:
         """One saved profile; ``None`` when it is unreadable (logged)."""
@@ -248,7 +247,7 @@ class Persistence:
 
     async def save_index(self, finished: list[Finished]) -> None:
         data = SavedIndex(profiles=finished).model_dump_json().encode()
-        await asyncio.to_thread(open_storage(self._home).put_bytes, data, index_key(self._cluster), "manifest")
+        await asyncio.to_thread(open_storage(self._home).put_state, data, index_key(self._cluster))
 
     async def save_watch(self, watch: WatchStatus) -> None:
         """Save a watch as it is now; dropped once the watch was deleted."""
@@ -258,7 +257,7 @@ class Persistence:
     async def _save_watch(self, key: str, data: bytes) -> None:
         async with self._keys.hold(key):
             if not self._keys.deleted(key):
-                await asyncio.to_thread(open_storage(self._home).put_bytes, data, key, "manifest")
+                await asyncio.to_thread(open_storage(self._home).put_state, data, key)
 
     async def delete_watch(self, watch_id: str) -> None:
         """Remove a saved watch, after any save of it in flight; later saves are dropped."""

@@ -58,9 +58,9 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
         done, _ = await asyncio.wait([job], timeout=_CANCEL_GRACE_S)
         for finished in done:
             finished.exception()  # PostprocessCancelled is the expected end; retrieved so it is not logged as lost
-        storage = open_storage(profile.storage)
+        storage = open_storage(profile.storage).scoped(profile.prefix)
         for name in (MERGED_TRACE_NAME, REPORT_NAME):
-            await asyncio.to_thread(storage.delete, f"{profile.prefix}/{name}")
+            await asyncio.to_thread(storage.delete, name)
         logger.warning("rayprof controller: analysis of %s ran past %gs; cancelled", profile.id, timeout_s)
         return draft.model_copy(
             update={"analysis_error": f"analysis ran past its {timeout_s:g}s timeout (RAYPROF_POSTPROCESS_TIMEOUT_S)"}

@@ -119,22 +119,22 @@ class StacksTaker:
     async def _keep(self, pending: _Pending, rank: int, reply: RankStacks) -> None:
         """Store one rank's answer and keep its digest; a failure makes the rank missing, with why."""
         put = pending.storage.put_bytes
-        keys = rank_stacks_keys(pending.prefix, rank)
+        keys = rank_stacks_keys(rank)
         try:
             # Under the gate: the copies made here exist for at most _WRITERS answers at once.
             async with pending.gate:
                 # Re-validated: an answer arrives unpickled, never checked; this makes its text valid UTF-8.
                 stacks = bound_stacks(RankStacks.model_validate(reply.model_dump(warnings=False)), pending.max_bytes)
                 text = rank_text(rank, pending.workers[rank].info, stacks).encode()
-                files = [await asyncio.to_thread(put, text, keys["stacks"], "stacks", folder=pending.prefix)]
+                files = [await asyncio.to_thread(put, text, keys["stacks"], "stacks")]
                 del text
                 if stacks.flight_recorder:
                     dump = stacks.flight_recorder.encode()
                     files.append(
-                        await asyncio.to_thread(put, dump, keys["flight_recorder"], "flight_recorder", folder=pending.prefix)
+                        await asyncio.to_thread(put, dump, keys["flight_recorder"], "flight_recorder")
                     )
                 pending.digests[rank] = digest(stacks, pending.shared)
-                pending.files[rank] = files + _snapshot_files(pending.prefix, rank, reply.artifacts)
+                pending.files[rank] = files + _snapshot_files(rank, reply.artifacts)
                 if reply.memory_note:
                     pending.memory_notes[rank] = reply.memory_note
         except StorageError as e:
@@ -178,7 +178,7 @@ class StacksTaker:
         pending = _Pending(
             profile=profile,
             workers=workers,
-            storage=open_storage(storage),
+            storage=open_storage(storage).scoped(profile_prefix(target, bundle_id)),
             max_bytes=config.stacks_max_rank_bytes,
             expected={w.info.agent_id: rank for rank, w in workers.items()},
         )
@@ -278,9 +278,8 @@ class StacksTaker:
             summary = await asyncio.to_thread(
                 pending.storage.put_bytes,
                 bundle.model_dump_json(indent=2).encode(),
-                f"{pending.prefix}/{STACKS_NAME}",
+                STACKS_NAME,
                 "stacks_summary",
-                folder=pending.prefix,
             )
         except StorageError as e:
             return await self._end(profile, bundle, ProfileState.FAILED, f"could not store the stacks: {e}", [], {})
@@ -326,11 +325,11 @@ class StacksTaker:
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
 
 
-def _snapshot_files(prefix: str, rank: int, artifacts: list[Artifact]) -> list[Artifact]:
+def _snapshot_files(rank: int, artifacts: list[Artifact]) -> list[Artifact]:
     """The snapshot files a rank says it stored: only its own two keys are listed (an answer is
     the agent's word, and the manifest lists nothing outside the rank's place in the bundle)."""
-    keys = rank_artifact_keys(prefix, rank, host="", pid=0)
-    own = {keys[kind].removeprefix(f"{prefix}/"): kind for kind in ("memory_snapshot", "memory_view")}
+    keys = rank_artifact_keys(rank, host="", pid=0)
+    own = {keys[kind]: kind for kind in ("memory_snapshot", "memory_view")}
     return [a for a in artifacts if own.get(a.key) == a.kind]
 
 

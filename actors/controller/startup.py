@@ -27,9 +27,10 @@ from actors.controller.state import Profile
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.errors import ClusterNameInUseError, RestoringError
-from orchestrator.layout import MANIFEST_NAME
+from orchestrator.layout import manifest_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
+from orchestrator.storage import open_storage
 
 __all__ = ["Startup"]
 
@@ -163,7 +164,7 @@ class Startup:
                 return
             profile.ranks = {r.rank: r for r in manifest.ranks}
             profile.manifest = manifest
-            profile.manifest_uri = f"{profile.storage_uri}/{MANIFEST_NAME}"
+            profile.manifest_uri = open_storage(profile.storage).uri(manifest_key(profile.target, profile.id))
             profile.reason = manifest.reason
             profile.finished_at = manifest.finished_at
             await self._runner.transition(profile, manifest.status)

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from actors.controller.idempotency import SubmitKey
-from orchestrator.config import normalize_uri
 from orchestrator.errors import IllegalTransitionError
 from orchestrator.layout import profile_prefix, profile_uri
 from orchestrator.models.agent_protocol import StorageSpec
@@ -125,7 +124,7 @@ class Profile:
                 raise ValueError(f"{self.id}: a record without a request names its target")
             self.target = self.request.target
         if not self.storage_uri:
-            self.storage_uri = profile_uri(normalize_uri(self.storage.uri), self.target, self.id)
+            self.storage_uri = profile_uri(self.storage.uri, self.target, self.id)
 
     @property
     def window_request(self) -> ProfileRequest:

@@ -67,7 +67,7 @@ def postprocess(
     spec: StorageSpec, prefix: str, draft: Manifest, *, max_bytes: int | None = None, rank_map: RankMap = serial
 ) -> PostprocessResult:
     """Analyse and merge the traces ``draft`` lists; upload the merged trace and report."""
-    storage = open_storage(spec)
+    storage = open_storage(spec).scoped(prefix)
     files, sha256 = rank_traces(draft)
     each_rank = fetching(rank_map, spec, prefix, sha256)
     traces = TraceSet(folder=Path(prefix), files=files, rejected=[], issues=[])
@@ -78,10 +78,10 @@ def postprocess(
         for rank in draft.ranks:  # memory timelines are small: the report reads them here
             for artifact in rank.artifacts:
                 if artifact.kind == "memory_timeline":
-                    storage.download(f"{prefix}/{artifact.key}", folder / artifact.key, artifact.sha256)
+                    storage.download(artifact.key, folder / artifact.key, artifact.sha256)
         stats = merge_traces(files, folder / MERGED_TRACE_NAME, max_bytes=max_bytes, rank_map=each_rank, scans=scans)
-        merged = storage.put_file(folder / MERGED_TRACE_NAME, f"{prefix}/{MERGED_TRACE_NAME}", "merged_trace", folder=prefix)
+        merged = storage.put_file(folder / MERGED_TRACE_NAME, MERGED_TRACE_NAME, "merged_trace")
         with_merged = draft.model_copy(update={"artifacts": [merged], "merge": stats})
         write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))
-        report = storage.put_file(folder / REPORT_NAME, f"{prefix}/{REPORT_NAME}", "report", folder=prefix)
+        report = storage.put_file(folder / REPORT_NAME, REPORT_NAME, "report")
     return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"), merge=stats)

@@ -135,16 +135,16 @@ def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
     never from a location the manifest names, and every file is written inside ``dest`` or not at all.
     """
     storage = open_storage(spec)
-    prefix = profile_prefix(manifest.target, manifest.profile_id)
+    stored = storage.scoped(profile_prefix(manifest.target, manifest.profile_id))
     folder = Path(dest).resolve()
     # Every destination is checked before the first byte is written.
     files = [(artifact, _inside(folder, artifact.key)) for artifact in manifest.all_artifacts()]
     folder.mkdir(parents=True, exist_ok=True)
     for artifact, path in files:
         try:
-            storage.download(f"{prefix}/{artifact.key}", path, expected_sha256=artifact.sha256)
+            stored.download(artifact.key, path, expected_sha256=artifact.sha256)
         except StorageError as e:
-            if manifest.storage_uri == storage.uri(prefix) or isinstance(e, IntegrityError):
+            if manifest.storage_uri == stored.root_uri or isinstance(e, IntegrityError):
                 raise
             # Not read from there on purpose; say why the file is not where we looked.
             raise StorageError(
@@ -218,7 +218,7 @@ class ProfilingClient:
         from actors.controller.actor import create_controller
         from actors.controller.rpc import ControllerRpc
         from orchestrator.client.ray_backend import ActorBackend
-        from orchestrator.config import controller_config, default_storage_spec, normalize_uri
+        from orchestrator.config import controller_config, default_storage_spec
 
         if not ray.is_initialized():
             ray.init(address=address or "auto", log_to_driver=False)
@@ -226,7 +226,7 @@ class ProfilingClient:
         if storage is not None:
             default = default_storage_spec()
             spec = StorageSpec(
-                uri=normalize_uri(storage),
+                uri=storage,
                 s3_endpoint_url=s3_endpoint_url or default.s3_endpoint_url,
                 s3_region=s3_region or default.s3_region,
             )

@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from orchestrator.layout import normalize_uri
 from orchestrator.models.common import ArtifactKey, Name, StrictModel
 from orchestrator.models.requests import TorchOptions
 from orchestrator.settings import DEFAULT_STACKS_MAX_RANK_BYTES, MIN_STACKS_MAX_RANK_BYTES
@@ -23,6 +24,9 @@ class StorageSpec(StrictModel):
     uri: str
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
+
+    # The one place a storage root is normalized: every spec holds its root's one form.
+    _normal_uri = field_validator("uri")(normalize_uri)
 
 
 class WorkerInfo(StrictModel):

@@ -360,8 +360,6 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     when Serve listens on a non-loopback address and no token is configured
     (argument, ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``) unless ``insecure``.
     """
-    from orchestrator.config import normalize_uri
-
     args = dict(args or {})
     unknown = set(args) - _APP_ARGS
     if unknown:
@@ -372,7 +370,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     storage = None
     if args.get("storage"):
         storage = StorageSpec(
-            uri=normalize_uri(args["storage"]),
+            uri=args["storage"],
             s3_endpoint_url=args.get("s3_endpoint_url") or None,
             s3_region=args.get("s3_region") or None,
         )

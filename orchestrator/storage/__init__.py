@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from urllib.parse import urlparse
 
-from orchestrator.config import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage.base import Storage, sha256_file
 from orchestrator.storage.local import FileStorage, MemoryStorage
@@ -29,9 +28,9 @@ __all__ = [
 
 @functools.lru_cache(maxsize=16)
 def open_storage(spec: StorageSpec) -> Storage:
-    """The storage a spec names; cached so each process keeps one S3 client per root."""
-    uri = normalize_uri(spec.uri)
-    parsed = urlparse(uri)
+    """The storage a spec names (its root normalized by the spec); cached so each process keeps
+    one S3 client per root."""
+    parsed = urlparse(spec.uri)
     if parsed.scheme == "s3":
         return S3Storage(
             parsed.netloc, parsed.path.lstrip("/"), endpoint_url=spec.s3_endpoint_url, region=spec.s3_region

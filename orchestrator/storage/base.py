@@ -1,4 +1,9 @@
-"""The storage interface: all-or-nothing writes that return an Artifact with size and sha256."""
+"""The storage interface: all-or-nothing writes that return an Artifact with size and sha256.
+
+Keys come from :mod:`orchestrator.layout`; a profile's files are written through
+:meth:`Storage.scoped`, whose keys are relative to the profile's folder as the
+manifest lists them, so no caller joins a folder and a name by hand.
+"""
 
 from __future__ import annotations
 
@@ -41,33 +46,37 @@ class Storage(abc.ABC):
         """Absolute URI of ``key``."""
         return f"{self.root_uri.rstrip('/')}/{check_key(key)}"
 
-    def put_file(self, local: Path, key: str, kind: ArtifactKind, *, folder: str = "") -> Artifact:
-        """Store a local file completely, then describe it.
+    def scoped(self, folder: str) -> Storage:
+        """This storage seen from ``folder`` (a profile's, from :mod:`orchestrator.layout`): its keys,
+        and the keys of the artifacts it describes, are relative to that folder."""
+        return ScopedStorage(self, folder)
 
-        The artifact's ``key`` is relative to ``folder`` (the profile folder).
-        """
+    def put_file(self, local: Path, key: str, kind: ArtifactKind) -> Artifact:
+        """Store a local file completely, then describe it (its ``key`` as given: relative to this root)."""
         local = Path(local)
         digest = sha256_file(local)
         size = local.stat().st_size
         self._put_file(local, check_key(key))
-        return self._artifact(kind, key, folder, size, digest)
+        return Artifact(kind=kind, key=key, uri=self.uri(key), bytes=size, sha256=digest)
 
-    def put_bytes(
-        self, data: bytes, key: str, kind: ArtifactKind, *, folder: str = "", if_absent: bool = False
-    ) -> Artifact:
-        """Store ``data`` completely, then describe it (``key`` relative to ``folder``).
+    def put_bytes(self, data: bytes, key: str, kind: ArtifactKind, *, if_absent: bool = False) -> Artifact:
+        """Store ``data`` completely, then describe it.
 
         ``if_absent``: never replace an existing object; :class:`AlreadyExistsError` instead.
+        """
+        self.put_state(data, key, if_absent=if_absent)
+        return Artifact(kind=kind, key=key, uri=self.uri(key), bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def put_state(self, data: bytes, key: str, *, if_absent: bool = False) -> None:
+        """Store the controller's own state (a saved profile, an index, a lease...) completely.
+
+        The same bytes as :meth:`put_bytes` would write, but no artifact: state is listed in no
+        manifest, so it has no kind and needs no checksum.
         """
         if if_absent:
             self._put_new(data, check_key(key))
         else:
             self._put_bytes(data, check_key(key))
-        return self._artifact(kind, key, folder, len(data), hashlib.sha256(data).hexdigest())
-
-    def _artifact(self, kind: ArtifactKind, key: str, folder: str, size: int, digest: str) -> Artifact:
-        relative = key[len(folder) + 1 :] if folder and key.startswith(folder + "/") else key
-        return Artifact(kind=kind, key=relative, uri=self.uri(key), bytes=size, sha256=digest)
 
     def get_bytes(self, key: str) -> bytes:
         """Read a whole object; :class:`StorageError` if absent."""
@@ -130,3 +139,47 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def _download(self, key: str, dest: Path) -> None: ...
+
+
+class ScopedStorage(Storage):
+    """The keys under one folder of another storage, addressed relative to it: the one place a
+    folder and a key under it are joined."""
+
+    def __init__(self, inner: Storage, folder: str) -> None:
+        self._inner = inner
+        self.folder = check_key(folder)
+        self.root_uri = inner.uri(self.folder)
+
+    def _key(self, key: str) -> str:
+        return f"{self.folder}/{key}"
+
+    def scoped(self, folder: str) -> Storage:
+        return ScopedStorage(self._inner, self._key(check_key(folder)))
+
+    def exists(self, key: str) -> bool:
+        return self._inner.exists(self._key(check_key(key)))
+
+    def folders(self, prefix: str) -> list[str]:
+        return self._inner.folders(self._key(check_key(prefix)) if prefix else self.folder)
+
+    def list(self, prefix: str) -> list[str]:
+        start = self._key("")
+        return [k[len(start) :] for k in self._inner.list(start + prefix)]
+
+    def delete(self, key: str) -> None:
+        self._inner.delete(self._key(check_key(key)))
+
+    def _put_file(self, local: Path, key: str) -> None:
+        self._inner._put_file(local, self._key(key))
+
+    def _put_bytes(self, data: bytes, key: str) -> None:
+        self._inner._put_bytes(data, self._key(key))
+
+    def _put_new(self, data: bytes, key: str) -> None:
+        self._inner._put_new(data, self._key(key))
+
+    def _get_bytes(self, key: str) -> bytes:
+        return self._inner._get_bytes(self._key(key))
+
+    def _download(self, key: str, dest: Path) -> None:
+        self._inner._download(key=self._key(key), dest=dest)

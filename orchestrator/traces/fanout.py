@@ -86,7 +86,8 @@ class _FetchThen:
     def __call__(self, tf: TraceFile, packed: tuple[Any, str]) -> Any:
         arg, sha256 = packed
         with tempfile.TemporaryDirectory(prefix="rayprof-rank-") as tmp:
-            local = open_storage(self.spec).download(f"{self.prefix}/{tf.path}", Path(tmp) / tf.path.name, sha256)
+            files = open_storage(self.spec).scoped(self.prefix)
+            local = files.download(tf.path.as_posix(), Path(tmp) / tf.path.name, sha256)
             result = self.fn(tf.model_copy(update={"path": local}), arg)
         # Name the file by its key, not by the copy that is gone (also in a tuple of results from one read).
         if isinstance(result, tuple):
