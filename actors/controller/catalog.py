@@ -19,6 +19,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from actors.controller.group_commit import GroupCommit
 from actors.controller.persistence import Finished, Persistence
 from actors.controller.post_window_check import awaits_check
 from actors.controller.state import Profile
@@ -57,13 +58,6 @@ class Loaded:
     stale_index: bool
 
 
-@dataclass
-class _Commits:
-    # Group commit of the index: writes asked for / writes done, as counters.
-    asked: int = 0
-    done: int = 0
-
-
 class Catalog:
     def __init__(self, persistence: Persistence) -> None:
         self._persistence = persistence
@@ -72,7 +66,7 @@ class Catalog:
         self.finished: dict[str, Finished] = {}
         self._recent: OrderedDict[str, Profile] = OrderedDict()
         self._index_lock = asyncio.Lock()
-        self._commits = _Commits()
+        self._commits = GroupCommit()
 
     def __contains__(self, profile_id: str) -> bool:
         return profile_id in self.live or profile_id in self.finished
@@ -219,21 +213,14 @@ class Catalog:
     async def save_index(self) -> None:
         """Save the index; callers during a write share the next one. A failure is logged, not
         raised: the next restart reads the state files the index missed."""
-        self._commits.asked += 1
-        # Shielded for the reason Persistence.save is: an older index must never land last.
-        await asyncio.shield(self._save_index(self._commits.asked))
 
-    async def _save_index(self, wanted: int) -> None:
-        async with self._index_lock:
-            if self._commits.done >= wanted:
-                return
-            covered = self._commits.asked
-            try:
-                await self._persistence.save_index(list(self.finished.values()))
-            except StorageError as e:
-                logger.warning("rayprof controller: cannot save the index of finished profiles: %s", e)
-                return
-            self._commits.done = covered
+        async def write() -> None:
+            await self._persistence.save_index(list(self.finished.values()))
+
+        try:
+            await self._commits.write(lambda: self._index_lock, write)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save the index of finished profiles: %s", e)
 
     def _remember(self, profile: Profile) -> None:
         self._recent[profile.id] = profile

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.controller.group_commit import GroupCommit
 from actors.controller.idempotency import SubmitKey
 from actors.controller.state import Profile
 from orchestrator.errors import AlreadyExistsError, StorageError
@@ -92,13 +93,6 @@ class SavedIndex(BaseModel):
     profiles: list[Finished]
 
 
-@dataclass
-class _Saves:
-    # Group commit: changes asked to be saved / changes saved, as counters.
-    asked: int = 0
-    done: int = 0
-
-
 # Deleted keys remembered so a late save is dropped: ids are never reused, and a save
 # trails its delete by one write at most, so the newest few thousand are plenty.
 _DELETED_KEPT = 10_000
@@ -149,27 +143,17 @@ class Persistence:
         self._home = home
         self._cluster = cluster
         self._keys = _Sequencer()
-        self._saves: dict[str, _Saves] = {}
+        self._saves: dict[str, GroupCommit] = {}
 
     async def save(self, profile: Profile) -> None:
         """Save ``profile`` as it is now. Callers that arrive during a write share
         the next one, so a thousand ranks finishing at once cost a few writes."""
-        saves = self._saves.setdefault(profile.id, _Saves())
-        saves.asked += 1
-        # Shielded: a caller cancelled mid-write (an agent's call dropped) must not release the
-        # lock while its thread still writes, or that older snapshot could land after a newer one.
-        await asyncio.shield(self._save(profile, saves, saves.asked))
-        # A finished profile is saved again after the catalog forgot it (its post-window check):
-        # its counters go once nothing is pending, or every profile ever run would keep a pair.
-        if profile.state.is_terminal and saves.done >= saves.asked and self._saves.get(profile.id) is saves:
-            del self._saves[profile.id]
-
-    async def _save(self, profile: Profile, saves: _Saves, wanted: int) -> None:
+        saves = self._saves.setdefault(profile.id, GroupCommit())
         key = state_key(self._cluster, profile.id)
-        async with self._keys.hold(key):
-            if saves.done >= wanted or self._keys.deleted(key):
+
+        async def write() -> None:
+            if self._keys.deleted(key):
                 return
-            covered = saves.asked
             saved = SavedProfile(
                 status=profile.snapshot(),
                 storage=profile.storage,
@@ -177,9 +161,13 @@ class Persistence:
                 cancel_requested=profile.cancel_requested,
                 submit_key=profile.submit_key,
             )
-            storage = open_storage(self._home)
-            await asyncio.to_thread(storage.put_bytes, saved.model_dump_json().encode(), key, "manifest")
-            saves.done = covered
+            await asyncio.to_thread(open_storage(self._home).put_bytes, saved.model_dump_json().encode(), key, "manifest")
+
+        await saves.write(lambda: self._keys.hold(key), write)
+        # A finished profile is saved again after the catalog forgot it (its post-window check):
+        # its counters go once nothing is pending, or every profile ever run would keep a pair.
+        if profile.state.is_terminal and saves.settled and self._saves.get(profile.id) is saves:
+            del self._saves[profile.id]
 
     def forget(self, profile_id: str) -> None:
         """Drop the save counters of a profile that is no longer kept in memory."""

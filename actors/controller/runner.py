@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors.controller.persistence import Persistence
+from actors.controller.commit import Commit
 from actors.controller.planning import (
     arm_round_s,
     outcome,
@@ -26,7 +26,6 @@ from actors.controller.planning import (
 )
 from actors.controller.registry import Registry, Worker
 from actors.controller.state import Profile, wait_event
-from orchestrator.errors import StorageError
 from orchestrator.models.agent_protocol import Command, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
@@ -49,14 +48,14 @@ class Runner:
     def __init__(
         self,
         registry: Registry,
-        persistence: Persistence,
+        commit: Commit,
         config: Callable[[], ControllerConfig],
         profiles: Callable[[], list[Profile]],
         postprocess: PostprocessFn,
         cluster_info: Callable[[Profile], dict[str, Any]],
     ) -> None:
         self._registry = registry
-        self._persistence = persistence
+        self._commit = commit
         self._config = config
         self._profiles = profiles
         self._postprocess = postprocess
@@ -119,22 +118,13 @@ class Runner:
 
     async def transition(self, profile: Profile, state: ProfileState) -> None:
         """Change state, then save it; a save that fails is logged, and the next change saves again."""
-        previous = profile.transition(state)
-        logger.info("rayprof controller: %s %s -> %s", profile.id, previous.value, state.value)
-        await self._save(profile)
-
-    async def _save(self, profile: Profile) -> None:
-        try:
-            await self._persistence.save(profile)
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
+        await self._commit.transition(profile, state)
 
     async def fail_without_storage(self, profile: Profile, reason: str) -> None:
-        """The last resort: record FAILED with the reason in memory; storage is tried once, never waited on."""
-        profile.reason = reason
+        """The last resort: record FAILED with the reason, without a manifest; a failed save is only logged."""
         profile.finished_at = profile.finished_at or utcnow()
         if not profile.state.is_terminal:
-            await self.transition(profile, ProfileState.FAILED)
+            await self._commit.end(profile, ProfileState.FAILED, reason, manifest=None)
 
     async def _schedule(self, profile: Profile, past: int = 0) -> None:
         """Pick the start step ahead of the fastest rank (and of ``past``, a step every rank is known to
@@ -197,7 +187,7 @@ class Runner:
         for worker in present:
             worker.send(Command(kind="arm", window=window))
         if profile.state == ProfileState.SCHEDULED:  # armed again: save the new window
-            await self._save(profile)
+            await self._commit.save(profile)
         else:
             await self.transition(profile, ProfileState.SCHEDULED)
 
@@ -274,19 +264,13 @@ class Runner:
             self._arm_rounds[profile.target] = arm_round
 
     async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
-        """Write the manifest (the commit point), then record the terminal state."""
+        """Make the manifest (with the postprocess's artifacts), then end the profile at the commit point."""
         profile.finished_at = utcnow()
         self._remember_arm_round(profile)
         manifest = profile.manifest_of(state, reason, cluster=self._cluster_info(profile))
         if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
             manifest = await self._postprocess(manifest, profile, self._config().postprocess_timeout_s)
-        try:
-            profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
-            profile.manifest = manifest
-        except StorageError as e:
-            state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
-        profile.reason = reason
-        await self.transition(profile, state)
+        await self._commit.end(profile, state, reason, manifest)
 
 
 def _ended(result: RankResult, state: RankState, reason: str) -> RankResult:

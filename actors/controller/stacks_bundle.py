@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.controller.catalog import Catalog
+from actors.controller.commit import Commit
 from actors.controller.leases import Leases
-from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.stack_groups import (
     RankDigest,
@@ -90,13 +90,13 @@ class StacksTaker:
     def __init__(
         self,
         registry: Registry,
-        persistence: Persistence,
+        commit: Commit,
         config: Callable[[], ControllerConfig],
         catalog: Catalog,
         leases: Leases,
     ) -> None:
         self._registry = registry
-        self._persistence = persistence
+        self._commit = commit
         self._config = config
         self._catalog = catalog
         self._leases = leases
@@ -296,7 +296,7 @@ class StacksTaker:
         artifacts: list[Artifact],
         rank_files: dict[int, list[Artifact]],
     ) -> StacksBundle:
-        """Write the manifest (the commit point), then record and save the terminal state."""
+        """Record every rank's files and make the manifest, then end the bundle at the commit point."""
         finished = utcnow()
         missing = {m.rank: m.reason for m in bundle.missing}
         for rank in sorted(set(rank_files) | set(missing) | {r for g in bundle.groups for r in g.ranks}):
@@ -310,19 +310,8 @@ class StacksTaker:
         profile.finished_at = finished
         summary = StacksSummary(line=bundle.summary, groups=len(bundle.groups), missing=sorted(missing))
         manifest = profile.manifest_of(state, reason, artifacts=artifacts, summary=summary)
-        if state != ProfileState.FAILED:
-            try:
-                profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
-                profile.manifest = manifest
-            except StorageError as e:
-                state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
-        profile.reason = reason
-        profile.transition(state)
-        try:
-            await self._persistence.save(profile)
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
-        await self._leases.release(profile)
+        # A failed bundle (no rank's stacks, or its stacks.json unstored) ends without a manifest.
+        state = await self._commit.end(profile, state, reason, manifest if state != ProfileState.FAILED else None)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
 
