@@ -71,8 +71,8 @@ def test_the_saved_status_restores_the_same_record():
 
 
 def test_every_field_a_status_and_its_list_summary_share_is_carried():
-    status = _ended_profile().snapshot()
-    summary = ProfileSummary.of(status)
+    profile = _ended_profile()
+    status, summary = profile.snapshot(), profile.summary()
     for name in ProfileSummary.model_fields.keys() & ProfileStatus.model_fields.keys():
         assert getattr(summary, name) == getattr(status, name), name
     assert summary.steps == 3 and summary.rank_states == {RankState.DONE: 1, RankState.FAILED: 1}

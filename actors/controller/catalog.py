@@ -27,7 +27,7 @@ from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageErro
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Trigger
 from orchestrator.models.requests import ProfileState
-from orchestrator.models.summaries import ProfilePage, ProfileSummary
+from orchestrator.models.summaries import ProfilePage
 
 __all__ = ["Catalog", "Loaded", "finished_entry"]
 
@@ -41,7 +41,7 @@ _RECENT = 32
 
 def finished_entry(profile: Profile) -> Finished:
     return Finished(
-        summary=ProfileSummary.of(profile.snapshot()),
+        summary=profile.summary(),
         storage=profile.storage,
         submit_key=profile.submit_key,
         post_window_pending=awaits_check(profile),
@@ -201,7 +201,7 @@ class Catalog:
 
     def page(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
         """One page of summaries, newest first."""
-        summaries = [ProfileSummary.of(p.snapshot()) for p in self.live.values()]
+        summaries = [p.summary() for p in self.live.values()]
         summaries += [e.summary for e in self.finished.values()]
         found = sorted(
             (s for s in summaries if (target is None or s.target == target) and (state is None or s.state == state)),

@@ -324,9 +324,8 @@ def _snapshot_files(prefix: str, rank: int, artifacts: list[Artifact]) -> list[A
     return [a for a in artifacts if own.get(a.key) == a.kind]
 
 
-# What a bundle's record says of the bundle itself, as the controller holds it.
-_BUNDLE_FIELDS = ("id", "run", "storage_uri", "target", "trigger")
-
-
 def _bundle_of(profile: Profile, **fields: Any) -> StacksBundle:
-    return StacksBundle(**{name: getattr(profile, name) for name in _BUNDLE_FIELDS}, **fields)
+    """The bundle as its caller gets it: what the record says of the bundle itself, and ``fields``."""
+    return StacksBundle(
+        id=profile.id, run=profile.run, storage_uri=profile.storage_uri, target=profile.target, trigger=profile.trigger, **fields
+    )

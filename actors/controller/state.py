@@ -34,7 +34,8 @@ from orchestrator.models.profile import (
     StacksSummary,
     Trigger,
 )
-from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.models.summaries import ProfileSummary
 
 __all__ = ["ALLOWED", "Profile", "Window", "wait_event"]
 
@@ -142,14 +143,6 @@ class Profile:
     def stop_step(self) -> int | None:
         return self.window.stop_step if self.window else None
 
-    @property
-    def requested_at(self) -> datetime:
-        return self.created_at
-
-    @property
-    def profile_id(self) -> str:
-        return self.id
-
     def sorted_ranks(self) -> list[RankResult]:
         return [self.ranks[r] for r in sorted(self.ranks)]
 
@@ -168,7 +161,49 @@ class Profile:
         return previous
 
     def snapshot(self) -> ProfileStatus:
-        return ProfileStatus(**{name: getattr(self, name) for name in _STATUS_FIELDS}, ranks=self.sorted_ranks())
+        """The status clients read: the record now, its ranks in order, its window as steps."""
+        return ProfileStatus(
+            id=self.id,
+            kind=self.kind,
+            target=self.target,
+            run=self.run,
+            state=self.state,
+            reason=self.reason,
+            request=self.request,
+            start_step=self.start_step,
+            stop_step=self.stop_step,
+            storage_uri=self.storage_uri,
+            manifest_uri=self.manifest_uri,
+            ranks=self.sorted_ranks(),
+            created_at=self.created_at,
+            scheduled_at=self.scheduled_at,
+            capture_started_at=self.capture_started_at,
+            finished_at=self.finished_at,
+            trigger=self.trigger,
+            postprocess=self.postprocess,
+            post_window=self.post_window,
+        )
+
+    def summary(self) -> ProfileSummary:
+        """The record as lists show it: per-state rank counts instead of the ranks."""
+        counts: dict[RankState, int] = {}
+        for rank in self.sorted_ranks():
+            counts[rank.state] = counts.get(rank.state, 0) + 1
+        return ProfileSummary(
+            id=self.id,
+            kind=self.kind,
+            target=self.target,
+            run=self.run,
+            state=self.state,
+            reason=self.reason,
+            steps=self.request.steps if self.request is not None else None,
+            rank_states=counts,
+            storage_uri=self.storage_uri,
+            manifest_uri=self.manifest_uri,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            trigger=self.trigger,
+        )
 
     def manifest_of(
         self,
@@ -180,14 +215,28 @@ class Profile:
     ) -> Manifest:
         """The manifest of this profile once it has ended (``finished_at`` set): the one place a
         manifest is made from a record, for profiles (a draft the postprocess completes) and stacks alike."""
+        if self.finished_at is None:
+            raise ValueError(f"{self.id} has not ended: it has no manifest yet")
         return Manifest(
-            **{name: getattr(self, name) for name in _MANIFEST_FIELDS},
+            profile_id=self.id,
+            kind=self.kind,
+            target=self.target,
             status=status,
             reason=reason,
+            request=self.request,
+            storage_uri=self.storage_uri,
+            start_step=self.start_step,
+            stop_step=self.stop_step,
             cluster=cluster or {},
             ranks=self.sorted_ranks(),
             artifacts=artifacts or [],
+            requested_at=self.created_at,
+            scheduled_at=self.scheduled_at,
+            capture_started_at=self.capture_started_at,
+            finished_at=self.finished_at,
             summary=summary,
+            trigger=self.trigger,
+            post_window=self.post_window,
         )
 
     @classmethod
@@ -199,31 +248,31 @@ class Profile:
         cancel_requested: bool,
         submit_key: SubmitKey | None = None,
     ) -> Profile:
+        """The record a saved status was made from; the postprocess's progress is not carried over
+        a restart (a restored COLLECTING profile runs its postprocess again)."""
         window = None
         if status.start_step is not None and status.stop_step is not None:
             window = Window(status.start_step, status.stop_step - status.start_step, window_note)
         return cls(
-            **{name: getattr(status, name) for name in _RESTORED_FIELDS},
+            id=status.id,
+            kind=status.kind,
+            request=status.request,
             storage=storage,
+            storage_uri=status.storage_uri,
+            target=status.target,
+            run=status.run,
+            state=status.state,
+            reason=status.reason,
             window=window,
+            manifest_uri=status.manifest_uri,
             ranks={r.rank: r for r in status.ranks},
+            created_at=status.created_at,
+            scheduled_at=status.scheduled_at,
+            capture_started_at=status.capture_started_at,
+            finished_at=status.finished_at,
             cancel_requested=cancel_requested,
+            trigger=status.trigger,
             submit_key=submit_key,
+            post_window=status.post_window,
         )
 
-
-# Fields a Profile and the records made from it share by name (computed, so a field added to
-# both is carried without another line). Ranks are a dict here and a sorted list there.
-_STATUS_FIELDS = tuple(sorted(ProfileStatus.model_fields.keys() - {"ranks"}))
-# Derived here (the window's steps) or not carried across a restart (postprocess progress:
-# a restored COLLECTING profile runs its postprocess again).
-_RESTORED_FIELDS = tuple(
-    sorted(ProfileStatus.model_fields.keys() - {"ranks", "start_step", "stop_step", "postprocess"})
-)
-# What the manifest records that the profile holds; the rest is known only once it ends.
-_MANIFEST_FIELDS = tuple(
-    sorted(
-        Manifest.model_fields.keys()
-        - {"version", "status", "reason", "cluster", "ranks", "artifacts", "summary", "analysis_error", "merge"}
-    )
-)
