@@ -85,10 +85,9 @@ class Catalog:
         indexed = {e.id: e for e in index or [] if e.id in ids and e.id not in self.live}
         unfinished: list[Profile] = []
         for profile_id in sorted(ids - indexed.keys() - self.live.keys() - self.finished.keys()):
-            saved = await self._persistence.load_profile(profile_id)
-            if saved is None:
+            profile = await self._persistence.load_profile(profile_id)
+            if profile is None:
                 continue
-            profile = saved.profile()
             if profile.state.is_terminal:
                 indexed[profile.id] = finished_entry(profile)
             else:
@@ -160,10 +159,9 @@ class Catalog:
             return self._recent[profile_id]
         if profile_id not in self.finished:
             raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
-        saved = await self._persistence.load_profile(profile_id)
-        if saved is None:
+        profile = await self._persistence.load_profile(profile_id)
+        if profile is None:
             raise StorageError(f"the saved state of profile {profile_id} is unreadable", profile_id=profile_id)
-        profile = saved.profile()
         if profile_id in self.finished:
             self._remember(profile)
         return profile

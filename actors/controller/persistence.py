@@ -38,11 +38,11 @@ from orchestrator.layout import (
 from orchestrator.manifest import read_manifest, write_manifest
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.diagnosis import WatchStatus
-from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.profile import Manifest
 from orchestrator.models.summaries import ProfileSummary
 from orchestrator.storage import open_storage
 
-__all__ = ["Finished", "Persistence", "SavedIndex", "SavedProfile"]
+__all__ = ["Finished", "Persistence", "SavedIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +50,6 @@ logger = logging.getLogger(__name__)
 _MANIFEST_ATTEMPTS = 5
 _MANIFEST_FIRST_DELAY_S = 0.25
 _MANIFEST_MAX_DELAY_S = 2.0
-
-
-class SavedProfile(BaseModel):
-    """A profile as persisted in the controller's home storage."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    status: ProfileStatus
-    storage: StorageSpec
-    window_note: str | None = None
-    cancel_requested: bool = False
-    submit_key: SubmitKey | None = None
-
-    def profile(self) -> Profile:
-        return Profile.restore(self.status, self.storage, self.window_note, self.cancel_requested, self.submit_key)
 
 
 class Finished(BaseModel):
@@ -152,16 +137,10 @@ class Persistence:
         key = state_key(self._cluster, profile.id)
 
         async def write() -> None:
-            if self._keys.deleted(key):
-                return
-            saved = SavedProfile(
-                status=profile.snapshot(),
-                storage=profile.storage,
-                window_note=profile.window.note if profile.window else None,
-                cancel_requested=profile.cancel_requested,
-                submit_key=profile.submit_key,
-            )
-            await asyncio.to_thread(open_storage(self._home).put_bytes, saved.model_dump_json().encode(), key, "manifest")
+            # The record as it is when this write starts: it covers every change asked before.
+            if not self._keys.deleted(key):
+                data = profile.model_dump_json().encode()
+                await asyncio.to_thread(open_storage(self._home).put_bytes, data, key, "manifest")
 
         await saves.write(lambda: self._keys.hold(key), write)
         # A finished profile is saved again after the catalog forgot it (its post-window check):
@@ -211,12 +190,12 @@ class Persistence:
         keys = await asyncio.to_thread(open_storage(self._home).list, prefix)
         return {k[len(prefix) : -len(".json")] for k in keys if k.endswith(".json") and "/" not in k[len(prefix) :]}
 
-    async def load_profile(self, profile_id: str) -> SavedProfile | None:
-        """One saved profile; ``None`` when it is unreadable (logged)."""
+    async def load_profile(self, profile_id: str) -> Profile | None:
+        """One saved profile (in today's format or the one before); ``None`` when it is unreadable (logged)."""
         key = state_key(self._cluster, profile_id)
         data = await asyncio.to_thread(open_storage(self._home).get_bytes, key)
         try:
-            return SavedProfile.model_validate_json(data)
+            return Profile.model_validate_json(data)
         except ValueError as e:
             logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
             return None

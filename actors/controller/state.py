@@ -13,9 +13,11 @@ way to change state, and it refuses any move the diagram does not draw.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.controller.idempotency import SubmitKey
 from orchestrator.config import normalize_uri
@@ -84,11 +86,20 @@ class Window:
         return self.start_step + self.steps
 
 
-@dataclass
-class Profile:
-    """One profile request as the controller holds it."""
+class Profile(BaseModel):
+    """One profile request (or stacks bundle) as the controller holds it, and as it is saved.
+
+    The saved state file is this record's own JSON: the fields marked ``exclude`` live only
+    while it runs (a restored profile rebuilds them, or runs its postprocess again). Status,
+    list summary and manifest are views computed from it (:meth:`snapshot`, :meth:`summary`,
+    :meth:`manifest_of`).
+    """
+
+    # Not validated on assignment: the runner changes a record thousands of times a window.
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     id: str
+    kind: BundleKind = "profile"
     # What was asked of a profile window; a stacks bundle asks for none (its target is given).
     request: ProfileRequest | None
     storage: StorageSpec
@@ -100,33 +111,44 @@ class Profile:
     reason: str | None = None
     window: Window | None = None
     manifest_uri: str | None = None
-    ranks: dict[int, RankResult] = field(default_factory=dict)
-    agents: dict[int, str] = field(default_factory=dict)
-    created_at: datetime = field(default_factory=utcnow)
+    ranks: dict[int, RankResult] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
     scheduled_at: datetime | None = None
     capture_started_at: datetime | None = None
     finished_at: datetime | None = None
     cancel_requested: bool = False
-    deadline: float | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # The manifest once written: clients that wait get it without a storage read.
-    manifest: Manifest | None = None
-    kind: BundleKind = "profile"
     trigger: Trigger | None = None
-    # Set while COLLECTING by the postprocess's per-rank tasks.
-    postprocess: PostprocessProgress | None = None
     # The client's Idempotency-Key, when it gave one: a retried submit finds this profile.
     submit_key: SubmitKey | None = None
     # The post-window check, set by the controller's telemetry from the window's end.
     post_window: PostWindowCheck | None = None
+    # Rank -> the agent that holds it in this run.
+    agents: dict[int, str] = Field(default_factory=dict, exclude=True)
+    deadline: float | None = Field(default=None, exclude=True)
+    changed: asyncio.Event = Field(default_factory=asyncio.Event, exclude=True)
+    # The manifest once written: clients that wait get it without a storage read.
+    manifest: Manifest | None = Field(default=None, exclude=True)
+    # Set while COLLECTING by the postprocess's per-rank tasks.
+    postprocess: PostprocessProgress | None = Field(default=None, exclude=True)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="before")
+    @classmethod
+    def _saved_before(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "status" in data:
+            return _record_of_v1(data)
+        return data
+
+    @model_validator(mode="after")
+    def _placed(self) -> Profile:
+        if (self.kind == "profile") != (self.request is not None):
+            raise ValueError(f"{self.id}: a profile has a request and a stacks bundle has none")
         if not self.target:
             if self.request is None:
                 raise ValueError(f"{self.id}: a record without a request names its target")
             self.target = self.request.target
         if not self.storage_uri:
             self.storage_uri = profile_uri(normalize_uri(self.storage.uri), self.target, self.id)
+        return self
 
     @property
     def window_request(self) -> ProfileRequest:
@@ -239,40 +261,34 @@ class Profile:
             post_window=self.post_window,
         )
 
-    @classmethod
-    def restore(
-        cls,
-        status: ProfileStatus,
-        storage: StorageSpec,
-        window_note: str | None,
-        cancel_requested: bool,
-        submit_key: SubmitKey | None = None,
-    ) -> Profile:
-        """The record a saved status was made from; the postprocess's progress is not carried over
-        a restart (a restored COLLECTING profile runs its postprocess again)."""
-        window = None
-        if status.start_step is not None and status.stop_step is not None:
-            window = Window(status.start_step, status.stop_step - status.start_step, window_note)
-        return cls(
-            id=status.id,
-            kind=status.kind,
-            request=status.request,
-            storage=storage,
-            storage_uri=status.storage_uri,
-            target=status.target,
-            run=status.run,
-            state=status.state,
-            reason=status.reason,
-            window=window,
-            manifest_uri=status.manifest_uri,
-            ranks={r.rank: r for r in status.ranks},
-            created_at=status.created_at,
-            scheduled_at=status.scheduled_at,
-            capture_started_at=status.capture_started_at,
-            finished_at=status.finished_at,
-            cancel_requested=cancel_requested,
-            trigger=status.trigger,
-            submit_key=submit_key,
-            post_window=status.post_window,
-        )
 
+def _record_of_v1(saved: dict[str, Any]) -> dict[str, Any]:
+    """A state file saved before the record was saved as it is: ``{"status", "storage",
+    "window_note", "cancel_requested", "submit_key"}``. Kept for the files of controllers
+    upgraded in place; the postprocess's progress is dropped (a restored profile runs it again)."""
+    status = ProfileStatus.model_validate(saved["status"])
+    window = None
+    if status.start_step is not None and status.stop_step is not None:
+        window = Window(status.start_step, status.stop_step - status.start_step, saved.get("window_note"))
+    return {
+        "id": status.id,
+        "kind": status.kind,
+        "request": status.request,
+        "storage": saved["storage"],
+        "storage_uri": status.storage_uri,
+        "target": status.target,
+        "run": status.run,
+        "state": status.state,
+        "reason": status.reason,
+        "window": window,
+        "manifest_uri": status.manifest_uri,
+        "ranks": {r.rank: r for r in status.ranks},
+        "created_at": status.created_at,
+        "scheduled_at": status.scheduled_at,
+        "capture_started_at": status.capture_started_at,
+        "finished_at": status.finished_at,
+        "cancel_requested": saved.get("cancel_requested", False),
+        "trigger": status.trigger,
+        "submit_key": saved.get("submit_key"),
+        "post_window": status.post_window,
+    }
