@@ -13,7 +13,7 @@ import logging
 
 from actors.controller.leases import Leases
 from actors.controller.persistence import Persistence
-from actors.controller.state import Profile
+from actors.controller.state import Record
 from orchestrator.errors import StorageError
 from orchestrator.models.profile import Manifest
 from orchestrator.models.requests import ProfileState
@@ -24,26 +24,26 @@ logger = logging.getLogger(__name__)
 
 
 class Commit:
-    """Saves records and ends them; one per controller, shared by the runner and the stacks taker."""
+    """Saves records (profiles and stacks bundles) and ends them; one per controller, shared by the runner and the stacks taker."""
 
     def __init__(self, persistence: Persistence, leases: Leases) -> None:
         self._persistence = persistence
         self._leases = leases
 
-    async def transition(self, profile: Profile, state: ProfileState) -> None:
+    async def transition(self, profile: Record, state: ProfileState) -> None:
         """Change state, then save it; a save that fails is logged, and the next change saves again."""
         previous = profile.transition(state)
         logger.info("rayprof controller: %s %s -> %s", profile.id, previous.value, state.value)
         await self.save(profile)
 
-    async def save(self, profile: Profile) -> None:
+    async def save(self, profile: Record) -> None:
         """Save the record as it is now; a failure is logged (the next save covers it)."""
         try:
             await self._persistence.save(profile)
         except StorageError as e:
             logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
 
-    async def end(self, profile: Profile, state: ProfileState, reason: str | None, manifest: Manifest | None) -> ProfileState:
+    async def end(self, profile: Record, state: ProfileState, reason: str | None, manifest: Manifest | None) -> ProfileState:
         """Write ``manifest`` (none: the record ends without one), record ``state`` with ``reason``,
         save, release the lease; returns the state recorded (FAILED when the manifest could not be written).
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from actors.controller.group_commit import GroupCommit
 from actors.controller.idempotency import SubmitKey
-from actors.controller.state import Profile
+from actors.controller.state import Record, load_record
 from orchestrator.errors import AlreadyExistsError, StorageError
 from orchestrator.layout import (
     config_key,
@@ -130,7 +130,7 @@ class Persistence:
         self._keys = _Sequencer()
         self._saves: dict[str, GroupCommit] = {}
 
-    async def save(self, profile: Profile) -> None:
+    async def save(self, profile: Record) -> None:
         """Save ``profile`` as it is now. Callers that arrive during a write share
         the next one, so a thousand ranks finishing at once cost a few writes."""
         saves = self._saves.setdefault(profile.id, GroupCommit())
@@ -190,12 +190,12 @@ class Persistence:
         keys = await asyncio.to_thread(open_storage(self._home).list, prefix)
         return {k[len(prefix) : -len(".json")] for k in keys if k.endswith(".json") and "/" not in k[len(prefix) :]}
 
-    async def load_profile(self, profile_id: str) -> Profile | None:
+    async def load_profile(self, profile_id: str) -> Record | None:
         """One saved profile (in today's format or the one before); ``None`` when it is unreadable (logged)."""
         key = state_key(self._cluster, profile_id)
         data = await asyncio.to_thread(open_storage(self._home).get_bytes, key)
         try:
-            return Profile.model_validate_json(data)
+            return load_record(data)
         except ValueError as e:
             logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
             return None
@@ -245,7 +245,7 @@ class Persistence:
         return found
 
     @staticmethod
-    async def stored_manifest(profile: Profile) -> Manifest | None:
+    async def stored_manifest(profile: Record) -> Manifest | None:
         """The manifest of ``profile`` if it was written (the commit point), else ``None``."""
         storage = open_storage(profile.storage)
         if not await asyncio.to_thread(storage.exists, manifest_key(profile.target, profile.id)):
@@ -253,7 +253,7 @@ class Persistence:
         return await asyncio.to_thread(read_manifest, storage, profile.target, profile.id)
 
     @staticmethod
-    async def write_manifest(profile: Profile, manifest: Manifest) -> str:
+    async def write_manifest(profile: Record, manifest: Manifest) -> str:
         """Write the manifest, once; returns its URI.
 
         Every artifact it lists is already stored, so one failed write must not fail
@@ -281,5 +281,5 @@ class Persistence:
         raise AssertionError("unreachable")
 
     @staticmethod
-    async def read_manifest(profile: Profile) -> Manifest:
+    async def read_manifest(profile: Record) -> Manifest:
         return await asyncio.to_thread(read_manifest, open_storage(profile.storage), profile.target, profile.id)

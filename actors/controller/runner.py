@@ -25,7 +25,7 @@ from actors.controller.planning import (
     trace_bytes_per_step,
 )
 from actors.controller.registry import Registry, Worker
-from actors.controller.state import Profile, wait_event
+from actors.controller.state import Profile, Record, wait_event
 from orchestrator.models.agent_protocol import Command, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
@@ -65,8 +65,12 @@ class Runner:
         # Profile id -> times armed again in its current run; present once its first step ran.
         self._rearms: dict[str, int] = {}
 
-    async def run(self, profile: Profile) -> None:
-        """Step the profile until it is terminal, waiting for news from its ranks between steps."""
+    async def run(self, profile: Record) -> None:
+        """Step the profile until it is terminal, waiting for news from its ranks between steps. A stacks
+        bundle restored unfinished ends at once: the controller that asked for its stacks is gone."""
+        if not isinstance(profile, Profile):
+            await self._commit.end(profile, ProfileState.FAILED, "the controller restarted while the stacks were taken", None)
+            return
         try:
             while not await self.step(profile):
                 await self._wait_for_news(profile)
@@ -135,7 +139,7 @@ class Runner:
             await self.finish(profile, ProfileState.FAILED, f"target {profile.target!r} has no live workers")
             return
         profile.run = profile.run or next(iter(workers.values())).run
-        selected = selected_ranks(profile.window_request, max(w.info.world_size for w in workers.values()))
+        selected = selected_ranks(profile.request, max(w.info.world_size for w in workers.values()))
         # Right after a controller or worker-group restart some agents have not
         # re-registered yet; they do within a poll timeout, so give them that long.
         wait_until = time.monotonic() + config.poll_timeout_s
@@ -165,21 +169,21 @@ class Runner:
             (w.step_time_s for w in present if w.step_time_s),
             sync_round_s,
             config.arm_lead_s,
-            profile.window_request.warmup,
+            profile.request.warmup,
             relayed=all(w.relay is not None for w in present),
             last_arm_round_s=self._arm_rounds.get(profile.target),
         )
-        per_step = trace_bytes_per_step(profile.window_request, self._profiles())
-        profile.window = plan_window(profile.window_request, start, per_step, config.max_trace_bytes)
+        per_step = trace_bytes_per_step(profile.request, self._profiles())
+        profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
         profile.scheduled_at = utcnow()
-        profile.deadline = time.monotonic() + timeout_s(profile.window_request, config)
+        profile.deadline = time.monotonic() + timeout_s(profile.request, config)
         window = WindowSpec(
             profile_id=profile.id,
             target=profile.target,
             start_step=profile.window.start_step,
             steps=profile.window.steps,
-            warmup=profile.window_request.warmup,
-            options=profile.window_request.torch_options(),
+            warmup=profile.request.warmup,
+            options=profile.request.torch_options(),
             storage=profile.storage,
             prefix=profile.prefix,
             max_trace_bytes=config.max_trace_bytes,
@@ -206,7 +210,7 @@ class Runner:
 
     async def _check_ranks(self, profile: Profile) -> bool:
         """Check every rank once, failing the ones that timed out or vanished; True when every rank has ended."""
-        limit = timeout_s(profile.window_request, self._config())
+        limit = timeout_s(profile.request, self._config())
         if profile.deadline is None:
             profile.deadline = time.monotonic() + limit
         self._end_lost_ranks(profile)

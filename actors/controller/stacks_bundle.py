@@ -37,7 +37,7 @@ from actors.controller.stack_groups import (
     rank_text,
     summary_line,
 )
-from actors.controller.state import Profile, wait_event
+from actors.controller.state import StacksRecord, wait_event
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
@@ -62,7 +62,7 @@ _WRITERS = 16
 class _Pending:
     """One bundle being taken: what each rank's answer left behind once stored."""
 
-    profile: Profile
+    profile: StacksRecord
     workers: dict[int, Worker]
     storage: Storage
     max_bytes: int
@@ -164,15 +164,7 @@ class StacksTaker:
         run = next(iter(workers.values())).run
         bundle_id = new_profile_id("stk", utcnow(), uuid.uuid4().hex[:8])
         storage = config.storage
-        profile = Profile(
-            id=bundle_id,
-            request=None,
-            target=target,
-            storage=storage,
-            run=run,
-            kind="stacks",
-            trigger=trigger,
-        )
+        profile = StacksRecord(id=bundle_id, target=target, storage=storage, run=run, trigger=trigger)
         self._catalog.add(profile)
         taken_at = utcnow()
         pending = _Pending(
@@ -289,7 +281,7 @@ class StacksTaker:
 
     async def _end(
         self,
-        profile: Profile,
+        profile: StacksRecord,
         bundle: StacksBundle,
         state: ProfileState,
         reason: str | None,
@@ -324,7 +316,7 @@ def _snapshot_files(prefix: str, rank: int, artifacts: list[Artifact]) -> list[A
     return [a for a in artifacts if own.get(a.key) == a.kind]
 
 
-def _bundle_of(profile: Profile, **fields: Any) -> StacksBundle:
+def _bundle_of(profile: StacksRecord, **fields: Any) -> StacksBundle:
     """The bundle as its caller gets it: what the record says of the bundle itself, and ``fields``."""
     return StacksBundle(
         id=profile.id, run=profile.run, storage_uri=profile.storage_uri, target=profile.target, trigger=profile.trigger, **fields
