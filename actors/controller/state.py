@@ -6,8 +6,13 @@
        │            │  └──────────────────────^   │
        └────────────┴─────────────────────────────┴──> (any terminal state)
 
-A terminal state never changes again. ``Profile.transition`` is the only
-way to change state, and it refuses any move the diagram does not draw.
+A terminal state never changes again. ``transition`` is the only way to
+change state, and it refuses any move the diagram does not draw.
+
+Two kinds of record live this life: a :class:`Profile` (a profiler window
+asked for by its request) and a :class:`StacksRecord` (every rank's stacks,
+PENDING straight to its end). Each is saved as it is; what clients read of
+it (status, list item, manifest) is computed from it.
 """
 
 from __future__ import annotations
