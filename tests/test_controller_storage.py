@@ -64,7 +64,7 @@ async def saved_as(store: Path, profile_id: str, state: str) -> None:
     for _ in range(100):
         saved = list(store.glob(f"_rayprof/*/profiles/{profile_id}.json"))
         # The profile's own state: its ranks' states are in the same file.
-        if saved and json.loads(saved[0].read_text())["status"]["state"] == state:
+        if saved and json.loads(saved[0].read_text())["state"] == state:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{profile_id} never saved as {state}")

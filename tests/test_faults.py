@@ -106,7 +106,7 @@ def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on
     cluster = ray.get(find_controller().config.remote(), timeout=30).cluster_name
     key = state_key(cluster, done.profile_id)
     saved = json.loads(home.get_bytes(key))
-    saved["status"].update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
+    saved.update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
     home.put_state(json.dumps(saved).encode(), key)
     # The index of finished profiles is written after the final state save: the crash left it out.
     index = json.loads(home.get_bytes(index_key(cluster)))

@@ -181,7 +181,7 @@ def test_postprocess_carries_budget_drops_and_alignment_into_the_manifest(tmp_pa
     # say its own clock reads 7 µs late: the collectives win, and nothing is left over.
     assert merge.alignment[1].shift_us == pytest.approx(-7)
     assert merge.alignment[1].max_residual_us == pytest.approx(0) and merge.alignment[1].residual_us == pytest.approx(1)
-    assert result.summary["world_size"] == 2 and len(result.summary["ranks"]) == 2
+    assert result.summary.world_size == 2 and len(result.summary.ranks) == 2
     merged = open_storage(spec).get_bytes(f"{prefix}/merged.trace.json.gz")
     meta = json.loads(gzip.decompress(merged))["rayprof"]
     assert meta["max_bytes"] == 40_000 and [a["rank"] for a in meta["alignment"]] == [0, 1]

@@ -65,14 +65,15 @@ def test_the_saved_status_restores_the_same_record():
     profile = _ended_profile()
     status = profile.snapshot()
     assert status.start_step == 10 and status.stop_step == 13 and [r.rank for r in status.ranks] == [0, 1]
-    restored = Profile.restore(status, profile.storage, window_note=None, cancel_requested=False).snapshot()
+    # The saved state file is the record's own JSON.
+    restored = Profile.model_validate_json(profile.model_dump_json()).snapshot()
     # The postprocess's progress is not carried over a restart: a restored profile runs it again.
     assert restored == status.model_copy(update={"postprocess": None})
 
 
 def test_every_field_a_status_and_its_list_summary_share_is_carried():
-    status = _ended_profile().snapshot()
-    summary = ProfileSummary.of(status)
+    profile = _ended_profile()
+    status, summary = profile.snapshot(), profile.summary()
     for name in ProfileSummary.model_fields.keys() & ProfileStatus.model_fields.keys():
         assert getattr(summary, name) == getattr(status, name), name
     assert summary.steps == 3 and summary.rank_states == {RankState.DONE: 1, RankState.FAILED: 1}

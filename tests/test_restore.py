@@ -154,7 +154,7 @@ def named(home: StorageSpec, ray_cluster: str, **overrides) -> Controller:
 
 def saved_state(home: StorageSpec, profile_id: str) -> str:
     path = Path(home.uri.removeprefix("file://")) / "_rayprof" / "shared" / "profiles" / f"{profile_id}.json"
-    return json.loads(path.read_text())["status"]["state"]
+    return json.loads(path.read_text())["state"]
 
 
 def test_a_second_live_cluster_with_the_same_name_refuses_to_start_and_adopts_nothing(home):

@@ -159,7 +159,7 @@ class HeldWrites:
 
 def test_a_profile_deleted_while_its_last_save_is_in_flight_stays_deleted_after_a_restart(home, monkeypatch):
     def final_save(key: str, data: bytes) -> bool:
-        return "/profiles/" in key and json.loads(data)["status"]["state"] == "DONE"
+        return "/profiles/" in key and json.loads(data)["state"] == "DONE"
 
     held = HeldWrites(home, monkeypatch, final_save)
 

@@ -27,6 +27,7 @@ from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.client_side import ClientSide
 from actors.controller.cluster import cluster_info, ray_cluster_id
+from actors.controller.commit import Commit
 from actors.controller.ended_runs import EndedRuns
 from actors.controller.idempotency import SubmitKey, SubmitKeys
 from actors.controller.leases import Leases
@@ -108,13 +109,14 @@ class Controller(Startup, AgentSide, ClientSide):
             self._spawn,
         )
         postprocess = self._telemetry.timed(postprocess)
+        self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
+        commit = Commit(self._persistence, self._leases)
         self._runner = Runner(
-            self._registry, self._persistence, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry)
+            self._registry, commit, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry)
         )
         self._retention = Retention(self._persistence, lambda: self._config)
         self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
-        self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
-        self._stacks = StacksTaker(self._registry, self._persistence, lambda: self._config, self._catalog, self._leases)
+        self._stacks = StacksTaker(self._registry, commit, lambda: self._config, self._catalog, self._leases)
         self._watches = Watches(
             self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
         )
@@ -321,7 +323,6 @@ class Controller(Startup, AgentSide, ClientSide):
     async def _run_profile(self, profile: Profile) -> None:
         await self._queue.run(profile, self._runner.run)
         await self._catalog.finish(profile)
-        await self._leases.release(profile)
         self._telemetry.bundle_ended(profile)
         await self._retention.enforce(self._catalog)
 

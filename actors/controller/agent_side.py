@@ -159,7 +159,7 @@ class AgentSide:
         worker = self._registry.workers.get(event.agent_id)
         if worker is None:
             return None
-        if profile is None or profile.state.is_terminal:
+        if not isinstance(profile, Profile) or profile.state.is_terminal:  # a bundle has no window
             self._drop_stray_window(worker, event)
             return None
         rank = worker.info.world_rank
@@ -219,7 +219,7 @@ class AgentSide:
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)
         for profile in self._profiles.values():
-            if not profile.state.is_terminal and agent_id in profile.agents.values():
+            if isinstance(profile, Profile) and not profile.state.is_terminal and agent_id in profile.agents.values():
                 profile.changed.set()
 
     async def _reap_workers(self) -> None:

@@ -19,14 +19,15 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from actors.controller.group_commit import GroupCommit
 from actors.controller.persistence import Finished, Persistence
 from actors.controller.post_window_check import awaits_check
-from actors.controller.state import Profile
+from actors.controller.state import Profile, Record
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Trigger
 from orchestrator.models.requests import ProfileState
-from orchestrator.models.summaries import ProfilePage, ProfileSummary
+from orchestrator.models.summaries import ProfilePage
 
 __all__ = ["Catalog", "Loaded", "finished_entry"]
 
@@ -38,11 +39,11 @@ logger = logging.getLogger(__name__)
 _RECENT = 32
 
 
-def finished_entry(profile: Profile) -> Finished:
+def finished_entry(profile: Record) -> Finished:
     return Finished(
-        summary=ProfileSummary.of(profile.snapshot()),
+        summary=profile.summary(),
         storage=profile.storage,
-        submit_key=profile.submit_key,
+        submit_key=profile.submit_key if isinstance(profile, Profile) else None,
         post_window_pending=awaits_check(profile),
     )
 
@@ -52,32 +53,25 @@ class Loaded:
     """Saved profiles read by :meth:`Catalog.load`, not yet adopted."""
 
     finished: dict[str, Finished]
-    unfinished: list[Profile]
+    unfinished: list[Record]
     # The index missed some finished profiles, or listed deleted ones: save it again.
     stale_index: bool
-
-
-@dataclass
-class _Commits:
-    # Group commit of the index: writes asked for / writes done, as counters.
-    asked: int = 0
-    done: int = 0
 
 
 class Catalog:
     def __init__(self, persistence: Persistence) -> None:
         self._persistence = persistence
         # Unfinished profiles, and finished ones until the controller moves them out.
-        self.live: dict[str, Profile] = {}
+        self.live: dict[str, Record] = {}
         self.finished: dict[str, Finished] = {}
-        self._recent: OrderedDict[str, Profile] = OrderedDict()
+        self._recent: OrderedDict[str, Record] = OrderedDict()
         self._index_lock = asyncio.Lock()
-        self._commits = _Commits()
+        self._commits = GroupCommit()
 
     def __contains__(self, profile_id: str) -> bool:
         return profile_id in self.live or profile_id in self.finished
 
-    def add(self, profile: Profile) -> None:
+    def add(self, profile: Record) -> None:
         """Hold a new profile (or stacks bundle) as live, from now until :meth:`finish`."""
         self.live[profile.id] = profile
 
@@ -89,12 +83,11 @@ class Catalog:
         index = await self._persistence.load_index()
         # An entry whose state file is gone was deleted after the index was written.
         indexed = {e.id: e for e in index or [] if e.id in ids and e.id not in self.live}
-        unfinished: list[Profile] = []
+        unfinished: list[Record] = []
         for profile_id in sorted(ids - indexed.keys() - self.live.keys() - self.finished.keys()):
-            saved = await self._persistence.load_profile(profile_id)
-            if saved is None:
+            profile = await self._persistence.load_profile(profile_id)
+            if profile is None:
                 continue
-            profile = saved.profile()
             if profile.state.is_terminal:
                 indexed[profile.id] = finished_entry(profile)
             else:
@@ -102,7 +95,7 @@ class Catalog:
         stale = index is None or indexed.keys() != {e.id for e in index}
         return Loaded(indexed, unfinished, stale)
 
-    def adopt(self, loaded: Loaded) -> list[Profile]:
+    def adopt(self, loaded: Loaded) -> list[Record]:
         """Take in what :meth:`load` read, at once (no await); returns the unfinished profiles, now live."""
         self.finished.update(loaded.finished)
         for profile in loaded.unfinished:
@@ -131,7 +124,7 @@ class Catalog:
             except StorageError as e:
                 logger.warning("rayprof controller: cannot read %s: %s", entry.id, e)
 
-    async def finish(self, profile: Profile) -> None:
+    async def finish(self, profile: Record) -> None:
         """Keep a profile that has ended as a summary, and save the index."""
         if self.live.get(profile.id) is not profile or not profile.state.is_terminal:
             return
@@ -141,7 +134,7 @@ class Catalog:
         self._remember(profile)
         await self.save_index()
 
-    async def refresh(self, profile: Profile) -> None:
+    async def refresh(self, profile: Record) -> None:
         """A finished profile changed after it finished (its post-window check ended): its entry too."""
         entry = self.finished.get(profile.id)
         if entry is not None and entry != (fresh := finished_entry(profile)):
@@ -157,7 +150,7 @@ class Catalog:
         """Finished profiles whose post-window check had no verdict when last saved."""
         return [e.id for e in self.finished.values() if e.post_window_pending]
 
-    async def profile(self, profile_id: str) -> Profile:
+    async def profile(self, profile_id: str) -> Record:
         """One profile in full: a finished one is read from its state file unless cached."""
         if profile_id in self.live:
             return self.live[profile_id]
@@ -166,10 +159,9 @@ class Catalog:
             return self._recent[profile_id]
         if profile_id not in self.finished:
             raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
-        saved = await self._persistence.load_profile(profile_id)
-        if saved is None:
+        profile = await self._persistence.load_profile(profile_id)
+        if profile is None:
             raise StorageError(f"the saved state of profile {profile_id} is unreadable", profile_id=profile_id)
-        profile = saved.profile()
         if profile_id in self.finished:
             self._remember(profile)
         return profile
@@ -195,7 +187,7 @@ class Catalog:
             raise ProfileNotFoundError(f"no profile with id {profile_id!r}", profile_id=profile_id)
         return self.finished[profile_id].storage
 
-    def known(self) -> list[Profile]:
+    def known(self) -> list[Record]:
         """Profiles held in full: every unfinished one and the recently read finished ones."""
         return [*self.live.values(), *self._recent.values()]
 
@@ -207,7 +199,7 @@ class Catalog:
 
     def page(self, target: str | None, state: ProfileState | None, limit: int, offset: int) -> ProfilePage:
         """One page of summaries, newest first."""
-        summaries = [ProfileSummary.of(p.snapshot()) for p in self.live.values()]
+        summaries = [p.summary() for p in self.live.values()]
         summaries += [e.summary for e in self.finished.values()]
         found = sorted(
             (s for s in summaries if (target is None or s.target == target) and (state is None or s.state == state)),
@@ -219,23 +211,16 @@ class Catalog:
     async def save_index(self) -> None:
         """Save the index; callers during a write share the next one. A failure is logged, not
         raised: the next restart reads the state files the index missed."""
-        self._commits.asked += 1
-        # Shielded for the reason Persistence.save is: an older index must never land last.
-        await asyncio.shield(self._save_index(self._commits.asked))
 
-    async def _save_index(self, wanted: int) -> None:
-        async with self._index_lock:
-            if self._commits.done >= wanted:
-                return
-            covered = self._commits.asked
-            try:
-                await self._persistence.save_index(list(self.finished.values()))
-            except StorageError as e:
-                logger.warning("rayprof controller: cannot save the index of finished profiles: %s", e)
-                return
-            self._commits.done = covered
+        async def write() -> None:
+            await self._persistence.save_index(list(self.finished.values()))
 
-    def _remember(self, profile: Profile) -> None:
+        try:
+            await self._commits.write(lambda: self._index_lock, write)
+        except StorageError as e:
+            logger.warning("rayprof controller: cannot save the index of finished profiles: %s", e)
+
+    def _remember(self, profile: Record) -> None:
         self._recent[profile.id] = profile
         self._recent.move_to_end(profile.id)
         while len(self._recent) > _RECENT:

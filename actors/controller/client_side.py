@@ -13,7 +13,7 @@ from actors.controller.catalog import Catalog
 from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
-from actors.controller.state import wait_event
+from actors.controller.state import Profile, wait_event
 from orchestrator.errors import NotFoundError, ProfileNotFoundError
 from orchestrator.manifest import read_artifact
 from orchestrator.models.agent_protocol import CancelCommand, StorageSpec
@@ -74,7 +74,7 @@ class ClientSide:
         """Stop a profile: armed and capturing ranks drop their window."""
         await self._restored_state()
         profile = await self._catalog.profile(profile_id)
-        if profile.state.is_terminal:
+        if profile.state.is_terminal or not isinstance(profile, Profile):  # a bundle ends on its own
             return profile.snapshot()
         profile.cancel_requested = True
         # The window is set as the arms go out: from then on a WAITING rank may hold an

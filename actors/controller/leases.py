@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, ValidationError
 
-from actors.controller.state import Profile
+from actors.controller.state import Record
 from orchestrator.errors import StorageError
 from orchestrator.layout import cluster_state_prefix, owner_key
 from orchestrator.models.agent_protocol import StorageSpec
@@ -73,16 +73,16 @@ class Leases:
         cluster: str,
         home: StorageSpec,
         config: Callable[[], ControllerConfig],
-        profiles: dict[str, Profile],
+        profiles: dict[str, Record],
     ) -> None:
         self._cluster = cluster
         self._home = home
         self._config = config
         self._profiles = profiles
         # Leases written and not yet removed, by profile id.
-        self._held: dict[str, Profile] = {}
+        self._held: dict[str, Record] = {}
 
-    async def hold(self, profile: Profile) -> None:
+    async def hold(self, profile: Record) -> None:
         """Write ``profile``'s lease now, before anything is written to its folder. A storage error is
         logged: the renewal tries again, and the profile's own writes will say what failed."""
         self._held[profile.id] = profile
@@ -108,7 +108,7 @@ class Leases:
             else:
                 await self._write(profile)
 
-    async def _write(self, profile: Profile) -> None:
+    async def _write(self, profile: Record) -> None:
         now = utcnow()
         lease = OwnerLease(
             cluster=self._cluster,
@@ -124,13 +124,13 @@ class Leases:
         except StorageError as e:
             logger.warning("rayprof controller: cannot renew the owner lease of %s: %s", profile.id, e)
 
-    async def release(self, profile: Profile) -> None:
+    async def release(self, profile: Record) -> None:
         """Remove a finished profile's lease (its manifest protects it now); a failure is retried
         by the next renewal round."""
         if profile.id in self._held:
             await self._release(profile)
 
-    async def _release(self, profile: Profile) -> None:
+    async def _release(self, profile: Record) -> None:
         try:
             await asyncio.to_thread(open_storage(profile.storage).delete, owner_key(profile.target, profile.id))
         except StorageError as e:

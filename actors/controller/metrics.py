@@ -147,7 +147,7 @@ class Metrics:
         if profile.manifest is not None:
             self._count(m.STORED_BYTES, float(sum(a.bytes for a in profile.manifest.all_artifacts())), target)
         ends = [r.capture_ended_at for r in ranks if r.capture_ended_at is not None]
-        if profile.capture_started_at is not None and ends:
+        if isinstance(profile, Profile) and profile.capture_started_at is not None and ends:
             self._observe(m.WINDOW_DURATION, (max(ends) - profile.capture_started_at).total_seconds(), target)
         if postprocess_s is not None:
             self._observe(m.POSTPROCESS_DURATION, postprocess_s, target)

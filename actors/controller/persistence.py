@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.controller.group_commit import GroupCommit
 from actors.controller.idempotency import SubmitKey
-from actors.controller.state import Profile
+from actors.controller.state import Record, load_record
 from orchestrator.errors import AlreadyExistsError, StorageError
 from orchestrator.layout import (
     config_key,
@@ -37,11 +38,11 @@ from orchestrator.layout import (
 from orchestrator.manifest import read_manifest, write_manifest
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.diagnosis import WatchStatus
-from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.profile import Manifest
 from orchestrator.models.summaries import ProfileSummary
 from orchestrator.storage import open_storage
 
-__all__ = ["Finished", "Persistence", "SavedIndex", "SavedProfile"]
+__all__ = ["Finished", "Persistence", "SavedIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,21 +50,6 @@ logger = logging.getLogger(__name__)
 _MANIFEST_ATTEMPTS = 5
 _MANIFEST_FIRST_DELAY_S = 0.25
 _MANIFEST_MAX_DELAY_S = 2.0
-
-
-class SavedProfile(BaseModel):
-    """A profile as persisted in the controller's home storage."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    status: ProfileStatus
-    storage: StorageSpec
-    window_note: str | None = None
-    cancel_requested: bool = False
-    submit_key: SubmitKey | None = None
-
-    def profile(self) -> Profile:
-        return Profile.restore(self.status, self.storage, self.window_note, self.cancel_requested, self.submit_key)
 
 
 class Finished(BaseModel):
@@ -90,13 +76,6 @@ class SavedIndex(BaseModel):
 
     version: int = 1
     profiles: list[Finished]
-
-
-@dataclass
-class _Saves:
-    # Group commit: changes asked to be saved / changes saved, as counters.
-    asked: int = 0
-    done: int = 0
 
 
 # Deleted keys remembered so a late save is dropped: ids are never reused, and a save
@@ -149,37 +128,25 @@ class Persistence:
         self._home = home
         self._cluster = cluster
         self._keys = _Sequencer()
-        self._saves: dict[str, _Saves] = {}
+        self._saves: dict[str, GroupCommit] = {}
 
-    async def save(self, profile: Profile) -> None:
+    async def save(self, profile: Record) -> None:
         """Save ``profile`` as it is now. Callers that arrive during a write share
         the next one, so a thousand ranks finishing at once cost a few writes."""
-        saves = self._saves.setdefault(profile.id, _Saves())
-        saves.asked += 1
-        # Shielded: a caller cancelled mid-write (an agent's call dropped) must not release the
-        # lock while its thread still writes, or that older snapshot could land after a newer one.
-        await asyncio.shield(self._save(profile, saves, saves.asked))
+        saves = self._saves.setdefault(profile.id, GroupCommit())
+        key = state_key(self._cluster, profile.id)
+
+        async def write() -> None:
+            # The record as it is when this write starts: it covers every change asked before.
+            if not self._keys.deleted(key):
+                data = profile.model_dump_json().encode()
+                await asyncio.to_thread(open_storage(self._home).put_state, data, key)
+
+        await saves.write(lambda: self._keys.hold(key), write)
         # A finished profile is saved again after the catalog forgot it (its post-window check):
         # its counters go once nothing is pending, or every profile ever run would keep a pair.
-        if profile.state.is_terminal and saves.done >= saves.asked and self._saves.get(profile.id) is saves:
+        if profile.state.is_terminal and saves.settled and self._saves.get(profile.id) is saves:
             del self._saves[profile.id]
-
-    async def _save(self, profile: Profile, saves: _Saves, wanted: int) -> None:
-        key = state_key(self._cluster, profile.id)
-        async with self._keys.hold(key):
-            if saves.done >= wanted or self._keys.deleted(key):
-                return
-            covered = saves.asked
-            saved = SavedProfile(
-                status=profile.snapshot(),
-                storage=profile.storage,
-                window_note=profile.window.note if profile.window else None,
-                cancel_requested=profile.cancel_requested,
-                submit_key=profile.submit_key,
-            )
-            storage = open_storage(self._home)
-            await asyncio.to_thread(storage.put_state, saved.model_dump_json().encode(), key)
-            saves.done = covered
 
     def forget(self, profile_id: str) -> None:
         """Drop the save counters of a profile that is no longer kept in memory."""
@@ -222,12 +189,12 @@ class Persistence:
         names = await asyncio.to_thread(open_storage(self._home).scoped(state_prefix(self._cluster)).list, "")
         return {n[: -len(".json")] for n in names if n.endswith(".json") and "/" not in n}
 
-    async def load_profile(self, profile_id: str) -> SavedProfile | None:
-        """One saved profile; ``None`` when it is unreadable (logged)."""
+    async def load_profile(self, profile_id: str) -> Record | None:
+        """One saved profile (in today's format or the one before); ``None`` when it is unreadable (logged)."""
         key = state_key(self._cluster, profile_id)
         data = await asyncio.to_thread(open_storage(self._home).get_bytes, key)
         try:
-            return SavedProfile.model_validate_json(data)
+            return load_record(data)
         except ValueError as e:
             logger.warning("rayprof controller: skipping unreadable state %s: %s", key, e)
             return None
@@ -277,7 +244,7 @@ class Persistence:
         return found
 
     @staticmethod
-    async def stored_manifest(profile: Profile) -> Manifest | None:
+    async def stored_manifest(profile: Record) -> Manifest | None:
         """The manifest of ``profile`` if it was written (the commit point), else ``None``."""
         storage = open_storage(profile.storage)
         if not await asyncio.to_thread(storage.exists, manifest_key(profile.target, profile.id)):
@@ -285,7 +252,7 @@ class Persistence:
         return await asyncio.to_thread(read_manifest, storage, profile.target, profile.id)
 
     @staticmethod
-    async def write_manifest(profile: Profile, manifest: Manifest) -> str:
+    async def write_manifest(profile: Record, manifest: Manifest) -> str:
         """Write the manifest, once; returns its URI.
 
         Every artifact it lists is already stored, so one failed write must not fail
@@ -313,5 +280,5 @@ class Persistence:
         raise AssertionError("unreachable")
 
     @staticmethod
-    async def read_manifest(profile: Profile) -> Manifest:
+    async def read_manifest(profile: Record) -> Manifest:
         return await asyncio.to_thread(read_manifest, open_storage(profile.storage), profile.target, profile.id)

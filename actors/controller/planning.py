@@ -148,11 +148,11 @@ def trace_bytes_per_step(request: ProfileRequest, profiles: Iterable[Profile]) -
     like = [
         (p.finished_at, p.window, p.ranks.values())
         for p in profiles
-        if p.target == request.target
+        if isinstance(p, Profile)
+        and p.target == request.target
         and p.state.is_terminal
         and p.window is not None
         and p.finished_at is not None
-        and p.request is not None
         and p.request.torch_options() == options
         and any(r.trace_bytes for r in p.ranks.values())
     ]

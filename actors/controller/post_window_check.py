@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from actors.controller.state import Profile
+from actors.controller.state import Profile, Record
 from actors.controller.step_history import TIERS, History
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow, Verdict
 
@@ -120,10 +120,12 @@ def summarize(ranks: list[RankPostWindow], threshold: float, steps: int) -> Post
     return PostWindowCheck(threshold=threshold, steps=steps, verdict=verdict, ranks=ranks, detail=detail)
 
 
-def awaits_check(profile: Profile) -> bool:
+def awaits_check(profile: Record) -> bool:
     """Whether ``profile`` captured a window whose post-window check has no verdict yet."""
+    if not isinstance(profile, Profile):  # a stacks bundle has no window
+        return False
     done = profile.post_window is not None and profile.post_window.final
-    return profile.kind == "profile" and profile.window is not None and profile.capture_started_at is not None and not done
+    return profile.window is not None and profile.capture_started_at is not None and not done
 
 
 @dataclass
@@ -190,7 +192,7 @@ class PostWindowChecks:
         run = self._history.runs.get((profile.target, profile.run or ""))
         give_up = run is None or wall - tracked.since > _GIVE_UP_S or wall - run.last_t > _LOOKBACK_S
         since = (profile.scheduled_at.timestamp() if profile.scheduled_at else tracked.since) - _LOOKBACK_S
-        first = window.start_step - profile.window_request.warmup
+        first = window.start_step - profile.request.warmup
         for rank, outcome in profile.ranks.items():
             if rank in tracked.ranks and tracked.ranks[rank].verdict != "pending":
                 continue

@@ -23,7 +23,6 @@ from actors.controller.ray_rank_map import RayRankMap
 from actors.controller.state import Profile
 from orchestrator.analysis.postprocess import PostprocessResult, postprocess
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
-from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest, PostprocessProgress
 from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
@@ -70,6 +69,4 @@ async def postprocess_in_task(draft: Manifest, profile: Profile, timeout_s: floa
         return draft.model_copy(update={"analysis_error": f"{type(e).__name__}: {str(e)[:500]}"})
     finally:
         loop.call_soon(setattr, profile, "postprocess", None)
-    # Validated: model_copy does not, and Manifest.summary is typed (the job answers with a dict).
-    summary = Summary.model_validate(result.summary)
-    return draft.model_copy(update={"artifacts": result.artifacts, "summary": summary, "merge": result.merge})
+    return draft.model_copy(update={"artifacts": result.artifacts, "summary": result.summary, "merge": result.merge})

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors.controller.persistence import Persistence
+from actors.controller.commit import Commit
 from actors.controller.planning import (
     arm_round_s,
     outcome,
@@ -25,8 +25,7 @@ from actors.controller.planning import (
     trace_bytes_per_step,
 )
 from actors.controller.registry import Registry, Worker
-from actors.controller.state import Profile, wait_event
-from orchestrator.errors import StorageError
+from actors.controller.state import Profile, Record, wait_event
 from orchestrator.models.agent_protocol import ArmCommand, CancelCommand, SyncCommand, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
@@ -49,14 +48,14 @@ class Runner:
     def __init__(
         self,
         registry: Registry,
-        persistence: Persistence,
+        commit: Commit,
         config: Callable[[], ControllerConfig],
         profiles: Callable[[], list[Profile]],
         postprocess: PostprocessFn,
         cluster_info: Callable[[Profile], dict[str, Any]],
     ) -> None:
         self._registry = registry
-        self._persistence = persistence
+        self._commit = commit
         self._config = config
         self._profiles = profiles
         self._postprocess = postprocess
@@ -66,8 +65,12 @@ class Runner:
         # Profile id -> times armed again in its current run; present once its first step ran.
         self._rearms: dict[str, int] = {}
 
-    async def run(self, profile: Profile) -> None:
-        """Step the profile until it is terminal, waiting for news from its ranks between steps."""
+    async def run(self, profile: Record) -> None:
+        """Step the profile until it is terminal, waiting for news from its ranks between steps. A stacks
+        bundle restored unfinished ends at once: the controller that asked for its stacks is gone."""
+        if not isinstance(profile, Profile):
+            await self._commit.end(profile, ProfileState.FAILED, "the controller restarted while the stacks were taken", None)
+            return
         try:
             while not await self.step(profile):
                 await self._wait_for_news(profile)
@@ -119,22 +122,13 @@ class Runner:
 
     async def transition(self, profile: Profile, state: ProfileState) -> None:
         """Change state, then save it; a save that fails is logged, and the next change saves again."""
-        previous = profile.transition(state)
-        logger.info("rayprof controller: %s %s -> %s", profile.id, previous.value, state.value)
-        await self._save(profile)
-
-    async def _save(self, profile: Profile) -> None:
-        try:
-            await self._persistence.save(profile)
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
+        await self._commit.transition(profile, state)
 
     async def fail_without_storage(self, profile: Profile, reason: str) -> None:
-        """The last resort: record FAILED with the reason in memory; storage is tried once, never waited on."""
-        profile.reason = reason
+        """The last resort: record FAILED with the reason, without a manifest; a failed save is only logged."""
         profile.finished_at = profile.finished_at or utcnow()
         if not profile.state.is_terminal:
-            await self.transition(profile, ProfileState.FAILED)
+            await self._commit.end(profile, ProfileState.FAILED, reason, manifest=None)
 
     async def _schedule(self, profile: Profile, past: int = 0) -> None:
         """Pick the start step ahead of the fastest rank (and of ``past``, a step every rank is known to
@@ -145,7 +139,7 @@ class Runner:
             await self.finish(profile, ProfileState.FAILED, f"target {profile.target!r} has no live workers")
             return
         profile.run = profile.run or next(iter(workers.values())).run
-        selected = selected_ranks(profile.window_request, max(w.info.world_size for w in workers.values()))
+        selected = selected_ranks(profile.request, max(w.info.world_size for w in workers.values()))
         # Right after a controller or worker-group restart some agents have not
         # re-registered yet; they do within a poll timeout, so give them that long.
         wait_until = time.monotonic() + config.poll_timeout_s
@@ -175,21 +169,21 @@ class Runner:
             (w.step_time_s for w in present if w.step_time_s),
             sync_round_s,
             config.arm_lead_s,
-            profile.window_request.warmup,
+            profile.request.warmup,
             relayed=all(w.relay is not None for w in present),
             last_arm_round_s=self._arm_rounds.get(profile.target),
         )
-        per_step = trace_bytes_per_step(profile.window_request, self._profiles())
-        profile.window = plan_window(profile.window_request, start, per_step, config.max_trace_bytes)
+        per_step = trace_bytes_per_step(profile.request, self._profiles())
+        profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
         profile.scheduled_at = utcnow()
-        profile.deadline = time.monotonic() + timeout_s(profile.window_request, config)
+        profile.deadline = time.monotonic() + timeout_s(profile.request, config)
         window = WindowSpec(
             profile_id=profile.id,
             target=profile.target,
             start_step=profile.window.start_step,
             steps=profile.window.steps,
-            warmup=profile.window_request.warmup,
-            options=profile.window_request.torch_options(),
+            warmup=profile.request.warmup,
+            options=profile.request.torch_options(),
             storage=profile.storage,
             prefix=profile.prefix,
             max_trace_bytes=config.max_trace_bytes,
@@ -197,7 +191,7 @@ class Runner:
         for worker in present:
             worker.send(ArmCommand(window=window))
         if profile.state == ProfileState.SCHEDULED:  # armed again: save the new window
-            await self._save(profile)
+            await self._commit.save(profile)
         else:
             await self.transition(profile, ProfileState.SCHEDULED)
 
@@ -216,7 +210,7 @@ class Runner:
 
     async def _check_ranks(self, profile: Profile) -> bool:
         """Check every rank once, failing the ones that timed out or vanished; True when every rank has ended."""
-        limit = timeout_s(profile.window_request, self._config())
+        limit = timeout_s(profile.request, self._config())
         if profile.deadline is None:
             profile.deadline = time.monotonic() + limit
         self._end_lost_ranks(profile)
@@ -274,19 +268,13 @@ class Runner:
             self._arm_rounds[profile.target] = arm_round
 
     async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
-        """Write the manifest (the commit point), then record the terminal state."""
+        """Make the manifest (with the postprocess's artifacts), then end the profile at the commit point."""
         profile.finished_at = utcnow()
         self._remember_arm_round(profile)
         manifest = profile.manifest_of(state, reason, cluster=self._cluster_info(profile))
         if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
             manifest = await self._postprocess(manifest, profile, self._config().postprocess_timeout_s)
-        try:
-            profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
-            profile.manifest = manifest
-        except StorageError as e:
-            state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
-        profile.reason = reason
-        await self.transition(profile, state)
+        await self._commit.end(profile, state, reason, manifest)
 
 
 def _ended(result: RankResult, state: RankState, reason: str) -> RankResult:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.controller.catalog import Catalog
+from actors.controller.commit import Commit
 from actors.controller.leases import Leases
-from actors.controller.persistence import Persistence
 from actors.controller.registry import Registry, Worker
 from actors.controller.stack_groups import (
     RankDigest,
@@ -37,7 +37,7 @@ from actors.controller.stack_groups import (
     rank_text,
     summary_line,
 )
-from actors.controller.state import Profile, wait_event
+from actors.controller.state import StacksRecord, wait_event
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
@@ -62,7 +62,7 @@ _WRITERS = 16
 class _Pending:
     """One bundle being taken: what each rank's answer left behind once stored."""
 
-    profile: Profile
+    profile: StacksRecord
     workers: dict[int, Worker]
     storage: Storage
     max_bytes: int
@@ -90,13 +90,13 @@ class StacksTaker:
     def __init__(
         self,
         registry: Registry,
-        persistence: Persistence,
+        commit: Commit,
         config: Callable[[], ControllerConfig],
         catalog: Catalog,
         leases: Leases,
     ) -> None:
         self._registry = registry
-        self._persistence = persistence
+        self._commit = commit
         self._config = config
         self._catalog = catalog
         self._leases = leases
@@ -164,15 +164,7 @@ class StacksTaker:
         run = next(iter(workers.values())).run
         bundle_id = new_profile_id("stk", utcnow(), uuid.uuid4().hex[:8])
         storage = config.storage
-        profile = Profile(
-            id=bundle_id,
-            request=None,
-            target=target,
-            storage=storage,
-            run=run,
-            kind="stacks",
-            trigger=trigger,
-        )
+        profile = StacksRecord(id=bundle_id, target=target, storage=storage, run=run, trigger=trigger)
         self._catalog.add(profile)
         taken_at = utcnow()
         pending = _Pending(
@@ -287,14 +279,14 @@ class StacksTaker:
 
     async def _end(
         self,
-        profile: Profile,
+        profile: StacksRecord,
         bundle: StacksBundle,
         state: ProfileState,
         reason: str | None,
         artifacts: list[Artifact],
         rank_files: dict[int, list[Artifact]],
     ) -> StacksBundle:
-        """Write the manifest (the commit point), then record and save the terminal state."""
+        """Record every rank's files and make the manifest, then end the bundle at the commit point."""
         finished = utcnow()
         missing = {m.rank: m.reason for m in bundle.missing}
         for rank in sorted(set(rank_files) | set(missing) | {r for g in bundle.groups for r in g.ranks}):
@@ -308,19 +300,8 @@ class StacksTaker:
         profile.finished_at = finished
         summary = StacksSummary(line=bundle.summary, groups=len(bundle.groups), missing=sorted(missing))
         manifest = profile.manifest_of(state, reason, artifacts=artifacts, summary=summary)
-        if state != ProfileState.FAILED:
-            try:
-                profile.manifest_uri = await self._persistence.write_manifest(profile, manifest)
-                profile.manifest = manifest
-            except StorageError as e:
-                state, reason = ProfileState.FAILED, f"could not write the manifest: {e}"
-        profile.reason = reason
-        profile.transition(state)
-        try:
-            await self._persistence.save(profile)
-        except StorageError as e:
-            logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
-        await self._leases.release(profile)
+        # A failed bundle (no rank's stacks, or its stacks.json unstored) ends without a manifest.
+        state = await self._commit.end(profile, state, reason, manifest if state != ProfileState.FAILED else None)
         logger.info("rayprof controller: stacks %s of %s: %s", profile.id, profile.target, bundle.summary)
         return bundle.model_copy(update={"state": state, "manifest_uri": profile.manifest_uri})
 
@@ -333,9 +314,8 @@ def _snapshot_files(rank: int, artifacts: list[Artifact]) -> list[Artifact]:
     return [a for a in artifacts if own.get(a.key) == a.kind]
 
 
-# What a bundle's record says of the bundle itself, as the controller holds it.
-_BUNDLE_FIELDS = ("id", "run", "storage_uri", "target", "trigger")
-
-
-def _bundle_of(profile: Profile, **fields: Any) -> StacksBundle:
-    return StacksBundle(**{name: getattr(profile, name) for name in _BUNDLE_FIELDS}, **fields)
+def _bundle_of(profile: StacksRecord, **fields: Any) -> StacksBundle:
+    """The bundle as its caller gets it: what the record says of the bundle itself, and ``fields``."""
+    return StacksBundle(
+        id=profile.id, run=profile.run, storage_uri=profile.storage_uri, target=profile.target, trigger=profile.trigger, **fields
+    )

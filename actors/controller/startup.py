@@ -122,7 +122,7 @@ class Startup:
         self._watches.recover(self._catalog.triggered())
         self._submit_keys.restore(
             [(e.submit_key, e.id, e.summary.created_at) for e in loaded.finished.values()]
-            + [(p.submit_key, p.id, p.created_at) for p in unfinished]
+            + [(p.submit_key, p.id, p.created_at) for p in unfinished if isinstance(p, Profile)]
         )
         for profile in unfinished:
             await self._adopt_manifest(profile)

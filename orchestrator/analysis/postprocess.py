@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,6 +22,7 @@ from orchestrator.analysis.memory_chart import load_timelines, render_memory_sec
 from orchestrator.analysis.report import write_report
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Artifact, Manifest
 from orchestrator.storage import open_storage
 from orchestrator.traces.discover import TraceFile, TraceSet
@@ -34,12 +34,13 @@ __all__ = ["PostprocessResult", "postprocess", "rank_traces"]
 
 
 class PostprocessResult(BaseModel):
-    """Profile-level artifacts, the machine-readable summary and what the merge kept."""
+    """Profile-level artifacts, the machine-readable summary and what the merge kept; typed as the
+    manifest holds them, so the controller lists them without converting anything."""
 
     model_config = ConfigDict(frozen=True)
 
     artifacts: list[Artifact]
-    summary: dict[str, Any]
+    summary: Summary
     merge: MergeStats
 
 
@@ -84,4 +85,4 @@ def postprocess(
         with_merged = draft.model_copy(update={"artifacts": [merged], "merge": stats})
         write_report(summary, folder / REPORT_NAME, manifest=with_merged, memory=render_memory_section(*load_timelines(folder)))
         report = storage.put_file(folder / REPORT_NAME, REPORT_NAME, "report")
-    return PostprocessResult(artifacts=[merged, report], summary=summary.model_dump(mode="json"), merge=stats)
+    return PostprocessResult(artifacts=[merged, report], summary=summary, merge=stats)

@@ -12,7 +12,7 @@ from datetime import datetime
 from pydantic import Field
 
 from orchestrator.models.common import Name, StrictModel
-from orchestrator.models.profile import BundleKind, ProfileStatus, Trigger
+from orchestrator.models.profile import BundleKind, Trigger
 from orchestrator.models.requests import ProfileState, RankState
 from orchestrator.settings import MAX_GC_GRACE_HOURS
 
@@ -35,18 +35,6 @@ class ProfileSummary(StrictModel):
     created_at: datetime
     finished_at: datetime | None = None
     trigger: Trigger | None = None
-
-    @classmethod
-    def of(cls, status: ProfileStatus) -> ProfileSummary:
-        counts: dict[RankState, int] = {}
-        for rank in status.ranks:
-            counts[rank.state] = counts.get(rank.state, 0) + 1
-        shared = {name: getattr(status, name) for name in _FROM_STATUS}
-        return cls(**shared, steps=status.request.steps if status.request is not None else None, rank_states=counts)
-
-
-# Fields a summary copies from the full record by name: a field added to both is carried here.
-_FROM_STATUS = tuple(sorted(ProfileSummary.model_fields.keys() - {"steps", "rank_states"}))
 
 
 class ProfilePage(StrictModel):
