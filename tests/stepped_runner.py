@@ -8,9 +8,11 @@ cooldown or a schedule is as long as the test says, however loaded the machine i
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from actors.controller.actor import Controller
 from actors.controller.state import Profile
@@ -20,8 +22,9 @@ from tests.fake_agents import FakeAgent, start_agents
 
 
 class ManualClock:
-    """A :class:`actors.controller.clock.Clock` that stands still until the test moves it. It starts at
-    the process's clocks, so what still reads them (retention's retries, telemetry) stays comparable."""
+    """A :class:`actors.controller.clock.Clock` that stands still until the test moves it, each of its two
+    clocks on its own. It starts at the process's clocks, so what still reads them (retention's retries,
+    telemetry) stays comparable."""
 
     def __init__(self) -> None:
         self.now = time.monotonic()
@@ -34,12 +37,12 @@ class ManualClock:
         return self.at
 
     def advance(self, seconds: float) -> None:
-        """Both clocks move on by ``seconds``."""
+        """The monotonic clock moves on (heartbeats, holds, stalls, timeouts); the wall clock stays."""
         self.now += seconds
-        self.at += timedelta(seconds=seconds)
 
-    def forward_wall(self, seconds: float) -> None:
-        """Only the wall clock moves (days of schedule), so no worker's heartbeat grows old."""
+    def forward(self, seconds: float) -> None:
+        """The wall clock moves on (firings, cooldowns, caps, schedules): an hour of schedule without
+        an hour of heartbeats."""
         self.at += timedelta(seconds=seconds)
 
 
@@ -76,7 +79,7 @@ async def _idle() -> None:
 class SteppedMonitor:
     """Takes the monitor loop (health, watches, telemetry) and the worker reaper away from a controller
     made with ``clock``, and makes its fake agents train on that clock: each :meth:`tick` moves the
-    clock, lets every agent train for that long and heartbeat (as its long-poll would), then runs one
+    monotonic clock (the wall clock moves only by ``clock.forward``), lets every agent train for that long and heartbeat (as its long-poll would), then runs one
     monitor tick. The runner's timeouts read the same clock, so nothing times out unless the test ticks
     that far; replies and reports still flow on real time. Make it before the controller starts."""
 
@@ -110,19 +113,20 @@ class SteppedMonitor:
         for _ in range(count):
             await self.tick(seconds)
 
-    async def tick_until(self, holds: Callable[[], bool], *, max_ticks: int, real_s: float = 20.0) -> bool:
-        """Tick until ``holds()``, at most ``max_ticks`` times and ``real_s`` seconds of real time (a
-        firing's stacks or window wait on the agents' replies, on real time, between ticks); whether it held."""
+    async def tick_until(self, holds: Callable[[], Any], *, max_ticks: int, real_s: float = 20.0) -> Any:
+        """Tick until ``holds()`` (a value, or an awaitable of one) is true, at most ``max_ticks`` times and
+        ``real_s`` seconds of real time (a firing's stacks or window wait on the agents' replies, on real
+        time, between ticks); returns its last value."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + real_s
         for _ in range(max_ticks):
-            if holds():
-                return True
+            if value := await _value(holds()):
+                return value
             if loop.time() >= deadline:
                 break
             await self.tick()
             await asyncio.sleep(0.01)
-        return holds()
+        return await _value(holds())
 
     async def until_terminal(self, profile_id: str, *, max_ticks: int = 400) -> ProfileStatus:
         """Tick until the profile ends (its window's steps are trained on this clock); its status."""
@@ -130,6 +134,10 @@ class SteppedMonitor:
         status = await self.c.get(profile_id)
         assert done, f"{profile_id} did not end within {max_ticks} ticks: {status.state}"
         return status
+
+
+async def _value(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 async def settle(rounds: int = 20) -> None:
