@@ -97,7 +97,7 @@ def ranks_are(*states: RankState):
 def test_a_rank_that_never_reports_is_failed_at_the_timeout(home):
     async def go():
         clock = ManualClock()
-        c = controller(home, clock)
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
         stepped = Stepped(c)
         agents = await start_agents(c, 2)
         agents[0].behaviour = "hang"
@@ -122,7 +122,7 @@ def test_a_rank_still_waiting_for_its_start_at_the_timeout_is_told_to_drop_the_w
     # the start step; holding it, it would refuse every later window on that rank.
     async def go():
         clock = ManualClock()
-        c = controller(home, clock)
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
         stepped = Stepped(c)
         agents = await start_agents(c, 2)
         agents[1].training = False

@@ -121,7 +121,7 @@ def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
 def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reason(tmp_path, home):
     async def go():
         clock = ManualClock()
-        c = controller(home, clock)
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
         stepped = Stepped(c)
         agents = await start_agents(c, 1)
         agents[0].behaviour = "hang"
