@@ -31,7 +31,7 @@ lint: setup
 	# export child's contract, the CUDA allocator seam, the agent side's RPC, the client API's two transports.
 	$(PY) -m mypy --strict --follow-imports=silent --ignore-missing-imports \
 		orchestrator/models/ orchestrator/layout.py actors/export/contract.py actors/agent/cuda_memory.py \
-		actors/upstream.py actors/controller/rpc.py orchestrator/client/routes.py orchestrator/client/ray_backend.py orchestrator/client/http.py
+		actors/upstream.py actors/controller/clock.py actors/controller/rpc.py orchestrator/client/routes.py orchestrator/client/ray_backend.py orchestrator/client/http.py
 
 test: setup browser lint
 	$(PY) -m pytest -q -ra -m 'not extended'

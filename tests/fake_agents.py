@@ -1,7 +1,8 @@
 """Fake agents that drive the real ``Controller`` class on one asyncio loop, without Ray.
 
 Each fake speaks the agent protocol (register, long-poll with heartbeats,
-report) and trains by counting steps on a timer. ``behaviour`` plants a
+report) and trains by counting steps on a timer, or on the test's clock when
+``stepped`` (``tests.stepped_runner.SteppedMonitor``). ``behaviour`` plants a
 fault: ``fail`` reports its window FAILED, ``hang`` never reports after
 capturing, ``stall_upload`` stays UPLOADING, ``vanish`` stops calling once armed,
 ``late_arm`` gets its first arm after the window's start had passed, ``always_late`` every arm. A finished window uploads a
@@ -20,6 +21,7 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.persistence import Persistence
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import (
@@ -91,9 +93,9 @@ def run(coro, timeout_s: float = 30.0):
 FAKE_RAY_CLUSTER = "fake-ray-cluster"
 
 
-def make_controller(home: StorageSpec, **overrides: object) -> Controller:
-    """The real controller on ``home`` with fast settings and no postprocess."""
-    return Controller(fast_config(home, **overrides), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER)
+def make_controller(home: StorageSpec, clock: Clock = SYSTEM_CLOCK, **overrides: object) -> Controller:
+    """The real controller on ``home`` with fast settings and no postprocess, on ``clock``."""
+    return Controller(fast_config(home, **overrides), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER, clock=clock)
 
 
 async def no_postprocess(draft, profile, timeout_s):
@@ -147,6 +149,9 @@ class FakeAgent:
     recording: bool = False
     # Extra artifacts a stacks answer with memory lists (a test plants a key outside the rank's place).
     extra_snapshot_files: list = field(default_factory=list)
+    # Steps move only when the test steps the clock (:meth:`advance`), not on a timer.
+    stepped: bool = False
+    _carry_s: float = 0.0
 
     async def register(self) -> str | None:
         self.secret = await self.controller.register(self.info, secret=self.secret)
@@ -154,7 +159,9 @@ class FakeAgent:
 
     async def start(self) -> None:
         assert await self.register()
-        self._tasks = [asyncio.create_task(self._train()), asyncio.create_task(self._poll())]
+        self._tasks = [asyncio.create_task(self._poll())]
+        if not self.stepped:
+            self._tasks.append(asyncio.create_task(self._train()))
 
     async def stop(self) -> None:
         self.stopped = True
@@ -167,6 +174,15 @@ class FakeAgent:
             await asyncio.sleep(self.step_s)
             if self.training:
                 self.step += 1
+
+    def advance(self, seconds: float) -> None:
+        """Train for ``seconds`` of the test's clock: the steps that fit in them (a part step carries over)."""
+        if not self.training:
+            return
+        self._carry_s += seconds
+        steps = int(self._carry_s / self.step_s + 1e-9)  # 0.05 s at 0.01 s a step is 5 steps, not 4.999...
+        self.step += steps
+        self._carry_s = max(0.0, self._carry_s - steps * self.step_s)
 
     async def _poll(self) -> None:
         while not self.stopped:

@@ -18,7 +18,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 from orchestrator.storage import open_storage
 from tests.fake_agents import make_controller as controller
 from tests.fake_agents import run, start_agents, status_when, until, wait_terminal, worker_info
-from tests.stepped_runner import Stepped
+from tests.stepped_runner import ManualClock, Stepped
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:
@@ -90,12 +90,23 @@ def test_a_rank_that_fails_makes_the_profile_partial_with_its_reason(home):
     assert status.ranks[1].reason == "export failed: planted"
 
 
+def ranks_are(*states: RankState):
+    return lambda status: [r.state for r in status.ranks] == list(states)
+
+
 def test_a_rank_that_never_reports_is_failed_at_the_timeout(home):
     async def go():
-        c = controller(home)
+        clock = ManualClock()
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
+        stepped = Stepped(c)
         agents = await start_agents(c, 2)
         agents[0].behaviour = "hang"
-        status, _ = await wait_terminal(c, (await c.submit(request(timeout_s=1.0))).id)
+        submitted = await c.submit(request(timeout_s=1.0))
+        await stepped.step(submitted.id)  # scheduled and armed
+        await status_when(c, submitted.id, ranks_are(RankState.CAPTURING, RankState.DONE), timeout_s=10)
+        clock.advance(1.0)  # the timeout passes
+        assert await stepped.step(submitted.id)
+        status = await c.get(submitted.id)
         for a in agents:
             await a.stop()
         return status
@@ -110,11 +121,17 @@ def test_a_rank_still_waiting_for_its_start_at_the_timeout_is_told_to_drop_the_w
     # A rank far behind the leader (an uncoupled straggler) holds the window until it reaches
     # the start step; holding it, it would refuse every later window on that rank.
     async def go():
-        c = controller(home)
+        clock = ManualClock()
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
+        stepped = Stepped(c)
         agents = await start_agents(c, 2)
         agents[1].training = False
         submitted = await c.submit(request(timeout_s=1.0))
-        status, _ = await wait_terminal(c, submitted.id)
+        await stepped.step(submitted.id)  # scheduled and armed
+        await status_when(c, submitted.id, ranks_are(RankState.DONE, RankState.ARMED), timeout_s=10)
+        clock.advance(1.0)  # the timeout passes
+        assert await stepped.step(submitted.id)
+        status = await c.get(submitted.id)
         told = await until(lambda: submitted.id in agents[1].cancelled, timeout_s=5.0)
         for a in agents:
             await a.stop()

@@ -26,6 +26,7 @@ from tests.fake_agents import (
     worker_info,
 )
 from tests.fake_agents import make_controller as controller
+from tests.stepped_runner import ManualClock, Stepped
 
 
 def request(steps: int = 10, **options) -> ProfileRequest:
@@ -118,7 +119,9 @@ def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
 
 def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reason(tmp_path, home):
     async def go():
-        c = controller(home)
+        clock = ManualClock()
+        c = controller(home, clock, worker_expiry_grace_s=60.0)  # jumps past the timeout drop no agent
+        stepped = Stepped(c)
         agents = await start_agents(c, 1)
         agents[0].behaviour = "hang"
         submitted = await c.submit(request(steps=3, timeout_s=1.0))
@@ -126,7 +129,11 @@ def test_a_manifest_that_cannot_be_written_ends_the_profile_failed_with_the_reas
         folder = Path(home.uri.removeprefix("file://")) / "run" / submitted.id
         shutil.rmtree(folder)
         folder.write_text("in the way")
-        status, _ = await wait_terminal(c, submitted.id)
+        await stepped.step(submitted.id)  # scheduled and armed
+        await status_when(c, submitted.id, lambda s: bool(s.ranks) and s.ranks[0].state == RankState.CAPTURING, timeout_s=10)
+        clock.advance(1.0)  # the timeout passes
+        assert await stepped.step(submitted.id)
+        status = await c.get(submitted.id)
         await agents[0].stop()
         return status
 

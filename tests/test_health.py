@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,9 +16,9 @@ from tests.fake_agents import (
     SLOW_THING,
     make_controller,
     run,
-    start_agents,
     worker_info,
 )
+from tests.stepped_runner import ManualClock, SteppedMonitor
 
 
 @dataclass
@@ -106,27 +105,19 @@ def test_the_registry_records_when_a_step_last_advanced_not_just_the_last_heartb
 # ---- the controller, with fake agents ---------------------------------------
 
 
-def controller(home: StorageSpec, **overrides) -> Controller:
-    return make_controller(home, **{**MONITORED, **overrides})
-
-
-async def until(predicate, timeout_s: float = 10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
+def stepped(home: StorageSpec, **overrides) -> SteppedMonitor:
+    """A controller on a clock of its own, its monitor ticked by the test (one tick: 0.05 s)."""
+    clock = ManualClock()
+    return SteppedMonitor(make_controller(home, clock, **{**MONITORED, **overrides}), clock)
 
 
 def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 2)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(2)
         await c.ping()
-        await asyncio.sleep(0.5)
+        await m.ticks(10)
         assert (await c.targets())[0].health == "TRAINING"
         agents[1].stack = list(SLOW_THING)
         for a in agents:
@@ -136,8 +127,9 @@ def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home)
             t = (await c.targets())[0]
             return t if t.health == "STALLED" and t.stall_stacks else None
 
-        target = await until(stalled_with_stacks)
-        await asyncio.sleep(1.0)
+        target = await m.tick_until(stalled_with_stacks, max_ticks=200)
+        assert target, "timed out"
+        await m.ticks(20)
         page = await c.list()
         for a in agents:
             await a.stop()
@@ -153,12 +145,13 @@ def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home)
 
 def test_automatic_stacks_on_stall_can_be_turned_off(home):
     async def go():
-        c = controller(home, stall_auto_stacks=False)
-        agents = await start_agents(c, 2)
+        m = stepped(home, stall_auto_stacks=False)
+        c = m.c
+        agents = await m.start_agents(2)
         for a in agents:
             a.training = False
-        await until(lambda: _health_is(c, "STALLED"))
-        await asyncio.sleep(0.5)
+        assert await m.tick_until(lambda: _health_is(c, "STALLED"), max_ticks=200), "timed out"
+        await m.ticks(10)
         page = await c.list()
         for a in agents:
             await a.stop()
@@ -174,15 +167,17 @@ async def _health_is(c: Controller, value: str) -> bool:
 
 def test_a_rank_that_falls_behind_is_named_in_targets_with_its_steps_behind(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 3)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(3)
         agents[2].step_s = 0.03
 
         async def lagging():
             t = (await c.targets())[0]
             return t if t.lagging_ranks else None
 
-        target = await until(lagging)
+        target = await m.tick_until(lagging, max_ticks=200)
+        assert target, "timed out"
         for a in agents:
             await a.stop()
         return target

@@ -15,6 +15,7 @@ import pytest
 
 from actors.controller import startup
 from actors.controller.actor import Controller
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.name_lease import LeaseRecord
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import lease_record_key
@@ -32,9 +33,11 @@ from tests.fake_agents import (
     run,
     start_agents,
     status_when,
+    until,
     wait_terminal,
     worker_info,
 )
+from tests.stepped_runner import ManualClock
 
 TARGETS = ("run", "other")
 # Slow training: a window of WINDOW steps stays CAPTURING for 25 s, and its ranks answer a cancel.
@@ -146,10 +149,10 @@ def test_config_waits_for_restore_and_names_the_configured_storage(home, tmp_pat
 # ---- two live clusters, one name --------------------------------------------------
 
 
-def named(home: StorageSpec, ray_cluster: str, **overrides) -> Controller:
-    """A controller named ``shared`` in the Ray cluster ``ray_cluster``."""
+def named(home: StorageSpec, ray_cluster: str, clock: Clock = SYSTEM_CLOCK, **overrides) -> Controller:
+    """A controller named ``shared`` in the Ray cluster ``ray_cluster``, on ``clock``."""
     config = fast_config(home, cluster_name="shared", **overrides)
-    return Controller(config, postprocess=no_postprocess, cluster=ray_cluster)
+    return Controller(config, postprocess=no_postprocess, cluster=ray_cluster, clock=clock)
 
 
 def saved_state(home: StorageSpec, profile_id: str) -> str:
@@ -165,15 +168,19 @@ def test_a_second_live_cluster_with_the_same_name_refuses_to_start_and_adopts_no
         agents = await start_agents(a, 1, step_s=0.05)
         submitted = await a.submit(ProfileRequest(target="run", steps=20, timeout_s=timeout_s))
         assert capturing(await status_when(a, submitted.id, capturing, timeout_s=10))
-        b = named(home, "ray-b")
+        b_clock = ManualClock()
+        b = named(home, "ray-b", b_clock)
         with pytest.raises(ClusterNameInUseError) as refused:
             await b.ping()
         with pytest.raises(ClusterNameInUseError):
             await b.list()
         status, _ = await wait_terminal(a, submitted.id)
+        assert await until(lambda: saved_state(home, submitted.id) in ("DONE", "FAILED"), timeout_s=10)
         # Had b adopted the profile, its ranks (which never call b) would time out there and b would
-        # save it FAILED over a's DONE.
-        await asyncio.sleep(timeout_s + 0.5)
+        # save it FAILED over a's DONE: b's clock passes the timeout and each profile b holds is stepped.
+        b_clock.advance(timeout_s + 0.5)
+        for profile in list(b._catalog.live.values()):
+            await b._runner.step(profile)
         saved = saved_state(home, submitted.id)
         await agents[0].stop()
         return str(refused.value), status, saved

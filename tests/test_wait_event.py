@@ -30,7 +30,8 @@ def test_a_cancelled_wait_is_cancelled_and_leaves_no_task_behind():
     async def main() -> None:
         event = asyncio.Event()
         waiting = asyncio.ensure_future(wait_event(event, 30))
-        await asyncio.sleep(0.01)
+        for _ in range(5):  # a few turns of the loop: the wait and its waiter have started, no time passed
+            await asyncio.sleep(0)
         waiting.cancel()
         # The event set in the same loop turn as the cancellation: the cancellation still wins.
         event.set()

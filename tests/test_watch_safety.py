@@ -36,8 +36,9 @@ from orchestrator.service.security import rayprof_error_response
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
 from tests.conftest import RAYPROF_CLI
-from tests.fake_agents import MONITORED, STEP_S, make_controller, saved_watch, start_agents, until, wait_terminal
+from tests.fake_agents import MONITORED, STEP_S, make_controller, saved_watch
 from tests.fake_agents import run as run_bounded
+from tests.stepped_runner import ManualClock, SteppedMonitor
 
 
 def run(coro):
@@ -46,6 +47,12 @@ def run(coro):
 
 def controller(home: StorageSpec, **overrides):
     return make_controller(home, **{**MONITORED, **overrides})
+
+
+def stepped(home: StorageSpec, clock: ManualClock | None = None, **overrides) -> SteppedMonitor:
+    """A controller whose monitor the test ticks, on ``clock`` (a new one unless given)."""
+    clock = clock or ManualClock()
+    return SteppedMonitor(make_controller(home, clock, **{**MONITORED, **overrides}), clock)
 
 
 def lagging(**overrides) -> WatchSpec:
@@ -108,23 +115,23 @@ def test_a_busy_watch_is_capped_over_the_hour_and_never_pushes_out_a_requested_p
     server, home = s3_outage
 
     async def go():
-        c = controller(home, retention_count=2, retention_auto_count=3, watch_max_failures=1000)
-        agents = await start_agents(c, 3)
+        m = stepped(home, retention_count=2, retention_auto_count=3, watch_max_failures=1000)
+        c = m.c
+        agents = await m.start_agents(3)
         asked = []
         for _ in range(2):
-            status, _ = await wait_terminal(c, (await c.submit(ProfileRequest(target="run", steps=3))).id)
-            asked.append(status)
+            asked.append(await m.until_terminal((await c.submit(ProfileRequest(target="run", steps=3))).id))
         agents[2].step_s = 3 * STEP_S
         watch = await c.create_watch(lagging(max_per_hour=25))
         # The store goes away in the middle of the firings and comes back.
-        assert await until(lambda: len(c._watches.get(watch.id).fired_at) >= 5, timeout_s=20)
+        assert await m.tick_until(lambda: len(c._watches.get(watch.id).fired_at) >= 5, max_ticks=1000)
         server.stop()
-        await asyncio.sleep(0.5)
+        await m.tick_until(lambda: any(f.error for f in c._watches.get(watch.id).firings), max_ticks=1000)
         server.start()
-        capped = await until(lambda: c._watches.get(watch.id).state == "CAPPED", timeout_s=40)
+        capped = await m.tick_until(lambda: c._watches.get(watch.id).state == "CAPPED", max_ticks=2000, real_s=40)
         # The last firing's bundle may still be ending, a delete the outage refused is retried from the
         # monitor tick (retention.RETRY_S), and so is the last firing's save, which the restart reads:
-        # wait for all three, bounded, rather than a fixed time.
+        # tick for all three, bounded, rather than a fixed time.
         for _ in range(150):
             page = await c.list()
             ended = len([p for p in page.profiles if p.trigger is not None]) <= 3
@@ -132,17 +139,18 @@ def test_a_busy_watch_is_capped_over_the_hour_and_never_pushes_out_a_requested_p
             landed = saved is not None and saved.fired_at == c._watches.get(watch.id).fired_at
             if ended and landed and not c._retention.retry_due(float("inf")):
                 break
+            await m.tick(0.5)
             await asyncio.sleep(0.2)
         state = c._watches.get(watch.id)
         await stop_all(agents)
         page = await c.list()
-        restarted = controller(home, retention_count=2, retention_auto_count=3)
-        again = await start_agents(restarted, 3)
+        restarted = stepped(home, m.clock, retention_count=2, retention_auto_count=3)
+        again = await restarted.start_agents(3)
         again[2].step_s = 3 * STEP_S
-        await asyncio.sleep(1.5)  # lagging all along after the restart
-        watches = await restarted.list_watches()
+        await restarted.ticks(30)  # lagging all along after the restart
+        watches = await restarted.c.list_watches()
         await stop_all(again)
-        return asked, watch, capped, state, page, await restarted.list(), watches
+        return asked, watch, capped, state, page, await restarted.c.list(), watches
 
     asked, watch, capped, state, page, after_restart, watches = run(go())
     assert capped and state.state == "CAPPED"
@@ -223,21 +231,23 @@ def test_a_watch_whose_action_keeps_failing_pauses_with_its_reason(s3_outage):
     server, home = s3_outage
 
     async def go():
-        c = controller(home, watch_max_failures=3)
-        agents = await start_agents(c, 3)
+        m = stepped(home, watch_max_failures=3)
+        c = m.c
+        agents = await m.start_agents(3)
         watch = await c.create_watch(lagging(action="profile", profile_steps=2))
         server.stop()
         agents[2].step_s = 3 * STEP_S
-        paused = await until(lambda: c._watches.get(watch.id).state == "PAUSED", timeout_s=20)
-        await asyncio.sleep(1.0)  # paused: no more tries
+        paused = await m.tick_until(lambda: c._watches.get(watch.id).state == "PAUSED", max_ticks=1000)
+        await m.ticks(20)  # paused: no more tries
         state = await c.get_watch(watch.id)
         server.start()
         saved = Persistence(home, "unit")
         landed = False
-        for _ in range(100):  # the pause is saved once the store is back
+        for _ in range(100):  # the pause is saved once the store is back (retried from the tick)
             landed = [w.state for w in await saved.load_watches()] == ["PAUSED"]
             if landed:
                 break
+            await m.tick(1.0)
             await asyncio.sleep(0.1)
         await stop_all(agents)
         return paused, state, landed, await controller(home).list_watches()
@@ -252,14 +262,15 @@ def test_a_watch_whose_action_keeps_failing_pauses_with_its_reason(s3_outage):
 
 def test_failed_firings_count_toward_the_cooldown(home):
     async def go():
-        c = controller(home, max_steps=2, watch_max_failures=100)
-        agents = await start_agents(c, 3)
+        m = stepped(home, max_steps=2, watch_max_failures=100)
+        c = m.c
+        agents = await m.start_agents(3)
         watch = await c.create_watch(lagging(action="profile", profile_steps=2, cooldown_s=60))
         # Planted: the server's limit falls below the watch's steps after it was created.
         c._config = c._config.model_copy(update={"max_steps": 1})
         agents[2].step_s = 3 * STEP_S
-        await until(lambda: bool(c._watches.get(watch.id).firings), timeout_s=10)
-        await asyncio.sleep(1.0)
+        await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=400)
+        await m.ticks(20)
         state = await c.get_watch(watch.id)
         await stop_all(agents)
         return state

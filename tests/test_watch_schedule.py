@@ -2,8 +2,9 @@
 controller's monitor tick, kept to the watch's cooldown, cap and failure rules, stored as automatic
 profiles, and counted on across a controller restart.
 
-The real ``Controller`` with fake agents, without Ray. The watches' wall clock is moved forward by the
-test instead of waiting out the minutes between firings; the monitor tick runs for real.
+The real ``Controller`` with fake agents, without Ray, on the test's ``ManualClock``: the test moves
+its wall clock forward instead of waiting out the minutes between firings, and steps the monitor
+tick (``SteppedMonitor``), on which the fake agents train too.
 """
 
 from __future__ import annotations
@@ -18,35 +19,24 @@ from orchestrator.cli import stacks_commands as cli
 from orchestrator.cli.main import main
 from orchestrator.errors import InvalidWatchError
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.requests import ProfileRequest, ProfileState
-from tests.fake_agents import MONITORED, make_controller, start_agents, until, until_saved, wait_terminal
+from tests.fake_agents import MONITORED, make_controller, until_saved
 from tests.fake_agents import run as run_bounded
 from tests.inprocess_service import service_client
+from tests.stepped_runner import ManualClock, SteppedMonitor
 
 
 def run(coro):
     return run_bounded(coro, 90)
 
 
-class Clock:
-    """The watches' wall clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.at = utcnow()
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def forward(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
+def stepped(home: StorageSpec, clock: ManualClock, **overrides) -> SteppedMonitor:
+    return SteppedMonitor(make_controller(home, clock, **{**MONITORED, **overrides}), clock)
 
 
-def controller(home: StorageSpec, clock: Clock, **overrides) -> Controller:
-    c = make_controller(home, **{**MONITORED, **overrides})
-    c._watches.clock = clock
-    return c
+def has_firings(c: Controller, watch_id: str, n: int):
+    return lambda: len(c._watches.get(watch_id).firings) == n
 
 
 def every_minute(**overrides) -> WatchSpec:
@@ -66,22 +56,23 @@ async def stop_all(agents) -> None:
 
 
 def test_a_schedule_profiles_now_and_then_once_per_period_as_automatic_profiles(home):
-    clock = Clock()
+    clock = ManualClock()
 
     async def go():
-        c = controller(home, clock, retention_count=1, retention_auto_count=2)
-        agents = await start_agents(c, 2)
-        asked, _ = await wait_terminal(c, (await c.submit(ProfileRequest(target="run", steps=2))).id)
+        m = stepped(home, clock, retention_count=1, retention_auto_count=2)
+        c = m.c
+        agents = await m.start_agents(2)
+        asked = await m.until_terminal((await c.submit(ProfileRequest(target="run", steps=2))).id)
         watch = await c.create_watch(every_minute())
-        seen = [await until(lambda: len(c._watches.get(watch.id).firings) == 1, timeout_s=20)]
+        seen = [await m.tick_until(has_firings(c, watch.id, 1), max_ticks=400)]
         first = await c.get_watch(watch.id)
-        await wait_terminal(c, first.firings[0].profile_id)
-        await asyncio.sleep(1.0)  # 20 ticks, none of them due
+        await m.until_terminal(first.firings[0].profile_id)
+        await m.ticks(20)  # 20 ticks, none of them due
         quiet = await firings(c, watch.id)
         for n in (2, 3):
             clock.forward(61)
-            seen.append(await until(lambda n=n: len(c._watches.get(watch.id).firings) == n, timeout_s=20))
-            await wait_terminal(c, c._watches.get(watch.id).firings[-1].profile_id)
+            seen.append(await m.tick_until(has_firings(c, watch.id, n), max_ticks=400))
+            await m.until_terminal(c._watches.get(watch.id).firings[-1].profile_id)
         state = await c.get_watch(watch.id)
         for _ in range(100):  # retention runs once the last profile is recorded as ended
             page = await c.list()
@@ -110,20 +101,21 @@ def test_a_schedule_profiles_now_and_then_once_per_period_as_automatic_profiles(
 
 def test_a_due_schedule_fires_on_the_monitor_tick_while_no_rank_steps(home):
     # Stacks of a run that takes no steps: the firing comes from the controller's tick, not a step.
-    clock = Clock()
+    clock = ManualClock()
 
     async def go():
-        c = controller(home, clock, stall_auto_stacks=False)
-        agents = await start_agents(c, 2)
+        m = stepped(home, clock, stall_auto_stacks=False)
+        c = m.c
+        agents = await m.start_agents(2)
         for a in agents:
             a.training = False
-        await asyncio.sleep(0.3)
+        await m.ticks(6)
         watch = await c.create_watch(every_minute(action="stacks"))
-        fired = await until(lambda: len(c._watches.get(watch.id).firings) == 1, timeout_s=20)
+        done = await m.tick_until(has_firings(c, watch.id, 1), max_ticks=400)
         steps = [a.step for a in agents]
         page = await c.list()
         await stop_all(agents)
-        return fired, steps, page, await c.get_watch(watch.id)
+        return done, steps, page, await c.get_watch(watch.id)
 
     fired, steps, page, state = run(go())
     assert fired and steps == [steps[0]] * 2
@@ -132,27 +124,29 @@ def test_a_due_schedule_fires_on_the_monitor_tick_while_no_rank_steps(home):
 
 
 def test_a_restart_counts_on_from_the_last_firing_and_fires_only_when_due(home):
-    clock = Clock()
+    clock = ManualClock()
 
-    async def restarted(at: datetime, wait_s: float):
+    async def restarted(at: datetime, firings: int):
+        """A restart at ``at``, ticked 1.5 s or until the watch has ``firings``."""
         clock.at = at
-        c = controller(home, clock)
-        agents = await start_agents(c, 2)
-        await asyncio.sleep(wait_s)
-        watches = await c.list_watches()
+        m = stepped(home, clock)
+        agents = await m.start_agents(2)
+        await m.tick_until(lambda: len(m.c._watches.list()[0].firings) >= firings, max_ticks=30)
+        watches = await m.c.list_watches()
         await stop_all(agents)
         return watches[0]
 
     async def go():
-        c = controller(home, clock)
-        agents = await start_agents(c, 2)
+        m = stepped(home, clock)
+        c = m.c
+        agents = await m.start_agents(2)
         watch = await c.create_watch(every_minute(action="stacks", every_s=600, cooldown_s=0, max_per_hour=6))
-        await until(lambda: len(c._watches.get(watch.id).firings) == 1, timeout_s=20)
+        await m.tick_until(has_firings(c, watch.id, 1), max_ticks=400)
         await until_saved(home, watch.id, lambda w: len(w.firings) == 1, timeout_s=20)
         await stop_all(agents)
         created = watch.created_at
-        not_due = await restarted(created + timedelta(seconds=300), 1.5)
-        overdue = await restarted(created + timedelta(seconds=700), 1.5)
+        not_due = await restarted(created + timedelta(seconds=300), 2)
+        overdue = await restarted(created + timedelta(seconds=700), 2)
         return watch, not_due, overdue
 
     watch, not_due, overdue = run(go())
@@ -165,21 +159,22 @@ def test_a_restart_counts_on_from_the_last_firing_and_fires_only_when_due(home):
 
 
 def test_a_failing_schedule_counts_toward_the_failure_limit_and_pauses(home):
-    clock = Clock()
+    clock = ManualClock()
 
     async def go():
-        c = controller(home, clock, max_steps=2, watch_max_failures=2)
-        agents = await start_agents(c, 2)
+        m = stepped(home, clock, max_steps=2, watch_max_failures=2)
+        c = m.c
+        agents = await m.start_agents(2)
         watch = await c.create_watch(every_minute())
         # Planted: the server's limit falls below the watch's steps after it was created.
         c._config = c._config.model_copy(update={"max_steps": 1})
-        await until(lambda: len(c._watches.get(watch.id).firings) == 1, timeout_s=20)
-        await asyncio.sleep(0.5)
+        await m.tick_until(has_firings(c, watch.id, 1), max_ticks=400)
+        await m.ticks(10)
         waiting = await c.get_watch(watch.id)  # failed once; the next try a period later, not next tick
         clock.forward(61)
-        paused = await until(lambda: c._watches.get(watch.id).state == "PAUSED", timeout_s=20)
+        paused = await m.tick_until(lambda: c._watches.get(watch.id).state == "PAUSED", max_ticks=400)
         clock.forward(3600)
-        await asyncio.sleep(0.5)
+        await m.ticks(10)
         state = await c.get_watch(watch.id)
         await stop_all(agents)
         return waiting, paused, state, await c.list()
@@ -207,7 +202,7 @@ def test_a_failing_schedule_counts_toward_the_failure_limit_and_pauses(home):
 )
 def test_a_schedule_that_would_not_keep_its_period_is_refused(home, fields, why):
     async def go():
-        c = controller(home, Clock())
+        c = stepped(home, ManualClock()).c
         with pytest.raises(InvalidWatchError, match=why):
             await c.create_watch(WatchSpec(target="run", **fields))
         return await c.list_watches()
@@ -217,7 +212,7 @@ def test_a_schedule_that_would_not_keep_its_period_is_refused(home, fields, why)
 
 def test_every_problem_of_a_schedule_is_named_at_once(home):
     async def go():
-        c = controller(home, Clock())
+        c = stepped(home, ManualClock()).c
         with pytest.raises(InvalidWatchError) as refused:
             await c.create_watch(WatchSpec(target="run", every_s=30, for_s=5))
         return refused.value.message
@@ -230,7 +225,7 @@ def test_every_problem_of_a_schedule_is_named_at_once(home):
 def test_a_period_of_a_few_ulps_is_refused_as_under_the_minimum_not_an_internal_error(home):
     # Found by the schema fuzzer: every_s=5e-324 passes the model's gt=0, and 3600 / 5e-324 is infinite.
     async def go():
-        c = controller(home, Clock())
+        c = stepped(home, ManualClock()).c
         with pytest.raises(InvalidWatchError) as refused:
             await c.create_watch(WatchSpec(target="run", every_s=5e-324, cooldown_s=0))
         return refused.value.message, await c.list_watches()
@@ -242,7 +237,7 @@ def test_a_period_of_a_few_ulps_is_refused_as_under_the_minimum_not_an_internal_
 
 def test_over_http_a_bad_schedule_is_a_422_and_a_good_one_is_created(home, monkeypatch):
     async def go():
-        c = controller(home, Clock())
+        c = stepped(home, ManualClock()).c
         async with service_client(monkeypatch, c) as http:
             short = await http.post("/v1/watches", json={"target": "run", "every_s": 10})
             mixed = await http.post("/v1/watches", json={"target": "run", "every_s": 1800, "stalled": True})

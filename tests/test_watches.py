@@ -1,9 +1,9 @@
 """Watches: a condition on a target's heartbeats that, held long enough, opens a window or takes stacks.
-Driven without Ray by fake agents on one event loop; time runs for real, scaled down."""
+Driven without Ray by fake agents on one event loop. The controller's clock is the test's
+(``ManualClock``): the test steps the monitor tick (``SteppedMonitor.tick``), so a hold or a cooldown
+lasts as many ticks as it says; the fake agents train and answer on real time."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 from pydantic import ValidationError
@@ -19,11 +19,10 @@ from tests.fake_agents import (
     MONITORED,
     STEP_S,
     make_controller,
-    start_agents,
     until_saved,
-    wait_terminal,
 )
 from tests.fake_agents import run as run_bounded
+from tests.stepped_runner import ManualClock, SteppedMonitor
 
 
 def run(coro):
@@ -32,6 +31,12 @@ def run(coro):
 
 def controller(home: StorageSpec, **overrides) -> Controller:
     return make_controller(home, **{**MONITORED, **overrides})
+
+
+def stepped(home: StorageSpec, **overrides) -> SteppedMonitor:
+    """A controller on a clock of its own, ticked by the test."""
+    clock = ManualClock()
+    return SteppedMonitor(make_controller(home, clock, **{**MONITORED, **overrides}), clock)
 
 
 def slowdown(**overrides) -> WatchSpec:
@@ -46,22 +51,20 @@ async def profiles(c: Controller):
 
 def test_a_slowdown_that_holds_takes_exactly_one_profile_with_its_trigger(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 2)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(2)
         watch = await c.create_watch(slowdown())
-        await asyncio.sleep(1.0)
+        await m.ticks(20)  # a baseline of 1 s
         before = await profiles(c)
-        slow_at = asyncio.get_running_loop().time()
         for a in agents:
             a.step_s = 1.5 * STEP_S
-        for _ in range(100):
-            if await profiles(c):
-                break
-            await asyncio.sleep(0.05)
-        fired_after = asyncio.get_running_loop().time() - slow_at
+        slow_at = m.clock.monotonic()
+        await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=100)
+        fired_after = m.clock.monotonic() - slow_at
         found = await profiles(c)
-        status, _ = await wait_terminal(c, found[0].id)
-        await asyncio.sleep(1.0)  # slow all along, but in the cooldown
+        status = await m.until_terminal(found[0].id)
+        await m.ticks(20)  # slow all along, but in the cooldown
         after = await profiles(c)
         state = await c.get_watch(watch.id)
         for a in agents:
@@ -84,16 +87,17 @@ def test_a_slowdown_that_holds_takes_exactly_one_profile_with_its_trigger(home):
 
 def test_a_slowdown_shorter_than_its_duration_takes_nothing(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 2)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(2)
         await c.create_watch(slowdown(for_s=2.0))
-        await asyncio.sleep(1.0)
+        await m.ticks(20)
         for a in agents:
             a.step_s = 1.5 * STEP_S
-        await asyncio.sleep(0.8)
+        await m.ticks(16)  # slow for 0.8 s of the 2 s it must hold
         for a in agents:
             a.step_s = STEP_S
-        await asyncio.sleep(2.0)
+        await m.ticks(40)
         found = await profiles(c)
         for a in agents:
             await a.stop()
@@ -104,18 +108,15 @@ def test_a_slowdown_shorter_than_its_duration_takes_nothing(home):
 
 def test_the_hourly_cap_stops_a_watch_without_cooldown(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 3)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(3)
         agents[2].step_s = 3 * STEP_S
         watch = await c.create_watch(
             WatchSpec(target="run", rank_lag=3, for_s=0.1, action="stacks", cooldown_s=0, max_per_hour=2)
         )
-        for _ in range(200):
-            state = await c.get_watch(watch.id)
-            if state.state == "CAPPED":
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+        await m.tick_until(lambda: c._watches.get(watch.id).state == "CAPPED", max_ticks=400)
+        await m.ticks(10)
         page = await c.list()
         state = await c.get_watch(watch.id)
         for a in agents:
@@ -130,14 +131,13 @@ def test_the_hourly_cap_stops_a_watch_without_cooldown(home):
 
 def test_a_lag_watch_profiles_the_lagging_rank_plus_a_few_healthy_ones(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 6)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(6)
         agents[4].step_s = 3 * STEP_S
-        await c.create_watch(WatchSpec(target="run", rank_lag=3, for_s=0.1, ranks="lagging", profile_steps=2))
-        for _ in range(200):
-            if found := await profiles(c):
-                break
-            await asyncio.sleep(0.05)
+        watch = await c.create_watch(WatchSpec(target="run", rank_lag=3, for_s=0.1, ranks="lagging", profile_steps=2))
+        await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=400)
+        found = await profiles(c)
         status = await c.get(found[0].id)
         for a in agents:
             await a.stop()
@@ -149,16 +149,14 @@ def test_a_lag_watch_profiles_the_lagging_rank_plus_a_few_healthy_ones(home):
 
 def test_a_stalled_watch_takes_stacks(home):
     async def go():
-        c = controller(home, stall_auto_stacks=False)
-        agents = await start_agents(c, 2)
+        m = stepped(home, stall_auto_stacks=False)
+        c = m.c
+        agents = await m.start_agents(2)
         watch = await c.create_watch(WatchSpec(target="run", stalled=True, for_s=0, action="stacks"))
         for a in agents:
             a.training = False
-        for _ in range(200):
-            state = await c.get_watch(watch.id)
-            if state.firings:
-                break
-            await asyncio.sleep(0.05)
+        await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=400)
+        state = await c.get_watch(watch.id)
         page = await c.list()
         for a in agents:
             await a.stop()
@@ -171,10 +169,12 @@ def test_a_stalled_watch_takes_stacks(home):
 
 def test_watches_survive_a_controller_restart_with_their_firings(home):
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 3)
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(3)
         agents[2].step_s = 3 * STEP_S
         watch = await c.create_watch(WatchSpec(target="run", rank_lag=3, for_s=0.1, action="stacks"))
+        await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=400)
         await until_saved(home, watch.id, lambda w: bool(w.firings), timeout_s=10)
         for a in agents:
             await a.stop()
@@ -221,22 +221,16 @@ def test_a_watch_needs_exactly_one_sound_condition(fields):
 @pytest.mark.parametrize("condition", [dict(rank_lag=3), dict(stalled=True, action="stacks")])
 def test_the_target_not_live_note_clears_once_the_target_is_live(home, condition):
     async def go():
-        c = controller(home, stall_auto_stacks=False)
+        m = stepped(home, stall_auto_stacks=False)
+        c = m.c
         watch = await c.create_watch(WatchSpec(target="run", for_s=0.1, **condition))
-        await until_watch(c, watch.id, lambda w: w.note == "target not live")
-        agents = await start_agents(c, 2)
-        state = await until_watch(c, watch.id, lambda w: w.note != "target not live")
+        await m.tick_until(lambda: c._watches.get(watch.id).note == "target not live", max_ticks=200)
+        agents = await m.start_agents(2)
+        await m.tick_until(lambda: c._watches.get(watch.id).note != "target not live", max_ticks=200)
+        state = await c.get_watch(watch.id)
         for a in agents:
             await a.stop()
         return state
 
     assert run(go()).note is None
 
-
-async def until_watch(c: Controller, watch_id: str, holds):
-    for _ in range(200):
-        state = await c.get_watch(watch_id)
-        if holds(state):
-            return state
-        await asyncio.sleep(0.05)
-    return state

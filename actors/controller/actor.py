@@ -26,6 +26,7 @@ from actors.controller.agent_side import AgentSide
 from actors.controller.catalog import Catalog
 from actors.controller.cleanup import Cleanup
 from actors.controller.client_side import ClientSide
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.commit import Commit
 from actors.controller.ended_runs import EndedRuns
@@ -69,10 +70,13 @@ class Controller(Startup, AgentSide, ClientSide):
 
     ``postprocess`` and ``cluster`` are seams for tests that run the class
     without Ray; the actor uses a Ray task and the Ray cluster id (which also
-    names the holder of the cluster name's lease).
+    names the holder of the cluster name's lease). ``clock`` is a seam too: a test
+    steps one (:mod:`actors.controller.clock`) instead of sleeping.
     """
 
-    def __init__(self, config: ControllerConfig, postprocess: Any = None, cluster: str | None = None) -> None:
+    def __init__(
+        self, config: ControllerConfig, postprocess: Any = None, cluster: str | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # State lives where the constructor's config points: a restarted actor
@@ -82,7 +86,8 @@ class Controller(Startup, AgentSide, ClientSide):
         self._cluster = config.cluster_name or owner
         self._lease = NameLease(self._home, self._cluster, owner)
         self._config = config.model_copy(update={"cluster_name": self._cluster})
-        self._registry = Registry()
+        self._clock = clock
+        self._registry = Registry(clock.monotonic)
         self._persistence = Persistence(self._home, self._cluster)
         self._catalog = Catalog(self._persistence)
         # The unfinished profiles, by id: what agents report on.
@@ -112,13 +117,14 @@ class Controller(Startup, AgentSide, ClientSide):
         self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
         commit = Commit(self._persistence, self._leases)
         self._runner = Runner(
-            self._registry, commit, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry)
+            self._registry, commit, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry),
+            clock,
         )
         self._retention = Retention(self._persistence, lambda: self._config)
         self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
         self._stacks = StacksTaker(self._registry, commit, lambda: self._config, self._catalog, self._leases)
         self._watches = Watches(
-            self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn
+            self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn, clock
         )
         self._ended = EndedRuns()
 
@@ -222,7 +228,7 @@ class Controller(Startup, AgentSide, ClientSide):
     async def targets(self) -> list[TargetInfo]:
         """Live Ray Train runs with registered agents."""
         await self._ensure_started()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         return self._registry.target_infos(
             self._queue.active, self._queue.waiting, lambda workers: self._watches.assess(workers, now), self._watches.stall_stacks
         )
@@ -279,17 +285,21 @@ class Controller(Startup, AgentSide, ClientSide):
         """Health, watches and telemetry, from the heartbeats held here; a failed tick is logged, never fatal."""
         while True:
             await asyncio.sleep(self._config.monitor_interval_s)
-            try:
-                self._watches.tick(time.monotonic())
-            except Exception:
-                logger.exception("rayprof controller: monitor tick failed")
-            try:
-                self._telemetry.tick(time.monotonic(), list(self._profiles.values()), self._watches.list())
-            except Exception:
-                logger.exception("rayprof controller: telemetry tick failed")
-            if self._retention.retry_due(time.monotonic()):
-                self._spawn(self._retention.enforce(self._catalog))
-            self._forget_ended(time.monotonic())
+            self._monitor_step(self._clock.monotonic())
+
+    def _monitor_step(self, now: float) -> None:
+        """One pass of :meth:`_monitor` at ``now`` (the clock's monotonic time); a test steps it."""
+        try:
+            self._watches.tick(now)
+        except Exception:
+            logger.exception("rayprof controller: monitor tick failed")
+        try:
+            self._telemetry.tick(now, list(self._profiles.values()), self._watches.list())
+        except Exception:
+            logger.exception("rayprof controller: telemetry tick failed")
+        if self._retention.retry_due(now):
+            self._spawn(self._retention.enforce(self._catalog))
+        self._forget_ended(now)
 
     def _forget_ended(self, now: float) -> None:
         """Drop what is kept per target and run once it has been gone for ``ended_run_kept_s``:

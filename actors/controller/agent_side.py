@@ -214,7 +214,7 @@ class AgentSide:
                 "rayprof controller: %s rank %d ran out of CUDA memory (asked %d bytes, %d free)",
                 worker.info.target, worker.info.world_rank, report.asked_bytes, report.free_bytes,
             )
-            self._watches.oom.report(worker, report, self._watches.clock())
+            self._watches.oom.report(worker, report, self._watches.clock.wall())
 
     def _worker_gone(self, agent_id: str, reason: str) -> None:
         logger.info("rayprof controller: dropped agent %s: %s", agent_id, reason)

@@ -8,6 +8,9 @@ once per heartbeat). Steps behind are read at one common instant, the oldest
 of the ranks' latest heartbeats, by interpolating each rank's recent
 heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
 older is not taken for one that lags.
+
+Nothing here reads a clock: ``now`` and the heartbeats' times come from the
+caller's (:mod:`actors.controller.clock`), so a test steps them.
 """
 
 from __future__ import annotations
@@ -51,15 +54,18 @@ class Health:
 
 
 def step_at(samples: Sequence[tuple[float, int]], t: float) -> float:
-    """A rank's step at time ``t``, interpolated between its heartbeats; clamped at both ends."""
+    """A rank's step at time ``t``, interpolated between its heartbeats; clamped at both ends. Of
+    heartbeats dated alike (a clock stepped by a test stands still between steps), the newest counts."""
     if not samples:
         return 0.0
-    if t <= samples[0][0]:
-        return float(samples[0][1])
-    for (t0, s0), (t1, s1) in zip(samples, list(samples)[1:]):
-        if t0 <= t <= t1:
-            return s0 + (s1 - s0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
-    return float(samples[-1][1])
+    later = samples[-1]
+    if t >= later[0]:
+        return float(later[1])
+    for earlier in reversed(samples):
+        if earlier[0] <= t:  # earlier <= t < later: the two heartbeats around t
+            return earlier[1] + (later[1] - earlier[1]) * (t - earlier[0]) / (later[0] - earlier[0])
+        later = earlier
+    return float(samples[0][1])
 
 
 def assess(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.commit import Commit
 from actors.controller.planning import (
     arm_round_s,
@@ -53,6 +53,7 @@ class Runner:
         profiles: Callable[[], list[Profile]],
         postprocess: PostprocessFn,
         cluster_info: Callable[[Profile], dict[str, Any]],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._registry = registry
         self._commit = commit
@@ -60,6 +61,9 @@ class Runner:
         self._profiles = profiles
         self._postprocess = postprocess
         self._cluster_info = cluster_info
+        # The registry's clock: timeouts, the wait for ranks to register and the sync round are counted
+        # on it (a rank's heartbeat times are), so a test that steps it steps them.
+        self._clock = clock
         # Target -> how long its last window took to arm every rank.
         self._arm_rounds: dict[str, float] = {}
         # Profile id -> times armed again in its current run; present once its first step ran.
@@ -142,8 +146,8 @@ class Runner:
         selected = selected_ranks(profile.request, max(w.info.world_size for w in workers.values()))
         # Right after a controller or worker-group restart some agents have not
         # re-registered yet; they do within a poll timeout, so give them that long.
-        wait_until = time.monotonic() + config.poll_timeout_s
-        while any(r not in workers for r in selected) and time.monotonic() < wait_until:
+        wait_until = self._clock.monotonic() + config.poll_timeout_s
+        while any(r not in workers for r in selected) and self._clock.monotonic() < wait_until:
             await asyncio.sleep(0.05)
             workers = self._registry.run_workers(profile.target, profile.run)
         for rank in selected:
@@ -163,7 +167,7 @@ class Runner:
         sync_round_s = await self._sync(present, config.sync_timeout_s)
         if profile.cancel_requested:
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         start = start_step(
             max(past, *(w.estimated_step(now) for w in present)),
             (w.step_time_s for w in present if w.step_time_s),
@@ -176,7 +180,7 @@ class Runner:
         per_step = trace_bytes_per_step(profile.request, self._profiles())
         profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
         profile.scheduled_at = utcnow()
-        profile.deadline = time.monotonic() + timeout_s(profile.request, config)
+        profile.deadline = self._clock.monotonic() + timeout_s(profile.request, config)
         window = WindowSpec(
             profile_id=profile.id,
             target=profile.target,
@@ -195,24 +199,23 @@ class Runner:
         else:
             await self.transition(profile, ProfileState.SCHEDULED)
 
-    @staticmethod
-    async def _sync(present: list[Worker], timeout: float) -> float:
+    async def _sync(self, present: list[Worker], timeout: float) -> float:
         """Ask for fresh step counts so the start step is chosen from where ranks are now; returns the round's length."""
-        sent = time.monotonic()
+        sent = self._clock.monotonic()
         for worker in present:
             worker.send(SyncCommand())
         stale = present
         # Only the ranks not heard from yet are checked again: at 1,024 ranks a full scan
         # every few milliseconds costs the event loop more than the answers do.
-        while (stale := [w for w in stale if w.seen_at < sent]) and time.monotonic() < sent + timeout:
+        while (stale := [w for w in stale if w.seen_at < sent]) and self._clock.monotonic() < sent + timeout:
             await asyncio.sleep(0.01)
-        return time.monotonic() - sent
+        return self._clock.monotonic() - sent
 
     async def _check_ranks(self, profile: Profile) -> bool:
         """Check every rank once, failing the ones that timed out or vanished; True when every rank has ended."""
         limit = timeout_s(profile.request, self._config())
         if profile.deadline is None:
-            profile.deadline = time.monotonic() + limit
+            profile.deadline = self._clock.monotonic() + limit
         self._end_lost_ranks(profile)
         ranks = profile.ranks.values()
         if all(r.state.is_terminal for r in ranks):
@@ -222,7 +225,7 @@ class Runner:
         capture_over = all(r.state == RankState.UPLOADING or r.state.is_terminal for r in ranks)
         if profile.state in (ProfileState.SCHEDULED, ProfileState.CAPTURING) and capture_over:
             await self.transition(profile, ProfileState.COLLECTING)
-        if profile.deadline - time.monotonic() > 0:
+        if profile.deadline - self._clock.monotonic() > 0:
             return False
         for rank, result in profile.ranks.items():
             if not result.state.is_terminal:
@@ -235,9 +238,8 @@ class Runner:
                     worker.send(CancelCommand(profile_id=profile.id))
         return True
 
-    @staticmethod
-    async def _wait_for_news(profile: Profile) -> None:
-        left = (profile.deadline or 0.0) - time.monotonic()
+    async def _wait_for_news(self, profile: Profile) -> None:
+        left = (profile.deadline or 0.0) - self._clock.monotonic()
         profile.changed.clear()
         await wait_event(profile.changed, max(0.0, min(left, 1.0)))
         # Events come in bursts (a relay's batch, a thousand ranks arming); one scan of

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.ended_runs import Gone
 from actors.controller.health import Health, assess
 from actors.controller.oom_watch import OomEvents
@@ -36,7 +36,6 @@ from actors.controller.registry import Registry, Worker
 from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
 from actors.controller.watch_record import FIRINGS_KEPT, WatchRecord
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import WatchFiring, WatchSpec, WatchStatus, duration_text
 from orchestrator.models.profile import Trigger
@@ -70,6 +69,7 @@ class Watches:
         take_stacks: TakeStacks,
         submit: Submit,
         spawn: Callable[[Any], Any],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._registry = registry
         self._persistence = persistence
@@ -85,9 +85,9 @@ class Watches:
         self._stalled: set[tuple[str, str]] = set()
         self.stall_stacks: dict[tuple[str, str], str] = {}
         self.oom = OomEvents(registry)
-        # The wall clock that firings, cooldowns, caps and schedules are counted on (they are saved,
-        # so a restart counts on from them); tests move it forward instead of sleeping.
-        self.clock: Callable[[], datetime] = utcnow
+        # The registry's clock: firings, cooldowns, caps and schedules are counted on its wall time (they
+        # are saved, so a restart counts on from them), holds on its monotonic time; tests step it.
+        self.clock = clock
 
     # ---- the API ----------------------------------------------------------
 
@@ -97,8 +97,8 @@ class Watches:
         held = len(self._watches) + self._creating
         if held >= config.max_watches:
             raise InvalidRequestError(f"{held} watches already (max {config.max_watches}, RAYPROF_MAX_WATCHES)")
-        watch = WatchRecord(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=self.clock())
-        status = watch.status(time.monotonic())
+        watch = WatchRecord(id=f"watch-{uuid.uuid4().hex[:10]}", spec=spec, created_at=self.clock.wall())
+        status = watch.status(self.clock.monotonic())
         self._creating += 1
         try:
             await self._persistence.save_watch(status)
@@ -108,10 +108,10 @@ class Watches:
         return status
 
     def get(self, watch_id: str) -> WatchStatus:
-        return self._watch(watch_id).status(time.monotonic())
+        return self._watch(watch_id).status(self.clock.monotonic())
 
     def list(self) -> list[WatchStatus]:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         return [w.status(now) for w in sorted(self._watches.values(), key=lambda w: w.created_at)]
 
     async def delete(self, watch_id: str) -> WatchStatus:
@@ -166,7 +166,9 @@ class Watches:
     # ---- one monitor tick ---------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Assess every run, take stacks on a new stall, advance every watch; actions run as tasks."""
+        """One monitor tick at ``now`` (the clock's monotonic time): assess every run, take stacks on a
+        new stall, advance every watch once; actions run as tasks. The controller's monitor loop calls it
+        on its clock; a test calls it after stepping its own."""
         config = self._config()
         healths: dict[tuple[str, str], tuple[dict[int, Worker], Health]] = {}
         stalled_now: set[tuple[str, str]] = set()
@@ -184,7 +186,7 @@ class Watches:
                     kind="stalled",
                     observed=health.stalled_s,
                     threshold=health.threshold_s,
-                    at=utcnow(),
+                    at=self.clock.wall(),
                     detail=f"no rank advanced for {health.stalled_s:.0f}s (threshold {health.threshold_s:.0f}s)",
                 )
                 self._spawn(self._stall_stacks(key, trigger))
@@ -197,7 +199,7 @@ class Watches:
                 series = self._series.setdefault(name, deque(maxlen=_SERIES_KEPT))
                 series.append((now, health.median_step_s))
         self.oom.sync(w.spec for w in self._watches.values())
-        wall = self.clock()
+        wall = self.clock.wall()
         for watch in list(self._watches.values()):
             self._advance(watch, newest.get(watch.spec.target), now, wall)
             if watch.saved < watch.changes and not watch.busy and now - watch.save_tried >= _SAVE_RETRY_S:
@@ -364,7 +366,7 @@ class Watches:
         """Save a watch's firings and pause; on a storage error, a later tick tries again."""
         if watch.id not in self._watches:
             return
-        watch.save_tried = time.monotonic()
+        watch.save_tried = self.clock.monotonic()
         covered = watch.changes
         try:
             await self._persistence.save_watch(watch.status(watch.save_tried))

@@ -1,0 +1,38 @@
+"""The controller's clock, injected so that tests step time instead of sleeping fixed spans.
+
+``monotonic`` times what only this process compares: heartbeats, stalls, a watch's hold, a
+profile's timeout and its arm round (registry, watches, runner). ``wall`` dates what is saved
+and compared after a restart: firings, cooldowns, hourly caps, schedules. The controller's
+background loops read :data:`SYSTEM_CLOCK`; a test gives ``Controller(clock=...)`` a clock it
+moves itself (``tests/stepped_runner.ManualClock``) and steps ``Watches.tick`` and
+``Runner.step`` on it.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Protocol
+
+from orchestrator.models.common import utcnow
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> datetime: ...
+
+
+class SystemClock:
+    """The process's own clocks."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> datetime:
+        return utcnow()
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
