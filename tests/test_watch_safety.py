@@ -267,7 +267,7 @@ def test_failed_firings_count_toward_the_cooldown(home):
         agents = await m.start_agents(3)
         watch = await c.create_watch(lagging(action="profile", profile_steps=2, cooldown_s=60))
         # Planted: the server's limit falls below the watch's steps after it was created.
-        c._config = c._config.model_copy(update={"max_steps": 1})
+        c._settings.update(max_steps=1)
         agents[2].step_s = 3 * STEP_S
         await m.tick_until(lambda: bool(c._watches.get(watch.id).firings), max_ticks=400)
         await m.ticks(20)

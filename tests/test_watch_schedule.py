@@ -167,7 +167,7 @@ def test_a_failing_schedule_counts_toward_the_failure_limit_and_pauses(home):
         agents = await m.start_agents(2)
         watch = await c.create_watch(every_minute())
         # Planted: the server's limit falls below the watch's steps after it was created.
-        c._config = c._config.model_copy(update={"max_steps": 1})
+        c._settings.update(max_steps=1)
         await m.tick_until(has_firings(c, watch.id, 1), max_ticks=400)
         await m.ticks(10)
         waiting = await c.get_watch(watch.id)  # failed once; the next try a period later, not next tick

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
 from functools import partial
 from typing import Any
 
@@ -30,11 +28,12 @@ from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.commit import Commit
 from actors.controller.ended_runs import EndedRuns
-from actors.controller.idempotency import SubmitKey, SubmitKeys
+from actors.controller.idempotency import SubmitKey
+from actors.controller.intake import Intake
 from actors.controller.leases import Leases
+from actors.controller.live_config import LiveConfig
 from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
-from actors.controller.planning import validate
 from actors.controller.registry import Registry
 from actors.controller.retention import Retention
 from actors.controller.runner import Runner
@@ -45,9 +44,7 @@ from actors.controller.target_queue import TargetQueue
 from actors.controller.telemetry import Telemetry
 from actors.controller.watches import Watches
 from orchestrator.config import controller_config
-from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig, TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.models.history import TargetHistory
@@ -85,20 +82,17 @@ class Controller(Startup, AgentSide, ClientSide):
         owner = cluster or ray_cluster_id()
         self._cluster = config.cluster_name or owner
         self._lease = NameLease(self._home, self._cluster, owner)
-        self._config = config.model_copy(update={"cluster_name": self._cluster})
+        # The one holder of the settings in force, which every part reads (configure changes the storage).
+        self._settings = LiveConfig(config.model_copy(update={"cluster_name": self._cluster}))
         self._clock = clock
         self._registry = Registry(clock.monotonic)
         self._persistence = Persistence(self._home, self._cluster)
         self._catalog = Catalog(self._persistence)
         # The unfinished profiles, by id: what agents report on.
         self._profiles = self._catalog.live
-        self._queue = TargetQueue(self._profiles, lambda: self._config.max_queued_per_target)
+        self._queue = TargetQueue(self._profiles, self._settings)
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Event | None = None
-        self._submit_keys = SubmitKeys()
-        # Submits reserved and being saved, by profile id: a retry with the same key waits for the save.
-        self._accepting: dict[str, asyncio.Task] = {}
-        self._started_at = time.monotonic()
         if postprocess is None:
             from actors.controller.postprocess_job import postprocess_in_task
 
@@ -107,24 +101,28 @@ class Controller(Startup, AgentSide, ClientSide):
             self._registry,
             self._home,
             self._cluster,
-            lambda: self._config,
+            self._settings,
+            # Late-bound: the watches, built below, act through the intake and stacks built after this.
             lambda workers, now: self._watches.assess(workers, now),
             self._save_checked,
-            lambda profile_id: profile_id in self._catalog,
+            self._catalog.__contains__,
             self._spawn,
         )
         postprocess = self._telemetry.timed(postprocess)
-        self._leases = Leases(self._cluster, self._home, lambda: self._config, self._profiles)
+        self._leases = Leases(self._cluster, self._home, self._settings, self._profiles)
         commit = Commit(self._persistence, self._leases)
         self._runner = Runner(
-            self._registry, commit, lambda: self._config, self._catalog.known, postprocess, partial(cluster_info, self._registry),
-            clock,
+            self._registry, commit, self._settings, self._catalog.known, postprocess, partial(cluster_info, self._registry), clock
         )
-        self._retention = Retention(self._persistence, lambda: self._config)
-        self._cleanup = Cleanup(self._catalog, self._retention, lambda: self._config)
-        self._stacks = StacksTaker(self._registry, commit, lambda: self._config, self._catalog, self._leases)
+        self._retention = Retention(self._persistence, self._settings)
+        self._cleanup = Cleanup(self._catalog, self._retention, self._settings)
+        self._stacks = StacksTaker(self._registry, commit, self._settings, self._catalog, self._leases)
+        self._intake = Intake(
+            self._settings, self._registry, self._catalog, self._queue, self._persistence, self._leases,
+            self._runner, self._telemetry, self._retention, self._spawn,
+        )
         self._watches = Watches(
-            self._registry, self._persistence, lambda: self._config, self._take_stacks, self._submit, self._spawn, clock
+            self._registry, self._persistence, self._settings, self._take_stacks, self._intake.submit, self._spawn, clock
         )
         self._ended = EndedRuns()
 
@@ -152,12 +150,12 @@ class Controller(Startup, AgentSide, ClientSide):
         """Change where new profiles are stored (server configuration, never per request)."""
         await self._restored_state()
         await self._persistence.save_config(storage)
-        self._config = self._config.model_copy(update={"storage": storage})
+        self._settings.use_storage(storage)
 
     async def config(self) -> ControllerConfig:
         """Settings in force, the configured storage included (restored first)."""
         await self._restored_state()
-        return self._config
+        return self._settings()
 
     # ---- client API ------------------------------------------------------
 
@@ -165,60 +163,7 @@ class Controller(Startup, AgentSide, ClientSide):
         """Validate and accept a profile request; it runs in the background. A submit with the
         ``idempotency_key`` of an earlier one (a client's retry) gets the earlier one's profile."""
         await self._restored_state()
-        key = SubmitKey.of(idempotency_key, request) if idempotency_key is not None else None
-        return await self._submit(request, key=key)
-
-    async def _submit(
-        self, request: ProfileRequest, trigger: Trigger | None = None, key: SubmitKey | None = None
-    ) -> ProfileStatus:
-        await self._await_target(request.target)
-        # No await from here to the reservation: concurrent submits see each other's keys and slots.
-        made = self._submit_keys.find(key, self._catalog.__contains__) if key is not None else None
-        if made is not None:
-            if made in self._accepting:
-                await asyncio.shield(self._accepting[made])
-            return (await self._catalog.profile(made)).snapshot()
-        workers = self._registry.run_workers(request.target, request.run)
-        world_size = max((w.info.world_size for w in workers.values()), default=None)
-        validate(request, self._config, world_size, self._registry.names())
-        self._queue.admit(request)
-        storage = self._config.storage
-        new_id = new_profile_id("prof", utcnow(), uuid.uuid4().hex[:8])
-        profile = Profile(
-            id=new_id,
-            request=request,
-            storage=storage,
-            run=request.run,
-            trigger=trigger,
-            submit_key=key,
-        )
-        # Reserved before the save: the limits above count it, and a retry finds its key.
-        self._profiles[profile.id] = profile
-        self._queue.join(profile)
-        if key is not None:
-            self._submit_keys.remember(key, profile.id, profile.created_at)
-        accepting = self._accepting[profile.id] = self._spawn(self._accept(profile))
-        # Shielded: a caller that goes away mid-save leaves no saved profile that never runs.
-        await asyncio.shield(accepting)
-        return profile.snapshot()
-
-    async def _accept(self, profile: Profile) -> None:
-        """Save a reserved profile, then run it; a profile that cannot be saved is released."""
-        try:
-            # Saved before it is accepted: a profile the caller was told about survives a restart.
-            await self._persistence.save(profile)
-            # Before any rank writes to its folder: another cluster's gc keeps a folder with a live owner.
-            await self._leases.hold(profile)
-        except BaseException:
-            self._profiles.pop(profile.id, None)
-            self._queue.leave(profile)
-            self._persistence.forget(profile.id)
-            if profile.submit_key is not None:
-                self._submit_keys.forget(profile.submit_key, profile.id)
-            raise
-        finally:
-            del self._accepting[profile.id]
-        self._spawn(self._run_profile(profile))
+        return await self._intake.submit(request, key=SubmitKey.of(idempotency_key, request) if idempotency_key else None)
 
     async def gc(self, request: GcRequest) -> GcReport:
         """Apply retention now and delete leftover folders; with ``dry_run``, only say what would go."""
@@ -236,7 +181,7 @@ class Controller(Startup, AgentSide, ClientSide):
     async def stacks(self, target: str, native: bool = False, run: str | None = None) -> StacksBundle:
         """Every live rank's stacks, grouped and stored as a bundle of kind ``stacks``."""
         await self._restored_state()
-        await self._await_target(target)
+        await self._intake.await_target(target)
         return await self._take_stacks(target, run, native)
 
     async def _take_stacks(
@@ -284,7 +229,7 @@ class Controller(Startup, AgentSide, ClientSide):
     async def _monitor(self) -> None:
         """Health, watches and telemetry, from the heartbeats held here; a failed tick is logged, never fatal."""
         while True:
-            await asyncio.sleep(self._config.monitor_interval_s)
+            await asyncio.sleep(self._settings().monitor_interval_s)
             self._monitor_step(self._clock.monotonic())
 
     def _monitor_step(self, now: float) -> None:
@@ -304,7 +249,7 @@ class Controller(Startup, AgentSide, ClientSide):
     def _forget_ended(self, now: float) -> None:
         """Drop what is kept per target and run once it has been gone for ``ended_run_kept_s``:
         a detached controller sees thousands of uniquely named runs come and go."""
-        kept_s = self._config.ended_run_kept_s
+        kept_s = self._settings().ended_run_kept_s
         gone = self._ended.check({(w.info.target, w.run) for w in self._registry.workers.values()}, now, kept_s)
         self._watches.forget(gone)
         self._runner.forget(gone.targets)
@@ -317,24 +262,10 @@ class Controller(Startup, AgentSide, ClientSide):
         await self._persistence.save(profile)
         await self._catalog.refresh(profile)
 
-    async def _await_target(self, target: str) -> None:
-        """Give an unknown target until a worker's expiry after this actor started: after a
-        restart, agents (or their node's relay) notice and re-register within that, and would
-        otherwise get a 404."""
-        until = self._started_at + self._config.poll_timeout_s + self._config.worker_expiry_grace_s
-        while not self._registry.runs(target) and time.monotonic() < until:
-            await asyncio.sleep(0.05)
-
-    def _start_profile(self, profile: Profile) -> None:
-        # Queue synchronously so a second submit sees this one at once.
-        self._queue.join(profile)
-        self._spawn(self._run_profile(profile))
-
-    async def _run_profile(self, profile: Profile) -> None:
-        await self._queue.run(profile, self._runner.run)
-        await self._catalog.finish(profile)
-        self._telemetry.bundle_ended(profile)
-        await self._retention.enforce(self._catalog)
+    @property
+    def _config(self) -> ControllerConfig:
+        """The settings in force (what the agent and client sides read)."""
+        return self._settings()
 
 
 def create_controller(config: ControllerConfig | None = None) -> Any:

@@ -18,7 +18,8 @@ import logging
 from typing import Any
 
 from actors.controller.catalog import Catalog
-from actors.controller.idempotency import SubmitKeys
+from actors.controller.intake import Intake
+from actors.controller.live_config import LiveConfig
 from actors.controller.name_lease import NameLease
 from actors.controller.persistence import Persistence
 from actors.controller.retention import Retention
@@ -29,7 +30,6 @@ from actors.controller.watches import Watches
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import manifest_key
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import open_storage
 
 __all__ = ["Startup"]
@@ -43,7 +43,7 @@ RESTORE_RETRY_S = 5.0
 class Startup:
     """Start and restore; mixed into :class:`actors.controller.actor.Controller`."""
 
-    _config: ControllerConfig
+    _settings: LiveConfig
     _home: StorageSpec
     _lease: NameLease
     _persistence: Persistence
@@ -51,7 +51,7 @@ class Startup:
     _watches: Watches
     _runner: Runner
     _retention: Retention
-    _submit_keys: SubmitKeys
+    _intake: Intake
     _telemetry: Telemetry
     _ready: asyncio.Event | None
     # Set once saved state is adopted; until then calls that read or change it answer 503 with why.
@@ -60,9 +60,6 @@ class Startup:
     _restore_error: str = "not read yet"
 
     def _spawn(self, coro: Any) -> asyncio.Task:
-        raise NotImplementedError
-
-    def _start_profile(self, profile: Profile) -> None:
         raise NotImplementedError
 
     def _start_background(self) -> None:
@@ -100,7 +97,7 @@ class Startup:
         all at once and resume the unfinished ones. False when any step failed: then nothing was
         adopted, and the next attempt starts over."""
         try:
-            await self._lease.acquire(self._config.cluster_name_lease_s)
+            await self._lease.acquire(self._settings().cluster_name_lease_s)
             configured = await self._persistence.load_config()
             loaded = await self._catalog.load()
             watches = await self._persistence.load_watches()
@@ -116,11 +113,11 @@ class Startup:
         self._spawn(self._hold_lease())
         # Adopted at once; from here on no step raises, so every unfinished profile is resumed or finished.
         if configured is not None:
-            self._config = self._config.model_copy(update={"storage": configured})
+            self._settings.use_storage(configured)
         unfinished = self._catalog.adopt(loaded)
         self._watches.restore(watches)
         self._watches.recover(self._catalog.triggered())
-        self._submit_keys.restore(
+        self._intake.keys.restore(
             [(e.submit_key, e.id, e.summary.created_at) for e in loaded.finished.values()]
             + [(p.submit_key, p.id, p.created_at) for p in unfinished if isinstance(p, Profile)]
         )
@@ -130,7 +127,7 @@ class Startup:
                 await self._catalog.finish(profile)
             else:
                 logger.info("rayprof controller: resuming %s in state %s", profile.id, profile.state.value)
-                self._start_profile(profile)
+                self._intake.start(profile)
         # Only now: a submit must find the resumed profiles queued on their targets.
         self._restored = True
         await self._catalog.settle(loaded)
@@ -152,7 +149,7 @@ class Startup:
             await asyncio.sleep(RESTORE_RETRY_S)
 
     async def _hold_lease(self) -> None:
-        self._refusal = await self._lease.keep(self._config.cluster_name_lease_s)
+        self._refusal = await self._lease.keep(self._settings().cluster_name_lease_s)
         logger.error("rayprof controller: lost the lease on its cluster name; serving nothing: %s", self._refusal)
 
     async def _adopt_manifest(self, profile: Profile) -> None:

@@ -15,16 +15,17 @@ from collections.abc import Awaitable, Callable
 
 from actors.controller.state import Profile
 from orchestrator.errors import ConflictError
+from orchestrator.models.control import ControllerConfig
 from orchestrator.models.requests import ProfileRequest
 
 __all__ = ["TargetQueue"]
 
 
 class TargetQueue:
-    def __init__(self, profiles: dict[str, Profile], max_queued: Callable[[], int]) -> None:
+    def __init__(self, profiles: dict[str, Profile], config: Callable[[], ControllerConfig]) -> None:
         # The unfinished profiles, by id (the catalog's live dict): what the ids here refer to.
         self._profiles = profiles
-        self._max_queued = max_queued
+        self._config = config
         self._slots: dict[str, asyncio.Lock] = {}
         self.waiting: dict[str, list[str]] = {}
         self.active: dict[str, str] = {}
@@ -43,9 +44,10 @@ class TargetQueue:
                 f"profile {running or queued[0]} is already running on {target!r}; retry when it ends or pass queue=true",
                 target=target,
             )
-        if len(queued) >= self._max_queued():
+        limit = self._config().max_queued_per_target
+        if len(queued) >= limit:
             raise ConflictError(
-                f"{len(queued)} profiles already queued on {target!r} (max {self._max_queued()})", target=target
+                f"{len(queued)} profiles already queued on {target!r} (max {limit})", target=target
             )
 
     def join(self, profile: Profile) -> None:
