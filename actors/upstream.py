@@ -1,6 +1,6 @@
 """The agent side's one RPC, typed: what an agent calls upstream, and what a relay calls at the controller.
 
-An agent calls :class:`AgentUpstream`, served alike by the controller (``actors.controller.agent_side``)
+An agent calls :class:`AgentUpstream`, served alike by the controller (``actors.controller.agents.agent_side``)
 and by its node's relay (``actors.relay``); a relay calls :class:`RelayUpstream` at the controller: the
 same calls, with its own id and secret on ``register``, plus the node's ``poll_node`` and
 ``report_many``. ``tests/test_upstream.py`` checks that both servers' methods match these signatures.

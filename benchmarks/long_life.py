@@ -130,7 +130,7 @@ def _sample(c: Any) -> dict[str, Any]:
 
 async def _history_answer(c: Any) -> dict[str, float]:
     """The answer for 10 minutes of 1 s points at 1,024 ranks, through the controller."""
-    from actors.controller.step_history import RunHistory
+    from actors.controller.monitoring.step_history import RunHistory
 
     now = time.time()
     history = RunHistory("bench-history", "job")

@@ -14,7 +14,7 @@ Storage layout (keys relative to the storage root)::
       stacks/rank{R}.flight_recorder.json   the rank's torch flight recorder dump, where one is kept
       stacks.json                        the grouped stacks of every rank
       manifest.json                      written last: the commit point
-      owner.json                         while unfinished: its controller's lease (actors/controller/leases.py)
+      owner.json                         while unfinished: its controller's lease (actors/controller/saved/leases.py)
     _rayprof/{cluster}/profiles/{profile_id}.json  a controller's saved state, per Ray cluster
     _rayprof/{cluster}/history/{target}/{run}.bin.gz  a run's step-time history (the run name URL-quoted)
     _rayprof/{cluster}/index.json                  summaries of its finished profiles: a restart reads one file

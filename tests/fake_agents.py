@@ -22,7 +22,7 @@ import torch
 
 from actors.controller.actor import Controller
 from actors.controller.clock import SYSTEM_CLOCK, Clock
-from actors.controller.persistence import Persistence
+from actors.controller.saved.persistence import Persistence
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import (
     ArmCommand,

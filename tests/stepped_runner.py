@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from actors.controller.actor import Controller
-from actors.controller.state import Profile
+from actors.controller.profiles.state import Profile
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import ProfileStatus
 from tests.fake_agents import FakeAgent, start_agents

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from actors.controller.state import Profile
+from actors.controller.profiles.state import Profile
 from orchestrator.errors import ConflictError, IllegalTransitionError
 from orchestrator.layout import manifest_key
 from orchestrator.manifest import read_manifest

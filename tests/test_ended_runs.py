@@ -3,11 +3,11 @@ run has been gone for its grace period, and the gauges of an ended run get a fin
 
 from __future__ import annotations
 
-from actors.controller import metric_names as m
 from actors.controller.actor import Controller
-from actors.controller.health import Health
-from actors.controller.metrics import Metrics
-from actors.controller.registry import Worker
+from actors.controller.agents.registry import Worker
+from actors.controller.diagnosis.health import Health
+from actors.controller.monitoring import metric_names as m
+from actors.controller.monitoring.metrics import Metrics
 from orchestrator.models.requests import ProfileRequest
 from tests.fake_agents import MONITORED, FakeAgent, make_controller, run, until, wait_terminal, worker_info
 

@@ -17,7 +17,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from actors.controller.leases import OwnerLease
+from actors.controller.saved.leases import OwnerLease
 from orchestrator.errors import StorageError
 from orchestrator.layout import owner_key, profile_id
 from orchestrator.models.agent_protocol import StorageSpec

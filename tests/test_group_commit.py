@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from actors.controller.group_commit import GroupCommit
+from actors.controller.saved.group_commit import GroupCommit
 
 
 def test_asks_during_a_write_share_the_next_one():

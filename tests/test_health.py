@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from actors.controller.actor import Controller
-from actors.controller.health import assess, step_at
-from actors.controller.registry import Registry
+from actors.controller.agents.registry import Registry
+from actors.controller.diagnosis.health import assess, step_at
 from orchestrator.models.agent_protocol import StorageSpec
 from tests.fake_agents import (
     MONITORED,

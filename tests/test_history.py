@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from actors.controller.post_window_check import check_rank, segments
-from actors.controller.step_history import TIERS, RankHistory, RunHistory, compress
+from actors.controller.monitoring.post_window_check import check_rank, segments
+from actors.controller.monitoring.step_history import TIERS, RankHistory, RunHistory, compress
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.models.requests import ProfileRequest
 from tests.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal

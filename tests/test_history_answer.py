@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from actors.controller import history_answer
-from actors.controller.step_history import RunHistory
+from actors.controller.monitoring import history_answer
+from actors.controller.monitoring.step_history import RunHistory
 from orchestrator.models.history import TargetHistory
 from orchestrator.settings import DEFAULT_HISTORY_MAX_POINTS
 from tests.fake_agents import make_controller, run

@@ -17,7 +17,7 @@ _FORBIDDEN_IN_WORKER = (
     "orchestrator.cli",
     "orchestrator.client",
     "actors.controller.actor",
-    "actors.controller.runner",
+    "actors.controller.profiles.runner",
     "fastapi",
     "starlette",
 )

@@ -6,10 +6,10 @@ import itertools
 import json
 import re
 
-from actors.controller import metric_names as m
-from actors.controller.health import Health
-from actors.controller.metrics import GAUGE_REFRESH_S, Metrics
-from actors.controller.registry import Worker
+from actors.controller.agents.registry import Worker
+from actors.controller.diagnosis.health import Health
+from actors.controller.monitoring import metric_names as m
+from actors.controller.monitoring.metrics import GAUGE_REFRESH_S, Metrics
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow

@@ -12,8 +12,8 @@ from datetime import timedelta
 
 import pytest
 
-from actors.controller import name_lease
-from actors.controller.name_lease import NameLease
+from actors.controller.saved import name_lease
+from actors.controller.saved.name_lease import NameLease
 from orchestrator.errors import ClusterNameInUseError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from actors.controller.planning import arm_round_s, outcome, plan_window, start_step
-from actors.controller.state import Window
+from actors.controller.profiles.planning import arm_round_s, outcome, plan_window, start_step
+from actors.controller.profiles.state import Window
 from orchestrator.models.profile import RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
 

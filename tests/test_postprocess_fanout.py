@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actors.controller.ray_rank_map import PostprocessCancelled, RayRankMap
+from actors.controller.profiles.ray_rank_map import PostprocessCancelled, RayRankMap
 from orchestrator.analysis import analyze_for_merge, analyze_traces
 from orchestrator.analysis.postprocess import postprocess
 from orchestrator.models.agent_protocol import StorageSpec
@@ -191,8 +191,8 @@ def test_a_postprocess_past_its_timeout_leaves_no_unlisted_file(tmp_path: Path, 
     import asyncio
     import threading
 
-    from actors.controller import postprocess_job as controller_post
-    from actors.controller.state import Profile
+    from actors.controller.profiles import postprocess_job as controller_post
+    from actors.controller.profiles.state import Profile
 
     spec = StorageSpec(uri=(tmp_path / "store").as_uri())
     draft = _draft(tmp_path, spec, "job/p1")

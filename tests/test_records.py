@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from actors.controller.state import Profile, Window
+from actors.controller.profiles.state import Profile, Window
 from orchestrator.layout import profile_uri
 from orchestrator.manifest import read_manifest
 from orchestrator.models.agent_protocol import StorageSpec, WorkerInfo

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from actors.controller.actor import Controller
-from actors.controller.registry import Registry
+from actors.controller.agents.registry import Registry
 from actors.relay import RelayCore
 from orchestrator.errors import ForbiddenError
 from orchestrator.models.agent_protocol import Heartbeat, NodePoll

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.controller.registry import Registry
+from actors.controller.agents.registry import Registry
 from orchestrator.errors import StorageError
 from orchestrator.models.agent_protocol import SyncCommand
 from orchestrator.models.diagnosis import WatchSpec

@@ -16,7 +16,7 @@ import pytest
 from actors.controller import startup
 from actors.controller.actor import Controller
 from actors.controller.clock import SYSTEM_CLOCK, Clock
-from actors.controller.name_lease import LeaseRecord
+from actors.controller.saved.name_lease import LeaseRecord
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import lease_record_key
 from orchestrator.models.agent_protocol import StorageSpec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.controller import retention
+from actors.controller.saved import retention
 from orchestrator.errors import StorageError
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Trigger

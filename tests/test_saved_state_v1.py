@@ -9,9 +9,9 @@ import asyncio
 import json
 import shutil
 
-from actors.controller.catalog import Catalog
-from actors.controller.persistence import Persistence
-from actors.controller.state import Profile, Record, StacksRecord
+from actors.controller.profiles.state import Profile, Record, StacksRecord
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.persistence import Persistence
 from orchestrator.layout import state_key
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import ProfileStatus

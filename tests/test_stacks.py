@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from actors.agent.thread_stacks import take_stacks
-from actors.controller.stack_groups import ranks_text
+from actors.controller.diagnosis.stack_groups import ranks_text
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_uri
 from orchestrator.manifest import read_manifest, verify_manifest

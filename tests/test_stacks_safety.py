@@ -11,7 +11,7 @@ import threading
 
 from actors.agent import thread_stacks as agent_stacks
 from actors.agent.thread_stacks import take_stacks
-from actors.controller import stacks_bundle as controller_stacks
+from actors.controller.diagnosis import stacks_bundle as controller_stacks
 from orchestrator.layout import STACKS_NAME
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models.common import utcnow

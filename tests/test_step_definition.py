@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.controller.registry import Registry
+from actors.controller.agents.registry import Registry
 from orchestrator.models.agent_protocol import Heartbeat
 from orchestrator.models.profile import RankResult
 from tests.fake_agents import make_controller, run, worker_info

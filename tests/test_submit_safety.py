@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from actors.controller import idempotency
-from actors.controller.idempotency import SubmitKey, SubmitKeys
+from actors.controller.profiles import idempotency
+from actors.controller.profiles.idempotency import SubmitKey, SubmitKeys
 from orchestrator.errors import ConflictError, IdempotencyKeyReusedError
 from orchestrator.layout import state_key, watch_key
 from orchestrator.models.agent_protocol import StorageSpec

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from actors.controller import metric_names as m
+from actors.controller.monitoring import metric_names as m
 from orchestrator import ProfilingClient
 from tests.conftest import LIVE_TARGET, METRICS_EXPORT_PORT, RAYPROF_CLI, REPO, wait_for
 

@@ -10,7 +10,7 @@ from typing import Any, get_type_hints
 import pytest
 from ray import ObjectRef
 
-from actors.controller.agent_side import AgentSide
+from actors.controller.agents.agent_side import AgentSide
 from actors.relay.core import RelayCore
 from actors.relay.relay_actor import Relay
 from actors.upstream import AgentUpstream, AgentUpstreamRpc, RelayUpstream, RelayUpstreamRpc

@@ -1,4 +1,4 @@
-"""actors.controller.state.wait_event: every long-poll waits in it, on Python 3.10 and later."""
+"""actors.controller.profiles.state.wait_event: every long-poll waits in it, on Python 3.10 and later."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.controller.state import wait_event
+from actors.controller.profiles.state import wait_event
 
 
 def _tasks_left() -> set[asyncio.Task]:

@@ -18,10 +18,10 @@ from datetime import timedelta
 
 import pytest
 
-from actors.controller.persistence import Finished, Persistence
-from actors.controller.retention import expired
-from actors.controller.watch_record import WatchRecord
-from actors.controller.watches import Watches
+from actors.controller.diagnosis.watch_record import WatchRecord
+from actors.controller.diagnosis.watches import Watches
+from actors.controller.saved.persistence import Finished, Persistence
+from actors.controller.saved.retention import expired
 from orchestrator.cli import output
 from orchestrator.cli import stacks_commands as cli
 from orchestrator.errors import InvalidRequestError, InvalidWatchError

@@ -4,8 +4,8 @@ A named, detached, async Ray actor (``rayprof-controller`` in namespace
 ``rayprof``). Agents long-poll it; clients submit, watch, cancel and delete
 profiles. The worker registry, the state machine, the decisions and the
 saving live in their own modules, as do the calls agents make
-(:mod:`actors.controller.agent_side`) and the calls clients make about one
-profile (:mod:`actors.controller.client_side`); this one wires them to Ray.
+(:mod:`actors.controller.agents.agent_side`) and the calls clients make about one
+profile (:mod:`actors.controller.profiles.client_side`); this one wires them to Ray.
 The client calls are the operations of :class:`orchestrator.models.api.ProfilingApi`, which
 this class implements (tests/test_service_calls.py compares the signatures); callers send
 them through the Ray transport :class:`actors.controller.rpc.ControllerRpc`.
@@ -20,29 +20,29 @@ from typing import Any
 
 import ray
 
-from actors.controller.agent_side import AgentSide
-from actors.controller.catalog import Catalog
-from actors.controller.cleanup import Cleanup
-from actors.controller.client_side import ClientSide
+from actors.controller.agents.agent_side import AgentSide
+from actors.controller.agents.ended_runs import EndedRuns
+from actors.controller.agents.registry import Registry
 from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.cluster import cluster_info, ray_cluster_id
-from actors.controller.commit import Commit
-from actors.controller.ended_runs import EndedRuns
-from actors.controller.idempotency import SubmitKey
-from actors.controller.intake import Intake
-from actors.controller.leases import Leases
+from actors.controller.diagnosis.stacks_bundle import StacksTaker
+from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
-from actors.controller.name_lease import NameLease
-from actors.controller.persistence import Persistence
-from actors.controller.registry import Registry
-from actors.controller.retention import Retention
-from actors.controller.runner import Runner
-from actors.controller.stacks_bundle import StacksTaker
+from actors.controller.monitoring.telemetry import Telemetry
+from actors.controller.profiles.client_side import ClientSide
+from actors.controller.profiles.commit import Commit
+from actors.controller.profiles.idempotency import SubmitKey
+from actors.controller.profiles.intake import Intake
+from actors.controller.profiles.runner import Runner
+from actors.controller.profiles.state import Profile
+from actors.controller.profiles.target_queue import TargetQueue
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.cleanup import Cleanup
+from actors.controller.saved.leases import Leases
+from actors.controller.saved.name_lease import NameLease
+from actors.controller.saved.persistence import Persistence
+from actors.controller.saved.retention import Retention
 from actors.controller.startup import Startup
-from actors.controller.state import Profile
-from actors.controller.target_queue import TargetQueue
-from actors.controller.telemetry import Telemetry
-from actors.controller.watches import Watches
 from orchestrator.config import controller_config
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig, TargetInfo
@@ -94,7 +94,7 @@ class Controller(Startup, AgentSide, ClientSide):
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Event | None = None
         if postprocess is None:
-            from actors.controller.postprocess_job import postprocess_in_task
+            from actors.controller.profiles.postprocess_job import postprocess_in_task
 
             postprocess = postprocess_in_task
         self._telemetry = Telemetry(

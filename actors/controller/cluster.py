@@ -6,8 +6,8 @@ from typing import Any
 
 import ray
 
-from actors.controller.registry import Registry
-from actors.controller.state import Profile
+from actors.controller.agents.registry import Registry
+from actors.controller.profiles.state import Profile
 
 __all__ = ["cluster_info", "ray_cluster_id"]
 

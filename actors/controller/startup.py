@@ -17,16 +17,16 @@ import asyncio
 import logging
 from typing import Any
 
-from actors.controller.catalog import Catalog
-from actors.controller.intake import Intake
+from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
-from actors.controller.name_lease import NameLease
-from actors.controller.persistence import Persistence
-from actors.controller.retention import Retention
-from actors.controller.runner import Runner
-from actors.controller.state import Profile
-from actors.controller.telemetry import Telemetry
-from actors.controller.watches import Watches
+from actors.controller.monitoring.telemetry import Telemetry
+from actors.controller.profiles.intake import Intake
+from actors.controller.profiles.runner import Runner
+from actors.controller.profiles.state import Profile
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.name_lease import NameLease
+from actors.controller.saved.persistence import Persistence
+from actors.controller.saved.retention import Retention
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import manifest_key
 from orchestrator.models.agent_protocol import StorageSpec

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from actors.controller.state import wait_event
+from actors.controller.profiles.state import wait_event
 from actors.upstream import RelayUpstreamRpc
 from orchestrator.errors import ForbiddenError
 from orchestrator.models.agent_protocol import (

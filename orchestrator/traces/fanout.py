@@ -4,7 +4,7 @@ Merging and analysis call a :data:`RankMap` with a module-level function and
 ``(trace file, argument)`` pairs; it returns the results in the same order.
 :func:`serial` runs them here, :func:`process_pool` in local processes (the
 CLI and benchmarks), and the controller runs each as a Ray task on the
-cluster (:mod:`actors.controller.ray_rank_map`), fetching the rank's file where the
+cluster (:mod:`actors.controller.profiles.ray_rank_map`), fetching the rank's file where the
 task lands. Results are small (summaries, histograms, compressed parts), so
 the caller joins them.
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from actors.controller.registry import Registry, Worker
+from actors.controller.agents.registry import Registry, Worker
 from orchestrator.models.agent_protocol import MemoryHistoryCommand, OomReport
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.profile import OutOfMemory

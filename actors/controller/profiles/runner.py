@@ -1,7 +1,7 @@
 """The run of one profile, from PENDING to a terminal state, on the controller's event loop.
 
 Facts come from the registry (who is alive, where each rank is); decisions
-come from :mod:`actors.controller.planning`; every state change goes through
+come from :mod:`actors.controller.profiles.planning`; every state change goes through
 :meth:`Runner.transition`, which saves it.
 """
 
@@ -12,9 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.controller.agents.registry import Registry, Worker
 from actors.controller.clock import SYSTEM_CLOCK, Clock
-from actors.controller.commit import Commit
-from actors.controller.planning import (
+from actors.controller.profiles.commit import Commit
+from actors.controller.profiles.planning import (
     arm_round_s,
     outcome,
     plan_window,
@@ -24,8 +25,7 @@ from actors.controller.planning import (
     timeout_s,
     trace_bytes_per_step,
 )
-from actors.controller.registry import Registry, Worker
-from actors.controller.state import Profile, Record, wait_event
+from actors.controller.profiles.state import Profile, Record, wait_event
 from orchestrator.models.agent_protocol import ArmCommand, CancelCommand, SyncCommand, WindowSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig

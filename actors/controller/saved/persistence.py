@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from actors.controller.group_commit import GroupCommit
-from actors.controller.idempotency import SubmitKey
-from actors.controller.state import Record, load_record
+from actors.controller.profiles.idempotency import SubmitKey
+from actors.controller.profiles.state import Record, load_record
+from actors.controller.saved.group_commit import GroupCommit
 from orchestrator.errors import AlreadyExistsError, StorageError
 from orchestrator.layout import (
     config_key,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from actors.controller.leases import Leases
-from actors.controller.persistence import Persistence
-from actors.controller.state import Record
+from actors.controller.profiles.state import Record
+from actors.controller.saved.leases import Leases
+from actors.controller.saved.persistence import Persistence
 from orchestrator.errors import StorageError
 from orchestrator.models.profile import Manifest
 from orchestrator.models.requests import ProfileState

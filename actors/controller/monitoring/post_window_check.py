@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from actors.controller.state import Profile, Record
-from actors.controller.step_history import TIERS, History
+from actors.controller.monitoring.step_history import TIERS, History
+from actors.controller.profiles.state import Profile, Record
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow, Verdict
 
 __all__ = ["PostWindowChecks", "awaits_check", "check_rank", "segments", "summarize"]

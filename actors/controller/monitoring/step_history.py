@@ -23,8 +23,8 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from actors.controller.history_answer import Snapshot
-from actors.controller.registry import Worker
+from actors.controller.agents.registry import Worker
+from actors.controller.monitoring.history_answer import Snapshot
 
 __all__ = ["TIERS", "History", "RankHistory", "RunHistory", "Tier", "compress"]
 
@@ -160,7 +160,7 @@ class RunHistory:
 
     def snapshot(self, span_s: float, now: float, ranks: list[int] | None = None) -> Snapshot:
         """The points of every rank (or those in ``ranks``) at the finest tier that covers the last
-        ``span_s``, copied so :func:`actors.controller.history_answer.answer` can read them off the loop."""
+        ``span_s``, copied so :func:`actors.controller.monitoring.history_answer.answer` can read them off the loop."""
         tier = next((i for i, t in enumerate(TIERS) if t.span_s >= span_s), len(TIERS) - 1)
         chosen = sorted(self.ranks if ranks is None else set(ranks) & self.ranks.keys())
         columns = [(rank, *self.ranks[rank].tiers[tier].columns()) for rank in chosen]

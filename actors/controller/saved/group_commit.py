@@ -1,7 +1,7 @@
 """Group commit: callers that ask for a write while one is in flight share the next one.
 
-Used for each profile's state file (:mod:`actors.controller.persistence`) and the
-index of finished profiles (:mod:`actors.controller.catalog`): a thousand ranks
+Used for each profile's state file (:mod:`actors.controller.saved.persistence`) and the
+index of finished profiles (:mod:`actors.controller.saved.catalog`): a thousand ranks
 finishing at once, or a burst of finishes, cost a few writes. Each write takes
 what is current when it starts, so it covers every ask made before it started.
 """

@@ -15,14 +15,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from actors.controller import history_answer
-from actors.controller.health import Health
-from actors.controller.history_store import HistoryStore
-from actors.controller.metrics import Metrics
-from actors.controller.post_window_check import PostWindowChecks
-from actors.controller.registry import Registry, Worker
-from actors.controller.state import Profile
-from actors.controller.step_history import History, RunHistory
+from actors.controller.agents.registry import Registry, Worker
+from actors.controller.diagnosis.health import Health
+from actors.controller.monitoring import history_answer
+from actors.controller.monitoring.metrics import Metrics
+from actors.controller.monitoring.post_window_check import PostWindowChecks
+from actors.controller.monitoring.step_history import History, RunHistory
+from actors.controller.profiles.state import Profile
+from actors.controller.saved.history_store import HistoryStore
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig

@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from actors.controller.health import Health
+from actors.controller.diagnosis.health import Health
 from orchestrator.errors import ForbiddenError
 from orchestrator.models.agent_protocol import Command, WorkerInfo
 from orchestrator.models.control import TargetInfo, WorkerStatus

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from actors.controller.step_history import RunHistory, compress
+from actors.controller.monitoring.step_history import RunHistory, compress
 from orchestrator.errors import StorageError
 from orchestrator.layout import HISTORY_SUFFIX, history_key, history_prefix
 from orchestrator.models.agent_protocol import StorageSpec

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, ValidationError
 
-from actors.controller.state import Record
+from actors.controller.profiles.state import Record
 from orchestrator.errors import StorageError
 from orchestrator.layout import cluster_state_prefix, owner_key
 from orchestrator.models.agent_protocol import StorageSpec

@@ -2,7 +2,7 @@
 
 Once per ``monitor_interval_s`` the controller reads the heartbeats it
 already holds (no call to any rank, no work on training ranks): each run's
-health (:mod:`actors.controller.health`) and, per target, the median step
+health (:mod:`actors.controller.diagnosis.health`) and, per target, the median step
 time across ranks, kept as a rolling series. A watch's condition
 (``slower_than`` x the rolling median, ``rank_lag`` steps, ``stalled``) that
 holds for ``for_s`` runs its action, and so does a schedule (``every_s``) that is
@@ -27,14 +27,14 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from actors.controller.agents.ended_runs import Gone
+from actors.controller.agents.registry import Registry, Worker
 from actors.controller.clock import SYSTEM_CLOCK, Clock
-from actors.controller.ended_runs import Gone
-from actors.controller.health import Health, assess
-from actors.controller.oom_watch import OomEvents
-from actors.controller.persistence import Persistence
-from actors.controller.registry import Registry, Worker
-from actors.controller.watch_check import MIN_BASELINE_SAMPLES, check
-from actors.controller.watch_record import FIRINGS_KEPT, WatchRecord
+from actors.controller.diagnosis.health import Health, assess
+from actors.controller.diagnosis.oom_watch import OomEvents
+from actors.controller.diagnosis.watch_check import MIN_BASELINE_SAMPLES, check
+from actors.controller.diagnosis.watch_record import FIRINGS_KEPT, WatchRecord
+from actors.controller.saved.persistence import Persistence
 from orchestrator.errors import ConflictError, InvalidRequestError, RayprofError, StorageError, WatchNotFoundError
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import WatchFiring, WatchSpec, WatchStatus, duration_text

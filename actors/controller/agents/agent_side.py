@@ -7,7 +7,7 @@ batches with ``report_many``: then the controller answers nodes, not ranks.
 
 ``register`` answers a secret that the worker's later calls carry (a relay's
 calls carry the secret it registered its ranks with): see
-:mod:`actors.controller.registry`.
+:mod:`actors.controller.agents.registry`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import asyncio
 import logging
 from typing import Any
 
-from actors.controller.persistence import Persistence
-from actors.controller.registry import Registry, Worker
-from actors.controller.stacks_bundle import StacksTaker
-from actors.controller.state import Profile, wait_event
-from actors.controller.watches import Watches
+from actors.controller.agents.registry import Registry, Worker
+from actors.controller.diagnosis.stacks_bundle import StacksTaker
+from actors.controller.diagnosis.watches import Watches
+from actors.controller.profiles.state import Profile, wait_event
+from actors.controller.saved.persistence import Persistence
 from orchestrator.models.agent_protocol import (
     CancelCommand,
     Command,

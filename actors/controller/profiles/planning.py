@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from actors.controller.state import Profile, Window
+from actors.controller.profiles.state import Profile, Window
 from orchestrator.errors import InvalidRequestError, TargetNotFoundError
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import RankResult

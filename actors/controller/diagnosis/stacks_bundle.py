@@ -25,11 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.controller.catalog import Catalog
-from actors.controller.commit import Commit
-from actors.controller.leases import Leases
-from actors.controller.registry import Registry, Worker
-from actors.controller.stack_groups import (
+from actors.controller.agents.registry import Registry, Worker
+from actors.controller.diagnosis.stack_groups import (
     RankDigest,
     collective_notes,
     digest,
@@ -37,7 +34,10 @@ from actors.controller.stack_groups import (
     rank_text,
     summary_line,
 )
-from actors.controller.state import StacksRecord, wait_event
+from actors.controller.profiles.commit import Commit
+from actors.controller.profiles.state import StacksRecord, wait_event
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.leases import Leases
 from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
-from actors.controller.catalog import Catalog
-from actors.controller.persistence import Finished, Persistence
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.persistence import Finished, Persistence
 from orchestrator.errors import StorageError
 from orchestrator.layout import profile_prefix
 from orchestrator.models.common import utcnow

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from actors.controller.catalog import Catalog
-from actors.controller.leases import lease_is_live
-from actors.controller.retention import Retention
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.leases import lease_is_live
+from actors.controller.saved.retention import Retention
 from orchestrator.errors import StorageError
 from orchestrator.layout import STATE_ROOT, id_created_at, manifest_key, profile_prefix, state_key
 from orchestrator.models.agent_protocol import StorageSpec

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.controller.catalog import Catalog
-from actors.controller.persistence import Persistence
-from actors.controller.registry import Registry
-from actors.controller.retention import Retention
-from actors.controller.state import Profile, wait_event
+from actors.controller.agents.registry import Registry
+from actors.controller.profiles.state import Profile, wait_event
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.persistence import Persistence
+from actors.controller.saved.retention import Retention
 from orchestrator.errors import NotFoundError, ProfileNotFoundError
 from orchestrator.manifest import read_artifact
 from orchestrator.models.agent_protocol import CancelCommand, StorageSpec

@@ -26,10 +26,10 @@ import statistics
 from collections import deque
 from typing import Any
 
-from actors.controller import metric_names as m
-from actors.controller.health import Health
-from actors.controller.registry import Worker
-from actors.controller.state import Profile
+from actors.controller.agents.registry import Worker
+from actors.controller.diagnosis.health import Health
+from actors.controller.monitoring import metric_names as m
+from actors.controller.profiles.state import Profile
 from orchestrator.models.post_window import PostWindowCheck
 from orchestrator.models.profile import Trigger
 

@@ -19,10 +19,10 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from actors.controller.group_commit import GroupCommit
-from actors.controller.persistence import Finished, Persistence
-from actors.controller.post_window_check import awaits_check
-from actors.controller.state import Profile, Record
+from actors.controller.monitoring.post_window_check import awaits_check
+from actors.controller.profiles.state import Profile, Record
+from actors.controller.saved.group_commit import GroupCommit
+from actors.controller.saved.persistence import Finished, Persistence
 from orchestrator.errors import ConflictError, ProfileNotFoundError, StorageError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Trigger

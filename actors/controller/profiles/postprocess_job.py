@@ -3,7 +3,7 @@
 The join (cross-rank analysis, assembling the merged trace from the ranks'
 compressed parts, the report) runs in a thread of the controller, so its
 event loop stays responsive; the parsing runs in the tasks
-(:mod:`actors.controller.ray_rank_map`). While it runs, the profile's status says
+(:mod:`actors.controller.profiles.ray_rank_map`). While it runs, the profile's status says
 how far it got ("analysing 12/64 ranks").
 
 A failed or timed-out analysis never fails the profile: the manifest says
@@ -19,8 +19,8 @@ import logging
 
 import ray
 
-from actors.controller.ray_rank_map import RayRankMap
-from actors.controller.state import Profile
+from actors.controller.profiles.ray_rank_map import RayRankMap
+from actors.controller.profiles.state import Profile
 from orchestrator.analysis.postprocess import PostprocessResult, postprocess
 from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models.profile import Manifest, PostprocessProgress

@@ -13,18 +13,18 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from actors.controller.catalog import Catalog
-from actors.controller.idempotency import SubmitKey, SubmitKeys
-from actors.controller.leases import Leases
+from actors.controller.agents.registry import Registry
 from actors.controller.live_config import LiveConfig
-from actors.controller.persistence import Persistence
-from actors.controller.planning import validate
-from actors.controller.registry import Registry
-from actors.controller.retention import Retention
-from actors.controller.runner import Runner
-from actors.controller.state import Profile
-from actors.controller.target_queue import TargetQueue
-from actors.controller.telemetry import Telemetry
+from actors.controller.monitoring.telemetry import Telemetry
+from actors.controller.profiles.idempotency import SubmitKey, SubmitKeys
+from actors.controller.profiles.planning import validate
+from actors.controller.profiles.runner import Runner
+from actors.controller.profiles.state import Profile
+from actors.controller.profiles.target_queue import TargetQueue
+from actors.controller.saved.catalog import Catalog
+from actors.controller.saved.leases import Leases
+from actors.controller.saved.persistence import Persistence
+from actors.controller.saved.retention import Retention
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import ProfileStatus, Trigger

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from actors.controller.idempotency import SubmitKey
+from actors.controller.profiles.idempotency import SubmitKey
 from orchestrator.errors import IllegalTransitionError
 from orchestrator.layout import profile_prefix, profile_uri
 from orchestrator.models.agent_protocol import StorageSpec

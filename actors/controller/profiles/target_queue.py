@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from actors.controller.state import Profile
+from actors.controller.profiles.state import Profile
 from orchestrator.errors import ConflictError
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.requests import ProfileRequest

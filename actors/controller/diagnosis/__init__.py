@@ -1,0 +1,1 @@
+"""Detection that acts: every rank's stacks, stalls and lag, watches, OOM watches."""

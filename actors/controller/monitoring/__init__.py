@@ -1,0 +1,1 @@
+"""What the monitor tick exports: metrics, the step-time history and the post-window check."""

@@ -1,0 +1,1 @@
+"""What survives a restart: saved state, the catalog, retention and gc, leases, saved histories."""
