@@ -42,10 +42,10 @@ test: setup browser lint
 # `make test` (docs/deploy.md, How the range is tested: its time).
 OLDEST_RAY_VENV ?= .venv-ray-oldest
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
-OLDEST_RAY_TESTS := tests/test_ray_compat.py tests/test_http_api.py tests/test_client_http.py \
-	tests/test_train_versions.py tests/test_stacks_live.py \
-	tests/test_console_browser.py::test_console_is_served_with_a_strict_content_security_policy \
-	tests/test_console_browser.py::test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report
+OLDEST_RAY_TESTS := tests/unit/test_ray_compat.py tests/live/test_http_api.py tests/live/test_client_http.py \
+	tests/live/test_train_versions.py tests/live/test_stacks_live.py \
+	tests/live/test_console_browser.py::test_console_is_served_with_a_strict_content_security_policy \
+	tests/live/test_console_browser.py::test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report
 
 # Its dependencies alone (pyproject's, pinned by the constraints) touch nothing in this tree, so CI
 # installs them while `make setup` runs; the editable install of rayprof itself comes after.
@@ -71,12 +71,12 @@ test-oldest-ray: setup-oldest-ray browser
 
 # The costliest live tests (the demo end to end, 50 windows in a row, four that each
 # start a job of their own, and hosts on a real network): ~11 min more than `make test`,
-# plus tests/test_netns.py's time (docs/testing.md).
+# plus tests/live/test_netns.py's time (docs/testing.md).
 test-extended: setup
 	$(PY) -m pytest -q -ra -m extended
 
 test-unit: setup
-	$(PY) -m pytest -q -m 'not integration'
+	$(PY) -m pytest -q tests/unit
 
 demo: setup
 	$(VENV)/bin/rayprof demo

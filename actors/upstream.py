@@ -3,7 +3,7 @@
 An agent calls :class:`AgentUpstream`, served alike by the controller (``actors.controller.agents.agent_side``)
 and by its node's relay (``actors.relay``); a relay calls :class:`RelayUpstream` at the controller: the
 same calls, with its own id and secret on ``register``, plus the node's ``poll_node`` and
-``report_many``. ``tests/test_upstream.py`` checks that both servers' methods match these signatures.
+``report_many``. ``tests/unit/test_upstream.py`` checks that both servers' methods match these signatures.
 
 Over Ray, :class:`AgentUpstreamRpc` and :class:`RelayUpstreamRpc` send each call through an actor
 handle and return its ``ObjectRef`` (as :class:`actors.controller.rpc.ControllerRpc` does for clients),

@@ -1,7 +1,7 @@
 """The device check: the agent's CUDA capture path on a real GPU, without Ray.
 
     python -m benchmarks.gpu --out benchmarks/results/gpu-h100.json     # on a CUDA machine, < 8 min
-    python -m benchmarks.gpu --device cpu --quick --out /tmp/gpu.json   # the same flow on CPU (tests/test_gpu_check.py)
+    python -m benchmarks.gpu --device cpu --quick --out /tmp/gpu.json   # the same flow on CPU (tests/unit/test_gpu_check.py)
 
 It needs torch and rayprof's small dependencies only (pydantic, msgspec, isal: ``make
 device-wheels`` downloads them for Python 3.12), never Ray: the real :class:`Agent` is

@@ -2,7 +2,7 @@
 
 The control actor is detached: on a real cluster it outlives hundreds of training
 runs, each named ``ray_train_run-<date>``. This drives the real ``Controller`` in
-this process without Ray, with the fake agents of ``tests/fake_agents.py`` (the
+this process without Ray, with the fake agents of ``tests/support/fake_agents.py`` (the
 one home of an in-process agent; run from the repository root): each run has
 ``RANKS`` ranks that register, heartbeat and leave; every tenth takes a profile
 window, every twentieth stalls (the stall detector takes every rank's stacks),
@@ -98,7 +98,7 @@ def _holders(c: Any) -> dict[str, int]:
 async def _one_run(c: Any, i: int) -> None:
     from orchestrator.models.diagnosis import WatchSpec
     from orchestrator.models.requests import ProfileRequest
-    from tests.fake_agents import FakeAgent, until, wait_terminal, worker_info
+    from tests.support.fake_agents import FakeAgent, until, wait_terminal, worker_info
 
     name = f"ray_train_run-2026-11-28_{i:05d}"
     agents = [FakeAgent(c, worker_info(r, RANKS, target=name, job=f"job{i}")) for r in range(RANKS)]
@@ -150,7 +150,7 @@ async def _history_answer(c: Any) -> dict[str, float]:
 
 async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     from orchestrator.models.agent_protocol import StorageSpec
-    from tests.fake_agents import MONITORED, make_controller, until
+    from tests.support.fake_agents import MONITORED, make_controller, until
 
     c = make_controller(StorageSpec(uri=str(store)), **MONITORED, ended_run_kept_s=GRACE_S)
     # The controller logs every registration and drop at INFO: 8,000 lines say nothing here.

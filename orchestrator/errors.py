@@ -27,7 +27,7 @@ its HTTP status and code (the service answers ``{"error": code, "detail":
 message}``, and the HTTP client raises the same class from it) and the CLI exit
 status it maps to: 2 for what the caller can fix (4xx), 1 for what went wrong
 on the way (5xx). Raised in the control actor, it reaches callers as itself
-(:func:`actors.controller.rpc.ray_errors`). ``tests/test_errors.py`` checks
+(:func:`actors.controller.rpc.ray_errors`). ``tests/unit/test_errors.py`` checks
 every class maps.
 """
 

@@ -24,7 +24,7 @@ Storage layout (keys relative to the storage root)::
 
 Every key is made here. Keys in the rank tables are relative to the profile's folder: a caller
 writes them through ``storage.scoped(profile_prefix(...))`` (orchestrator/storage/base.py), so
-nothing joins a folder and a name by hand (tests/test_one_home.py fails on one that does).
+nothing joins a folder and a name by hand (tests/unit/test_one_home.py fails on one that does).
 
 Standard library only (and orchestrator.errors, which is too): the export child process imports
 it and must start fast.

@@ -2,7 +2,7 @@
 
 The meaning of each ``RAYPROF_*`` variable lives here, beside the code that renders it; numeric
 defaults are read from the ``DEFAULT_*`` constants, so the page cannot disagree with the code
-(tests/test_settings_doc.py checks that the page is current and that every setting has a row).
+(tests/unit/test_settings_doc.py checks that the page is current and that every setting has a row).
 docs/generate.py writes the page (``make docs``).
 """
 

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.models.agent_protocol import StorageSpec
-
-REPO = Path(__file__).resolve().parents[1]
-# The console script installed beside the interpreter running the tests.
-RAYPROF_CLI = str(Path(sys.executable).with_name("rayprof"))
-LIVE_TARGET = "live-run"
+from tests.support.common import LIVE_TARGET, MAX_TRACE_BYTES, METRICS_EXPORT_PORT, RestartableS3, S3Target, StoreClient
 
 # Set before Ray starts so every Ray process inherits them: loopback only,
 # fast heartbeats so tests notice vanished workers in seconds.
@@ -35,42 +28,12 @@ os.environ.setdefault("RAYPROF_POLL_TIMEOUT_S", "2")
 os.environ.setdefault("RAYPROF_WORKER_EXPIRY_GRACE_S", "4")
 os.environ.setdefault("RAYPROF_DISCOVERY_INTERVAL_S", "0.5")
 os.environ.setdefault("RAYPROF_REQUEST_TIMEOUT_S", "120")
-# Small enough that a long window with every option passes it, large enough
-# for every other test's windows (default options write ~160 KiB per step).
-MAX_TRACE_BYTES = 16 * 2**20
 os.environ.setdefault("RAYPROF_MAX_TRACE_BYTES", str(MAX_TRACE_BYTES))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# Where the session cluster's node serves its Prometheus metrics (tests/test_metrics_live.py reads them).
-METRICS_EXPORT_PORT = _free_port()
-
-
-@dataclass(frozen=True)
-class S3Target:
-    endpoint_url: str
-    bucket: str
-
-
-def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value, bounded by ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> StorageSpec:
-    """A fresh cluster-storage root for a controller driven without Ray (tests/fake_agents.py)."""
+    """A fresh cluster-storage root for a controller driven without Ray (tests/support/fake_agents.py)."""
     return StorageSpec(uri=str(tmp_path / "store"))
 
 
@@ -96,30 +59,6 @@ def s3_server() -> Iterator[S3Target]:
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
     yield S3Target(endpoint, bucket)
     server.stop()
-
-
-@dataclass
-class RestartableS3:
-    """A second endpoint over the same in-process moto buckets, that a test stops and starts again."""
-
-    port: int
-    bucket: str
-    running: object = None
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.running is not None:
-            self.running.stop()
-            self.running = None
-
-    def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.running = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.running.start()
 
 
 @pytest.fixture
@@ -179,14 +118,6 @@ def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[ExampleJob]
         yield job
     finally:
         job.stop()
-
-
-@dataclass
-class StoreClient:
-    """A client whose controller writes to ``root`` (a folder or an s3:// URI)."""
-
-    client: object
-    root: str
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 ``torch.cuda.memory._record_memory_history``, ``torch.cuda.memory._snapshot`` and
 ``torch._C._cuda_attach_out_of_memory_observer`` are underscore APIs. Everything rayprof
 calls of them is here, so a torch release that changes them is one file to fix, and the
-tests drive :class:`Allocator`'s fake (``tests/fake_allocator.py``) on machines without CUDA.
+tests drive :class:`Allocator`'s fake (``tests/support/fake_allocator.py``) on machines without CUDA.
 """
 
 from __future__ import annotations

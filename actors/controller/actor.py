@@ -7,7 +7,7 @@ saving live in their own modules, as do the calls agents make
 (:mod:`actors.controller.agents.agent_side`) and the calls clients make about one
 profile (:mod:`actors.controller.profiles.client_side`); this one wires them to Ray.
 The client calls are the operations of :class:`orchestrator.models.api.ProfilingApi`, which
-this class implements (tests/test_service_calls.py compares the signatures); callers send
+this class implements (tests/unit/test_service_calls.py compares the signatures); callers send
 them through the Ray transport :class:`actors.controller.rpc.ControllerRpc`.
 """
 

@@ -2,7 +2,7 @@
 the v1 API: method, path, where each argument goes, and what the answer is.
 
 The one description of that mapping on the client's side: :class:`~orchestrator.client.http.HttpBackend`
-is generic over it, and a test (tests/test_client_transports.py) checks every entry against the
+is generic over it, and a test (tests/unit/test_client_transports.py) checks every entry against the
 service's FastAPI routes (:mod:`orchestrator.service.app`), so the two cannot drift.
 """
 

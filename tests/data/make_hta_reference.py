@@ -10,7 +10,7 @@ kernel time overlapped by computation; absent without collectives). A case HTA
 cannot load is kept with HTA's error, so the table says why it is missing.
 
 Loading every trace with HTA takes minutes, far beyond a unit test's budget:
-tests/test_hta_agreement.py compares the analysis with this file on every
+tests/unit/test_hta_agreement.py compares the analysis with this file on every
 case, and reruns HTA live on the small cases to check that the file still
 holds what HTA says.
 """

@@ -12,7 +12,7 @@ runs on that rank's node (soft affinity: another node if that one is gone),
 which spreads them over the nodes, not only the controller's, and only onto
 nodes that answered in this very window: Ray's SPREAD may pick a node that
 has dropped off the network, where a task waits until Ray declares the node
-dead (tests/test_netns.py).
+dead (tests/live/test_netns.py).
 
 ``submit``/``wait``/``get``/``kill`` default to Ray's and are seams for tests.
 """

@@ -1,0 +1,1 @@
+"""Tests against real parts: a local Ray cluster, the service, training jobs, a browser, network namespaces, a built wheel."""

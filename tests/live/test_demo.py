@@ -1,0 +1,45 @@
+"""``rayprof demo`` end to end: its own Ray cluster, so it runs as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.models.profile import Manifest
+from tests.support.common import RAYPROF_CLI
+from tests.support.serve_fixtures import artifact_problems, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
+
+DEMO_BUDGET_S = 240.0
+
+
+def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    started = time.monotonic()
+    result = subprocess.run(
+        [RAYPROF_CLI, "demo", "--dir", str(tmp_path / "demo"), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=DEMO_BUDGET_S + 120,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    print(f"rayprof demo took {elapsed:.0f}s")
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (manifest_path,) = (tmp_path / "demo" / "store" / "rayprof-demo").glob("*/manifest.json")
+    manifest = Manifest.model_validate_json(manifest_path.read_text())
+    assert manifest.status == "DONE" and [r.rank for r in manifest.ranks] == [0, 1]
+    assert artifact_problems(manifest_path.parent, manifest) == []
+    assert f"tensorboard --logdir {manifest_path.parent / 'traces'}" in result.stdout
+    assert elapsed < DEMO_BUDGET_S
+    # Shut down cleanly: the training driver is gone.
+    assert (tmp_path / "demo" / "train.stop").exists()
+    assert "training finished" in Path(tmp_path / "demo" / "train.log").read_text()

@@ -1,0 +1,121 @@
+"""Live, hook-only: training code rayprof did not write, and what one step of it is.
+
+Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
+instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
+``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
+Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The Lightning and Trainer
+jobs start their own frameworks: ``extended``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from orchestrator.models.analysis import Summary
+from orchestrator.models.requests import ProfileState
+from tests.support.common import REPO, wait_for
+from tests.support.tracefiles import load_trace
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = REPO / "tests" / "jobs" / "foreign_loops.py"
+ADAM = "Optimizer.step#Adam.step"
+# loop -> (target, ranks, what one step is, the optimizer steps in one profiled step)
+JOBS = {
+    "gan": ("foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1", [ADAM, "Optimizer.step#SGD.step"]),
+    "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1", [ADAM]),
+    "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1", [ADAM]),
+    "hf": ("foreign-hf", 2, "1 step = AdamW.step ×1", ["Optimizer.step#AdamW.step"]),
+}
+
+
+@contextmanager
+def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iterator[None]:
+    """The jobs of ``loops``, until each has said what one step is on every rank; stopped after."""
+    procs = []
+    try:
+        for loop in loops:
+            name = JOBS[loop][0]
+            log = open(logs / f"{name}.log", "w")
+            command = [sys.executable, str(SCRIPT), "--loop", loop, "--name", name, "--address", ray_cluster,
+                       "--stop-file", str(logs / "stop"), "--storage-path", str(logs / "train")]
+            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
+
+        def learned() -> bool:
+            for proc, log in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{log.name} exited: {Path(log.name).read_text()[-3000:]}")
+            found = {t.name: t for t in client.targets()}
+            return all(
+                name in found and len(found[name].ranks) == ranks and all(r.step_definition == want for r in found[name].ranks)
+                for name, ranks, want, _ in (JOBS[loop] for loop in loops)
+            )
+
+        wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
+        yield
+    finally:
+        (logs / "stop").touch()
+        for proc, log in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def plain_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[None]:
+    with _running(ray_cluster, client, tmp_path_factory.mktemp("foreign"), ["gan", "compiled"]):
+        yield
+
+
+def _optimizer_steps_per_profiler_step(trace: dict) -> list[list[str]]:
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    opt = [e for e in events if e["name"].startswith("Optimizer.step#")]
+    return [sorted(o["name"] for o in opt if s["ts"] <= o["ts"] < s["ts"] + s["dur"]) for s in steps]
+
+
+def _profile_and_check(file_store, loop: str) -> None:
+    name, ranks, definition, optimizer_steps = JOBS[loop]
+    manifest = file_store.client.profile(name, steps=3).wait(timeout=180)
+
+    assert manifest.status == ProfileState.DONE, manifest.reason
+    assert [r.step_definition for r in manifest.ranks] == [definition] * ranks
+    folder = Path(file_store.root) / name / manifest.profile_id
+    traces = sorted((folder / "traces").glob("rank*.pt.trace.json.gz"))
+    assert len(traces) == ranks
+    for path in traces:
+        assert _optimizer_steps_per_profiler_step(load_trace(path)) == [sorted(optimizer_steps)] * 3
+    summary = Summary.model_validate(manifest.summary)
+    for r in summary.ranks:
+        # The report's phases add up to the step, and backward is found where loss.backward() runs
+        # (inside Optimizer.step for Lightning's closure).
+        assert r.mean_phases.total() == pytest.approx(r.mean_step_ms, rel=0.02)
+        assert r.mean_phases.backward > 0
+
+
+@pytest.mark.parametrize("loop", ["gan", "compiled"])
+def test_one_profiled_step_of_an_unmodified_loop_is_one_iteration(plain_jobs, file_store, loop):
+    _profile_and_check(file_store, loop)
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_a_lightning_job_is_one_closure_step(ray_cluster, client, file_store, tmp_path):
+    pytest.importorskip("lightning")
+    with _running(ray_cluster, client, tmp_path, ["lightning"]):
+        _profile_and_check(file_store, "lightning")
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_a_hugging_face_trainer_is_one_accumulated_step(ray_cluster, client, file_store, tmp_path):
+    pytest.importorskip("transformers")
+    with _running(ray_cluster, client, tmp_path, ["hf"]):
+        _profile_and_check(file_store, "hf")

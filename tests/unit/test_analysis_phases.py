@@ -1,0 +1,138 @@
+"""Phases from nesting (issue 29): the innermost recognised span decides, so the forward and
+backward that a closure optimizer runs inside ``Optimizer.step`` are forward and backward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.intervals import total, union
+from orchestrator.analysis.phases import innermost
+from orchestrator.analysis.spans import is_backward
+from orchestrator.models.analysis import PHASES
+from orchestrator.traces.loader import Span
+from tests.support.realtraces import EXTERNAL_CASES, external, h100
+from tests.support.tracefiles import case, load_trace, write_trace, x_event
+
+
+def _span(name: str, cat: str = "cpu_op") -> Span:
+    return Span(ts=0.0, end=1.0, name=name, cat=cat, pid=1, tid=1)
+
+
+@pytest.mark.parametrize("name", ["closure_adam", "closure_lbfgs"])
+def test_a_closure_optimizers_forward_and_backward_are_not_optimizer_time(name: str) -> None:
+    # Recorded with torch.profiler: optimizer.step(closure), the closure runs zero_grad, the model, the loss
+    # and loss.backward() inside Optimizer.step#....step. Before nesting decided, backward was 0 ms and
+    # nearly the whole step was "optimizer".
+    folder = case(name)
+    (rank,) = analyze_folder(folder).ranks
+    # What the autograd engine ran on the main thread inside the profiled steps, per step.
+    (path,) = (folder / "traces").iterdir()
+    events = [e for e in load_trace(path)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    engine = union(
+        (e["ts"], e["ts"] + e["dur"]) for e in events
+        if e["name"].startswith("autograd::engine::evaluate_function") and any(a <= e["ts"] < b for a, b in steps)
+    )
+    assert rank.mean_phases.backward == pytest.approx(total(engine) / 1000 / len(steps), rel=0.05)
+    assert rank.mean_phases.forward > 0
+    for step in rank.steps:
+        assert step.phases.total() == pytest.approx(step.duration_ms, rel=1e-6)
+
+
+def test_a_closures_backward_run_by_the_autograd_thread_is_backward(tmp_path: Path) -> None:
+    # GPU-shaped: inside Optimizer.step the main thread runs the closure's forward ops, then waits in no op while
+    # the autograd engine's device thread runs backward, then does the optimizer's own update.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("Optimizer.step#Adam.step", 100, 800, cat="user_annotation"),
+        x_event("Optimizer.zero_grad#Adam.zero_grad", 100, 10, cat="user_annotation"),
+        x_event("aten::linear", 120, 180),
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 310, 380, tid=2),
+        x_event("aten::add_", 700, 180),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    (rank,) = analyze_folder(tmp_path).ranks
+    p = rank.mean_phases
+    # forward: before the step (100 µs) and the step's own time before the first backward (110-310 µs).
+    assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.3, 0.38, 0.22, 0.1))
+
+
+def test_a_module_forward_inside_backward_is_forward_and_backward_inside_forward_is_backward() -> None:
+    # Activation checkpointing recomputes forward inside backward: the innermost span decides.
+    found = innermost([(0, 100, "backward"), (10, 30, "forward"), (50, 60, "forward"), (55, 58, "backward")])
+    assert found == {"backward": [(0, 10), (30, 50), (55, 58), (60, 100)], "forward": [(10, 30), (50, 55), (58, 60)]}
+
+
+def test_a_child_spilling_past_its_parent_by_rounding_is_still_innermost() -> None:
+    found = innermost([(0, 100, "step"), (90, 100.5, "backward")])
+    assert found == {"step": [(0, 90)], "backward": [(90, 100.5)]}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "autograd::engine::evaluate_function: CompiledFunctionBackward",
+        "CompiledFunctionBackward",
+        "Torch-Compiled Region: !0/0/0",  # compiled autograd's graph
+        "## backward ##",
+    ],
+)
+def test_the_autograd_engine_and_compiled_backward_are_backward(name: str) -> None:
+    assert is_backward(_span(name))
+
+
+@pytest.mark.parametrize("name", ["Torch-Compiled Region: 0/0", "CompiledFunction", "nccl:all_reduce"])
+def test_a_compiled_forward_or_a_collective_is_not_backward(name: str) -> None:
+    assert not is_backward(_span(name))
+
+
+@pytest.mark.parametrize("name", EXTERNAL_CASES)
+def test_phases_still_add_up_on_every_real_trace(name: str) -> None:
+    for rank in external(name).ranks:
+        for step in rank.steps:
+            assert step.phases.total() == pytest.approx(step.duration_ms, rel=1e-6)
+            assert all(step.phases.get(p) >= -1e-9 for p in PHASES)
+
+
+def test_a_plain_optimizer_step_stays_optimizer_time() -> None:
+    # The H100 recordings call optimizer.step() with no closure: its time is the optimizer's, as before.
+    for name in ("seed003_before", "seed003_after"):
+        (rank,) = h100(name).ranks
+        assert rank.mean_phases.optimizer > 0.5 and rank.mean_phases.backward > 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 100), st.integers(1, 50), st.sampled_from(["forward", "backward", "optimizer", "step"])),
+        max_size=12,
+    )
+)
+def test_innermost_gives_every_instant_of_any_span_to_exactly_one_label(raw: list[tuple[int, int, str]]) -> None:
+    # Any spans, nested or overlapping as a trace from outside may have them: the labels' intervals are disjoint
+    # and together cover exactly the spans' union.
+    spans = [(float(a), float(a + d), label) for a, d, label in raw]
+    found = innermost(spans)  # type: ignore[arg-type]
+    every = sorted(iv for ivs in found.values() for iv in ivs)
+    assert all(a[1] <= b[0] for a, b in zip(every, every[1:]))
+    assert union(every) == union((a, b) for a, b, _ in spans)
+
+
+def test_compiled_autograds_region_is_backward() -> None:
+    # Recorded: a torch.compile'd model whose loss.backward() runs under compiled autograd, as one
+    # "Torch-Compiled Region: !0/1/0" span with no autograd-engine node inside it.
+    folder = case("compiled_autograd")
+    (rank,) = analyze_folder(folder).ranks
+    (path,) = (folder / "traces").iterdir()
+    events = [e for e in load_trace(path)["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    regions = union(
+        (e["ts"], e["ts"] + e["dur"]) for e in events
+        if e["name"].startswith("Torch-Compiled Region: !") and any(a <= e["ts"] < b for a, b in steps)
+    )
+    assert rank.mean_phases.backward == pytest.approx(total(regions) / 1000 / len(steps), rel=0.05)

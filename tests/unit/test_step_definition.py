@@ -1,0 +1,61 @@
+"""What one step is travels from the agent's heartbeat to the target listing and the manifest's ranks (no Ray)."""
+
+from __future__ import annotations
+
+from actors.controller.agents.registry import Registry
+from orchestrator.models.agent_protocol import Heartbeat
+from orchestrator.models.profile import RankResult
+from tests.support.fake_agents import make_controller, run, worker_info
+
+GAN = "1 step = SGD.step ×1 + Adam.step ×1"
+
+
+def test_the_target_listing_says_what_one_step_is_from_the_heartbeat(home):
+    async def go():
+        c = make_controller(home)
+        info = worker_info(0, 1)
+        secret = await c.register(info)
+        await c.poll(Heartbeat(agent_id=info.agent_id, step=3, step_definition=GAN), secret)
+        # An agent that says nothing (an older one) leaves what is known.
+        await c.poll(Heartbeat(agent_id=info.agent_id, step=4), secret)
+        return await c.targets()
+
+    (target,) = run(go())
+    assert [r.step_definition for r in target.ranks] == [GAN]
+
+
+def test_a_relayed_heartbeat_carries_what_one_step_is():
+    now = [10.0]
+    registry = Registry(clock=lambda: now[0])
+    info = worker_info(1, 2)
+    worker, _ = registry.register(info)
+    assert worker is not None
+    now[0] = 11.0
+    registry.heartbeat(info.agent_id, 7, 0.5, 0.2, GAN)
+    assert registry.workers[info.agent_id].step_definition == GAN
+
+
+def test_a_manifest_rank_says_what_one_step_was_when_the_window_was_planned():
+    result = RankResult.waiting(worker_info(0, 1), GAN)
+    assert result.step_definition == GAN
+    assert result.model_copy(update={"first_step": 5}).step_definition == GAN
+
+
+def test_rayprof_targets_says_what_one_step_is(monkeypatch):
+    import argparse
+    import io
+
+    from orchestrator.cli import commands, output
+    from orchestrator.models.control import TargetInfo, WorkerStatus
+
+    ranks = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5, step_definition=GAN) for r in (0, 1)]
+    target = TargetInfo(name="run", world_size=2, ranks=ranks)
+    monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: [target]})())
+
+    printed = io.StringIO()
+    before = output.set_results(printed)
+    try:
+        assert commands.targets(argparse.Namespace(json=False)) == 0
+    finally:
+        output.set_results(before)
+    assert f"run: {GAN}" in printed.getvalue().splitlines()
