@@ -107,6 +107,7 @@ class Controller(Startup, AgentSide, ClientSide):
             self._save_checked,
             self._catalog.__contains__,
             self._spawn,
+            clock,
         )
         postprocess = self._telemetry.timed(postprocess)
         self._leases = Leases(self._cluster, self._home, self._settings, self._profiles)

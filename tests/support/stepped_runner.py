@@ -79,13 +79,16 @@ async def _idle() -> None:
 class SteppedMonitor:
     """Takes the monitor loop (health, watches, telemetry) and the worker reaper away from a controller
     made with ``clock``, and makes its fake agents train on that clock: each :meth:`tick` moves the
-    monotonic clock (the wall clock moves only by ``clock.forward``), lets every agent train for that long and heartbeat (as its long-poll would), then runs one
-    monitor tick. The runner's timeouts read the same clock, so nothing times out unless the test ticks
-    that far; replies and reports still flow on real time. Make it before the controller starts."""
+    monotonic clock (the wall clock moves only by ``clock.forward``, unless ``wall``: then each tick moves it
+    as far, for what dates heartbeats, the step history), lets every agent train for that long and heartbeat
+    (as its long-poll would), then runs one monitor tick. The runner's timeouts read the same clock, so
+    nothing times out unless the test ticks that far; replies and reports still flow on real time. Make it
+    before the controller starts."""
 
-    def __init__(self, c: Controller, clock: ManualClock) -> None:
+    def __init__(self, c: Controller, clock: ManualClock, *, wall: bool = False) -> None:
         self.c = c
         self.clock = clock
+        self.wall = wall
         self.agents: list[FakeAgent] = []
         c._monitor = _idle  # type: ignore[method-assign]
         c._reap_workers = _idle  # type: ignore[method-assign]
@@ -102,6 +105,8 @@ class SteppedMonitor:
         go without waiting."""
         seconds = self.c._config.monitor_interval_s if seconds is None else seconds
         self.clock.advance(seconds)
+        if self.wall:
+            self.clock.forward(seconds)
         for agent in self.agents:
             if not agent.stopped:
                 agent.advance(seconds)

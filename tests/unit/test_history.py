@@ -12,6 +12,7 @@ from actors.controller.monitoring.step_history import TIERS, RankHistory, RunHis
 from orchestrator.errors import TargetNotFoundError
 from orchestrator.models.requests import ProfileRequest
 from tests.support.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
+from tests.support.stepped_runner import ManualClock, SteppedMonitor
 
 
 def _fill(history: RankHistory, seconds: float, step_s: float = 0.1, start: float = 1e9) -> None:
@@ -165,15 +166,30 @@ def test_the_controller_keeps_each_ranks_history_and_serves_it(home):
 
 def test_a_window_that_leaves_a_rank_slower_is_said_in_its_status_and_saved(home):
     async def scenario():
-        # 1.5x: the fake ranks' asyncio timers jitter by more than 10% on a loaded machine.
-        c = make_controller(home, post_window_steps=5, post_window_slowdown=1.5, **MONITORED)
-        agents = await start_agents(c, 2)
+        clock = ManualClock()
+        # The ranks train, and their heartbeats are dated, on the stepped clock: each tick moves both.
+        m = SteppedMonitor(
+            make_controller(home, clock, post_window_steps=5, post_window_slowdown=1.5, **MONITORED), clock, wall=True
+        )
+        c = m.c
+        # The agents date their reports (a window's end) on real time; the controller's wall clock runs
+        # ahead of it, so the heartbeats after a window come after its end however slow the machine is.
+        clock.forward(60)
+        agents = await m.start_agents(2)
         await c.ping()
-        await asyncio.sleep(2.5)  # a baseline of heartbeats before the window
+
+        def baseline() -> bool:  # heartbeats before the window, over a few seconds of the 1 s tier
+            runs = list(c._telemetry.history.runs.values())
+            return len(runs) == 1 and len(runs[0].ranks) == 2 and all(
+                len(list(r.tiers[0].points())) >= 3 for r in runs[0].ranks.values()
+            )
+
+        assert await m.tick_until(baseline, max_ticks=400)
         status = await c.submit(ProfileRequest(target="run", steps=5))
         # Rank 1 keeps running 20x slower once its window is over: the profiler did not let go.
-        while not agents[1].windows or agents[1].step < agents[1].windows[0].stop_step:
-            await asyncio.sleep(0.01)
+        assert await m.tick_until(
+            lambda: agents[1].windows and agents[1].step >= agents[1].windows[0].stop_step, max_ticks=400
+        )
         agents[1].step_s = 0.2
         final, _ = await wait_terminal(c, status.id)
         assert await until(lambda: c._profiles.get(status.id) is None, timeout_s=5)
@@ -182,9 +198,7 @@ def test_a_window_that_leaves_a_rank_slower_is_said_in_its_status_and_saved(home
             s = await c.get(status.id)
             return s.post_window is not None and s.post_window.final
 
-        deadline = asyncio.get_running_loop().time() + 20
-        while not await checked() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.2)
+        await m.tick_until(checked, max_ticks=800)
         check = (await c.get(status.id)).post_window
         assert check is not None and check.verdict == "slower", check
         by_rank = {r.rank: r for r in check.ranks}

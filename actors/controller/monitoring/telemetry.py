@@ -4,7 +4,9 @@ Everything here reads what the controller already holds (heartbeats,
 profiles, watches); nothing calls a rank, and the poll handlers are
 untouched. The controller calls :meth:`Telemetry.tick` from its monitor
 loop, :meth:`bundle_ended` when a profile or stacks bundle ends, and wraps
-its postprocess with :meth:`timed`.
+its postprocess with :meth:`timed`. Heartbeats are dated, and checks and saves
+timed, on the controller's clock (:mod:`actors.controller.clock`), so a test
+steps the history instead of waiting for it to fill.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from actors.controller.agents.registry import Registry, Worker
+from actors.controller.clock import Clock
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import history_answer
 from actors.controller.monitoring.metrics import Metrics
@@ -52,8 +55,10 @@ class Telemetry:
         save_profile: Callable[[Profile], Awaitable[None]],
         known: Callable[[str], bool],
         spawn: Callable[[Any], Any],
+        clock: Clock,
     ) -> None:
         self._registry = registry
+        self._clock = clock
         self._config = config
         self._assess = assess
         self._save_profile = save_profile
@@ -69,7 +74,7 @@ class Telemetry:
         )
         # None: the saved histories are not read yet; the history records nothing until they are.
         self._loaded: bool | None = None
-        self._saved_at = time.monotonic()
+        self._saved_at = clock.monotonic()
         self._saving = False
         self._last_firing: dict[str, Any] = {}
         self._postprocess_s: dict[str, float] = {}
@@ -80,6 +85,7 @@ class Telemetry:
         """``postprocess``, remembering how long each profile's took."""
 
         async def run(manifest: Manifest, profile: Profile, timeout_s: float) -> Manifest:
+            # The work's own duration, on the process's clock: no test steps a postprocess.
             started = time.monotonic()
             try:
                 return await postprocess(manifest, profile, timeout_s)
@@ -91,18 +97,21 @@ class Telemetry:
     def bundle_ended(self, profile: Profile) -> None:
         postprocess_s = self._postprocess_s.pop(profile.id, None)
         if self._config().history and self._loaded:
-            self._checks.track(profile, time.time())  # a window shorter than a tick was never seen live
+            self._checks.track(profile, self._wall())  # a window shorter than a tick was never seen live
         if self._metrics is not None:
             self._metrics.bundle_ended(profile, postprocess_s)
 
     def resume_check(self, profile: Profile) -> None:
         """A finished profile whose post-window check was in progress when the controller restarted:
         followed again from when it finished (it gives up, ``unknown``, when the history is gone)."""
-        since = profile.finished_at.timestamp() if profile.finished_at is not None else time.time()
+        since = profile.finished_at.timestamp() if profile.finished_at is not None else self._wall()
         if self._config().history:
             self._checks.track(profile, since)
             return
         self._checks.end(profile)  # no history is kept: nothing would ever decide it
+
+    def _wall(self) -> float:
+        return self._clock.wall().timestamp()
 
     def _check_ended(self, profile: Profile, check: PostWindowCheck) -> None:
         if self._metrics is not None:
@@ -123,7 +132,7 @@ class Telemetry:
 
     def tick(self, now: float, live: Iterable[Profile], watches: list[WatchStatus]) -> None:
         config = self._config()
-        wall = time.time()
+        wall = self._wall()
         if config.history:
             self._history_tick(now, wall, config)
             if self._loaded:
@@ -212,5 +221,5 @@ class Telemetry:
                 raise TargetNotFoundError(f"no step-time history for {target!r}" + (f" run {run!r}" if run else ""), target=target)
             # Live but no point yet (just registered, or history off): empty, not unknown.
             found = RunHistory(target, run or newest)
-        snapshot = found.snapshot(span_s, time.time(), ranks)
+        snapshot = found.snapshot(span_s, self._wall(), ranks)
         return await asyncio.to_thread(history_answer.answer, snapshot, max_points)
