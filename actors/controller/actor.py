@@ -81,7 +81,7 @@ class Controller(Startup, AgentSide, ClientSide):
         self._home = config.storage
         owner = cluster or ray_cluster_id()
         self._cluster = config.cluster_name or owner
-        self._lease = NameLease(self._home, self._cluster, owner)
+        self._lease = NameLease(self._home, self._cluster, owner, clock.monotonic)
         # The one holder of the settings in force, which every part reads (configure changes the storage).
         self._settings = LiveConfig(config.model_copy(update={"cluster_name": self._cluster}))
         self._clock = clock
@@ -110,13 +110,13 @@ class Controller(Startup, AgentSide, ClientSide):
             clock,
         )
         postprocess = self._telemetry.timed(postprocess)
-        self._leases = Leases(self._cluster, self._home, self._settings, self._profiles)
+        self._leases = Leases(self._cluster, self._home, self._settings, self._profiles, clock)
         commit = Commit(self._persistence, self._leases)
         self._runner = Runner(
             self._registry, commit, self._settings, self._catalog.known, postprocess, partial(cluster_info, self._registry), clock
         )
-        self._retention = Retention(self._persistence, self._settings)
-        self._cleanup = Cleanup(self._catalog, self._retention, self._settings)
+        self._retention = Retention(self._persistence, self._settings, clock)
+        self._cleanup = Cleanup(self._catalog, self._retention, self._settings, clock)
         self._stacks = StacksTaker(self._registry, commit, self._settings, self._catalog, self._leases)
         self._intake = Intake(
             self._settings, self._registry, self._catalog, self._queue, self._persistence, self._leases,

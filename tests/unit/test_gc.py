@@ -3,12 +3,12 @@ a grace period deleted, on the file backend and on S3 (moto's server)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import timedelta
 
 import pytest
 
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from benchmarks._stored import CLUSTER, TARGET, write_saved_profiles
 from orchestrator.layout import manifest_key, profile_id, state_key
 from orchestrator.models.agent_protocol import StorageSpec
@@ -16,6 +16,7 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.summaries import GcRequest
 from orchestrator.storage import open_storage
 from tests.support.fake_agents import make_controller, run
+from tests.support.stepped_runner import ManualClock
 
 # The older of two stored profiles passes RETENTION (a minute and 4 s) 4 s after it is written.
 RETENTION = timedelta(minutes=1, seconds=4)
@@ -39,8 +40,8 @@ def leftover(store: StorageSpec, age: timedelta, *, name: str | None = None, man
     return folder_id
 
 
-def controller(store: StorageSpec):
-    return make_controller(store, cluster_name=CLUSTER, retention_days=RETENTION.total_seconds() / 86400)
+def controller(store: StorageSpec, clock: Clock = SYSTEM_CLOCK):
+    return make_controller(store, clock, cluster_name=CLUSTER, retention_days=RETENTION.total_seconds() / 86400)
 
 
 def exists(store: StorageSpec, folder_id: str) -> bool:
@@ -95,9 +96,10 @@ def test_gc_applies_retention_now_to_profiles_that_expired_since_the_last_finish
         leftover(store, timedelta(0), name=profile, manifest=True)
 
     async def go():
-        c = controller(store)
+        clock = ManualClock()
+        c = controller(store, clock)
         await c.ping()  # both are within retention at start
-        time.sleep(5)
+        clock.forward(5)
         dry = await c.gc(GcRequest(dry_run=True))
         return dry, await c.gc(GcRequest()), await c.list()
 

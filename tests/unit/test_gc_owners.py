@@ -19,7 +19,7 @@ from moto.server import ThreadedMotoServer
 
 from actors.controller.saved.leases import OwnerLease
 from orchestrator.errors import StorageError
-from orchestrator.layout import owner_key, profile_id
+from orchestrator.layout import id_created_at, owner_key, profile_id
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.common import utcnow
 from orchestrator.models.requests import ProfileRequest, ProfileState
@@ -27,6 +27,7 @@ from orchestrator.models.summaries import GcRequest
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
 from tests.support.fake_agents import make_controller, run, start_agents, status_when, until
+from tests.support.stepped_runner import ManualClock
 
 # Long enough for a profile made a second ago to count as past it.
 TINY_GRACE_HOURS = 0.0001
@@ -65,6 +66,13 @@ def outage(s3_server, monkeypatch):
     server.stop()
 
 
+def past_its_making(clock: ManualClock, folder_id: str, seconds: float) -> None:
+    """Move ``clock``'s wall to ``seconds`` after ``folder_id`` was made (its id says when), as gc reads it."""
+    made = id_created_at(folder_id)
+    assert made is not None, folder_id
+    clock.forward(max(0.0, (made + timedelta(seconds=seconds) - clock.wall()).total_seconds()))
+
+
 def file_root(tmp_path, name: str) -> StorageSpec:
     return StorageSpec(uri=str(tmp_path / name))
 
@@ -98,12 +106,13 @@ def test_gc_keeps_a_running_profile_of_a_cluster_whose_state_lives_elsewhere(tmp
 
     async def go():
         a = make_controller(file_root(tmp_path, "home-a"), cluster_name="a", request_timeout_s=60, **PATIENT)
-        b = make_controller(file_root(tmp_path, "home-b"), cluster_name="b")
+        clock = ManualClock()
+        b = make_controller(file_root(tmp_path, "home-b"), clock, cluster_name="b")
         await a.configure(root)
         await b.configure(root)
         agents, running = await running_profile(a, root)
         gone = abandoned(root, lease="expired")
-        await asyncio.sleep(1.2)  # the running profile is now older than the grace
+        past_its_making(clock, running, 1.2)  # by b's clock, the running profile is now older than the grace
         report = await b.gc(GcRequest(grace_hours=TINY_GRACE_HOURS))
         status = await a.get(running)
         for agent in agents:
@@ -171,7 +180,7 @@ def test_on_s3_through_an_outage_gc_never_deletes_the_running_profile_and_the_le
         server.stop()
         with pytest.raises(StorageError):
             await b.gc(GcRequest(grace_hours=TINY_GRACE_HOURS))
-        await asyncio.sleep(1.5)  # a renewal falls in the outage and fails (logged)
+        await a._leases.renew()  # a renewal round in the outage: it fails (logged)
         server.start()
 
         def renewed() -> bool:
@@ -197,7 +206,8 @@ def test_gc_keeps_a_stacks_bundle_whose_ranks_are_stored_while_it_waits_for_the_
 
     async def go():
         a = make_controller(file_root(tmp_path, "home-a"), cluster_name="a", stacks_timeout_s=4.0, **PATIENT)
-        b = make_controller(file_root(tmp_path, "home-b"), cluster_name="b")
+        clock = ManualClock()
+        b = make_controller(file_root(tmp_path, "home-b"), clock, cluster_name="b")
         await a.configure(root)
         await b.configure(root)
         agents = await start_agents(a, 2)
@@ -205,7 +215,8 @@ def test_gc_keeps_a_stacks_bundle_whose_ranks_are_stored_while_it_waits_for_the_
         taking = asyncio.create_task(a.stacks("run"))
         storage = open_storage(root)
         assert await until(lambda: any(k.endswith("/stacks/rank0.txt") for k in storage.list("run/")), timeout_s=3)
-        await asyncio.sleep(1.1)  # the bundle is now older than the grace
+        bundle_id = next(k for k in storage.list("run/") if k.endswith("/stacks/rank0.txt")).split("/")[1]
+        past_its_making(clock, bundle_id, 1.1)  # by b's clock, the bundle is now older than the grace
         report = await b.gc(GcRequest(grace_hours=TINY_GRACE_HOURS))
         bundle = await taking
         for agent in agents:

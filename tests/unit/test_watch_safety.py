@@ -197,7 +197,7 @@ def test_automatic_bundles_have_a_retention_budget_of_their_own():
     watched = [_entry(n, trigger("watch-1")) for n in range(3, 50)]
     stalled = [_entry(50, trigger(None))]
 
-    due = {e.id for e in expired([*requested, *watched, *stalled], count=3, days=30, auto_count=5)}
+    due = {e.id for e in expired([*requested, *watched, *stalled], count=3, days=30, auto_count=5, now=utcnow())}
 
     assert not due & {e.id for e in requested}
     assert due == {e.id for e in watched[:-4]}  # the newest 5 automatic: the stall's and 4 watch bundles

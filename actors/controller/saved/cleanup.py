@@ -8,7 +8,8 @@ it), not known to this controller, no owner lease that has not run out (a
 cluster whose state lives elsewhere still runs it: see ``leases.py``), and made
 longer ago than the grace period (its id says when): what a postprocess that
 crashed before its commit point leaves behind. Folders whose names rayprof did
-not give are never touched; folders holding no file are not reported.
+not give are never touched; folders holding no file are not reported. Ages and
+leases are read against the controller's wall clock (:mod:`actors.controller.clock`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from actors.controller.clock import Clock
 from actors.controller.saved.catalog import Catalog
 from actors.controller.saved.leases import lease_is_live
 from actors.controller.saved.retention import Retention
 from orchestrator.errors import StorageError
 from orchestrator.layout import STATE_ROOT, id_created_at, manifest_key, profile_prefix, state_key
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.summaries import GcReport, GcRequest, Leftover
 from orchestrator.storage import open_storage
@@ -35,12 +36,15 @@ logger = logging.getLogger(__name__)
 
 
 def find_leftovers(
-    spec: StorageSpec, known: Callable[[str], bool], older_than: datetime, skipped: list[str] | None = None
+    spec: StorageSpec,
+    known: Callable[[str], bool],
+    now: datetime,
+    older_than: datetime,
+    skipped: list[str] | None = None,
 ) -> list[Leftover]:
-    """Leftover profile folders in ``spec``'s storage; ``known`` says whether a controller holds an id.
-    A folder kept only because its owner lease is unreadable is added to ``skipped``, with why."""
+    """Leftover profile folders in ``spec``'s storage at ``now``; ``known`` says whether a controller holds
+    an id. A folder kept only because its owner lease is unreadable is added to ``skipped``, with why."""
     storage = open_storage(spec)
-    now = utcnow()
     clusters = storage.folders(STATE_ROOT)
     found = []
     for target in storage.folders(""):
@@ -64,10 +68,13 @@ def find_leftovers(
 
 
 class Cleanup:
-    def __init__(self, catalog: Catalog, retention: Retention, config: Callable[[], ControllerConfig]) -> None:
+    def __init__(
+        self, catalog: Catalog, retention: Retention, config: Callable[[], ControllerConfig], clock: Clock
+    ) -> None:
         self._catalog = catalog
         self._retention = retention
         self._config = config
+        self._clock = clock
 
     async def collect(self, request: GcRequest) -> GcReport:
         """Delete expired profiles and leftovers (with ``dry_run``, only list them). Raises
@@ -76,9 +83,8 @@ class Cleanup:
         grace = timedelta(hours=request.grace_hours or cfg.gc_grace_hours)
         due = self._retention.due(self._catalog)
         skipped: list[str] = []
-        leftovers = await asyncio.to_thread(
-            find_leftovers, cfg.storage, self._catalog.__contains__, utcnow() - grace, skipped
-        )
+        now = self._clock.wall()
+        leftovers = await asyncio.to_thread(find_leftovers, cfg.storage, self._catalog.__contains__, now, now - grace, skipped)
         if request.dry_run:
             return GcReport(dry_run=True, expired=[e.summary for e in due], leftovers=leftovers, skipped=skipped)
         failed = await self._retention.enforce(self._catalog)
@@ -88,7 +94,7 @@ class Cleanup:
         for leftover in leftovers:
             try:
                 # Looked at again just before: an owner may have renewed its lease since the listing.
-                if await asyncio.to_thread(lease_is_live, storage, leftover.target, leftover.profile_id, utcnow()):
+                if await asyncio.to_thread(lease_is_live, storage, leftover.target, leftover.profile_id, self._clock.wall()):
                     continue
                 await asyncio.to_thread(storage.delete_tree, profile_prefix(leftover.target, leftover.profile_id))
             except StorageError as e:

@@ -6,6 +6,7 @@ unfinished profile's folder names its owner and an expiry, renewed by the
 owning controller every third of ``RAYPROF_OWNER_LEASE_S``; ``gc`` keeps a
 folder whose lease has not run out, whoever owns it. A finished profile's
 lease is removed: its manifest (the commit point) protects it from then on.
+Leases are dated on the controller's wall clock (:mod:`actors.controller.clock`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, ValidationError
 
+from actors.controller.clock import Clock
 from actors.controller.profiles.state import Record
 from orchestrator.errors import StorageError
 from orchestrator.layout import cluster_state_prefix, owner_key
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.common import StrictModel, utcnow
+from orchestrator.models.common import StrictModel
 from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import Storage, open_storage
 
@@ -74,8 +76,10 @@ class Leases:
         home: StorageSpec,
         config: Callable[[], ControllerConfig],
         profiles: dict[str, Record],
+        clock: Clock,
     ) -> None:
         self._cluster = cluster
+        self._clock = clock
         self._home = home
         self._config = config
         self._profiles = profiles
@@ -109,7 +113,7 @@ class Leases:
                 await self._write(profile)
 
     async def _write(self, profile: Record) -> None:
-        now = utcnow()
+        now = self._clock.wall()
         lease = OwnerLease(
             cluster=self._cluster,
             profile_id=profile.id,

@@ -2,21 +2,21 @@
 apart from them the newest ``retention_auto_count`` the controller took by itself (a watch, stacks on
 STALLED: those with a trigger), none older than ``retention_days``; the rest are deleted from storage
 (folder and saved state) and from memory. Two budgets, so a watch that fires often only ever pushes
-out what watches took, never a profile someone asked for."""
+out what watches took, never a profile someone asked for. Ages and retries are read on the controller's
+clock (:mod:`actors.controller.clock`), so a test steps past a retention instead of sleeping it out."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from actors.controller.clock import Clock
 from actors.controller.saved.catalog import Catalog
 from actors.controller.saved.persistence import Finished, Persistence
 from orchestrator.errors import StorageError
 from orchestrator.layout import profile_prefix
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.storage import open_storage
 
@@ -29,11 +29,13 @@ logger = logging.getLogger(__name__)
 RETRY_S = 5.0
 
 
-def expired(finished: Iterable[Finished], count: int, days: float, auto_count: int) -> list[Finished]:
+def expired(
+    finished: Iterable[Finished], count: int, days: float, auto_count: int, now: datetime
+) -> list[Finished]:
     """Finished profiles past the retention policy, oldest last: requested ones beyond the newest
-    ``count``, automatic ones beyond the newest ``auto_count``, and any older than ``days``."""
+    ``count``, automatic ones beyond the newest ``auto_count``, and any older than ``days`` at ``now``."""
     newest_first = sorted(finished, key=lambda e: e.summary.created_at, reverse=True)
-    cutoff = utcnow() - timedelta(days=days)
+    cutoff = now - timedelta(days=days)
     seen = {"requested": 0, "automatic": 0}
     due = []
     for e in newest_first:
@@ -46,9 +48,10 @@ def expired(finished: Iterable[Finished], count: int, days: float, auto_count: i
 
 
 class Retention:
-    def __init__(self, persistence: Persistence, config: Callable[[], ControllerConfig]) -> None:
+    def __init__(self, persistence: Persistence, config: Callable[[], ControllerConfig], clock: Clock) -> None:
         self._persistence = persistence
         self._config = config
+        self._clock = clock
         # One round at a time (a profile ending and the retry could race for the same folder).
         self._lock = asyncio.Lock()
         self._retry_at: float | None = None
@@ -60,14 +63,16 @@ class Retention:
     def due(self, catalog: Catalog) -> list[Finished]:
         """What the policy no longer keeps."""
         cfg = self._config()
-        return expired(catalog.finished.values(), cfg.retention_count, cfg.retention_days, cfg.retention_auto_count)
+        return expired(
+            catalog.finished.values(), cfg.retention_count, cfg.retention_days, cfg.retention_auto_count, self._clock.wall()
+        )
 
     async def enforce(self, catalog: Catalog) -> list[str]:
         """Delete what the policy no longer keeps; returns what failed. A storage error leaves
         that profile for the next round: the next profile to end, gc, or the monitor tick ``RETRY_S`` later."""
         async with self._lock:
             failed = await self._round(catalog)
-        self._retry_at = time.monotonic() + RETRY_S if failed else None
+        self._retry_at = self._clock.monotonic() + RETRY_S if failed else None
         return failed
 
     async def _round(self, catalog: Catalog) -> list[str]:
