@@ -198,14 +198,18 @@ def test_a_name_is_free_again_once_its_holder_stops_renewing(home, monkeypatch):
     async def go():
         a = named(home, "ray-a", cluster_name_lease_s=0.6)
         await a.ping()
-        b = named(home, "ray-b", cluster_name_lease_s=0.6)
-        # a renews every 0.2 s: b stays refused past a whole lease.
+        # b times how long a's renewals stand still on its own clock, which the test moves.
+        clock = ManualClock()
+        b = named(home, "ray-b", clock, cluster_name_lease_s=0.6)
+        # a renews (a round of its every-0.2 s renewal) within each 0.4 s of b's clock: b stays refused
+        # past a whole lease.
         refused = []
         for _ in range(3):
             with pytest.raises(ClusterNameInUseError):
                 await b.ping()
             refused.append(True)
-            await asyncio.sleep(0.4)
+            await a._lease.acquire(0.6)
+            clock.advance(0.4)
         for task in list(a._tasks):  # a's cluster is gone: nothing renews its lease
             task.cancel()
 
@@ -214,10 +218,12 @@ def test_a_name_is_free_again_once_its_holder_stops_renewing(home, monkeypatch):
                 return await b.ping() == "ok"
             return False
 
+        # b's clock moves on; b retries its start on real time (RESTORE_RETRY_S), so each try waits a turn of it.
         started = False
         for _ in range(60):
             if started := await b_serves():
                 break
+            clock.advance(0.05)
             await asyncio.sleep(0.05)
         return refused, started, (await b.list()).total
 
