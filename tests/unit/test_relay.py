@@ -13,7 +13,7 @@ from orchestrator.errors import ForbiddenError
 from orchestrator.models.agent_protocol import Heartbeat, NodePoll
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
-from tests.support.fake_agents import FakeAgent, make_controller, run, start_agents, wait_terminal, worker_info
+from tests.support.fake_agents import FakeAgent, make_controller, run, start_agents, until, wait_terminal, worker_info
 
 RANKS_PER_NODE = 4
 
@@ -57,6 +57,11 @@ def calls(relays: list[RelayCore], method: str) -> int:
     return sum(r.upstream_calls[method] for r in relays)
 
 
+def settled(c: Controller, relays: list[RelayCore], world_size: int) -> bool:
+    """Every rank is registered at ``c`` and every relay holds its node's long-poll there."""
+    return len(c._registry.workers) == world_size and all(r.upstream_calls["poll_node"] >= 1 for r in relays)
+
+
 def test_ranks_behind_relays_all_capture_the_same_window(home):
     async def go():
         c = make_controller(home)
@@ -77,7 +82,7 @@ def test_a_window_costs_the_controller_a_few_calls_per_node_not_per_rank(home):
     async def go():
         c = make_controller(home, poll_timeout_s=5.0)
         agents, relays = await start_relayed(c, 16)
-        await asyncio.sleep(0.3)
+        assert await until(lambda: settled(c, relays, 16), timeout_s=5)
         before = {m: calls(relays, m) for m in ("poll_node", "report_many")}
         submitted = await c.submit(ProfileRequest(target="run", steps=5))
         status, _ = await wait_terminal(c, submitted.id)
@@ -131,8 +136,8 @@ def test_a_heartbeat_older_than_the_last_one_known_changes_nothing():
 def test_a_rank_whose_process_is_gone_is_dropped_although_its_relay_lives_on(home):
     async def go():
         c = make_controller(home)
-        agents, _ = await start_relayed(c, 4)
-        await asyncio.sleep(0.3)
+        agents, relays = await start_relayed(c, 4)
+        assert await until(lambda: settled(c, relays, 4), timeout_s=5)
         gone = agents[1]
         await gone.stop()
         loop = asyncio.get_running_loop()
@@ -155,7 +160,7 @@ def test_a_controller_restart_behind_a_relay_makes_its_ranks_register_again(home
         agents = [FakeAgent(relay, worker_info(r, 2)) for r in range(2)]  # type: ignore[arg-type]
         for a in agents:
             await a.start()
-        await asyncio.sleep(0.3)
+        assert await until(lambda: settled(first, [relay], 2), timeout_s=5)
         second = make_controller(home)
         upstream["u"].dead = True
         upstream["u"] = Upstream(second)
