@@ -1,10 +1,12 @@
 """The controller's clock, injected so that tests step time instead of sleeping fixed spans.
 
 ``monotonic`` times what only this process compares: heartbeats, stalls, a watch's hold, a
-profile's timeout and its arm round (registry, watches, runner). ``wall`` dates what is saved
-and compared after a restart: firings, cooldowns, hourly caps, schedules. The controller's
+profile's timeout and its arm round, retention's retries, how long another holder's name lease
+stood still (registry, watches, runner, retention, name lease). ``wall`` dates what is saved and
+compared after a restart or by another cluster: firings, cooldowns, hourly caps, schedules, the
+step history and post-window checks, retention ages, gc's grace, owner leases. The controller's
 background loops read :data:`SYSTEM_CLOCK`; a test gives ``Controller(clock=...)`` a clock it
-moves itself (``tests/stepped_runner.ManualClock``) and steps ``Watches.tick`` and
+moves itself (``tests/support/stepped_runner.ManualClock``) and steps ``Watches.tick`` and
 ``Runner.step`` on it.
 """
 
