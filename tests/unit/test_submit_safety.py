@@ -157,6 +157,12 @@ class HeldWrites:
         monkeypatch.setattr(storage, "put_state", put_state)
 
 
+def queued_behind_the_save(c, key: str) -> bool:
+    """Whether a delete waits on ``key`` behind the save that holds it (two users of its lock)."""
+    held = c._persistence._keys._locks.get(key)
+    return held is not None and held.users >= 2
+
+
 def test_a_profile_deleted_while_its_last_save_is_in_flight_stays_deleted_after_a_restart(home, monkeypatch):
     def final_save(key: str, data: bytes) -> bool:
         return "/profiles/" in key and json.loads(data)["state"] == "DONE"
@@ -170,7 +176,7 @@ def test_a_profile_deleted_while_its_last_save_is_in_flight_stays_deleted_after_
         assert await until(held.entered.is_set, timeout_s=10)
         # DONE in memory, its saved state still being written: the delete must wait for that write.
         deleting = asyncio.create_task(c.delete(submitted.id))
-        await asyncio.sleep(0.3)
+        assert await until(lambda: queued_behind_the_save(c, state_key("unit", submitted.id)), timeout_s=10)
         held.release.set()
         await deleting
         assert await until(held.written.is_set, timeout_s=10)
@@ -197,7 +203,7 @@ def test_a_watch_deleted_while_a_firing_is_being_saved_stays_deleted_after_a_res
         agents[1].training = False  # rank 1 falls behind: the watch fires and saves its firing
         assert await until(held.entered.is_set, timeout_s=10)
         deleting = asyncio.create_task(c.delete_watch(watch.id))
-        await asyncio.sleep(0.3)
+        assert await until(lambda: queued_behind_the_save(c, watch_key("unit", watch.id)), timeout_s=10)
         held.release.set()
         await deleting
         assert await until(held.written.is_set, timeout_s=10)
