@@ -111,13 +111,13 @@ class Controller(Startup, AgentSide, ClientSide):
         )
         postprocess = self._telemetry.timed(postprocess)
         self._leases = Leases(self._cluster, self._home, self._settings, self._profiles, clock)
-        commit = Commit(self._persistence, self._leases)
+        self._commit = Commit(self._persistence, self._leases)
         self._runner = Runner(
-            self._registry, commit, self._settings, self._catalog.known, postprocess, partial(cluster_info, self._registry), clock
+            self._registry, self._commit, self._settings, self._catalog.known, postprocess, partial(cluster_info, self._registry), clock
         )
         self._retention = Retention(self._persistence, self._settings, clock)
         self._cleanup = Cleanup(self._catalog, self._retention, self._settings, clock)
-        self._stacks = StacksTaker(self._registry, commit, self._settings, self._catalog, self._leases)
+        self._stacks = StacksTaker(self._registry, self._commit, self._settings, self._catalog, self._leases)
         self._intake = Intake(
             self._settings, self._registry, self._catalog, self._queue, self._persistence, self._leases,
             self._runner, self._telemetry, self._retention, self._spawn,

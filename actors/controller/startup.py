@@ -20,8 +20,8 @@ from typing import Any
 from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
 from actors.controller.monitoring.telemetry import Telemetry
+from actors.controller.profiles.commit import Commit
 from actors.controller.profiles.intake import Intake
-from actors.controller.profiles.runner import Runner
 from actors.controller.profiles.state import Profile
 from actors.controller.saved.catalog import Catalog
 from actors.controller.saved.name_lease import NameLease
@@ -49,7 +49,7 @@ class Startup:
     _persistence: Persistence
     _catalog: Catalog
     _watches: Watches
-    _runner: Runner
+    _commit: Commit
     _retention: Retention
     _intake: Intake
     _telemetry: Telemetry
@@ -153,8 +153,10 @@ class Startup:
         logger.error("rayprof controller: lost the lease on its cluster name; serving nothing: %s", self._refusal)
 
     async def _adopt_manifest(self, profile: Profile) -> None:
-        """Finish a restored profile whose manifest, the commit point, was written before the restart.
-        Never raises: a manifest that cannot be read leaves the profile to run on (it ends by its timeout)."""
+        """Finish a restored profile whose manifest, the commit point, was written before the restart:
+        ended at the commit point like every other profile (its state saved, its owner lease removed),
+        without writing the manifest again. Never raises: a manifest that cannot be read leaves the
+        profile to run on (it ends by its timeout)."""
         try:
             manifest = await self._persistence.stored_manifest(profile)
             if manifest is None:
@@ -162,8 +164,7 @@ class Startup:
             profile.ranks = {r.rank: r for r in manifest.ranks}
             profile.manifest = manifest
             profile.manifest_uri = open_storage(profile.storage).uri(manifest_key(profile.target, profile.id))
-            profile.reason = manifest.reason
             profile.finished_at = manifest.finished_at
-            await self._runner.transition(profile, manifest.status)
+            await self._commit.end(profile, manifest.status, manifest.reason, manifest=None)
         except Exception as e:  # a storage or a parse error alike: the profile runs on
             logger.warning("rayprof controller: cannot adopt the manifest of %s: %s", profile.id, e)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from orchestrator.layout import manifest_key, owner_key
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from orchestrator.storage import open_storage
 from tests.support.fake_agents import make_controller as controller
 from tests.support.fake_agents import run, start_agents, until, wait_terminal
 from tests.support.stepped_runner import Stepped
@@ -43,6 +45,36 @@ def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
     assert restored.state == ProfileState.COLLECTING
     assert [r.state for r in restored.ranks] == [RankState.DONE, RankState.UPLOADING]
     assert status.state == ProfileState.DONE
+
+
+def test_a_profile_whose_manifest_was_written_before_the_restart_ends_done_and_its_owner_lease_is_removed(home):
+    async def go():
+        first = controller(home)
+        saving = first._persistence.save
+        died = asyncio.Event()
+
+        async def save_until_the_end(profile):
+            if profile.state.is_terminal:  # the manifest is written: the controller dies before its final save
+                died.set()
+                await asyncio.Event().wait()
+            await saving(profile)
+
+        first._persistence.save = save_until_the_end
+        agents = await start_agents(first, 1)
+        submitted = await first.submit(request(steps=3))
+        assert await until(died.is_set, timeout_s=10)
+        for task in list(first._tasks):  # the actor restarts
+            task.cancel()
+        await agents[0].stop()
+        storage = open_storage(home)
+        before = (storage.exists(manifest_key("run", submitted.id)), storage.exists(owner_key("run", submitted.id)))
+        status = await controller(home).get(submitted.id)
+        return before, status, storage.exists(owner_key("run", submitted.id))
+
+    before, status, lease_left = run(go())
+    assert before == (True, True)  # the commit point was reached, the lease not yet removed
+    assert status.state == ProfileState.DONE
+    assert not lease_left
 
 
 def test_a_cancel_survives_a_restart(home):

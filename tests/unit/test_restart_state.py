@@ -7,7 +7,7 @@ import asyncio
 
 from actors.controller.agents.registry import Registry
 from orchestrator.errors import StorageError
-from orchestrator.models.agent_protocol import SyncCommand
+from orchestrator.models.agent_protocol import CancelCommand, SyncCommand
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from tests.support.fake_agents import (
@@ -127,3 +127,14 @@ def test_a_command_queued_to_a_dropped_worker_reaches_it_when_it_registers_again
     again.commands.popleft()  # its poll took it
     registry.drop(info.agent_id, "no heartbeat for over 20s")
     assert not registry.register(info)[0].commands  # delivered once, not twice
+
+
+def test_a_command_sent_to_a_worker_after_it_was_dropped_reaches_it_when_it_registers_again():
+    registry = Registry()
+    info = worker_info(0, 2)
+    registry.register(info)
+    registry.drop(info.agent_id, "no heartbeat for over 20s")
+    cancel = CancelCommand(profile_id="prof-1")
+    registry.send(info.agent_id, cancel)  # its window's rank ended while it was away
+    again, _ = registry.register(info)
+    assert again is not None and list(again.commands) == [cancel]

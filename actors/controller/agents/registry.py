@@ -265,6 +265,15 @@ class Registry:
             _remember(self._gone, agent_id, _Left(reason, self._clock(), list(worker.commands)))
         return worker
 
+    def send(self, agent_id: str, command: Command) -> None:
+        """Send ``command`` to ``agent_id``: a live worker now; a dropped one when it registers again
+        (it may only have gone silent); a retired or forgotten one never (it does not come back)."""
+        worker = self.workers.get(agent_id)
+        if worker is not None:
+            worker.send(command)
+        elif (gone := self._gone.get(agent_id)) is not None and agent_id not in self._retired:
+            gone.commands.append(command)
+
     def expired(self, expiry_s: float) -> list[Worker]:
         """Workers not heard of for longer than ``expiry_s``."""
         now = self._clock()

@@ -44,7 +44,8 @@ class Commit:
             logger.warning("rayprof controller: cannot save %s: %s", profile.id, e)
 
     async def end(self, profile: Record, state: ProfileState, reason: str | None, manifest: Manifest | None) -> ProfileState:
-        """Write ``manifest`` (none: the record ends without one), record ``state`` with ``reason``,
+        """Write ``manifest`` (none: nothing is written; the record ends without one, or with the one
+        a controller wrote before it restarted, already set on it), record ``state`` with ``reason``,
         save, release the lease; returns the state recorded (FAILED when the manifest could not be written).
 
         The lease goes last, whatever the state, and only here: it keeps another cluster's gc off a

@@ -227,6 +227,9 @@ class Runner:
             await self.transition(profile, ProfileState.COLLECTING)
         if profile.deadline - self._clock.monotonic() > 0:
             return False
+        # The saves above let the reaper run: a worker it dropped meanwhile fails its rank as lost
+        # (with why, and told to drop the window if it comes back), not as timed out.
+        self._end_lost_ranks(profile)
         for rank, result in profile.ranks.items():
             if not result.state.is_terminal:
                 reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
@@ -258,6 +261,9 @@ class Runner:
                 why = self._registry.why_gone(agent_id) or "its process exited or was restarted"
                 reason = f"worker stopped responding during the window: {why}"
                 profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                # It may only have gone silent (a long pause): if it registers again, it is told to drop
+                # the window it still holds, which would make it refuse every later one.
+                self._registry.send(agent_id, CancelCommand(profile_id=profile.id))
 
     def forget(self, targets: list[str]) -> None:
         """Drop what is kept about targets gone for good."""

@@ -129,10 +129,11 @@ class Leases:
             logger.warning("rayprof controller: cannot renew the owner lease of %s: %s", profile.id, e)
 
     async def release(self, profile: Record) -> None:
-        """Remove a finished profile's lease (its manifest protects it now); a failure is retried
-        by the next renewal round."""
-        if profile.id in self._held:
-            await self._release(profile)
+        """Remove a finished profile's lease (its manifest protects it now), whoever wrote it: this
+        controller, or the one before a restart (a restored record may end before a renewal round
+        has taken its lease over); a failure is retried by the next renewal round."""
+        self._held[profile.id] = profile
+        await self._release(profile)
 
     async def _release(self, profile: Record) -> None:
         try:
