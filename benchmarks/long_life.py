@@ -170,7 +170,7 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
                 f"{k} {v}" for k, v in sample.items() if k not in ("runs", "s", "rss_mib", "objects")
             ))
     # Idle: every run has left; past the grace period nothing of them is held.
-    expiry = c._config.poll_timeout_s + c._config.worker_expiry_grace_s
+    expiry = c._settings().poll_timeout_s + c._settings().worker_expiry_grace_s
     emptied = await until(
         lambda: not any(v for k, v in _holders(c).items()), timeout_s=expiry + 10 * GRACE_S + 10, interval_s=0.1
     )

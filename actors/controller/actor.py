@@ -263,11 +263,6 @@ class Controller(Startup, AgentSide, ClientSide):
         await self._persistence.save(profile)
         await self._catalog.refresh(profile)
 
-    @property
-    def _config(self) -> ControllerConfig:
-        """The settings in force (what the agent and client sides read)."""
-        return self._settings()
-
 
 def create_controller(config: ControllerConfig | None = None) -> Any:
     """Handle to the control actor, created (detached, restartable) if it does not exist yet."""

@@ -103,7 +103,7 @@ class SteppedMonitor:
         """Move the clock by ``seconds`` (one monitor interval unless given), train and heartbeat every
         agent, run one monitor tick, and let the tasks it started (a firing, a save) run as far as they
         go without waiting."""
-        seconds = self.c._config.monitor_interval_s if seconds is None else seconds
+        seconds = self.c._settings().monitor_interval_s if seconds is None else seconds
         self.clock.advance(seconds)
         if self.wall:
             self.clock.forward(seconds)

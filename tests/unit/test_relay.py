@@ -44,7 +44,7 @@ class Upstream:
 async def start_relayed(c: Controller, world_size: int) -> tuple[list[FakeAgent], list[RelayCore]]:
     upstream = Upstream(c)
     relays = [
-        RelayCore(f"node{n}", lambda: upstream, c._config.poll_timeout_s)
+        RelayCore(f"node{n}", lambda: upstream, c._settings().poll_timeout_s)
         for n in range(-(-world_size // RANKS_PER_NODE))
     ]
     agents = [FakeAgent(relays[r // RANKS_PER_NODE], worker_info(r, world_size)) for r in range(world_size)]  # type: ignore[arg-type]
@@ -156,7 +156,7 @@ def test_a_controller_restart_behind_a_relay_makes_its_ranks_register_again(home
     async def go():
         first = make_controller(home)
         upstream = {"u": Upstream(first)}
-        relay = RelayCore("node0", lambda: upstream["u"], first._config.poll_timeout_s)
+        relay = RelayCore("node0", lambda: upstream["u"], first._settings().poll_timeout_s)
         agents = [FakeAgent(relay, worker_info(r, 2)) for r in range(2)]  # type: ignore[arg-type]
         for a in agents:
             await a.start()

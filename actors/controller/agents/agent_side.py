@@ -19,6 +19,7 @@ from typing import Any
 from actors.controller.agents.registry import Registry, Worker
 from actors.controller.diagnosis.stacks_bundle import StacksTaker
 from actors.controller.diagnosis.watches import Watches
+from actors.controller.live_config import LiveConfig
 from actors.controller.profiles.state import Profile, wait_event
 from actors.controller.saved.persistence import Persistence
 from orchestrator.models.agent_protocol import (
@@ -32,7 +33,6 @@ from orchestrator.models.agent_protocol import (
     WorkerInfo,
 )
 from orchestrator.models.common import utcnow
-from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 class AgentSide:
     """Methods agents call; mixed into :class:`actors.controller.actor.Controller`."""
 
-    _config: ControllerConfig
+    _settings: LiveConfig
     _registry: Registry
     _persistence: Persistence
     _profiles: dict[str, Profile]
@@ -92,7 +92,7 @@ class AgentSide:
             return RegisterCommand()
         if not worker.commands:
             worker.wake.clear()
-            await wait_event(worker.wake, self._config.poll_timeout_s)
+            await wait_event(worker.wake, self._settings().poll_timeout_s)
         if worker.commands and self._registry.workers.get(heartbeat.agent_id) is worker:
             return worker.commands.popleft()
         return None
@@ -119,7 +119,7 @@ class AgentSide:
 
         if not reply.commands and not waiting():
             link.wake.clear()
-            await wait_event(link.wake, self._config.poll_timeout_s)
+            await wait_event(link.wake, self._settings().poll_timeout_s)
         for agent_id in list(link.agents):
             worker = workers.get(agent_id)
             if worker is not None and worker.commands:
@@ -223,7 +223,7 @@ class AgentSide:
                 profile.changed.set()
 
     async def _reap_workers(self) -> None:
-        expiry = self._config.poll_timeout_s + self._config.worker_expiry_grace_s
+        expiry = self._settings().poll_timeout_s + self._settings().worker_expiry_grace_s
         while True:
             await asyncio.sleep(min(1.0, expiry / 4))
             expired = self._registry.expired(expiry)

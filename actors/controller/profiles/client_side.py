@@ -17,7 +17,6 @@ from actors.controller.saved.retention import Retention
 from orchestrator.errors import NotFoundError, ProfileNotFoundError
 from orchestrator.manifest import read_artifact
 from orchestrator.models.agent_protocol import CancelCommand, StorageSpec
-from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.reads import ProfileRead
 from orchestrator.models.requests import ProfileState, RankState
@@ -30,7 +29,6 @@ __all__ = ["ClientSide"]
 class ClientSide:
     """Methods clients call about one profile (and the list); mixed into :class:`actors.controller.actor.Controller`."""
 
-    _config: ControllerConfig
     _registry: Registry
     _persistence: Persistence
     _catalog: Catalog
