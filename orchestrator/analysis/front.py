@@ -11,6 +11,7 @@ each rank scan it for the merge (:func:`~orchestrator.traces.merge.merge_traces`
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -135,12 +136,16 @@ def _join(
     steps = common_steps(ranks)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
+    definitions = Counter(r.step_definition for r in ranks if r.step_definition)
+    if len(definitions) > 1:
+        issues.append("ranks' steps hold different work: " + "; ".join(f"rank {r.rank}: {r.step_definition}" for r in ranks))
     slow = straggler_impl(ranks)
     sizes = {tf.world_size for tf in traces.files if tf.world_size is not None}
     return Summary(
         source=str(traces.folder),
         world_size=sizes.pop() if len(sizes) == 1 else None,
         steps=steps,
+        step_definition=definitions.most_common(1)[0][0] if definitions else None,
         ranks=ranks,
         rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
         issues=issues,

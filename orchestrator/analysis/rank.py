@@ -78,6 +78,7 @@ from orchestrator.analysis.spans import (
     is_sync,
     where,
 )
+from orchestrator.analysis.step_content import describe_step
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import RankTrace, Span
@@ -338,6 +339,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
         top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=_memory(trace),
+        step_definition=describe_step(main_kinds, windows),
         issues=issues,
     )
 

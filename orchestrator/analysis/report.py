@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
+from orchestrator.analysis.step_content import one_step
 from orchestrator.models.analysis import IDLE_CAUSES, IDLE_LABELS, PHASES, RankSummary, Summary
 from orchestrator.models.profile import Manifest
 
@@ -270,6 +271,7 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
         f"<h1>{escape(title)}</h1>"
         f'<p class="muted">{escape(summary.source)}: {len(summary.ranks)} rank(s) analysed'
         f"{f' of world size {summary.world_size}' if summary.world_size else ''}, steps {steps}{spread}.</p>"
+        f"{f'<p>{escape(step)}</p>' if (step := one_step(summary, manifest)) else ''}"
         f"<h2>Findings</h2>{_findings(summary)}"
         f"<h2>Ranks</h2>{_rank_table(summary)}"
         f"<h2>Where each rank's step goes</h2>{_phase_bars(summary.ranks)}"

@@ -331,7 +331,7 @@ def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = Tru
     if args.json:
         emit_json({"summary": summary, "report": report, "merge": merge})
     else:
-        print_analysis(summary, report if report is not None else _existing_report(folder))
+        print_analysis(summary, report if report is not None else _existing_report(folder), manifest)
         if merge is not None:
             aligned = ", ".join(
                 f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")

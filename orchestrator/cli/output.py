@@ -100,10 +100,13 @@ def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
         out(f"view: tensorboard --logdir {downloaded / 'traces'}")
 
 
-def print_analysis(summary: Any, report: Path | None) -> None:
+def print_analysis(summary: Any, report: Path | None, manifest: Manifest | None = None) -> None:
+    from orchestrator.analysis.step_content import one_step
     from orchestrator.models.analysis import PHASES
 
     out(f"{printable(summary.source)}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
+    if (step := one_step(summary, manifest)) is not None:
+        out(printable(step))
     rows = [
         [str(r.rank), r.host or "", f"{r.median_step_ms:.1f}" if r.median_step_ms is not None else "-"]
         + [f"{r.mean_phases.get(p):.1f}" for p in PHASES]

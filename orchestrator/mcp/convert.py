@@ -11,6 +11,7 @@ import re
 import statistics
 
 from orchestrator.analysis.diff import ProfileDiff
+from orchestrator.analysis.step_content import one_step
 from orchestrator.mcp.bounds import public_uri
 from orchestrator.mcp.results import (
     Analysis,
@@ -128,6 +129,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
     return Analysis(
         profile_id=manifest.profile_id,
         steps=summary.steps,
+        one_step=one_step(summary, manifest),
         findings=sorted(summary.findings, key=lambda f: -f.max_saving_ms),
         stragglers=summary.stragglers,
         step_spread=summary.step_spread,

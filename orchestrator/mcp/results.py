@@ -89,6 +89,9 @@ class Analysis(_Capped):
 
     profile_id: str
     steps: list[int] = Field(description="Steps analysed on every rank.")
+    one_step: str | None = Field(
+        default=None, description="What one step is: what the agent counted and what the trace's steps hold."
+    )
     findings: list[Finding] = Field(description="Largest possible saving first.")
     stragglers: list[Straggler] = Field(description="Ranks that hold the others back, and in which phase.")
     step_spread: StepSpread | None

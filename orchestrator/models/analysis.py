@@ -208,6 +208,11 @@ class RankSummary(_Model):
     top_ops: list[OpStat] = Field(default_factory=list)
     top_kernels: list[OpStat] = Field(default_factory=list)
     memory: list[MemoryPeak] = Field(default_factory=list)
+    step_definition: str | None = Field(
+        default=None,
+        description="What one step holds in the trace: '1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes "
+        "(Discriminator ×3, Generator ×1)' (None: no optimizer step nor forward marker).",
+    )
     issues: list[str] = Field(default_factory=list)
 
 
@@ -268,6 +273,9 @@ class Summary(_Model):
     source: str
     world_size: int | None
     steps: list[int] = Field(description="Step numbers present on every analysed rank.")
+    step_definition: str | None = Field(
+        default=None, description="What one step holds, as most ranks' traces show it (RankSummary.step_definition)."
+    )
     ranks: list[RankSummary]
     rejected: list[RejectedTrace] = Field(default_factory=list)
     issues: list[str] = Field(default_factory=list)

@@ -9,6 +9,9 @@ Cases (issue 29, phases from nesting):
   compiled_autograd
                 torch.compile'd model (backend "eager") and loss.backward() under compiled autograd:
                 backward runs as a ``Torch-Compiled Region: !0/...`` span
+  gan           a GAN's iteration (what one step holds): the discriminator's step (SGD) on a real and a fake
+                batch, then the generator's (Adam), with the Python tracer on so modules get ``nn.Module:``
+                spans: 1 forward of the generator, 3 of the discriminator, the loss module's left out
 
 Each records steps 2-4 with torch.profiler, as ``<case>/traces/rank0.pt.trace.json.gz``.
 The tests assert only that backward and forward are found inside the optimizer step,
@@ -51,6 +54,21 @@ def record(case: str) -> Path:
             loss.backward()
         opt.step()
 
+    gen = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 128))
+    disc = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    bce = torch.nn.BCEWithLogitsLoss()
+    opt_d, opt_g = torch.optim.SGD(disc.parameters(), lr=0.01), torch.optim.Adam(gen.parameters())
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+
+    def gan_step() -> None:
+        fake = gen(torch.randn(64, 16))
+        opt_d.zero_grad()
+        (bce(disc(torch.randn(64, 128)), ones) + bce(disc(fake.detach()), zeros)).backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        bce(disc(fake), ones).backward()
+        opt_g.step()
+
     folder = OUT / case / "traces"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -60,9 +78,12 @@ def record(case: str) -> Path:
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=1, warmup=1, active=3),
             on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+            with_stack=case == "gan",
         ) as prof:
             for _ in range(5):
-                if case == "compiled_autograd":
+                if case == "gan":
+                    gan_step()
+                elif case == "compiled_autograd":
                     compiled_step()
                 else:
                     opt.step(closure)
@@ -73,5 +94,5 @@ def record(case: str) -> Path:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ("closure_adam", "closure_lbfgs", "compiled_autograd"):
+    for name in sys.argv[1:] or ("closure_adam", "closure_lbfgs", "compiled_autograd", "gan"):
         print(record(name))

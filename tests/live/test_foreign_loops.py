@@ -95,6 +95,8 @@ def _profile_and_check(file_store, loop: str) -> None:
     for path in traces:
         assert _optimizer_steps_per_profiler_step(load_trace(path)) == [sorted(optimizer_steps)] * 3
     summary = Summary.model_validate(manifest.summary)
+    # What the agent counted as one step is what each step of the trace holds.
+    assert summary.step_definition is not None and summary.step_definition.split(";")[0] == definition
     for r in summary.ranks:
         # The report's phases add up to the step, and backward is found where loss.backward() runs
         # (inside Optimizer.step for Lightning's closure).

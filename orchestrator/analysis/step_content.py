@@ -1,0 +1,115 @@
+"""What one step holds, counted in the trace: the optimizer steps by class and the model's forward passes.
+
+The agent says what it counted as one step (``1 step = SGD.step ×1 + Adam.step ×1``, learned from the
+optimizers' cycle); the trace says what each profiled step actually ran, on any trace, the agent's or
+another tool's. A GAN step runs two optimizers and several forward passes (the generator once, the
+discriminator on real and fake batches); a step with gradient accumulation runs one optimizer step and
+several forward passes. Saying so is what makes a step time readable.
+
+Counted on the main thread, per analysed window, and stated as the most common count (a step that
+differs, such as the first one that builds the optimizer's state, does not change what a step is):
+
+* optimizer steps: the outermost ``Optimizer.step#<Class>.step`` spans torch's profiler hook records;
+* forward passes: the outermost forward spans (:func:`spans.is_forward`: ``nn.Module:`` spans,
+  ``*.forward`` annotations such as DDP's, ``## forward ##``) by module, leaving out loss modules
+  (``*Loss``): a loss's forward is part of the step, not a pass of the model. A trace without any
+  forward marker says nothing about forward passes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from orchestrator.analysis.spans import Kinds, is_forward
+from orchestrator.models.analysis import Summary
+from orchestrator.models.profile import Manifest
+from orchestrator.traces.loader import Span
+
+__all__ = ["describe_step", "one_step"]
+
+_OPTIMIZER_STEP = "Optimizer.step#"
+_ONE_STEP = "1 step = "
+_LOSS = re.compile(r"Loss(_\d+)?$")  # torch.nn's losses (MSELoss, BCEWithLogitsLoss_0 as the tracer names it)
+
+
+def _module(span: Span) -> str:
+    name = span.name
+    if name.startswith("nn.Module:"):
+        # Kept as named (``Sequential_1``): the suffix tells two instances of one class apart.
+        return name.removeprefix("nn.Module:").strip()
+    if name.endswith(".forward"):
+        return name.removesuffix(".forward")
+    return "forward"
+
+
+def _outermost(spans: Iterable[Span]) -> list[Span]:
+    """The spans not inside another of them."""
+    out: list[Span] = []
+    for span in sorted(spans, key=lambda s: (s.ts, -s.end)):
+        if not out or span.ts >= out[-1].end:
+            out.append(span)
+    return out
+
+
+def _per_window(spans: list[Span], windows: list[tuple[float, float]], key: Callable[[Span], str]) -> list[Counter[str]]:
+    """Each window's count of ``spans`` by ``key`` (a span belongs to the window it starts in)."""
+    starts = [t0 for t0, _ in windows]
+    out: list[Counter[str]] = [Counter() for _ in windows]
+    for span in spans:
+        i = bisect.bisect_right(starts, span.ts) - 1
+        if i >= 0 and span.ts < windows[i][1]:
+            out[i][key(span)] += 1
+    return out
+
+
+def _typical(counts: list[Counter[str]]) -> Counter[str]:
+    """The most common per-window count; on a tie one that holds something (a window cut short by the end of
+    the recording holds less), then the later one (the first often sets things up)."""
+    keyed = [tuple(sorted(c.items())) for c in counts]
+    tally = Counter(keyed)
+    return counts[max(range(len(keyed)), key=lambda i: (tally[keyed[i]], bool(keyed[i]), i))]
+
+
+def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | None:
+    """``1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes (Discriminator ×3, Generator ×1)`` from the
+    main thread's spans grouped by kind, or None when the windows hold neither an optimizer step nor a
+    forward marker. ``windows`` are sorted and do not overlap."""
+    # A wrapping optimizer (TorchRec's CombinedOptimizer) steps the ones it holds inside its own step: one step.
+    steps = _outermost(s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group)
+    forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
+    models = [s for s in forwards if _LOSS.search(_module(s)) is None]
+    optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
+    model_counts = _per_window(models, windows, _module)
+    if not any(optimizer_counts) and not any(model_counts):
+        return None
+    typical = _typical(optimizer_counts)
+    # Classes in the order they first step, as the agent states its cycle.
+    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in typical)
+    parts = [" + ".join(f"{name} ×{typical[name]}" for name in order) or "no optimizer step"]
+    if any(model_counts):
+        by_module = _typical(model_counts)
+        passes = sum(by_module.values())
+        if len(by_module) > 1:
+            detail = " (" + ", ".join(f"{m} ×{n}" for m, n in sorted(by_module.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
+        else:
+            detail = "" if "forward" in by_module or not by_module else f" ({next(iter(by_module))})"
+        parts.append(f"{passes} forward pass{'' if passes == 1 else 'es'}{detail}")
+    return _ONE_STEP + "; ".join(parts)
+
+
+def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
+    """The sentence a report, the CLI and the MCP answer say of what one step is: what the agent counted
+    (the manifest's ranks), what the trace's steps hold, or both when they say different things."""
+    counted = sorted({r.step_definition for r in manifest.ranks if r.step_definition}) if manifest else []
+    agent = counted[0].removeprefix(_ONE_STEP) if len(counted) == 1 else None
+    traced = summary.step_definition.removeprefix(_ONE_STEP) if summary.step_definition else None
+    if agent and traced and traced.split(";")[0] != agent:
+        return f"One step (as the agent counted it): {agent}; in the trace each step holds {traced}."
+    if traced:
+        return f"One step ({'as the agent counted it and ' if agent else 'as '}the trace shows): {traced}."
+    if agent:
+        return f"One step (as the agent counted it): {agent}."
+    return None
