@@ -34,6 +34,14 @@ exception: on inf/NaN gradients it skips ``optimizer.step()`` altogether, so
 no post-step hook runs; so the agent wraps ``GradScaler._maybe_opt_step`` (its
 one place that calls or skips ``optimizer.step()``) and feeds a skipped call to
 the hook as the step it stands for: a step stays one iteration when AMP skips.
+
+An optimizer that holds others (TorchRec's ``CombinedOptimizer``) steps them
+inside its own step: their post-step hooks run first, its own last, so the
+cycle ends on it and counts right. What one step *is* names them as what runs
+inside it (``1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)``),
+as a trace shows them nested: while learning, a global pre-step hook keeps
+the depth of optimizer steps (removed once the cycle is learned, so counting
+pays nothing for it).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 __all__ = ["EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
 
@@ -77,12 +85,21 @@ def period(seq: list[Key]) -> int:
     return n
 
 
-def describe(cycle: list[Key]) -> str:
-    """``1 step = Adam.step ×1 + SGD.step ×1``: optimizer classes in the order they step, with their counts."""
+def _counted(keys: list[Key]) -> str:
     counts: dict[str, int] = {}
-    for name, _ in cycle:
+    for name, _ in keys:
         counts[name] = counts.get(name, 0) + 1
-    return "1 step = " + " + ".join(f"{name}.step ×{n}" for name, n in counts.items())
+    return " + ".join(f"{name}.step ×{n}" for name, n in counts.items())
+
+
+def describe(cycle: list[Key], nested: frozenset[Key] = frozenset()) -> str:
+    """``1 step = Adam.step ×1 + SGD.step ×1``: optimizer classes in the order they step, with their counts;
+    the ones ``nested`` (stepped inside another's step) follow as what runs inside."""
+    outer = [k for k in cycle if k not in nested]
+    inner = [k for k in cycle if k in nested]
+    if not outer:  # nesting seen only partly (registered mid-step): say the order as it came
+        outer, inner = cycle, []
+    return "1 step = " + _counted(outer) + (f" (inside: {_counted(inner)})" if inner else "")
 
 
 class StepCycle:
@@ -106,6 +123,10 @@ class StepCycle:
         # How many calls of the others without the last one mean it stopped stepping (None: no cycle was found).
         self._patience: int | None = None
         self._handle: Any = register_optimizer_step_post_hook(self._learn)
+        # While learning: how many optimizer steps are open, and the keys seen stepping inside another's.
+        self._depth = 0
+        self._nested: set[Key] = set()
+        self._pre: Any = register_optimizer_step_pre_hook(self._enter)
         self.definition: str | None = None
         global _active
         _active = self
@@ -119,6 +140,7 @@ class StepCycle:
         """Unregister from torch (explicit steps took over, or the agent went)."""
         global _active
         self._handle.remove()
+        self._stop_depth()
         if _active is self:
             _active = None
 
@@ -136,6 +158,14 @@ class StepCycle:
         if hooks is not None and self._handle.id in hooks:
             hooks[self._handle.id] = hook
 
+    def _enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._depth += 1
+
+    def _stop_depth(self) -> None:
+        if self._pre is not None:
+            self._pre.remove()
+            self._pre = None
+
     def _learn(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self._learn_one(optimizer)
@@ -145,11 +175,16 @@ class StepCycle:
     def _give_up(self) -> None:
         logger.exception("rayprof agent: learning the cycle of optimizer steps failed; every optimizer step is a step")
         step = self._on_step
+        self._stop_depth()
         self._swap(lambda optimizer, args, kwargs: step())
         self.definition = "1 step = 1 optimizer.step() of any optimizer (the cycle could not be learned)"
 
     def _learn_one(self, optimizer: Any) -> None:
         key = _key(optimizer)
+        # A step fed without its pre-step hook (GradScaler's skip, the setup hook's first) opened no depth.
+        if self._depth > 1:
+            self._nested.add(key)
+        self._depth = max(0, self._depth - 1)
         seq = self._seq
         seq.append(key)
         self._ids[key] = id(optimizer)
@@ -173,7 +208,8 @@ class StepCycle:
         self._patience = None if known else 2 * len(cycle)
         self._seq = []
         self._seen[0] = self._since[0] = 0
-        self.definition = describe(cycle)
+        self._stop_depth()
+        self.definition = describe(cycle, frozenset(self._nested))
         self._swap(self._counting())
         logger.info("rayprof agent: %s", self.definition)
 
@@ -250,6 +286,10 @@ class StepCycle:
         self._cycle = []
         self._known = set()
         self._ids = {}
+        # Inside the post-step hook of the step that showed the change: that step is still open.
+        self._depth, self._nested = 1, set()
+        if self._pre is None:
+            self._pre = register_optimizer_step_pre_hook(self._enter)
         self._swap(self._learn)
         self._learn(optimizer, args, kwargs)
 

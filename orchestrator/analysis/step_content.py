@@ -73,22 +73,41 @@ def _typical(counts: list[Counter[str]]) -> Counter[str]:
     return counts[max(range(len(keyed)), key=lambda i: (tally[keyed[i]], bool(keyed[i]), i))]
 
 
+def _optimizers(steps: list[Span], counts: list[Counter[str]]) -> str:
+    """``SGD.step ×1 + Adam.step ×1``: the typical count, classes in the order they first step (as the agent
+    states its cycle)."""
+    typical = _typical(counts)
+    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in typical)
+    return " + ".join(f"{name} ×{typical[name]}" for name in order)
+
+
+def _terms(definition: str) -> list[str]:
+    """A statement's optimizer part as sorted terms, outside and inside apart: the agent lists optimizers
+    in the order their steps end, a trace in the order they start."""
+    outer, _, inner = definition.split(";")[0].removesuffix(")").partition(" (inside: ")
+    return sorted(outer.split(" + ")) + ["inside:"] + sorted(inner.split(" + ") if inner else [])
+
+
 def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | None:
     """``1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes (Discriminator ×3, Generator ×1)`` from the
     main thread's spans grouped by kind, or None when the windows hold neither an optimizer step nor a
     forward marker. ``windows`` are sorted and do not overlap."""
-    # A wrapping optimizer (TorchRec's CombinedOptimizer) steps the ones it holds inside its own step: one step.
-    steps = _outermost(s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group)
+    # A wrapping optimizer (TorchRec's CombinedOptimizer) steps the ones it holds inside its own step: they
+    # are what runs inside it, as the agent says of them.
+    every = [s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group]
+    steps = _outermost(every)
+    outer_ids = {id(s) for s in steps}
+    inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
     models = [s for s in forwards if _LOSS.search(_module(s)) is None]
     optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):
         return None
-    typical = _typical(optimizer_counts)
-    # Classes in the order they first step, as the agent states its cycle.
-    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in typical)
-    parts = [" + ".join(f"{name} ×{typical[name]}" for name in order) or "no optimizer step"]
+    parts = [_optimizers(steps, optimizer_counts) or "no optimizer step"]
+    if inner:
+        held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP)))
+        parts[0] += f" (inside: {held})" if held else ""
     if any(model_counts):
         by_module = _typical(model_counts)
         passes = sum(by_module.values())
@@ -106,7 +125,7 @@ def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
     counted = sorted({r.step_definition for r in manifest.ranks if r.step_definition}) if manifest else []
     agent = counted[0].removeprefix(_ONE_STEP) if len(counted) == 1 else None
     traced = summary.step_definition.removeprefix(_ONE_STEP) if summary.step_definition else None
-    if agent and traced and traced.split(";")[0] != agent:
+    if agent and traced and _terms(traced) != _terms(agent):
         return f"One step (as the agent counted it): {agent}; in the trace each step holds {traced}."
     if traced:
         return f"One step ({'as the agent counted it and ' if agent else 'as '}the trace shows): {traced}."

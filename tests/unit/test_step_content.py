@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
 
+from actors.agent.step_cycle import StepCycle
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.report import render_report
 from orchestrator.analysis.step_content import one_step
@@ -47,9 +50,57 @@ def test_a_gan_step_holds_both_optimizers_and_every_model_forward_but_not_the_lo
     assert summary.ranks[0].step_definition == summary.step_definition
 
 
-def test_a_wrapping_optimizer_counts_once_and_a_forward_annotation_is_one_pass() -> None:
+def test_a_wrapping_optimizer_counts_once_with_what_it_steps_inside_and_a_forward_annotation_is_one_pass() -> None:
     # TorchRec's CombinedOptimizer steps the optimizers it holds inside its own step (HTA's MTIA trace).
-    assert external("hta_mtia_single_rank").step_definition == "1 step = CombinedOptimizer.step ×1; 1 forward pass"
+    assert external("hta_mtia_single_rank").step_definition == (
+        "1 step = CombinedOptimizer.step ×1 (inside: CombinedOptimizer.step ×4 + Adam.step ×1); 1 forward pass"
+    )
+
+
+class Combined(torch.optim.Optimizer):
+    """As TorchRec's CombinedOptimizer: holds optimizers and steps each inside its own step."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+        super().__init__([p for o in optimizers for g in o.param_groups for p in g["params"]], {})
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for o in self.optimizers:
+            o.step()
+
+
+def test_the_agents_count_and_the_traces_agree_on_a_wrapping_optimizer(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+    opt = Combined([torch.optim.Adam(a.parameters()), torch.optim.SGD(b.parameters(), lr=0.1)])
+    steps: list[int] = []
+    cycle = StepCycle(lambda: steps.append(1))
+    trace = tmp_path / "rank0.pt.trace.json"
+    try:
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=10, warmup=1, active=3),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+            for _ in range(14):
+                opt.zero_grad()
+                b(a(torch.randn(4, 8))).pow(2).mean().backward()
+                opt.step()
+                prof.step()
+    finally:
+        cycle.remove()
+    assert len(steps) == 14
+    assert cycle.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)"
+    summary = analyze_folder(tmp_path)
+    assert one_step(summary, _manifest(None, cycle.definition)) == (
+        "One step (as the agent counted it and the trace shows): Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)."
+    )
+
+
+def test_the_order_the_agent_lists_optimizers_in_does_not_make_a_difference() -> None:
+    # The agent lists them as their steps end, the trace as they start.
+    summary = external("hta_mtia_single_rank")
+    agent = "1 step = CombinedOptimizer.step ×1 (inside: Adam.step ×1 + CombinedOptimizer.step ×4)"
+    assert (one_step(summary, _manifest(None, agent)) or "").startswith("One step (as the agent counted it and the trace shows)")
+    other = "1 step = CombinedOptimizer.step ×1 (inside: Adam.step ×2 + CombinedOptimizer.step ×4)"
+    assert (one_step(summary, _manifest(None, other)) or "").startswith("One step (as the agent counted it): ")
 
 
 def test_ddp_forward_names_the_wrapper_module() -> None:

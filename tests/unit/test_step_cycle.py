@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.optim.optimizer import _global_optimizer_post_hooks
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from actors.agent import runtime
 from actors.agent.runtime import Agent
@@ -122,6 +122,30 @@ def test_after_learning_the_hook_is_swapped_for_the_counting_one(cycle):
     counting(opt, (), {})
     sys.setprofile(None)
     assert calls == ["call:count_one", "c_call:id", "call:__call__", "c_call:setprofile"]
+
+
+def test_an_optimizer_stepping_others_inside_its_step_is_one_step_and_says_what_runs_inside(cycle):
+    # As TorchRec's CombinedOptimizer: the held optimizers' post-step hooks run before the wrapper's.
+    class Combined(torch.optim.Optimizer):
+        def __init__(self, optimizers):
+            self.optimizers = optimizers
+            super().__init__([p for o in optimizers for g in o.param_groups for p in g["params"]], {})
+
+        def step(self, closure=None):
+            for o in self.optimizers:
+                o.step()
+
+    c, steps = cycle
+    g, d = _model(0), _model(1)
+    opt = Combined([torch.optim.Adam(g.parameters()), torch.optim.SGD(d.parameters(), lr=0.01)])
+    for _ in range(12):
+        _backward(g)
+        _backward(d)
+        opt.step()
+    assert steps.n == 12
+    assert c.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)"
+    # The depth is kept while learning only: counting pays nothing for it.
+    assert c._pre is None and all(getattr(h, "__self__", None) is not c for h in _global_optimizer_pre_hooks.values())
 
 
 def test_a_closure_optimizer_step_is_one_step_however_often_it_evaluates(cycle):
