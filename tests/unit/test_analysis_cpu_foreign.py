@@ -29,7 +29,8 @@ def test_a_plain_loop_with_adam_gets_no_finding() -> None:
 
 def test_hugging_face_trainer_counts_its_own_reads_not_fused_adamw_s() -> None:
     # Trainer on a tiny GPT-2: the fused AdamW reads its 28 step counts inside Optimizer.step (not syncs); the
-    # Trainer's loss nan/inf filter reads the loss 3 times a step (bool() of a tensor: syncs on a GPU).
+    # Trainer's loss nan/inf filter (bool(torch.isnan(loss)), bool(torch.isinf(loss))) and a mask check in GPT-2's
+    # forward read 3 values a step: syncs on a GPU, an info line here.
     summary = cpu_case("hf_trainer")
     assert all(s.sync_calls == 3 for s in only_rank(summary).steps)
     assert [f.severity for f in summary.findings] == ["info"]
