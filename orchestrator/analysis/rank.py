@@ -207,7 +207,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 upload_copy_start[0] = dev.copy_start.get(span.correlation, span.ts)
         if not waits:
             return
-        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span) if device_spans else span
+        # On a CPU trace too: the _local_scalar_dense inside an item() is the same read, not a second one.
+        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span)
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
             # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;

@@ -58,6 +58,9 @@ def test_a_host_round_trip_in_a_region_is_a_cpu_info() -> None:
     assert codes(summary) == ["host_sync"]
     assert summary.findings[0].severity == "info" and "CPU-only" in summary.findings[0].evidence
     assert all(s.sync_calls == 1 for s in only_rank(summary).steps)
+    # One read is one wait: the aten::_local_scalar_dense inside the aten::item is not a second one (it was listed
+    # beside it, its time counted twice).
+    assert [(o.name, o.calls) for o in only_rank(summary).sync_ops] == [("aten::item", 3)]
 
 
 def test_a_per_parameter_optimizer_is_told_foreach_or_fused() -> None:
