@@ -238,7 +238,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         # An item() in the optimizer's own time is torch.optim reading a parameter's step count (Adam, AdamW,
         # fused or not), a CPU tensor even on a GPU unless capturable: on a device trace no sync call lies under
         # it, so it is no sync there; here it would count once per parameter (issue 29's CPU traces). LBFGS's own
-        # reads of the loss, device values on a GPU, are dropped with them: a CPU trace cannot tell them apart.
+        # reads (syncs on a GPU) go too: its line search needs them, and no change to the training loop removes them.
         sync_spans = [w for w in sync_spans if not clip(nested["optimizer"], w[0], w[1])]
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for s0, e0, name in sync_spans:
