@@ -41,6 +41,7 @@ __all__ = [
     "MEMCPY_FRACTION",
     "MEMORY_PEAK_FRACTION",
     "MIN_SYNC_SAVING_FRACTION",
+    "OPTIMIZER_OP_US",
     "RULES",
     "find_all",
 ]
@@ -53,6 +54,11 @@ MEMCPY_FRACTION = 0.05
 MEMORY_PEAK_FRACTION = 0.9
 # On a device, a per-step sync whose removal could save less than this share of the step is not reported.
 MIN_SYNC_SAVING_FRACTION = 0.01
+# CPU-only traces: mean host µs per top-level op of the optimizer under which its time is per-op overhead (dispatch,
+# and the profiler's own cost), not arithmetic: a per-parameter loop that a foreach or fused optimizer replaces.
+# Issue 29's CPU recordings: Adam(foreach=False) over 80 to 4,000 tiny parameters 5-7 µs; Adam over an MLP's 6
+# parameters 25-55 µs (its ops do the arithmetic); HF's fused AdamW 4 ops of over 100 µs each.
+OPTIMIZER_OP_US = 15.0
 
 
 def _on_device(r: RankSummary, cause: IdleCause, phase_ms: float, host_fraction: float) -> bool:
@@ -93,6 +99,40 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
             "Load batches in parallel with the step: raise DataLoader num_workers (e.g. to the CPU cores per GPU), "
             "set persistent_workers=True and pin_memory=True, and move per-item work (decoding, augmentation) "
             "out of __getitem__ or into a preprocessed dataset."
+        ),
+        ranks=[r.rank for r in hit],
+    )
+
+
+def _us_per_optimizer_op(r: RankSummary) -> float:
+    return 1000 * r.mean_phases.optimizer / r.optimizer_ops if r.optimizer_ops else float("inf")
+
+
+def optimizer_host(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
+    """On a CPU-only trace, the optimizer spends its time issuing small per-parameter ops (on a device, the
+    device-utilization finding names the optimizer's host time by the idle time it leaves)."""
+    hit = [
+        r for r in ranks
+        if r.gpu is None and r.idle is None and _us_per_optimizer_op(r) < OPTIMIZER_OP_US
+        and share(r, r.mean_phases.optimizer) >= REPORT_FRACTION
+    ]
+    if not hit:
+        return None
+    worst = max(hit, key=lambda r: share(r, r.mean_phases.optimizer))
+    return make_finding(
+        "optimizer_host",
+        worst,
+        host_fix_bound(worst, worst.mean_phases.optimizer),
+        title=f"The optimizer takes {share(worst, worst.mean_phases.optimizer):.0%} of the step in small per-parameter ops",
+        evidence=(
+            f"Optimizer.step and zero_grad take {worst.mean_phases.optimizer:.1f} ms of a {worst.mean_step_ms:.1f} ms step on "
+            f"rank {worst.rank}, in {worst.optimizer_ops:.0f} ops per step of {_us_per_optimizer_op(worst):.1f} µs each: "
+            f"per-op overhead, not arithmetic. Found on {ranks_text(hit)}."
+        ),
+        fix=(
+            "Update all parameters in a few ops: a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True), "
+            "on CPU and GPU, or foreach=True), zero_grad(set_to_none=True), or torch.compile the optimizer step; "
+            "fewer, larger parameters (one wide layer rather than many tiny ones) help likewise."
         ),
         ranks=[r.rank for r in hit],
     )
@@ -296,6 +336,7 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
     straggler,
     dataloader_bound,
+    optimizer_host,
     comm_exposed,
     gpu_bound,
     low_gpu_utilization,

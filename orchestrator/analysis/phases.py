@@ -25,7 +25,7 @@ from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, s
 from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optimizer
 from orchestrator.traces.loader import Span
 
-__all__ = ["nested_phases"]
+__all__ = ["nested_phases", "top_level_ops"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -101,3 +101,18 @@ def nested_phases(
     forward = union(inner.get("forward", []) + before)
     optimizer = union(subtract(step, before) + inner.get("optimizer", []))
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
+
+
+def top_level_ops(main: list[Span], intervals: Intervals) -> int:
+    """How many ops of ``main`` (in start order) start in ``intervals`` inside no other such op: for the optimizer's
+    own time, several per parameter for a per-parameter optimizer (Adam(foreach=False): 9), a few in all for a foreach
+    or fused one. The Optimizer.step / zero_grad spans themselves are no op."""
+    count, end, i = 0, float("-inf"), 0
+    for s in main:
+        if s.cat != "cpu_op" or s.ts < end or is_optimizer(s):
+            continue
+        while i < len(intervals) and intervals[i][1] <= s.ts:
+            i += 1
+        if i < len(intervals) and intervals[i][0] <= s.ts:
+            count, end = count + 1, s.end
+    return count

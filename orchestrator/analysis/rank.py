@@ -16,7 +16,8 @@ counted twice and the phases add up to the step time:
                   or device-to-host copy call, widened to the outermost ``aten::item`` /
                   ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
                   device trace an ``aten::item`` with no such call reads a CPU scalar (Adam's
-                  step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync.
+                  step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync,
+                  except in the optimizer's own time (that step count again).
                   A pageable upload's own stream sync is a sync only until the device starts
                   the copy (it waits for earlier queued work), then it is the copy's (rule 4).
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``gloo:*``, ``record_param_comms``).
@@ -62,7 +63,7 @@ from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
-from orchestrator.analysis.phases import nested_phases
+from orchestrator.analysis.phases import nested_phases, top_level_ops
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
@@ -182,10 +183,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     # thread the copy intervals (split by direction) and the outermost sync calls.
     op_self: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     upload_spans: list[tuple[float, float]] = []
-    sync_spans: list[tuple[float, float]] = []
+    sync_spans: list[tuple[float, float, str]] = []  # each wait: start, end, the op that waited
     copy_calls: list[Span] = []
     issuers: dict[int, str] = {}  # a copy call's correlation id -> the region and op that issued it
-    sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     upload_copy_start = [0.0]  # device start of the latest upload's copy
 
     def on_main(span: Span, ancestors: list[Span]) -> None:
@@ -208,22 +208,19 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 upload_copy_start[0] = dev.copy_start.get(span.correlation, span.ts)
         if not waits:
             return
-        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span) if device_spans else span
+        # On a CPU trace too: the _local_scalar_dense inside an item() is the same read, not a second one.
+        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span)
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
             # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
             # from then on it waits for the copy itself.
             waited = (span.ts, min(span.end, upload_copy_start[0]))
             if waited[1] > waited[0]:
-                sync_spans.append(waited)
-                sync_calls[outer.name][0] += 1
-                sync_calls[outer.name][1] += waited[1] - waited[0]
+                sync_spans.append((*waited, outer.name))
             return
-        if any(outer.ts <= s0 and e0 <= outer.end for s0, e0 in sync_spans[-1:]):
+        if any(outer.ts <= s0 and e0 <= outer.end for s0, e0, _ in sync_spans[-1:]):
             return  # a second wait inside the same item() / .to()
-        sync_spans.append((outer.ts, outer.end))
-        sync_calls[outer.name][0] += 1
-        sync_calls[outer.name][1] += outer.end - outer.ts
+        sync_spans.append((outer.ts, outer.end, outer.name))
 
     # on_main acts on syncs and copy calls only.
     acting = frozenset(name for (name, _), x in main_kinds.items() if is_sync(x[0]) or is_copy_call(x[0]))
@@ -235,10 +232,20 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 entry[0] += 1
                 entry[1] += us
 
-    sync_rule = union(sync_spans)
     step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
     backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
     nested = nested_phases(main, main_kinds, step_names, backward_elsewhere)
+    if not device_spans:
+        # An item() in the optimizer's own time is torch.optim reading a parameter's step count (Adam, AdamW,
+        # fused or not), a CPU tensor even on a GPU unless capturable: on a device trace no sync call lies under
+        # it, so it is no sync there; here it would count once per parameter (issue 29's CPU traces). LBFGS's own
+        # reads (syncs on a GPU) go too: its line search needs them, and no change to the training loop removes them.
+        sync_spans = [w for w in sync_spans if not clip(nested["optimizer"], w[0], w[1])]
+    sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for s0, e0, name in sync_spans:
+        sync_calls[name][0] += 1
+        sync_calls[name][1] += e0 - s0
+    sync_rule = union((s0, e0) for s0, e0, _ in sync_spans)
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union(where(main_kinds, is_data))),
         ("sync", sync_rule),
@@ -341,6 +348,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=_memory(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
+        optimizer_ops=top_level_ops(main, [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]) / max(len(windows), 1),
     )
 
 

@@ -214,6 +214,11 @@ class RankSummary(_Model):
         "(Discriminator ×3, Generator ×1)' (None: no optimizer step nor forward marker).",
     )
     issues: list[str] = Field(default_factory=list)
+    optimizer_ops: float = Field(
+        default=0.0,
+        description="Mean per step of the ops the optimizer (step, zero_grad) runs at its own top level: several per "
+        "parameter for a per-parameter optimizer, a few in all for a foreach or fused one.",
+    )
 
 
 class StepSpread(_Model):
@@ -255,7 +260,8 @@ class Finding(_Model):
     """A plain-language finding with its evidence and a concrete fix."""
 
     code: Literal[
-        "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak"
+        "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
+        "optimizer_host",
     ]
     severity: Literal["warning", "info"]
     max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")

@@ -1,0 +1,214 @@
+"""Record CPU-only traces of training code rayprof did not write (issue 29), with plain torch.profiler.
+
+    PYTHONPATH=. python tests/data/record_cpu_issue29.py OUT [CASE ...]
+
+Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz`` (the layout ``rayprof analyze`` reads): CPU
+activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_stack=False, so steps 2-4 of 5.
+  hf_trainer   healthy: a Hugging Face Trainer on a tiny GPT-2 built from a config, synthetic token ids in memory;
+               a TrainerCallback calls prof.step() at on_step_end
+  mlp          healthy: a plain MLP loop over in-memory tensors
+  data_bound   the same loop fed by DataLoader(num_workers=0) whose __getitem__ does heavy numpy work per sample
+  optimizer    2,000 tiny Linear layers stepped by Adam(foreach=False): one small op chain per parameter (9 MB)
+  optimizer_small  the same with 40 layers (80 parameters), small enough to commit as a test fixture
+  round_trip   a loop that reads .item() and .cpu().numpy() inside record_function("HOST ROUND TRIP") each step
+  lightning    a Lightning Trainer (CPU, no logger, no progress bar); a Callback calls prof.step() per batch
+Each recording takes seconds (torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6 when recorded).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth prof.step()
+
+
+@contextmanager
+def recording(out: Path, name: str) -> Iterator[Any]:
+    folder = out / name / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "rank0.pt.trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
+                 record_shapes=True, with_stack=False,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+        yield prof
+    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+
+
+def loop(out: Path, name: str, step: Callable[[], None]) -> None:
+    with recording(out, name) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def case_mlp(out: Path) -> None:
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters())
+    x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    loop(out, "mlp", step)
+
+
+class HeavyDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Per-sample host work in __getitem__ (an FFT-based 'augmentation' in numpy), as a decoding pipeline would do."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng(i)
+        img = rng.standard_normal((64, 64))
+        for _ in range(4):
+            img = np.abs(np.fft.ifft2(np.fft.fft2(img) * 0.5))
+        feats = np.resize(img.astype(np.float32).ravel(), 256)
+        return torch.from_numpy(feats), torch.tensor(i % 10)
+
+
+def case_data_bound(out: Path) -> None:
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters())
+    batches = iter(torch.utils.data.DataLoader(HeavyDataset(), batch_size=256, num_workers=0))
+
+    def step() -> None:
+        x, y = next(batches)
+        loss = nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    loop(out, "data_bound", step)
+
+
+class ManyLayers(nn.Module):
+    def __init__(self, n: int = 2000) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([layer(x) for layer in self.layers]).sum(0)
+
+
+def case_optimizer(out: Path, layers: int = 2000, name: str = "optimizer") -> None:
+    net = ManyLayers(layers)
+    opt = torch.optim.Adam(net.parameters(), foreach=False)  # one chain of small ops per parameter
+    x = torch.randn(8, 4)
+
+    def step() -> None:
+        loss = net(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    loop(out, name, step)
+
+
+def case_round_trip(out: Path) -> None:
+    net = mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+
+    def step() -> None:
+        logits = net(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        with record_function("HOST ROUND TRIP"):
+            threshold = logits.mean().item()
+            picked = np.argwhere(logits.detach().cpu().numpy() > threshold)
+            weight = torch.from_numpy(picked).float().mean()
+        (loss + 0 * weight).backward()
+        opt.step()
+        opt.zero_grad()
+
+    loop(out, "round_trip", step)
+
+
+def case_hf_trainer(out: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0))
+    ids = torch.randint(0, 1000, (64, 32))
+    rows = [{"input_ids": r, "labels": r} for r in ids]
+
+    class Step(TrainerCallback):
+        def __init__(self, prof: Any) -> None:
+            self.prof = prof
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            self.prof.step()
+
+    args = TrainingArguments(
+        output_dir=str(out / "hf_trainer" / "run"), max_steps=STEPS, per_device_train_batch_size=8, use_cpu=True,
+        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+    )
+    with recording(out, "hf_trainer") as prof:
+        Trainer(model=model, args=args, train_dataset=rows, callbacks=[Step(prof)]).train()
+    shutil.rmtree(out / "hf_trainer" / "run", ignore_errors=True)
+
+
+def case_lightning(out: Path) -> None:
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters())
+
+    class Step(L.Callback):
+        def __init__(self, prof: Any) -> None:
+            self.prof = prof
+
+        def on_train_batch_end(self, *_: Any, **__: Any) -> None:
+            self.prof.step()
+
+    data = torch.utils.data.TensorDataset(torch.randn(256 * STEPS, 256), torch.randint(0, 10, (256 * STEPS,)))
+    with recording(out, "lightning") as prof:
+        L.Trainer(
+            max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+            enable_checkpointing=False, enable_model_summary=False, callbacks=[Step(prof)],
+        ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=256))
+
+
+CASES: dict[str, Callable[[Path], None]] = {
+    "hf_trainer": case_hf_trainer, "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
+    "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
+    "round_trip": case_round_trip, "lightning": case_lightning,
+}
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    target = Path(sys.argv[1])
+    for name in sys.argv[2:] or list(CASES):
+        CASES[name](target)
+        print("recorded", target / name, flush=True)
