@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 
 from orchestrator import settings as c
+from orchestrator.errors import ConfigurationError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
 
-__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes"]
+__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes", "mcp_read_only"]
 
 
 def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
@@ -72,3 +73,30 @@ def default_storage_spec() -> StorageSpec:
         s3_region=os.environ.get(c.S3_REGION_ENV_VAR) or None,
     )
 
+
+
+_FLAG_VALUES = {"0": False, "1": True, "false": False, "true": True}
+
+
+def mcp_read_only(value: object = None) -> bool:
+    """Whether the service's ``/mcp`` leaves out the acting tools: ``value`` (the app arg
+    ``mcp_read_only``) when given, else ``RAYPROF_MCP_READ_ONLY``, else off.
+
+    Strict on purpose, as it narrows what an agent may do: a bool, 0/1, or the strings
+    0/1/true/false (what ``serve run ... mcp_read_only=true`` passes); anything else raises
+    :class:`~orchestrator.errors.ConfigurationError` rather than guessing.
+    """
+    if value is None:
+        raw = os.environ.get(c.MCP_READ_ONLY_ENV_VAR, "")
+        if raw == "":
+            return bool(c.DEFAULT_MCP_READ_ONLY)
+        source = c.MCP_READ_ONLY_ENV_VAR
+    else:
+        raw, source = value, "mcp_read_only"
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int | str):
+        found = _FLAG_VALUES.get(str(raw).strip().lower())
+        if found is not None:
+            return found
+    raise ConfigurationError(f"{source}={raw!r} is not a flag: use 1 or true (read-only), 0 or false")

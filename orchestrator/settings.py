@@ -181,6 +181,11 @@ TOKEN_FILE_ENV_VAR = "RAYPROF_TOKEN_FILE"
 ALLOWED_HOSTS_ENV_VAR = "RAYPROF_ALLOWED_HOSTS"
 DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1")
 
+# 1: the service's /mcp leaves out the tools that act on jobs (profile, take_stacks, create_watch,
+# delete_watch), as `rayprof mcp --read-only` does; the app arg `mcp_read_only` wins over it.
+MCP_READ_ONLY_ENV_VAR = "RAYPROF_MCP_READ_ONLY"
+DEFAULT_MCP_READ_ONLY = 0
+
 # Where the CLI and HTTP client find the service, and the Serve app's name.
 URL_ENV_VAR = "RAYPROF_URL"
 DEFAULT_URL = "http://127.0.0.1:8000"

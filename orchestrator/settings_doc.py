@@ -142,6 +142,7 @@ SECTIONS: tuple[Section, ...] = (
         Row((s.TOKEN_FILE_ENV_VAR,), "a file holding the service's bearer token (read by the service and the CLI); keeps it out of argv and out of `runtime_env`; at least 16 characters", 'unset'),
         Row((s.TOKEN_ENV_VAR,), 'the bearer token itself (set at most one of the two); set but empty, or shorter than 16 characters, is a configuration error (CLI exit 2), never "no auth"', 'unset: no auth, loopback Host names only'),
         Row((s.ALLOWED_HOSTS_ENV_VAR,), 'comma-separated Host names a service *without* a token also answers (`*` for any); stops DNS rebinding', 'loopback names only'),
+        Row((s.MCP_READ_ONLY_ENV_VAR,), "1 or true: the service's `/mcp` leaves out the tools that act (profile, take_stacks, create_watch, delete_watch), as `rayprof mcp --read-only` does; 0 or false: serves them; anything else is a configuration error. The app arg `mcp_read_only` (`rayprof serve --mcp-read-only`) wins over it"),
         Row((s.URL_ENV_VAR,), 'the service the CLI talks to', '`http://127.0.0.1:8000`'),
         ),
     ),

@@ -126,6 +126,8 @@ def serve(args: argparse.Namespace) -> int:
             "insecure": args.insecure,
             # Without a token only these Host names are answered: loopback, and the address asked for.
             "allowed_hosts": [] if args.host in ("0.0.0.0", "::") else [args.host],
+            # None (no flag): RAYPROF_MCP_READ_ONLY decides.
+            "mcp_read_only": args.mcp_read_only,
         }
     )
     serve.run(app, name=SERVE_APP_NAME, route_prefix="/")

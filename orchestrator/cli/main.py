@@ -138,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve on a non-loopback --host without a token (anyone who can reach it can profile)",
     )
+    p.add_argument(
+        "--mcp-read-only",
+        action="store_true",
+        default=None,
+        help="/mcp leaves out the tools that act (profile, take_stacks, create_watch, delete_watch); "
+        "default $RAYPROF_MCP_READ_ONLY",
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
 
     command("targets", cmd.targets, "list live training runs and their ranks", [connection])

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections.abc import Callable
 
@@ -42,13 +44,28 @@ def lazy_client(make: Callable[[], ProfilingClient]) -> ClientSource:
 
 
 def build_server(client: ClientSource, *, read_only: bool = False, version: str = "") -> MCPServer:
-    """The MCP server: tools (the acting ones unless ``read_only``) and resources over ``client``."""
+    """The MCP server: tools (the acting ones unless ``read_only``) and resources over ``client``.
+
+    Leaves the process's logging as it found it: the SDK's constructor gives a root logger with no
+    handler a ``rich`` one (``mcp.server.mcpserver.utilities.logging.configure_logging``), whose boxed,
+    narrow tracebacks would be every log line of the process (a Serve replica's included). Undone here;
+    the process's entry point chooses (:func:`serve_stdio`; Ray's in a replica)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     server = MCPServer("rayprof", instructions=INSTRUCTIONS, version=version, log_level="WARNING")
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
     add_tools(server, client, read_only=read_only)
     add_resources(server, client)
     return server
 
 
 def serve_stdio(client: ClientSource, *, read_only: bool = False, version: str = "") -> None:
-    """Serve MCP on stdin/stdout until the client closes them (the SDK points fd 1 at stderr meanwhile)."""
+    """Serve MCP on stdin/stdout until the client closes them (the SDK points fd 1 at stderr meanwhile).
+
+    Logs warnings and errors to stderr, which the agent's MCP client shows, as plain records: a line
+    with the level, logger and message, then the traceback as Python prints it (a tool's unexpected
+    error, and a server fault whose message the tool error hides)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     build_server(client, read_only=read_only, version=version).run("stdio")

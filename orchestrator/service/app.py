@@ -26,6 +26,7 @@ from ray import serve
 
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
+from orchestrator.config import mcp_read_only as resolve_mcp_read_only
 from orchestrator.errors import (
     ControllerUnavailableError,
     NotFoundError,
@@ -90,7 +91,8 @@ class ProfilingService(ConsoleRoutes):
     but ``/healthz`` (default ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``; none
     means open to loopback Host names and ``allowed_hosts``). ``insecure``:
     accept a non-loopback bind without a token. ``controller``: a control-actor
-    handle to use instead of the named one.
+    handle to use instead of the named one. ``mcp_read_only``: ``/mcp`` leaves out
+    the acting tools (default ``RAYPROF_MCP_READ_ONLY``, read in the replica).
     """
 
     def __init__(
@@ -101,11 +103,13 @@ class ProfilingService(ConsoleRoutes):
         controller: Any = None,
         insecure: bool = False,
         allowed_hosts: tuple[str, ...] = (),
+        mcp_read_only: bool | None = None,
     ) -> None:
         token = read_token(token)
         # Also checked here, not only at build time: ``app`` and Python callers have no builder.
         check_exposure(serve_http_host(), token, insecure=insecure)
         self._guard = Guard(token, allowed_hosts)
+        self._mcp_read_only = resolve_mcp_read_only(mcp_read_only)
         self._storage = storage
         self._pinned = controller is not None
         self._controller: ControllerRpc | None = ControllerRpc(controller) if controller is not None else None
@@ -321,7 +325,7 @@ class ProfilingService(ConsoleRoutes):
                     raise ControllerUnavailableError("the control actor is not connected yet: retry")
                 return ProfilingClient(backend=ActorBackend(controller.handle))
 
-            self._mcp_endpoint = McpEndpoint(client)
+            self._mcp_endpoint = McpEndpoint(client, read_only=self._mcp_read_only)
         return McpResponse(self._mcp_endpoint, request)
 
     @api.post("/v1/watches", status_code=201, response_model=WatchStatus, summary="Watch a target; act when it holds")
@@ -345,7 +349,7 @@ class ProfilingService(ConsoleRoutes):
         return await self._ask(Api.delete_watch, watch_id)
 
 
-_APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts"}
+_APP_ARGS = {"storage", "s3_endpoint_url", "s3_region", "token", "insecure", "allowed_hosts", "mcp_read_only"}
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
@@ -354,11 +358,13 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     ``args``: ``storage`` (path or ``s3://bucket/prefix``), ``s3_endpoint_url``,
     ``s3_region``, ``token``, ``insecure`` (serve on a non-loopback address
     without a token), ``allowed_hosts`` (Host names answered without a token,
-    besides loopback); unset ones fall back to ``RAYPROF_*`` env vars.
+    besides loopback), ``mcp_read_only`` (``/mcp`` without the tools that act on
+    jobs); unset ones fall back to ``RAYPROF_*`` env vars.
 
     Raises :class:`~orchestrator.errors.ConfigurationError` here, at build time,
     when Serve listens on a non-loopback address and no token is configured
-    (argument, ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``) unless ``insecure``.
+    (argument, ``RAYPROF_TOKEN_FILE`` or ``RAYPROF_TOKEN``) unless ``insecure``,
+    and when ``mcp_read_only`` or ``RAYPROF_MCP_READ_ONLY`` is not a flag.
     """
     args = dict(args or {})
     unknown = set(args) - _APP_ARGS
@@ -367,6 +373,8 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     insecure = bool(args.get("insecure", False))
     token = args.get("token")
     check_exposure(serve_http_host(), read_token(token), insecure=insecure)
+    # Resolved here, where `rayprof serve` runs with the user's environment, not in the replica.
+    read_only = resolve_mcp_read_only(args.get("mcp_read_only"))
     storage = None
     if args.get("storage"):
         storage = StorageSpec(
@@ -380,6 +388,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         token=token,
         insecure=insecure,
         allowed_hosts=tuple([hosts] if isinstance(hosts, str) else hosts),
+        mcp_read_only=read_only,
     )
 
 

@@ -145,6 +145,7 @@ def test_deploy_config_builds_on_loopback_without_a_token(monkeypatch):
         "token": None,
         "insecure": False,
         "allowed_hosts": (),
+        "mcp_read_only": False,
     }
 
 
