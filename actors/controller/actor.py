@@ -117,10 +117,10 @@ class Controller(Startup, AgentSide, ClientSide):
         )
         self._retention = Retention(self._persistence, self._settings, clock)
         self._cleanup = Cleanup(self._catalog, self._retention, self._settings, clock)
-        self._stacks = StacksTaker(self._registry, self._commit, self._settings, self._catalog, self._leases)
+        self._stacks = StacksTaker(self._registry, self._commit, self._settings, self._catalog, self._leases, clock)
         self._intake = Intake(
             self._settings, self._registry, self._catalog, self._queue, self._persistence, self._leases,
-            self._runner, self._telemetry, self._retention, self._spawn,
+            self._runner, self._telemetry, self._retention, self._spawn, clock,
         )
         self._watches = Watches(
             self._registry, self._persistence, self._settings, self._take_stacks, self._intake.submit, self._spawn, clock

@@ -4,7 +4,10 @@
 profile's timeout and its arm round, retention's retries, how long another holder's name lease
 stood still (registry, watches, runner, retention, name lease). ``wall`` dates what is saved and
 compared after a restart or by another cluster: firings, cooldowns, hourly caps, schedules, the
-step history and post-window checks, retention ages, gc's grace, owner leases. The controller's
+step history and post-window checks, retention ages, gc's grace, owner leases, a profile's and a stacks
+bundle's dates and ids, submit keys' day. Real time stays where the controller waits on agents, not
+on itself: a stacks bundle's wait for answers and the wait for agents after a restart (a stepped clock
+nobody moves must not hold them open). The controller's
 background loops read :data:`SYSTEM_CLOCK`; a test gives ``Controller(clock=...)`` a clock it
 moves itself (``tests/support/stepped_runner.ManualClock``) and steps ``Watches.tick`` and
 ``Runner.step`` on it.

@@ -24,7 +24,7 @@ from tests.support.fake_agents import FakeAgent, start_agents
 class ManualClock:
     """A :class:`actors.controller.clock.Clock` that stands still until the test moves it, each of its two
     clocks on its own. It starts at the process's clocks, so what still reads them (the agents' reports,
-    the runner's dates, a stacks bundle's wait) stays comparable."""
+    a stacks bundle's wait for answers) stays comparable."""
 
     def __init__(self) -> None:
         self.now = time.monotonic()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.controller.agents.registry import Registry, Worker
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.diagnosis.stack_groups import (
     RankDigest,
     collective_notes,
@@ -42,7 +43,6 @@ from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.agent_protocol import SnapshotDestination, StacksCommand
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
 from orchestrator.models.profile import Artifact, RankResult, StacksSummary, Trigger
@@ -94,8 +94,10 @@ class StacksTaker:
         config: Callable[[], ControllerConfig],
         catalog: Catalog,
         leases: Leases,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._registry = registry
+        self._clock = clock
         self._commit = commit
         self._config = config
         self._catalog = catalog
@@ -162,11 +164,11 @@ class StacksTaker:
                 target=target,
             )
         run = next(iter(workers.values())).run
-        bundle_id = new_profile_id("stk", utcnow(), uuid.uuid4().hex[:8])
+        bundle_id = new_profile_id("stk", self._clock.wall(), uuid.uuid4().hex[:8])
         storage = config.storage
         profile = StacksRecord(id=bundle_id, target=target, storage=storage, run=run, trigger=trigger)
         self._catalog.add(profile)
-        taken_at = utcnow()
+        taken_at = self._clock.wall()
         pending = _Pending(
             profile=profile,
             workers=workers,
@@ -186,7 +188,7 @@ class StacksTaker:
                 summary="the stacks could not be taken",
                 groups=[],
                 taken_at=taken_at,
-                finished_at=utcnow(),
+                finished_at=self._clock.wall(),
             )
             if profile.state.is_terminal:  # it had ended: what failed came after
                 return bundle
@@ -198,6 +200,8 @@ class StacksTaker:
         bundle_id = pending.profile.id
         workers = pending.workers
         self._pending[bundle_id] = pending
+        # Real time, not the injected clock, for the wait itself: the answers come from agents, and a
+        # stepped clock nobody moves must not hold a bundle open (the heartbeat age below is the registry's).
         sent = time.monotonic()
         config = self._config()
         expiry_s = config.poll_timeout_s + config.worker_expiry_grace_s
@@ -225,7 +229,7 @@ class StacksTaker:
         # Answers in hand are stored before the bundle is: the manifest lists every file written.
         await asyncio.gather(*pending.writes, return_exceptions=True)
         world_size = max(w.info.world_size for w in workers.values())
-        now = time.monotonic()
+        now = self._clock.monotonic()  # the clock the registry dates heartbeats by
         missing = [MissingRank(rank=r, reason="no agent registered for this rank") for r in range(world_size) if r not in workers]
         missing += [MissingRank(rank=r, reason=why) for r, why in pending.unusable.items()]
         for rank, worker in workers.items():
@@ -264,7 +268,7 @@ class StacksTaker:
             native_notes=sorted({d.native_note for d in digests.values() if d.native_note}) if native else [],
             memory_notes=[RankNote(rank=r, note=n) for r, n in sorted(pending.memory_notes.items())],
             taken_at=taken_at,
-            finished_at=utcnow(),
+            finished_at=self._clock.wall(),
         )
         try:
             summary = await asyncio.to_thread(
@@ -287,7 +291,7 @@ class StacksTaker:
         rank_files: dict[int, list[Artifact]],
     ) -> StacksBundle:
         """Record every rank's files and make the manifest, then end the bundle at the commit point."""
-        finished = utcnow()
+        finished = self._clock.wall()
         missing = {m.rank: m.reason for m in bundle.missing}
         for rank in sorted(set(rank_files) | set(missing) | {r for g in bundle.groups for r in g.ranks}):
             profile.ranks[rank] = RankResult(

@@ -15,8 +15,9 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from orchestrator.errors import IdempotencyKeyReusedError
-from orchestrator.models.common import IdempotencyKey, utcnow
+from orchestrator.models.common import IdempotencyKey
 from orchestrator.models.requests import ProfileRequest
 
 __all__ = ["KEY_TTL", "SubmitKey", "SubmitKeys"]
@@ -43,7 +44,9 @@ class SubmitKey(BaseModel):
 class SubmitKeys:
     """Key -> the profile it made, oldest first."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        # The wall clock: keys are dated as their profiles are, and a restart compares those dates.
+        self._clock = clock
         self._made: OrderedDict[str, tuple[SubmitKey, str, datetime]] = OrderedDict()
 
     def find(self, wanted: SubmitKey, exists: Callable[[str], bool]) -> str | None:
@@ -79,12 +82,12 @@ class SubmitKeys:
 
     def restore(self, made: Iterable[tuple[SubmitKey | None, str, datetime]]) -> None:
         """Take in the keys of restored profiles (key, profile id, created at), oldest first."""
-        cutoff = utcnow() - KEY_TTL
+        cutoff = self._clock.wall() - KEY_TTL
         kept = sorted(((k, p, at) for k, p, at in made if k is not None and at >= cutoff), key=lambda m: m[2])
         for key, profile_id, at in kept:
             self.remember(key, profile_id, at)
 
     def _expire(self) -> None:
-        cutoff = utcnow() - KEY_TTL
+        cutoff = self._clock.wall() - KEY_TTL
         while self._made and next(iter(self._made.values()))[2] < cutoff:
             self._made.popitem(last=False)

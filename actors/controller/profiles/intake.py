@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from actors.controller.agents.registry import Registry
+from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.live_config import LiveConfig
 from actors.controller.monitoring.telemetry import Telemetry
 from actors.controller.profiles.idempotency import SubmitKey, SubmitKeys
@@ -26,7 +27,6 @@ from actors.controller.saved.leases import Leases
 from actors.controller.saved.persistence import Persistence
 from actors.controller.saved.retention import Retention
 from orchestrator.layout import profile_id as new_profile_id
-from orchestrator.models.common import utcnow
 from orchestrator.models.profile import ProfileStatus, Trigger
 from orchestrator.models.requests import ProfileRequest
 
@@ -48,8 +48,10 @@ class Intake:
         telemetry: Telemetry,
         retention: Retention,
         spawn: Spawn,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._config = config
+        self._clock = clock
         self._registry = registry
         self._catalog = catalog
         self._queue = queue
@@ -59,7 +61,7 @@ class Intake:
         self._telemetry = telemetry
         self._retention = retention
         self._spawn = spawn
-        self.keys = SubmitKeys()
+        self.keys = SubmitKeys(clock)
         # Submits reserved and being saved, by profile id: a retry with the same key waits for the save.
         self._accepting: dict[str, asyncio.Task] = {}
         # Real time, not the injected clock: this wait is for agents to come back, which no test steps.
@@ -81,8 +83,11 @@ class Intake:
         world_size = max((w.info.world_size for w in workers.values()), default=None)
         validate(request, config, world_size, self._registry.names())
         self._queue.admit(request)
-        new_id = new_profile_id("prof", utcnow(), uuid.uuid4().hex[:8])
-        profile = Profile(id=new_id, request=request, storage=config.storage, run=request.run, trigger=trigger, submit_key=key)
+        now = self._clock.wall()
+        new_id = new_profile_id("prof", now, uuid.uuid4().hex[:8])
+        profile = Profile(
+            id=new_id, request=request, storage=config.storage, run=request.run, trigger=trigger, submit_key=key, created_at=now
+        )
         # Reserved before the save: the limits above count it, and a retry finds its key.
         self._catalog.live[profile.id] = profile
         self._queue.join(profile)

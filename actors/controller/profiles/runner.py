@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from actors.controller.agents.registry import Registry, Worker
@@ -27,7 +28,6 @@ from actors.controller.profiles.planning import (
 )
 from actors.controller.profiles.state import Profile, Record, wait_event
 from orchestrator.models.agent_protocol import ArmCommand, CancelCommand, SyncCommand, WindowSpec
-from orchestrator.models.common import utcnow
 from orchestrator.models.control import ControllerConfig
 from orchestrator.models.profile import Manifest, RankResult
 from orchestrator.models.requests import ProfileState, RankState
@@ -130,7 +130,7 @@ class Runner:
 
     async def fail_without_storage(self, profile: Profile, reason: str) -> None:
         """The last resort: record FAILED with the reason, without a manifest; a failed save is only logged."""
-        profile.finished_at = profile.finished_at or utcnow()
+        profile.finished_at = profile.finished_at or self._clock.wall()
         if not profile.state.is_terminal:
             await self._commit.end(profile, ProfileState.FAILED, reason, manifest=None)
 
@@ -179,7 +179,7 @@ class Runner:
         )
         per_step = trace_bytes_per_step(profile.request, self._profiles())
         profile.window = plan_window(profile.request, start, per_step, config.max_trace_bytes)
-        profile.scheduled_at = utcnow()
+        profile.scheduled_at = self._clock.wall()
         profile.deadline = self._clock.monotonic() + timeout_s(profile.request, config)
         window = WindowSpec(
             profile_id=profile.id,
@@ -233,7 +233,7 @@ class Runner:
         for rank, result in profile.ranks.items():
             if not result.state.is_terminal:
                 reason = f"no result within the {limit:g}s timeout (last state {result.state.value})"
-                profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                profile.ranks[rank] = _ended(result, RankState.FAILED, reason, self._clock.wall())
                 # A rank still holding the window (a lagging rank far from its start) would
                 # refuse every later window until it reached it: it is told to drop it now.
                 worker = self._registry.workers.get(profile.agents.get(rank, ""))
@@ -256,11 +256,11 @@ class Runner:
                 continue
             agent_id = profile.agents.get(rank)
             if profile.cancel_requested and (agent_id is None or agent_id not in workers):
-                profile.ranks[rank] = _ended(result, RankState.CANCELLED, "cancelled")
+                profile.ranks[rank] = _ended(result, RankState.CANCELLED, "cancelled", self._clock.wall())
             elif agent_id is not None and agent_id not in workers:
                 why = self._registry.why_gone(agent_id) or "its process exited or was restarted"
                 reason = f"worker stopped responding during the window: {why}"
-                profile.ranks[rank] = _ended(result, RankState.FAILED, reason)
+                profile.ranks[rank] = _ended(result, RankState.FAILED, reason, self._clock.wall())
                 # It may only have gone silent (a long pause): if it registers again, it is told to drop
                 # the window it still holds, which would make it refuse every later one.
                 self._registry.send(agent_id, CancelCommand(profile_id=profile.id))
@@ -277,7 +277,7 @@ class Runner:
 
     async def finish(self, profile: Profile, state: ProfileState, reason: str | None) -> None:
         """Make the manifest (with the postprocess's artifacts), then end the profile at the commit point."""
-        profile.finished_at = utcnow()
+        profile.finished_at = self._clock.wall()
         self._remember_arm_round(profile)
         manifest = profile.manifest_of(state, reason, cluster=self._cluster_info(profile))
         if any(a.kind == "trace" for a in manifest.all_artifacts()) and state != ProfileState.CANCELLED:
@@ -285,5 +285,5 @@ class Runner:
         await self._commit.end(profile, state, reason, manifest)
 
 
-def _ended(result: RankResult, state: RankState, reason: str) -> RankResult:
-    return result.model_copy(update={"state": state, "reason": reason, "finished_at": utcnow()})
+def _ended(result: RankResult, state: RankState, reason: str, at: datetime) -> RankResult:
+    return result.model_copy(update={"state": state, "reason": reason, "finished_at": at})
