@@ -348,7 +348,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=_memory(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
-        optimizer_ops=top_level_ops(main, [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]) / max(len(windows), 1),
+        # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
+        optimizer_ops=0.0 if device_spans else
+        top_level_ops(main, [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]) / max(len(windows), 1),
     )
 
 

@@ -216,8 +216,8 @@ class RankSummary(_Model):
     issues: list[str] = Field(default_factory=list)
     optimizer_ops: float = Field(
         default=0.0,
-        description="Mean per step of the ops the optimizer (step, zero_grad) runs at its own top level: several per "
-        "parameter for a per-parameter optimizer, a few in all for a foreach or fused one.",
+        description="CPU-only traces (0 elsewhere): mean per step of the ops the optimizer (step, zero_grad) runs at its "
+        "own top level: several per parameter for a per-parameter optimizer, a few in all for a foreach or fused one.",
     )
 
 
