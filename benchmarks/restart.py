@@ -35,10 +35,11 @@ async def _restart(root: str) -> dict[str, Any]:
     from actors.controller.actor import Controller
     from orchestrator.config import controller_config
     from orchestrator.models.agent_protocol import StorageSpec
+    from tests.support.local_gauges import LocalRecorders
 
     baseline = proc_rss_bytes(os.getpid())
     config = controller_config(StorageSpec(uri=root)).model_copy(update={"cluster_name": CLUSTER})
-    controller = Controller(config, postprocess=object(), cluster=CLUSTER)
+    controller = Controller(config, postprocess=object(), cluster=CLUSTER, recorder=LocalRecorders())
     t0 = time.perf_counter()
     await controller.ping()
     restart_s = time.perf_counter() - t0

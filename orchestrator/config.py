@@ -49,6 +49,7 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
         max_watches=c.env_int(c.MAX_WATCHES_ENV_VAR, c.DEFAULT_MAX_WATCHES),
         watch_max_failures=c.env_int(c.WATCH_MAX_FAILURES_ENV_VAR, c.DEFAULT_WATCH_MAX_FAILURES),
         metrics=bool(c.env_int(c.METRICS_ENV_VAR, c.DEFAULT_METRICS)),
+        metrics_ended_kept_s=c.env_float(c.METRICS_ENDED_KEPT_S_ENV_VAR, c.DEFAULT_METRICS_ENDED_KEPT_S),
         history=bool(c.env_int(c.HISTORY_ENV_VAR, c.DEFAULT_HISTORY)),
         history_save_interval_s=c.env_float(c.HISTORY_SAVE_INTERVAL_S_ENV_VAR, c.DEFAULT_HISTORY_SAVE_INTERVAL_S),
         post_window_slowdown=c.env_float(c.POST_WINDOW_SLOWDOWN_ENV_VAR, c.DEFAULT_POST_WINDOW_SLOWDOWN),

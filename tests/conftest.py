@@ -28,6 +28,8 @@ os.environ.setdefault("RAYPROF_POLL_TIMEOUT_S", "2")
 os.environ.setdefault("RAYPROF_WORKER_EXPIRY_GRACE_S", "4")
 os.environ.setdefault("RAYPROF_DISCOVERY_INTERVAL_S", "0.5")
 os.environ.setdefault("RAYPROF_REQUEST_TIMEOUT_S", "120")
+# An ended run's gauges leave Ray's endpoint within a test's wait (the recorder is replaced every 20 s).
+os.environ.setdefault("RAYPROF_METRICS_ENDED_KEPT_S", "5")
 os.environ.setdefault("RAYPROF_MAX_TRACE_BYTES", str(MAX_TRACE_BYTES))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,7 @@ from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.diagnosis.stacks_bundle import StacksTaker
 from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
+from actors.controller.monitoring.gauge_recorder import RayRecorder, Recorder
 from actors.controller.monitoring.telemetry import Telemetry
 from actors.controller.profiles.client_side import ClientSide
 from actors.controller.profiles.commit import Commit
@@ -65,14 +67,19 @@ logger = logging.getLogger(__name__)
 class Controller(Startup, AgentSide, ClientSide):
     """Registry of targets and the state machine of every profile request.
 
-    ``postprocess`` and ``cluster`` are seams for tests that run the class
-    without Ray; the actor uses a Ray task and the Ray cluster id (which also
-    names the holder of the cluster name's lease). ``clock`` is a seam too: a test
+    ``postprocess``, ``cluster`` and ``recorder`` are seams for tests that run the
+    class without Ray; the actor uses a Ray task, the Ray cluster id (which also
+    names the holder of the cluster name's lease) and a Ray actor that exports its gauges. ``clock`` is a seam too: a test
     steps one (:mod:`actors.controller.clock`) instead of sleeping.
     """
 
     def __init__(
-        self, config: ControllerConfig, postprocess: Any = None, cluster: str | None = None, clock: Clock = SYSTEM_CLOCK
+        self,
+        config: ControllerConfig,
+        postprocess: Any = None,
+        cluster: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        recorder: Callable[[], Recorder] = RayRecorder,
     ) -> None:
         # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -108,6 +115,7 @@ class Controller(Startup, AgentSide, ClientSide):
             self._catalog.__contains__,
             self._spawn,
             clock,
+            recorder,
         )
         postprocess = self._telemetry.timed(postprocess)
         self._leases = Leases(self._cluster, self._home, self._settings, self._profiles, clock)

@@ -17,6 +17,7 @@ from orchestrator.settings import (
     DEFAULT_LAG_STEPS,
     DEFAULT_MAX_WATCHES,
     DEFAULT_METRICS,
+    DEFAULT_METRICS_ENDED_KEPT_S,
     DEFAULT_MONITOR_INTERVAL_S,
     DEFAULT_OWNER_LEASE_S,
     DEFAULT_POST_WINDOW_SLOWDOWN,
@@ -100,6 +101,9 @@ class ControllerConfig(StrictModel):
     gc_grace_hours: float = Field(default=DEFAULT_GC_GRACE_HOURS, gt=0, le=MAX_GC_GRACE_HOURS)
     owner_lease_s: float = Field(default=DEFAULT_OWNER_LEASE_S, gt=0)
     metrics: bool = Field(default=bool(DEFAULT_METRICS))
+    metrics_ended_kept_s: float = Field(
+        default=DEFAULT_METRICS_ENDED_KEPT_S, gt=0, description="How long an ended run's gauges stay exported."
+    )
     history: bool = Field(default=bool(DEFAULT_HISTORY))
     history_save_interval_s: float = Field(default=DEFAULT_HISTORY_SAVE_INTERVAL_S, gt=0)
     ended_run_kept_s: float = Field(

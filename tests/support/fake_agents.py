@@ -44,6 +44,7 @@ from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadS
 from orchestrator.models.profile import ArtifactKind, ProfileStatus, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
+from tests.support.local_gauges import LocalRecorders
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload", "late_arm", "always_late"]
 STEP_S = 0.01
@@ -93,9 +94,18 @@ def run(coro, timeout_s: float = 30.0):
 FAKE_RAY_CLUSTER = "fake-ray-cluster"
 
 
-def make_controller(home: StorageSpec, clock: Clock = SYSTEM_CLOCK, **overrides: object) -> Controller:
-    """The real controller on ``home`` with fast settings and no postprocess, on ``clock``."""
-    return Controller(fast_config(home, **overrides), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER, clock=clock)
+def make_controller(
+    home: StorageSpec, clock: Clock = SYSTEM_CLOCK, recorder: LocalRecorders | None = None, **overrides: object
+) -> Controller:
+    """The real controller on ``home`` with fast settings and no postprocess, on ``clock``; its gauges go to
+    local recorders (``recorder``, to read them)."""
+    return Controller(
+        fast_config(home, **overrides),
+        postprocess=no_postprocess,
+        cluster=FAKE_RAY_CLUSTER,
+        clock=clock,
+        recorder=recorder or LocalRecorders(),
+    )
 
 
 async def no_postprocess(draft, profile, timeout_s):

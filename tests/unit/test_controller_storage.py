@@ -26,6 +26,7 @@ from tests.support.fake_agents import (
     worker_info,
 )
 from tests.support.fake_agents import make_controller as controller
+from tests.support.local_gauges import LocalRecorders
 from tests.support.stepped_runner import ManualClock, Stepped
 
 
@@ -42,7 +43,9 @@ def _broken_home(tmp_path: Path) -> StorageSpec:
 
 def test_unreachable_home_storage_does_not_wedge_the_controller(tmp_path):
     async def go():
-        c = Controller(fast_config(_broken_home(tmp_path)), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER)
+        c = Controller(
+            fast_config(_broken_home(tmp_path)), postprocess=no_postprocess, cluster=FAKE_RAY_CLUSTER, recorder=LocalRecorders()
+        )
         pong = await asyncio.wait_for(c.ping(), 5)
         await c.register(worker_info(0, 1))
         targets = await c.targets()

@@ -7,9 +7,11 @@ from actors.controller.actor import Controller
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import metric_names as m
+from actors.controller.monitoring.gauges import REPLACE_EVERY
 from actors.controller.monitoring.metrics import Metrics
 from orchestrator.models.requests import ProfileRequest
 from tests.support.fake_agents import MONITORED, FakeAgent, make_controller, run, until, wait_terminal, worker_info
+from tests.support.local_gauges import LocalRecorders
 
 # Long enough for a run's windows and stall to happen while it is live, short enough for a test.
 _GRACE_S = 0.5
@@ -58,23 +60,12 @@ def test_what_is_kept_per_target_is_dropped_once_the_run_has_been_gone_for_its_g
     run(scenario(), timeout_s=90)
 
 
-class _Recorder:
-    """Stands in for one ray.util.metrics object: what was recorded, with which tags."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, dict[str, str]]] = []
-
-    def set(self, value: float, tags: dict[str, str]) -> None:
-        self.calls.append((value, tags))
-
-    inc = observe = set
+_HOLD_S = 150.0
 
 
-def _recording_metrics() -> tuple[Metrics, dict[str, _Recorder]]:
-    metrics = Metrics()
-    recorders = {name: _Recorder() for name in metrics._m}
-    metrics._m = recorders
-    return metrics, recorders
+def _recording_metrics() -> tuple[Metrics, LocalRecorders]:
+    recorders = LocalRecorders()
+    return Metrics(recorders, lambda: _HOLD_S), recorders
 
 
 def _worker(rank: int, target: str = "job") -> Worker:
@@ -86,38 +77,65 @@ _STALLED = Health(stalled=True, stalled_s=120.0, threshold_s=60.0, median_step_s
 _ALERTS = (m.STALLED, m.LAGGING, m.RANKS, m.STEPS_BEHIND, m.SINCE_STEP)
 
 
-def _last_values(recorders: dict[str, _Recorder], target: str) -> dict[tuple[str, str], float]:
+def _last_values(recorders: LocalRecorders, target: str) -> dict[tuple[str, str], float]:
     """The last value set per (metric, rank) of ``target``."""
     last: dict[tuple[str, str], float] = {}
     for metric in _ALERTS:
-        for value, tags in recorders[metric.name].calls:
+        for value, tags in recorders.calls(metric):
             if tags["target"] == target:
                 last[(metric.name, tags.get("rank", ""))] = value
     return last
 
 
+def _tick(metrics: Metrics, target: str, workers: dict[int, Worker], now: float) -> None:
+    metrics.run(target, workers, _STALLED, now)
+    metrics.forget({target}, now)
+    metrics.flush(now)
+
+
 def test_an_ended_runs_gauges_get_a_final_value_and_are_set_no_more():
-    # Ray 2.43 keeps a label set's last value for the life of the process: a run that ended
-    # STALLED would keep rayprof_stalled at 1 forever, and an alert on it would never clear.
+    # Ray 2.43 keeps a label set's last value for the life of the process that set it: a run that
+    # ended STALLED would keep rayprof_stalled at 1, and an alert on it would never clear.
     metrics, recorders = _recording_metrics()
-    metrics.run("job", {0: _worker(0), 1: _worker(1)}, _STALLED, 100.0)
+    _tick(metrics, "job", {0: _worker(0), 1: _worker(1)}, 100.0)
     assert _last_values(recorders, "job")[(m.STALLED.name, "")] == 1.0
-    metrics.forget(set())  # the run is gone
+    metrics.forget(set(), 100.5)  # the run is gone
+    metrics.flush(100.5)
     final = _last_values(recorders, "job")
     assert final and all(v == 0.0 for v in final.values()), final
     assert {rank for _, rank in final} == {"", "0", "1"}
-    calls = sum(len(r.calls) for r in recorders.values())
-    for now in (101.0, 200.0, 1000.0):  # later ticks, other runs live
-        metrics.run("other", {0: _worker(0, "other")}, _STALLED, now)
-        metrics.forget({"other"})
-    assert all(tags["target"] == "other" for r in recorders.values() for _, tags in r.calls[calls:])
-    assert all(key[1][0] == "other" for key in metrics._last)
+    calls = {metric.name: len(recorders.calls(metric)) for metric in _ALERTS}
+    for now in (101.0, 120.0, 140.0):  # later ticks, another run live
+        _tick(metrics, "other", {0: _worker(0, "other")}, now)
+        for r in recorders.running():
+            r.recorder.refresh()
+    later = [tags for metric in _ALERTS for _, tags in recorders.calls(metric)[calls[metric.name]:]]
+    assert later and all(tags["target"] == "other" for tags in later)
+    assert all(labels[0] == "other" for _, labels in metrics.gauges.live())
 
 
 def test_a_rank_that_left_a_live_run_gets_final_values_too():
     metrics, recorders = _recording_metrics()
-    metrics.run("job", {0: _worker(0), 1: _worker(1)}, _STALLED, 100.0)
-    metrics.run("job", {0: _worker(0)}, _STALLED, 101.0)  # rank 1 left (an elastic job shrank)
+    _tick(metrics, "job", {0: _worker(0), 1: _worker(1)}, 100.0)
+    _tick(metrics, "job", {0: _worker(0)}, 101.0)  # rank 1 left (an elastic job shrank)
     last = _last_values(recorders, "job")
     assert last[(m.STEPS_BEHIND.name, "1")] == 0.0 and last[(m.SINCE_STEP.name, "1")] == 0.0
-    assert not [k for k in metrics._last if k[1] == ("job", "1")]
+    assert not [k for k in metrics.gauges.live() if k[1] == ("job", "1")]
+
+
+def test_an_ended_runs_label_sets_leave_with_the_recorder_process_that_exported_them():
+    # Ray 2.43 forgets a label set only when the process that set it ends: after the final value's
+    # hold, the controller moves what is live to a fresh recorder and ends the old one.
+    metrics, recorders = _recording_metrics()
+    _tick(metrics, "job", {0: _worker(0), 1: _worker(1)}, 0.0)
+    now = 1.0
+    _tick(metrics, "other", {0: _worker(0, "other")}, now)  # "job" ended: only "other" is live
+    first = recorders.started[0]
+    while now < (REPLACE_EVERY + 1) * _HOLD_S and not first.closed:  # ticks, bounded
+        now += 1.0
+        _tick(metrics, "other", {0: _worker(0, "other")}, now)
+    assert first.closed and now >= REPLACE_EVERY * _HOLD_S
+    fresh = recorders.running()
+    assert len(fresh) == 1 and fresh[0] is not first
+    assert {dict(labels)["target"] for _, labels in fresh[0].exported()} == {"other"}
+    assert {dict(labels)["target"] for _, labels in first.exported()} == {"job", "other"}

@@ -22,6 +22,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.support.fake_agents import fast_config, make_controller, no_postprocess, run, start_agents, wait_terminal
 from tests.support.inprocess_service import service_client
+from tests.support.local_gauges import LocalRecorders
 
 BODY = {"target": "run", "steps": 3}
 
@@ -64,7 +65,7 @@ def test_calls_on_saved_state_answer_503_restoring_until_it_is_restored(tmp_path
     broken = StorageSpec(uri=str(blocker / "store"))
 
     async def go():
-        c = Controller(fast_config(broken), postprocess=no_postprocess, cluster="fake-ray-cluster")
+        c = Controller(fast_config(broken), postprocess=no_postprocess, cluster="fake-ray-cluster", recorder=LocalRecorders())
         async with service_client(monkeypatch, c) as http:
             return await http.get("/v1/storage"), await http.get("/healthz")
 
@@ -76,9 +77,9 @@ def test_calls_on_saved_state_answer_503_restoring_until_it_is_restored(tmp_path
 
 def test_a_refused_cluster_name_is_a_503_that_names_the_fix(home, monkeypatch):
     async def go():
-        holder = Controller(fast_config(home, cluster_name="shared"), postprocess=no_postprocess, cluster="ray-a")
+        holder = Controller(fast_config(home, cluster_name="shared"), postprocess=no_postprocess, cluster="ray-a", recorder=LocalRecorders())
         await holder.ping()
-        refused = Controller(fast_config(home, cluster_name="shared"), postprocess=no_postprocess, cluster="ray-b")
+        refused = Controller(fast_config(home, cluster_name="shared"), postprocess=no_postprocess, cluster="ray-b", recorder=LocalRecorders())
         async with service_client(monkeypatch, refused) as http:
             return await http.get("/healthz"), await http.post("/v1/profiles", json=BODY)
 

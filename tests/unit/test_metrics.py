@@ -9,13 +9,15 @@ import re
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import metric_names as m
-from actors.controller.monitoring.metrics import GAUGE_REFRESH_S, Metrics
+from actors.controller.monitoring.gauge_recorder import GaugeUpdate
+from actors.controller.monitoring.metrics import Metrics
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow
 from orchestrator.models.requests import ProfileRequest
 from tests.support.common import REPO
 from tests.support.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
+from tests.support.local_gauges import LocalRecorder, LocalRecorders, RecordingGauge
 
 DASHBOARD = REPO / "deploy" / "grafana" / "rayprof.json"
 _SERIES = re.compile(r"\bray_rayprof_[a-z_]+")
@@ -52,31 +54,20 @@ def test_every_dashboard_query_names_an_exported_metric():
         assert set(m.exported(metric)) & shown, metric.name
 
 
-class _Recorder:
-    """Stands in for one ray.util.metrics object: what was recorded, with which tags."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, dict[str, str]]] = []
-
-    def set(self, value: float, tags: dict[str, str]) -> None:
-        self.calls.append((value, tags))
-
-    inc = observe = set
-
-
 def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
     async def scenario():
-        c = make_controller(home, **MONITORED)
+        gauges = LocalRecorders()
+        c = make_controller(home, recorder=gauges, **MONITORED)
         metrics = c._telemetry._metrics
         assert isinstance(metrics, Metrics)
-        recorders = {name: _Recorder() for name in metrics._m}
+        recorders = {name: RecordingGauge() for name in metrics._m}
         metrics._m = recorders
         agents = await start_agents(c, 2)
         await c.ping()
         status = await c.submit(ProfileRequest(target="run", steps=3))
         final, _ = await wait_terminal(c, status.id)
         await c.stacks("run")
-        assert await until(lambda: recorders[m.STEP_TIME.name].calls and recorders[m.STEPS_BEHIND.name].calls, timeout_s=10)
+        assert await until(lambda: gauges.calls(m.STEP_TIME) and gauges.calls(m.STEPS_BEHIND), timeout_s=10)
         # A watch that fires: every rank stops advancing, the target turns STALLED.
         await c.create_watch(WatchSpec(target="run", stalled=True, for_s=0, action="stacks", cooldown_s=0))
         for a in agents:
@@ -85,10 +76,10 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
         for a in agents:
             await a.stop()
         assert recorders[m.WATCH_FIRINGS.name].calls[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
-        step_ranks = {tags["rank"] for _, tags in recorders[m.STEP_TIME.name].calls}
+        step_ranks = {tags["rank"] for _, tags in gauges.calls(m.STEP_TIME)}
         assert step_ranks == {"0", "1"}
-        assert all(tags["target"] == "run" for _, tags in recorders[m.STEP_TIME.name].calls)
-        assert [v for v, _ in itertools.groupby(v for v, _ in recorders[m.STALLED.name].calls)] == [0.0, 1.0]  # training, then STALLED
+        assert all(tags["target"] == "run" for _, tags in gauges.calls(m.STEP_TIME))
+        assert [v for v, _ in itertools.groupby(v for v, _ in gauges.calls(m.STALLED))] == [0.0, 1.0]  # training, then STALLED
         assert recorders[m.PROFILES.name].calls == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
         assert [t["trigger"] for _, t in recorders[m.STACKS.name].calls][0] == "manual"
         assert {t["outcome"] for _, t in recorders[m.STACKS.name].calls} == {"DONE"}
@@ -99,6 +90,9 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
 
 
 
+_HOLD_S = 150.0
+
+
 def _worker(rank: int) -> Worker:
     info = WorkerInfo(
         agent_id=f"a{rank}", target="run", world_rank=rank, world_size=2, local_rank=rank, node_rank=0,
@@ -107,30 +101,38 @@ def _worker(rank: int) -> Worker:
     return Worker(info=info, registered_at=0.0, secret="s", seen_at=0.0, step=10, step_time_s=0.1, advanced_at=0.0)
 
 
-def test_an_unchanged_gauge_is_set_again_before_rays_exporter_drops_it():
+def test_the_recorder_sets_every_live_gauge_again_on_its_refresh_so_rays_exporter_keeps_it():
     # Ray 2.60's metrics agent drops a gauge's label set that was not set for two export
     # periods (20 s by default): a target that stays not-STALLED must not vanish from Prometheus.
-    metrics = Metrics()
-    recorders = {name: _Recorder() for name in metrics._m}
-    metrics._m = recorders
+    local = LocalRecorder()
+    local.send(GaugeUpdate(values=[(m.STALLED.name, ("run",), 0.0), (m.STEP_TIME.name, ("run", "0"), 0.1)]))
+    local.send(GaugeUpdate(ended=[(m.STEP_TIME.name, ("run", "0"), None)]))
+    local.recorder.refresh()
+    assert [v for v, _ in local.gauges[m.STALLED.name].calls] == [0.0, 0.0]
+    assert [v for v, _ in local.gauges[m.STEP_TIME.name].calls] == [0.1]  # ended: kept at its last value, set no more
+
+
+def test_an_unchanged_gauge_is_sent_to_the_recorder_once():
+    # At 1,024 ranks sending every gauge on every tick would be thousands of values a second for nothing.
+    recorders = LocalRecorders()
+    metrics = Metrics(recorders, lambda: _HOLD_S)
     workers = {0: _worker(0), 1: _worker(1)}
     healthy = Health(stalled=False, stalled_s=0.0, threshold_s=60.0, median_step_s=0.1)
-    for now in (0.0, 0.4, 1.0, 2.0, 3.0):
+    for now in (0.0, 0.4, 0.5, 0.9):  # the same whole second since each rank's last step
         metrics.run("run", workers, healthy, now)
-    assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0]  # unchanged: not set on every tick
-    metrics.run("run", workers, healthy, GAUGE_REFRESH_S + 0.5)
-    assert [v for v, _ in recorders[m.STALLED.name].calls] == [0.0, 0.0]
-    assert len(recorders[m.RANKS.name].calls) == 2
-    assert {t["rank"] for _, t in recorders[m.STEPS_BEHIND.name].calls[-2:]} == {"0", "1"}
+        metrics.flush(now)
+    sent = [v for u in recorders.started[0].updates for v in u.values]
+    assert [v for v in sent if v[0] == m.STALLED.name] == [(m.STALLED.name, ("run",), 0.0)]
+    assert len([v for v in sent if v[0] == m.STEPS_BEHIND.name]) == 2  # one per rank
 
 
 def test_a_post_window_ratio_stays_exported_while_its_target_is_live():
-    metrics = Metrics()
-    recorders = {name: _Recorder() for name in metrics._m}
-    metrics._m = recorders
+    recorders = LocalRecorders()
+    metrics = Metrics(recorders, lambda: _HOLD_S)
     check = PostWindowCheck(threshold=1.1, steps=5, verdict="ok", ranks=[RankPostWindow(rank=0, ratio=1.02)], detail="ok")
     metrics.post_window("run", check)
     healthy = Health(stalled=False, stalled_s=0.0, threshold_s=60.0, median_step_s=0.1)
     metrics.run("run", {0: _worker(0)}, healthy, 0.0)
-    metrics.run("run", {0: _worker(0)}, healthy, GAUGE_REFRESH_S + 0.5)
-    assert [v for v, _ in recorders[m.POST_WINDOW_RATIO.name].calls] == [1.02, 1.02]
+    metrics.flush(0.0)
+    recorders.started[0].recorder.refresh()
+    assert [v for v, _ in recorders.calls(m.POST_WINDOW_RATIO)] == [1.02, 1.02]

@@ -37,6 +37,7 @@ from tests.support.fake_agents import (
     wait_terminal,
     worker_info,
 )
+from tests.support.local_gauges import LocalRecorders
 from tests.support.stepped_runner import ManualClock
 
 TARGETS = ("run", "other")
@@ -152,7 +153,7 @@ def test_config_waits_for_restore_and_names_the_configured_storage(home, tmp_pat
 def named(home: StorageSpec, ray_cluster: str, clock: Clock = SYSTEM_CLOCK, **overrides) -> Controller:
     """A controller named ``shared`` in the Ray cluster ``ray_cluster``, on ``clock``."""
     config = fast_config(home, cluster_name="shared", **overrides)
-    return Controller(config, postprocess=no_postprocess, cluster=ray_cluster, clock=clock)
+    return Controller(config, postprocess=no_postprocess, cluster=ray_cluster, clock=clock, recorder=LocalRecorders())
 
 
 def saved_state(home: StorageSpec, profile_id: str) -> str:

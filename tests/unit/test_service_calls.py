@@ -25,6 +25,7 @@ from tests.support.fake_agents import (
     worker_info,
 )
 from tests.support.inprocess_service import BASE_URL, ActorLike, install_service
+from tests.support.local_gauges import LocalRecorders
 
 REPORT = b"<!doctype html><title>report</title>"
 
@@ -64,7 +65,7 @@ class CountingHandle(ActorLike):
 
 def test_get_report_and_delete_of_a_profile_make_one_controller_call_each(home, monkeypatch):
     async def go():
-        controller = Controller(fast_config(home), postprocess=with_report, cluster=FAKE_RAY_CLUSTER)
+        controller = Controller(fast_config(home), postprocess=with_report, cluster=FAKE_RAY_CLUSTER, recorder=LocalRecorders())
         armed = asyncio.Event()  # held unset: the first profile stays running until cancelled
         for rank in range(2):
             await FakeAgent(controller, worker_info(rank, 2), arm_ack_gate=armed, upload="trace").start()

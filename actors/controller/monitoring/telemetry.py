@@ -21,6 +21,7 @@ from actors.controller.agents.registry import Registry, Worker
 from actors.controller.clock import Clock
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import history_answer
+from actors.controller.monitoring.gauge_recorder import Recorder
 from actors.controller.monitoring.metrics import Metrics
 from actors.controller.monitoring.post_window_check import PostWindowChecks
 from actors.controller.monitoring.step_history import History, RunHistory
@@ -56,6 +57,7 @@ class Telemetry:
         known: Callable[[str], bool],
         spawn: Callable[[Any], Any],
         clock: Clock,
+        recorder: Callable[[], Recorder],
     ) -> None:
         self._registry = registry
         self._clock = clock
@@ -66,7 +68,7 @@ class Telemetry:
         self._spawn = spawn
         self._store = HistoryStore(home, cluster)
         self.history = History()
-        self._metrics = Metrics() if config().metrics else None
+        self._metrics = Metrics(recorder, lambda: config().metrics_ended_kept_s) if config().metrics else None
         self._checks = PostWindowChecks(
             self.history,
             lambda: (config().post_window_slowdown, config().post_window_steps, config().monitor_interval_s),
@@ -160,7 +162,7 @@ class Telemetry:
         for name in names:
             workers = next(iter(self._registry.runs(name).values()))  # the newest run
             self._metrics.run(name, workers, self._assess(workers, now), now)
-        self._metrics.forget(set(names))
+        self._metrics.forget(set(names), now)
         for gone in self._last_firing.keys() - {w.id for w in watches}:
             del self._last_firing[gone]
         for watch in watches:
@@ -173,6 +175,7 @@ class Telemetry:
             for f in watch.firings:
                 if last is None or f.at > last:
                     self._metrics.watch_fired(watch.spec.target, watch.spec.condition, f.error is not None)
+        self._metrics.flush(now)
 
     # ---- storage ----------------------------------------------------------
 

@@ -1,0 +1,72 @@
+"""The controller's gauge recorder run in the test's own process: the real recorder, gauges that remember."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from actors.controller.monitoring import metric_names as m
+from actors.controller.monitoring.gauge_recorder import GaugeRecorder, GaugeUpdate
+
+
+class RecordingGauge:
+    """Stands in for one ray.util.metrics object: what was recorded, with which tags."""
+
+    def __init__(self, metric: m.MetricDef | None = None) -> None:
+        self.calls: list[tuple[float, dict[str, str]]] = []
+
+    def set(self, value: float, tags: dict[str, str]) -> None:
+        self.calls.append((value, tags))
+
+    inc = observe = set
+
+
+class LocalRecorder:
+    """A :class:`GaugeRecorder` here: a send is answered at once (or held, or failed, as a test says)."""
+
+    def __init__(self) -> None:
+        self.gauges: dict[str, RecordingGauge] = {}
+        self.recorder = GaugeRecorder(make_gauge=self._gauge)
+        self.updates: list[GaugeUpdate] = []
+        self.closed = False
+        self.answer = True  # False: sends stay unanswered
+        self.fail: Exception | None = None
+
+    def _gauge(self, metric: m.MetricDef) -> RecordingGauge:
+        self.gauges[metric.name] = RecordingGauge(metric)
+        return self.gauges[metric.name]
+
+    def send(self, update: GaugeUpdate) -> Future[None]:
+        assert not self.closed, "sent to a recorder that was ended"
+        future: Future[None] = Future()
+        self.updates.append(update)
+        if self.fail is not None:
+            future.set_exception(self.fail)
+        elif self.answer:
+            self.recorder.update(update)
+            future.set_result(None)
+        return future
+
+    def close(self) -> None:
+        self.closed = True
+
+    def exported(self) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        """Every (gauge, labels) this process ever set: what Ray exports while it runs."""
+        return {(name, tuple(sorted(tags.items()))) for name, g in self.gauges.items() for _, tags in g.calls}
+
+
+class LocalRecorders:
+    """Starts local recorders, as the controller's ``recorder`` seam; remembers each."""
+
+    def __init__(self) -> None:
+        self.started: list[LocalRecorder] = []
+
+    def __call__(self) -> LocalRecorder:
+        self.started.append(LocalRecorder())
+        return self.started[-1]
+
+    def running(self) -> list[LocalRecorder]:
+        return [r for r in self.started if not r.closed]
+
+    def calls(self, metric: m.MetricDef) -> list[tuple[float, dict[str, str]]]:
+        """What ``metric`` was set to, in every recorder started, in order."""
+        return [c for r in self.started if metric.name in r.gauges for c in r.gauges[metric.name].calls]

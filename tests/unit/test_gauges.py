@@ -1,0 +1,138 @@
+"""The controller's gauges and their recorder process: what is sent, when the process is replaced, and what
+a failing one costs. Driven by ticks' ``now``; the recorder runs here (tests/support/local_gauges.py)."""
+
+from __future__ import annotations
+
+from actors.controller.monitoring import metric_names as m
+from actors.controller.monitoring.gauges import MAX_BACKOFF_S, REPLACE_EVERY, SEND_TIMEOUT_S, Gauges
+from tests.support.local_gauges import LocalRecorders
+
+_HOLD_S = 10.0
+_LIVE = (m.STALLED.name, ("live",))
+_GONE = (m.STALLED.name, ("gone",))
+_STEP = (m.STEP_TIME.name, ("gone", "0"))
+
+
+def _gauges() -> tuple[Gauges, LocalRecorders]:
+    recorders = LocalRecorders()
+    return Gauges(recorders, lambda: _HOLD_S), recorders
+
+
+def _sent(recorders: LocalRecorders, i: int = -1) -> dict[tuple[str, tuple[str, ...]], float | None]:
+    r = recorders.started[i]
+    return {(n, labels): v for u in r.updates for n, labels, v in [*u.values, *u.ended]}
+
+
+def test_a_controller_with_no_gauge_set_starts_no_recorder():
+    gauges, recorders = _gauges()
+    for now in range(5):
+        gauges.flush(float(now))
+    assert recorders.started == []
+
+
+def test_an_ended_state_gauge_is_sent_its_final_value_and_a_step_time_keeps_its_last():
+    gauges, recorders = _gauges()
+    gauges.set(_GONE, 1.0)
+    gauges.set(_STEP, 0.25)
+    gauges.flush(0.0)
+    gauges.end([_GONE, _STEP], {m.STALLED.name: 0.0}, 1.0)
+    gauges.flush(1.0)
+    ended = recorders.started[0].updates[-1].ended
+    assert sorted(ended) == sorted([(*_GONE, 0.0), (*_STEP, None)])
+    assert recorders.calls(m.STALLED)[-1][0] == 0.0 and recorders.calls(m.STEP_TIME)[-1][0] == 0.25
+
+
+def test_the_recorder_is_replaced_after_the_hold_and_the_old_one_ends_once_the_new_one_answered():
+    gauges, recorders = _gauges()
+    gauges.set(_LIVE, 1.0)
+    gauges.set(_GONE, 1.0)
+    gauges.flush(0.0)
+    gauges.end([_GONE], {m.STALLED.name: 0.0}, 1.0)
+    now = 1.0
+    while len(recorders.started) == 1 and now < 10 * REPLACE_EVERY * _HOLD_S:  # bounded
+        now += 1.0
+        gauges.flush(now)
+    assert now == REPLACE_EVERY * _HOLD_S  # not before the earliest replacement
+    old, new = recorders.started
+    assert not old.closed  # the new one has not answered yet: live series would have a gap
+    gauges.flush(now + 1.0)
+    assert old.closed and not new.closed
+    assert _sent(recorders) == {_LIVE: 1.0}
+    # For the two minutes Ray 2.43 still exports the old process's series, its copy of a live one reads
+    # 0: a dashboard's max over both shows the new value.
+    assert old.updates[-1].ended == [(*_LIVE, 0.0)]
+
+
+def test_an_idle_controller_ends_its_recorder_and_starts_none():
+    gauges, recorders = _gauges()
+    gauges.set(_GONE, 1.0)
+    gauges.flush(0.0)
+    gauges.end([_GONE], {m.STALLED.name: 0.0}, 0.0)
+    for now in range(1, int(2 * REPLACE_EVERY * _HOLD_S)):
+        gauges.flush(float(now))
+    assert len(recorders.started) == 1 and recorders.started[0].closed
+    assert gauges.exported() == 0
+
+
+def test_a_label_set_ended_within_its_hold_moves_to_the_new_recorder_at_its_final_value():
+    gauges, recorders = _gauges()
+    for key in (_LIVE, _GONE, _STEP):
+        gauges.set(key, 1.0)
+    gauges.flush(0.0)
+    gauges.end([_STEP], {}, 1.0)
+    late = REPLACE_EVERY * _HOLD_S - 1.0
+    gauges.end([_GONE], {m.STALLED.name: 0.0}, late)  # ended just before the replacement
+    for now in (late, late + 1.0):
+        gauges.flush(now)
+    assert len(recorders.started) == 2
+    assert _sent(recorders) == {_LIVE: 1.0, _GONE: 0.0}  # _STEP's hold was over: it is not carried
+
+
+def test_a_recorder_that_fails_a_send_is_replaced_with_everything_live():
+    gauges, recorders = _gauges()
+    gauges.set(_LIVE, 1.0)
+    gauges.set(_STEP, 0.5)
+    gauges.flush(0.0)
+    recorders.started[0].fail = RuntimeError("actor died")
+    gauges.set(_LIVE, 2.0)
+    gauges.flush(1.0)  # this send fails
+    for now in range(2, 60):  # ticks: the first backoff is a few seconds
+        gauges.flush(float(now))
+    assert recorders.started[0].closed and len(recorders.started) == 2
+    assert _sent(recorders) == {_LIVE: 2.0, _STEP: 0.5}
+
+
+def test_changes_made_while_a_send_is_unanswered_are_merged_and_an_overdue_recorder_is_replaced():
+    gauges, recorders = _gauges()
+    gauges.set(_LIVE, 1.0)
+    gauges.flush(0.0)
+    recorders.started[0].answer = False
+    gauges.set(_LIVE, 2.0)
+    gauges.flush(1.0)  # sent, never answered
+    for value in (3.0, 4.0, 5.0):
+        gauges.set(_LIVE, value)
+        gauges.flush(1.0 + value)
+    assert len(recorders.started[0].updates) == 2  # nothing more sent while one is unanswered
+    for now in range(int(SEND_TIMEOUT_S), int(2 * SEND_TIMEOUT_S)):  # overdue, then the first backoff
+        gauges.flush(1.0 + now)
+    assert recorders.started[0].closed and len(recorders.started) == 2
+    assert _sent(recorders) == {_LIVE: 5.0}
+    assert recorders.started[0].updates[-1].values == [(*_LIVE, 2.0)]  # a failed process is not sent more
+
+
+def test_a_recorder_that_keeps_failing_is_started_again_after_a_growing_backoff_not_on_every_tick():
+    recorders = LocalRecorders()
+    failing = recorders.__call__
+
+    def start():
+        recorder = failing()
+        recorder.fail = RuntimeError("the actor cannot start")
+        return recorder
+
+    gauges = Gauges(start, lambda: _HOLD_S)
+    gauges.set(_LIVE, 1.0)
+    hour = 3600
+    for now in range(hour):
+        gauges.flush(float(now))
+    # 5, 10, 20, ... 300 s apart: 17 starts in an hour, not 1,800.
+    assert 10 <= len(recorders.started) <= hour / MAX_BACKOFF_S + 8
