@@ -107,6 +107,7 @@ class _Recorders:
 
         class _Local:
             closed = False
+            recorder: Any = None
 
             def send(self, update: GaugeUpdate) -> Future[None]:
                 recorder.update(update)
@@ -118,11 +119,30 @@ class _Recorders:
                 self.closed = True
 
         local = _Local()
+        local.recorder = recorder
         self.started.append((local, gauges))
         return local
 
     def gauges(self, running: bool = False) -> list[_Gauge]:
         return [g for local, gauges in self.started if not (running and local.closed) for g in gauges.values()]
+
+    def refresh(self) -> None:
+        """What each running recorder process's refresh thread does every GAUGE_REFRESH_S."""
+        for local, _ in self.started:
+            if not local.closed:
+                local.recorder.refresh()
+
+    def stale_nonzero(self) -> int:
+        """State gauges an ended recorder left at a value other than 0: what Ray 2.43 shows for its last
+        minutes (a live one's copies are set to 0 before it ends)."""
+        return sum(
+            value != 0.0
+            for local, gauges in self.started
+            if local.closed
+            for g in gauges.values()
+            if g.name in _STATE_GAUGES
+            for value, _ in g.last.values()
+        )
 
 
 def _holders(c: Any) -> dict[str, int]:
@@ -166,7 +186,7 @@ async def _one_run(c: Any, i: int) -> None:
 
 
 def _sample(c: Any, recorders: _Recorders) -> dict[str, Any]:
-    for gauge in recorders.gauges():
+    for gauge in recorders.gauges(running=True):
         gauge.age_out()
     gc.collect()
     return {"rss_mib": proc_rss_bytes(os.getpid()) / 2**20, "objects": len(gc.get_objects()), **_holders(c)}
@@ -203,6 +223,15 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     # The controller logs every registration and drop at INFO: 8,000 lines say nothing here.
     logging.getLogger("actors").setLevel(logging.WARNING)
     await c.ping()
+
+    async def refresh() -> None:
+        from actors.controller.monitoring.gauge_recorder import GAUGE_REFRESH_S
+
+        while True:  # cancelled when the scenario ends
+            await asyncio.sleep(GAUGE_REFRESH_S)
+            recorders.refresh()
+
+    refreshing = asyncio.get_running_loop().create_task(refresh())
     curve: list[dict[str, Any]] = []
     started = time.monotonic()
     for first in range(0, runs, CONCURRENT):
@@ -222,12 +251,13 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     idle = {"runs": runs, "s": time.monotonic() - started, **_sample(c, recorders)}
     log(f"{NAME}: idle: rss {idle['rss_mib']:.1f} MiB, objects {idle['objects']:,}, holders {_holders(c)}")
     await asyncio.sleep(_IDLE_S + 1)  # the idle period: every ended run's label sets age out
-    for gauge in recorders.gauges():
+    for gauge in recorders.gauges(running=True):
         gauge.age_out()
     ever = sum(g.ever for g in recorders.gauges() if g.name in _GAUGES)
     # What Ray 2.43 still exports: every label set the recorders still running ever set.
     exported = sum(g.ever for g in recorders.gauges(running=True) if g.name in _GAUGES)
-    nonzero_state = sum(g.left_set for g in recorders.gauges())
+    nonzero_state = sum(g.left_set for g in recorders.gauges()) + recorders.stale_nonzero()
+    refreshing.cancel()
     history = await _history_answer(c)
     return {
         "curve": curve, "idle": idle, "emptied": emptied, "ever": ever, "exported": exported, "nonzero": nonzero_state,

@@ -136,3 +136,22 @@ def test_a_recorder_that_keeps_failing_is_started_again_after_a_growing_backoff_
         gauges.flush(float(now))
     # 5, 10, 20, ... 300 s apart: 17 starts in an hour, not 1,800.
     assert 10 <= len(recorders.started) <= hour / MAX_BACKOFF_S + 8
+
+
+def test_a_run_that_ends_in_the_tick_of_a_replacement_is_not_left_at_its_live_value_in_the_old_recorder():
+    # The old process's series stay on Ray 2.43's endpoint for a minute or two after it ends: an ended
+    # run's copy there must read its final value (0), not STALLED.
+    gauges, recorders = _gauges()
+    gauges.set(_LIVE, 1.0)
+    gauges.set(_GONE, 1.0)
+    gauges.set(_STEP, 0.5)
+    gauges.flush(0.0)
+    gauges.end([_STEP], {}, 1.0)
+    due = REPLACE_EVERY * _HOLD_S
+    gauges.end([_GONE], {m.STALLED.name: 0.0}, due)  # ends in the very tick the replacement is due
+    gauges.flush(due)
+    gauges.flush(due + 1.0)
+    old = recorders.started[0]
+    assert old.closed
+    last = {tags["target"]: v for v, tags in old.gauges[m.STALLED.name].calls}
+    assert last == {"live": 0.0, "gone": 0.0}

@@ -152,6 +152,8 @@ class Gauges:
 
     def _replace(self, now: float) -> None:
         """A fresh recorder with every live value and the ended ones still in their hold; the old one retires."""
+        # What the old one shows at a live value: the live label sets, and those that ended since its last send.
+        shown = [*self._live, *self._stops]
         hold_s = self._hold_s()
         self._ended = {k: (v, at) for k, (v, at) in self._ended.items() if now - at < hold_s}
         old, self._recorder = self._recorder, None
@@ -167,7 +169,7 @@ class Gauges:
             self._retiring = None
             return
         if old is not None:
-            self._retiring = _Retiring(old, list(self._live))
+            self._retiring = _Retiring(old, shown)
         try:
             self._recorder = self._start()
         except Exception as e:  # Ray refused to start an actor
