@@ -35,7 +35,7 @@ async def _restart(root: str) -> dict[str, Any]:
     from actors.controller.actor import Controller
     from orchestrator.config import controller_config
     from orchestrator.models.agent_protocol import StorageSpec
-    from tests.support.local_gauges import LocalRecorders
+    from tests.support.local_recorder import LocalRecorders
 
     baseline = proc_rss_bytes(os.getpid())
     config = controller_config(StorageSpec(uri=root)).model_copy(update={"cluster_name": CLUSTER})

@@ -29,7 +29,7 @@ from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.diagnosis.stacks_bundle import StacksTaker
 from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
-from actors.controller.monitoring.gauge_recorder import RayRecorder, Recorder
+from actors.controller.monitoring.recorder import RayRecorder, Recorder
 from actors.controller.monitoring.telemetry import Telemetry
 from actors.controller.profiles.client_side import ClientSide
 from actors.controller.profiles.commit import Commit

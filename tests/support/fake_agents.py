@@ -44,7 +44,7 @@ from orchestrator.models.diagnosis import Collective, Frame, RankStacks, ThreadS
 from orchestrator.models.profile import ArtifactKind, ProfileStatus, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.storage import open_storage
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 
 Behaviour = Literal["ok", "fail", "hang", "vanish", "stall_upload", "late_arm", "always_late"]
 STEP_S = 0.01

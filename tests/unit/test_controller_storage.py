@@ -26,7 +26,7 @@ from tests.support.fake_agents import (
     worker_info,
 )
 from tests.support.fake_agents import make_controller as controller
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 from tests.support.stepped_runner import ManualClock, Stepped
 
 

@@ -7,11 +7,11 @@ from actors.controller.actor import Controller
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import metric_names as m
-from actors.controller.monitoring.gauges import REPLACE_EVERY
 from actors.controller.monitoring.metrics import Metrics
+from actors.controller.monitoring.series import REPLACE_EVERY
 from orchestrator.models.requests import ProfileRequest
 from tests.support.fake_agents import MONITORED, FakeAgent, make_controller, run, until, wait_terminal, worker_info
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 
 # Long enough for a run's windows and stall to happen while it is live, short enough for a test.
 _GRACE_S = 0.5
@@ -111,7 +111,7 @@ def test_an_ended_runs_gauges_get_a_final_value_and_are_set_no_more():
             r.recorder.refresh()
     later = [tags for metric in _ALERTS for _, tags in recorders.calls(metric)[calls[metric.name]:]]
     assert later and all(tags["target"] == "other" for tags in later)
-    assert all(labels[0] == "other" for _, labels in metrics.gauges.live())
+    assert all(labels[0] == "other" for _, labels in metrics.series.live())
 
 
 def test_a_rank_that_left_a_live_run_gets_final_values_too():
@@ -120,7 +120,7 @@ def test_a_rank_that_left_a_live_run_gets_final_values_too():
     _tick(metrics, "job", {0: _worker(0)}, 101.0)  # rank 1 left (an elastic job shrank)
     last = _last_values(recorders, "job")
     assert last[(m.STEPS_BEHIND.name, "1")] == 0.0 and last[(m.SINCE_STEP.name, "1")] == 0.0
-    assert not [k for k in metrics.gauges.live() if k[1] == ("job", "1")]
+    assert not [k for k in metrics.series.live() if k[1] == ("job", "1")]
 
 
 def test_an_ended_runs_label_sets_leave_with_the_recorder_process_that_exported_them():

@@ -22,7 +22,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.support.fake_agents import fast_config, make_controller, no_postprocess, run, start_agents, wait_terminal
 from tests.support.inprocess_service import service_client
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 
 BODY = {"target": "run", "steps": 3}
 

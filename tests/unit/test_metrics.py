@@ -9,15 +9,15 @@ import re
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import metric_names as m
-from actors.controller.monitoring.gauge_recorder import GaugeUpdate
 from actors.controller.monitoring.metrics import Metrics
+from actors.controller.monitoring.recorder import MetricUpdate
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.post_window import PostWindowCheck, RankPostWindow
 from orchestrator.models.requests import ProfileRequest
 from tests.support.common import REPO
 from tests.support.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
-from tests.support.local_gauges import LocalRecorder, LocalRecorders, RecordingGauge
+from tests.support.local_recorder import LocalRecorder, LocalRecorders
 
 DASHBOARD = REPO / "deploy" / "grafana" / "rayprof.json"
 _SERIES = re.compile(r"\bray_rayprof_[a-z_]+")
@@ -56,35 +56,33 @@ def test_every_dashboard_query_names_an_exported_metric():
 
 def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
     async def scenario():
-        gauges = LocalRecorders()
-        c = make_controller(home, recorder=gauges, **MONITORED)
+        recorded = LocalRecorders()
+        c = make_controller(home, recorder=recorded, **MONITORED)
         metrics = c._telemetry._metrics
         assert isinstance(metrics, Metrics)
-        recorders = {name: RecordingGauge() for name in metrics._m}
-        metrics._m = recorders
         agents = await start_agents(c, 2)
         await c.ping()
         status = await c.submit(ProfileRequest(target="run", steps=3))
         final, _ = await wait_terminal(c, status.id)
         await c.stacks("run")
-        assert await until(lambda: gauges.calls(m.STEP_TIME) and gauges.calls(m.STEPS_BEHIND), timeout_s=10)
+        assert await until(lambda: recorded.calls(m.STEP_TIME) and recorded.calls(m.STEPS_BEHIND), timeout_s=10)
         # A watch that fires: every rank stops advancing, the target turns STALLED.
         await c.create_watch(WatchSpec(target="run", stalled=True, for_s=0, action="stacks", cooldown_s=0))
         for a in agents:
             a.training = False
-        assert await until(lambda: recorders[m.WATCH_FIRINGS.name].calls, timeout_s=15)
+        assert await until(lambda: recorded.calls(m.WATCH_FIRINGS), timeout_s=15)
         for a in agents:
             await a.stop()
-        assert recorders[m.WATCH_FIRINGS.name].calls[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
-        step_ranks = {tags["rank"] for _, tags in gauges.calls(m.STEP_TIME)}
+        assert recorded.calls(m.WATCH_FIRINGS)[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
+        step_ranks = {tags["rank"] for _, tags in recorded.calls(m.STEP_TIME)}
         assert step_ranks == {"0", "1"}
-        assert all(tags["target"] == "run" for _, tags in gauges.calls(m.STEP_TIME))
-        assert [v for v, _ in itertools.groupby(v for v, _ in gauges.calls(m.STALLED))] == [0.0, 1.0]  # training, then STALLED
-        assert recorders[m.PROFILES.name].calls == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
-        assert [t["trigger"] for _, t in recorders[m.STACKS.name].calls][0] == "manual"
-        assert {t["outcome"] for _, t in recorders[m.STACKS.name].calls} == {"DONE"}
-        assert recorders[m.STORED_BYTES.name].calls  # the ranks' files and the stacks bundle's
-        assert recorders[m.WINDOW_DURATION.name].calls[0][0] > 0
+        assert all(tags["target"] == "run" for _, tags in recorded.calls(m.STEP_TIME))
+        assert [v for v, _ in itertools.groupby(v for v, _ in recorded.calls(m.STALLED))] == [0.0, 1.0]  # training, then STALLED
+        assert recorded.calls(m.PROFILES) == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
+        assert [t["trigger"] for _, t in recorded.calls(m.STACKS)][0] == "manual"
+        assert {t["outcome"] for _, t in recorded.calls(m.STACKS)} == {"DONE"}
+        assert recorded.calls(m.STORED_BYTES)  # the ranks' files and the stacks bundle's
+        assert recorded.calls(m.WINDOW_DURATION)[0][0] > 0
 
     run(scenario())
 
@@ -105,11 +103,11 @@ def test_the_recorder_sets_every_live_gauge_again_on_its_refresh_so_rays_exporte
     # Ray 2.60's metrics agent drops a gauge's label set that was not set for two export
     # periods (20 s by default): a target that stays not-STALLED must not vanish from Prometheus.
     local = LocalRecorder()
-    local.send(GaugeUpdate(values=[(m.STALLED.name, ("run",), 0.0), (m.STEP_TIME.name, ("run", "0"), 0.1)]))
-    local.send(GaugeUpdate(ended=[(m.STEP_TIME.name, ("run", "0"), None)]))
+    local.send(MetricUpdate(gauges=[(m.STALLED.name, ("run",), 0.0), (m.STEP_TIME.name, ("run", "0"), 0.1)]))
+    local.send(MetricUpdate(ended=[(m.STEP_TIME.name, ("run", "0"), None)]))
     local.recorder.refresh()
-    assert [v for v, _ in local.gauges[m.STALLED.name].calls] == [0.0, 0.0]
-    assert [v for v, _ in local.gauges[m.STEP_TIME.name].calls] == [0.1]  # ended: kept at its last value, set no more
+    assert [v for v, _ in local.metrics[m.STALLED.name].calls] == [0.0, 0.0]
+    assert [v for v, _ in local.metrics[m.STEP_TIME.name].calls] == [0.1]  # ended: kept at its last value, set no more
 
 
 def test_an_unchanged_gauge_is_sent_to_the_recorder_once():
@@ -121,7 +119,7 @@ def test_an_unchanged_gauge_is_sent_to_the_recorder_once():
     for now in (0.0, 0.4, 0.5, 0.9):  # the same whole second since each rank's last step
         metrics.run("run", workers, healthy, now)
         metrics.flush(now)
-    sent = [v for u in recorders.started[0].updates for v in u.values]
+    sent = [v for u in recorders.started[0].updates for v in u.gauges]
     assert [v for v in sent if v[0] == m.STALLED.name] == [(m.STALLED.name, ("run",), 0.0)]
     assert len([v for v in sent if v[0] == m.STEPS_BEHIND.name]) == 2  # one per rank
 

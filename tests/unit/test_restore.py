@@ -37,7 +37,7 @@ from tests.support.fake_agents import (
     wait_terminal,
     worker_info,
 )
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 from tests.support.stepped_runner import ManualClock
 
 TARGETS = ("run", "other")

@@ -25,7 +25,7 @@ from tests.support.fake_agents import (
     worker_info,
 )
 from tests.support.inprocess_service import BASE_URL, ActorLike, install_service
-from tests.support.local_gauges import LocalRecorders
+from tests.support.local_recorder import LocalRecorders
 
 REPORT = b"<!doctype html><title>report</title>"
 

@@ -1,20 +1,21 @@
-"""The controller's metrics through Ray's metrics API (``ray.util.metrics``).
+"""The controller's metrics through Ray's metrics API (``ray.util.metrics``): what each one records, and when.
 
 Ray exports them from every node's metrics agent, so they reach Ray's
 Prometheus and Grafana with no setup of ours. Gauges are computed on the
-monitor tick from the heartbeats already held (never on a rank's step path)
-and handed to :class:`~actors.controller.monitoring.gauges.Gauges`, which
-sends what changed to the recorder process that exports them: at 1,024 ranks
+monitor tick from the heartbeats already held (never on a rank's step path);
+counters and histograms are counted when a profile, a stacks bundle, a watch
+firing or a post-window check ends. All go to
+:class:`~actors.controller.monitoring.series.Series`, which sends what changed
+to the recorder process that exports them once per tick: at 1,024 ranks
 setting every gauge on every tick would make thousands of calls for nothing.
-Counters and histograms are recorded here, in the controller's process, when
-a profile, a stacks bundle, a watch firing or a post-window check ends.
 
 When a target or one of its ranks leaves, its gauges are set no more: the
 state gauges (stalled, lagging, ranks, steps behind, seconds since a step)
 once more to 0, their final value, so an alert on them clears; step times and
 post-window ratios keep their last value, the run's last measurement. The
-recorder process that still exports them is replaced a few minutes later,
-and Ray forgets them with it (:mod:`actors.controller.monitoring.gauge_recorder`).
+recorder process that still exports them (and an ended run's counters) is
+replaced a few minutes later, and Ray forgets them with it
+(:mod:`actors.controller.monitoring.recorder`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import metric_names as m
-from actors.controller.monitoring.gauge_recorder import Recorder
-from actors.controller.monitoring.gauges import Gauges
+from actors.controller.monitoring.recorder import Recorder
+from actors.controller.monitoring.series import Series
 from actors.controller.profiles.state import Profile
 from orchestrator.models.post_window import PostWindowCheck
 from orchestrator.models.profile import Trigger
@@ -36,14 +36,6 @@ from orchestrator.models.profile import Trigger
 __all__ = ["Metrics"]
 
 _MEDIAN_OF = 16
-
-
-def _make(metric: m.MetricDef) -> Any:
-    from ray.util.metrics import Counter, Histogram
-
-    if metric.kind == "counter":
-        return Counter(metric.name, metric.description, tag_keys=metric.tags)
-    return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
 
 
 # What a state gauge says once its target or rank has left: nothing stalled, lagging or behind.
@@ -55,12 +47,11 @@ def trigger_label(trigger: Trigger | None) -> str:
 
 
 class Metrics:
-    """One controller's counters and histograms, and its gauges' values (``recorder`` starts the process
-    that exports them; ``hold_s``: how long an ended run's gauges stay exported)."""
+    """One controller's metrics (``recorder`` starts the process that exports them; ``hold_s``: how long an
+    ended run's series stay exported)."""
 
     def __init__(self, recorder: Callable[[], Recorder], hold_s: Callable[[], float]) -> None:
-        self._m = {d.name: _make(d) for d in m.METRICS if d.kind != "gauge"}
-        self.gauges = Gauges(recorder, hold_s)
+        self.series = Series(recorder, hold_s)
         self._post_window: dict[str, dict[int, float]] = {}
         self._step_times: dict[tuple[str, int], deque[float]] = {}
         self._seen: dict[tuple[str, int], float] = {}
@@ -68,14 +59,13 @@ class Metrics:
         self._ranks: dict[str, set[int]] = {}
 
     def _gauge(self, metric: m.MetricDef, value: float, *labels: str) -> None:
-        self.gauges.set((metric.name, labels), value)
+        self.series.gauge((metric.name, labels), value)
 
     def _count(self, metric: m.MetricDef, value: float, *labels: str) -> None:
-        if value > 0:
-            self._m[metric.name].inc(value, tags=dict(zip(metric.tags, labels, strict=True)))
+        self.series.count((metric.name, labels), value)
 
     def _observe(self, metric: m.MetricDef, value: float, *labels: str) -> None:
-        self._m[metric.name].observe(max(0.0, value), tags=dict(zip(metric.tags, labels, strict=True)))
+        self.series.observe((metric.name, labels), max(0.0, value))
 
     def run(self, target: str, workers: dict[int, Worker], health: Health, now: float) -> None:
         """One tick's gauges for the newest run of ``target``."""
@@ -115,19 +105,19 @@ class Metrics:
 
     def _end(self, target: str, rank: str | None, now: float) -> None:
         """Set the final value of ``target``'s gauges (of its ``rank`` only, when given) and stop setting them."""
-        ended = [k for k in self.gauges.live() if k[1][0] == target and (rank is None or k[1][1:] == (rank,))]
-        self.gauges.end(ended, _FINAL, now)
+        ended = [k for k in self.series.live() if k[1][0] == target and (rank is None or k[1][1:] == (rank,))]
+        self.series.end(ended, _FINAL, now)
         for key in [k for k in self._step_times if k[0] == target and (rank is None or str(k[1]) == rank)]:
             del self._step_times[key]
             self._seen.pop(key, None)
 
     def flush(self, now: float) -> None:
-        """The tick's gauge changes to the recorder (and the recorder replaced, when due)."""
-        self.gauges.flush(now)
+        """The tick's changes to the recorder (and the recorder replaced, when due)."""
+        self.series.flush(now)
 
     def label_sets(self) -> int:
         """Gauge label sets being set (exported) now: what Prometheus holds of live runs."""
-        return len(self.gauges.live())
+        return len(self.series.live())
 
     def bundle_ended(self, profile: Profile, postprocess_s: float | None) -> None:
         """A profile or stacks bundle reached its terminal state."""

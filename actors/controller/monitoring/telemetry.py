@@ -21,9 +21,9 @@ from actors.controller.agents.registry import Registry, Worker
 from actors.controller.clock import Clock
 from actors.controller.diagnosis.health import Health
 from actors.controller.monitoring import history_answer
-from actors.controller.monitoring.gauge_recorder import Recorder
 from actors.controller.monitoring.metrics import Metrics
 from actors.controller.monitoring.post_window_check import PostWindowChecks
+from actors.controller.monitoring.recorder import Recorder
 from actors.controller.monitoring.step_history import History, RunHistory
 from actors.controller.profiles.state import Profile
 from actors.controller.saved.history_store import HistoryStore

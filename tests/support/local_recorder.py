@@ -1,14 +1,14 @@
-"""The controller's gauge recorder run in the test's own process: the real recorder, gauges that remember."""
+"""The controller's metrics recorder run in the test's own process: the real recorder, metrics that remember."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 
 from actors.controller.monitoring import metric_names as m
-from actors.controller.monitoring.gauge_recorder import GaugeRecorder, GaugeUpdate
+from actors.controller.monitoring.recorder import MetricRecorder, MetricUpdate
 
 
-class RecordingGauge:
+class RecordingMetric:
     """Stands in for one ray.util.metrics object: what was recorded, with which tags."""
 
     def __init__(self, metric: m.MetricDef | None = None) -> None:
@@ -21,21 +21,21 @@ class RecordingGauge:
 
 
 class LocalRecorder:
-    """A :class:`GaugeRecorder` here: a send is answered at once (or held, or failed, as a test says)."""
+    """A :class:`MetricRecorder` here: a send is answered at once (or held, or failed, as a test says)."""
 
     def __init__(self) -> None:
-        self.gauges: dict[str, RecordingGauge] = {}
-        self.recorder = GaugeRecorder(make_gauge=self._gauge)
-        self.updates: list[GaugeUpdate] = []
+        self.metrics: dict[str, RecordingMetric] = {}
+        self.recorder = MetricRecorder(make_metric=self._metric)
+        self.updates: list[MetricUpdate] = []
         self.closed = False
         self.answer = True  # False: sends stay unanswered
         self.fail: Exception | None = None
 
-    def _gauge(self, metric: m.MetricDef) -> RecordingGauge:
-        self.gauges[metric.name] = RecordingGauge(metric)
-        return self.gauges[metric.name]
+    def _metric(self, metric: m.MetricDef) -> RecordingMetric:
+        self.metrics[metric.name] = RecordingMetric(metric)
+        return self.metrics[metric.name]
 
-    def send(self, update: GaugeUpdate) -> Future[None]:
+    def send(self, update: MetricUpdate) -> Future[None]:
         assert not self.closed, "sent to a recorder that was ended"
         future: Future[None] = Future()
         self.updates.append(update)
@@ -50,8 +50,8 @@ class LocalRecorder:
         self.closed = True
 
     def exported(self) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-        """Every (gauge, labels) this process ever set: what Ray exports while it runs."""
-        return {(name, tuple(sorted(tags.items()))) for name, g in self.gauges.items() for _, tags in g.calls}
+        """Every (metric, labels) this process ever recorded: what Ray exports while it runs."""
+        return {(name, tuple(sorted(tags.items()))) for name, r in self.metrics.items() for _, tags in r.calls}
 
 
 class LocalRecorders:
@@ -68,5 +68,5 @@ class LocalRecorders:
         return [r for r in self.started if not r.closed]
 
     def calls(self, metric: m.MetricDef) -> list[tuple[float, dict[str, str]]]:
-        """What ``metric`` was set to, in every recorder started, in order."""
-        return [c for r in self.started if metric.name in r.gauges for c in r.gauges[metric.name].calls]
+        """What was recorded of ``metric``, in every recorder started, in order."""
+        return [c for r in self.started for c in r.metrics[metric.name].calls]

@@ -1,0 +1,146 @@
+"""The process that records the controller's metrics: a small Ray actor beside it, replaced to forget ended runs.
+
+Ray exports a label set from the process that recorded it, for as long as that
+process lives: Ray 2.43's metrics agent forgets a gauge's label sets only when
+the process stops reporting (60 s after it ends, ``clean_stale_components``),
+and no release forgets a counter's or a histogram's. Recorded in the
+controller's own process (months of life, label sets per run and rank), an
+ended run's series piled up in Prometheus. So every metric lives in a process
+of its own that the controller replaces (:mod:`actors.controller.monitoring.series`):
+what ended leaves with the old process, on every supported Ray release.
+
+The recorder records what the controller sends (:class:`MetricUpdate`) and
+sets every live gauge again each :data:`GAUGE_REFRESH_S`, so Ray 2.60 (which
+drops a gauge's label set not set for two export periods) keeps an unchanged
+one; an ended gauge is set once and never again. Ray's series carry the
+recording worker's ``WorkerId``: a new process's series are new series, and
+during a replacement both processes' can show for up to two minutes (the old
+one's copies of live gauges then read 0; the dashboard takes ``max`` and
+``increase``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from actors.controller.monitoring import metric_names as m
+
+__all__ = ["GAUGE_REFRESH_S", "MetricRecorder", "MetricUpdate", "RayRecorder", "Recorder", "SeriesKey"]
+
+# Under half of Ray's default export period (10 s), so every export carries every live label set.
+GAUGE_REFRESH_S = 5.0
+
+SeriesKey = tuple[str, tuple[str, ...]]
+"""A metric's name and its label values, in its tag keys' order (``target`` first)."""
+
+Value = tuple[str, tuple[str, ...], float]
+
+
+class MetricUpdate(BaseModel):
+    """What the controller sends its recorder, in this order: gauges set, gauges ended, counts, observations."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gauges: list[Value] = []
+    ended: list[tuple[str, tuple[str, ...], float | None]] = []
+    """Gauges set once more to the value given (None: left at the last one), then no more."""
+    counts: list[Value] = []
+    """Counter increments."""
+    observed: list[Value] = []
+    """Histogram observations."""
+
+
+def _ray_metric(metric: m.MetricDef) -> Any:
+    from ray.util.metrics import Counter, Gauge, Histogram
+
+    if metric.kind == "gauge":
+        return Gauge(metric.name, metric.description, tag_keys=metric.tags)
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.description, tag_keys=metric.tags)
+    return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
+
+
+class MetricRecorder:
+    """The metric objects and the live gauges' values, in the process that exports them. ``make_metric``
+    is a seam for tests that keep what is recorded; :meth:`serve` refreshes on a thread in the Ray actor."""
+
+    def __init__(self, make_metric: Callable[[m.MetricDef], Any] = _ray_metric) -> None:
+        self._defs = {d.name: d for d in m.METRICS}
+        self._metrics = {d.name: make_metric(d) for d in m.METRICS}
+        self._live: dict[SeriesKey, float] = {}
+        # The refresh thread and update calls both set gauges and read _live.
+        self._lock = threading.Lock()
+
+    def _tags(self, name: str, labels: tuple[str, ...]) -> dict[str, str]:
+        return dict(zip(self._defs[name].tags, labels, strict=True))
+
+    def update(self, update: MetricUpdate) -> None:
+        with self._lock:
+            for name, labels, value in update.gauges:
+                self._live[(name, labels)] = value
+                self._metrics[name].set(value, tags=self._tags(name, labels))
+            for name, labels, final in update.ended:
+                self._live.pop((name, labels), None)
+                if final is not None:
+                    self._metrics[name].set(final, tags=self._tags(name, labels))
+            for name, labels, amount in update.counts:
+                self._metrics[name].inc(amount, tags=self._tags(name, labels))
+            for name, labels, value in update.observed:
+                self._metrics[name].observe(value, tags=self._tags(name, labels))
+
+    def refresh(self) -> None:
+        """Set every live gauge again (Ray 2.60 drops one not set for two export periods)."""
+        with self._lock:
+            for (name, labels), value in self._live.items():
+                self._metrics[name].set(value, tags=self._tags(name, labels))
+
+    def serve(self, period_s: float) -> None:
+        """Refresh every ``period_s`` on a daemon thread, for the life of the process."""
+        never = threading.Event()  # nothing sets it: Event.wait is the thread's timer
+
+        def loop() -> None:
+            while not never.wait(period_s):
+                self.refresh()
+
+        threading.Thread(target=loop, name="rayprof-metrics-refresh", daemon=True).start()
+
+
+class Recorder(Protocol):
+    """A recorder as the controller reaches it: a send answered later, and an end."""
+
+    def send(self, update: MetricUpdate) -> Future[None]: ...
+
+    def close(self) -> None: ...
+
+
+class _RecorderActor(MetricRecorder):
+    def __init__(self, period_s: float) -> None:
+        super().__init__()
+        self.serve(period_s)
+
+
+class RayRecorder:
+    """A :class:`MetricRecorder` in a Ray actor of its own on the controller's node. Not detached: it ends
+    with the controller (a restarted controller starts its own)."""
+
+    def __init__(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        actor_cls = ray.remote(_RecorderActor)
+        self._actor: Any = actor_cls.options(num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(GAUGE_REFRESH_S)
+
+    def send(self, update: MetricUpdate) -> Future[None]:
+        future: Future[None] = self._actor.update.remote(update).future()
+        return future
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self._actor, no_restart=True)
