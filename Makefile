@@ -29,7 +29,7 @@ lint: setup
 	$(PY) -m ruff check .
 	# Strict types where processes meet: the models (ProfilingApi among them), the storage layout, the
 	# export child's contract, the CUDA allocator seam, the agent side's RPC, the client API's two transports,
-	# the controller's metric series and their recorder process.
+	# the controller's gauges and their recorder process.
 	$(PY) -m mypy --strict --follow-imports=silent --ignore-missing-imports \
 		orchestrator/models/ orchestrator/layout.py actors/export/contract.py actors/agent/cuda_memory.py \
 		actors/upstream.py actors/controller/clock.py actors/controller/rpc.py orchestrator/client/routes.py orchestrator/client/ray_backend.py orchestrator/client/http.py \
@@ -46,7 +46,7 @@ OLDEST_RAY_VENV ?= .venv-ray-oldest
 OLDEST_RAY_PY := $(OLDEST_RAY_VENV)/bin/python
 OLDEST_RAY_TESTS := tests/unit/test_ray_compat.py tests/live/test_http_api.py tests/live/test_client_http.py \
 	tests/live/test_train_versions.py tests/live/test_stacks_live.py \
-	tests/live/test_telemetry_live.py::test_an_ended_runs_series_leave_rays_metrics_endpoint \
+	tests/live/test_telemetry_live.py::test_an_ended_runs_gauge_series_leave_rays_metrics_endpoint \
 	tests/live/test_console_browser.py::test_console_is_served_with_a_strict_content_security_policy \
 	tests/live/test_console_browser.py::test_form_starts_a_3_step_profile_that_reaches_done_and_shows_its_report
 

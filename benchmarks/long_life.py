@@ -7,11 +7,11 @@ one home of an in-process agent; run from the repository root): each run has
 ``RANKS`` ranks that register, heartbeat and leave; every tenth takes a profile
 window, every twentieth stalls (the stall detector takes every rank's stacks),
 every twenty-fifth has a watch (created, then deleted when the run ends). Runs
-overlap, ``CONCURRENT`` at a time. Metrics go to the real recorder
+overlap, ``CONCURRENT`` at a time. Gauges go to the real recorder
 (:class:`~actors.controller.monitoring.recorder.MetricRecorder`) run in this process,
-into counters standing in for Ray's metrics (which label sets were set, and which are still
+into counters standing in for Ray's gauges (which label sets were set, and which are still
 being set); a recorder the controller ended stands for a process whose series Ray forgets.
-An ended run's series are held ``ENDED_KEPT_S`` (not 150 s), so the recorder is replaced
+An ended run's gauges are held ``ENDED_KEPT_S`` (not 150 s), so the recorder is replaced
 within the benchmark.
 ``ended_run_kept_s`` is short so that what the controller keeps per run is
 dropped within the benchmark, as it would be an hour after each run in a month.
@@ -87,7 +87,7 @@ _IDLE_S = 10.0
 
 
 class _Recorders:
-    """The controller's recorder seam: each a real MetricRecorder here with lean metrics, answered at once."""
+    """The controller's recorder seam: each a real MetricRecorder here with lean gauges, answered at once."""
 
     def __init__(self) -> None:
         self.started: list[Any] = []
@@ -103,7 +103,7 @@ class _Recorders:
             gauges[metric.name] = _Gauge(metric.name)
             return gauges[metric.name]
 
-        recorder = MetricRecorder(make_metric=make)
+        recorder = MetricRecorder(make_gauge=make)
 
         class _Local:
             closed = False
@@ -254,7 +254,7 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     for gauge in recorders.gauges(running=True):
         gauge.age_out()
     ever = sum(g.ever for g in recorders.gauges() if g.name in _GAUGES)
-    # What Ray 2.43 still exports: every label set (of any metric) the recorders still running ever set.
+    # What Ray 2.43 still exports: every label set the recorders still running ever set.
     exported = sum(g.ever for g in recorders.gauges(running=True))
     nonzero_state = sum(g.left_set for g in recorders.gauges()) + recorders.stale_nonzero()
     refreshing.cancel()
@@ -315,7 +315,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         ),
         Result.of(
             NAME,
-            "label sets of any metric still exported after idle on Ray 2.43 (a recorder still running)",
+            "gauge label sets still exported after idle on Ray 2.43 (a recorder still running)",
             "sets",
             [float(found["exported"])],
             target="0",

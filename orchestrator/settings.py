@@ -145,9 +145,9 @@ DEFAULT_WATCH_MAX_FAILURES = 3
 # step-time, lag and stall series and profile counts through Ray's metrics API (0 turns them off) ...
 METRICS_ENV_VAR = "RAYPROF_METRICS"
 DEFAULT_METRICS = 1
-# An ended run's series (gauges at their final value, its counters) stay exported at least this long
-# (two of Prometheus' default scrape intervals), then leave with the recorder process that exported
-# them; that process is replaced at most every 4x this (actors/controller/monitoring/series.py).
+# An ended run's gauges stay exported at their final value at least this long (two of Prometheus'
+# default scrape intervals), then leave with the recorder process that set them; that process is
+# replaced at most every 4x this (actors/controller/monitoring/series.py).
 METRICS_ENDED_KEPT_S_ENV_VAR = "RAYPROF_METRICS_ENDED_KEPT_S"
 DEFAULT_METRICS_ENDED_KEPT_S = 150.0
 # ... and each live run's step-time history per rank (0 turns it off), saved this often so it

@@ -121,7 +121,7 @@ SECTIONS: tuple[Section, ...] = (
         "Read from heartbeats on the controller's monitor tick; nothing on the step path.",
         (
         Row((s.METRICS_ENV_VAR,), "export step time, lag, stalls and profile counts through Ray's metrics API (0: off)"),
-        Row((s.METRICS_ENDED_KEPT_S_ENV_VAR,), "an ended run's series stay exported this long (gauges at their final value), then leave with the process that exported them"),
+        Row((s.METRICS_ENDED_KEPT_S_ENV_VAR,), "an ended run's gauges stay exported at their final value this long, then leave with the process that set them"),
         Row((s.HISTORY_ENV_VAR,), "keep each live run's step-time history per rank (0: off)"),
         Row((s.HISTORY_SAVE_INTERVAL_S_ENV_VAR,), 'how often the history is saved, so it survives a controller restart'),
         Row((s.POST_WINDOW_SLOWDOWN_ENV_VAR,), 'after a window, a rank slower than this x its steps before it is flagged ...'),

@@ -102,7 +102,7 @@ class ControllerConfig(StrictModel):
     owner_lease_s: float = Field(default=DEFAULT_OWNER_LEASE_S, gt=0)
     metrics: bool = Field(default=bool(DEFAULT_METRICS))
     metrics_ended_kept_s: float = Field(
-        default=DEFAULT_METRICS_ENDED_KEPT_S, gt=0, description="How long an ended run's series stay exported."
+        default=DEFAULT_METRICS_ENDED_KEPT_S, gt=0, description="How long an ended run's gauges stay exported."
     )
     history: bool = Field(default=bool(DEFAULT_HISTORY))
     history_save_interval_s: float = Field(default=DEFAULT_HISTORY_SAVE_INTERVAL_S, gt=0)

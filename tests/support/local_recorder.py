@@ -1,4 +1,4 @@
-"""The controller's metrics recorder run in the test's own process: the real recorder, metrics that remember."""
+"""The controller's gauge recorder run in the test's own process: the real recorder, metrics that remember."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class LocalRecorder:
 
     def __init__(self) -> None:
         self.metrics: dict[str, RecordingMetric] = {}
-        self.recorder = MetricRecorder(make_metric=self._metric)
+        self.recorder = MetricRecorder(make_gauge=self._metric)
         self.updates: list[MetricUpdate] = []
         self.closed = False
         self.answer = True  # False: sends stay unanswered
@@ -68,5 +68,5 @@ class LocalRecorders:
         return [r for r in self.started if not r.closed]
 
     def calls(self, metric: m.MetricDef) -> list[tuple[float, dict[str, str]]]:
-        """What was recorded of ``metric``, in every recorder started, in order."""
+        """What the gauge ``metric`` was set to, in every recorder started, in order."""
         return [c for r in self.started for c in r.metrics[metric.name].calls]

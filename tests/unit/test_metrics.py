@@ -17,7 +17,7 @@ from orchestrator.models.post_window import PostWindowCheck, RankPostWindow
 from orchestrator.models.requests import ProfileRequest
 from tests.support.common import REPO
 from tests.support.fake_agents import MONITORED, make_controller, run, start_agents, until, wait_terminal
-from tests.support.local_recorder import LocalRecorder, LocalRecorders
+from tests.support.local_recorder import LocalRecorder, LocalRecorders, RecordingMetric
 
 DASHBOARD = REPO / "deploy" / "grafana" / "rayprof.json"
 _SERIES = re.compile(r"\bray_rayprof_[a-z_]+")
@@ -60,6 +60,8 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
         c = make_controller(home, recorder=recorded, **MONITORED)
         metrics = c._telemetry._metrics
         assert isinstance(metrics, Metrics)
+        counted = {name: RecordingMetric() for name in metrics._m}  # the counters and histograms
+        metrics._m = counted
         agents = await start_agents(c, 2)
         await c.ping()
         status = await c.submit(ProfileRequest(target="run", steps=3))
@@ -70,19 +72,19 @@ def test_the_controller_records_gauges_on_its_tick_and_counts_what_ended(home):
         await c.create_watch(WatchSpec(target="run", stalled=True, for_s=0, action="stacks", cooldown_s=0))
         for a in agents:
             a.training = False
-        assert await until(lambda: recorded.calls(m.WATCH_FIRINGS), timeout_s=15)
+        assert await until(lambda: counted[m.WATCH_FIRINGS.name].calls, timeout_s=15)
         for a in agents:
             await a.stop()
-        assert recorded.calls(m.WATCH_FIRINGS)[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
+        assert counted[m.WATCH_FIRINGS.name].calls[0] == (1.0, {"target": "run", "condition": "stalled", "result": "ok"})
         step_ranks = {tags["rank"] for _, tags in recorded.calls(m.STEP_TIME)}
         assert step_ranks == {"0", "1"}
         assert all(tags["target"] == "run" for _, tags in recorded.calls(m.STEP_TIME))
         assert [v for v, _ in itertools.groupby(v for v, _ in recorded.calls(m.STALLED))] == [0.0, 1.0]  # training, then STALLED
-        assert recorded.calls(m.PROFILES) == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
-        assert [t["trigger"] for _, t in recorded.calls(m.STACKS)][0] == "manual"
-        assert {t["outcome"] for _, t in recorded.calls(m.STACKS)} == {"DONE"}
-        assert recorded.calls(m.STORED_BYTES)  # the ranks' files and the stacks bundle's
-        assert recorded.calls(m.WINDOW_DURATION)[0][0] > 0
+        assert counted[m.PROFILES.name].calls == [(1.0, {"target": "run", "outcome": final.state.value, "trigger": "manual"})]
+        assert [t["trigger"] for _, t in counted[m.STACKS.name].calls][0] == "manual"
+        assert {t["outcome"] for _, t in counted[m.STACKS.name].calls} == {"DONE"}
+        assert counted[m.STORED_BYTES.name].calls  # the ranks' files and the stacks bundle's
+        assert counted[m.WINDOW_DURATION.name].calls[0][0] > 0
 
     run(scenario())
 

@@ -1,4 +1,4 @@
-"""The controller's exported series and their recorder process: what is sent, when the process is replaced, and what
+"""The controller's gauges and their recorder process: what is sent, when the process is replaced, and what
 a failing one costs. Driven by ticks' ``now``; the recorder runs here (tests/support/local_recorder.py)."""
 
 from __future__ import annotations
@@ -156,47 +156,3 @@ def test_a_run_that_ends_in_the_tick_of_a_replacement_is_not_left_at_its_live_va
     last = {tags["target"]: v for v, tags in old.metrics[m.STALLED.name].calls}
     assert last == {"live": 0.0, "gone": 0.0}
 
-
-_PROFILES = (m.PROFILES.name, ("live", "DONE", "manual"))
-_ENDED_PROFILES = (m.PROFILES.name, ("gone", "DONE", "manual"))
-_WINDOW = (m.WINDOW_DURATION.name, ("live",))
-_ENDED_WINDOW = (m.WINDOW_DURATION.name, ("gone",))
-
-
-def test_an_ended_runs_counters_and_histograms_leave_with_the_old_recorder_and_a_live_ones_carry_their_totals():
-    # No Ray release forgets a counter's label set while the process that counted lives: a month of
-    # runs would leave thousands of series in the controller's own process.
-    series, recorders = _series()
-    for target in ("live", "gone"):
-        series.gauge((m.STALLED.name, (target,)), 0.0)
-    for _ in range(3):
-        series.count(_PROFILES, 1.0)
-        series.count(_ENDED_PROFILES, 1.0)
-    series.observe(_WINDOW, 2.0)
-    series.observe(_WINDOW, 4.0)
-    series.observe(_ENDED_WINDOW, 1.0)
-    series.flush(0.0)
-    series.end([(m.STALLED.name, ("gone",))], {m.STALLED.name: 0.0}, 1.0)
-    now = 1.0
-    while len(recorders.started) == 1 and now < 10 * REPLACE_EVERY * _HOLD_S:  # bounded
-        now += 1.0
-        series.flush(now)
-    new = recorders.started[1].updates[0]
-    assert new.counts == [(*_PROFILES, 3.0)]
-    assert new.observed == [(*_WINDOW, 2.0), (*_WINDOW, 4.0)]
-    assert series.shown() == 3  # live's gauge, counter and histogram
-
-
-def test_a_counter_that_changed_within_the_hold_is_carried_though_its_run_has_ended():
-    # A run's last profile is counted, then the run ends: the new total must be scraped before it goes.
-    series, recorders = _series()
-    series.gauge(_LIVE, 0.0)
-    series.gauge(_GONE, 0.0)
-    series.flush(0.0)
-    series.end([_GONE], {m.STALLED.name: 0.0}, 1.0)
-    due = REPLACE_EVERY * _HOLD_S
-    series.count(_ENDED_PROFILES, 1.0)
-    series.flush(due - 1.0)
-    series.flush(due)
-    assert len(recorders.started) == 2
-    assert recorders.started[1].updates[0].counts == [(*_ENDED_PROFILES, 1.0)]

@@ -2,20 +2,20 @@
 
 Ray exports them from every node's metrics agent, so they reach Ray's
 Prometheus and Grafana with no setup of ours. Gauges are computed on the
-monitor tick from the heartbeats already held (never on a rank's step path);
-counters and histograms are counted when a profile, a stacks bundle, a watch
-firing or a post-window check ends. All go to
-:class:`~actors.controller.monitoring.series.Series`, which sends what changed
-to the recorder process that exports them once per tick: at 1,024 ranks
+monitor tick from the heartbeats already held (never on a rank's step path)
+and handed to :class:`~actors.controller.monitoring.series.Series`, which
+sends what changed to the recorder process that exports them: at 1,024 ranks
 setting every gauge on every tick would make thousands of calls for nothing.
+Counters and histograms are recorded here, in the controller's process, when
+a profile, a stacks bundle, a watch firing or a post-window check ends.
 
 When a target or one of its ranks leaves, its gauges are set no more: the
 state gauges (stalled, lagging, ranks, steps behind, seconds since a step)
 once more to 0, their final value, so an alert on them clears; step times and
 post-window ratios keep their last value, the run's last measurement. The
-recorder process that still exports them (and an ended run's counters) is
-replaced a few minutes later, and Ray forgets them with it
-(:mod:`actors.controller.monitoring.recorder`).
+recorder process that still exports them is replaced a few minutes later,
+and Ray forgets them with it (:mod:`actors.controller.monitoring.recorder`).
+An ended run's counters stay: no Ray release forgets a counter's label set.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from actors.controller.agents.registry import Worker
 from actors.controller.diagnosis.health import Health
@@ -38,6 +39,14 @@ __all__ = ["Metrics"]
 _MEDIAN_OF = 16
 
 
+def _make(metric: m.MetricDef) -> Any:
+    from ray.util.metrics import Counter, Histogram
+
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.description, tag_keys=metric.tags)
+    return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
+
+
 # What a state gauge says once its target or rank has left: nothing stalled, lagging or behind.
 _FINAL = {d.name: 0.0 for d in (m.STALLED, m.LAGGING, m.RANKS, m.STEPS_BEHIND, m.SINCE_STEP)}
 
@@ -47,10 +56,11 @@ def trigger_label(trigger: Trigger | None) -> str:
 
 
 class Metrics:
-    """One controller's metrics (``recorder`` starts the process that exports them; ``hold_s``: how long an
-    ended run's series stay exported)."""
+    """One controller's counters and histograms, and its gauges' values (``recorder`` starts the process
+    that exports them; ``hold_s``: how long an ended run's gauges stay exported)."""
 
     def __init__(self, recorder: Callable[[], Recorder], hold_s: Callable[[], float]) -> None:
+        self._m = {d.name: _make(d) for d in m.METRICS if d.kind != "gauge"}
         self.series = Series(recorder, hold_s)
         self._post_window: dict[str, dict[int, float]] = {}
         self._step_times: dict[tuple[str, int], deque[float]] = {}
@@ -62,10 +72,11 @@ class Metrics:
         self.series.gauge((metric.name, labels), value)
 
     def _count(self, metric: m.MetricDef, value: float, *labels: str) -> None:
-        self.series.count((metric.name, labels), value)
+        if value > 0:
+            self._m[metric.name].inc(value, tags=dict(zip(metric.tags, labels, strict=True)))
 
     def _observe(self, metric: m.MetricDef, value: float, *labels: str) -> None:
-        self.series.observe((metric.name, labels), max(0.0, value))
+        self._m[metric.name].observe(max(0.0, value), tags=dict(zip(metric.tags, labels, strict=True)))
 
     def run(self, target: str, workers: dict[int, Worker], health: Health, now: float) -> None:
         """One tick's gauges for the newest run of ``target``."""
@@ -112,7 +123,7 @@ class Metrics:
             self._seen.pop(key, None)
 
     def flush(self, now: float) -> None:
-        """The tick's changes to the recorder (and the recorder replaced, when due)."""
+        """The tick's gauge changes to the recorder (and the recorder replaced, when due)."""
         self.series.flush(now)
 
     def label_sets(self) -> int:

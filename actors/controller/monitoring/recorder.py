@@ -1,22 +1,23 @@
-"""The process that records the controller's metrics: a small Ray actor beside it, replaced to forget ended runs.
+"""The process that records the controller's gauges: a small Ray actor beside it, replaced to forget ended runs.
 
-Ray exports a label set from the process that recorded it, for as long as that
-process lives: Ray 2.43's metrics agent forgets a gauge's label sets only when
-the process stops reporting (60 s after it ends, ``clean_stale_components``),
-and no release forgets a counter's or a histogram's. Recorded in the
-controller's own process (months of life, label sets per run and rank), an
-ended run's series piled up in Prometheus. So every metric lives in a process
-of its own that the controller replaces (:mod:`actors.controller.monitoring.series`):
-what ended leaves with the old process, on every supported Ray release.
+Ray exports a gauge's label set from the process that set it: Ray 2.43's
+metrics agent forgets it only when that process stops reporting (60 s after it
+ends, ``clean_stale_components``). Set in the controller's own process (months
+of life, label sets per run and rank), an ended run's gauges piled up in
+Prometheus. So the gauges live in a process of their own that the controller
+replaces (:mod:`actors.controller.monitoring.series`): what ended leaves with
+the old process, on every supported Ray release (Ray 2.60's agent drops a dead
+process's gauges within seconds, and one not set for two export periods).
+Counters and histograms stay in the controller's process: Ray 2.60's agent
+keeps every counter it was sent for its own life, a dead process's too, so a
+replaced process would leave a copy of every live count behind.
 
-The recorder records what the controller sends (:class:`MetricUpdate`) and
-sets every live gauge again each :data:`GAUGE_REFRESH_S`, so Ray 2.60 (which
-drops a gauge's label set not set for two export periods) keeps an unchanged
-one; an ended gauge is set once and never again. Ray's series carry the
-recording worker's ``WorkerId``: a new process's series are new series, and
-during a replacement both processes' can show for up to two minutes (the old
-one's copies of live gauges then read 0; the dashboard takes ``max`` and
-``increase``).
+The recorder sets what the controller sends (:class:`MetricUpdate`) and sets
+every live gauge again each :data:`GAUGE_REFRESH_S`, so Ray 2.60 keeps an
+unchanged one; an ended gauge is set once and never again. Ray's series carry
+the recording worker's ``WorkerId``: a new process's series are new series,
+and during a replacement both processes' can show for up to two minutes (the
+old one's copies of live gauges then read 0; the dashboard takes ``max``).
 """
 
 from __future__ import annotations
@@ -38,40 +39,29 @@ GAUGE_REFRESH_S = 5.0
 SeriesKey = tuple[str, tuple[str, ...]]
 """A metric's name and its label values, in its tag keys' order (``target`` first)."""
 
-Value = tuple[str, tuple[str, ...], float]
-
-
 class MetricUpdate(BaseModel):
-    """What the controller sends its recorder, in this order: gauges set, gauges ended, counts, observations."""
+    """What the controller sends its recorder: gauges set to a new value, then gauges that ended."""
 
     model_config = ConfigDict(frozen=True)
 
-    gauges: list[Value] = []
+    gauges: list[tuple[str, tuple[str, ...], float]] = []
     ended: list[tuple[str, tuple[str, ...], float | None]] = []
     """Gauges set once more to the value given (None: left at the last one), then no more."""
-    counts: list[Value] = []
-    """Counter increments."""
-    observed: list[Value] = []
-    """Histogram observations."""
 
 
-def _ray_metric(metric: m.MetricDef) -> Any:
-    from ray.util.metrics import Counter, Gauge, Histogram
+def _ray_gauge(metric: m.MetricDef) -> Any:
+    from ray.util.metrics import Gauge
 
-    if metric.kind == "gauge":
-        return Gauge(metric.name, metric.description, tag_keys=metric.tags)
-    if metric.kind == "counter":
-        return Counter(metric.name, metric.description, tag_keys=metric.tags)
-    return Histogram(metric.name, metric.description, boundaries=m.DURATION_BOUNDARIES_S, tag_keys=metric.tags)
+    return Gauge(metric.name, metric.description, tag_keys=metric.tags)
 
 
 class MetricRecorder:
-    """The metric objects and the live gauges' values, in the process that exports them. ``make_metric``
-    is a seam for tests that keep what is recorded; :meth:`serve` refreshes on a thread in the Ray actor."""
+    """The gauges and their live values, in the process that exports them. ``make_gauge`` is a seam for
+    tests that keep what is set; :meth:`serve` refreshes on a thread in the Ray actor."""
 
-    def __init__(self, make_metric: Callable[[m.MetricDef], Any] = _ray_metric) -> None:
-        self._defs = {d.name: d for d in m.METRICS}
-        self._metrics = {d.name: make_metric(d) for d in m.METRICS}
+    def __init__(self, make_gauge: Callable[[m.MetricDef], Any] = _ray_gauge) -> None:
+        self._defs = {d.name: d for d in m.METRICS if d.kind == "gauge"}
+        self._metrics = {name: make_gauge(d) for name, d in self._defs.items()}
         self._live: dict[SeriesKey, float] = {}
         # The refresh thread and update calls both set gauges and read _live.
         self._lock = threading.Lock()
@@ -88,10 +78,6 @@ class MetricRecorder:
                 self._live.pop((name, labels), None)
                 if final is not None:
                     self._metrics[name].set(final, tags=self._tags(name, labels))
-            for name, labels, amount in update.counts:
-                self._metrics[name].inc(amount, tags=self._tags(name, labels))
-            for name, labels, value in update.observed:
-                self._metrics[name].observe(value, tags=self._tags(name, labels))
 
     def refresh(self) -> None:
         """Set every live gauge again (Ray 2.60 drops one not set for two export periods)."""

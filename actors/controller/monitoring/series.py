@@ -1,28 +1,26 @@
-"""The controller's exported series and the recorder process that records them, replaced to drop ended runs.
+"""The controller's gauges and the recorder process that exports them, replaced to drop ended runs.
 
-:class:`Series` keeps what every label set shows (a live gauge's value, a
-counter's total, a histogram's observations), sends what changed to the
-recorder (:mod:`actors.controller.monitoring.recorder`) once per monitor tick,
-and replaces the recorder with a fresh process once label sets have ended: the
-fresh one gets what is still shown, the old one ends once the fresh one
-answered, and Ray stops exporting what only the old one held (on Ray 2.43 too,
-whose metrics agent keeps a gauge's label sets for its process's life; no
-release forgets a counter's).
+:class:`Series` keeps the value of every live gauge label set, sends what
+changed to the recorder (:mod:`actors.controller.monitoring.recorder`) once per
+monitor tick, and replaces the recorder with a fresh process once label sets
+have ended: the fresh one gets every live value, the old one ends once the
+fresh one answered (its copies of the live values set to 0 first), and Ray
+stops exporting what only the old one held (on Ray 2.43 too, whose metrics
+agent keeps a gauge's label sets for its process's life).
 
-An ended gauge keeps its final value (0 for the state gauges: an alert
+An ended label set keeps its final value (0 for the state gauges: an alert
 clears) for at least the hold (``RAYPROF_METRICS_ENDED_KEPT_S``, 150 s), so a
-scrape sees it; a counter or histogram stays while its target is live and for
-a hold after its last change. A replacement comes at most every
-:data:`REPLACE_EVERY` holds, so runs that end often start a process every ten
-minutes, not one per run. When nothing is left to show, the recorder is ended
-and none is started: an idle controller runs none. What the controller holds
-for the fresh one is dropped with it, so it is bounded by the live runs.
+scrape sees it; a replacement comes at most every :data:`REPLACE_EVERY` holds,
+so runs that end often start a process every ten minutes, not one per run.
+When nothing is live and nothing is held, the recorder is ended and none is
+started: an idle controller runs none.
 
 Sends are one at a time: changes made while one is unanswered wait, merged,
-for the next tick. A recorder that fails a send or leaves one unanswered for
-:data:`SEND_TIMEOUT_S` is replaced with everything shown, after a backoff that
-doubles with each failure in a row (:data:`BACKOFF_S` to :data:`MAX_BACKOFF_S`):
-a recorder that cannot start is not started again on every tick.
+for the next tick (what is held is bounded by the label sets, not by time). A
+recorder that fails a send or leaves one unanswered for :data:`SEND_TIMEOUT_S`
+is replaced with everything live, after a backoff that doubles with each
+failure in a row (:data:`BACKOFF_S` to :data:`MAX_BACKOFF_S`): a recorder that
+cannot start is not started again on every tick.
 """
 
 from __future__ import annotations
@@ -46,9 +44,9 @@ MAX_BACKOFF_S = 300.0
 
 
 class Series:
-    """What each label set shows, by (name, labels), and the recorder that exports it. Driven by the monitor
-    tick's clock (``now`` in seconds); ``start`` makes a recorder (a Ray actor in the controller, a local one
-    in tests); ``hold_s`` is how long an ended label set stays exported, as configured now."""
+    """Live gauge values, by (name, labels), and the recorder that exports them. Driven by the monitor tick's
+    clock (``now`` in seconds); ``start`` makes a recorder (a Ray actor in the controller, a local one in
+    tests); ``hold_s`` is how long an ended label set stays exported, as configured now."""
 
     def __init__(self, start: Callable[[], Recorder], hold_s: Callable[[], float]) -> None:
         self._start = start
@@ -56,10 +54,6 @@ class Series:
         self._live: dict[SeriesKey, float] = {}
         # Ended gauges the recorder still exports: their value, and when they ended.
         self._ended: dict[SeriesKey, tuple[float | None, float]] = {}
-        # Counters' totals and histograms' observations, and when each last changed.
-        self._totals: dict[SeriesKey, float] = {}
-        self._observed: dict[SeriesKey, list[float]] = {}
-        self._changed: dict[SeriesKey, float] = {}
         # Not sent yet.
         self._pending = _Pending()
         self._recorder: Recorder | None = None
@@ -89,22 +83,13 @@ class Series:
             self._pending.ended[key] = final
             self._ended[key] = (last if final is None else final, now)
 
-    def count(self, key: SeriesKey, amount: float) -> None:
-        if amount > 0:
-            self._totals[key] = self._totals.get(key, 0.0) + amount
-            self._pending.counts[key] = self._pending.counts.get(key, 0.0) + amount
-
-    def observe(self, key: SeriesKey, value: float) -> None:
-        self._observed.setdefault(key, []).append(value)
-        self._pending.observed.append((key, value))
-
     def live(self) -> list[SeriesKey]:
         """The gauges being set."""
         return list(self._live)
 
     def shown(self) -> int:
-        """Label sets the running recorder exports: live and ended gauges, counters and histograms."""
-        return len(self._live) + len(self._ended) + len(self._totals) + len(self._observed)
+        """Label sets the running recorder exports: the live ones and the ended ones it still holds."""
+        return len(self._live) + len(self._ended)
 
     # ---- the tick ------------------------------------------------------------
 
@@ -116,8 +101,6 @@ class Series:
         if self._recorder is None and now >= self._next_start or self._recorder is not None and self._replace_due(now):
             self._replace(now)
         if self._recorder is not None and self._sending is None and self._pending:
-            for key in (*self._pending.counts, *(k for k, _ in self._pending.observed)):
-                self._changed[key] = now
             update, self._pending = self._pending.update(), _Pending()
             self._sending = (self._recorder.send(update), now)
 
@@ -162,27 +145,18 @@ class Series:
             retiring.recorder.close()
             self._retiring = None
 
-    def _stale(self, now: float, hold_s: float) -> set[SeriesKey]:
-        """Counters and histograms of targets with no live gauge, unchanged for the hold."""
-        live = {labels[0] for _, labels in self._live}
-        return {k for k, at in self._changed.items() if k[1][0] not in live and now - at >= hold_s}
-
     def _replace_due(self, now: float) -> bool:
         hold_s = self._hold_s()
         if now - self._started_at < REPLACE_EVERY * hold_s:
             return False
-        return any(now - at >= hold_s for _, at in self._ended.values()) or bool(self._stale(now, hold_s))
+        return any(now - at >= hold_s for _, at in self._ended.values())
 
     def _replace(self, now: float) -> None:
-        """A fresh recorder with all that is still shown; the old one retires."""
+        """A fresh recorder with every live value and the ended ones still in their hold; the old one retires."""
         # What the old one shows at a live value: the live gauges, and those that ended since its last send.
         shown = [*self._live, *self._pending.ended]
         hold_s = self._hold_s()
         self._ended = {k: (v, at) for k, (v, at) in self._ended.items() if now - at < hold_s}
-        for key in self._stale(now, hold_s):
-            self._totals.pop(key, None)
-            self._observed.pop(key, None)
-            del self._changed[key]
         old, self._recorder = self._recorder, None
         if self._retiring is not None and old is not None:
             self._retiring.recorder.close()  # replaced twice before an answer: the older one just ends
@@ -203,32 +177,23 @@ class Series:
             self._failed(now, f"cannot start the metrics recorder ({type(e).__name__}: {e})")
             return
         self._started_at = now
-        self._pending = _Pending(
-            gauges=dict(self._live),
-            ended={k: v for k, (v, _) in self._ended.items()},
-            counts=dict(self._totals),
-            observed=[(k, v) for k, values in self._observed.items() for v in values],
-        )
+        self._pending = _Pending(gauges=dict(self._live), ended={k: v for k, (v, _) in self._ended.items()})
 
 
 @dataclass
 class _Pending:
-    """Changes not sent yet: increments merged per label set, observations in order."""
+    """Changes not sent yet, the latest per label set."""
 
     gauges: dict[SeriesKey, float] = field(default_factory=dict)
     ended: dict[SeriesKey, float | None] = field(default_factory=dict)
-    counts: dict[SeriesKey, float] = field(default_factory=dict)
-    observed: list[tuple[SeriesKey, float]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.gauges or self.ended or self.counts or self.observed)
+        return bool(self.gauges or self.ended)
 
     def update(self) -> MetricUpdate:
         return MetricUpdate(
             gauges=[(name, labels, v) for (name, labels), v in self.gauges.items()],
             ended=[(name, labels, v) for (name, labels), v in self.ended.items()],
-            counts=[(name, labels, v) for (name, labels), v in self.counts.items()],
-            observed=[(name, labels, v) for (name, labels), v in self.observed],
         )
 
 
