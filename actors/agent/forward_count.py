@@ -32,7 +32,7 @@ import warnings
 from collections import Counter
 from contextlib import suppress
 from threading import get_ident
-from typing import Any
+from typing import Any, cast
 
 from torch.compiler import is_compiling
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -91,7 +91,7 @@ class ForwardCount:
         quiet, self._quiet = self._quiet, None
         if quiet is not None:
             with suppress(ValueError):  # the job (or pytest) reset the filters since
-                warnings.filters.remove(quiet)
+                cast(list[Any], warnings.filters).remove(quiet)  # a list at runtime; typeshed says Sequence
         handler, self._compiles = self._compiles, None
         if handler is not None:
             # torch._dynamo.reset() clears every callback: ours may be gone already.
@@ -120,7 +120,8 @@ class ForwardCount:
     def _watch_compiles(self) -> None:
         """Register with dynamo's compile callbacks if the job has loaded dynamo (never load it here: ~1 s)."""
         handler = getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
-        if handler is None or not self._wanted or self._compiles is not None:
+        # Registered already, unless torch._dynamo.reset() cleared every callback since.
+        if handler is None or not self._wanted or self._compile_starts in handler.start_callbacks:
             return
         handler.register_start_callback(self._compile_starts)
         handler.register_end_callback(self._compile_ends)
@@ -141,8 +142,8 @@ class ForwardCount:
             name = _name(module)
             if not is_loss(name):
                 self.seen[name] += 1
-            if self._compiles is None:  # torch.compile loaded dynamo since start(): a compile may come next
-                self._watch_compiles()
+            # Dynamo may have been loaded (by the job's torch.compile) or reset since: a compile may come next.
+            self._watch_compiles()
 
     def _leave(self, module: Any, args: Any, output: Any) -> None:
         if is_compiling() or get_ident() != self._thread:

@@ -168,3 +168,22 @@ def test_the_mcp_answer_and_the_cli_say_it_too(tmp_path: Path, capsys: pytest.Ca
     assert "One step (as the agent counted it and the trace shows): SGD.step ×1 + Adam.step ×1;" in capsys.readouterr().out
     assert main(["analyze", str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["step_definition"].startswith(GAN)
+
+
+def test_the_agent_and_the_trace_counting_different_forward_passes_are_both_said() -> None:
+    summary = analyze_folder(case("gan"))  # 4 forward passes a step
+    agent = GAN + "; 3 forward passes (Discriminator ×2, Generator ×1)"
+    assert one_step(summary, _manifest(None, agent)) == (
+        "One step (as the agent counted it): SGD.step ×1 + Adam.step ×1; 3 forward passes (Discriminator ×2, Generator ×1);"
+        " in the trace each step holds SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential_1 ×3, Sequential_0 ×1)."
+    )
+
+
+def test_the_same_forward_count_under_other_module_names_agrees() -> None:
+    # The agent names classes, the trace instances: only the counts are compared.
+    summary = analyze_folder(case("gan"))
+    agent = GAN + "; 4 forward passes (Discriminator ×3, Generator ×1)"
+    assert one_step(summary, _manifest(None, agent)) == (
+        "One step (as the agent counted it and the trace shows): "
+        "SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential_1 ×3, Sequential_0 ×1)."
+    )
