@@ -46,6 +46,14 @@ __all__ = ["ForwardCount"]
 # profiled by rayprof does not log a warning about hooks it never registered.
 _COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
+_CALLBACK_API = (
+    "start_callbacks",
+    "register_start_callback",
+    "register_end_callback",
+    "remove_start_callback",
+    "remove_end_callback",
+)
+
 # torch's wrappers by class name, and the attribute that holds the model: named for the model they wrap.
 _WRAPPED = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module"}
 
@@ -119,18 +127,24 @@ class ForwardCount:
 
     def _watch_compiles(self) -> None:
         """Register with dynamo's compile callbacks if the job has loaded dynamo (never load it here: ~1 s)."""
-        handler = getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
+        handler: Any = getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
+        # A torch whose handler lacks any of these (a private API) keeps the hooks in while it compiles: the
+        # hooks are no-ops in its graphs, each graph traced while learning recompiled once after. Never raise
+        # into the job's forward.
+        if not self._wanted or not all(hasattr(handler, attr) for attr in _CALLBACK_API):
+            return
         # Registered already, unless torch._dynamo.reset() cleared every callback since.
-        if handler is None or not self._wanted or self._compile_starts in handler.start_callbacks:
+        if self._compile_starts in handler.start_callbacks:
             return
         handler.register_start_callback(self._compile_starts)
         handler.register_end_callback(self._compile_ends)
         self._compiles = handler
 
-    def _compile_starts(self, args: Any) -> None:
+    # Called with a CallbackArgs, or with nothing by torch releases before it.
+    def _compile_starts(self, *args: Any) -> None:
         self._uninstall()
 
-    def _compile_ends(self, args: Any) -> None:
+    def _compile_ends(self, *args: Any) -> None:
         if self._wanted:
             self._install()
 

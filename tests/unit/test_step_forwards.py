@@ -10,6 +10,7 @@ import torch
 from torch.nn.modules import module as torch_module
 
 from actors.agent import runtime
+from actors.agent.forward_count import ForwardCount
 from actors.agent.runtime import Agent
 from actors.agent.step_cycle import LEARN_MAX_CALLS, StepCycle
 from tests.unit.test_step_cycle import INFO, Counter
@@ -253,7 +254,7 @@ def dynamo() -> Iterator[dict[str, dict[str, int]]]:
     torch._dynamo.reset()
 
 
-def test_a_model_compiled_while_the_hooks_are_in_is_not_recompiled_when_they_go(cycle, dynamo):
+def test_a_model_compiled_while_the_hooks_are_in_is_not_recompiled_when_they_go(dynamo, cycle):
     c, _ = cycle
     compiled, opt = _compiled_steps(10)  # compiled at the first step, learned by the tenth
     assert c.learned and _hooks() == []
@@ -271,3 +272,23 @@ def test_hooks_traced_by_dynamo_are_no_ops_that_break_no_graph(dynamo, cycle, mo
     _compiled_steps(10)
     assert dict(dynamo["graph_break"]) == {}
     assert c.definition == "1 step = SGD.step ×1; 1 forward pass (Net)"
+
+
+def test_a_dynamo_reset_while_learning_does_not_lose_the_compile_callbacks(cycle, dynamo):
+    # The dynamo fixture's torch._dynamo.reset() runs after the cycle started: it cleared every callback.
+    compiled, opt = _compiled_steps(10)
+    for _ in range(3):
+        _step(compiled, opt)
+    assert dynamo["stats"]["unique_graphs"] == 1
+
+
+def test_a_torch_that_calls_compile_callbacks_without_arguments_is_served():
+    count = ForwardCount()
+    count.start()
+    try:
+        count._compile_starts()  # torch before CallbackArgs called its callbacks so
+        assert _hooks() == []
+        count._compile_ends()
+        assert len(_hooks()) == 3
+    finally:
+        count.stop()
