@@ -3,8 +3,9 @@
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
 instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
 ``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
-Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The Lightning and Trainer
-jobs start their own frameworks: ``extended``.
+Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The forward passes the agent
+counts in a step are the trace's too, where the trace marks them (DDP's forward annotation). The
+Lightning and Trainer jobs start their own frameworks: ``extended``.
 """
 
 from __future__ import annotations
