@@ -42,15 +42,30 @@ inside it (``1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)``
 as a trace shows them nested: while learning, a global pre-step hook keeps
 the depth of optimizer steps (removed once the cycle is learned, so counting
 pays nothing for it).
+
+What one step is also says how many forward passes it runs (``1 step = Adam.step
+×1 + SGD.step ×1; 4 forward passes (Discriminator ×3, Generator ×1)``, worded as
+the trace's statement is): while learning, :class:`~actors.agent.forward_count.ForwardCount`
+counts the outermost module calls through torch's global module hooks, taken at
+each optimizer step, so a closure optimizer's forwards (run inside its step)
+belong to that step. Grouped into the learned cycles, the most common count is
+stated (the first cycle, whose forwards ran before the agent attached at its first
+optimizer step, is seen in part); no forward seen: nothing is said. The module
+hooks go with the pre-step hook once the cycle is learned or given up (any global
+module hook slows every module call of the process), and come back to relearn.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from actors.agent.forward_count import ForwardCount
+from orchestrator.forward_passes import phrase, typical
 
 __all__ = ["EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
 
@@ -127,6 +142,10 @@ class StepCycle:
         self._depth = 0
         self._nested: set[Key] = set()
         self._pre: Any = register_optimizer_step_pre_hook(self._enter)
+        # While learning: the model's forward passes, taken at each optimizer step (one per call of _seq).
+        self._forwards = ForwardCount()
+        self._forwards.start()
+        self._passes: list[Counter[str]] = []
         self.definition: str | None = None
         global _active
         _active = self
@@ -140,7 +159,7 @@ class StepCycle:
         """Unregister from torch (explicit steps took over, or the agent went)."""
         global _active
         self._handle.remove()
-        self._stop_depth()
+        self._stop_learning()
         if _active is self:
             _active = None
 
@@ -161,7 +180,9 @@ class StepCycle:
     def _enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._depth += 1
 
-    def _stop_depth(self) -> None:
+    def _stop_learning(self) -> None:
+        """Out of torch's global optimizer pre-step and module hook dicts: counting pays for neither."""
+        self._forwards.stop()
         if self._pre is not None:
             self._pre.remove()
             self._pre = None
@@ -175,7 +196,7 @@ class StepCycle:
     def _give_up(self) -> None:
         logger.exception("rayprof agent: learning the cycle of optimizer steps failed; every optimizer step is a step")
         step = self._on_step
-        self._stop_depth()
+        self._stop_learning()
         self._swap(lambda optimizer, args, kwargs: step())
         self.definition = "1 step = 1 optimizer.step() of any optimizer (the cycle could not be learned)"
 
@@ -187,6 +208,7 @@ class StepCycle:
         self._depth = max(0, self._depth - 1)
         seq = self._seq
         seq.append(key)
+        self._passes.append(self._forwards.take())
         self._ids[key] = id(optimizer)
         if key == seq[0]:
             self._on_step()
@@ -197,21 +219,40 @@ class StepCycle:
             return
         p = period(seq)
         if n % p == 0 and n >= REPEATS * p:
-            self._settle(seq[:p])
+            self._settle(seq[:p], self._forward_passes([(i + 1) % p == 0 for i in range(n)]))
         elif n >= LEARN_MAX_CALLS:
-            self._settle(seq[:1], known=set(seq))
-            self.definition = f"{describe(seq[:1])} (no repeating cycle in the first {n} optimizer steps)"
+            # The first-seen optimizer's steps are counted as steps: each one ends a step.
+            forwards = self._forward_passes([k == seq[0] for k in seq])
+            self._settle(seq[:1], forwards, known=set(seq))
+            self.definition = f"{describe(seq[:1])} (no repeating cycle in the first {n} optimizer steps){forwards}"
+        else:
+            return
+        logger.info("rayprof agent: %s", self.definition)
 
-    def _settle(self, cycle: list[Key], known: set[Key] | None = None) -> None:
+    def _forward_passes(self, ends: list[bool]) -> str:
+        """``; 4 forward passes (Discriminator ×3, Generator ×1)``: the typical count per step, the calls of
+        ``_seq`` grouped into steps where ``ends`` (calls after the last step's end are left out); nothing
+        when no step showed a forward: one may run outside ``Module.__call__``, so none is not claimed."""
+        steps: list[Counter[str]] = []
+        current: Counter[str] = Counter()
+        for seen, end in zip(self._passes, ends, strict=True):
+            current.update(seen)
+            if end:
+                steps.append(current)
+                current = Counter()
+        by_module = typical(steps) if steps else Counter()
+        return f"; {phrase(by_module)}" if by_module else ""
+
+    def _settle(self, cycle: list[Key], forwards: str, known: set[Key] | None = None) -> None:
         self._cycle = cycle
         self._known = known or set(cycle)
         self._patience = None if known else 2 * len(cycle)
         self._seq = []
+        self._passes = []
         self._seen[0] = self._since[0] = 0
-        self._stop_depth()
-        self.definition = describe(cycle, frozenset(self._nested))
+        self._stop_learning()
+        self.definition = describe(cycle, frozenset(self._nested)) + forwards
         self._swap(self._counting())
-        logger.info("rayprof agent: %s", self.definition)
 
     def _counting(self) -> Hook:
         """The hook once the cycle is known: one id compare, a step when the cycle's last optimizer ends it."""
@@ -290,6 +331,8 @@ class StepCycle:
         self._depth, self._nested = 1, set()
         if self._pre is None:
             self._pre = register_optimizer_step_pre_hook(self._enter)
+        # The forwards of the step that showed the change ran before this start: its cycle is seen in part.
+        self._forwards.start()
         self._swap(self._learn)
         self._learn(optimizer, args, kwargs)
 

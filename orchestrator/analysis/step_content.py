@@ -14,16 +14,19 @@ differs, such as the first one that builds the optimizer's state, does not chang
   ``*.forward`` annotations such as DDP's, ``## forward ##``) by module, leaving out loss modules
   (``*Loss``): a loss's forward is part of the step, not a pass of the model. A trace without any
   forward marker says nothing about forward passes.
+
+The agent counts forward passes too (:mod:`actors.agent.forward_count`), worded alike
+(:mod:`orchestrator.forward_passes`): :func:`one_step` compares the counts, not the modules' names.
 """
 
 from __future__ import annotations
 
 import bisect
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from orchestrator.analysis.spans import Kinds, is_forward
+from orchestrator.forward_passes import UNNAMED, is_loss, phrase, stated, typical
 from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 from orchestrator.traces.loader import Span
@@ -32,7 +35,6 @@ __all__ = ["describe_step", "one_step"]
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
-_LOSS = re.compile(r"Loss(_\d+)?$")  # torch.nn's losses (MSELoss, BCEWithLogitsLoss_0 as the tracer names it)
 
 
 def _module(span: Span) -> str:
@@ -42,7 +44,7 @@ def _module(span: Span) -> str:
         return name.removeprefix("nn.Module:").strip()
     if name.endswith(".forward"):
         return name.removesuffix(".forward")
-    return "forward"
+    return UNNAMED
 
 
 def _outermost(spans: Iterable[Span]) -> list[Span]:
@@ -65,20 +67,12 @@ def _per_window(spans: list[Span], windows: list[tuple[float, float]], key: Call
     return out
 
 
-def _typical(counts: list[Counter[str]]) -> Counter[str]:
-    """The most common per-window count; on a tie one that holds something (a window cut short by the end of
-    the recording holds less), then the later one (the first often sets things up)."""
-    keyed = [tuple(sorted(c.items())) for c in counts]
-    tally = Counter(keyed)
-    return counts[max(range(len(keyed)), key=lambda i: (tally[keyed[i]], bool(keyed[i]), i))]
-
-
 def _optimizers(steps: list[Span], counts: list[Counter[str]]) -> str:
     """``SGD.step ×1 + Adam.step ×1``: the typical count, classes in the order they first step (as the agent
     states its cycle)."""
-    typical = _typical(counts)
-    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in typical)
-    return " + ".join(f"{name} ×{typical[name]}" for name in order)
+    most = typical(counts)
+    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in most)
+    return " + ".join(f"{name} ×{most[name]}" for name in order)
 
 
 def _terms(definition: str) -> list[str]:
@@ -86,6 +80,13 @@ def _terms(definition: str) -> list[str]:
     in the order their steps end, a trace in the order they start."""
     outer, _, inner = definition.split(";")[0].removesuffix(")").partition(" (inside: ")
     return sorted(outer.split(" + ")) + ["inside:"] + sorted(inner.split(" + ") if inner else [])
+
+
+def _passes_differ(agent: str, traced: str) -> bool:
+    """Both count forward passes and the counts differ. Modules stay out: the agent names classes (``Net``),
+    the trace instances (``Net_0``, ``Sequential_1``)."""
+    counted, seen = stated(agent), stated(traced)
+    return counted is not None and seen is not None and counted != seen
 
 
 def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | None:
@@ -99,7 +100,7 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | Non
     outer_ids = {id(s) for s in steps}
     inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
-    models = [s for s in forwards if _LOSS.search(_module(s)) is None]
+    models = [s for s in forwards if not is_loss(_module(s))]
     optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):
@@ -109,13 +110,7 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | Non
         held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP)))
         parts[0] += f" (inside: {held})" if held else ""
     if any(model_counts):
-        by_module = _typical(model_counts)
-        passes = sum(by_module.values())
-        if len(by_module) > 1:
-            detail = " (" + ", ".join(f"{m} ×{n}" for m, n in sorted(by_module.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
-        else:
-            detail = "" if "forward" in by_module or not by_module else f" ({next(iter(by_module))})"
-        parts.append(f"{passes} forward pass{'' if passes == 1 else 'es'}{detail}")
+        parts.append(phrase(typical(model_counts)))
     return _ONE_STEP + "; ".join(parts)
 
 
@@ -125,8 +120,11 @@ def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
     counted = sorted({r.step_definition for r in manifest.ranks if r.step_definition}) if manifest else []
     agent = counted[0].removeprefix(_ONE_STEP) if len(counted) == 1 else None
     traced = summary.step_definition.removeprefix(_ONE_STEP) if summary.step_definition else None
-    if agent and traced and _terms(traced) != _terms(agent):
+    if agent and traced and (_terms(traced) != _terms(agent) or _passes_differ(agent, traced)):
         return f"One step (as the agent counted it): {agent}; in the trace each step holds {traced}."
+    if agent and traced and stated(traced) is None and stated(agent) is not None:
+        # A trace without forward markers (no Python stacks recorded) agrees on what it shows.
+        return f"One step (as the agent counted it, the trace showing the same optimizer steps): {agent}."
     if traced:
         return f"One step ({'as the agent counted it and ' if agent else 'as '}the trace shows): {traced}."
     if agent:

@@ -55,7 +55,9 @@ class Heartbeat(StrictModel):
     step: int = Field(ge=0)
     step_time_s: float | None = None
     step_definition: str | None = Field(
-        default=None, description="What one step is, e.g. '1 step = Adam.step ×1 + SGD.step ×1' (the agent's step cycle)."
+        default=None,
+        description="What one step is, e.g. '1 step = Adam.step ×1 + SGD.step ×1; 4 forward passes (Discriminator ×3, "
+        "Generator ×1)' (the agent's step cycle, and the forward passes it counted while it learned the cycle).",
     )
 
 

@@ -42,7 +42,7 @@ class WorkerStatus(StrictModel):
     info: WorkerInfo
     step: int
     step_time_s: float | None
-    step_definition: str | None = Field(default=None, description="What one step is, e.g. '1 step = Adam.step ×2'.")
+    step_definition: str | None = Field(default=None, description="What one step is, e.g. '1 step = Adam.step ×2; 2 forward passes (Net)'.")
     last_seen_s: float = Field(description="Seconds since the last heartbeat.")
     advanced_s: float | None = Field(default=None, description="Seconds since its step last advanced.")
     steps_behind: int | None = Field(default=None, description="Steps behind the leading rank, at one instant.")

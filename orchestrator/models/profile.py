@@ -107,7 +107,9 @@ class RankResult(StrictModel):
     last_step: int | None = None
     step_durations_ms: list[float] = Field(default_factory=list)
     step_definition: str | None = Field(
-        default=None, description="What one step is on this rank, e.g. '1 step = Adam.step ×1 + SGD.step ×1'."
+        default=None,
+        description="What one step is on this rank, e.g. '1 step = Adam.step ×1 + SGD.step ×1; 4 forward passes "
+        "(Discriminator ×3, Generator ×1)'.",
     )
     base_time_ns: int | None = None
     trace_bytes: int | None = Field(default=None, ge=0, description="The whole window's raw trace, before any cut.")

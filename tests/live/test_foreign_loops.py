@@ -3,8 +3,9 @@
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
 instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
 ``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
-Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The Lightning and Trainer
-jobs start their own frameworks: ``extended``.
+Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The forward passes the agent
+counts in a step are the trace's too, where the trace marks them (DDP's forward annotation). The
+Lightning and Trainer jobs start their own frameworks: ``extended``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.forward_passes import stated
 from orchestrator.models.analysis import Summary
 from orchestrator.models.requests import ProfileState
 from tests.support.common import REPO, wait_for
@@ -26,12 +28,18 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = REPO / "tests" / "jobs" / "foreign_loops.py"
 ADAM = "Optimizer.step#Adam.step"
-# loop -> (target, ranks, what one step is, the optimizer steps in one profiled step)
+# loop -> (target, ranks, what one step is, the optimizer steps in one profiled step, the forward passes the
+# trace shows a step: DDP's forward annotations, the one forward marker of a trace without Python stacks)
 JOBS = {
-    "gan": ("foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1", [ADAM, "Optimizer.step#SGD.step"]),
-    "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1", [ADAM]),
-    "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1", [ADAM]),
-    "hf": ("foreign-hf", 2, "1 step = AdamW.step ×1", ["Optimizer.step#AdamW.step"]),
+    "gan": (
+        "foreign-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential)",
+        [ADAM, "Optimizer.step#SGD.step"], 4,
+    ),
+    "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
+    "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1; 1 forward pass (Net)", [ADAM], 1),
+    "hf": (
+        "foreign-hf", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)", ["Optimizer.step#AdamW.step"], 2,
+    ),
 }
 
 
@@ -54,7 +62,7 @@ def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iter
             found = {t.name: t for t in client.targets()}
             return all(
                 name in found and len(found[name].ranks) == ranks and all(r.step_definition == want for r in found[name].ranks)
-                for name, ranks, want, _ in (JOBS[loop] for loop in loops)
+                for name, ranks, want, _, _ in (JOBS[loop] for loop in loops)
             )
 
         wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
@@ -84,7 +92,7 @@ def _optimizer_steps_per_profiler_step(trace: dict) -> list[list[str]]:
 
 
 def _profile_and_check(file_store, loop: str) -> None:
-    name, ranks, definition, optimizer_steps = JOBS[loop]
+    name, ranks, definition, optimizer_steps, traced_passes = JOBS[loop]
     manifest = file_store.client.profile(name, steps=3).wait(timeout=180)
 
     assert manifest.status == ProfileState.DONE, manifest.reason
@@ -96,7 +104,10 @@ def _profile_and_check(file_store, loop: str) -> None:
         assert _optimizer_steps_per_profiler_step(load_trace(path)) == [sorted(optimizer_steps)] * 3
     summary = Summary.model_validate(manifest.summary)
     # What the agent counted as one step is what each step of the trace holds.
-    assert summary.step_definition is not None and summary.step_definition.split(";")[0] == definition
+    assert summary.step_definition is not None and summary.step_definition.split(";")[0] == definition.split(";")[0]
+    # ... and so are the forward passes it counted, where the trace marks them (the compiled job's does not).
+    assert stated(summary.step_definition) == traced_passes
+    assert traced_passes is None or stated(definition) == traced_passes
     for r in summary.ranks:
         # The report's phases add up to the step, and backward is found where loss.backward() runs
         # (inside Optimizer.step for Lightning's closure).

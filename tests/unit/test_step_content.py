@@ -87,10 +87,12 @@ def test_the_agents_count_and_the_traces_agree_on_a_wrapping_optimizer(tmp_path:
     finally:
         cycle.remove()
     assert len(steps) == 14
-    assert cycle.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)"
+    assert cycle.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1); 2 forward passes (Linear)"
     summary = analyze_folder(tmp_path)
+    # Recorded without Python stacks: the trace shows no forward pass, the agent's count stands.
     assert one_step(summary, _manifest(None, cycle.definition)) == (
-        "One step (as the agent counted it and the trace shows): Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)."
+        "One step (as the agent counted it, the trace showing the same optimizer steps): "
+        "Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1); 2 forward passes (Linear)."
     )
 
 
@@ -166,3 +168,22 @@ def test_the_mcp_answer_and_the_cli_say_it_too(tmp_path: Path, capsys: pytest.Ca
     assert "One step (as the agent counted it and the trace shows): SGD.step ×1 + Adam.step ×1;" in capsys.readouterr().out
     assert main(["analyze", str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["step_definition"].startswith(GAN)
+
+
+def test_the_agent_and_the_trace_counting_different_forward_passes_are_both_said() -> None:
+    summary = analyze_folder(case("gan"))  # 4 forward passes a step
+    agent = GAN + "; 3 forward passes (Discriminator ×2, Generator ×1)"
+    assert one_step(summary, _manifest(None, agent)) == (
+        "One step (as the agent counted it): SGD.step ×1 + Adam.step ×1; 3 forward passes (Discriminator ×2, Generator ×1);"
+        " in the trace each step holds SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential_1 ×3, Sequential_0 ×1)."
+    )
+
+
+def test_the_same_forward_count_under_other_module_names_agrees() -> None:
+    # The agent names classes, the trace instances: only the counts are compared.
+    summary = analyze_folder(case("gan"))
+    agent = GAN + "; 4 forward passes (Discriminator ×3, Generator ×1)"
+    assert one_step(summary, _manifest(None, agent)) == (
+        "One step (as the agent counted it and the trace shows): "
+        "SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential_1 ×3, Sequential_0 ×1)."
+    )

@@ -72,7 +72,7 @@ def test_one_optimizer_counts_every_step_from_the_first(cycle):
         opt.step()
         counts.append(steps.n)
     assert counts == list(range(1, 21))
-    assert c.learned and c.definition == "1 step = SGD.step ×1"
+    assert c.learned and c.definition == "1 step = SGD.step ×1; 1 forward pass (Sequential)"
 
 
 def test_a_gan_step_is_one_generator_and_one_discriminator_step(cycle):
@@ -80,7 +80,7 @@ def test_a_gan_step_is_one_generator_and_one_discriminator_step(cycle):
     g, d = _model(0), _model(1)
     g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.SGD(d.parameters(), lr=0.01)
     _gan_iterations(g_opt, d_opt, g, d, 10)
-    assert c.learned and c.definition == "1 step = SGD.step ×1 + Adam.step ×1"
+    assert c.learned and c.definition == "1 step = SGD.step ×1 + Adam.step ×1; 2 forward passes (Sequential)"
     assert steps.n == 10
     before = steps.n
     _gan_iterations(g_opt, d_opt, g, d, 7)
@@ -92,7 +92,7 @@ def test_a_critic_stepped_five_times_per_generator_step_makes_one_step_of_six(cy
     g, d = _model(0), _model(1)
     g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.RMSprop(d.parameters())
     _gan_iterations(g_opt, d_opt, g, d, 4, critic=5)
-    assert c.learned and c.definition == "1 step = RMSprop.step ×5 + Adam.step ×1"
+    assert c.learned and c.definition == "1 step = RMSprop.step ×5 + Adam.step ×1; 6 forward passes (Sequential)"
     before = steps.n
     for i in range(1, 6):
         _gan_iterations(g_opt, d_opt, g, d, 1, critic=5)
@@ -143,7 +143,7 @@ def test_an_optimizer_stepping_others_inside_its_step_is_one_step_and_says_what_
         _backward(d)
         opt.step()
     assert steps.n == 12
-    assert c.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1)"
+    assert c.definition == "1 step = Combined.step ×1 (inside: Adam.step ×1 + SGD.step ×1); 2 forward passes (Sequential)"
     # The depth is kept while learning only: counting pays nothing for it.
     assert c._pre is None and all(getattr(h, "__self__", None) is not c for h in _global_optimizer_pre_hooks.values())
 
@@ -162,7 +162,7 @@ def test_a_closure_optimizer_step_is_one_step_however_often_it_evaluates(cycle):
 
     for _ in range(12):
         opt.step(closure)
-    assert steps.n == 12 and c.definition == "1 step = LBFGS.step ×1"
+    assert steps.n == 12 and c.definition == "1 step = LBFGS.step ×1; 1 forward pass (Sequential)"
 
 
 def test_gradient_accumulation_is_one_step_per_optimizer_step(cycle):
@@ -174,7 +174,7 @@ def test_gradient_accumulation_is_one_step_per_optimizer_step(cycle):
             _backward(model)
         opt.step()
         opt.zero_grad()
-    assert steps.n == 10 and c.definition == "1 step = AdamW.step ×1"
+    assert steps.n == 10 and c.definition == "1 step = AdamW.step ×1; 4 forward passes (Sequential)"
 
 
 def test_a_step_amp_skips_on_inf_gradients_is_still_a_step(cycle):
@@ -205,7 +205,7 @@ def test_a_compiled_model_keeps_one_step_per_optimizer_step(cycle):
         opt.zero_grad()
         compiled(torch.randn(4, 8)).pow(2).mean().backward()
         opt.step()
-    assert steps.n == 10 and c.definition == "1 step = Adam.step ×1"
+    assert steps.n == 10 and c.definition == "1 step = Adam.step ×1; 1 forward pass (Sequential)"
 
 
 def test_an_optimizer_rebuilt_every_iteration_over_the_same_parameters_keeps_counting(cycle):
@@ -215,7 +215,7 @@ def test_an_optimizer_rebuilt_every_iteration_over_the_same_parameters_keeps_cou
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         _backward(model)
         opt.step()
-    assert steps.n == 20 and c.definition == "1 step = SGD.step ×1"
+    assert steps.n == 20 and c.definition == "1 step = SGD.step ×1; 1 forward pass (Sequential)"
 
 
 def test_a_new_optimizer_after_learning_starts_learning_again_and_never_goes_back(cycle):
@@ -236,7 +236,7 @@ def test_a_new_optimizer_after_learning_starts_learning_again_and_never_goes_bac
         head_opt.step()
         counts.append(steps.n)
     assert counts == sorted(counts) and counts[-1] > 10
-    assert c.definition == "1 step = Adam.step ×1 + SGD.step ×1"
+    assert c.definition == "1 step = Adam.step ×1 + SGD.step ×1; 2 forward passes (Sequential)"
     before = steps.n
     for _ in range(3):
         opt.step()
@@ -270,7 +270,7 @@ def test_the_agent_hook_counts_cycles_and_heartbeats_say_what_a_step_is():
     finally:
         runtime._remove_hook()
     assert agent.step_count == 12
-    assert agent._heartbeat().step_definition == "1 step = Adam.step ×2"
+    assert agent._heartbeat().step_definition == "1 step = Adam.step ×2; 2 forward passes (Sequential)"
 
 
 def test_explicit_steps_say_so_in_the_heartbeat(monkeypatch):
@@ -337,7 +337,7 @@ def test_when_the_optimizer_that_ends_each_step_stops_the_others_are_counted_aga
     g, d = _model(0), _model(1)
     g_opt, d_opt = torch.optim.Adam(g.parameters()), torch.optim.SGD(d.parameters(), lr=0.01)
     _gan_iterations(g_opt, d_opt, g, d, 10)
-    assert c.definition == "1 step = SGD.step ×1 + Adam.step ×1"
+    assert c.definition == "1 step = SGD.step ×1 + Adam.step ×1; 2 forward passes (Sequential)"
     # The generator is frozen: only the discriminator steps from now on.
     counts = []
     for _ in range(30):
