@@ -5,17 +5,21 @@ relay per 8-rank node (:mod:`benchmarks.sim_host`, 100 ms steps, default
 ``poll_timeout_s`` = 10 s). Runs alternate off, on, off, on, ... (a fresh
 controller each), so drift on a shared machine falls on both sides. Per run:
 the controller's CPU over the idle window and its RSS at the end
-(``/proc`` of its pid). With telemetry on, every heartbeat goes into the
-history and every rank's gauges are set on the monitor tick (1 s).
+(``/proc`` of its pid), and its gauge recorder's (the small actor that sets
+the gauges it sends, :mod:`actors.controller.monitoring.recorder`). With
+telemetry on, every heartbeat goes into the history and every rank's gauges
+are computed on the monitor tick (1 s) and sent when they change.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -53,12 +57,18 @@ def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[s
             time.sleep(0.5)
         # Past one poll timeout every rank has heartbeat: the history holds every rank.
         time.sleep(config.poll_timeout_s + 2)
-        c0, w0 = proc_cpu_seconds(pid), time.monotonic()
+        recorder = _recorder_pid(handle)
+        c0, r0, w0 = proc_cpu_seconds(pid), proc_cpu_seconds(recorder) if recorder else 0.0, time.monotonic()
         time.sleep(idle_s)
-        cpu = 100 * (proc_cpu_seconds(pid) - c0) / (time.monotonic() - w0)
+        elapsed = time.monotonic() - w0
+        cpu = 100 * (proc_cpu_seconds(pid) - c0) / elapsed
+        recorder_cpu = 100 * (proc_cpu_seconds(recorder) - r0) / elapsed if recorder else 0.0
         rss = proc_rss_bytes(pid)
-        log(f"{NAME}: telemetry {'on ' if on else 'off'}: idle cpu {cpu:.1f}%, rss {rss / 2**20:.0f} MiB")
-        return {"cpu_pct": cpu, "rss": rss}
+        log(
+            f"{NAME}: telemetry {'on ' if on else 'off'}: idle cpu {cpu:.1f}% (+ gauge recorder {recorder_cpu:.1f}%), "
+            f"rss {rss / 2**20:.0f} MiB"
+        )
+        return {"cpu_pct": cpu, "recorder_cpu_pct": recorder_cpu, "rss": rss}
     finally:
         try:
             ray.get([h.stop.remote() for h in hosts], timeout=30)
@@ -67,6 +77,17 @@ def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[s
         for h in hosts:
             ray.kill(h)
         _kill_controller()
+
+
+def _recorder_pid(handle: Any) -> int | None:
+    """The pid of the controller's gauge recorder actor; None when it runs none (metrics off)."""
+
+    def actor(controller: Any) -> Any:
+        metrics = controller._telemetry._metrics
+        return getattr(metrics.series._recorder, "_actor", None) if metrics is not None else None
+
+    recorder = ray.get(handle.__ray_call__.remote(actor), timeout=30)
+    return None if recorder is None else ray.get(recorder.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
 
 
 def run(quick: bool, log: LogFn) -> list[Result]:
@@ -90,6 +111,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         label = "metrics + history on" if on else "metrics + history off"
         results += [
             Result.of(bench, f"idle controller CPU, {label}", "%", [r["cpu_pct"] for r in runs[on]], note=note),
+            Result.of(bench, f"idle gauge recorder CPU, {label}", "%", [r["recorder_cpu_pct"] for r in runs[on]]),
             Result.of(bench, f"idle controller RSS, {label}", "MiB", [r["rss"] / 2**20 for r in runs[on]]),
         ]
     off, on_ = (statistics.median(r["cpu_pct"] for r in runs[k]) for k in (False, True))
