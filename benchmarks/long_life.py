@@ -106,6 +106,7 @@ class _Recorders:
         recorder = MetricRecorder(make_gauge=make)
 
         class _Local:
+            own_process = True  # as the Ray actor is: ending it makes Ray forget what it set
             closed = False
             recorder: Any = None
 

@@ -64,11 +64,12 @@ def _one_run(on: bool, n: int, idle_s: float, store: Path, log: LogFn) -> dict[s
         cpu = 100 * (proc_cpu_seconds(pid) - c0) / elapsed
         recorder_cpu = 100 * (proc_cpu_seconds(recorder) - r0) / elapsed if recorder else 0.0
         rss = proc_rss_bytes(pid)
+        recorder_rss = proc_rss_bytes(recorder) if recorder else 0
         log(
             f"{NAME}: telemetry {'on ' if on else 'off'}: idle cpu {cpu:.1f}% (+ gauge recorder {recorder_cpu:.1f}%), "
-            f"rss {rss / 2**20:.0f} MiB"
+            f"rss {rss / 2**20:.0f} MiB (+ {recorder_rss / 2**20:.0f} MiB)"
         )
-        return {"cpu_pct": cpu, "recorder_cpu_pct": recorder_cpu, "rss": rss}
+        return {"cpu_pct": cpu, "recorder_cpu_pct": recorder_cpu, "rss": rss, "recorder_rss": recorder_rss}
     finally:
         try:
             ray.get([h.stop.remote() for h in hosts], timeout=30)
@@ -113,6 +114,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             Result.of(bench, f"idle controller CPU, {label}", "%", [r["cpu_pct"] for r in runs[on]], note=note),
             Result.of(bench, f"idle gauge recorder CPU, {label}", "%", [r["recorder_cpu_pct"] for r in runs[on]]),
             Result.of(bench, f"idle controller RSS, {label}", "MiB", [r["rss"] / 2**20 for r in runs[on]]),
+            Result.of(bench, f"idle gauge recorder RSS, {label}", "MiB", [r["recorder_rss"] / 2**20 for r in runs[on]]),
         ]
     off, on_ = (statistics.median(r["cpu_pct"] for r in runs[k]) for k in (False, True))
     log(f"{NAME}: idle cpu median off {off:.1f}% / on {on_:.1f}%")

@@ -25,12 +25,19 @@ Which releases take which path:
   which protobuf 7 removed (2.60 runs on protobuf 7). A cluster image of those
   releases has such versions; a fresh environment pins them
   (``deploy/constraints-ray-oldest.txt``, docs/deploy.md).
+- **Idle gauges**: Ray 2.43's metrics agent (OpenCensus) exports a gauge's label
+  set for the life of the process that set it; the OpenTelemetry agent with a
+  gauge TTL (``OpenTelemetryMetricRecorder``'s, in 2.60, on unless
+  ``RAY_enable_open_telemetry=0``) drops one not set for a while. Between them
+  (2.44-2.5x) the boundary was not tried: :func:`agent_forgets_idle_gauges`
+  probes for the TTL, and the controller sets its gauges in a process it
+  replaces wherever it is missing (``actors/controller/monitoring/recorder.py``).
 - **Internals** (no public call exists in any supported release): the cluster id
   and the job's submission id from ``ray._private.worker``; Serve's controller
   from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the
   running clusters on this machine (``ray._private.services``); Ray Train's
-  switch (``ray.train.v2._internal.constants``). The same in every supported
-  release; each is used from here only.
+  switch (``ray.train.v2._internal.constants``); the metrics agent's gauge TTL
+  (``ray._private.telemetry``, present or not). Each is used from here only.
 
 Ray is imported inside each function: importing this module costs nothing.
 """
@@ -41,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "agent_forgets_idle_gauges",
     "auth_errors",
     "cluster_id",
     "gcs_client",
@@ -133,3 +141,16 @@ def train_v2_enabled() -> bool:
     from ray.train.v2._internal.constants import is_v2_enabled
 
     return is_v2_enabled()
+
+
+def agent_forgets_idle_gauges() -> bool:
+    """Whether Ray's metrics agent drops a gauge's label set that was not set for a while (the OpenTelemetry
+    path with a gauge TTL, on in this process's environment), rather than export it for the life of the
+    process that set it."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.telemetry.open_telemetry_metric_recorder import OpenTelemetryMetricRecorder
+    except ImportError:
+        return False
+    enabled = bool(getattr(ray_constants, "RAY_ENABLE_OPEN_TELEMETRY", False))
+    return enabled and hasattr(OpenTelemetryMetricRecorder, "_resolve_gauge_ttl_seconds")

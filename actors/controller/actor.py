@@ -29,7 +29,7 @@ from actors.controller.cluster import cluster_info, ray_cluster_id
 from actors.controller.diagnosis.stacks_bundle import StacksTaker
 from actors.controller.diagnosis.watches import Watches
 from actors.controller.live_config import LiveConfig
-from actors.controller.monitoring.recorder import RayRecorder, Recorder
+from actors.controller.monitoring.recorder import Recorder, default_recorder
 from actors.controller.monitoring.telemetry import Telemetry
 from actors.controller.profiles.client_side import ClientSide
 from actors.controller.profiles.commit import Commit
@@ -69,7 +69,7 @@ class Controller(Startup, AgentSide, ClientSide):
 
     ``postprocess``, ``cluster`` and ``recorder`` are seams for tests that run the
     class without Ray; the actor uses a Ray task, the Ray cluster id (which also
-    names the holder of the cluster name's lease) and a Ray actor that exports its gauges. ``clock`` is a seam too: a test
+    names the holder of the cluster name's lease) and what this Ray release needs to set its gauges. ``clock`` is a seam too: a test
     steps one (:mod:`actors.controller.clock`) instead of sleeping.
     """
 
@@ -79,7 +79,7 @@ class Controller(Startup, AgentSide, ClientSide):
         postprocess: Any = None,
         cluster: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        recorder: Callable[[], Recorder] = RayRecorder,
+        recorder: Callable[[], Recorder] | None = None,
     ) -> None:
         # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -115,7 +115,7 @@ class Controller(Startup, AgentSide, ClientSide):
             self._catalog.__contains__,
             self._spawn,
             clock,
-            recorder,
+            recorder or default_recorder(),
         )
         postprocess = self._telemetry.timed(postprocess)
         self._leases = Leases(self._cluster, self._home, self._settings, self._profiles, clock)

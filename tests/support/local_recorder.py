@@ -21,9 +21,11 @@ class RecordingMetric:
 
 
 class LocalRecorder:
-    """A :class:`MetricRecorder` here: a send is answered at once (or held, or failed, as a test says)."""
+    """A :class:`MetricRecorder` here: a send is answered at once (or held, or failed, as a test says). It
+    stands for a process of its own (``own_process``), whose end makes Ray forget what it set."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_process: bool = True) -> None:
+        self.own_process = own_process
         self.metrics: dict[str, RecordingMetric] = {}
         self.recorder = MetricRecorder(make_gauge=self._metric)
         self.updates: list[MetricUpdate] = []
@@ -57,11 +59,12 @@ class LocalRecorder:
 class LocalRecorders:
     """Starts local recorders, as the controller's ``recorder`` seam; remembers each."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_process: bool = True) -> None:
         self.started: list[LocalRecorder] = []
+        self._own_process = own_process
 
     def __call__(self) -> LocalRecorder:
-        self.started.append(LocalRecorder())
+        self.started.append(LocalRecorder(self._own_process))
         return self.started[-1]
 
     def running(self) -> list[LocalRecorder]:

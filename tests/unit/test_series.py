@@ -156,3 +156,19 @@ def test_a_run_that_ends_in_the_tick_of_a_replacement_is_not_left_at_its_live_va
     last = {tags["target"]: v for v, tags in old.metrics[m.STALLED.name].calls}
     assert last == {"live": 0.0, "gone": 0.0}
 
+
+
+def test_a_recorder_in_the_controllers_process_is_never_replaced_and_ended_gauges_are_dropped_after_the_hold():
+    # Where Ray's agent forgets a gauge that is set no more (a TTL), a second process would cost a Ray
+    # worker for nothing: the gauges are set in the controller's process and an ended one just stops.
+    recorders = LocalRecorders(own_process=False)
+    series = Series(recorders, lambda: _HOLD_S)
+    series.gauge(_LIVE, 1.0)
+    series.gauge(_GONE, 1.0)
+    series.flush(0.0)
+    series.end([_GONE], {m.STALLED.name: 0.0}, 1.0)
+    for now in range(1, int(3 * REPLACE_EVERY * _HOLD_S)):
+        series.flush(float(now))
+    assert len(recorders.started) == 1 and not recorders.started[0].closed
+    assert recorders.started[0].updates[-1].ended == [(*_GONE, 0.0)]
+    assert series.shown() == 1  # what is held of the ended gauge went with its hold

@@ -1,23 +1,28 @@
-"""The process that records the controller's gauges: a small Ray actor beside it, replaced to forget ended runs.
+"""What sets the controller's gauges: a small Ray actor beside it that it replaces to forget ended runs, or
+the controller's own process where Ray forgets idle gauges by itself.
 
-Ray exports a gauge's label set from the process that set it: Ray 2.43's
-metrics agent forgets it only when that process stops reporting (60 s after it
-ends, ``clean_stale_components``). Set in the controller's own process (months
-of life, label sets per run and rank), an ended run's gauges piled up in
-Prometheus. So the gauges live in a process of their own that the controller
-replaces (:mod:`actors.controller.monitoring.series`): what ended leaves with
-the old process, on every supported Ray release (Ray 2.60's agent drops a dead
-process's gauges within seconds, and one not set for two export periods).
-Counters and histograms stay in the controller's process: Ray 2.60's agent
-keeps every counter it was sent for its own life, a dead process's too, so a
-replaced process would leave a copy of every live count behind.
+Ray exports a gauge's label set from the process that set it. Ray 2.43's
+metrics agent exports it for as long as that process lives (it forgets a
+process 60 s after it ends, ``clean_stale_components``): set in the controller's
+own process (months of life, label sets per run and rank), an ended run's
+gauges piled up in Prometheus. There the gauges live in a process of their own
+(:class:`RayRecorder`) that the controller replaces
+(:mod:`actors.controller.monitoring.series`): what ended leaves with the old
+process. Where the agent drops a gauge not set for a while (the OpenTelemetry
+agent's TTL, Ray 2.60: :func:`orchestrator.ray_compat.agent_forgets_idle_gauges`)
+a gauge that is set no more leaves by itself, and the controller sets them in
+its own process (:class:`InProcessRecorder`): a separate one would cost a Ray
+worker (~150 MiB, ~1.5 % of a core here) for nothing. Counters and histograms
+stay in the controller's process: Ray 2.60's agent keeps every counter it was
+sent for its own life, a dead process's too, so a replaced process would leave
+a copy of every live count behind.
 
 The recorder sets what the controller sends (:class:`MetricUpdate`) and sets
-every live gauge again each :data:`GAUGE_REFRESH_S`, so Ray 2.60 keeps an
+every live gauge again each :data:`GAUGE_REFRESH_S`, so a TTL keeps an
 unchanged one; an ended gauge is set once and never again. Ray's series carry
-the recording worker's ``WorkerId``: a new process's series are new series,
-and during a replacement both processes' can show for up to two minutes (the
-old one's copies of live gauges then read 0; the dashboard takes ``max``).
+the recording worker's ``WorkerId``: a new process's series are new series, and
+during a replacement both processes' can show for up to two minutes (the old
+one's copies of live gauges then read 0; the dashboard takes ``max``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from pydantic import BaseModel, ConfigDict
 
 from actors.controller.monitoring import metric_names as m
 
-__all__ = ["GAUGE_REFRESH_S", "MetricRecorder", "MetricUpdate", "RayRecorder", "Recorder", "SeriesKey"]
+__all__ = [
+    "GAUGE_REFRESH_S",
+    "InProcessRecorder",
+    "MetricRecorder",
+    "MetricUpdate",
+    "RayRecorder",
+    "Recorder",
+    "SeriesKey",
+    "default_recorder",
+]
 
 # Under half of Ray's default export period (10 s), so every export carries every live label set.
 GAUGE_REFRESH_S = 5.0
@@ -65,6 +79,7 @@ class MetricRecorder:
         self._live: dict[SeriesKey, float] = {}
         # The refresh thread and update calls both set gauges and read _live.
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
 
     def _tags(self, name: str, labels: tuple[str, ...]) -> dict[str, str]:
         return dict(zip(self._defs[name].tags, labels, strict=True))
@@ -86,18 +101,23 @@ class MetricRecorder:
                 self._metrics[name].set(value, tags=self._tags(name, labels))
 
     def serve(self, period_s: float) -> None:
-        """Refresh every ``period_s`` on a daemon thread, for the life of the process."""
-        never = threading.Event()  # nothing sets it: Event.wait is the thread's timer
+        """Refresh every ``period_s`` on a daemon thread, until :meth:`stop` (or the process's end)."""
 
         def loop() -> None:
-            while not never.wait(period_s):
+            while not self._stopped.wait(period_s):
                 self.refresh()
 
-        threading.Thread(target=loop, name="rayprof-metrics-refresh", daemon=True).start()
+        threading.Thread(target=loop, name="rayprof-gauge-refresh", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 class Recorder(Protocol):
     """A recorder as the controller reaches it: a send answered later, and an end."""
+
+    own_process: bool
+    """Whether ending it makes Ray forget what it set: only then is it replaced to drop ended runs."""
 
     def send(self, update: MetricUpdate) -> Future[None]: ...
 
@@ -110,9 +130,30 @@ class _RecorderActor(MetricRecorder):
         self.serve(period_s)
 
 
+class InProcessRecorder:
+    """A :class:`MetricRecorder` in the controller's process, for a Ray whose agent forgets idle gauges."""
+
+    own_process = False
+
+    def __init__(self) -> None:
+        self._recorder = MetricRecorder()
+        self._recorder.serve(GAUGE_REFRESH_S)
+
+    def send(self, update: MetricUpdate) -> Future[None]:
+        done: Future[None] = Future()
+        self._recorder.update(update)
+        done.set_result(None)
+        return done
+
+    def close(self) -> None:
+        self._recorder.stop()
+
+
 class RayRecorder:
     """A :class:`MetricRecorder` in a Ray actor of its own on the controller's node. Not detached: it ends
     with the controller (a restarted controller starts its own)."""
+
+    own_process = True
 
     def __init__(self) -> None:
         import ray
@@ -130,3 +171,10 @@ class RayRecorder:
         import ray
 
         ray.kill(self._actor, no_restart=True)
+
+
+def default_recorder() -> Callable[[], Recorder]:
+    """The recorder this Ray release needs (:func:`orchestrator.ray_compat.agent_forgets_idle_gauges`)."""
+    from orchestrator.ray_compat import agent_forgets_idle_gauges
+
+    return InProcessRecorder if agent_forgets_idle_gauges() else RayRecorder

@@ -15,6 +15,10 @@ so runs that end often start a process every ten minutes, not one per run.
 When nothing is live and nothing is held, the recorder is ended and none is
 started: an idle controller runs none.
 
+A recorder in the controller's own process (where Ray's agent forgets a gauge
+not set for a while) is never replaced: an ended gauge, set no more, leaves by
+itself; what is held of it is dropped after the hold.
+
 Sends are one at a time: changes made while one is unanswered wait, merged,
 for the next tick (what is held is bounded by the label sets, not by time). A
 recorder that fails a send or leaves one unanswered for :data:`SEND_TIMEOUT_S`
@@ -147,6 +151,10 @@ class Series:
 
     def _replace_due(self, now: float) -> bool:
         hold_s = self._hold_s()
+        if self._recorder is not None and not self._recorder.own_process:
+            # Ray forgets these by itself: only what is held of them goes.
+            self._ended = {k: (v, at) for k, (v, at) in self._ended.items() if now - at < hold_s}
+            return False
         if now - self._started_at < REPLACE_EVERY * hold_s:
             return False
         return any(now - at >= hold_s for _, at in self._ended.values())
