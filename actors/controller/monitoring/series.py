@@ -102,7 +102,13 @@ class Series:
         if self._sending is not None and not self._answered(now):
             return
         self._retire(now)
-        if self._recorder is None and now >= self._next_start or self._recorder is not None and self._replace_due(now):
+        if self._recorder is None:
+            if now >= self._next_start:
+                self._replace(now)
+        elif not self._recorder.own_process:
+            # Ray forgets an ended gauge by itself: only what is held of it goes.
+            self._ended = {k: (v, at) for k, (v, at) in self._ended.items() if now - at < self._hold_s()}
+        elif self._replace_due(now):
             self._replace(now)
         if self._recorder is not None and self._sending is None and self._pending:
             update, self._pending = self._pending.update(), _Pending()
@@ -130,7 +136,7 @@ class Series:
         if self._recorder is not None:
             self._recorder.close()
         self._recorder = None
-        self._failed(now, f"the metrics recorder failed ({why})")
+        self._failed(now, f"the gauge recorder failed ({why})")
         return True
 
     def _failed(self, now: float, what: str) -> None:
@@ -151,10 +157,6 @@ class Series:
 
     def _replace_due(self, now: float) -> bool:
         hold_s = self._hold_s()
-        if self._recorder is not None and not self._recorder.own_process:
-            # Ray forgets these by itself: only what is held of them goes.
-            self._ended = {k: (v, at) for k, (v, at) in self._ended.items() if now - at < hold_s}
-            return False
         if now - self._started_at < REPLACE_EVERY * hold_s:
             return False
         return any(now - at >= hold_s for _, at in self._ended.values())
@@ -182,7 +184,7 @@ class Series:
         try:
             self._recorder = self._start()
         except Exception as e:  # Ray refused to start an actor
-            self._failed(now, f"cannot start the metrics recorder ({type(e).__name__}: {e})")
+            self._failed(now, f"cannot start the gauge recorder ({type(e).__name__}: {e})")
             return
         self._started_at = now
         self._pending = _Pending(gauges=dict(self._live), ended={k: v for k, (v, _) in self._ended.items()})
