@@ -86,64 +86,34 @@ class _Gauge:
 _IDLE_S = 10.0
 
 
-class _Recorders:
-    """The controller's recorder seam: each a real MetricRecorder here with lean gauges, answered at once."""
+def _recorders() -> Any:
+    """The controller's recorder seam: the real MetricRecorder here, each gauge a lean :class:`_Gauge`."""
+    from tests.support.local_recorder import LocalRecorders
 
-    def __init__(self) -> None:
-        self.started: list[Any] = []
+    return LocalRecorders(metric=lambda d: _Gauge(d.name))
 
-    def __call__(self) -> Any:
-        from concurrent.futures import Future
 
-        from actors.controller.monitoring.recorder import MetricRecorder, MetricUpdate
+def _gauges(recorders: Any, running: bool = False) -> list[_Gauge]:
+    return [g for r in recorders.started if not (running and r.closed) for g in r.metrics.values()]
 
-        gauges: dict[str, _Gauge] = {}
 
-        def make(metric: Any) -> _Gauge:
-            gauges[metric.name] = _Gauge(metric.name)
-            return gauges[metric.name]
+def _refresh(recorders: Any) -> None:
+    """What each running recorder process's refresh thread does every GAUGE_REFRESH_S."""
+    for r in recorders.running():
+        r.recorder.refresh()
 
-        recorder = MetricRecorder(make_gauge=make)
 
-        class _Local:
-            own_process = True  # as the Ray actor is: ending it makes Ray forget what it set
-            closed = False
-            recorder: Any = None
-
-            def send(self, update: MetricUpdate) -> Future[None]:
-                recorder.update(update)
-                done: Future[None] = Future()
-                done.set_result(None)
-                return done
-
-            def close(self) -> None:
-                self.closed = True
-
-        local = _Local()
-        local.recorder = recorder
-        self.started.append((local, gauges))
-        return local
-
-    def gauges(self, running: bool = False) -> list[_Gauge]:
-        return [g for local, gauges in self.started if not (running and local.closed) for g in gauges.values()]
-
-    def refresh(self) -> None:
-        """What each running recorder process's refresh thread does every GAUGE_REFRESH_S."""
-        for local, _ in self.started:
-            if not local.closed:
-                local.recorder.refresh()
-
-    def stale_nonzero(self) -> int:
-        """State gauges an ended recorder left at a value other than 0: what Ray 2.43 shows for its last
-        minutes (a live one's copies are set to 0 before it ends)."""
-        return sum(
-            value != 0.0
-            for local, gauges in self.started
-            if local.closed
-            for g in gauges.values()
-            if g.name in _STATE_GAUGES
-            for value, _ in g.last.values()
-        )
+def _stale_nonzero(recorders: Any) -> int:
+    """State gauges an ended recorder left at a value other than 0: what Ray 2.43 shows for its last minutes
+    (a live one's copies are set to 0 before it ends)."""
+    return sum(
+        value != 0.0
+        for r in recorders.started
+        if r.closed
+        for g in r.metrics.values()
+        if g.name in _STATE_GAUGES
+        for value, _ in g.last.values()
+    )
 
 
 def _holders(c: Any) -> dict[str, int]:
@@ -186,8 +156,8 @@ async def _one_run(c: Any, i: int) -> None:
         await c.delete_watch(watch.id)
 
 
-def _sample(c: Any, recorders: _Recorders) -> dict[str, Any]:
-    for gauge in recorders.gauges(running=True):
+def _sample(c: Any, recorders: Any) -> dict[str, Any]:
+    for gauge in _gauges(recorders, running=True):
         gauge.age_out()
     gc.collect()
     return {"rss_mib": proc_rss_bytes(os.getpid()) / 2**20, "objects": len(gc.get_objects()), **_holders(c)}
@@ -217,7 +187,7 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     from orchestrator.models.agent_protocol import StorageSpec
     from tests.support.fake_agents import MONITORED, make_controller, until
 
-    recorders = _Recorders()
+    recorders = _recorders()
     c = make_controller(
         StorageSpec(uri=str(store)), recorder=recorders, **MONITORED, ended_run_kept_s=GRACE_S, metrics_ended_kept_s=ENDED_KEPT_S
     )
@@ -230,7 +200,7 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
 
         while True:  # cancelled when the scenario ends
             await asyncio.sleep(GAUGE_REFRESH_S)
-            recorders.refresh()
+            _refresh(recorders)
 
     refreshing = asyncio.get_running_loop().create_task(refresh())
     curve: list[dict[str, Any]] = []
@@ -252,12 +222,12 @@ async def _scenario(runs: int, store: Path, log: LogFn) -> dict[str, Any]:
     idle = {"runs": runs, "s": time.monotonic() - started, **_sample(c, recorders)}
     log(f"{NAME}: idle: rss {idle['rss_mib']:.1f} MiB, objects {idle['objects']:,}, holders {_holders(c)}")
     await asyncio.sleep(_IDLE_S + 1)  # the idle period: every ended run's label sets age out
-    for gauge in recorders.gauges(running=True):
+    for gauge in _gauges(recorders, running=True):
         gauge.age_out()
-    ever = sum(g.ever for g in recorders.gauges() if g.name in _GAUGES)
+    ever = sum(g.ever for g in _gauges(recorders) if g.name in _GAUGES)
     # What Ray 2.43 still exports: every label set the recorders still running ever set.
-    exported = sum(g.ever for g in recorders.gauges(running=True))
-    nonzero_state = sum(g.left_set for g in recorders.gauges()) + recorders.stale_nonzero()
+    exported = sum(g.ever for g in _gauges(recorders, running=True))
+    nonzero_state = sum(g.left_set for g in _gauges(recorders)) + _stale_nonzero(recorders)
     refreshing.cancel()
     history = await _history_answer(c)
     return {

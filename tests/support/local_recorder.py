@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from actors.controller.monitoring import metric_names as m
 from actors.controller.monitoring.recorder import MetricRecorder, MetricUpdate
@@ -24,17 +26,18 @@ class LocalRecorder:
     """A :class:`MetricRecorder` here: a send is answered at once (or held, or failed, as a test says). It
     stands for a process of its own (``own_process``), whose end makes Ray forget what it set."""
 
-    def __init__(self, own_process: bool = True) -> None:
+    def __init__(self, own_process: bool = True, metric: Callable[[m.MetricDef], Any] = RecordingMetric) -> None:
         self.own_process = own_process
-        self.metrics: dict[str, RecordingMetric] = {}
+        self._make = metric
+        self.metrics: dict[str, Any] = {}
         self.recorder = MetricRecorder(make_gauge=self._metric)
         self.updates: list[MetricUpdate] = []
         self.closed = False
         self.answer = True  # False: sends stay unanswered
         self.fail: Exception | None = None
 
-    def _metric(self, metric: m.MetricDef) -> RecordingMetric:
-        self.metrics[metric.name] = RecordingMetric(metric)
+    def _metric(self, metric: m.MetricDef) -> Any:
+        self.metrics[metric.name] = self._make(metric)
         return self.metrics[metric.name]
 
     def send(self, update: MetricUpdate) -> Future[None]:
@@ -57,14 +60,16 @@ class LocalRecorder:
 
 
 class LocalRecorders:
-    """Starts local recorders, as the controller's ``recorder`` seam; remembers each."""
+    """Starts local recorders, as the controller's ``recorder`` seam; remembers each. ``metric`` makes the
+    stand-in for one Ray gauge (one that remembers every call, unless told otherwise)."""
 
-    def __init__(self, own_process: bool = True) -> None:
+    def __init__(self, own_process: bool = True, metric: Callable[[m.MetricDef], Any] = RecordingMetric) -> None:
         self.started: list[LocalRecorder] = []
         self._own_process = own_process
+        self._metric = metric
 
     def __call__(self) -> LocalRecorder:
-        self.started.append(LocalRecorder(self._own_process))
+        self.started.append(LocalRecorder(self._own_process, self._metric))
         return self.started[-1]
 
     def running(self) -> list[LocalRecorder]:
