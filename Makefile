@@ -33,7 +33,7 @@ lint: setup
 	$(PY) -m mypy --strict --follow-imports=silent --ignore-missing-imports \
 		orchestrator/models/ orchestrator/layout.py actors/export/contract.py actors/agent/cuda_memory.py \
 		actors/upstream.py actors/controller/clock.py actors/controller/rpc.py orchestrator/client/routes.py orchestrator/client/ray_backend.py orchestrator/client/http.py \
-		actors/controller/monitoring/series.py actors/controller/monitoring/recorder.py
+		actors/controller/monitoring/series.py actors/controller/monitoring/recorder.py orchestrator/analysis/groups.py
 
 test: setup browser lint
 	$(PY) -m pytest -q -ra -m 'not extended'

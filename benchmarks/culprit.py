@@ -42,6 +42,14 @@ Planted faults, of ``m`` = 0.2, 0.5 or 1.0 times the healthy set's median step
   one is a false culprit;
 * ``healthy``: nothing planted.
 
+Mesh sets (32 to 256 ranks, :func:`build_mesh_set`) add a second level of
+process groups, as tensor- and data-parallel jobs have: a slow link inside one
+group (a node's, or one across nodes) must be named as that group
+(``groups.slow_groups``) with no rank blamed, a straggler must be named with none
+of its groups, and a healthy set must name nothing. Faults there start at
+0.1 x the step for a slow link (it costs the job without any rank standing
+out), at the other faults' 0.2 for a straggler.
+
 Scored per set: the ranks ``cross.stragglers`` names against the planted
 ones. Recall and precision over the one-rank faults; false-culprit rate over
 the healthy and slow-link sets (any rank named). Bounded: about a minute on
@@ -58,7 +66,8 @@ from dataclasses import dataclass
 
 from benchmarks import LogFn
 from benchmarks._stats import REPO, Result
-from orchestrator.models.analysis import PHASES, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.analysis.groups import held_back, slow_groups
+from orchestrator.models.analysis import PHASES, PhaseTimes, ProcessGroupComm, RankSummary, StepBreakdown
 
 NAME = "culprit"
 EXTERNAL = REPO.parent / "shared" / "external-traces"
@@ -85,6 +94,13 @@ START_JITTER_MS = 0.05
 CLOCK_RESIDUAL_MS = 0.02
 RECALL_TARGET = 0.99
 _PRE = ("data", "forward", "backward", "memcpy", "sync", "other")
+# Mesh sets (two-level parallelism): faults planted, and how much of the template's transfer each level's collective takes.
+MESH_FAULTS = ("healthy", "forward", "backward", "slow_link_tp", "slow_link_dp")
+MESH_SIZES = (32, 128, 256)
+QUICK_MESH_SIZES = (64,)
+MESH_MAGNITUDES = (0.1, 0.2, 0.5)
+TP_SHARE = 0.5
+GROUP_SPREAD = 0.03
 
 
 @dataclass(frozen=True)
@@ -160,13 +176,64 @@ def build_set(template: Template, n: int, fault: str, magnitude: float, rng: ran
     return ranks, (culprits if fault in ONE_RANK_FAULTS else set())
 
 
-def _summary(rank: int, steps: list[StepBreakdown]) -> RankSummary:
+def build_mesh_set(template: Template, n: int, fault: str, magnitude: float, rng: random.Random) -> tuple[list[RankSummary], set[int], str | None]:
+    """``n`` ranks as nodes of ``NODE`` with two levels of groups, with ``fault`` planted; returns them, the culprit
+    ranks and the slow group's name.
+
+    Tensor-parallel groups are the nodes (``tp<node>``, one all-reduce at the end of forward taking ``TP_SHARE`` of
+    the template's transfer); data-parallel groups are the ranks of one local index across nodes (``dp<index>``,
+    the gradient all-reduce after backward). Each collective ends for its group at its last member's arrival plus
+    its transfer, which has a lasting factor per group (sd ``GROUP_SPREAD``) and the step's jitter. ``slow_link_tp``
+    / ``slow_link_dp`` make one group's transfer ``m`` of the step longer (a slow link inside it); ``forward`` /
+    ``backward`` make rank ``k`` a straggler, whose groups must not be named.
+    """
+    k = rng.randrange(n)
+    extra = magnitude * template.median_step_ms
+    slow = f"tp{k // NODE}" if fault == "slow_link_tp" else f"dp{k % NODE}" if fault == "slow_link_dp" else None
+    groups = [f"tp{i}" for i in range(n // NODE)] + [f"dp{i}" for i in range(NODE)]
+    lasting = {g: 1 + rng.gauss(0, GROUP_SPREAD) for g in groups}
+    own = [1.0 if r == k else 1 + rng.gauss(0, RANK_SPREAD) for r in range(n)]
+    starts = [rng.uniform(0, START_JITTER_MS) for _ in range(n)]
+    per_rank: list[list[StepBreakdown]] = [[] for _ in range(n)]
+    for s in range(STEPS):
+        real = template.steps[s % len(template.steps)]
+        busy = [{p: v * max(0.0, own[r] + rng.gauss(0, JITTER)) for p, v in real.busy.items()} for r in range(n)]
+        if fault in ("forward", "backward"):
+            busy[k][fault] += extra
+
+        def transfer(g: str, share: float, base: float = real.transfer_ms) -> float:
+            return share * base * lasting[g] * max(0.0, 1 + rng.gauss(0, JITTER)) + (extra if g == slow else 0.0)
+
+        ready1 = [starts[r] + busy[r]["data"] + busy[r]["forward"] for r in range(n)]
+        tp_done = {f"tp{i}": max(ready1[i * NODE : (i + 1) * NODE]) + transfer(f"tp{i}", TP_SHARE) for i in range(n // NODE)}
+        ready2 = [tp_done[f"tp{r // NODE}"] + sum(busy[r][p] for p in _PRE if p not in ("data", "forward")) for r in range(n)]
+        dp_done = {f"dp{i}": max(ready2[i::NODE]) + transfer(f"dp{i}", 1.0) for i in range(NODE)}
+        for r in range(n):
+            tp, dp = f"tp{r // NODE}", f"dp{r % NODE}"
+            waits = {tp: tp_done[tp] - ready1[r], dp: dp_done[dp] - ready2[r]}
+            end = dp_done[dp] + busy[r]["optimizer"]
+            per_rank[r].append(
+                StepBreakdown(
+                    step=100 + s, start_unix_us=(starts[r] + rng.gauss(0, CLOCK_RESIDUAL_MS)) * 1000, duration_ms=end - starts[r],
+                    phases=PhaseTimes(**busy[r], comm=sum(waits.values())), group_comm_ms=waits,
+                )
+            )
+            starts[r] = end + rng.uniform(0, START_JITTER_MS)
+    ranks = []
+    for r, steps in enumerate(per_rank):
+        shape = [("mesh_tp", f"tp{r // NODE}", NODE), ("mesh_dp", f"dp{r % NODE}", n // NODE)]
+        pgs = [ProcessGroupComm(name=g, description=d, size=size, calls_per_step=1, elements_per_step=1e6) for d, g, size in shape]
+        ranks.append(_summary(r, steps, pgs))
+    return ranks, ({k} if fault in ("forward", "backward") else set()), slow
+
+
+def _summary(rank: int, steps: list[StepBreakdown], groups: list[ProcessGroupComm] | None = None) -> RankSummary:
     durations = [s.duration_ms for s in steps]
     mean = {p: statistics.fmean(s.phases.get(p) for s in steps) for p in PHASES}
     return RankSummary(
         rank=rank, host=f"node{rank // 8}", file=f"rank{rank}.pt.trace.json.gz", device="cuda", steps=steps,
         mean_step_ms=statistics.fmean(durations), median_step_ms=statistics.median(durations),
-        mean_phases=PhaseTimes(**mean), comm_wait_ms=mean["comm"],
+        mean_phases=PhaseTimes(**mean), comm_wait_ms=mean["comm"], process_groups=groups or [],
     )
 
 
@@ -208,10 +275,12 @@ def cases(sizes: Sequence[int], seeds: int) -> Iterator[tuple[int, str, float, i
 
 
 def named_culprits(ranks: Sequence[RankSummary]) -> dict[int, str]:
-    """Rank -> the phase (or ``late_arrival``) ``cross.stragglers`` names."""
+    """Rank -> the phase (or ``late_arrival``) the analysis names (``cross.stragglers``, less the late arrivers
+    another culprit holds back: ``groups.held_back``, as ``front`` applies it)."""
     from orchestrator.analysis.cross import stragglers
 
-    return {s.rank: (s.cause if s.cause == "late_arrival" else s.phase) for s in stragglers(ranks)}
+    named = held_back(stragglers(ranks), ranks, slow_groups(ranks))
+    return {s.rank: (s.cause if s.cause == "late_arrival" else s.phase) for s in named}
 
 
 def run(quick: bool, log: LogFn, templates: Sequence[str] = TEMPLATES) -> list[Result]:
@@ -232,10 +301,70 @@ def run(quick: bool, log: LogFn, templates: Sequence[str] = TEMPLATES) -> list[R
                 by_size.setdefault(n, Score()).add(named, expected, fault)
             if named.keys() != expected and len(misses) < 12:
                 misses.append(f"{template.name} n={n} {fault} m={m} seed={seed}: planted {sorted(expected)}, named {named}")
+    mesh: dict[str, MeshScore] = {}
+    for template in loaded:
+        for n, fault, m, seed in mesh_cases(QUICK_MESH_SIZES if quick else MESH_SIZES, 1 if quick else 2):
+            ranks, expected, slow = build_mesh_set(template, n, fault, m, random.Random(f"{template.name}/mesh{n}/{fault}/{m}/{seed}"))
+            named, groups = named_culprits(ranks), [g.name for g in slow_groups(ranks)]
+            mesh.setdefault(fault, MeshScore()).add(set(named), expected, groups, slow)
+            if (set(named) != expected or groups != ([slow] if slow else [])) and len(misses) < 24:
+                misses.append(f"{template.name} mesh n={n} {fault} m={m} seed={seed}: planted {sorted(expected)} {slow}, named {named} {groups}")
     for line in misses:
         log(f"{NAME}: wrong: {line}")
-    log(f"{NAME}: {sum(s.sets for s in scores.values())} sets in {time.perf_counter() - t0:.0f}s")
-    return _rows(scores, by_size)
+    total = sum(s.sets for s in scores.values()) + sum(s.sets for s in mesh.values())
+    log(f"{NAME}: {total} sets in {time.perf_counter() - t0:.0f}s")
+    return _rows(scores, by_size) + _mesh_rows(mesh)
+
+
+def mesh_cases(sizes: Sequence[int], seeds: int) -> Iterator[tuple[int, str, float, int]]:
+    for n in sizes:
+        for seed in range(seeds):
+            for fault in MESH_FAULTS:
+                for m in MESH_MAGNITUDES if fault.startswith("slow_link") else MAGNITUDES:
+                    yield n, fault, m, seed
+
+
+@dataclass
+class MeshScore:
+    """Counts over mesh sets of one kind: the slow group named, and ranks or groups named wrongly."""
+
+    sets: int = 0
+    groups_found: int = 0
+    ranks_found: int = 0
+    ranks_planted: int = 0
+    sets_with_false_group: int = 0
+    sets_with_false_rank: int = 0
+
+    def add(self, named: set[int], expected: set[int], groups: list[str], slow: str | None) -> None:
+        self.sets += 1
+        self.groups_found += slow is not None and slow in groups
+        self.ranks_found += len(named & expected)
+        self.ranks_planted += len(expected)
+        self.sets_with_false_group += any(g != slow for g in groups)
+        self.sets_with_false_rank += bool(named - expected)
+
+
+def _mesh_rows(mesh: dict[str, MeshScore]) -> list[Result]:
+    rows: list[Result] = []
+    links = [mesh[f] for f in ("slow_link_tp", "slow_link_dp") if f in mesh]
+    found, sets = sum(s.groups_found for s in links), sum(s.sets for s in links)
+    rows.append(Result(NAME, "mesh: slow link localised to its group (tp and dp)", "sets", found / sets if sets else None, n=sets,
+                       target=f">= {RECALL_TARGET:.0%}", met=bool(sets) and found / sets >= RECALL_TARGET,
+                       note=f"{found}/{sets} slow groups named; " + ", ".join(f"{f} {mesh[f].groups_found}/{mesh[f].sets}" for f in ("slow_link_tp", "slow_link_dp") if f in mesh)))
+    stragglers = [mesh[f] for f in ("forward", "backward") if f in mesh]
+    hit, planted = sum(s.ranks_found for s in stragglers), sum(s.ranks_planted for s in stragglers)
+    false_in = sum(s.sets_with_false_rank for s in stragglers)
+    rows.append(_ratio_row("mesh: recall, one rank slow in forward/backward", hit, planted,
+                           note=f"{hit}/{planted} planted ranks named; another rank named in {false_in}/{sum(s.sets for s in stragglers)} sets"))
+    every = list(mesh.values())
+    false_groups, all_sets = sum(s.sets_with_false_group for s in every), sum(s.sets for s in every)
+    rows.append(Result(NAME, "mesh: sets naming a group not planted", "sets", false_groups / all_sets if all_sets else None, n=all_sets,
+                       target="0", met=false_groups == 0, note=f"{false_groups}/{all_sets} (healthy, stragglers, slow links)"))
+    blameless = [mesh[f] for f in ("healthy", "slow_link_tp", "slow_link_dp") if f in mesh]
+    false_ranks, blameless_sets = sum(s.sets_with_false_rank for s in blameless), sum(s.sets for s in blameless)
+    rows.append(Result(NAME, "mesh: false-culprit rate: healthy and slow links", "sets", false_ranks / blameless_sets if blameless_sets else None,
+                       n=blameless_sets, target="0", met=false_ranks == 0, note=f"{false_ranks}/{blameless_sets} sets named a rank"))
+    return rows
 
 
 def _rows(scores: dict[str, Score], by_size: dict[int, Score]) -> list[Result]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
-from orchestrator.models.analysis import CopyStats, GpuStats, OpStat
+from orchestrator.models.analysis import CopyStats, GpuStats, OpStat, ProcessGroupComm
 from orchestrator.traces.loader import Span
 
 __all__ = ["DeviceView", "WindowGpu"]
@@ -121,6 +121,27 @@ class DeviceView:
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""
         return [s for _, s in self.placed(windows)]
+
+    def groups(self, windows: Sequence[Window]) -> tuple[list[dict[str, float]], list[ProcessGroupComm]]:
+        """Collective kernel ms per window by process group (the loader's ``group``, from the kernel's args), and each
+        group's description, size, calls and elements per window. Kernels of one group run in order on one stream,
+        so their durations add up; each holds the wait for the group's last member plus the transfer itself."""
+        per_window: list[dict[str, float]] = [{} for _ in windows]
+        seen: dict[str, tuple[str, int, list[int]]] = {}
+        for i, s in self.placed(windows):
+            group = s.args.get("group") if s.args else None
+            if group is None or s.args is None:
+                continue
+            per_window[i][group] = per_window[i].get(group, 0.0) + (s.end - s.ts) / 1000
+            _, _, counts = seen.setdefault(group, (s.args["group_desc"], s.args["group_size"], [0, 0]))
+            counts[0] += 1
+            counts[1] += s.args["elements"]
+        n = max(len(windows), 1)
+        info = [
+            ProcessGroupComm(name=name, description=desc, size=size, calls_per_step=c / n, elements_per_step=e / n)
+            for name, (desc, size, (c, e)) in sorted(seen.items())
+        ]
+        return per_window, info
 
     def copies(self, windows: Sequence[Window], host_calls: Sequence[Span], issuers: dict[int, str] | None = None) -> list[CopyStats]:
         """Copies per direction and memory kind: count and device time per window, host time blocked in their calls,

@@ -17,7 +17,7 @@ A finding is a warning when the named cause its fix removes explains at least
 at most an info line.
 
 The host-side and job-wide rules are here; the device's are in
-:mod:`orchestrator.analysis.device_findings`.
+:mod:`orchestrator.analysis.device_findings`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from orchestrator.analysis.finding_base import (
     share,
     step_word,
 )
+from orchestrator.analysis.groups import slow_link
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
@@ -335,6 +336,7 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
     straggler,
+    slow_link,
     dataloader_bound,
     optimizer_host,
     comm_exposed,

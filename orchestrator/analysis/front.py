@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.groups import held_back, slow_groups
 from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.models.analysis import Finding, RankSummary, Summary
@@ -139,7 +140,8 @@ def _join(
     definitions = Counter(r.step_definition for r in ranks if r.step_definition)
     if len(definitions) > 1:
         issues.append("ranks' steps hold different work: " + "; ".join(f"rank {r.rank}: {r.step_definition}" for r in ranks))
-    slow = straggler_impl(ranks)
+    groups = slow_groups(ranks)
+    slow = held_back(straggler_impl(ranks), ranks, groups)
     sizes = {tf.world_size for tf in traces.files if tf.world_size is not None}
     return Summary(
         source=str(traces.folder),
@@ -151,5 +153,6 @@ def _join(
         issues=issues,
         step_spread=step_spread(ranks),
         stragglers=slow,
+        slow_groups=groups,
         findings=find_all(ranks, slow),
     )

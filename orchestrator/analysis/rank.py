@@ -260,6 +260,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
 
     kernel_us = dev.kernel_us_per_window(windows)
+    group_ms, groups = dev.groups(windows)
     base_us = trace.file.base_time_ns / 1000
     steps: list[StepBreakdown] = []
     gpu_rows: list[WindowGpu] = []
@@ -297,6 +298,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 kernel_ms=row.kernel / 1000 if row else None,
                 comm_kernel_ms=row.comm / 1000 if row else None,
                 comm_exposed_ms=row.exposed / 1000 if row else None,
+                group_comm_ms=group_ms[index],
             )
         )
 
@@ -314,7 +316,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         main_host = HostThread(
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
-            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names, regions=_regions(main),
+            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names, regions=[s for s in main if is_region(s)],
             optimizer=nested["optimizer"],
         )
         idle, idle_rows = attribute(
@@ -343,6 +345,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],
+        process_groups=groups,
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
         top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=_memory(trace),
@@ -358,7 +361,7 @@ def _host_thread(spans: list[Span], kinds: Kinds) -> HostThread:
     """What a thread other than the main one was doing, for the device idle gaps its launches end."""
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
-        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, regions=_regions(spans),
+        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, regions=[s for s in spans if is_region(s)],
     )
 
 
@@ -367,11 +370,6 @@ def _issuer(ancestors: list[Span]) -> str:
     region = next((a.name for a in reversed(ancestors) if is_region(a)), None)
     op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
     return " / ".join(name for name in (region, op) if name) or "(no op)"
-
-
-def _regions(spans: list[Span]) -> list[Span]:
-    """The optimizer steps and record_function regions among a thread's spans, in their order."""
-    return [s for s in spans if is_region(s)]
 
 
 def _sum_by_name(spans: Iterable[Span]) -> Iterable[tuple[str, int, float]]:

@@ -132,6 +132,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         one_step=one_step(summary, manifest),
         findings=sorted(summary.findings, key=lambda f: -f.max_saving_ms),
         stragglers=summary.stragglers,
+        slow_groups=summary.slow_groups,
         step_spread=summary.step_spread,
         ranks=ranks,
         issues=summary.issues,

@@ -50,6 +50,11 @@ def report_text(manifest: Manifest, analysis: Analysis | None) -> str:
             f"straggler: rank {s.rank} ({s.cause}) +{s.excess_ms:.1f} ms/step ({s.excess_fraction:.0%}), "
             f"mostly {s.phase} (+{s.phase_excess_ms:.1f} ms)"
         )
+    for g in analysis.slow_groups:
+        lines.append(
+            f"slow link: process group {g.name} (ranks {g.ranks}) collectives {g.transfer_ms:.1f} ms/step against "
+            f"{g.peer_transfer_ms:.1f} in its {g.peers - 1} peer group(s)"
+        )
     if analysis.step_spread is not None:
         sp = analysis.step_spread
         lines.append(

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.analysis.diff import Change, OpChange, PhaseChange
-from orchestrator.models.analysis import Finding, IdleShare, PhaseTimes, StepSpread, Straggler
+from orchestrator.models.analysis import Finding, IdleShare, PhaseTimes, SlowGroup, StepSpread, Straggler
 from orchestrator.models.diagnosis import WatchSpec
 from orchestrator.models.profile import Trigger
 
@@ -94,6 +94,9 @@ class Analysis(_Capped):
     )
     findings: list[Finding] = Field(description="Largest possible saving first.")
     stragglers: list[Straggler] = Field(description="Ranks that hold the others back, and in which phase.")
+    slow_groups: list[SlowGroup] = Field(
+        default_factory=list, description="Process groups whose collectives are slower than their peers': a slow link inside."
+    )
     step_spread: StepSpread | None
     ranks: list[RankAnalysis]
     issues: list[str] = Field(description="What the analysis could not do, in words.")

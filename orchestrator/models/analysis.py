@@ -22,7 +22,9 @@ __all__ = [
     "OpStat",
     "Phase",
     "PhaseTimes",
+    "ProcessGroupComm",
     "RankSummary",
+    "SlowGroup",
     "StepBreakdown",
     "StepSpread",
     "Straggler",
@@ -98,6 +100,34 @@ class StepBreakdown(_Model):
     idle_ms: dict[IdleCause, float] = Field(
         default_factory=dict, description="Device idle time in this step by what the host was doing (causes with time only)."
     )
+    group_comm_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="Collective kernel time in this step by process group name (RankSummary.process_groups): "
+        "the wait for the group's last member plus the transfer. Device traces whose kernels name their group only.",
+    )
+
+
+class ProcessGroupComm(_Model):
+    """One process group this rank's collective kernels ran in (PyTorch 2.2+ writes it on each kernel)."""
+
+    name: str = Field(description="The group's name, the same on every member (its member list where the trace has none).")
+    description: str = Field(description="The group's description ('default_pg', 'mesh_tp', ...), '' when unnamed.")
+    size: int
+    calls_per_step: float
+    elements_per_step: float = Field(description="Elements sent per step (the collectives' input sizes).")
+
+
+class SlowGroup(_Model):
+    """A process group whose collectives take longer than those of its peers on every member: a slow link inside it."""
+
+    name: str
+    description: str
+    ranks: list[int] = Field(description="Its members (every one of them analysed).")
+    hosts: list[str] = Field(default_factory=list, description="The members' hosts, where the traces name them.")
+    transfer_ms: float = Field(description="Median per step of its least-waiting member's collective time in it.")
+    peer_transfer_ms: float = Field(description="The same for the typical peer group (the low median).")
+    peers: int = Field(description="Groups doing the same work (description, size, calls and elements per step), itself included.")
+    excess_ms: float
 
 
 class OpStat(_Model):
@@ -214,6 +244,9 @@ class RankSummary(_Model):
         "(Discriminator ×3, Generator ×1)' (None: no optimizer step nor forward marker).",
     )
     issues: list[str] = Field(default_factory=list)
+    process_groups: list[ProcessGroupComm] = Field(
+        default_factory=list, description="Process groups of the collective kernels (device traces that name them)."
+    )
     optimizer_ops: float = Field(
         default=0.0,
         description="CPU-only traces (0 elsewhere): mean per step of the ops the optimizer (step, zero_grad) runs at its "
@@ -261,7 +294,7 @@ class Finding(_Model):
 
     code: Literal[
         "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
-        "optimizer_host",
+        "optimizer_host", "slow_link",
     ]
     severity: Literal["warning", "info"]
     max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")
@@ -287,4 +320,5 @@ class Summary(_Model):
     issues: list[str] = Field(default_factory=list)
     step_spread: StepSpread | None = None
     stragglers: list[Straggler] = Field(default_factory=list)
+    slow_groups: list[SlowGroup] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)

@@ -30,10 +30,14 @@ __all__ = [
     "RankTrace",
     "Span",
     "canonical_category",
+    "comm_group",
     "load_rank",
+    "parse_group_ranks",
 ]
 
 Device = Literal["cuda", "rocm", "mtia", "cpu"]
+# The largest process group a collective's args may name (the largest training jobs have ~10^5 ranks).
+MAX_GROUP_SIZE = 1 << 20
 
 # PyTorch 1.8/1.9 (and the TensorBoard plugin's samples) wrote these category names;
 # the plugin matched them case-insensitively, and so do we.
@@ -124,6 +128,13 @@ class _Args(msgspec.Struct):
     total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
     device_type: int | None = msgspec.field(default=None, name="Device Type")
     device_id: int | None = msgspec.field(default=None, name="Device Id")
+    # A collective kernel's process group (PyTorch 2.2+ copies these from record_param_comms onto the kernel).
+    # Any type is accepted here: a group a trace writes oddly is left out (comm_group), never a reason to reject it.
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    elements: Any = msgspec.field(default=None, name="In msg nelems")
 
 
 class _Event(msgspec.Struct):
@@ -156,6 +167,42 @@ def _decode_args(batch: list[_Event], first: int) -> list[_Args | None]:
         raise TraceParseError(f"args nested too deep in events {first}-{first + len(batch) - 1}") from None
     except msgspec.DecodeError as exc:
         raise TraceParseError(_AT_INDEX.sub(lambda m: f"`event {first + int(m.group(1))}: $.args", str(exc))) from None
+
+
+def comm_group(name: Any, ranks: Any, description: Any, size: Any, elements: Any) -> dict[str, Any] | None:
+    """A collective kernel's process group as the analysis keys it: ``group`` (the group's name, the same on every
+    member; its member list where the trace has no name), ``group_desc``, ``group_size``, ``elements``.
+
+    None when the trace names no usable group. ``Process Group Ranks`` is a string, ``"[0, 1]"``; a list of ints is
+    read too. Only a group whose size is known can be judged against its members (groups.py), so one without is left out.
+    """
+    members = parse_group_ranks(ranks)
+    if size.__class__ is not int:
+        size = len(members) if members else None
+    key = name if name.__class__ is str and name else (",".join(map(str, members)) if members else None)
+    if key is None or size is None or not 0 < size <= MAX_GROUP_SIZE:
+        return None
+    return {
+        "group": key,
+        "group_desc": description if description.__class__ is str else "",
+        "group_size": size,
+        "elements": elements if elements.__class__ is int and elements >= 0 else 0,
+    }
+
+
+def parse_group_ranks(value: Any) -> tuple[int, ...] | None:
+    """``"[0, 1, 2]"`` (or ``[0, 1, 2]``) as a tuple of global ranks; None for anything else, ``"[]"`` included."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")) or len(text) > 16 * MAX_GROUP_SIZE:
+            return None
+        parts = [p.strip() for p in text[1:-1].split(",")]
+        if not all(p.isascii() and p.isdigit() for p in parts):
+            return None
+        value = [int(p) for p in parts]
+    if isinstance(value, list) and value and len(value) <= MAX_GROUP_SIZE and all(v.__class__ is int and v >= 0 for v in value):
+        return tuple(value)
+    return None
 
 
 def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) -> Device:
@@ -235,10 +282,12 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                     append(Span(ts, ts + event.dur, name, cat, event.pid, event.tid))
                     continue
                 copied, stream, device = args.bytes, args.stream, args.device
-                copy_args = {"bytes": copied} if cat == "gpu_memcpy" and copied.__class__ is int else None
+                kept_args = {"bytes": copied} if cat == "gpu_memcpy" and copied.__class__ is int else None
+                if cat == "kernel" and (args.group_name is not None or args.group_ranks is not None):
+                    kept_args = comm_group(args.group_name, args.group_ranks, args.group_desc, args.group_size, args.elements)
                 append(
                     Span(
-                        ts, ts + event.dur, name, cat, event.pid, event.tid, args.correlation, copy_args,
+                        ts, ts + event.dur, name, cat, event.pid, event.tid, args.correlation, kept_args,
                         args.external_id, stream if stream.__class__ is int else None,
                         device if device.__class__ is int else None,
                     )

@@ -113,7 +113,7 @@ _KINETO_EVENT = st.fixed_dictionaries(
         "ts": st.floats(0, 1e9),
         "dur": st.floats(0, 1e6),
     },
-    optional={"args": st.dictionaries(st.sampled_from(["correlation", "External id", "bytes", "stream", "Device Type", "Total Allocated"]) | _TEXT, _JSON, max_size=4)},
+    optional={"args": st.dictionaries(st.sampled_from(["correlation", "External id", "bytes", "stream", "Device Type", "Total Allocated", "Process Group Name", "Process Group Ranks", "Group size", "In msg nelems"]) | _TEXT, _JSON, max_size=4)},
 )
 
 
