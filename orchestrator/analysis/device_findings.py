@@ -16,6 +16,7 @@ from orchestrator.analysis.finding_base import (
     share,
     step_word,
 )
+from orchestrator.analysis.groups import slow_groups
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = [
@@ -151,13 +152,21 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     """Collectives do not overlap compute: even the least-waiting rank waits.
 
     The least-waiting rank is used because the others' wait includes waiting
-    for stragglers, which the straggler finding reports instead.
+    for stragglers, which the straggler finding reports instead. Likewise the
+    wait a slow link adds (its group's excess over its peers', which every rank
+    waits out in lockstep) is the slow_link finding's: no overlap removes it.
     """
     timed = [r for r in ranks if r.mean_step_ms]
     if not timed:
         return None
-    least = min(timed, key=lambda r: share(r, _comm_cost(r)))
-    if share(least, _comm_cost(least)) < COMM_EXPOSED_FRACTION:
+    slow = slow_groups(ranks)
+    link_ms = slow[0].excess_ms if slow else 0.0
+
+    def cost(r: RankSummary) -> float:
+        return max(0.0, _comm_cost(r) - link_ms)
+
+    least = min(timed, key=lambda r: share(r, cost(r)))
+    if share(least, cost(least)) < COMM_EXPOSED_FRACTION:
         return None
     overlap = ""
     if least.gpu and least.gpu.comm_overlap is not None:
@@ -165,17 +174,19 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     if len(timed) == 1:
         # With no other rank to compare, a wait for a slower peer looks the same as an exposed collective.
         overlap += " Only this rank's trace was analysed: part of the wait may be for slower ranks; analyse all ranks to tell."
+    if slow:
+        overlap += f" Not counted: {link_ms:.1f} ms per step that the slow link in process group {slow[0].name} adds (its own finding)."
     return make_finding(
         "comm_exposed",
         least,
-        _comm_cost(least),
+        cost(least),
         title="Communication does not overlap computation",
         evidence=(
-            f"Even the rank that waits least (rank {least.rank}) loses {_comm_cost(least):.1f} ms "
-            f"({share(least, _comm_cost(least)):.0%}) of its {least.mean_step_ms:.1f} ms step to collectives"
+            f"Even the rank that waits least (rank {least.rank}) loses {cost(least):.1f} ms "
+            f"({share(least, cost(least)):.0%}) of its {least.mean_step_ms:.1f} ms step to collectives"
             + (" (collective kernels no compute overlaps, and idle time the host waits in collectives)" if least.idle else "")
             + "; "
-            + ", ".join(f"rank {r.rank}: {_comm_cost(r):.1f} ms" for r in timed)
+            + ", ".join(f"rank {r.rank}: {cost(r):.1f} ms" for r in timed)
             + "."
             + overlap
         ),

@@ -210,17 +210,19 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             return
         # On a CPU trace too: the _local_scalar_dense inside an item() is the same read, not a second one.
         outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span)
+        region = next((a.name for a in reversed(ancestors) if is_region(a)), None)  # who reads: the fix's address
+        label = f"{region} / {outer.name}" if region else outer.name
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
             # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
             # from then on it waits for the copy itself.
             waited = (span.ts, min(span.end, upload_copy_start[0]))
             if waited[1] > waited[0]:
-                sync_spans.append((*waited, outer.name))
+                sync_spans.append((*waited, label))
             return
         if any(outer.ts <= s0 and e0 <= outer.end for s0, e0, _ in sync_spans[-1:]):
             return  # a second wait inside the same item() / .to()
-        sync_spans.append((outer.ts, outer.end, outer.name))
+        sync_spans.append((outer.ts, outer.end, label))
 
     # on_main acts on syncs and copy calls only.
     acting = frozenset(name for (name, _), x in main_kinds.items() if is_sync(x[0]) or is_copy_call(x[0]))

@@ -231,7 +231,11 @@ class RankSummary(_Model):
         "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
     )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
-    sync_ops: list[OpStat] = Field(default_factory=list, description="Outermost sync calls on the main thread.")
+    sync_ops: list[OpStat] = Field(
+        default_factory=list,
+        description="Outermost sync calls on the main thread, as 'region / op' where a record_function region or an "
+        "optimizer step holds them.",
+    )
     gpu: GpuStats | None = None
     idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")
     copies: list[CopyStats] = Field(default_factory=list)

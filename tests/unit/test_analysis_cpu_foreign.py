@@ -60,7 +60,18 @@ def test_a_host_round_trip_in_a_region_is_a_cpu_info() -> None:
     assert all(s.sync_calls == 1 for s in only_rank(summary).steps)
     # One read is one wait: the aten::_local_scalar_dense inside the aten::item is not a second one (it was listed
     # beside it, its time counted twice).
-    assert [(o.name, o.calls) for o in only_rank(summary).sync_ops] == [("aten::item", 3)]
+    assert [(o.name, o.calls) for o in only_rank(summary).sync_ops] == [("HOST ROUND TRIP / aten::item", 3)]
+
+
+def test_a_read_inside_a_users_region_is_told_by_that_regions_name() -> None:
+    # Before, the finding named only aten::item: the user had to find which of their reads it was.
+    fix = cpu_case("round_trip").findings[0].fix
+    assert fix.startswith("The region 'HOST ROUND TRIP' reads tensor values back to the host 1x per step")
+
+
+def test_reads_outside_any_region_get_the_general_advice() -> None:
+    fix = cpu_case("hf_trainer").findings[0].fix
+    assert fix.startswith("Keep loss.item()") and "region" not in fix
 
 
 def test_a_per_parameter_optimizer_is_told_foreach_or_fused() -> None:

@@ -59,6 +59,14 @@ def test_the_slow_link_finding_names_the_groups_ranks_hosts_and_the_links_to_tes
     assert finding.severity == "warning" and finding.max_saving_ms > 0.2 * DLRM.median_step_ms
 
 
+@pytest.mark.parametrize("fault", ["slow_link_tp", "slow_link_dp"])
+def test_the_wait_a_slow_link_adds_is_not_told_to_overlap_communication(fault):
+    # Every rank waits out the slow group in lockstep; overlapping collectives with compute does not remove that.
+    for seed in range(3):
+        ranks, _, _ = build_mesh_set(DLRM, 32, fault, 0.3, random.Random(f"overlap/{seed}"))
+        assert [f.code for f in find_all(ranks, [])] == ["slow_link"]
+
+
 def test_a_straggler_is_named_and_neither_its_groups_nor_the_peers_it_held_back_are():
     # Its data-parallel group starts the next step late for waiting on it: those peers are not to blame.
     for seed in range(3):
