@@ -65,7 +65,16 @@ def _name(module: Any) -> str:
         if inner is None:
             break
         module = inner
-    return type(module).__name__
+    return _unsharded_name(type(module))
+
+
+def _unsharded_name(cls: type) -> str:
+    """FSDP2's fully_shard swaps a module's class for a subclass named ``FSDP<Class>`` (bases FSDPModule and the
+    class): the user's class is the name they know."""
+    name = cls.__name__
+    if name.startswith("FSDP") and any(base.__name__ == name[4:] for base in cls.__bases__):
+        return name[4:]
+    return name
 
 
 class ForwardCount:

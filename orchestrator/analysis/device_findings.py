@@ -190,10 +190,50 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
             + "."
             + overlap
         ),
-        fix=(
+        fix=_fsdp_fix(least) or (
             "Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce after backward, "
             "tune DDP bucket_cap_mb so the first buckets start early, accumulate gradients under no_sync() across "
             "micro-batches, or compress gradients (DDP comm hooks, bf16)."
         ),
         ranks=[least.rank],
+    )
+
+
+def _fsdp_fix(r: RankSummary) -> str | None:
+    """FSDP2's own changes, when its collective regions hold most of the rank's collective host time (else None):
+    DDP's bucket advice does not apply to a job whose parameters are gathered, not all-reduced.
+
+    Chosen by what the trace shows: how many all-gathers a step makes (one per unit in forward: one in all means
+    the model is one unit), how many gather a unit again for backward (``regathers_per_step``), and the device (on
+    a CPU, gloo's collectives block the step, so FSDP2's overlap cannot help there, and fewer, larger units cost less).
+    """
+    total_ms = sum(op.total_ms for op in r.comm_ops)
+    fsdp = [op for op in r.comm_ops if op.name.startswith("FSDP::")]
+    if not fsdp or 2 * sum(op.total_ms for op in fsdp) < total_ms:
+        return None
+    n = max(len(r.steps), 1)
+    gathers = sum(op.calls for op in fsdp if op.name == "FSDP::all_gather") / n
+    gather = sum(op.total_ms for op in fsdp if op.name.startswith("FSDP::all_gather")) / n
+    reduce = sum(op.total_ms for op in fsdp if not op.name.startswith("FSDP::all_gather")) / n
+    changes = []
+    if r.device == "cpu":
+        if gathers > 1:
+            changes.append(f"shard fewer, larger layer groups: on a CPU each of the step's {gathers:.0f} all-gathers and its "
+                           "reduce-scatters blocks the step (gloo), so fewer collectives cost less")
+    elif gathers <= 1:
+        changes.append("the model is gathered as one unit, so nothing overlaps its all-gather: call fully_shard on each "
+                       "transformer block or layer group before the root, so each block's all-gather overlaps the previous one's compute")
+    else:
+        changes.append("prefetch further ahead so each all-gather overlaps more compute (set_modules_to_forward_prefetch / "
+                       "set_modules_to_backward_prefetch)")
+    if r.regathers_per_step >= 1:
+        changes.append(f"reshard_after_forward=False where memory allows skips the {r.regathers_per_step:.0f} all-gathers per "
+                       "step that gather parameters again for backward")
+    changes.append("when accumulating gradients, skip their sync on all but the last micro-batch (set_requires_gradient_sync(False))")
+    changes.append("if the model fits on one device, DDP " + (
+        "moves about two thirds of the bytes (no second all-gather)" if r.regathers_per_step >= 1
+        else "sends the same bytes as bucketed all-reduces that overlap backward"))
+    return (
+        f"FSDP's collectives do not overlap compute (on rank {r.rank}, per step: all-gather {gather:.1f} ms, "
+        f"reduce-scatter {reduce:.1f} ms of host time): " + "; ".join(changes) + "."
     )

@@ -59,6 +59,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Literal
 
+from orchestrator.analysis.collectives import comm_ops, regathers_per_step
 from orchestrator.analysis.device import DeviceView, WindowGpu
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
@@ -79,7 +80,7 @@ from orchestrator.analysis.spans import (
     is_sync,
     where,
 )
-from orchestrator.analysis.step_content import describe_step
+from orchestrator.analysis.step_content import describe_step, loader_class
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import RankTrace, Span
@@ -326,11 +327,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
-    first_loader = min(
-        (group[0] for (name, _), group in main_kinds.items() if name.startswith("enumerate(DataLoader)#")),
-        key=lambda s: (s.ts, -s.end), default=None,
-    )
-    loader = first_loader.name.split("#", 1)[1].split(".")[0] if first_loader is not None else None
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host,
@@ -342,8 +338,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,
-        data_loader=loader,
+        data_loader=loader_class(main_kinds),
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
+        comm_ops=comm_ops(main, windows), regathers_per_step=regathers_per_step(main, windows),
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],

@@ -31,7 +31,7 @@ from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 from orchestrator.traces.loader import Span
 
-__all__ = ["describe_step", "one_step"]
+__all__ = ["describe_step", "loader_class", "one_step"]
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
@@ -130,3 +130,12 @@ def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
     if agent:
         return f"One step (as the agent counted it): {agent}."
     return None
+
+
+def loader_class(main: Kinds) -> str | None:
+    """The DataLoader iterator class the main thread's first ``enumerate(DataLoader)#...`` span names, if any."""
+    first = min(
+        (group[0] for (name, _), group in main.items() if name.startswith("enumerate(DataLoader)#")),
+        key=lambda s: (s.ts, -s.end), default=None,
+    )
+    return first.name.split("#", 1)[1].split(".")[0] if first is not None else None

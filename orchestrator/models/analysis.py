@@ -231,6 +231,15 @@ class RankSummary(_Model):
         "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
     )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
+    comm_ops: list[OpStat] = Field(
+        default_factory=list,
+        description="Outermost collective spans on the main thread, by name (FSDP's module suffix removed), over the steps.",
+    )
+    regathers_per_step: float = Field(
+        default=0.0,
+        description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "
+        "gathered again for backward).",
+    )
     sync_ops: list[OpStat] = Field(
         default_factory=list,
         description="Outermost sync calls on the main thread, as 'region / op' where a record_function region or an "

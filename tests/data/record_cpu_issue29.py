@@ -12,6 +12,9 @@ activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_
   optimizer_small  the same with 40 layers (80 parameters), small enough to commit as a test fixture
   round_trip   a loop that reads .item() and .cpu().numpy() inside record_function("HOST ROUND TRIP") each step
   lightning    a Lightning Trainer (CPU, no logger, no progress bar); a Callback calls prof.step() per batch
+  fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
+               the root; rank0/rank1.pt.trace.json.gz
+  fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
 Each recording takes seconds (torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6 when recorded).
 """
 
@@ -34,15 +37,15 @@ STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth pro
 
 
 @contextmanager
-def recording(out: Path, name: str) -> Iterator[Any]:
+def recording(out: Path, name: str, rank: int = 0) -> Iterator[Any]:
     folder = out / name / "traces"
     folder.mkdir(parents=True, exist_ok=True)
-    raw = folder / "rank0.pt.trace.json"
+    raw = folder / f"rank{rank}.pt.trace.json"
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
                  record_shapes=True, with_stack=False,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
         yield prof
-    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
+    with raw.open("rb") as src, gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
 
@@ -199,10 +202,47 @@ def case_lightning(out: Path) -> None:
         ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=256))
 
 
+def _fsdp2_rank(rank: int, out: Path, name: str, per_block: bool, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
+    if per_block:
+        for block in net[:-1]:
+            fully_shard(block)
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.destroy_process_group()
+
+
+def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp2_rank, args=(out, name, per_block, port), nprocs=2)
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "hf_trainer": case_hf_trainer, "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,
+    "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
 }
 
 

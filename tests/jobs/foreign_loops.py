@@ -1,11 +1,14 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|lightning|hf --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|hf --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
 * ``compiled``: a ``torch.compile``d MLP (``aot_eager``: dynamo and AOTAutograd,
   so backward runs as ``CompiledFunctionBackward``, without inductor's C++ build).
+* ``fsdp2``: an MLP of four blocks under FSDP2 (``fully_shard`` per block, then the root; 2 ranks on
+  Ray Train's gloo group): parameters all-gathered per block in forward and again in backward,
+  gradients reduce-scattered.
 * ``lightning``: a LightningModule under Ray's ``RayDDPStrategy`` (2 ranks):
   Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
 * ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
@@ -67,6 +70,30 @@ def compiled_loop(config: dict) -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(compiled(x), y).backward()
         opt.step()
+        step += 1
+    ray.train.report({"step": step})
+
+
+def fsdp2_loop(config: dict) -> None:
+    import ray.train
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)], nn.Linear(64, 10))
+    for block in model[:-1]:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    step = 0
+    while not (step % 20 == 0 and stop.exists()) and time.monotonic() < deadline:
+        x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
         step += 1
     ray.train.report({"step": step})
 
@@ -142,7 +169,7 @@ def hf_loop(config: dict) -> None:
     rth.prepare_trainer(trainer).train()
 
 
-LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "lightning": (lightning_loop, 2), "hf": (hf_loop, 2)}
+LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2), "hf": (hf_loop, 2)}
 
 
 def main() -> None:

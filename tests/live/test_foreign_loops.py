@@ -3,7 +3,8 @@
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
 instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
 ``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
-Face ``Trainer``'s (gradient accumulation 2) their one optimizer's. The forward passes the agent
+Face ``Trainer``'s (gradient accumulation 2) and an FSDP2 model's their one optimizer's; FSDP2's
+collective waits are communication, and its fix is FSDP's own. The forward passes the agent
 counts in a step are the trace's too, where the trace marks them (DDP's forward annotation). The
 Lightning and Trainer jobs start their own frameworks: ``extended``.
 """
@@ -36,6 +37,7 @@ JOBS = {
         [ADAM, "Optimizer.step#SGD.step"], 4,
     ),
     "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
+    "fsdp2": ("foreign-fsdp2", 2, "1 step = AdamW.step ×1; 1 forward pass (Sequential)", ["Optimizer.step#AdamW.step"], None),
     "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1; 1 forward pass (Net)", [ADAM], 1),
     "hf": (
         "foreign-hf", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)", ["Optimizer.step#AdamW.step"], 2,
@@ -65,7 +67,11 @@ def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iter
                 for name, ranks, want, _, _ in (JOBS[loop] for loop in loops)
             )
 
-        wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
+        try:
+            wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
+        except AssertionError as e:
+            said = {t.name: [r.step_definition for r in t.ranks] for t in client.targets()}
+            raise AssertionError(f"{e}; the targets said: {said}") from None
         yield
     finally:
         (logs / "stop").touch()
@@ -80,7 +86,7 @@ def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iter
 
 @pytest.fixture(scope="module")
 def plain_jobs(ray_cluster, client, tmp_path_factory) -> Iterator[None]:
-    with _running(ray_cluster, client, tmp_path_factory.mktemp("foreign"), ["gan", "compiled"]):
+    with _running(ray_cluster, client, tmp_path_factory.mktemp("foreign"), ["gan", "compiled", "fsdp2"]):
         yield
 
 
@@ -91,7 +97,7 @@ def _optimizer_steps_per_profiler_step(trace: dict) -> list[list[str]]:
     return [sorted(o["name"] for o in opt if s["ts"] <= o["ts"] < s["ts"] + s["dur"]) for s in steps]
 
 
-def _profile_and_check(file_store, loop: str) -> None:
+def _profile_and_check(file_store, loop: str) -> Summary:
     name, ranks, definition, optimizer_steps, traced_passes = JOBS[loop]
     manifest = file_store.client.profile(name, steps=3).wait(timeout=180)
 
@@ -113,11 +119,22 @@ def _profile_and_check(file_store, loop: str) -> None:
         # (inside Optimizer.step for Lightning's closure).
         assert r.mean_phases.total() == pytest.approx(r.mean_step_ms, rel=0.02)
         assert r.mean_phases.backward > 0
+    return summary
 
 
 @pytest.mark.parametrize("loop", ["gan", "compiled"])
 def test_one_profiled_step_of_an_unmodified_loop_is_one_iteration(plain_jobs, file_store, loop):
     _profile_and_check(file_store, loop)
+
+
+def test_an_fsdp2_step_is_one_iteration_whose_collective_waits_are_communication(plain_jobs, file_store):
+    summary = _profile_and_check(file_store, "fsdp2")
+    for r in summary.ranks:
+        assert {o.name for o in r.comm_ops} >= {"FSDP::all_gather", "FSDP::post_backward_reduce"}
+        # Four blocks, resharded after forward: each gathered again for backward.
+        assert r.regathers_per_step == 4
+        assert r.mean_phases.comm > 0
+    assert all("bucket_cap_mb" not in f.fix for f in summary.findings)
 
 
 @pytest.mark.extended

@@ -292,3 +292,22 @@ def test_a_torch_that_calls_compile_callbacks_without_arguments_is_served():
         assert len(_hooks()) == 3
     finally:
         count.stop()
+
+
+def test_a_model_under_fsdp2_is_named_by_its_own_class_not_fully_shards(cycle, tmp_path):
+    # fully_shard swaps the module's class for a subclass named FSDPNet: the user wrote Net.
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    c, _ = cycle
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = Net()
+        fully_shard(model)
+        assert type(model).__name__ == "FSDPNet"
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(10):
+            _step(model, opt)
+    finally:
+        dist.destroy_process_group()
+    assert c.definition == "1 step = AdamW.step ×1; 1 forward pass (Net)"
