@@ -7,44 +7,50 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from orchestrator.analysis.spans import is_comm
+from orchestrator.analysis.spans import Kinds, is_comm
 from orchestrator.models.analysis import OpStat
-from orchestrator.traces.loader import Span
 
 __all__ = ["comm_ops", "regathers_per_step"]
 
 # FSDP2 names its regions after the module they serve: "FSDP::all_gather (layers.3)". One name per kind.
 _MODULE_SUFFIX = re.compile(r" \([^()]*\)$")
+_GATHER = "FSDP::all_gather"
+Window = tuple[float, float]
 
 
-def comm_ops(main: Sequence[Span], windows: Sequence[tuple[float, float]]) -> list[OpStat]:
-    """The outermost collective spans of the main thread (sorted by start, parents first) that start inside
-    one of ``windows``, summed by name with FSDP's module suffix removed; largest time first."""
+def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
+    """The outermost collective spans of the main thread (its spans by kind) that start inside one of ``windows``,
+    summed by name with FSDP's module suffix removed; largest time first."""
+    spans = sorted((s for group in main.values() if is_comm(group[0]) for s in group), key=lambda s: (s.ts, -s.end))
     acc: dict[str, list[float]] = {}
     covered_until = float("-inf")
-    for span in main:
-        if not is_comm(span) or span.ts < covered_until:
-            continue
+    for span in spans:
+        if span.ts < covered_until:
+            continue  # inside a collective already counted (c10d::_allgather_base_ in FSDP::all_gather)
         covered_until = span.end
-        if not any(t0 <= span.ts < t1 for t0, t1 in windows):
-            continue
-        row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
-        row[0] += 1
-        row[1] += span.end - span.ts
+        if _window_of(span.ts, windows) is not None:
+            row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
+            row[0] += 1
+            row[1] += span.end - span.ts
     return [
         OpStat(name=name, calls=int(c), total_ms=us / 1000)
         for name, (c, us) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]
 
 
-def regathers_per_step(main: Sequence[Span], windows: Sequence[tuple[float, float]]) -> float:
+def regathers_per_step(main: Kinds, windows: Sequence[Window]) -> float:
     """FSDP2: all-gathers per step of a unit already gathered in that step (``FSDP::all_gather (fqn)`` again: its
     parameters were resharded after forward and are gathered anew for backward), the mean over ``windows``."""
-    seen: list[dict[str, int]] = [{} for _ in windows]
-    for span in main:
-        if span.name == "FSDP::all_gather" or span.name.startswith("FSDP::all_gather ("):
-            for i, (t0, t1) in enumerate(windows):
-                if t0 <= span.ts < t1:
-                    seen[i][span.name] = seen[i].get(span.name, 0) + 1
-    again = sum(c - 1 for counts in seen for c in counts.values() if c > 1)
+    again = 0
+    for (name, _), group in main.items():
+        if name == _GATHER or name.startswith(_GATHER + " ("):
+            per_window: dict[int, int] = {}
+            for span in group:
+                if (i := _window_of(span.ts, windows)) is not None:
+                    per_window[i] = per_window.get(i, 0) + 1
+            again += sum(c - 1 for c in per_window.values())
     return again / max(len(windows), 1)
+
+
+def _window_of(ts: float, windows: Sequence[Window]) -> int | None:
+    return next((i for i, (t0, t1) in enumerate(windows) if t0 <= ts < t1), None)

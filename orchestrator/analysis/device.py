@@ -129,8 +129,7 @@ class DeviceView:
         per_window: list[dict[str, float]] = [{} for _ in windows]
         seen: dict[str, tuple[str, int, list[int]]] = {}
         for i, s in self.placed(windows):
-            group = s.args.get("group") if s.args else None
-            if group is None or s.args is None:
+            if not s.args or (group := s.args.get("group")) is None:
                 continue
             per_window[i][group] = per_window[i].get(group, 0.0) + (s.end - s.ts) / 1000
             _, _, counts = seen.setdefault(group, (s.args["group_desc"], s.args["group_size"], [0, 0]))

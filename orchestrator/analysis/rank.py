@@ -340,7 +340,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         comm_wait_ms=comm_wait,
         data_loader=loader_class(main_kinds),
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
-        comm_ops=comm_ops(main, windows), regathers_per_step=regathers_per_step(main, windows),
+        comm_ops=comm_ops(main_kinds, windows), regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],
