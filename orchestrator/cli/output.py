@@ -100,6 +100,10 @@ def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
         out(f"view: tensorboard --logdir {downloaded / 'traces'}")
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
 def print_analysis(summary: Any, report: Path | None, manifest: Manifest | None = None) -> None:
     from orchestrator.analysis.step_content import one_step
     from orchestrator.models.analysis import PHASES
@@ -107,13 +111,15 @@ def print_analysis(summary: Any, report: Path | None, manifest: Manifest | None 
     out(f"{printable(summary.source)}: {len(summary.ranks)} rank(s), steps {summary.steps[:1] + summary.steps[-1:]}")
     if (step := one_step(summary, manifest)) is not None:
         out(printable(step))
+    # The phases are means per step, so the step beside them is the mean (they add up to it); the
+    # median says whether a few slow steps make that mean.
     rows = [
-        [str(r.rank), r.host or "", f"{r.median_step_ms:.1f}" if r.median_step_ms is not None else "-"]
+        [str(r.rank), r.host or "", _ms(r.mean_step_ms), _ms(r.median_step_ms)]
         + [f"{r.mean_phases.get(p):.1f}" for p in PHASES]
         for r in summary.ranks
     ]
     if rows:
-        out(table(rows, ["rank", "host", "step ms", *(f"{p} ms" for p in PHASES)]))
+        out(table(rows, ["rank", "host", "mean step ms", "median", *(f"{p} ms" for p in PHASES)]))
     for r in summary.ranks:
         if r.idle is not None and r.idle.causes:
             causes = ", ".join(f"{c.cause} {c.ms_per_step:.1f}" for c in r.idle.causes[:4])

@@ -112,6 +112,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
     ranks = [
         RankAnalysis(
             rank=r.rank,
+            mean_step_ms=r.mean_step_ms,
             median_step_ms=r.median_step_ms,
             phases_ms=r.mean_phases,
             comm_wait_ms=r.comm_wait_ms,

@@ -64,9 +64,11 @@ def report_text(manifest: Manifest, analysis: Analysis | None) -> str:
     for r in analysis.ranks:
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r.phases_ms.model_dump().items() if v >= 0.05)
         idle = ", ".join(f"{c.cause} {c.ms_per_step:.1f}" for c in r.idle_causes)
+        mean = f"{r.mean_step_ms:.1f} ms" if r.mean_step_ms is not None else "-"
         median = f"{r.median_step_ms:.1f} ms" if r.median_step_ms is not None else "-"
         lines.append(
-            f"rank {r.rank}: median step {median}; phases ms: {phases}; waits for others {r.waits_for_others_ms:.1f} ms"
+            f"rank {r.rank}: mean step {mean} (median {median}); mean phases ms: {phases}; "
+            f"waits for others {r.waits_for_others_ms:.1f} ms"
             + (f"; device idle ms/step: {idle}" if idle else "")
         )
     lines.extend(f"note: {issue}" for issue in analysis.issues)

@@ -76,6 +76,7 @@ class RankAnalysis(_Result):
     """One rank of an analysed window: how long its steps took and where its time went."""
 
     rank: int
+    mean_step_ms: float | None = Field(description="Mean step time: what phases_ms adds up to.")
     median_step_ms: float | None
     phases_ms: PhaseTimes = Field(description="Mean per step in each phase.")
     comm_wait_ms: float = Field(description="Mean per step this rank waited in collectives.")

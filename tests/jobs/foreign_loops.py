@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|hf --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|hf|accelerate --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -13,6 +13,9 @@
   Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
 * ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
   GPT-2 built from a config, synthetic token ids (no download), gradient accumulation 2.
+* ``accelerate``: a plain loop under Hugging Face Accelerate (2 ranks on Ray Train's group):
+  ``accelerator.accumulate`` over 2 micro-batches, bf16 autocast, a shuffled main-process DataLoader;
+  Accelerate's optimizer wrapper is called every micro-batch and steps only when gradients sync.
 
 Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
 """
@@ -135,6 +138,36 @@ def lightning_loop(config: dict) -> None:
     rtl.prepare_trainer(trainer).fit(Net(), data)
 
 
+def accelerate_loop(config: dict) -> None:
+    import ray.train
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, mixed_precision="bf16")
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = DataLoader(TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,))), batch_size=32, shuffle=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    model, opt, data, sched = accelerator.prepare(model, opt, data, sched)
+    micro = 0
+    while True:  # epochs, until the stop file or the deadline (checked on whole steps)
+        for x, y in data:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.cross_entropy(model(x), y))
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            micro += 1
+            if micro % 40 == 0 and (stop.exists() or time.monotonic() > deadline):
+                ray.train.report({"step": micro // 2})
+                return
+
+
 def hf_loop(config: dict) -> None:
     import tempfile
 
@@ -169,7 +202,10 @@ def hf_loop(config: dict) -> None:
     rth.prepare_trainer(trainer).train()
 
 
-LOOPS = {"gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2), "hf": (hf_loop, 2)}
+LOOPS = {
+    "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
+    "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2),
+}
 
 
 def main() -> None:

@@ -2,11 +2,12 @@
 
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
 instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
-``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``) and a Hugging
-Face ``Trainer``'s (gradient accumulation 2) and an FSDP2 model's their one optimizer's; FSDP2's
-collective waits are communication, and its fix is FSDP's own. The forward passes the agent
-counts in a step are the trace's too, where the trace marks them (DDP's forward annotation). The
-Lightning and Trainer jobs start their own frameworks: ``extended``.
+``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``), a Hugging
+Face ``Trainer``'s and an Accelerate loop's (gradient accumulation 2 each) and an FSDP2
+model's their one optimizer's; FSDP2's collective waits are communication, and its fix is
+FSDP's own. The forward passes the agent counts in a step are the trace's too, where the trace
+marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs start their
+own frameworks: ``extended``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ JOBS = {
     "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
     "fsdp2": ("foreign-fsdp2", 2, "1 step = AdamW.step ×1; 1 forward pass (Sequential)", ["Optimizer.step#AdamW.step"], None),
     "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1; 1 forward pass (Net)", [ADAM], 1),
+    "accelerate": (
+        "foreign-accelerate", 2, "1 step = AdamW.step ×1; 2 forward passes (Sequential)", ["Optimizer.step#AdamW.step"], 2,
+    ),
     "hf": (
         "foreign-hf", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)", ["Optimizer.step#AdamW.step"], 2,
     ),
@@ -149,3 +153,11 @@ def test_one_profiled_step_of_a_hugging_face_trainer_is_one_accumulated_step(ray
     pytest.importorskip("transformers")
     with _running(ray_cluster, client, tmp_path, ["hf"]):
         _profile_and_check(file_store, "hf")
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_an_accelerate_loop_is_one_accumulated_step(ray_cluster, client, file_store, tmp_path):
+    # Accelerate's optimizer wrapper is called every micro-batch and steps AdamW only when gradients sync.
+    pytest.importorskip("accelerate")
+    with _running(ray_cluster, client, tmp_path, ["accelerate"]):
+        _profile_and_check(file_store, "accelerate")
