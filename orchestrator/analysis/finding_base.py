@@ -14,6 +14,7 @@ __all__ = [
     "claimed_causes",
     "host_fix_bound",
     "idle_text",
+    "one_step_carries",
     "make_finding",
     "ranks_text",
     "share",
@@ -54,6 +55,29 @@ def host_fix_bound(r: RankSummary, ms: float, *causes: IdleCause) -> float:
     """What removing a host-side cost can win: on a device, the idle time attributed to ``causes`` (the device
     was busy the rest of the host's time); on a CPU-only trace, the host time ``ms`` itself."""
     return r.idle.ms(*causes) if r.idle is not None else ms
+
+
+# A cost is one step's when that step holds at least this share of the window's total of it, and the other steps'
+# median is at most ONE_STEP_OTHERS_FRACTION of it: a one-off (the window's first step, an epoch's first batch, a
+# pause of the machine) that a mean over a short window would make every step's.
+ONE_STEP_SHARE = 0.5
+ONE_STEP_OTHERS_FRACTION = 0.25
+
+
+def one_step_carries(r: RankSummary, per_step: Sequence[float]) -> str:
+    """Where one of three or more steps holds most of a cost (``per_step``, ms in each of ``r.steps``), the
+    sentence that says so; otherwise ''. A finding that reads a mean says it, and does not warn on it."""
+    if len(per_step) < 3 or len(per_step) != len(r.steps):
+        return ""
+    top = max(range(len(per_step)), key=per_step.__getitem__)
+    others = sorted(v for i, v in enumerate(per_step) if i != top)
+    median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+    if per_step[top] < ONE_STEP_SHARE * sum(per_step) or median > ONE_STEP_OTHERS_FRACTION * per_step[top]:
+        return ""
+    return (
+        f" Most of it is one step: step {r.steps[top].step} has {per_step[top]:.1f} ms, the other {len(others)} "
+        f"steps {median:.1f} ms (median). Profile more steps (--steps) to see whether it recurs, e.g. at each epoch's start."
+    )
 
 
 def claimed_causes(r: RankSummary) -> set[IdleCause]:

@@ -117,3 +117,22 @@ def test_fsdp2_on_a_device_is_told_to_overlap_its_all_gathers(case_name: str, ad
     ranks = [r.model_copy(update={"device": "cuda"}) for r in cpu_case(case_name).ranks]
     finding = comm_exposed(ranks, [])
     assert finding is not None and advice in finding.fix
+
+
+def test_a_loader_cost_one_step_carries_is_said_and_does_not_warn() -> None:
+    # rayprof's own capture of the Accelerate loop (tests/jobs/foreign_loops.py, 2 ranks, steps 469-471): rank 0's
+    # main-process loader takes 25% of the mean step, but 3.8 of its 4.7 ms are the window's first step (its first
+    # next() 3.4 ms against 0.25 ms after). Before: a warning, "Data loading takes 25% of the step".
+    summary = analyze_folder(case("cpu_accelerate"))
+    top = summary.findings[0]
+    assert (top.code, top.severity) == ("dataloader_bound", "info")
+    assert top.title == "Data loading takes 25% of the step, most of it in one step"
+    assert "Most of it is one step: step 469 has 3.8 ms, the other 2 steps 0.5 ms (median)." in top.evidence
+    assert "num_workers" in top.fix
+
+
+@pytest.mark.parametrize("name", ["cpu_data_bound", "dataloader_bound"])
+def test_a_loader_every_step_waits_for_still_warns(name: str) -> None:
+    top = analyze_folder(case(name)).findings[0]
+    assert (top.code, top.severity) == ("dataloader_bound", "warning")
+    assert "one step" not in top.title + top.evidence
