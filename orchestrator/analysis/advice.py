@@ -45,6 +45,8 @@ class Cause:
     kind: Kind
     name: str
     ms: float
+    sources: tuple[IdleCause, ...]
+    """The idle causes its time is drawn from (per step in ``StepBreakdown.idle_ms``)."""
 
 
 def _per_step(r: RankSummary, ops: Iterable[OpStat]) -> dict[str, float]:
@@ -68,22 +70,26 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
                     optimizer += ms
                 elif cause == "cpu":
                     regions[name] = regions.get(name, 0.0) + ms
-    out = [Cause("optimizer", "the optimizer step", optimizer)] if optimizer > 0 else []
-    out += [Cause("region", name, ms) for name, ms in regions.items()]
+    out = [Cause("optimizer", "the optimizer step", optimizer, ("cpu", "launch"))] if optimizer > 0 else []
+    out += [Cause("region", name, ms, ("cpu",)) for name, ms in regions.items()]
     if "runtime" in shares:
         calls = _per_step(r, shares["runtime"].top)
         alloc = {n: ms for n, ms in calls.items() if any(k in n for k in _ALLOCATOR)}
         if alloc:
-            out.append(Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values())))
-        out += [Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms) for n, ms in calls.items() if n not in alloc]
+            out.append(Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",)))
+        out += [
+            Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms, ("runtime",)) for n, ms in calls.items() if n not in alloc
+        ]
     if "launch" in shares:
         in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith("Optimizer."))
-        out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0)))
+        out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0), ("launch",)))
     if "cpu" in shares:
         named = set(regions) | {PYTHON_OUTSIDE_OPS}
-        out += [Cause("op", n, ms) for n, ms in _per_step(r, shares["cpu"].top).items() if n not in named and not _marker(n)]
+        out += [
+            Cause("op", n, ms, ("cpu",)) for n, ms in _per_step(r, shares["cpu"].top).items() if n not in named and not _marker(n)
+        ]
     if "queued" in shares:
-        out.append(Cause("queued", "queued work", shares["queued"].ms_per_step))
+        out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
 
 

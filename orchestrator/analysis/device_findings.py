@@ -5,13 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from orchestrator.analysis.advice import fix_for, named_causes
+from orchestrator.analysis.advice import Cause, fix_for, named_causes
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
+    OneStep,
     claimed_causes,
     idle_text,
     make_finding,
+    one_step,
+    per_step_cost,
     ranks_text,
     share,
     step_word,
@@ -51,6 +54,31 @@ _UNNAMED_FIX = (
     "The host runs code the profiler does not name while the device idles: profile with with_stack=True or wrap "
     "the step's parts in torch.profiler.record_function to see what the device waits for."
 )
+# A named cause is one step's when at most this share of it can lie in the other steps (the idle time its sources
+# have there, against the cause's total): no fix is told for it, the step is named instead.
+ONE_OFF_ELSEWHERE = 0.1
+
+
+def _one_off(r: RankSummary, cause: Cause) -> OneStep | None:
+    """The step that holds nearly all of ``cause`` (at least 1 - ONE_OFF_ELSEWHERE of it), or None.
+
+    The trace gives a named cause's time for the window only, its sources' idle time per step: what the other
+    steps hold of the sources bounds what they can hold of the cause."""
+    found = one_step(r, per_step := per_step_cost(r, cause.sources))
+    if found is None:
+        return None
+    elsewhere = sum(per_step) - found.ms
+    return found if elsewhere <= ONE_OFF_ELSEWHERE * cause.ms * len(per_step) else None
+
+
+def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
+    word = "iteration" if r.window == "iterations" else "step"
+    return (
+        f"What the host does while the device idles here ({', '.join(c.name for c in causes[:3])}) is {word} {when.step}'s "
+        "alone: a one-off such as warm-up (the CUDA context, cuDNN's autotuning, the caching allocator's first blocks, "
+        "a first launch that loads modules), which later steps do not pay. Profile steps after it (a later window) to "
+        "judge the steady state."
+    )
 
 
 def _unclaimed(r: RankSummary) -> float:
@@ -85,12 +113,20 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
     named = named_causes(worst, exclude=claimed)
+    one_offs = {c: found for c in named if (found := _one_off(worst, c)) is not None}
+    steady = [c for c in named if c not in one_offs]
     # A fix is told for a cause that explains a share of the step worth it: the lead from NEGLIGIBLE_FRACTION, the runner-up
-    # from REPORT_FRACTION; a fix for a negligible cause would send the user after nothing.
+    # from REPORT_FRACTION; a fix for a negligible cause would send the user after nothing, and one for a cause one
+    # step holds (warm-up) after something no later step pays.
     fixes = [
-        fix_for(c, worst) for i, c in enumerate(named[:2])
+        fix_for(c, worst) for i, c in enumerate(steady[:2])
         if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
     ]
+    if not fixes and one_offs:
+        first = next(iter(one_offs))
+        fixes = [_one_off_fix(worst, one_offs[first], [c for c in one_offs if one_offs[c].step == one_offs[first].step])]
+    # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
+    one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
     return make_finding(
         "low_gpu_utilization",
@@ -106,7 +142,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
-        cause_ms=max(named[0].ms if named else 0.0, _unclaimed(worst) if mostly_idle else 0.0),
+        cause_ms=max(steady[0].ms if steady else 0.0, _unclaimed(worst) if mostly_idle else 0.0),
+        one_off=one_off,
     )
 
 

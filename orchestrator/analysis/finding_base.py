@@ -1,8 +1,10 @@
-"""What every finding rule shares: how a finding states its bound, and the words it uses for ranks and steps."""
+"""What every finding rule shares: how a finding states its bound, when one step holds its cost, and the words it uses for ranks and steps."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from orchestrator.models.analysis import Finding, IdleCause, RankSummary
 
@@ -14,7 +16,9 @@ __all__ = [
     "claimed_causes",
     "host_fix_bound",
     "idle_text",
-    "one_step_carries",
+    "OneStep",
+    "one_step",
+    "per_step_cost",
     "make_finding",
     "ranks_text",
     "share",
@@ -58,26 +62,57 @@ def host_fix_bound(r: RankSummary, ms: float, *causes: IdleCause) -> float:
 
 
 # A cost is one step's when that step holds at least this share of the window's total of it, and the other steps'
-# median is at most ONE_STEP_OTHERS_FRACTION of it: a one-off (the window's first step, an epoch's first batch, a
-# pause of the machine) that a mean over a short window would make every step's.
+# median is at most ONE_STEP_OTHERS_FRACTION of it: a one-off (warm-up in the window's first step, an epoch's first
+# batch, a pause of the machine) that a mean over a short window would make every step's.
 ONE_STEP_SHARE = 0.5
 ONE_STEP_OTHERS_FRACTION = 0.25
 
 
-def one_step_carries(r: RankSummary, per_step: Sequence[float]) -> str:
-    """Where one of three or more steps holds most of a cost (``per_step``, ms in each of ``r.steps``), the
-    sentence that says so; otherwise ''. A finding that reads a mean says it, and does not warn on it."""
+@dataclass(frozen=True)
+class OneStep:
+    """A cost that one step of the window carries (:func:`one_step`)."""
+
+    step: int
+    ms: float
+    fraction: float
+    """Its share of the window's total of the cost."""
+    others_ms: float
+    """The other steps' median."""
+    others: int
+
+    def excess_per_step(self) -> float:
+        """What the one step adds to the window's mean over what every step pays."""
+        return (self.ms - self.others_ms) / (self.others + 1)
+
+    def sentence(self, r: RankSummary) -> str:
+        word = "iteration" if r.window == "iterations" else "step"
+        return (
+            f" {self.fraction:.0%} of it is one {word}'s: {word} {self.step} has {self.ms:.1f} ms, the other {self.others} "
+            f"{word}s {self.others_ms:.1f} ms (median). Profile more steps, or later ones (--steps, a later window), to "
+            "see whether it recurs (at each epoch's start, say) or was warm-up."
+        )
+
+
+def one_step(r: RankSummary, per_step: Sequence[float]) -> OneStep | None:
+    """The step that carries most of a cost (``per_step``: its ms in each of ``r.steps``), where one of three or
+    more does; otherwise None. A finding that reads the cost's mean says so and does not warn on it."""
     if len(per_step) < 3 or len(per_step) != len(r.steps):
-        return ""
+        return None
     top = max(range(len(per_step)), key=per_step.__getitem__)
-    others = sorted(v for i, v in enumerate(per_step) if i != top)
-    median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
-    if per_step[top] < ONE_STEP_SHARE * sum(per_step) or median > ONE_STEP_OTHERS_FRACTION * per_step[top]:
-        return ""
-    return (
-        f" Most of it is one step: step {r.steps[top].step} has {per_step[top]:.1f} ms, the other {len(others)} "
-        f"steps {median:.1f} ms (median). Profile more steps (--steps) to see whether it recurs, e.g. at each epoch's start."
+    others = statistics.median(v for i, v in enumerate(per_step) if i != top)
+    if per_step[top] <= 0 or per_step[top] < ONE_STEP_SHARE * sum(per_step) or others > ONE_STEP_OTHERS_FRACTION * per_step[top]:
+        return None
+    return OneStep(
+        step=r.steps[top].step, ms=per_step[top], fraction=per_step[top] / sum(per_step), others_ms=others,
+        others=len(per_step) - 1,
     )
+
+
+def per_step_cost(r: RankSummary, causes: Sequence[IdleCause], phase: str | None = None) -> list[float]:
+    """A cost's ms in each step: on a device the idle time of ``causes``, on a CPU-only trace the host ``phase``."""
+    if r.idle is None:
+        return [s.phases.get(phase) if phase is not None else 0.0 for s in r.steps]
+    return [sum(s.idle_ms.get(c, 0.0) for c in causes) for s in r.steps]
 
 
 def claimed_causes(r: RankSummary) -> set[IdleCause]:
@@ -100,13 +135,14 @@ def idle_text(r: RankSummary, limit: int = 4) -> str:
 
 def make_finding(
     code: str, r: RankSummary, saving_ms: float, *, title: str, evidence: str, fix: str, ranks: list[int],
-    severity: str | None = None, cause_ms: float | None = None,
+    severity: str | None = None, cause_ms: float | None = None, one_off: OneStep | None = None,
 ) -> Finding:
     """A finding whose evidence ends with its bound, as a warning when its named cause (``cause_ms``, by default
     the bound itself) explains at least WARNING_FRACTION of the step: the one rule every finding follows.
 
     A device trace without ProfilerStep and without repeating iterations claims no saving: its one window may be
-    mostly one-off work (initialisation, warm-up) that no step of a longer run pays for.
+    mostly one-off work (initialisation, warm-up) that no step of a longer run pays for. A cause one step carries
+    (``one_off``) is said, and is an info line: the mean the finding reads is that step's.
     """
     bound = ""
     if r.window == "device_span":
@@ -119,6 +155,9 @@ def make_finding(
     cause_fraction = fraction if cause_ms is None or r.window == "device_span" else share(r, cause_ms)
     if saving_ms > 0:
         bound = f" Fixing it saves at most {saving_ms:.1f} ms ({fraction:.0%}) of the {r.mean_step_ms or 0:.1f} ms {step_word(r)} on rank {r.rank}."
+    if one_off is not None:
+        evidence += one_off.sentence(r)
+        severity = severity or "info"
     return Finding(
         code=code,  # type: ignore[arg-type]
         severity=severity or ("warning" if cause_fraction >= WARNING_FRACTION else "info"),  # type: ignore[arg-type]

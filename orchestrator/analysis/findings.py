@@ -30,7 +30,8 @@ from orchestrator.analysis.finding_base import (
     REPORT_FRACTION,
     host_fix_bound,
     make_finding,
-    one_step_carries,
+    one_step,
+    per_step_cost,
     ranks_text,
     share,
     step_word,
@@ -87,20 +88,17 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         return None
     worst = max(hit, key=lambda r: share(r, host_fix_bound(r, r.mean_phases.data, "data")))
     in_process = any(r.data_loader == "_SingleProcessDataLoaderIter" for r in hit)
-    one_off = one_step_carries(
-        worst, [s.idle_ms.get("data", 0.0) if worst.idle is not None else s.phases.data for s in worst.steps]
-    )
+    one_off = one_step(worst, per_step_cost(worst, ["data"], "data"))
     return make_finding(
         "dataloader_bound",
         worst,
         host_fix_bound(worst, worst.mean_phases.data, "data"),
         title=f"Data loading takes {share(worst, worst.mean_phases.data):.0%} of the {step_word(worst)}"
-        + (", most of it in one step" if one_off else ""),
+        + (f", {one_off.fraction:.0%} of it in step {one_off.step}" if one_off is not None else ""),
         evidence=(
             f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
             f"{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
             + (" The loader runs in the training process (num_workers=0)." if in_process else "")
-            + one_off
         ),
         fix=(
             "Load batches in parallel with the step: raise DataLoader num_workers (e.g. to the CPU cores per GPU), "
@@ -108,7 +106,7 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
             "out of __getitem__ or into a preprocessed dataset."
         ),
         ranks=[r.rank for r in hit],
-        severity="info" if one_off else None,
+        one_off=one_off,
     )
 
 
@@ -183,6 +181,7 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
                "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
         ),
+        one_off=one_step(worst, per_step_cost(worst, ["sync"], "sync")) if on_device else None,
         fix=_reading_region(worst) + (
             "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
             "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after "

@@ -45,6 +45,14 @@ def test_the_healthy_num_workers_4_samples_get_no_warning(case: str) -> None:
     assert all(f.max_saving_fraction < 0.3 for f in summary.findings)
 
 
+def test_a_cause_the_other_steps_also_hold_keeps_its_fix_when_one_step_holds_most_idle_time() -> None:
+    # nw4_b: step 21 holds half the idle time this finding counts (100.9 ms against a median 20.4), but the
+    # optimizer's host time is in every step (its sources idle 14-20 ms in the others): its fix stays.
+    low = finding(external("tbplugin_resnet50_nw4_b"), "low_gpu_utilization")
+    assert "50% of it is one step's: step 21 has 100.9 ms" in low.evidence
+    assert low.fix.startswith("The optimizer's host time leaves the device idle 5.3 ms per step")
+
+
 def test_the_host_bound_h100_after_is_told_to_fuse_its_optimizer_and_cut_launches() -> None:
     # Device busy 22% of a 6.6 ms step: a utilization warning is fair, but the host time is Adam's and the launch
     # pace, not data: before issue 29 the fix was "move pre/post-processing into DataLoader workers".
@@ -66,11 +74,20 @@ def test_the_torchrec_style_sync_drain_is_a_warning() -> None:
     assert top.max_saving_fraction == pytest.approx(0.086, abs=0.002)
 
 
-def test_runtime_allocator_calls_are_told_the_caching_allocator() -> None:
-    # PARAM's ResNet trace: cudaFree / cudaMalloc leave the device idle 40.6 ms an iteration (were "Python / CPU ops").
+def test_runtime_calls_of_the_first_iteration_alone_are_told_as_warm_up_not_the_allocator() -> None:
+    # PARAM's ResNet trace: cudaFree / cudaMalloc (40.6 ms an iteration on average), cudaLaunchKernel and
+    # cudaStreamCreateWithFlags leave the device idle 2,296 ms in iteration 0 and none in the other 29 (the CUDA
+    # context, cuDNN and the allocator warming up). Before: the caching allocator's fix ("no empty_cache"), a
+    # warning. The allocator every step is still told the allocator (test_analysis_h100_cases).
     low = finding(external("param_resnet_no_profilerstep"), "low_gpu_utilization")
-    assert low.fix.startswith("cudaFree, cudaMalloc") and "empty_cache" in low.fix
-    assert not any(word in low.fix for word in _DATA_WORDS)
+    assert low.severity == "info"
+    assert low.fix.startswith(
+        "What the host does while the device idles here (cudaFree, cudaMalloc, cudaHostAlloc, cudaLaunchKernel, "
+        "cudaStreamCreateWithFlags) is iteration 0's alone: a one-off such as warm-up"
+    )
+    assert "empty_cache" not in low.fix and not any(word in low.fix for word in _DATA_WORDS)
+    assert "cudaFree, cudaMalloc, cudaHostAlloc 40.6 ms" in low.evidence
+    assert "of it is one iteration's: iteration 0 has 2418.1 ms, the other 29 iterations 1.2 ms (median)." in low.evidence
 
 
 @pytest.mark.parametrize("case", EXTERNAL_CASES)

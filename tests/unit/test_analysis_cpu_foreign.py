@@ -126,8 +126,8 @@ def test_a_loader_cost_one_step_carries_is_said_and_does_not_warn() -> None:
     summary = analyze_folder(case("cpu_accelerate"))
     top = summary.findings[0]
     assert (top.code, top.severity) == ("dataloader_bound", "info")
-    assert top.title == "Data loading takes 25% of the step, most of it in one step"
-    assert "Most of it is one step: step 469 has 3.8 ms, the other 2 steps 0.5 ms (median)." in top.evidence
+    assert top.title == "Data loading takes 25% of the step, 80% of it in step 469"
+    assert "80% of it is one step's: step 469 has 3.8 ms, the other 2 steps 0.5 ms (median)." in top.evidence
     assert "num_workers" in top.fix
 
 

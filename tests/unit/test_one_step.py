@@ -1,0 +1,51 @@
+"""When one step of a window carries a cost (finding_base.one_step): what a finding that reads the mean then says."""
+
+from __future__ import annotations
+
+import statistics
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, ONE_STEP_SHARE, one_step
+from orchestrator.models.analysis import PhaseTimes, RankSummary, StepBreakdown
+
+
+def _rank(n: int) -> RankSummary:
+    steps = [StepBreakdown(step=10 + i, start_unix_us=0.0, duration_ms=1.0, phases=PhaseTimes()) for i in range(n)]
+    return RankSummary(
+        rank=0, host="h", file="f", device="cpu", steps=steps, mean_step_ms=1.0, median_step_ms=1.0,
+        mean_phases=PhaseTimes(), comm_wait_ms=0.0,
+    )
+
+
+def test_a_first_step_that_holds_the_cost_is_named_with_the_others_median() -> None:
+    found = one_step(_rank(3), [3.8, 0.5, 0.4])
+    assert found is not None
+    assert (found.step, found.ms, found.others, found.others_ms) == (10, 3.8, 2, 0.45)
+    assert found.excess_per_step() == (3.8 - 0.45) / 3
+
+
+def test_a_cost_every_step_pays_or_a_window_under_three_steps_is_no_one_step() -> None:
+    assert one_step(_rank(4), [2.0, 2.1, 1.9, 2.0]) is None
+    assert one_step(_rank(2), [10.0, 0.0]) is None
+    assert one_step(_rank(3), [0.0, 0.0, 0.0]) is None
+
+
+def test_spikes_in_two_steps_are_a_recurring_cost() -> None:
+    # A loader that falls behind every few steps: the mean is its cost.
+    assert one_step(_rank(6), [5.0, 0.1, 0.1, 5.0, 0.1, 0.1]) is None
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=3, max_size=40))
+def test_a_named_step_holds_the_share_and_the_others_stay_under_the_bar(values: list[float]) -> None:
+    found = one_step(_rank(len(values)), values)
+    if found is None:
+        return
+    top = max(values)
+    assert found.ms == top and found.step == 10 + values.index(top)
+    assert found.fraction >= ONE_STEP_SHARE and found.fraction == top / sum(values)
+    assert found.others_ms <= ONE_STEP_OTHERS_FRACTION * top
+    rest = list(values)
+    rest.remove(top)
+    assert found.others_ms == statistics.median(rest) and found.others == len(values) - 1
