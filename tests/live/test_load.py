@@ -27,24 +27,31 @@ def _usage(pid: int) -> tuple[int, int, int]:
     return threads, fds, rss
 
 
-def _pids(client) -> list[int]:
+# The controller's storage and analysis calls run in asyncio's default executor, which starts threads as calls
+# overlap, up to min(32, CPUs + 4), and keeps them: on a 2-core host one run grew 32 -> 36 by window 20 and stayed
+# there to window 80. A leak of one thread a window passes that bound within the test's 50 windows.
+CONTROLLER_POOL = min(32, (os.cpu_count() or 1) + 4)
+
+
+def _pids(client) -> list[tuple[int, int]]:
+    """(pid, the threads it may add without leaking) of every rank and the controller."""
     (target,) = [t for t in client.targets() if t.name == LIVE_TARGET]
     controller = ray.get(find_controller().__ray_call__.remote(lambda self: os.getpid()))
-    return [r.info.pid for r in target.ranks] + [controller]
+    return [(r.info.pid, 1) for r in target.ranks] + [(controller, CONTROLLER_POOL)]
 
 
 @pytest.mark.extended
 def test_repeated_windows_leak_no_threads_files_or_memory(live_job, file_store):
     file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)  # warm: first-use allocations
     pids = _pids(file_store.client)
-    before = {pid: _usage(pid) for pid in pids}
+    before = {pid: _usage(pid) for pid, _ in pids}
 
     for _ in range(REPEATS):
         assert file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120).status == ProfileState.DONE
 
-    for pid in pids:
+    for pid, pool in pids:
         (t0, f0, m0), (t1, f1, m1) = before[pid], _usage(pid)
-        assert t1 <= t0 + 1, f"pid {pid}: threads {t0} -> {t1}"
+        assert t1 <= t0 + pool, f"pid {pid}: threads {t0} -> {t1}"
         assert f1 <= f0 + 2, f"pid {pid}: open files {f0} -> {f1}"
         assert m1 - m0 < 100 * 1024, f"pid {pid}: RSS grew {(m1 - m0) // 1024} MiB over {REPEATS} windows"
 
