@@ -71,11 +71,18 @@ def _one_off(r: RankSummary, cause: Cause) -> OneStep | None:
     return found if elsewhere <= ONE_OFF_ELSEWHERE * cause.ms * len(per_step) else None
 
 
+def _names(causes: Sequence[Cause]) -> str:
+    return ", ".join(c.name for c in causes[:3])
+
+
+def _step_of(r: RankSummary, when: OneStep) -> str:
+    return f"{'iteration' if r.window == 'iterations' else 'step'} {when.step}'s alone"
+
+
 def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
-    word = "iteration" if r.window == "iterations" else "step"
     return (
-        f"What the host does while the device idles here ({', '.join(c.name for c in causes[:3])}) is {word} {when.step}'s "
-        "alone: a one-off such as warm-up (the CUDA context, cuDNN's autotuning, the caching allocator's first blocks, "
+        f"What the host does while the device idles here ({_names(causes)}) is {_step_of(r, when)}: a one-off such as "
+        "warm-up (the CUDA context, cuDNN's autotuning, the caching allocator's first blocks, "
         "a first launch that loads modules), which later steps do not pay. Profile steps after it (a later window) to "
         "judge the steady state."
     )
@@ -115,6 +122,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     named = named_causes(worst, exclude=claimed)
     one_offs = {c: found for c in named if (found := _one_off(worst, c)) is not None}
     steady = [c for c in named if c not in one_offs]
+    # One-offs worth naming: those a fix would have been told for.
+    told = [c for c in one_offs if share(worst, c.ms) >= NEGLIGIBLE_FRACTION]
     # A fix is told for a cause that explains a share of the step worth it: the lead from NEGLIGIBLE_FRACTION, the runner-up
     # from REPORT_FRACTION; a fix for a negligible cause would send the user after nothing, and one for a cause one
     # step holds (warm-up) after something no later step pays.
@@ -122,9 +131,14 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         fix_for(c, worst) for i, c in enumerate(steady[:2])
         if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
     ]
-    if not fixes and one_offs:
-        first = next(iter(one_offs))
-        fixes = [_one_off_fix(worst, one_offs[first], [c for c in one_offs if one_offs[c].step == one_offs[first].step])]
+    held = ""
+    if told:
+        alike = [c for c in told if one_offs[c].step == one_offs[told[0]].step]
+        if fixes:
+            verb, pronoun = ("is", "it") if len(alike) == 1 else ("are", "them")
+            held = f" {_names(alike)} {verb} {_step_of(worst, one_offs[told[0]])}: no fix is told for {pronoun}."
+        else:
+            fixes = [_one_off_fix(worst, one_offs[told[0]], alike)]
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
@@ -139,6 +153,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             + idle_text(worst)
             + (f" Idle time with a finding of its own ({', '.join(sorted(claimed))}) is counted there, not here." if claimed else "")
             + (" By what the host does: " + ", ".join(f"{c.name} {c.ms:.1f} ms" for c in named[:4]) + "." if named else "")
+            + held
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],

@@ -10,16 +10,18 @@ from orchestrator.models.analysis import Finding, IdleCause, RankSummary
 
 __all__ = [
     "DEVICE_NAMES",
+    "ONE_STEP_OTHERS_FRACTION",
+    "ONE_STEP_SHARE",
     "OWN_FINDING_CAUSES",
     "REPORT_FRACTION",
     "WARNING_FRACTION",
+    "OneStep",
     "claimed_causes",
     "host_fix_bound",
     "idle_text",
-    "OneStep",
+    "make_finding",
     "one_step",
     "per_step_cost",
-    "make_finding",
     "ranks_text",
     "share",
     "step_word",
@@ -79,10 +81,6 @@ class OneStep:
     others_ms: float
     """The other steps' median."""
     others: int
-
-    def excess_per_step(self) -> float:
-        """What the one step adds to the window's mean over what every step pays."""
-        return (self.ms - self.others_ms) / (self.others + 1)
 
     def sentence(self, r: RankSummary) -> str:
         word = "iteration" if r.window == "iterations" else "step"

@@ -23,7 +23,7 @@ def test_a_first_step_that_holds_the_cost_is_named_with_the_others_median() -> N
     found = one_step(_rank(3), [3.8, 0.5, 0.4])
     assert found is not None
     assert (found.step, found.ms, found.others, found.others_ms) == (10, 3.8, 2, 0.45)
-    assert found.excess_per_step() == (3.8 - 0.45) / 3
+    assert found.fraction == 3.8 / 4.7
 
 
 def test_a_cost_every_step_pays_or_a_window_under_three_steps_is_no_one_step() -> None:
