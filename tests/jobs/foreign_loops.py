@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|hf|accelerate --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|accelerate --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -11,6 +11,10 @@
   gradients reduce-scattered.
 * ``lightning``: a LightningModule under Ray's ``RayDDPStrategy`` (2 ranks):
   Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
+* ``lightning_gan``: a GAN as a LightningModule with manual optimization (``automatic_optimization = False``,
+  ``manual_backward``, the discriminator's SGD then the generator's Adam stepped through Lightning's optimizer
+  wrappers), under ``RayDDPStrategy(find_unused_parameters=True)`` (2 ranks: each backward leaves one model's
+  parameters unused, as Lightning's error says a GAN needs).
 * ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
   GPT-2 built from a config, synthetic token ids (no download), gradient accumulation 2.
 * ``accelerate``: a plain loop under Hugging Face Accelerate (2 ranks on Ray Train's group):
@@ -138,6 +142,56 @@ def lightning_loop(config: dict) -> None:
     rtl.prepare_trainer(trainer).fit(Net(), data)
 
 
+def lightning_gan_loop(config: dict) -> None:
+    import lightning.pytorch as pl
+    import ray.train.lightning as rtl
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+
+    class Gan(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.g = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+            self.d = nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            (real,) = batch
+            g_opt, d_opt = self.optimizers()
+            fake = self.g(torch.randn(real.shape[0], 16))
+            ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+            d_loss = F.binary_cross_entropy_with_logits(self.d(real), ones) + F.binary_cross_entropy_with_logits(
+                self.d(fake.detach()), zeros
+            )
+            d_opt.zero_grad()
+            self.manual_backward(d_loss)
+            d_opt.step()
+            g_opt.zero_grad()
+            self.manual_backward(F.binary_cross_entropy_with_logits(self.d(fake), ones))
+            g_opt.step()
+
+        def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+            return [torch.optim.Adam(self.g.parameters(), lr=2e-4), torch.optim.SGD(self.d.parameters(), lr=1e-2)]
+
+    class StopFile(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+            if trainer.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
+                trainer.should_stop = True
+
+    data = DataLoader(TensorDataset(torch.randn(2048, 32)), batch_size=64)
+    trainer = pl.Trainer(
+        max_epochs=10_000, accelerator="cpu", devices="auto", strategy=rtl.RayDDPStrategy(find_unused_parameters=True),
+        plugins=[rtl.RayLightningEnvironment()], callbacks=[StopFile()], enable_checkpointing=False,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    rtl.prepare_trainer(trainer).fit(Gan(), data)
+
+
 def accelerate_loop(config: dict) -> None:
     import ray.train
     import torch
@@ -204,7 +258,7 @@ def hf_loop(config: dict) -> None:
 
 LOOPS = {
     "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
-    "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2),
+    "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2), "lightning_gan": (lightning_gan_loop, 2),
 }
 
 

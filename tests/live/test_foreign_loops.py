@@ -1,7 +1,8 @@
 """Live, hook-only: training code rayprof did not write, and what one step of it is.
 
 Each job is a plain PyTorch or Lightning loop under Ray Train (``tests/jobs/foreign_loops.py``),
-instrumented only by the setup hook. A GAN's step is its two optimizers' steps; a
+instrumented only by the setup hook. A GAN's step is its two optimizers' steps (in a plain
+loop and in a manually optimized LightningModule); a
 ``torch.compile``d model's, a Lightning module's (``optimizer.step(closure)``), a Hugging
 Face ``Trainer``'s and an Accelerate loop's (gradient accumulation 2 each) and an FSDP2
 model's their one optimizer's; FSDP2's collective waits are communication, and its fix is
@@ -40,6 +41,9 @@ JOBS = {
     "compiled": ("foreign-compiled", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
     "fsdp2": ("foreign-fsdp2", 2, "1 step = AdamW.step ×1; 1 forward pass (Sequential)", ["Optimizer.step#AdamW.step"], None),
     "lightning": ("foreign-lightning", 2, "1 step = Adam.step ×1; 1 forward pass (Net)", [ADAM], 1),
+    "lightning_gan": (
+        "foreign-lightning-gan", 2, "1 step = SGD.step ×1 + Adam.step ×1; 1 forward pass (Gan)", [ADAM, "Optimizer.step#SGD.step"], 1,
+    ),
     "accelerate": (
         "foreign-accelerate", 2, "1 step = AdamW.step ×1; 2 forward passes (Sequential)", ["Optimizer.step#AdamW.step"], 2,
     ),
@@ -161,3 +165,10 @@ def test_one_profiled_step_of_an_accelerate_loop_is_one_accumulated_step(ray_clu
     pytest.importorskip("accelerate")
     with _running(ray_cluster, client, tmp_path, ["accelerate"]):
         _profile_and_check(file_store, "accelerate")
+
+
+@pytest.mark.extended
+def test_one_profiled_step_of_a_manually_optimized_lightning_gan_is_both_optimizers(ray_cluster, client, file_store, tmp_path):
+    pytest.importorskip("lightning")
+    with _running(ray_cluster, client, tmp_path, ["lightning_gan"]):
+        _profile_and_check(file_store, "lightning_gan")
