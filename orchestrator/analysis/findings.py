@@ -176,7 +176,8 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             f"{calls:.0f} {'wait' if round(calls) == 1 else 'waits'} per step on {ranks_text(hit)} ({names}); {worst.mean_phases.sync:.2f} ms "
             f"({share(worst, worst.mean_phases.sync):.1%}) of the step on rank {worst.rank}."
             + (_idle_of(worst, "sync", worst.mean_phases.sync) if on_device
-               else " This trace is CPU-only, where it is cheap; on a GPU each call waits for every queued kernel.")
+               else " This trace is CPU-only, where it is cheap; on a GPU each read of a device tensor waits for every "
+               "queued kernel (a read of a CPU tensor, such as DDP's map of used parameters, does not).")
             + (" The device idle time counted includes the gaps after each wait while the host launches anew "
                "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
