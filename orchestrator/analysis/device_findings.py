@@ -75,13 +75,9 @@ def _names(causes: Sequence[Cause]) -> str:
     return ", ".join(c.name for c in causes[:3])
 
 
-def _step_of(r: RankSummary, when: OneStep) -> str:
-    return f"{'iteration' if r.window == 'iterations' else 'step'} {when.step}'s alone"
-
-
 def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
     return (
-        f"What the host does while the device idles here ({_names(causes)}) is {_step_of(r, when)}: a one-off such as "
+        f"What the host does while the device idles here ({_names(causes)}) is {when.label(r)}'s alone: a one-off such as "
         "warm-up (the CUDA context, cuDNN's autotuning, the caching allocator's first blocks, "
         "a first launch that loads modules), which later steps do not pay. Profile steps after it (a later window) to "
         "judge the steady state."
@@ -136,7 +132,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         alike = [c for c in told if one_offs[c].step == one_offs[told[0]].step]
         if fixes:
             verb, pronoun = ("is", "it") if len(alike) == 1 else ("are", "them")
-            held = f" {_names(alike)} {verb} {_step_of(worst, one_offs[told[0]])}: no fix is told for {pronoun}."
+            held = f" {_names(alike)} {verb} {one_offs[told[0]].label(worst)}'s alone: no fix is told for {pronoun}."
         else:
             fixes = [_one_off_fix(worst, one_offs[told[0]], alike)]
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.

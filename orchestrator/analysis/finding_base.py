@@ -82,13 +82,21 @@ class OneStep:
     """The other steps' median."""
     others: int
 
+    def label(self, r: RankSummary) -> str:
+        """'step 469', or 'iteration 0' where ``r``'s steps are iterations found without ProfilerStep."""
+        return f"{_unit(r)} {self.step}"
+
     def sentence(self, r: RankSummary) -> str:
-        word = "iteration" if r.window == "iterations" else "step"
+        word = _unit(r)
         return (
-            f" {self.fraction:.0%} of it is one {word}'s: {word} {self.step} has {self.ms:.1f} ms, the other {self.others} "
+            f" {self.fraction:.0%} of it is one {word}'s: {self.label(r)} has {self.ms:.1f} ms, the other {self.others} "
             f"{word}s {self.others_ms:.1f} ms (median). Profile more steps, or later ones (--steps, a later window), to "
             "see whether it recurs (at each epoch's start, say) or was warm-up."
         )
+
+
+def _unit(r: RankSummary) -> str:
+    return "iteration" if r.window == "iterations" else "step"
 
 
 def one_step(r: RankSummary, per_step: Sequence[float]) -> OneStep | None:

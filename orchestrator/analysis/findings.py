@@ -94,7 +94,7 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         worst,
         host_fix_bound(worst, worst.mean_phases.data, "data"),
         title=f"Data loading takes {share(worst, worst.mean_phases.data):.0%} of the {step_word(worst)}"
-        + (f", {one_off.fraction:.0%} of it in step {one_off.step}" if one_off is not None else ""),
+        + (f", {one_off.fraction:.0%} of it in {one_off.label(worst)}" if one_off is not None else ""),
         evidence=(
             f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
             f"{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
