@@ -105,16 +105,36 @@ def fsdp2_loop(config: dict) -> None:
     ray.train.report({"step": step})
 
 
-def lightning_loop(config: dict) -> None:
+def _fit_under_ray(module: object, data: object, config: dict, find_unused_parameters: bool = False) -> None:
+    """A Lightning Trainer on Ray's DDP strategy (CPU), stopped on a whole step once the stop file or the deadline is
+    reached; what each Lightning job shares (pickled by value with the loop, like it)."""
     import lightning.pytorch as pl
     import ray.train.lightning as rtl
+
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+
+    class StopFile(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+            if trainer.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
+                trainer.should_stop = True
+
+    trainer = pl.Trainer(
+        max_epochs=10_000, accelerator="cpu", devices="auto",
+        strategy=rtl.RayDDPStrategy(find_unused_parameters=find_unused_parameters),
+        plugins=[rtl.RayLightningEnvironment()], callbacks=[StopFile()], enable_checkpointing=False,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    rtl.prepare_trainer(trainer).fit(module, data)
+
+
+def lightning_loop(config: dict) -> None:
+    import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
-    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
 
     class Net(pl.LightningModule):
         def __init__(self) -> None:
@@ -128,30 +148,18 @@ def lightning_loop(config: dict) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters(), lr=1e-3)
 
-    class StopFile(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-            if trainer.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
-                trainer.should_stop = True
-
     data = DataLoader(TensorDataset(torch.randn(2048, 32), torch.randint(0, 10, (2048,))), batch_size=32)
-    trainer = pl.Trainer(
-        max_epochs=10_000, accelerator="cpu", devices="auto", strategy=rtl.RayDDPStrategy(),
-        plugins=[rtl.RayLightningEnvironment()], callbacks=[StopFile()], enable_checkpointing=False,
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-    )
-    rtl.prepare_trainer(trainer).fit(Net(), data)
+    _fit_under_ray(Net(), data, config)
 
 
 def lightning_gan_loop(config: dict) -> None:
     import lightning.pytorch as pl
-    import ray.train.lightning as rtl
     import torch
     import torch.nn.functional as F
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
-    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
 
     class Gan(pl.LightningModule):
         def __init__(self) -> None:
@@ -178,18 +186,8 @@ def lightning_gan_loop(config: dict) -> None:
         def configure_optimizers(self) -> list[torch.optim.Optimizer]:
             return [torch.optim.Adam(self.g.parameters(), lr=2e-4), torch.optim.SGD(self.d.parameters(), lr=1e-2)]
 
-    class StopFile(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-            if trainer.global_step % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
-                trainer.should_stop = True
-
-    data = DataLoader(TensorDataset(torch.randn(2048, 32)), batch_size=64)
-    trainer = pl.Trainer(
-        max_epochs=10_000, accelerator="cpu", devices="auto", strategy=rtl.RayDDPStrategy(find_unused_parameters=True),
-        plugins=[rtl.RayLightningEnvironment()], callbacks=[StopFile()], enable_checkpointing=False,
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-    )
-    rtl.prepare_trainer(trainer).fit(Gan(), data)
+    # Each backward leaves one model's parameters unused: DDP must look for them, as Lightning's error says.
+    _fit_under_ray(Gan(), DataLoader(TensorDataset(torch.randn(2048, 32)), batch_size=64), config, find_unused_parameters=True)
 
 
 def accelerate_loop(config: dict) -> None:

@@ -145,30 +145,15 @@ def test_an_fsdp2_step_is_one_iteration_whose_collective_waits_are_communication
     assert all("bucket_cap_mb" not in f.fix for f in summary.findings)
 
 
-@pytest.mark.extended
-def test_one_profiled_step_of_a_lightning_job_is_one_closure_step(ray_cluster, client, file_store, tmp_path):
-    pytest.importorskip("lightning")
-    with _running(ray_cluster, client, tmp_path, ["lightning"]):
-        _profile_and_check(file_store, "lightning")
+# loop -> the framework it starts: Lightning runs optimizer.step(closure) (forward and backward inside it) or, in
+# the GAN, two optimizers by hand; Trainer and Accelerate accumulate 2 micro-batches, and Accelerate's optimizer
+# wrapper is called every micro-batch but steps AdamW only when gradients sync.
+FRAMEWORK_LOOPS = {"lightning": "lightning", "lightning_gan": "lightning", "hf": "transformers", "accelerate": "accelerate"}
 
 
 @pytest.mark.extended
-def test_one_profiled_step_of_a_hugging_face_trainer_is_one_accumulated_step(ray_cluster, client, file_store, tmp_path):
-    pytest.importorskip("transformers")
-    with _running(ray_cluster, client, tmp_path, ["hf"]):
-        _profile_and_check(file_store, "hf")
-
-
-@pytest.mark.extended
-def test_one_profiled_step_of_an_accelerate_loop_is_one_accumulated_step(ray_cluster, client, file_store, tmp_path):
-    # Accelerate's optimizer wrapper is called every micro-batch and steps AdamW only when gradients sync.
-    pytest.importorskip("accelerate")
-    with _running(ray_cluster, client, tmp_path, ["accelerate"]):
-        _profile_and_check(file_store, "accelerate")
-
-
-@pytest.mark.extended
-def test_one_profiled_step_of_a_manually_optimized_lightning_gan_is_both_optimizers(ray_cluster, client, file_store, tmp_path):
-    pytest.importorskip("lightning")
-    with _running(ray_cluster, client, tmp_path, ["lightning_gan"]):
-        _profile_and_check(file_store, "lightning_gan")
+@pytest.mark.parametrize("loop", sorted(FRAMEWORK_LOOPS))
+def test_one_profiled_step_of_a_frameworks_loop_is_what_its_framework_steps(ray_cluster, client, file_store, tmp_path, loop):
+    pytest.importorskip(FRAMEWORK_LOOPS[loop])
+    with _running(ray_cluster, client, tmp_path, [loop]):
+        _profile_and_check(file_store, loop)
