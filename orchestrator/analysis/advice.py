@@ -15,6 +15,8 @@ causes a fix can point at, each with its idle ms per step:
   runtime's own time), and ``launch``: kernels launched no faster than they run (outside the
   optimizer): CUDA graphs, ``torch.compile``, a larger batch;
 * ``runtime_calls``: other runtime calls (events, streams), named;
+* ``first_use``: runtime calls that take ``FIRST_USE_CALL_MS`` or more each (creating the CUDA
+  context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``op``: one host op the device waits for, named;
 * ``queued``: work already launched that waits on a stream or event dependency.
 
@@ -34,8 +36,13 @@ from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "named_causes", "round_trips"]
 
-Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "launch", "op", "queued"]
+Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "queued"]
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
+# Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
+# calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
+# 0.2-0.7 ms, one cudaMemsetAsync 1.3 ms), while first uses take 6.5 ms (a hipLaunchKernel loading its module) to
+# seconds (cudaFree creating the CUDA context in PARAM's warm-up forward: 5 calls of 1.3 s on average).
+FIRST_USE_CALL_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Cause:
     ms: float
     sources: tuple[IdleCause, ...]
     """The idle causes its time is drawn from (per step in ``StepBreakdown.idle_ms``)."""
+    per_call_ms: float | None = None
+    """first_use: the idle ms per call of its calls."""
 
 
 def _per_step(r: RankSummary, ops: Iterable[OpStat]) -> dict[str, float]:
@@ -73,7 +82,11 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     out = [Cause("optimizer", "the optimizer step", optimizer, ("cpu", "launch"))] if optimizer > 0 else []
     out += [Cause("region", name, ms, ("cpu",)) for name, ms in regions.items()]
     if "runtime" in shares:
-        calls = _per_step(r, shares["runtime"].top)
+        first = [o for o in shares["runtime"].top if o.calls and o.total_ms / o.calls >= FIRST_USE_CALL_MS] if _once(r) else []
+        if first:
+            total, n = sum(o.total_ms for o in first), sum(o.calls for o in first)
+            out.append(Cause("first_use", ", ".join(o.name for o in first[:3]), total / max(len(r.steps), 1), ("runtime",), total / n))
+        calls = _per_step(r, [o for o in shares["runtime"].top if o not in first])
         alloc = {n: ms for n, ms in calls.items() if any(k in n for k in _ALLOCATOR)}
         if alloc:
             out.append(Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",)))
@@ -91,6 +104,13 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
+
+
+def _once(r: RankSummary) -> bool:
+    """Slow runtime calls leave the device idle in at most one step: they can be a first use. Where they recur
+    (several steps each idle that long in runtime calls: empty_cache and fresh allocations every step, say), they
+    are the loop's."""
+    return sum(1 for s in r.steps if s.idle_ms.get("runtime", 0.0) >= FIRST_USE_CALL_MS) <= 1
 
 
 def _marker(name: str) -> bool:
@@ -141,7 +161,14 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
     if cause.kind == "runtime_calls":
         return (
             f"The runtime call {cause.name} leaves the device idle {figure}: look for where it is called each step "
-            "(event polling, stream creation, a slow first launch that loads modules) and hoist it out of the loop."
+            "(event polling, stream creation) and hoist it out of the loop."
+        )
+    if cause.kind == "first_use":
+        return (
+            f"{cause.name} take {cause.per_call_ms or 0:.0f} ms a call while the device idles ({figure}): the cost of a "
+            "first use, not of the loop (creating the CUDA context, loading a module's kernels at their first launch, "
+            "cuDNN's first convolution, a first large allocation). No change to the loop removes it: profile steps "
+            "after warm-up (a later window) to judge the steady state."
         )
     if cause.kind == "launch_calls":
         return (

@@ -117,7 +117,12 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     claimed = claimed_causes(worst)
     named = named_causes(worst, exclude=claimed)
     one_offs = {c: found for c in named if (found := _one_off(worst, c)) is not None}
-    steady = [c for c in named if c not in one_offs]
+    # Runtime calls slow enough to be a first use (the CUDA context, a module's first launch) are paid once, like a
+    # cause one step holds (which says more where the window shows it): named, never given a loop fix.
+    first_use = next(
+        (c for c in named if c.kind == "first_use" and c not in one_offs and share(worst, c.ms) >= NEGLIGIBLE_FRACTION), None
+    )
+    steady = [c for c in named if c not in one_offs and c.kind != "first_use"]
     # One-offs worth naming: those a fix would have been told for.
     told = [c for c in one_offs if share(worst, c.ms) >= NEGLIGIBLE_FRACTION]
     # A fix is told for a cause that explains a share of the step worth it: the lead from NEGLIGIBLE_FRACTION, the runner-up
@@ -135,6 +140,12 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             held = f" {_names(alike)} {verb} {one_offs[told[0]].label(worst)}'s alone: no fix is told for {pronoun}."
         else:
             fixes = [_one_off_fix(worst, one_offs[told[0]], alike)]
+    if first_use is not None:
+        # Told first when it leads (the loop's own lead follows, for the steps after warm-up), else only named.
+        if not fixes or first_use.ms > steady[0].ms:
+            fixes = [fix_for(first_use, worst), *fixes[:1]]
+        else:
+            held += f" {first_use.name} take {first_use.per_call_ms or 0:.0f} ms a call, a first use's cost: no fix is told for it."
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
@@ -153,7 +164,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
-        cause_ms=max(steady[0].ms if steady else 0.0, _unclaimed(worst) if mostly_idle else 0.0),
+        cause_ms=max(steady[0].ms if steady else 0.0, _unclaimed(worst) - (first_use.ms if first_use else 0.0) if mostly_idle else 0.0),
         one_off=one_off,
     )
 
