@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes
@@ -20,6 +19,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_groups
+from orchestrator.analysis.kernel_kinds import COMM_KERNEL, device_work_fix, kinds
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = [
@@ -41,7 +41,6 @@ GPU_BOUND_UTILIZATION = 0.9
 GPU_BOUND_TOP_KERNELS = 5
 # Share of the step that even the least-waiting rank waits in collectives.
 COMM_EXPOSED_FRACTION = 0.25
-_COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 
 
 # Share of the step under which a named cause is too small to be told a fix.
@@ -177,8 +176,9 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     worst = max(hit, key=lambda r: r.gpu.utilization)
     per_step = max(len(worst.steps), 1)
     # Collective kernels run beside compute and wait for peers: they are the comm finding's, not a kernel to tune.
-    top = [k for k in worst.top_kernels if not _COMM_KERNEL.match(k.name)][:GPU_BOUND_TOP_KERNELS]
+    top = [k for k in worst.top_kernels if not COMM_KERNEL.match(k.name)][:GPU_BOUND_TOP_KERNELS]
     listed = "; ".join(f"{k.name[:80]} {k.total_ms / per_step:.2f} ms ({share(worst, k.total_ms / per_step):.0%})" for k in top)
+    by_kind = ", ".join(f"{t.kind} {t.ms:.1f} ms ({share(worst, t.ms):.0%})" for t in kinds(worst))
     return make_finding(
         "gpu_bound",
         worst,
@@ -188,13 +188,9 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         evidence=(
             f"Device work covers {worst.gpu.utilization:.0%} of the step on rank {worst.rank} (at least "
             f"{GPU_BOUND_UTILIZATION:.0%} on {ranks_text(hit)}): host-side fixes cannot win more than its "
-            f"{worst.gpu.idle_ms_per_step:.1f} ms of idle time. Top kernels per step: {listed}."
+            f"{worst.gpu.idle_ms_per_step:.1f} ms of idle time. Top kernels per step: {listed}. The top kernels by kind: {by_kind}."
         ),
-        fix=(
-            "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse the small elementwise kernels, "
-            "fused optimizers (foreach/fused=True), FlashAttention/SDPA for attention; check that the top kernels use "
-            "tensor cores (channels_last, dimensions that are multiples of 8)."
-        ),
+        fix=device_work_fix(worst, REPORT_FRACTION),
         ranks=[r.rank for r in hit],
     )
 

@@ -1,0 +1,133 @@
+"""What a busy device spends its time on, by kind of kernel, read from the kernel names: the GPU-bound finding's
+fix is the one for the kind that leads, not a list of every fix there is.
+
+A kernel's name says what it computes (cuBLAS/cuDNN/CUTLASS/rocBLAS GEMMs and convolutions, FlashAttention,
+ATen's elementwise and reduction kernels, normalization, FBGEMM's embedding kernels, Triton kernels that
+``torch.compile`` generated) and often in what precision (``volta_sgemm``, ``dgrad_engine<float, ...>`` are fp32).
+Kernels the names do not place (MTIA's, custom ones) are ``other``: the fix for them stays general. Collective
+kernels are the communication findings', not a kernel to tune, and are left out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from orchestrator.models.analysis import OpStat, RankSummary
+
+__all__ = ["KindTime", "device_work_fix", "kernel_kind", "kinds"]
+
+Kind = Literal["attention", "embedding", "compiled", "matmul", "memory", "other"]
+COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+# First match wins: attention and embedding kernels contain GEMM-like words, Triton kernels ATen-like ones, and
+# GEMMs memory-like ones (cuDNN's ``wgrad_indexed_implicit_gemm``).
+_KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa", re.IGNORECASE)),
+    ("embedding", re.compile(r"embedding", re.IGNORECASE)),
+    ("compiled", re.compile(r"^triton_")),
+    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|^Cijk_|hipblaslt|matmul|conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn", re.IGNORECASE)),
+    ("memory", re.compile(
+        r"elementwise|reduce_kernel|CatArrayBatchedCopy|softmax|norm|bn_fw|bn_bw|welford|multi_tensor_apply|index|scatter|gather|"
+        r"copy_kernel|fill_kernel|max_pool|avg_pool|nchwToNhwc|nhwcToNchw|transpose|TensorOp",
+        re.IGNORECASE,
+    )),
+)
+# Names that say fp32 math: cuBLAS's SGEMMs, cuDNN's scudnn / float-templated engines, CUTLASS/xmma FFMA kernels.
+_FP32 = re.compile(r"sgemm|scudnn|^void cudnn::\w+(::\w+)*<float,|engine<float,|f32f32_f32f32_f32")
+_LABELS = {
+    "attention": "attention kernels",
+    "embedding": "embedding lookups and their backward",
+    "compiled": "kernels torch.compile generated",
+    "matmul": "matrix multiplies and convolutions",
+    "memory": "memory-bound kernels (elementwise, reductions, normalization, copies)",
+    "other": "other kernels",
+}
+
+
+def kernel_kind(name: str) -> Kind:
+    return next((kind for kind, pattern in _KINDS if pattern.search(name)), "other")
+
+
+@dataclass(frozen=True)
+class KindTime:
+    """One kind's device ms per step among the rank's top kernels, and those kernels, largest first."""
+
+    kind: Kind
+    ms: float
+    kernels: tuple[OpStat, ...]
+
+    @property
+    def fp32(self) -> bool:
+        """Most of its time is in kernels whose names say fp32."""
+        return 2 * sum(k.total_ms for k in self.kernels if _FP32.search(k.name)) > sum(k.total_ms for k in self.kernels)
+
+
+def kinds(r: RankSummary) -> list[KindTime]:
+    """The rank's top kernels (collectives left out) by kind, largest first, in ms per step."""
+    n = max(len(r.steps), 1)
+    grouped: dict[Kind, list[OpStat]] = {}
+    for k in r.top_kernels:
+        if not COMM_KERNEL.match(k.name):
+            grouped.setdefault(kernel_kind(k.name), []).append(k)
+    out = [KindTime(kind, sum(k.total_ms for k in ks) / n, tuple(ks)) for kind, ks in grouped.items()]
+    return sorted(out, key=lambda t: -t.ms)
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without its return type, template and parameter lists: ``cudnn::detail::dgrad_engine``."""
+    bare = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    return re.split(r"[<(]", bare, maxsplit=1)[0][:60] or bare[:60]
+
+
+def _fix(t: KindTime, step_ms: float) -> str:
+    names = ", ".join(dict.fromkeys(short_name(k.name) for k in t.kernels[:3]))
+    figure = f"{_LABELS[t.kind].capitalize()} take {t.ms:.1f} ms a step ({t.ms / step_ms:.0%} of it; {names})"
+    if t.kind == "matmul" and t.fp32:
+        return (
+            f"{figure}, in fp32 by their names: run them in bf16 under torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
+            "(float16 with a GradScaler before Ampere), or at least TF32 on Ampere and later "
+            "(torch.set_float32_matmul_precision('high')); channels_last for convolutions."
+        )
+    if t.kind == "matmul":
+        return (
+            f"{figure}, not fp32 by their names: the math itself is the cost: fp8 where the device has it (Transformer "
+            "Engine, torchao's float8 training), dimensions in multiples of 64 (pad the vocabulary), channels_last for "
+            "convolutions."
+        )
+    if t.kind == "memory":
+        return (
+            f"{figure}: each reads and writes memory for little math; torch.compile fuses chains of them into few "
+            "kernels, fused LayerNorm/RMSNorm kernels do the same by hand, and bf16 instead of fp32 halves the bytes they move."
+        )
+    if t.kind == "attention":
+        return (
+            f"{figure}, fused kernels already: their cost grows with the square of the sequence length: no padding "
+            "(pack sequences), sliding-window or sparse attention, fewer key/value heads (grouped-query attention)."
+        )
+    if t.kind == "embedding":
+        return (
+            f"{figure}: their time follows the rows looked up and their width and precision: fp16 or int8 tables "
+            "(FBGEMM/TorchRec), deduplicated indices, and tables sharded so each rank looks up fewer rows."
+        )
+    if t.kind == "compiled":
+        return (
+            f"{figure}: already fused by torch.compile: mode='max-autotune' tunes them and the GEMMs they sit beside; "
+            "beyond that, fewer FLOPs or bytes (bf16, a smaller model)."
+        )
+    return (
+        f"The kernels that lead ({names}) do not say by their names what they compute: look them up in the trace; in "
+        "general, bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
+    )
+
+
+def device_work_fix(r: RankSummary, runner_up_fraction: float) -> str:
+    """The fix for the kind of kernel that takes most of the busy device's time, and for the runner-up when it
+    takes at least ``runner_up_fraction`` of the step."""
+    found = kinds(r)
+    step_ms = r.mean_step_ms or 0.0
+    if not found or step_ms <= 0:
+        return "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
+    # A runner-up the names do not place has no fix of its own to add.
+    told = [found[0], *(t for t in found[1:2] if t.ms >= runner_up_fraction * step_ms and t.kind != "other")]
+    return " ".join(_fix(t, step_ms) for t in told)

@@ -1,0 +1,115 @@
+"""A busy device is told the fix for the kind of kernel that takes its time (matrix math in fp32 or not, memory-bound
+kernels, attention, embeddings, compiled kernels), read from the kernel names of real traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.kernel_kinds import kernel_kind, short_name
+from tests.support.realtraces import external, finding
+from tests.support.tracefiles import write_trace, x_event
+from tests.unit.test_analysis_idle_causes import kernel, launch
+
+# Kernel names as real traces carry them (HTA's V100 and A100 traces, TraceLens' H100 / MI300 recordings, the
+# H100 recordings in ../shared/gpu-traces).
+REAL_NAMES = {
+    "volta_sgemm_64x64_tn": "matmul",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": "matmul",
+    "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1_SN_LDSB1_AFC1": "matmul",
+    "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*)": "matmul",
+    "sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x64x32": "matmul",
+    "void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>(int)": "matmul",
+    "cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1": "matmul",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)": "memory",
+    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float)": "memory",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*)": "memory",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, c10::BFloat16, float, c10::BFloat16>(x)": "memory",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int)": "memory",
+    "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>": "attention",
+    "attn_fwd": "attention",
+    "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1<float, float, float, 5ul>(x)": "embedding",
+    "triton_poi_fused__unsafe_view_mul_silu_2": "compiled",
+    "batched_transpose_16x32_half": "memory",
+    "SubTensorOpWithCastTensor1d": "memory",
+    "merge": "other",
+}
+
+
+@pytest.mark.parametrize(("name", "kind"), REAL_NAMES.items())
+def test_real_kernel_names_are_placed_by_what_they_compute(name: str, kind: str) -> None:
+    assert kernel_kind(name) == kind
+
+
+def test_a_short_name_drops_return_type_templates_and_parameters() -> None:
+    assert short_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int>(float*)") == "at::native::CatArrayBatchedCopy"
+
+
+@given(st.text(max_size=300))
+def test_any_kernel_name_gets_a_kind_and_a_short_name_of_at_most_60_characters(name: str) -> None:
+    assert kernel_kind(name) in {"attention", "embedding", "compiled", "matmul", "memory", "other"}
+    assert len(short_name(name)) <= 60
+
+
+# ---- the real traces --------------------------------------------------------------
+
+
+def test_a_busy_v100_in_fp32_is_told_autocast_first() -> None:
+    # HTA's V100 ResNet trace (busy 97%): cuDNN's float engines, volta_sgemm and volta_scudnn take 20.4 ms of the
+    # 78.8 ms step, BatchNorm and elementwise kernels 15.9 ms. Before: one fixed list (autocast, compile, fused
+    # optimizers, FlashAttention) whatever the kernels.
+    fix = finding(external("hta_ns_resolution_v100_1rank"), "gpu_bound").fix
+    assert fix.startswith("Matrix multiplies and convolutions take 20.4 ms a step (26% of it;")
+    assert "in fp32 by their names" in fix and "torch.autocast" in fix
+    assert "Memory-bound kernels (elementwise, reductions, normalization, copies) take 15.9 ms" in fix
+    assert "FlashAttention" not in fix and "fused optimizer" not in fix
+
+
+def test_a_busy_recommender_is_told_its_embedding_tables_first() -> None:
+    # HTA's trace_diff test V100 trace: FBGEMM's embedding forward and fused backward 18.1 ms a step lead the
+    # fp32 GEMMs (11.9 ms); the all-to-all and all-reduce kernels are the communication findings'.
+    fix = finding(external("hta_trace_diff_test_v100_r1of2"), "gpu_bound").fix
+    assert fix.startswith("Embedding lookups and their backward take 18.1 ms a step")
+    assert "Matrix multiplies and convolutions take 11.9 ms a step" in fix and "nccl" not in fix
+
+
+# ---- planted traces ---------------------------------------------------------------
+
+
+def _busy(tmp_path: Path, kernels: list[tuple[str, float]]) -> str:
+    """The gpu_bound fix for a 1 ms step whose device runs ``kernels`` back to back."""
+    events: list[dict[str, Any]] = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation")]
+    ts = 0.0
+    for i, (name, dur) in enumerate(kernels):
+        events += [launch(ts, i + 1, dur=2), kernel(ts + 3, dur, i + 1, name=name)]
+        ts += dur
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return finding(analyze_folder(tmp_path), "gpu_bound").fix
+
+
+def test_bf16_gemms_that_lead_are_told_fp8_not_autocast(tmp_path: Path) -> None:
+    fix = _busy(tmp_path, [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 700), ("attn_fwd", 280)])
+    assert fix.startswith("Matrix multiplies and convolutions take 0.7 ms a step (70% of it;") and "not fp32 by their names" in fix
+    assert "fp8" in fix and "torch.autocast" not in fix
+    assert "Attention kernels take 0.3 ms a step" in fix
+
+
+def test_fused_attention_that_leads_is_told_what_its_cost_grows_with(tmp_path: Path) -> None:
+    fix = _busy(tmp_path, [("attn_fwd", 900), ("volta_sgemm_64x64_tn", 30)])
+    assert fix.startswith("Attention kernels take 0.9 ms a step") and "sequence length" in fix
+    assert "Matrix multiplies" not in fix  # 3% of the step: under the runner-up's share
+
+
+def test_kernels_the_names_do_not_place_get_the_general_advice_naming_them(tmp_path: Path) -> None:
+    fix = _busy(tmp_path, [("merge", 600), ("remote", 350)])
+    assert fix.startswith("The kernels that lead (merge, remote) do not say by their names what they compute")
+
+
+def test_a_runner_up_the_names_do_not_place_adds_no_advice(tmp_path: Path) -> None:
+    fix = _busy(tmp_path, [("void at::native::vectorized_elementwise_kernel<4>", 600), ("merge", 350)])
+    assert fix.startswith("Memory-bound kernels") and "merge" not in fix
