@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, regathers_per_step
@@ -78,6 +78,7 @@ from orchestrator.analysis.spans import (
     is_region,
     is_runtime,
     is_sync,
+    regions_within,
     where,
 )
 from orchestrator.analysis.step_content import describe_step, loader_class
@@ -316,14 +317,15 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole) if device_spans and windows else None
     idle = None
     if device_spans and windows:
+        regions, around = regions_within(main, windows)
         main_host = HostThread(
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
-            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names, regions=[s for s in main if is_region(s)],
+            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"],
         )
         idle, idle_rows = attribute(
-            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key]), main_key
+            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows), main_key
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
@@ -356,11 +358,12 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     )
 
 
-def _host_thread(spans: list[Span], kinds: Kinds) -> HostThread:
+def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float, float]]) -> HostThread:
     """What a thread other than the main one was doing, for the device idle gaps its launches end."""
+    regions, around = regions_within(spans, windows)
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
-        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, regions=[s for s in spans if is_region(s)],
+        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,
     )
 
 

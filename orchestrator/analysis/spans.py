@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from orchestrator.traces.loader import Span
@@ -34,6 +34,7 @@ __all__ = [
     "is_forward",
     "is_optimizer",
     "is_region",
+    "regions_within",
     "is_runtime",
     "is_sync",
     "where",
@@ -138,6 +139,15 @@ def is_region(span: Span) -> bool:
         and not span.name.startswith(("ProfilerStep#", "## "))
         and not (is_forward(span) or is_backward(span) or is_data(span) or is_comm(span))
     )
+
+
+def regions_within(spans: Sequence[Span], windows: Sequence[tuple[float, float]]) -> tuple[list[Span], frozenset[str]]:
+    """The regions of ``spans`` (:func:`is_region`) inside the windows, and the names of those that enclose a whole
+    window: a region around the step (vLLM's ``execute_context...``, a ``record_function`` around the loop) is no
+    part of it a fix can point at, and time innermost in it is Python in the step, like time in ``ProfilerStep``."""
+    regions = [s for s in spans if is_region(s)]
+    around = frozenset(s.name for s in regions if any(s.ts <= t0 and s.end >= t1 for t0, t1 in windows))
+    return [s for s in regions if s.name not in around], around
 
 
 def is_comm_kernel(span: Span) -> bool:

@@ -122,6 +122,20 @@ def test_slow_runtime_calls_in_every_step_are_the_loops_and_get_its_fix(tmp_path
     assert low.fix.startswith("cudaFree leave the device idle 20.0 ms per step") and "empty_cache" in low.fix
 
 
+def test_a_region_around_the_whole_step_is_no_cause_the_ops_inside_it_are(tmp_path: Path) -> None:
+    # TraceLens' B200 eager trace (vLLM): one execute_context_... region encloses all 36 iterations. Before: "the host
+    # runs the region 'execute_context_...' while the device idles: keep its work on the device", which names the step.
+    events = [
+        x_event("serve_one_request", -10, 1020, cat="user_annotation"),
+        launch(0, 1), kernel(0, 100, 1),
+        x_event("vllm::moe_forward", 110, 500),
+        launch(640, 2), kernel(650, 300, 2),
+    ]
+    top = findings_of(tmp_path, events)[0]
+    assert top.fix.startswith("The host op vllm::moe_forward leaves the device idle 0.5 ms per step")
+    assert "serve_one_request" not in top.fix
+
+
 def _one_step_with_a_cudamalloc(tmp_path: Path, dur: float) -> Finding:
     events = [launch(0, 1), kernel(0, 100, 1), x_event("cudaMalloc", 110, dur, cat="cuda_runtime"), launch(dur + 150, 2), kernel(dur + 160, 100, 2)]
     write_trace(tmp_path / "rank0.pt.trace.json", [x_event("ProfilerStep#1", 0, 10_000, cat="user_annotation"), *events], world_size=1)
