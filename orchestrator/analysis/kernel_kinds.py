@@ -80,7 +80,19 @@ def short_name(name: str) -> str:
     return re.split(r"[<(]", bare, maxsplit=1)[0][:60] or bare[:60]
 
 
-def _fix(t: KindTime, step_ms: float) -> str:
+_BY_HAND = (
+    " A softmax leads them: if it is attention written by hand (softmax(QKᵀ)V), "
+    "torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel that never writes the attention matrix."
+)
+
+
+def _softmax_leads(t: KindTime) -> bool:
+    """Half the kind's time or more is in plain softmax kernels (not log_softmax: that is the loss's)."""
+    ms = sum(k.total_ms for k in t.kernels if "softmax" in k.name.lower() and "logsoftmax" not in k.name.lower())
+    return 2 * ms >= sum(k.total_ms for k in t.kernels)
+
+
+def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
     names = ", ".join(dict.fromkeys(short_name(k.name) for k in t.kernels[:3]))
     figure = f"{_LABELS[t.kind].capitalize()} take {t.ms:.1f} ms a step ({t.ms / step_ms:.0%} of it; {names})"
     if t.kind == "matmul" and t.fp32:
@@ -99,6 +111,7 @@ def _fix(t: KindTime, step_ms: float) -> str:
         return (
             f"{figure}: each reads and writes memory for little math; torch.compile fuses chains of them into few "
             "kernels, fused LayerNorm/RMSNorm kernels do the same by hand, and bf16 instead of fp32 halves the bytes they move."
+            + (_BY_HAND if _softmax_leads(t) and not fused_attention else "")
         )
     if t.kind == "attention":
         return (
@@ -130,4 +143,5 @@ def device_work_fix(r: RankSummary, runner_up_fraction: float) -> str:
         return "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
     # A runner-up the names do not place has no fix of its own to add.
     told = [found[0], *(t for t in found[1:2] if t.ms >= runner_up_fraction * step_ms and t.kind != "other")]
-    return " ".join(_fix(t, step_ms) for t in told)
+    fused_attention = any(t.kind == "attention" for t in found)
+    return " ".join(_fix(t, step_ms, fused_attention) for t in told)

@@ -113,3 +113,18 @@ def test_kernels_the_names_do_not_place_get_the_general_advice_naming_them(tmp_p
 def test_a_runner_up_the_names_do_not_place_adds_no_advice(tmp_path: Path) -> None:
     fix = _busy(tmp_path, [("void at::native::vectorized_elementwise_kernel<4>", 600), ("merge", 350)])
     assert fix.startswith("Memory-bound kernels") and "merge" not in fix
+
+
+_SOFTMAX = "void at::native::cunn_SoftMaxForward<8, c10::BFloat16, float, c10::BFloat16, at::native::SoftMaxForwardEpilogue>(x)"
+
+
+def test_a_softmax_that_leads_without_fused_attention_is_told_sdpa(tmp_path: Path) -> None:
+    # The pattern of TraceLens' H100 TimeSformer recording (its top kernel is cunn_SoftMaxForward, 68.7 ms, beside bf16
+    # GEMMs; that device idles 59% of the step, so it gets no GPU-bound finding), planted on a busy device.
+    fix = _busy(tmp_path, [(_SOFTMAX, 600), ("cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn", 350)])
+    assert fix.startswith("Memory-bound kernels") and "scaled_dot_product_attention" in fix
+
+
+def test_a_log_softmax_is_the_loss_and_gets_no_attention_advice(tmp_path: Path) -> None:
+    fix = _busy(tmp_path, [(_SOFTMAX.replace("SoftMaxForwardEpilogue", "LogSoftMaxForwardEpilogue"), 600), ("volta_sgemm_64x64_tn", 350)])
+    assert fix.startswith("Memory-bound kernels") and "scaled_dot_product_attention" not in fix
