@@ -43,6 +43,10 @@ _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # 0.2-0.7 ms, one cudaMemsetAsync 1.3 ms), while first uses take 6.5 ms (a hipLaunchKernel loading its module) to
 # seconds (cudaFree creating the CUDA context in PARAM's warm-up forward: 5 calls of 1.3 s on average).
 FIRST_USE_CALL_MS = 5.0
+# Allocator calls per step from which the caching allocator looks switched off: with it on, a step reaches the
+# driver only for new segments (the H100 recording that calls empty_cache() every step: 11 calls a step); with it
+# off, for every tensor (TraceLens' MI300 ResNet-18 trace "no_pool": 437 hipFree / hipMalloc calls a step).
+UNCACHED_CALLS_PER_STEP = 50
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,12 @@ class Cause:
     ms: float
     sources: tuple[IdleCause, ...]
     """The idle causes its time is drawn from (per step in ``StepBreakdown.idle_ms``)."""
-    per_call_ms: float | None = None
-    """first_use: the idle ms per call of its calls."""
+    calls: float = 0.0
+    """allocator, first_use: its runtime calls per step (the idle pieces they are innermost in)."""
+
+    @property
+    def per_call_ms(self) -> float:
+        return self.ms / self.calls if self.calls else 0.0
 
 
 def _per_step(r: RankSummary, ops: Iterable[OpStat]) -> dict[str, float]:
@@ -82,14 +90,18 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     out = [Cause("optimizer", "the optimizer step", optimizer, ("cpu", "launch"))] if optimizer > 0 else []
     out += [Cause("region", name, ms, ("cpu",)) for name, ms in regions.items()]
     if "runtime" in shares:
+        steps = max(len(r.steps), 1)
         first = [o for o in shares["runtime"].top if o.calls and o.total_ms / o.calls >= FIRST_USE_CALL_MS] if _once(r) else []
         if first:
             total, n = sum(o.total_ms for o in first), sum(o.calls for o in first)
-            out.append(Cause("first_use", ", ".join(o.name for o in first[:3]), total / max(len(r.steps), 1), ("runtime",), total / n))
+            out.append(Cause("first_use", ", ".join(o.name for o in first[:3]), total / steps, ("runtime",), n / steps))
         calls = _per_step(r, [o for o in shares["runtime"].top if o not in first])
         alloc = {n: ms for n, ms in calls.items() if any(k in n for k in _ALLOCATOR)}
         if alloc:
-            out.append(Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",)))
+            n = sum(o.calls for o in shares["runtime"].top if o.name in alloc)
+            out.append(
+                Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",), n / steps)
+            )
         out += [
             Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms, ("runtime",)) for n, ms in calls.items() if n not in alloc
         ]
@@ -152,6 +164,13 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
             f"The host runs the region {cause.name!r} while the device idles ({figure}): keep its work on the device, "
             "or move it off the step (a background thread, or every N steps)."
         )
+    if cause.kind == "allocator" and cause.calls >= UNCACHED_CALLS_PER_STEP:
+        return (
+            f"{cause.name} leave the device idle {figure} in {cause.calls:.0f} calls a step, about one per tensor: the "
+            "caching allocator looks switched off: unset PYTORCH_NO_CUDA_MEMORY_CACHING (PYTORCH_NO_HIP_MEMORY_CACHING on "
+            "ROCm), or drop torch.cuda.caching_allocator_enable(False), so freed memory is reused instead of going back to "
+            "the driver; if it is on, no torch.cuda.empty_cache() in the loop."
+        )
     if cause.kind == "allocator":
         return (
             f"{cause.name} leave the device idle {figure}: let PyTorch's caching allocator reuse memory: no "
@@ -165,7 +184,7 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
         )
     if cause.kind == "first_use":
         return (
-            f"{cause.name} take {cause.per_call_ms or 0:.0f} ms a call while the device idles ({figure}): the cost of a "
+            f"{cause.name} take {cause.per_call_ms:.0f} ms a call while the device idles ({figure}): the cost of a "
             "first use, not of the loop (creating the CUDA context, loading a module's kernels at their first launch, "
             "cuDNN's first convolution, a first large allocation). No change to the loop removes it: profile steps "
             "after warm-up (a later window) to judge the steady state."
