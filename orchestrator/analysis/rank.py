@@ -4,9 +4,9 @@ How a step's time is split into phases
 --------------------------------------
 A step is the ``ProfilerStep#N`` span on the *main thread* (the thread that
 carries those spans). A trace without such spans (the profiler ran without a
-schedule) is analysed as one window, step 0, from the first to the last span of
-its main thread (then the thread with the most span time); ``RankSummary.window``
-and an issue say so. Every instant of a step is given to exactly one phase, by
+schedule) is analysed as the device's active span, cut into iterations where its
+main thread repeats (then the busiest thread running the model's forward or an
+optimizer step); ``RankSummary.window`` and an issue say so. Every instant of a step is given to exactly one phase, by
 the first rule below that holds at that instant, so nested spans are never
 counted twice and the phases add up to the step time:
 
@@ -75,6 +75,8 @@ from orchestrator.analysis.spans import (
     is_comm,
     is_copy_call,
     is_data,
+    is_forward,
+    is_optimizer,
     is_region,
     is_runtime,
     is_sync,
@@ -129,13 +131,8 @@ def _walk_thread(
     return self_us
 
 
-def _mean(values: Iterable[float]) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
-
-
 def _main_thread(threads: dict[Thread, list[Span]], kinds: dict[Thread, Kinds]) -> tuple[Thread | None, list[Span]]:
-    """The thread carrying ProfilerStep spans, else the one with the most span time; and its step spans."""
+    """The ProfilerStep thread, else the busiest with forward or optimizer spans (autograd's can be busier); its steps."""
     step_groups = {
         key: [group for (name, _), group in by_name.items() if parse_profiler_step(name) is not None]
         for key, by_name in kinds.items()
@@ -144,7 +141,8 @@ def _main_thread(threads: dict[Thread, list[Span]], kinds: dict[Thread, Kinds]) 
     if step_counts:
         key = step_counts.most_common(1)[0][0]
         return key, sorted((s for group in step_groups[key] for s in group), key=lambda s: s.ts)
-    busiest = max(threads, key=lambda k: total(cover(threads[k])), default=None)
+    python = [k for k in threads if any(is_forward(g[0]) or is_optimizer(g[0]) for g in kinds[k].values())]
+    busiest = max(python or threads, key=lambda k: total(cover(threads[k])), default=None)
     return busiest, []
 
 
@@ -307,7 +305,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         )
 
     durations = [s.duration_ms for s in steps]
-    mean_phases = PhaseTimes(**{p: _mean(s.phases.get(p) for s in steps) for p in PHASES})
+    mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
     launches = {
         s.correlation: (s.ts, s.end, key)
         for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME
@@ -336,7 +334,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         device=trace.device,
         window=window_kind,
         steps=steps,
-        mean_step_ms=_mean(durations) if steps else None,
+        mean_step_ms=sum(durations) / len(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,

@@ -62,6 +62,27 @@ def test_a_closures_backward_run_by_the_autograd_thread_is_backward(tmp_path: Pa
     assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.3, 0.38, 0.22, 0.1))
 
 
+def test_without_profiler_steps_the_python_thread_is_main_though_the_autograd_thread_is_busier(tmp_path: Path) -> None:
+    # TraceLens' MI300 DDP ResNet-18 trace: no ProfilerStep; the autograd thread (backward, 528 ms an iteration)
+    # is busier than the Python thread (forward 144 ms, SGD). Before, the autograd thread was taken for main: no
+    # forward at all, no step definition, iterations cut at MseLossBackward0.
+    events = []
+    for i in range(4):
+        o = 1000 * i
+        events += [
+            x_event("nn.Module: Net_0", o, 200, cat="python_function"),
+            x_event("aten::linear", o + 10, 180),
+            x_event("autograd::engine::evaluate_function: AddmmBackward0", o + 210, 700, tid=2),
+            x_event("Optimizer.step#SGD.step", o + 920, 60, cat="user_annotation"),
+            x_event("aten::add_", o + 930, 40),
+            x_event("kernel", o + 20, 900, cat="kernel", pid=0, tid=7, stream=7, device=0),
+        ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    rank = analyze_folder(tmp_path).ranks[0]
+    assert rank.step_definition == "1 step = SGD.step ×1; 1 forward pass (Net_0)"
+    assert rank.mean_phases.forward == pytest.approx(0.2) and rank.mean_phases.backward > 0.5
+
+
 def test_a_module_forward_inside_backward_is_forward_and_backward_inside_forward_is_backward() -> None:
     # Activation checkpointing recomputes forward inside backward: the innermost span decides.
     found = innermost([(0, 100, "backward"), (10, 30, "forward"), (50, 60, "forward"), (55, 58, "backward")])
