@@ -65,6 +65,10 @@ class Cause:
     def per_call_ms(self) -> float:
         return self.ms / self.calls if self.calls else 0.0
 
+    def verb(self, singular: str, plural: str) -> str:
+        """``singular`` for a cause named by one call or op, ``plural`` for a list of them ("cudaFree, cudaMalloc")."""
+        return plural if ", " in self.name else singular
+
 
 def _per_step(r: RankSummary, ops: Iterable[OpStat]) -> dict[str, float]:
     n = max(len(r.steps), 1)
@@ -166,14 +170,14 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
         )
     if cause.kind == "allocator" and cause.calls >= UNCACHED_CALLS_PER_STEP:
         return (
-            f"{cause.name} leave the device idle {figure} in {cause.calls:.0f} calls a step, about one per tensor: the "
+            f"{cause.name} {cause.verb('leaves', 'leave')} the device idle {figure} in {cause.calls:.0f} calls a step, about one per tensor: the "
             "caching allocator looks switched off: unset PYTORCH_NO_CUDA_MEMORY_CACHING (PYTORCH_NO_HIP_MEMORY_CACHING on "
             "ROCm), or drop torch.cuda.caching_allocator_enable(False), so freed memory is reused instead of going back to "
             "the driver; if it is on, no torch.cuda.empty_cache() in the loop."
         )
     if cause.kind == "allocator":
         return (
-            f"{cause.name} leave the device idle {figure}: let PyTorch's caching allocator reuse memory: no "
+            f"{cause.name} {cause.verb('leaves', 'leave')} the device idle {figure}: let PyTorch's caching allocator reuse memory: no "
             "torch.cuda.empty_cache() in the loop, no tensors allocated anew each iteration (preallocate and reuse "
             "buffers), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation."
         )
@@ -184,7 +188,7 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
         )
     if cause.kind == "first_use":
         return (
-            f"{cause.name} take {cause.per_call_ms:.0f} ms a call while the device idles ({figure}): the cost of a "
+            f"{cause.name} {cause.verb('takes', 'take')} {cause.per_call_ms:.0f} ms a call while the device idles ({figure}): the cost of a "
             "first use, not of the loop (creating the CUDA context, loading a module's kernels at their first launch, "
             "cuDNN's first convolution, a first large allocation). No change to the loop removes it: profile steps "
             "after warm-up (a later window) to judge the steady state."

@@ -144,7 +144,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         if not fixes or first_use.ms > steady[0].ms:
             fixes = [fix_for(first_use, worst), *fixes[:1]]
         else:
-            held += f" {first_use.name} take {first_use.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
+            held += f" {first_use.name} {first_use.verb('takes', 'take')} {first_use.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION

@@ -16,7 +16,7 @@ from typing import Literal
 
 from orchestrator.models.analysis import OpStat, RankSummary
 
-__all__ = ["KindTime", "device_work_fix", "kernel_kind", "kinds"]
+__all__ = ["COMM_KERNEL", "KindTime", "device_work_fix", "kernel_kind", "kinds", "short_name"]
 
 Kind = Literal["attention", "embedding", "compiled", "matmul", "memory", "other"]
 COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)

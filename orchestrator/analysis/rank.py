@@ -6,9 +6,10 @@ A step is the ``ProfilerStep#N`` span on the *main thread* (the thread that
 carries those spans). A trace without such spans (the profiler ran without a
 schedule) is analysed as the device's active span, cut into iterations where its
 main thread repeats (then the busiest thread running the model's forward or an
-optimizer step); ``RankSummary.window`` and an issue say so. Every instant of a step is given to exactly one phase, by
-the first rule below that holds at that instant, so nested spans are never
-counted twice and the phases add up to the step time:
+optimizer step); ``RankSummary.window`` and an issue say so. Every instant of a
+step is given to exactly one phase, by the first rule below that holds at that
+instant, so nested spans are never counted twice and the phases add up to the
+step time:
 
  1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
                   or ``_next_data``): whatever the loader does, the fix is the loader's.

@@ -94,7 +94,7 @@ def test_a_first_launch_that_loads_its_module_is_a_first_use_not_launch_pace() -
     # HTA's MI250 mini toy: one hipLaunchKernel takes 6.5 ms (0.1 ms of kernels run per step). Before: "launch
     # fewer, bigger kernels" for the slow call, which no graph or larger batch removes.
     low = finding(external("hta_amd_mi250_minitoy"), "low_gpu_utilization")
-    assert low.fix.startswith("hipLaunchKernel take 7 ms a call while the device idles (3.3 ms per step): the cost of a first use")
+    assert low.fix.startswith("hipLaunchKernel takes 7 ms a call while the device idles (3.3 ms per step): the cost of a first use")
     assert "Launch calls (hipLaunchKernel)" not in low.fix
 
 
@@ -119,7 +119,7 @@ def test_slow_runtime_calls_in_every_step_are_the_loops_and_get_its_fix(tmp_path
         ]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     low = finding(analyze_folder(tmp_path), "low_gpu_utilization")
-    assert low.fix.startswith("cudaFree leave the device idle 20.0 ms per step") and "empty_cache" in low.fix
+    assert low.fix.startswith("cudaFree leaves the device idle 20.0 ms per step") and "empty_cache" in low.fix
 
 
 def test_a_region_around_the_whole_step_is_no_cause_the_ops_inside_it_are(tmp_path: Path) -> None:
@@ -144,12 +144,12 @@ def _one_step_with_a_cudamalloc(tmp_path: Path, dur: float) -> Finding:
 
 def test_one_slow_runtime_call_in_a_single_step_is_a_first_use(tmp_path: Path) -> None:
     low = _one_step_with_a_cudamalloc(tmp_path, 7_000)
-    assert low.fix.startswith("cudaMalloc take 7 ms a call while the device idles") and "empty_cache" not in low.fix
+    assert low.fix.startswith("cudaMalloc takes 7 ms a call while the device idles") and "empty_cache" not in low.fix
 
 
 def test_a_runtime_call_under_the_first_use_length_keeps_its_fix(tmp_path: Path) -> None:
     low = _one_step_with_a_cudamalloc(tmp_path, 700)
-    assert low.fix.startswith("cudaMalloc leave the device idle 0.7 ms per step") and "empty_cache" in low.fix
+    assert low.fix.startswith("cudaMalloc leaves the device idle 0.7 ms per step") and "empty_cache" in low.fix
 
 
 @pytest.mark.parametrize("case", EXTERNAL_CASES)
@@ -211,7 +211,7 @@ def test_an_allocator_call_per_tensor_is_told_the_caching_allocator_looks_off(tm
     events += [x_event("cudaFree", 110 + 12 * i, 10, cat="cuda_runtime") for i in range(60)]
     events += [launch(850, 2), kernel(860, 130, 2)]
     top = findings_of(tmp_path, events)[0]
-    assert top.fix.startswith("cudaFree leave the device idle 0.6 ms per step in 60 calls a step, about one per tensor")
+    assert top.fix.startswith("cudaFree leaves the device idle 0.6 ms per step in 60 calls a step, about one per tensor")
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" in top.fix
 
 
