@@ -33,8 +33,9 @@ _KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
         re.IGNORECASE,
     )),
 )
-# Names that say fp32 math: cuBLAS's SGEMMs, cuDNN's scudnn / float-templated engines, CUTLASS/xmma FFMA kernels.
-_FP32 = re.compile(r"sgemm|scudnn|^void cudnn::\w+(::\w+)*<float,|engine<float,|f32f32_f32f32_f32")
+# Names that say fp32 math: cuBLAS's SGEMMs, cuDNN's scudnn / float-templated engines, CUTLASS/xmma FFMA kernels,
+# Tensile's (rocBLAS / hipBLASLt) ``Cijk_<indices>_SB_`` (the type code after the indices: SB single, HB half, BBS bf16).
+_FP32 = re.compile(r"sgemm|scudnn|^void cudnn::\w+(::\w+)*<float,|engine<float,|f32f32_f32f32_f32|^Cijk_[A-Za-z]+_[A-Za-z]+_SB_")
 _LABELS = {
     "attention": "attention kernels",
     "embedding": "embedding lookups and their backward",

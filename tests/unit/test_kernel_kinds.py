@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.kernel_kinds import kernel_kind, short_name
+from orchestrator.analysis.kernel_kinds import KindTime, kernel_kind, short_name
+from orchestrator.models.analysis import OpStat
 from tests.support.realtraces import external, finding
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
@@ -128,3 +129,20 @@ def test_a_softmax_that_leads_without_fused_attention_is_told_sdpa(tmp_path: Pat
 def test_a_log_softmax_is_the_loss_and_gets_no_attention_advice(tmp_path: Path) -> None:
     fix = _busy(tmp_path, [(_SOFTMAX.replace("SoftMaxForwardEpilogue", "LogSoftMaxForwardEpilogue"), 600), ("volta_sgemm_64x64_tn", 350)])
     assert fix.startswith("Memory-bound kernels") and "scaled_dot_product_attention" not in fix
+
+
+@pytest.mark.parametrize(
+    ("name", "fp32"),
+    [
+        ("volta_sgemm_128x64_nn", True),
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int)", True),
+        ("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize256x64x8", True),
+        ("Cijk_Ailk_Bljk_SB_MT64x64x16_SN_1LDSB0_APM1", True),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", False),
+        ("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", False),
+        ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64", False),
+        ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x192x64", False),
+    ],
+)
+def test_fp32_is_read_from_the_names_that_say_it(name: str, fp32: bool) -> None:
+    assert KindTime("matmul", 1.0, (OpStat(name=name, calls=1, total_ms=1.0),)).fp32 is fp32
