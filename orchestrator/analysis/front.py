@@ -135,6 +135,11 @@ def _join(
             for r in ranks
         ]
     steps = common_steps(ranks)
+    if ranks and all(r.window == "profiler_steps" and len(r.steps) == 1 for r in ranks):
+        issues.append(
+            f"one step analysed (step {ranks[0].steps[0].step}): a one-off (compilation, warm-up, an epoch's first batch) "
+            "reads the same as a cost every step pays; profile more steps (--steps) to tell them apart"
+        )
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
     definitions = Counter(r.step_definition for r in ranks if r.step_definition)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, ONE_STEP_SHARE, one_step
 from orchestrator.models.analysis import PhaseTimes, RankSummary, StepBreakdown
+from tests.support.tracefiles import write_trace, x_event
 
 
 def _rank(n: int) -> RankSummary:
@@ -49,3 +52,20 @@ def test_a_named_step_holds_the_share_and_the_others_stay_under_the_bar(values: 
     rest = list(values)
     rest.remove(top)
     assert found.others_ms == statistics.median(rest) and found.others == len(values) - 1
+
+
+def _steps_trace(tmp_path: Path, n: int) -> list[str]:
+    events = []
+    for i in range(n):
+        events += [x_event(f"ProfilerStep#{6 + i}", 1000 * i, 900, cat="user_annotation"), x_event("aten::mm", 1000 * i + 10, 800)]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return analyze_folder(tmp_path).issues
+
+
+def test_a_window_of_one_step_says_a_one_off_reads_the_same(tmp_path: Path) -> None:
+    # TraceLens' H100/MI300 recordings hold ProfilerStep#6 alone; HTA's Triton example ProfilerStep#1 (13 s, compiling).
+    assert any(i.startswith("one step analysed (step 6): a one-off") for i in _steps_trace(tmp_path, 1))
+
+
+def test_a_window_of_two_steps_gets_no_one_step_note(tmp_path: Path) -> None:
+    assert not any(i.startswith("one step analysed") for i in _steps_trace(tmp_path, 2))
