@@ -102,9 +102,9 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         calls = _per_step(r, [o for o in shares["runtime"].top if o not in first])
         alloc = {n: ms for n, ms in calls.items() if any(k in n for k in _ALLOCATOR)}
         if alloc:
-            n = sum(o.calls for o in shares["runtime"].top if o.name in alloc)
+            alloc_calls = sum(o.calls for o in shares["runtime"].top if o.name in alloc)
             out.append(
-                Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",), n / steps)
+                Cause("allocator", ", ".join(sorted(alloc, key=lambda n: -alloc[n])[:3]), sum(alloc.values()), ("runtime",), alloc_calls / steps)
             )
         out += [
             Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms, ("runtime",)) for n, ms in calls.items() if n not in alloc

@@ -19,7 +19,8 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_groups
-from orchestrator.analysis.kernel_kinds import COMM_KERNEL, device_work_fix, kinds
+from orchestrator.analysis.kernel_kinds import device_work_fix, kinds
+from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = [
@@ -140,8 +141,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         else:
             fixes = [_one_off_fix(worst, one_offs[told[0]], alike)]
     if first_use is not None:
-        # Told first when it leads (the loop's own lead follows, for the steps after warm-up), else only named.
-        if not fixes or first_use.ms > steady[0].ms:
+        # Told first when no steady cause leads it (the fix told so far follows), else only named.
+        if not fixes or not steady or first_use.ms > steady[0].ms:
             fixes = [fix_for(first_use, worst), *fixes[:1]]
         else:
             held += f" {first_use.name} {first_use.verb('takes', 'take')} {first_use.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
@@ -176,9 +177,10 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     worst = max(hit, key=lambda r: r.gpu.utilization)
     per_step = max(len(worst.steps), 1)
     # Collective kernels run beside compute and wait for peers: they are the comm finding's, not a kernel to tune.
-    top = [k for k in worst.top_kernels if not COMM_KERNEL.match(k.name)][:GPU_BOUND_TOP_KERNELS]
+    top = [k for k in worst.top_kernels if not is_comm_kernel_name(k.name)][:GPU_BOUND_TOP_KERNELS]
     listed = "; ".join(f"{k.name[:80]} {k.total_ms / per_step:.2f} ms ({share(worst, k.total_ms / per_step):.0%})" for k in top)
-    by_kind = ", ".join(f"{t.kind} {t.ms:.1f} ms ({share(worst, t.ms):.0%})" for t in kinds(worst))
+    found = kinds(worst)
+    by_kind = ", ".join(f"{t.kind} {t.ms:.1f} ms ({share(worst, t.ms):.0%})" for t in found)
     return make_finding(
         "gpu_bound",
         worst,
@@ -190,7 +192,7 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             f"{GPU_BOUND_UTILIZATION:.0%} on {ranks_text(hit)}): host-side fixes cannot win more than its "
             f"{worst.gpu.idle_ms_per_step:.1f} ms of idle time. Top kernels per step: {listed}. The top kernels by kind: {by_kind}."
         ),
-        fix=device_work_fix(worst, REPORT_FRACTION),
+        fix=device_work_fix(found, worst.mean_step_ms or 0.0, REPORT_FRACTION),
         ranks=[r.rank for r in hit],
     )
 

@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import OpStat, RankSummary
 
-__all__ = ["COMM_KERNEL", "KindTime", "device_work_fix", "kernel_kind", "kinds", "short_name"]
+__all__ = ["KindTime", "device_work_fix", "kernel_kind", "kinds", "short_name"]
 
 Kind = Literal["attention", "embedding", "compiled", "matmul", "memory", "other"]
-COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 # First match wins: attention and embedding kernels contain GEMM-like words, Triton kernels ATen-like ones, and
 # GEMMs memory-like ones (cuDNN's ``wgrad_indexed_implicit_gemm``).
 _KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
@@ -69,7 +69,7 @@ def kinds(r: RankSummary) -> list[KindTime]:
     n = max(len(r.steps), 1)
     grouped: dict[Kind, list[OpStat]] = {}
     for k in r.top_kernels:
-        if not COMM_KERNEL.match(k.name):
+        if not is_comm_kernel_name(k.name):
             grouped.setdefault(kernel_kind(k.name), []).append(k)
     out = [KindTime(kind, sum(k.total_ms for k in ks) / n, tuple(ks)) for kind, ks in grouped.items()]
     return sorted(out, key=lambda t: -t.ms)
@@ -135,11 +135,9 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
     )
 
 
-def device_work_fix(r: RankSummary, runner_up_fraction: float) -> str:
-    """The fix for the kind of kernel that takes most of the busy device's time, and for the runner-up when it
-    takes at least ``runner_up_fraction`` of the step."""
-    found = kinds(r)
-    step_ms = r.mean_step_ms or 0.0
+def device_work_fix(found: list[KindTime], step_ms: float, runner_up_fraction: float) -> str:
+    """The fix for the kind of kernel (``found``: :func:`kinds`) that takes most of the busy device's time, and for
+    the runner-up when it takes at least ``runner_up_fraction`` of the ``step_ms`` step."""
     if not found or step_ms <= 0:
         return "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
     # A runner-up the names do not place has no fix of its own to add.

@@ -28,6 +28,7 @@ __all__ = [
     "is_backward",
     "is_comm",
     "is_comm_kernel",
+    "is_comm_kernel_name",
     "is_compute_kernel",
     "is_copy_call",
     "is_data",
@@ -78,7 +79,7 @@ _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _BACKWARD = re.compile(r"backward", re.IGNORECASE)
 _COMPILED_AUTOGRAD = "Torch-Compiled Region: !"
 # HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it.
-_COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+_COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _COPY_NAME = re.compile(r"Memcpy (?P<dir>HtoD|DtoH|DtoD|HtoH|PtoP)\b(?: \((?P<src>\w+) -> (?P<dst>\w+)\))?")
@@ -152,7 +153,12 @@ def regions_within(spans: Sequence[Span], windows: Sequence[tuple[float, float]]
 
 def is_comm_kernel(span: Span) -> bool:
     """A collective's device kernel (NCCL / RCCL)."""
-    return span.cat == "kernel" and _COMM_KERNEL.match(span.name) is not None
+    return span.cat == "kernel" and is_comm_kernel_name(span.name)
+
+
+def is_comm_kernel_name(name: str) -> bool:
+    """A kernel name that is a collective's: it runs beside compute and waits for peers, no kernel to tune."""
+    return _COMM_KERNEL.match(name) is not None
 
 
 def is_compute_kernel(span: Span) -> bool:

@@ -136,6 +136,29 @@ def test_a_region_around_the_whole_step_is_no_cause_the_ops_inside_it_are(tmp_pa
     assert "serve_one_request" not in top.fix
 
 
+def test_a_first_use_beside_a_one_step_cause_and_nothing_steady_is_told_first(tmp_path: Path) -> None:
+    # Step 1: a 13 ms cudaMalloc (a first use: 5 ms a call over the window, one step idles that long) and a 5 ms
+    # host op that no other step runs (one step's alone); steps 2 and 3: a 1 ms cudaMalloc each. Nothing every step
+    # pays is left to tell a fix for.
+    events: list[dict[str, Any]] = []
+    for i in range(3):
+        o = 30_000 * i
+        malloc = 13_000 if i == 0 else 1_000
+        resume = o + 5_000 + malloc + (5_000 if i == 0 else 0)
+        events += [
+            x_event(f"ProfilerStep#{i + 1}", o, 30_000, cat="user_annotation"),
+            launch(o, 10 * i + 1), kernel(o, 5_000, 10 * i + 1),
+            x_event("cudaMalloc", o + 5_000, malloc, cat="cuda_runtime"),
+            launch(resume, 10 * i + 2), kernel(resume, o + 30_000 - resume, 10 * i + 2),
+        ]
+        if i == 0:
+            events.append(x_event("aten::nonzero", o + 18_000, 5_000))
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    low = finding(analyze_folder(tmp_path), "low_gpu_utilization")
+    assert low.fix.startswith("cudaMalloc takes 5 ms a call while the device idles")
+    assert "(aten::nonzero) is step 1's alone" in low.fix
+
+
 def _one_step_with_a_cudamalloc(tmp_path: Path, dur: float) -> Finding:
     events = [launch(0, 1), kernel(0, 100, 1), x_event("cudaMalloc", 110, dur, cat="cuda_runtime"), launch(dur + 150, 2), kernel(dur + 160, 100, 2)]
     write_trace(tmp_path / "rank0.pt.trace.json", [x_event("ProfilerStep#1", 0, 10_000, cat="user_annotation"), *events], world_size=1)
