@@ -164,7 +164,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
-        cause_ms=max(steady[0].ms if steady else 0.0, _unclaimed(worst) - (first_use.ms if first_use else 0.0) if mostly_idle else 0.0),
+        cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - (first_use.ms if first_use else 0.0) if mostly_idle else 0.0),
         one_off=one_off,
     )
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
-from orchestrator.analysis.spans import is_comm_kernel
+from orchestrator.analysis.spans import is_comm_kernel, is_marker_name
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
     IDLE_LABELS,
@@ -192,6 +192,7 @@ def attribute(
     drains = union(drains)
     named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    model_named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for who in set(pieces) | set(launched):
         rest = union(pieces.get(who, []))
         h = host(who)
@@ -228,6 +229,9 @@ def attribute(
         steps = [s for s in h.regions if s.name.startswith("Optimizer.")]
         own = h.optimizer if h.optimizer is not None else cover(steps)
         users = [s for s in h.regions if not s.name.startswith("Optimizer.")]
+        # The model's own ops: cpu time outside the optimizer's own time and the user's regions (a closure's forward
+        # and backward inside Optimizer.step are the model's), so no op is counted with a region it runs in.
+        _name_innermost(h.spans, subtract(cpu, union(own + cover(users))), h.skip, model_named)
         for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch_pace)):
             _name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause])  # type: ignore[index]
             _name_innermost(users, ivs, frozenset(), regions[cause])  # type: ignore[index]
@@ -239,7 +243,9 @@ def attribute(
     for by_region in regions.values():
         by_region.pop(PYTHON_OUTSIDE_OPS, None)  # time in no region
     tops = {cause: _top(by_name) for cause, by_name in named.items()}
-    return summarize(per_window, tops, {cause: _top(by_name) for cause, by_name in regions.items()}, step_ms), per_window
+    ops = {name: entry for name, entry in model_named.items() if name != PYTHON_OUTSIDE_OPS and not is_marker_name(name)}
+    model_ops = (_top(ops), sum(us for _, us in ops.values()) / 1000)
+    return summarize(per_window, tops, {cause: _top(by_name) for cause, by_name in regions.items()}, step_ms, model_ops), per_window
 
 
 def summarize(
@@ -247,8 +253,10 @@ def summarize(
     tops: dict[IdleCause, list[OpStat]],
     regions: dict[IdleCause, list[OpStat]],
     step_ms: float | None = None,
+    model_ops: tuple[list[OpStat], float] = ([], 0.0),
 ) -> IdleAttribution:
-    """Per-step means of the windows' idle ms by cause, largest first, each with its named ops and regions."""
+    """Per-step means of the windows' idle ms by cause, largest first, each with its named ops and regions (and
+    for ``cpu``, the model's ops: ``model_ops``, the largest and the ms of all, summed over the steps)."""
     n = max(len(per_window), 1)
     sums: dict[IdleCause, float] = defaultdict(float)
     for row in per_window:
@@ -264,6 +272,7 @@ def summarize(
             fraction_of_step=(ms / n / step) if step else 0.0,
             top=tops.get(cause, []),
             regions=regions.get(cause, []),
+            **({"model_ops": model_ops[0], "model_ops_ms": model_ops[1]} if cause == "cpu" else {}),
         )
         for cause, ms in sorted(sums.items(), key=lambda kv: (-kv[1], IDLE_CAUSES.index(kv[0])))
         if ms > 0
@@ -355,7 +364,12 @@ def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
         if moved > 0:
             row["late_rank"] = moved
         steps.append(s.model_copy(update={"idle_ms": row}))
+    cpu = next((c for c in r.idle.causes if c.cause == "cpu"), None)
     idle = summarize(
-        [s.idle_ms for s in steps], {c.cause: c.top for c in r.idle.causes}, {c.cause: c.regions for c in r.idle.causes}, r.mean_step_ms
+        [s.idle_ms for s in steps],
+        {c.cause: c.top for c in r.idle.causes},
+        {c.cause: c.regions for c in r.idle.causes},
+        r.mean_step_ms,
+        (cpu.model_ops, cpu.model_ops_ms) if cpu is not None else ([], 0.0),
     )
     return r.model_copy(update={"steps": steps, "idle": idle})

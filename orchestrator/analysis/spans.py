@@ -31,12 +31,14 @@ __all__ = [
     "is_comm_kernel_name",
     "is_compute_kernel",
     "is_copy_call",
+    "is_compiled_name",
     "is_data",
     "is_forward",
     "is_optimizer",
     "is_region",
     "regions_within",
     "is_runtime",
+    "is_marker_name",
     "is_sync",
     "where",
 ]
@@ -78,6 +80,7 @@ _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 # "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
 _BACKWARD = re.compile(r"backward", re.IGNORECASE)
 _COMPILED_AUTOGRAD = "Torch-Compiled Region: !"
+_COMPILED_HOST = ("CompiledFunction", "Torch-Compiled Region", "TorchDynamo Cache Lookup")
 # HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it.
 _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
@@ -140,6 +143,17 @@ def is_region(span: Span) -> bool:
         and not span.name.startswith(("ProfilerStep#", "## "))
         and not (is_forward(span) or is_backward(span) or is_data(span) or is_comm(span))
     )
+
+
+def is_compiled_name(text: str) -> bool:
+    """Whether ``text`` names a torch.compile'd graph's host span (AOTAutograd's ``CompiledFunction`` and its
+    backward, Dynamo's ``Torch-Compiled Region: 0/0`` and cache lookup)."""
+    return any(mark in text for mark in _COMPILED_HOST)
+
+
+def is_marker_name(name: str) -> bool:
+    """A span that marks a phase or a step, not an op: host time innermost in it is Python in that phase, no op to fix."""
+    return name.startswith(("Optimizer.", "## ", "nn.Module:", "ProfilerStep#")) or name.endswith(".forward")
 
 
 def regions_within(spans: Sequence[Span], windows: Sequence[tuple[float, float]]) -> tuple[list[Span], frozenset[str]]:

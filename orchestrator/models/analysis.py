@@ -168,6 +168,12 @@ class IdleShare(_Model):
         default_factory=list,
         description="cpu: the optimizer steps and record_function regions the host is in while the device idles, summed over the steps.",
     )
+    model_ops: list[OpStat] = Field(
+        default_factory=list,
+        description="cpu: the host ops (innermost span) the device idles during outside every optimizer step and record_function "
+        "region (the model's own ops), the largest, summed over the steps.",
+    )
+    model_ops_ms: float = Field(0.0, description="cpu: the time of all those ops, summed over the steps.")
 
 
 class IdleAttribution(_Model):
