@@ -253,7 +253,16 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
             "micro-batches, or compress gradients (DDP comm hooks, bf16)."
         ),
         ranks=[least.rank],
+        # The first collective of a window can carry a communicator's set-up (NCCL creates it lazily, seconds).
+        one_off=one_step(least, _comm_per_step(least)),
     )
+
+
+def _comm_per_step(r: RankSummary) -> list[float]:
+    """:func:`_comm_cost` step by step."""
+    if r.gpu is None or r.idle is None:
+        return per_step_cost(r, [], "comm")
+    return [(s.comm_exposed_ms or 0.0) + s.idle_ms.get("collective", 0.0) for s in r.steps]
 
 
 def _fsdp_fix(r: RankSummary) -> str | None:

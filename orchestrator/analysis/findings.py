@@ -285,6 +285,8 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         ),
         fix=fix,
         ranks=[r.rank for r in hit],
+        # Only the host-blocked part is known step by step; pageable copies' device time is a mean.
+        one_off=None if pageable_ms else one_step(worst, per_step_cost(worst, ["copy"], "memcpy")),
     )
 
 
