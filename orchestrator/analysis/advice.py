@@ -140,6 +140,11 @@ def _once(r: RankSummary) -> bool:
     return sum(1 for s in r.steps if s.idle_ms.get("runtime", 0.0) >= FIRST_USE_CALL_MS) <= 1
 
 
+def _models_ops(cause: Cause) -> bool:
+    """The model's ops as one cause (several ops), not one op named alone."""
+    return cause.kind == "op" and cause.name.startswith("the model's ops")
+
+
 def round_trips(r: RankSummary) -> dict[str, float]:
     """Regions that copy pageable memory to the host and back, with the device ms per step of those copies."""
     n = max(len(r.steps), 1)
@@ -153,9 +158,14 @@ def round_trips(r: RankSummary) -> dict[str, float]:
     return {name: ms + by_dir["HtoD"][name] for name, ms in by_dir["DtoH"].items() if name in by_dir["HtoD"]}
 
 
-def fix_for(cause: Cause, r: RankSummary) -> str:
-    """The concrete change that removes ``cause``, with its figure."""
+def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
+    """The concrete change that removes ``cause``, with its figure (``after``: the cause whose fix is told before it)."""
     figure = f"{cause.ms:.1f} ms per step"
+    if after is not None and {cause.kind, after.kind} == {"op", "launch"} and _models_ops(cause if cause.kind == "op" else after):
+        # Launch pace and the model's per-op host cost are cut by the same change (fewer, bigger kernels), just told.
+        if cause.kind == "launch":
+            return f"Kernels are launched no faster than they run ({figure} of launch-bound idle): the same changes cut it."
+        return f"The host's own time in {cause.name} leaves the device idle {figure}: the same changes cut it."
     if cause.kind == "optimizer":
         return (
             f"The optimizer's host time leaves the device idle {figure}: use a fused or foreach optimizer "
@@ -215,13 +225,13 @@ def fix_for(cause: Cause, r: RankSummary) -> str:
             "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
             "processes on the device)."
         )
-    if cause.name.startswith("the model's ops") and is_compiled_name(cause.name.split("(", 1)[1]):
+    if _models_ops(cause) and is_compiled_name(cause.name.split("(", 1)[1]):
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: the model is compiled, and the host "
             "runs its graphs no faster than the device: replay them as CUDA graphs (torch.compile(mode='reduce-overhead')), "
             "cut graph breaks (torch._dynamo.explain) so fewer graphs run, or a larger batch per step."
         )
-    if cause.name.startswith("the model's ops"):
+    if _models_ops(cause):
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: each op costs the host more than "
             "its kernels take on the device: torch.compile the model (fewer, fused kernels; mode='reduce-overhead' "

@@ -129,7 +129,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     # from REPORT_FRACTION; a fix for a negligible cause would send the user after nothing, and one for a cause one
     # step holds (warm-up) after something no later step pays.
     fixes = [
-        fix_for(c, worst) for i, c in enumerate(steady[:2])
+        fix_for(c, worst, after=steady[0] if i else None) for i, c in enumerate(steady[:2])
         if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
     ]
     held = ""

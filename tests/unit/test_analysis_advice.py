@@ -380,3 +380,17 @@ def test_the_real_compiled_trace_is_told_cuda_graphs_and_the_ddp_resnet_its_mode
     eager = finding(external("hta_nccl_parser_a100_r0of2"), "low_gpu_utilization")
     assert eager.fix.startswith("The host's own time in the model's ops (aten::empty 13.7 ms")
     assert "116.4 ms per step" in eager.fix and "torch.compile the model" in eager.fix
+
+
+@pytest.mark.parametrize(
+    ("case", "second"),
+    [
+        ("hta_nccl_parser_a100_r0of2", "Kernels are launched no faster than they run (15.5 ms per step of launch-bound idle)"),
+        ("param_dlrm_v100_8ranks", "The host's own time in the model's ops (aten::empty 0.1 ms"),
+    ],
+)
+def test_launch_pace_beside_the_models_ops_is_told_their_one_fix_once(case: str, second: str) -> None:
+    # Both are cut by fewer, bigger kernels: the second of the two says so instead of repeating the list.
+    fix = finding(external(case), "low_gpu_utilization").fix
+    assert second in fix and fix.endswith("the same changes cut it.")
+    assert fix.count("a larger batch") == 1
