@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from orchestrator.analysis.iterations import find_iterations
 from orchestrator.traces.loader import Span
 
@@ -72,3 +75,31 @@ def test_the_dataloader_marks_the_start_whatever_follows_the_step() -> None:
     loop = [LOADER, *FORWARD, STEP, "aten::zeros"]
     spans = plant([*FORWARD, STEP, *loop * 4])
     assert find_iterations(spans, whole(spans))[1] == LOADER
+
+
+_NAMES = st.sampled_from([LOADER, STEP, ZERO, "aten::item", *FORWARD])
+
+
+@given(
+    st.lists(_NAMES, max_size=12),
+    st.lists(_NAMES, min_size=1, max_size=12),
+    st.integers(min_value=0, max_value=8),
+    st.lists(_NAMES, max_size=12),
+    st.lists(st.floats(min_value=0.001, max_value=50.0), min_size=1, max_size=7),
+)
+def test_iterations_are_ordered_disjoint_inside_the_window_and_start_at_their_marker(
+    head: list[str], loop: list[str], repeats: int, tail: list[str], lengths: list[float]
+) -> None:
+    names = head + loop * repeats + tail
+    spans = plant([(name, lengths[i % len(lengths)]) for i, name in enumerate(names)])
+    if not spans:
+        return
+    window = whole(spans)
+    windows, marker = find_iterations(spans, window)
+    if not windows:
+        assert marker == ""
+        return
+    starts = {s.ts: s.name for s in spans}
+    assert all(window[0] <= a < b <= window[1] for a, b in windows)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(windows, windows[1:]))
+    assert all(starts[a] == marker for a, _ in windows)
