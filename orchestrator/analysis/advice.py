@@ -225,7 +225,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
             "processes on the device)."
         )
-    if _models_ops(cause) and is_compiled_name(cause.name.split("(", 1)[1]):
+    if cause.kind == "op" and is_compiled_name(cause.name):
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: the model is compiled, and the host "
             "runs its graphs no faster than the device: replay them as CUDA graphs (torch.compile(mode='reduce-overhead')), "

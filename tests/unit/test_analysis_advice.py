@@ -371,6 +371,11 @@ def test_a_compiled_models_host_time_is_told_cuda_graphs_not_to_compile_it(tmp_p
     assert "torch.compile the model" not in low.fix
 
 
+def test_a_compiled_graph_alone_is_told_cuda_graphs_too(tmp_path: Path) -> None:
+    low = next(f for f in ten_ms_step(tmp_path, [x_event("CompiledFunction", 1000, 2400)], gap_end=3400) if f.code == "low_gpu_utilization")
+    assert low.fix.startswith("The host's own time in CompiledFunction leaves") and "the model is compiled" in low.fix
+
+
 def test_the_real_compiled_trace_is_told_cuda_graphs_and_the_ddp_resnet_its_models_ops() -> None:
     compiled = finding(external("hta_df_index_resolver_v100_r1of2"), "low_gpu_utilization")
     assert compiled.fix.startswith("The host's own time in the model's ops (CompiledFunctionBackward 28.2 ms")
