@@ -139,6 +139,8 @@ class FakeAgent:
     upload: ArtifactKind = "op_table"
     step: int = 0
     windows: list[WindowSpec] = field(default_factory=list)
+    # This rank's step when each window's arm reached it.
+    armed_at_steps: list[int] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     window_task: asyncio.Task | None = None
@@ -149,6 +151,8 @@ class FakeAgent:
     # Steps advance while True; a stuck rank stops counting but its agent still heartbeats.
     training: bool = True
     step_s: float = STEP_S
+    # Whether heartbeats carry a step time (an agent measures none in its first second).
+    reports_step_time: bool = True
     # How far this rank's clock is from the controller's (events carry the rank's time, as the agent's do).
     clock_offset_s: float = 0.0
     # When set, an arm is acknowledged (ARMED) only once this is set: a test can act between the two.
@@ -200,7 +204,8 @@ class FakeAgent:
     async def _poll(self) -> None:
         while not self.stopped:
             command: Command | None = await self.controller.poll(
-                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s), self.secret
+                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s if self.reports_step_time else None),
+                self.secret,
             )
             match command:
                 case StacksCommand(profile_id=bundle_id, memory=memory):
@@ -215,6 +220,7 @@ class FakeAgent:
                     await self.register()
                 case ArmCommand(window=window):
                     self.windows.append(window)
+                    self.armed_at_steps.append(self.step)
                     self.window_task = asyncio.create_task(self._window(window))
                     self._tasks.append(self.window_task)
                 case CancelCommand(profile_id=profile_id):

@@ -110,6 +110,18 @@ class Worker:
         if self.relay is not None:
             self.relay.wake.set()
 
+    def pace_s(self) -> float | None:
+        """Seconds a step, the faster of the agent's own measure and the controller's last heartbeats (the sync
+        round's answer among them): the agent measures none in its first second, and one over a slow start
+        (imports, the first compile) is many times a step now; a lead counted in such steps passes before the
+        arm lands (an Accelerate job at 15 ms a step missed its start on one rank)."""
+        known = [self.step_time_s] if self.step_time_s else []
+        if len(self.samples) >= 2:
+            (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+            if s1 > s0 and t1 > t0:
+                known.append((t1 - t0) / (s1 - s0))
+        return min(known) if known else None
+
     def estimated_step(self, now: float) -> float:
         """Where this worker probably is now, extrapolated from its last heartbeat."""
         if not self.step_time_s:

@@ -170,7 +170,7 @@ class Runner:
         now = self._clock.monotonic()
         start = start_step(
             max(past, *(w.estimated_step(now) for w in present)),
-            (w.step_time_s for w in present if w.step_time_s),
+            (pace for w in present if (pace := w.pace_s())),
             sync_round_s,
             config.arm_lead_s,
             profile.request.warmup,
