@@ -126,7 +126,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     if "cpu" in shares and shares["cpu"].model_ops:
         ops = shares["cpu"].model_ops
         steps = max(len(r.steps), 1)
-        name = ops[0].name if len(ops) == 1 else "the model's ops (" + ", ".join(f"{o.name} {o.total_ms / steps:.1f} ms" for o in ops[:3]) + ")"
+        name = ops[0].name if len(ops) == 1 else "the model's ops (" + ", ".join(f"{o.name[:60]} {o.total_ms / steps:.1f} ms" for o in ops[:3]) + ")"
         out.append(Cause("op", name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))

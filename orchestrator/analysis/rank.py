@@ -188,6 +188,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     copy_calls: list[Span] = []
     issuers: dict[int, str] = {}  # a copy call's correlation id -> the region and op that issued it
     upload_copy_start = [0.0]  # device start of the latest upload's copy
+    regions, around = regions_within(main, windows)  # regions around a whole step name no reader or issuer
 
     def on_main(span: Span, ancestors: list[Span]) -> None:
         # On a device, a sync is a runtime call that waits for it (a *Synchronize,
@@ -197,7 +198,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         if is_copy_call(span):
             copy_calls.append(span)
             if span.correlation is not None:
-                issuers[span.correlation] = _issuer(ancestors)
+                issuers[span.correlation] = _issuer(ancestors, around)
             direction = dev.copy_by_correlation.get(span.correlation, ("other", None))[0]
             if direction == "DtoH":
                 waits = True
@@ -211,7 +212,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             return
         # On a CPU trace too: the _local_scalar_dense inside an item() is the same read, not a second one.
         outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span)
-        region = next((a.name for a in reversed(ancestors) if is_region(a)), None)  # who reads: the fix's address
+        region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)  # who reads
         label = f"{region} / {outer.name}" if region else outer.name
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
@@ -316,7 +317,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole) if device_spans and windows else None
     idle = None
     if device_spans and windows:
-        regions, around = regions_within(main, windows)
         main_host = HostThread(
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
@@ -366,9 +366,9 @@ def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float,
     )
 
 
-def _issuer(ancestors: list[Span]) -> str:
-    """Who issued a copy: the innermost region (``record_function``, optimizer step) and the outermost op around it."""
-    region = next((a.name for a in reversed(ancestors) if is_region(a)), None)
+def _issuer(ancestors: list[Span], around: frozenset[str]) -> str:
+    """Who issued a copy: the innermost region (``record_function``, optimizer step; none ``around`` a step) and the outermost op around it."""
+    region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)
     op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
     return " / ".join(name for name in (region, op) if name) or "(no op)"
 

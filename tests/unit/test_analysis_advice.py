@@ -399,3 +399,26 @@ def test_launch_pace_beside_the_models_ops_is_told_their_one_fix_once(case: str,
     fix = finding(external(case), "low_gpu_utilization").fix
     assert second in fix and fix.endswith("the same changes cut it.")
     assert fix.count("a larger batch") == 1
+
+
+def test_inductors_compiled_graph_call_is_the_compiled_graphs_host_time_not_a_phase_marker(tmp_path: Path) -> None:
+    # xDiT's SD 3.5 recording: 305.6 ms a step innermost in "## Call CompiledFxGraph <hash> ##" (Inductor's wrapper
+    # around calling a compiled graph). Read as a "## phase ##" marker it named nothing a fix could address.
+    call = x_event("## Call CompiledFxGraph fp5r5pk7bndvtfx ##", 1000, 2400, cat="user_annotation")
+    low = next(f for f in ten_ms_step(tmp_path, [call], gap_end=3400) if f.code == "low_gpu_utilization")
+    assert "the model is compiled" in low.fix and "CompiledFxGraph" in low.fix
+
+
+def test_a_read_inside_a_region_around_every_step_names_no_region(tmp_path: Path) -> None:
+    # A record_function around the whole loop (vLLM's execute_context_...) is the step, not the reader's address.
+    events = [x_event("serve_loop", -10, 3020, cat="user_annotation")]
+    for i in range(3):
+        o = 1000 * i
+        events += [
+            x_event(f"ProfilerStep#{i + 1}", o, 1000, cat="user_annotation"),
+            x_event("aten::mm", o, 500),
+            x_event("aten::item", o + 600, 300),
+        ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    sync = finding(analyze_folder(tmp_path), "host_sync")
+    assert sync.fix.startswith("Keep loss.item()") and "serve_loop" not in sync.fix
