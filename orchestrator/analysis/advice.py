@@ -17,8 +17,8 @@ causes a fix can point at, each with its idle ms per step:
 * ``runtime_calls``: other runtime calls (events, streams), named;
 * ``first_use``: runtime calls that take ``FIRST_USE_CALL_MS`` or more each (creating the CUDA
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
-* ``op``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
-  for all of them, as one fix serves them all (fewer, bigger ops), the largest named;
+* ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
+  for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
 * ``queued``: work already launched that waits on a stream or event dependency.
 
 Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
@@ -37,7 +37,7 @@ from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "named_causes", "round_trips"]
 
-Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "queued"]
+Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued"]
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
@@ -62,7 +62,7 @@ class Cause:
     calls: float = 0.0
     """allocator, first_use: its runtime calls per step (the idle pieces they are innermost in)."""
     lead_ms: float = 0.0
-    """op: the ms per step of its largest op (the group's weight for a warning: :meth:`weight_ms`)."""
+    """op, ops: the ms per step of its largest op (the group's weight for a warning: :meth:`weight_ms`)."""
 
     @property
     def per_call_ms(self) -> float:
@@ -74,7 +74,7 @@ class Cause:
         host cost of many small ops spread over the model is eager PyTorch's baseline (the TensorBoard plugin's
         fixed ResNet-50, device busy 72%: 15.5 ms a step over hundreds of ops, 4.2 ms the largest), while one op
         that holds a share of the step is a defect of its own."""
-        return self.lead_ms if self.kind == "op" else self.ms
+        return self.lead_ms if self.kind in ("op", "ops") else self.ms
 
     def verb(self, singular: str, plural: str) -> str:
         """``singular`` for a cause named by one call or op, ``plural`` for a list of them ("cudaFree, cudaMalloc")."""
@@ -127,7 +127,8 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         ops = shares["cpu"].model_ops
         steps = max(len(r.steps), 1)
         name = ops[0].name if len(ops) == 1 else "the model's ops (" + ", ".join(f"{o.name[:60]} {o.total_ms / steps:.1f} ms" for o in ops[:3]) + ")"
-        out.append(Cause("op", name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
+        kind: Kind = "op" if len(ops) == 1 else "ops"
+        out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
@@ -138,11 +139,6 @@ def _once(r: RankSummary) -> bool:
     (several steps each idle that long in runtime calls: empty_cache and fresh allocations every step, say), they
     are the loop's."""
     return sum(1 for s in r.steps if s.idle_ms.get("runtime", 0.0) >= FIRST_USE_CALL_MS) <= 1
-
-
-def _models_ops(cause: Cause) -> bool:
-    """The model's ops as one cause (several ops), not one op named alone."""
-    return cause.kind == "op" and cause.name.startswith("the model's ops")
 
 
 def round_trips(r: RankSummary) -> dict[str, float]:
@@ -161,7 +157,7 @@ def round_trips(r: RankSummary) -> dict[str, float]:
 def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     """The concrete change that removes ``cause``, with its figure (``after``: the cause whose fix is told before it)."""
     figure = f"{cause.ms:.1f} ms per step"
-    if after is not None and {cause.kind, after.kind} == {"op", "launch"} and _models_ops(cause if cause.kind == "op" else after):
+    if after is not None and {cause.kind, after.kind} == {"ops", "launch"}:
         # Launch pace and the model's per-op host cost are cut by the same change (fewer, bigger kernels), just told.
         if cause.kind == "launch":
             return f"Kernels are launched no faster than they run ({figure} of launch-bound idle): the same changes cut it."
@@ -225,13 +221,13 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
             "processes on the device)."
         )
-    if cause.kind == "op" and is_compiled_name(cause.name):
+    if cause.kind in ("op", "ops") and is_compiled_name(cause.name):
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: the model is compiled, and the host "
             "runs its graphs no faster than the device: replay them as CUDA graphs (torch.compile(mode='reduce-overhead')), "
             "cut graph breaks (torch._dynamo.explain) so fewer graphs run, or a larger batch per step."
         )
-    if _models_ops(cause):
+    if cause.kind == "ops":
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: each op costs the host more than "
             "its kernels take on the device: torch.compile the model (fewer, fused kernels; mode='reduce-overhead' "
