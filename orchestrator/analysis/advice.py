@@ -19,7 +19,9 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
-* ``queued``: work already launched that waits on a stream or event dependency.
+* ``queued``: work already launched that waits on a stream or event dependency;
+* ``capture``: recording CUDA/HIP graphs (their kernels run only at replay): warm-up, no loop fix
+  (:func:`paid_once`), unless the graphs are recorded again step after step (new shapes).
 
 Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
 but is no cause: no fix can be told from it. An op inside the optimizer step or a region is that
@@ -35,9 +37,11 @@ from typing import Literal
 from orchestrator.analysis.spans import is_compiled_name
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
-__all__ = ["Cause", "fix_for", "named_causes", "round_trips"]
+__all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
 
-Kind = Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued"]
+Kind = Literal[
+    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture"
+]
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
@@ -131,6 +135,8 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
+    if "capture" in shares:
+        out.append(Cause("capture", "CUDA/HIP graph capture", shares["capture"].ms_per_step, ("capture",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
 
 
@@ -139,6 +145,27 @@ def _once(r: RankSummary) -> bool:
     (several steps each idle that long in runtime calls: empty_cache and fresh allocations every step, say), they
     are the loop's."""
     return sum(1 for s in r.steps if s.idle_ms.get("runtime", 0.0) >= FIRST_USE_CALL_MS) <= 1
+
+
+def _captures(r: RankSummary) -> int:
+    """How many of ``r``'s steps record CUDA/HIP graphs (0 where its windows are no ProfilerSteps: one trace's
+    iterations then, an inference server's warm-up capturing one graph per batch size in vLLM's traces)."""
+    return sum(1 for s in r.steps if s.idle_ms.get("capture", 0.0) > 0) if r.window == "profiler_steps" else 0
+
+
+def paid_once(cause: Cause, r: RankSummary) -> bool:
+    """A cause no change to the loop removes, as the loop pays it once: a first use, or graphs captured in at most
+    half the steps (recorded once, then replayed)."""
+    if cause.kind == "capture":
+        return _captures(r) < 2 or _captures(r) * 2 <= len(r.steps)
+    return cause.kind == "first_use"
+
+
+def once_note(cause: Cause) -> str:
+    """A cause paid once, named without its fix where a steady cause's fix is told first."""
+    if cause.kind == "capture":
+        return f" CUDA/HIP graph capture ({cause.ms:.1f} ms per step) is warm-up: no fix is told for it."
+    return f" {cause.name} {cause.verb('takes', 'take')} {cause.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
 
 
 def round_trips(r: RankSummary) -> dict[str, float]:
@@ -205,6 +232,20 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             "cuDNN's first convolution, a first large allocation). No change to the loop removes it: profile steps "
             "after warm-up (a later window) to judge the steady state."
         )
+    if cause.kind == "capture" and paid_once(cause, r):
+        return (
+            f"The host records CUDA/HIP graphs while the device idles ({figure}): kernels launched in a capture run only "
+            "when the graph is replayed, so a capture is warm-up (torch.cuda.graph, the first calls of "
+            "torch.compile(mode='reduce-overhead'), an inference server capturing its graphs), not the steady state. "
+            "Profile steps after it (a later window) to judge the loop."
+        )
+    if cause.kind == "capture":
+        return (
+            f"The host records CUDA/HIP graphs in {_captures(r)} of {len(r.steps)} steps while the device idles ({figure}): "
+            "graphs recorded again are not replayed. Keep the inputs' shapes fixed (pad to a few sizes, drop_last=True "
+            "on the DataLoader, torch._dynamo.mark_dynamic on a dimension that varies) and read why Inductor records "
+            "again with TORCH_LOGS=cudagraphs."
+        )
     if cause.kind == "launch_calls":
         return (
             f"Launch calls ({cause.name}) take the runtime's own time while the device idles ({figure}): launch fewer, "
@@ -220,6 +261,13 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             f"The device had work queued and still idled ({figure}): look for cross-stream waits (cudaStreamWaitEvent, "
             "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
             "processes on the device)."
+        )
+    if cause.kind in ("op", "ops") and is_compiled_name(cause.name) and r.idle is not None and r.idle.get("capture"):
+        return (
+            f"The host's own time in {cause.name} leaves the device idle {figure}: the model is compiled and this window "
+            "records its CUDA graphs too, so these runs are warm-up (CUDA graph trees run a graph once before recording "
+            "it). Profile later steps; where a graph still runs outside a CUDA graph there, TORCH_LOGS=cudagraphs says "
+            "why Inductor skipped it."
         )
     if cause.kind in ("op", "ops") and is_compiled_name(cause.name):
         return (

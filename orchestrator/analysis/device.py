@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
-from orchestrator.models.analysis import CopyStats, GpuStats, OpStat, ProcessGroupComm
-from orchestrator.traces.loader import Span
+from orchestrator.models.analysis import CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
+from orchestrator.traces.loader import RankTrace, Span
 
-__all__ = ["DeviceView", "WindowGpu"]
+__all__ = ["DeviceView", "WindowGpu", "memory_peaks"]
 
 Window = tuple[float, float]
 
@@ -189,3 +189,17 @@ def _window_finder(windows: Sequence[Window]) -> Callable[[float], int | None]:
         return i if i >= 0 and ts < windows[i][1] else None
 
     return window_of
+
+
+def memory_peaks(trace: RankTrace) -> list[MemoryPeak]:
+    """Each device's peak allocated memory in the trace, with the CUDA devices' capacity where the trace gives it."""
+    capacity = {d.get("id"): d.get("totalGlobalMem") for d in trace.device_properties}
+    peaks = []
+    for (dev_type, dev_id), peak in sorted(trace.memory_peaks.items()):
+        # c10::DeviceType: 0 is CPU, 1 is CUDA.
+        if dev_type == 1:
+            cap = capacity.get(dev_id)
+            peaks.append(MemoryPeak(device=f"cuda:{dev_id}", peak_bytes=peak, capacity_bytes=cap if isinstance(cap, int) else None))
+        else:
+            peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else f"type{dev_type}:{dev_id}", peak_bytes=peak))
+    return peaks

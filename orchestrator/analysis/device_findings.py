@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.analysis.advice import Cause, fix_for, named_causes
+from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
@@ -116,13 +116,12 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
     named = named_causes(worst, exclude=claimed)
-    one_offs = {c: found for c in named if (found := _one_off(worst, c)) is not None}
-    # Runtime calls slow enough to be a first use (the CUDA context, a module's first launch) are paid once, like a
-    # cause one step holds (which says more where the window shows it): named, never given a loop fix.
-    first_use = next(
-        (c for c in named if c.kind == "first_use" and c not in one_offs and share(worst, c.ms) >= NEGLIGIBLE_FRACTION), None
-    )
-    steady = [c for c in named if c not in one_offs and c.kind != "first_use"]
+    # A graph capture is told as such even in one step; other causes one step holds are named with that step.
+    one_offs = {c: found for c in named if c.kind != "capture" and (found := _one_off(worst, c)) is not None}
+    # Paid once by the loop (a first use: the CUDA context, a module's first launch; graphs captured once, then replayed):
+    # named, never given a loop fix, like a cause one step holds (which says more where the window shows it).
+    once = [c for c in named if paid_once(c, worst) and c not in one_offs and share(worst, c.ms) >= NEGLIGIBLE_FRACTION]
+    steady = [c for c in named if c not in one_offs and not paid_once(c, worst)]
     # One-offs worth naming: those a fix would have been told for.
     told = [c for c in one_offs if share(worst, c.ms) >= NEGLIGIBLE_FRACTION]
     # A fix is told for a cause that explains a share of the step worth it: the lead from NEGLIGIBLE_FRACTION, the runner-up
@@ -133,6 +132,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
     ]
     held = ""
+    steady_told = bool(fixes)
     if told:
         alike = [c for c in told if one_offs[c].step == one_offs[told[0]].step]
         if fixes:
@@ -140,12 +140,13 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             held = f" {_names(alike)} {verb} {one_offs[told[0]].label(worst)}'s alone: no fix is told for {pronoun}."
         else:
             fixes = [_one_off_fix(worst, one_offs[told[0]], alike)]
-    if first_use is not None:
-        # Told first when no steady cause leads it (the fix told so far follows), else only named.
-        if not fixes or not steady or first_use.ms > steady[0].ms:
-            fixes = [fix_for(first_use, worst), *fixes[:1]]
-        else:
-            held += f" {first_use.name} {first_use.verb('takes', 'take')} {first_use.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
+    if once:
+        # The largest is told first when no steady cause leads it (the steady lead's fix follows as a runner-up would:
+        # from REPORT_FRACTION); the rest are only named.
+        told_first = not fixes or not steady or once[0].ms > steady[0].ms
+        runner_up = fixes[:1] if not steady_told or share(worst, steady[0].ms) >= REPORT_FRACTION else []
+        fixes = [fix_for(once[0], worst), *runner_up] if told_first else fixes
+        held += "".join(once_note(c) for c in once[1 if told_first else 0:])
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
@@ -164,7 +165,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
-        cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - (first_use.ms if first_use else 0.0) if mostly_idle else 0.0),
+        cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - sum(c.ms for c in once) if mostly_idle else 0.0),
         one_off=one_off,
     )
 

@@ -9,7 +9,9 @@ same correlation id). That launch says who the device waited for:
   the device waited on itself (a stream or event dependency): ``queued``;
 * launched during the gap: until the launch call began the device waited for
   the *launching thread*, so that stretch is cut by what that thread was
-  doing, by the first rule that holds: in a DataLoader ``next()`` (``data``), in
+  doing, by the first rule that holds: recording a CUDA/HIP graph (``capture``: from
+  ``cudaStreamBeginCapture`` to ``...EndCapture``, the graph's instantiation, torch.cuda.graph's
+  set-up; the launches in it run nothing until the graph is replayed), in a DataLoader ``next()`` (``data``), in
   a sync or device-to-host read (``sync``), blocked in a host-to-device copy
   (``copy``), in a collective (``collective``), in a CUDA/HIP runtime call
   (``runtime``: the allocator, events, streams, a slow launch; named by the call),
@@ -88,6 +90,7 @@ class HostThread:
     spans: Sequence[Span] = ()  # sorted by (start, -end), to name the innermost span
     skip: frozenset[str] = frozenset()  # span names never named (the step spans)
     regions: Sequence[Span] = ()  # optimizer steps and record_function regions, sorted, to name the innermost
+    capture: Intervals = field(default_factory=list)  # recording CUDA/HIP graphs (spans.graph_captures)
     # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
     optimizer: Intervals | None = None
 
@@ -196,7 +199,9 @@ def attribute(
     for who in set(pieces) | set(launched):
         rest = union(pieces.get(who, []))
         h = host(who)
-        for cause, intervals in (("data", h.data), ("sync", h.sync), ("copy", h.copy), ("collective", h.collective)):
+        for cause, intervals in (
+            ("capture", h.capture), ("data", h.data), ("sync", h.sync), ("copy", h.copy), ("collective", h.collective)
+        ):
             taken = intersect(rest, intervals)
             out[cause] += taken  # type: ignore[index]
             rest = subtract(rest, taken)

@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, regathers_per_step
-from orchestrator.analysis.device import DeviceView, WindowGpu
+from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
@@ -72,6 +72,7 @@ from orchestrator.analysis.spans import (
     HOST_CATEGORIES,
     Kinds,
     by_kind,
+    graph_captures,
     is_backward,
     is_comm,
     is_copy_call,
@@ -86,7 +87,7 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.analysis.step_content import describe_step, loader_class
 from orchestrator.layout import parse_profiler_step
-from orchestrator.models.analysis import PHASES, MemoryPeak, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank"]
@@ -321,7 +322,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
-            optimizer=nested["optimizer"],
+            optimizer=nested["optimizer"], capture=graph_captures(main_kinds),
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows), main_key
@@ -348,7 +349,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         process_groups=groups,
         top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
         top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
-        memory=_memory(trace),
+        memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
@@ -363,6 +364,7 @@ def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float,
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
         runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,
+        capture=graph_captures(kinds),
     )
 
 
@@ -384,16 +386,3 @@ def _sum_by_name(spans: Iterable[Span]) -> Iterable[tuple[str, int, float]]:
 def _top(rows: Iterable[tuple[str, int, float]]) -> list[OpStat]:
     ordered = sorted(rows, key=lambda r: (-r[2], r[0]))
     return [OpStat(name=name, calls=calls, total_ms=us / 1000) for name, calls, us in ordered]
-
-
-def _memory(trace: RankTrace) -> list[MemoryPeak]:
-    capacity = {d.get("id"): d.get("totalGlobalMem") for d in trace.device_properties}
-    peaks = []
-    for (dev_type, dev_id), peak in sorted(trace.memory_peaks.items()):
-        # c10::DeviceType: 0 is CPU, 1 is CUDA.
-        if dev_type == 1:
-            cap = capacity.get(dev_id)
-            peaks.append(MemoryPeak(device=f"cuda:{dev_id}", peak_bytes=peak, capacity_bytes=cap if isinstance(cap, int) else None))
-        else:
-            peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else f"type{dev_type}:{dev_id}", peak_bytes=peak))
-    return peaks

@@ -36,6 +36,7 @@ IDLE_COLORS = {
     "copy": PHASE_COLORS["memcpy"],
     "collective": PHASE_COLORS["comm"],
     "late_rank": "#9c755f",
+    "capture": "#86bcb6",
     "runtime": "#8cd17d",
     "cpu": "#ff9da7",
     "launch": "#d37295",

@@ -8,11 +8,13 @@ the names directly.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
+from orchestrator.analysis.intervals import Intervals, union
 from orchestrator.traces.loader import Span
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "Kinds",
     "by_kind",
     "copy_kind",
+    "graph_captures",
     "is_backward",
     "is_comm",
     "is_comm_kernel",
@@ -85,6 +88,8 @@ _COMPILED_HOST = ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled Region"
 _COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+# torch.cuda.graph's own set-up and tear-down around a capture (a sync, gc.collect, empty_cache), when stacks are recorded.
+_CAPTURE_FRAMES = re.compile(r"^torch/cuda/graphs\.py\(\d+\): __(enter|exit)__$")
 _COPY_NAME = re.compile(r"Memcpy (?P<dir>HtoD|DtoH|DtoD|HtoH|PtoP)\b(?: \((?P<src>\w+) -> (?P<dst>\w+)\))?")
 
 
@@ -167,6 +172,32 @@ def regions_within(spans: Sequence[Span], windows: Sequence[tuple[float, float]]
     regions = [s for s in spans if is_region(s)]
     around = frozenset(s.name for s in regions if any(s.ts <= t0 and s.end >= t1 for t0, t1 in windows))
     return [s for s in regions if s.name not in around], around
+
+
+def graph_captures(groups: Kinds) -> Intervals:
+    """When one thread's spans (``groups``) record CUDA/HIP graphs: each ``cudaStreamBeginCapture`` to the next
+    ``cudaStreamEndCapture`` (to the thread's last span when it never ends), the graph's instantiation,
+    torch.cuda.graph's set-up and tear-down, and Inductor's ``CUDAGraphNode.record`` (CUDA graph trees). Kernels
+    launched in a capture run only when the graph is replayed, so the device idles meanwhile by design."""
+    begins: list[float] = []
+    ends: list[float] = []
+    out: list[tuple[float, float]] = []
+    for (name, cat), spans in groups.items():
+        runtime = cat in _RUNTIME_CATEGORIES
+        if runtime and "StreamBeginCapture" in name:
+            begins += (s.ts for s in spans)
+        elif runtime and "StreamEndCapture" in name:
+            ends += (s.end for s in spans)
+        elif (runtime and "GraphInstantiate" in name) or name.startswith("CUDAGraphNode.record") or (
+            cat == "python_function" and _CAPTURE_FRAMES.match(name)
+        ):
+            out += ((s.ts, s.end) for s in spans)
+    ends.sort()
+    for begin in begins:
+        i = bisect.bisect_right(ends, begin)
+        end = ends[i] if i < len(ends) else max(s.end for spans in groups.values() for s in spans)
+        out.append((begin, end))
+    return union(out)
 
 
 def is_comm_kernel(span: Span) -> bool:

@@ -37,9 +37,11 @@ Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "s
 PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
 
 
-IdleCause = Literal["data", "sync", "copy", "collective", "late_rank", "runtime", "cpu", "launch", "queued", "untraced"]
+IdleCause = Literal[
+    "data", "sync", "copy", "collective", "late_rank", "capture", "runtime", "cpu", "launch", "queued", "untraced"
+]
 IDLE_CAUSES: tuple[IdleCause, ...] = (
-    "data", "sync", "copy", "collective", "late_rank", "runtime", "cpu", "launch", "queued", "untraced"
+    "data", "sync", "copy", "collective", "late_rank", "capture", "runtime", "cpu", "launch", "queued", "untraced"
 )
 # What each cause means, in the words the report and the console show.
 IDLE_LABELS: dict[IdleCause, str] = {
@@ -48,6 +50,7 @@ IDLE_LABELS: dict[IdleCause, str] = {
     "copy": "the host is blocked in a host-to-device copy",
     "collective": "the host waits in a collective",
     "late_rank": "a collective waits for a late rank",
+    "capture": "the host records a CUDA/HIP graph (its kernels run only when the graph is replayed)",
     "runtime": "the host is in CUDA/HIP runtime calls (allocator, slow launches, events, streams)",
     "cpu": "the host runs Python / CPU ops",
     "launch": "launch-bound: kernels are launched no faster than they run",

@@ -58,6 +58,9 @@ _KEPT_CATEGORIES = frozenset(
         "gpu_user_annotation", "mtia_runtime", "mtia_ccp_events",
     }
 )
+# Python frames kept all the same: module forwards, and torch.cuda.graph's set-up around a capture (its sync,
+# gc.collect and empty_cache: the capture's cost). The DataLoader's _next_data is kept by name below.
+_KEPT_PYTHON = ("nn.Module:", "torch/cuda/graphs.py(")
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"})
 _TS, _END = attrgetter("ts"), attrgetter("end")
 # About 3,000 years in µs: wall-clock µs since 1970 (old Kineto) stay far inside it.
@@ -269,7 +272,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                     cat = categories[event.cat] = sys.intern(canonical_category(event.cat))
                 name = event.name
                 if cat not in _KEPT_CATEGORIES and not (
-                    cat == "python_function" and (name.startswith("nn.Module:") or "_next_data" in name)
+                    cat == "python_function" and (name.startswith(_KEPT_PYTHON) or "_next_data" in name)
                 ):
                     continue
                 ts = event.ts
