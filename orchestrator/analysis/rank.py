@@ -189,7 +189,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     copy_calls: list[Span] = []
     issuers: dict[int, str] = {}  # a copy call's correlation id -> the region and op that issued it
     upload_copy_start = [0.0]  # device start of the latest upload's copy
-    regions, around = regions_within(main, windows)  # regions around a whole step name no reader or issuer
+    regions, around = regions_within(main_kinds, windows)  # regions around a whole step name no reader or issuer
 
     def on_main(span: Span, ancestors: list[Span]) -> None:
         # On a device, a sync is a runtime call that waits for it (a *Synchronize,
@@ -360,7 +360,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
 
 def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float, float]]) -> HostThread:
     """What a thread other than the main one was doing, for the device idle gaps its launches end."""
-    regions, around = regions_within(spans, windows)
+    regions, around = regions_within(kinds, windows)
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
         runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,

@@ -163,14 +163,24 @@ def is_marker_name(name: str) -> bool:
     return marks and not is_compiled_name(name)
 
 
-def regions_within(spans: Sequence[Span], windows: Sequence[tuple[float, float]]) -> tuple[list[Span], frozenset[str]]:
-    """The regions of ``spans`` (:func:`is_region`) inside the windows, and the names of those that enclose a whole
-    window: a region around the step (vLLM's ``execute_context...``, a ``record_function`` around the loop) is no
-    part of it a fix can point at, and time innermost in it is Python in the step, like time in ``ProfilerStep``.
-    Enclosing, not covering most of it: the profiler tutorial's ``MASK INDICES`` covers 98.6-99.1% of its steps and
-    is the cause to name (its round trip through the host)."""
-    regions = [s for s in spans if is_region(s)]
-    around = frozenset(s.name for s in regions if any(s.ts <= t0 and s.end >= t1 for t0, t1 in windows))
+def regions_within(groups: Kinds, windows: Sequence[tuple[float, float]]) -> tuple[list[Span], frozenset[str]]:
+    """The regions of one thread's spans (``groups``, :func:`is_region`), sorted, less those around the step's work,
+    and those names: a region that encloses a whole window (vLLM's ``execute_context...``, a ``record_function``
+    around the loop), or a user's region that holds a module's forward (xDiT's ``execute_diffusion_...``: 99.97% of
+    its step, every forward pass inside), is no part of the step a fix can point at; time innermost in it is Python
+    in the step, or the model's. Not a region covering most of a step alone: the profiler tutorial's ``MASK
+    INDICES`` covers 98.6-99.1% of its steps, holds no forward, and is the cause to name (its round trip through the
+    host). An optimizer step that runs a closure's forward stays the optimizer's."""
+    regions = sorted((s for spans in groups.values() if is_region(spans[0]) for s in spans), key=lambda s: (s.ts, -s.end))
+    forwards = sorted(s.ts for spans in groups.values() if is_forward(spans[0]) for s in spans)
+
+    def holds_forward(region: Span) -> bool:
+        i = bisect.bisect_left(forwards, region.ts)
+        return i < len(forwards) and forwards[i] < region.end and not is_optimizer(region)
+
+    around = frozenset(
+        s.name for s in regions if holds_forward(s) or any(s.ts <= t0 and s.end >= t1 for t0, t1 in windows)
+    )
     return [s for s in regions if s.name not in around], around
 
 
