@@ -20,8 +20,8 @@ causes a fix can point at, each with its idle ms per step:
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
 * ``queued``: work already launched that waits on a stream or event dependency;
-* ``capture``: recording CUDA/HIP graphs (their kernels run only at replay): warm-up, no loop fix
-  (:func:`paid_once`), unless the graphs are recorded again step after step (new shapes).
+* ``capture``: recording CUDA/HIP graphs (their kernels run only at replay), and ``compile``: torch.compile
+  compiling: warm-up, no loop fix (:func:`paid_once`), unless most steps record or compile again (new shapes).
 
 Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
 but is no cause: no fix can be told from it. An op inside the optimizer step or a region is that
@@ -40,7 +40,8 @@ from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
 
 Kind = Literal[
-    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture"
+    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture",
+    "compile",
 ]
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
@@ -137,6 +138,8 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     if "capture" in shares:
         out.append(Cause("capture", "CUDA/HIP graph capture", shares["capture"].ms_per_step, ("capture",)))
+    if "compile" in shares:
+        out.append(Cause("compile", "torch.compile's compilation", shares["compile"].ms_per_step, ("compile",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
 
 
@@ -147,24 +150,25 @@ def _once(r: RankSummary) -> bool:
     return sum(1 for s in r.steps if s.idle_ms.get("runtime", 0.0) >= FIRST_USE_CALL_MS) <= 1
 
 
-def _captures(r: RankSummary) -> int:
-    """How many of ``r``'s steps record CUDA/HIP graphs (0 where its windows are no ProfilerSteps: one trace's
+def _steps_in(r: RankSummary, cause: IdleCause) -> int:
+    """How many of ``r``'s steps have idle time for ``cause`` (0 where its windows are no ProfilerSteps: one trace's
     iterations then, an inference server's warm-up capturing one graph per batch size in vLLM's traces)."""
-    return sum(1 for s in r.steps if s.idle_ms.get("capture", 0.0) > 0) if r.window == "profiler_steps" else 0
+    return sum(1 for s in r.steps if s.idle_ms.get(cause, 0.0) > 0) if r.window == "profiler_steps" else 0
 
 
 def paid_once(cause: Cause, r: RankSummary) -> bool:
-    """A cause no change to the loop removes, as the loop pays it once: a first use, or graphs captured in at most
-    half the steps (recorded once, then replayed)."""
-    if cause.kind == "capture":
-        return _captures(r) < 2 or _captures(r) * 2 <= len(r.steps)
+    """A cause no change to the loop removes, as the loop pays it once: a first use, or graphs captured or code
+    compiled in at most half the steps (recorded or compiled once, then replayed or run)."""
+    if cause.kind in ("capture", "compile"):
+        steps = _steps_in(r, cause.sources[0])
+        return steps < 2 or steps * 2 <= len(r.steps)
     return cause.kind == "first_use"
 
 
 def once_note(cause: Cause) -> str:
     """A cause paid once, named without its fix where a steady cause's fix is told first."""
-    if cause.kind == "capture":
-        return f" CUDA/HIP graph capture ({cause.ms:.1f} ms per step) is warm-up: no fix is told for it."
+    if cause.kind in ("capture", "compile"):
+        return f" {cause.name} ({cause.ms:.1f} ms per step) is warm-up: no fix is told for it."
     return f" {cause.name} {cause.verb('takes', 'take')} {cause.per_call_ms:.0f} ms a call, a first use's cost: no fix is told for it."
 
 
@@ -241,10 +245,23 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         )
     if cause.kind == "capture":
         return (
-            f"The host records CUDA/HIP graphs in {_captures(r)} of {len(r.steps)} steps while the device idles ({figure}): "
+            f"The host records CUDA/HIP graphs in {_steps_in(r, 'capture')} of {len(r.steps)} steps while the device idles ({figure}): "
             "graphs recorded again are not replayed. Keep the inputs' shapes fixed (pad to a few sizes, drop_last=True "
             "on the DataLoader, torch._dynamo.mark_dynamic on a dimension that varies) and read why Inductor records "
             "again with TORCH_LOGS=cudagraphs."
+        )
+    if cause.kind == "compile" and paid_once(cause, r):
+        return (
+            f"torch.compile compiles while the device idles ({figure}): a first call's cost (Dynamo traces the model, "
+            "Inductor generates and autotunes its kernels), not the loop's. Profile steps after it (a later window) to "
+            "judge the loop; a warm cache (TORCHINDUCTOR_CACHE_DIR kept between runs) shortens it."
+        )
+    if cause.kind == "compile":
+        return (
+            f"torch.compile compiles again in {_steps_in(r, 'compile')} of {len(r.steps)} steps while the device idles "
+            f"({figure}): a new input shape or a failed guard recompiles. Mark the dimension that changes dynamic "
+            "(torch._dynamo.mark_dynamic(x, 0), or torch.compile(dynamic=True)), or pad inputs to a few fixed sizes; "
+            "TORCH_LOGS=recompiles says which guard failed."
         )
     if cause.kind == "launch_calls":
         return (

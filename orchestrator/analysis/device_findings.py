@@ -116,9 +116,9 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
     named = named_causes(worst, exclude=claimed)
-    # A graph capture is told as such even in one step; other causes one step holds are named with that step.
-    one_offs = {c: found for c in named if c.kind != "capture" and (found := _one_off(worst, c)) is not None}
-    # Paid once by the loop (a first use: the CUDA context, a module's first launch; graphs captured once, then replayed):
+    # A graph capture or a compilation is told as such even in one step; other causes one step holds are named with it.
+    one_offs = {c: found for c in named if c.kind not in ("capture", "compile") and (found := _one_off(worst, c)) is not None}
+    # Paid once by the loop (a first use: the CUDA context, a module's first launch; graphs captured or code compiled once):
     # named, never given a loop fix, like a cause one step holds (which says more where the window shows it).
     once = [c for c in named if paid_once(c, worst) and c not in one_offs and share(worst, c.ms) >= NEGLIGIBLE_FRACTION]
     steady = [c for c in named if c not in one_offs and not paid_once(c, worst)]

@@ -11,7 +11,8 @@ same correlation id). That launch says who the device waited for:
   the *launching thread*, so that stretch is cut by what that thread was
   doing, by the first rule that holds: recording a CUDA/HIP graph (``capture``: from
   ``cudaStreamBeginCapture`` to ``...EndCapture``, the graph's instantiation, torch.cuda.graph's
-  set-up; the launches in it run nothing until the graph is replayed), in a DataLoader ``next()`` (``data``), in
+  set-up; the launches in it run nothing until the graph is replayed), compiling (``compile``: torch.compile's
+  ``dynamo_timed`` regions), in a DataLoader ``next()`` (``data``), in
   a sync or device-to-host read (``sync``), blocked in a host-to-device copy
   (``copy``), in a collective (``collective``), in a CUDA/HIP runtime call
   (``runtime``: the allocator, events, streams, a slow launch; named by the call),
@@ -91,6 +92,7 @@ class HostThread:
     skip: frozenset[str] = frozenset()  # span names never named (the step spans)
     regions: Sequence[Span] = ()  # optimizer steps and record_function regions, sorted, to name the innermost
     capture: Intervals = field(default_factory=list)  # recording CUDA/HIP graphs (spans.graph_captures)
+    compile: Intervals = field(default_factory=list)  # torch.compile compiling (spans.compilations)
     # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
     optimizer: Intervals | None = None
 
@@ -200,7 +202,8 @@ def attribute(
         rest = union(pieces.get(who, []))
         h = host(who)
         for cause, intervals in (
-            ("capture", h.capture), ("data", h.data), ("sync", h.sync), ("copy", h.copy), ("collective", h.collective)
+            ("capture", h.capture), ("compile", h.compile), ("data", h.data), ("sync", h.sync), ("copy", h.copy),
+            ("collective", h.collective),
         ):
             taken = intersect(rest, intervals)
             out[cause] += taken  # type: ignore[index]

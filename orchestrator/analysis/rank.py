@@ -72,6 +72,7 @@ from orchestrator.analysis.spans import (
     HOST_CATEGORIES,
     Kinds,
     by_kind,
+    compilations,
     graph_captures,
     is_backward,
     is_comm,
@@ -322,7 +323,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
-            optimizer=nested["optimizer"], capture=graph_captures(main_kinds),
+            optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows), main_key
@@ -364,7 +365,7 @@ def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float,
     return HostThread(
         data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
         runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,
-        capture=graph_captures(kinds),
+        capture=graph_captures(kinds), compile=compilations(kinds),
     )
 
 

@@ -37,6 +37,7 @@ IDLE_COLORS = {
     "collective": PHASE_COLORS["comm"],
     "late_rank": "#9c755f",
     "capture": "#86bcb6",
+    "compile": "#b6992d",
     "runtime": "#8cd17d",
     "cpu": "#ff9da7",
     "launch": "#d37295",

@@ -26,6 +26,7 @@ __all__ = [
     "HostMemory",
     "Kinds",
     "by_kind",
+    "compilations",
     "copy_kind",
     "graph_captures",
     "is_backward",
@@ -208,6 +209,13 @@ def graph_captures(groups: Kinds) -> Intervals:
         end = ends[i] if i < len(ends) else max(s.end for spans in groups.values() for s in spans)
         out.append((begin, end))
     return union(out)
+
+
+def compilations(groups: Kinds) -> Intervals:
+    """When one thread's spans (``groups``) run torch.compile's compiler: Dynamo's ``dynamo_timed`` regions
+    (``_compile.compile_inner (dynamo_timed)``, Inductor's code generation, the backward's lazy compile, Triton's
+    autotuning at a kernel's first run), which every PyTorch since 2.1 records as ``<phase> (dynamo_timed)``."""
+    return union((s.ts, s.end) for (name, _), spans in groups.items() if name.endswith(" (dynamo_timed)") for s in spans)
 
 
 def is_comm_kernel(span: Span) -> bool:

@@ -38,10 +38,11 @@ PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm",
 
 
 IdleCause = Literal[
-    "data", "sync", "copy", "collective", "late_rank", "capture", "runtime", "cpu", "launch", "queued", "untraced"
+    "data", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued", "untraced"
 ]
 IDLE_CAUSES: tuple[IdleCause, ...] = (
-    "data", "sync", "copy", "collective", "late_rank", "capture", "runtime", "cpu", "launch", "queued", "untraced"
+    "data", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued",
+    "untraced",
 )
 # What each cause means, in the words the report and the console show.
 IDLE_LABELS: dict[IdleCause, str] = {
@@ -51,6 +52,7 @@ IDLE_LABELS: dict[IdleCause, str] = {
     "collective": "the host waits in a collective",
     "late_rank": "a collective waits for a late rank",
     "capture": "the host records a CUDA/HIP graph (its kernels run only when the graph is replayed)",
+    "compile": "torch.compile compiles (Dynamo tracing, Inductor code generation, autotuning)",
     "runtime": "the host is in CUDA/HIP runtime calls (allocator, slow launches, events, streams)",
     "cpu": "the host runs Python / CPU ops",
     "launch": "launch-bound: kernels are launched no faster than they run",
