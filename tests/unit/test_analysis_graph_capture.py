@@ -9,9 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.intervals import clip
+from orchestrator.analysis.spans import by_kind, graph_captures
 from orchestrator.models.analysis import Finding, Summary
+from orchestrator.traces.loader import Span
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
 
@@ -106,3 +111,22 @@ def test_a_capture_that_never_ends_in_the_trace_lasts_to_the_threads_last_span(t
     ]
     (rank,) = analyse(tmp_path, events).ranks
     assert rank.idle is not None and rank.idle.ms("capture") == pytest.approx(0.8)
+
+
+_CALLS = st.sampled_from(["cudaStreamBeginCapture", "hipStreamBeginCapture", "cudaStreamEndCapture", "hipStreamEndCapture",
+                          "cudaGraphInstantiate", "cudaLaunchKernel"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_CALLS, st.integers(0, 10_000), st.integers(0, 500)), max_size=30))
+def test_captures_are_sorted_disjoint_and_hold_every_begin_to_its_next_end(calls: list[tuple[str, int, int]]) -> None:
+    # Any order a trace can hold them in: concurrent captures on two streams, an end with no begin, a begin never ended.
+    spans = sorted((Span(float(ts), float(ts + dur), name, "cuda_runtime", 1, 1) for name, ts, dur in calls), key=lambda s: (s.ts, -s.end))
+    got = graph_captures(by_kind(spans))
+    assert all(a < b for a, b in got) and all(got[i][1] < got[i + 1][0] for i in range(len(got) - 1))
+    last = max((s.end for s in spans), default=0.0)
+    ends = sorted(s.end for s in spans if "EndCapture" in s.name)
+    for begin in (s.ts for s in spans if "BeginCapture" in s.name):
+        end = next((e for e in ends if e > begin), last)
+        if end > begin:
+            assert clip(got, begin, end) == [(begin, end)]
