@@ -17,6 +17,8 @@ Checks, each recorded with its numbers in the JSON it writes:
   the closing boundary;
 - ``oom``: a planted out-of-memory error: the observer's snapshot is written before the
   exception reaches the job, holds the ``oom`` event, and training goes on;
+- ``warm_up``: a torch.compile(mode="reduce-overhead") transformer's first compiled steps are told warm-up
+  (compiling, recording CUDA graphs), and 20 steps later no step compiles or records;
 - ``verdicts``: ``analyze`` on the fresh traces of a healthy loop and a DataLoader-bound one;
 - ``export_peak_rss``: the export children's peak memory and the largest raw trace.
 """
@@ -38,166 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+
+from benchmarks.gpu_checks import oom_check, warm_up_check, warm_up_failures
+from benchmarks.gpu_driver import Driver, Loop, loops
 
 AFTER_TARGET = 1.1
-WINDOW_STEPS = 3
-
-
-class SmallCNN(nn.Module):
-    def __init__(self, width: int = 64) -> None:
-        super().__init__()
-        chans = [3, width, width * 2, width * 4]
-        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1) for a, b in zip(chans, chans[1:]))
-        self.norms = nn.ModuleList(nn.BatchNorm2d(b) for b in chans[1:])
-        self.head = nn.Linear(chans[-1], 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv, norm in zip(self.convs, self.norms):
-            x = F.max_pool2d(F.relu(norm(conv(x))), 2)
-        return self.head(x.mean((2, 3)))
-
-
-class SmallTransformer(nn.Module):
-    def __init__(self, vocab: int = 1000, dim: int = 256, layers: int = 4) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=dim * 4, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(ids)))
-
-
-class Loop:
-    """A model, its optimizer and where each step's batch comes from."""
-
-    def __init__(self, name: str, model: nn.Module, batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                 device: torch.device) -> None:
-        self.name, self.model, self.batch, self.device = name, model.to(device), batch, device
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-
-    def step(self) -> None:
-        x, y = self.batch()
-        out = self.model(x.to(self.device, non_blocking=True))
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.to(self.device, non_blocking=True).reshape(-1))
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-
-
-def _loops(device: torch.device, quick: bool) -> dict[str, Loop]:
-    side, batch, seq = (32, 8, 32) if quick else (64, 64, 128)
-    images = torch.randn(batch, 3, side, side, device=device)
-    labels = torch.randint(0, 10, (batch,), device=device)
-    ids = torch.randint(0, 1000, (batch // 2, seq), device=device)
-    # --quick (the CPU rehearsal in the unit tests) makes the transform 4x dearer: at 2x the loader took 29% of a
-    # CPU step, a hair over the 25% bar, and a loaded box ran it under.
-    loader = _slow_loader(batch, side, scale=4 if quick else 2)
-    return {
-        "cnn": Loop("cnn", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
-        "transformer": Loop("transformer", SmallTransformer(dim=64 if quick else 256), lambda: (ids, ids), device),
-        # The same CNN fed by a DataLoader whose per-sample transform runs on the training thread.
-        "dataloader_bound": Loop("dataloader_bound", SmallCNN(16 if quick else 64), lambda: next(loader), device),
-    }
-
-
-class _CostlyImages(torch.utils.data.Dataset):
-    """Images made by a costly per-sample transform on the CPU (a blur of a ``scale`` x larger image)."""
-
-    def __init__(self, side: int, scale: int) -> None:
-        self.side, self.scale = side, scale
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        gen = torch.Generator().manual_seed(i)
-        img = torch.randn(1, 3, self.side * self.scale, self.side * self.scale, generator=gen)
-        return F.avg_pool2d(F.conv2d(img, torch.ones(3, 3, 5, 5) / 75, padding=2), self.scale)[0], i % 10
-
-
-def _slow_loader(batch: int, side: int, scale: int):
-    """A DataLoader as a tutorial's first version has it: the transform on the training thread (num_workers=0)."""
-    loader = torch.utils.data.DataLoader(_CostlyImages(side, scale), batch_size=batch, num_workers=0)
-    return iter(loader)
-
-
-class Driver:
-    """The real agent, armed and read as the controller would, minus Ray."""
-
-    def __init__(self, store: Path, device: torch.device) -> None:
-        from actors.agent.runtime import Agent
-        from orchestrator.models.agent_protocol import WorkerInfo
-
-        self.store, self.device = store, device
-        self.agent = Agent(WorkerInfo(
-            agent_id="gpu-check", target="gpu", world_rank=0, world_size=1, local_rank=0, node_rank=0,
-            node_id="n", host=platform.node() or "host", pid=os.getpid(), device=str(device),
-            torch_version=torch.__version__,
-        ))
-        self.boundary_ms: list[float] = []
-        self.activities = ["cpu", "cuda"] if device.type == "cuda" else ["cpu"]
-
-    def train(self, loop: Loop, steps: int) -> list[float]:
-        """``steps`` steps, each ended by the agent's boundary; returns each step's ms (synchronized)."""
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            loop.step()
-            b0 = time.perf_counter()
-            self.agent.step()
-            self.boundary_ms.append((time.perf_counter() - b0) * 1000)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1000)
-        return times
-
-    def window(self, loop: Loop, profile_id: str, **options: Any) -> dict[str, Any]:
-        """Arm one window 2 steps ahead, train through it and its upload; the rank's last event and trace facts."""
-        from orchestrator.models.agent_protocol import ArmCommand, StorageSpec, WindowSpec
-        from orchestrator.models.requests import TorchOptions
-
-        activities = self.activities
-        start = self.agent.step_count + 2
-        window = WindowSpec(
-            profile_id=profile_id, target="gpu", start_step=start, steps=WINDOW_STEPS, warmup=0,
-            options=TorchOptions(activities=activities, **options),
-            storage=StorageSpec(uri=str(self.store)), prefix=f"gpu/{profile_id}", max_trace_bytes=2**30,
-        )
-        self.agent._handle(ArmCommand(window=window))
-        capture = self.agent.capture
-        assert capture is not None
-        self.boundary_ms = []
-        for _ in range(WINDOW_STEPS + 10):
-            if capture.closed:
-                break
-            self.train(loop, 1)
-        if capture.finisher is not None:
-            capture.finisher.join(300)
-        events = []
-        while not self.agent._inbox.empty():
-            events.append(self.agent._inbox.get_nowait()[1])
-        last = events[-1]
-        facts: dict[str, Any] = {
-            "state": last.state.value, "reason": last.reason, "first_step": last.first_step,
-            "last_step": last.last_step, "expected_steps": [start, start + WINDOW_STEPS - 1],
-            "trace_bytes": last.trace_bytes, "closing_boundary_ms": max(self.boundary_ms, default=0.0),
-            "artifacts": {a.kind: a.bytes for a in last.artifacts},
-        }
-        trace = self.store / "gpu" / profile_id / next((a.key for a in last.artifacts if a.kind == "trace"), "-")
-        if trace.is_file():
-            with gzip.open(trace, "rt") as f:
-                evs = json.load(f).get("traceEvents", [])
-            facts["kernels"] = sum(1 for e in evs if e.get("cat") == "kernel")
-            # The CPU span only: with CUDA activities each step is also a gpu_user_annotation of the same name.
-            facts["profiler_steps"] = sorted(
-                int(e["name"].split("#")[1]) for e in evs
-                if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
-            )
-        return facts
 
 
 def _stderr_to(path: Path):
@@ -241,42 +88,6 @@ def _windows_check(driver: Driver, loop: Loop, count: int, steps_timed: int) -> 
     }
 
 
-def _oom_check(driver: Driver, loop: Loop) -> dict[str, Any]:
-    """Plant an OOM under the agent's OOM watch (its MemoryWatch, recording as a ``memory_history``
-    command has it): the snapshot is kept and reported before the job sees the error, then stored
-    as a bundle's stacks command would have it stored, and the job trains on."""
-    from actors.agent.cuda_memory import TorchAllocator
-    from orchestrator.models.agent_protocol import SnapshotDestination, StorageSpec
-
-    watch = driver.agent.memory
-    watch._hold_s = 0.5  # nobody stores it while the failing thread waits here: hold it briefly
-    reports: list[Any] = []
-    watch._report = reports.append
-    watch.record(True)
-    total = torch.cuda.get_device_properties(0).total_memory
-    caught, reported_first, t0 = None, False, time.perf_counter()
-    try:
-        torch.empty(int(total * 1.5), dtype=torch.uint8, device="cuda")
-    except torch.OutOfMemoryError as e:
-        caught, reported_first = type(e).__name__, bool(reports)
-    held_ms = (time.perf_counter() - t0) * 1000
-    dest = SnapshotDestination(storage=StorageSpec(uri=str(driver.store)), prefix="gpu/oom-bundle")
-    artifacts, note = watch.snapshot_to(dest, "OOM check")
-    page = (driver.store / "gpu" / "oom-bundle" / "memory" / "rank0.snapshot.html")
-    text = page.read_text() if page.is_file() else ""
-    watch.record(False)
-    driver.train(loop, 2)  # the job trains on
-    report = reports[0] if reports else None
-    return {
-        "exception": caught, "reported_before_exception": reported_first,
-        "asked_bytes": report.asked_bytes if report else None, "free_bytes": report.free_bytes if report else None,
-        "limit_bytes": report.limit_bytes if report else None, "error_reached_job_after_ms": held_ms,
-        "stored": {a.kind: a.bytes for a in artifacts}, "note": note,
-        "page_names_the_oom": "Out of memory" in text and "asked for" in text,
-        "recording_after": TorchAllocator._recorders, "trains_on": True,
-    }
-
-
 def _verdict(store: Path, profile_id: str) -> dict[str, Any]:
     from orchestrator.analysis import analyze_folder
 
@@ -294,7 +105,7 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     """Every check; returns the results (JSON-ready) with ``failures`` naming what missed."""
     torch.manual_seed(0)
     driver = Driver(work / "store", device)
-    loops = _loops(device, quick)
+    models = loops(device, quick)
     count = 2 if quick else 10
     cuda = device.type == "cuda"
     result: dict[str, Any] = {"machine": {
@@ -312,17 +123,18 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
 
     restore = _stderr_to(work / "stderr.txt")
     try:
-        section("windows", lambda: {name: _windows_check(driver, loops[name], count, 10 if quick else 100)
+        section("windows", lambda: {name: _windows_check(driver, models[name], count, 10 if quick else 100)
                                     for name in ("cnn", "transformer")})
-        section("profile_memory", lambda: driver.window(loops["cnn"], "cnn-memory", profile_memory=True))
+        section("profile_memory", lambda: driver.window(models["cnn"], "cnn-memory", profile_memory=True))
         if cuda:
             section("memory_snapshot", lambda: {
-                "plain": driver.window(loops["transformer"], "tf-plain"),
-                "window": driver.window(loops["transformer"], "tf-snapshot", memory_snapshot=True)})
-        section("dataloader_window", lambda: (driver.train(loops["dataloader_bound"], 3),
-                                              driver.window(loops["dataloader_bound"], "dl-bound"))[1])
+                "plain": driver.window(models["transformer"], "tf-plain"),
+                "window": driver.window(models["transformer"], "tf-snapshot", memory_snapshot=True)})
+        section("dataloader_window", lambda: (driver.train(models["dataloader_bound"], 3),
+                                              driver.window(models["dataloader_bound"], "dl-bound"))[1])
         if cuda:
-            section("oom", lambda: _oom_check(driver, loops["cnn"]))
+            section("oom", lambda: oom_check(driver, models["cnn"]))
+        section("warm_up", lambda: warm_up_check(driver, quick))
     finally:
         restore()
     stderr = (work / "stderr.txt").read_text(errors="replace").splitlines()
@@ -342,7 +154,7 @@ def _lasting(device: torch.device, activities: list[str], work: Path, quick: boo
     torch.manual_seed(0)
     driver = Driver(work / "store", device)
     driver.activities = activities
-    windows = _windows_check(driver, _loops(device, quick)["cnn"], 2 if quick else 10, 10 if quick else 100)
+    windows = _windows_check(driver, loops(device, quick)["cnn"], 2 if quick else 10, 10 if quick else 100)
     env = {k: v for k, v in os.environ.items() if "CUPTI" in k or "KINETO" in k}
     return {"activities": activities, "env": env, "windows": windows,
             "failures": [f"{len(windows['bad_windows'])} bad windows"] if windows["bad_windows"] else []}
@@ -386,6 +198,8 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
         if not (oom["exception"] and oom["reported_before_exception"] and oom["page_names_the_oom"]
                 and {"memory_snapshot", "memory_view"} <= set(oom["stored"])):
             out.append(f"planted OOM: {oom}")
+    if cuda and "warm_up" in r:
+        out += warm_up_failures(r["warm_up"])
     verdicts = r.get("verdicts", {})
     if "dataloader_bound" in verdicts.get("healthy_cnn", {}).get("warnings", []):
         out.append("the healthy CNN was called DataLoader-bound")

@@ -1,0 +1,176 @@
+"""What the device check trains and how it drives the agent: two small models and a DataLoader-bound loop,
+and :class:`Driver`, the real agent armed and read as the controller would, minus Ray (benchmarks/gpu.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["WINDOW_STEPS", "Driver", "Loop", "SmallCNN", "SmallTransformer", "loops"]
+
+WINDOW_STEPS = 3
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        chans = [3, width, width * 2, width * 4]
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1) for a, b in zip(chans, chans[1:]))
+        self.norms = nn.ModuleList(nn.BatchNorm2d(b) for b in chans[1:])
+        self.head = nn.Linear(chans[-1], 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, norm in zip(self.convs, self.norms):
+            x = F.max_pool2d(F.relu(norm(conv(x))), 2)
+        return self.head(x.mean((2, 3)))
+
+
+class SmallTransformer(nn.Module):
+    def __init__(self, vocab: int = 1000, dim: int = 256, layers: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=dim * 4, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(ids)))
+
+
+class Loop:
+    """A model, its optimizer and where each step's batch comes from."""
+
+    def __init__(self, name: str, model: nn.Module, batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 device: torch.device) -> None:
+        self.name, self.model, self.batch, self.device = name, model.to(device), batch, device
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def step(self) -> None:
+        x, y = self.batch()
+        out = self.model(x.to(self.device, non_blocking=True))
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.to(self.device, non_blocking=True).reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
+def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
+    side, batch, seq = (32, 8, 32) if quick else (64, 64, 128)
+    images = torch.randn(batch, 3, side, side, device=device)
+    labels = torch.randint(0, 10, (batch,), device=device)
+    ids = torch.randint(0, 1000, (batch // 2, seq), device=device)
+    # --quick (the CPU rehearsal in the unit tests) makes the transform 4x dearer: at 2x the loader took 29% of a
+    # CPU step, a hair over the 25% bar, and a loaded box ran it under.
+    loader = _slow_loader(batch, side, scale=4 if quick else 2)
+    return {
+        "cnn": Loop("cnn", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
+        "transformer": Loop("transformer", SmallTransformer(dim=64 if quick else 256), lambda: (ids, ids), device),
+        # The same CNN fed by a DataLoader whose per-sample transform runs on the training thread.
+        "dataloader_bound": Loop("dataloader_bound", SmallCNN(16 if quick else 64), lambda: next(loader), device),
+    }
+
+
+class _CostlyImages(torch.utils.data.Dataset):
+    """Images made by a costly per-sample transform on the CPU (a blur of a ``scale`` x larger image)."""
+
+    def __init__(self, side: int, scale: int) -> None:
+        self.side, self.scale = side, scale
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        gen = torch.Generator().manual_seed(i)
+        img = torch.randn(1, 3, self.side * self.scale, self.side * self.scale, generator=gen)
+        return F.avg_pool2d(F.conv2d(img, torch.ones(3, 3, 5, 5) / 75, padding=2), self.scale)[0], i % 10
+
+
+def _slow_loader(batch: int, side: int, scale: int):
+    """A DataLoader as a tutorial's first version has it: the transform on the training thread (num_workers=0)."""
+    loader = torch.utils.data.DataLoader(_CostlyImages(side, scale), batch_size=batch, num_workers=0)
+    return iter(loader)
+
+
+class Driver:
+    """The real agent, armed and read as the controller would, minus Ray."""
+
+    def __init__(self, store: Path, device: torch.device) -> None:
+        from actors.agent.runtime import Agent
+        from orchestrator.models.agent_protocol import WorkerInfo
+
+        self.store, self.device = store, device
+        self.agent = Agent(WorkerInfo(
+            agent_id="gpu-check", target="gpu", world_rank=0, world_size=1, local_rank=0, node_rank=0,
+            node_id="n", host=platform.node() or "host", pid=os.getpid(), device=str(device),
+            torch_version=torch.__version__,
+        ))
+        self.boundary_ms: list[float] = []
+        self.activities = ["cpu", "cuda"] if device.type == "cuda" else ["cpu"]
+
+    def train(self, loop: Loop, steps: int) -> list[float]:
+        """``steps`` steps, each ended by the agent's boundary; returns each step's ms (synchronized)."""
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            loop.step()
+            b0 = time.perf_counter()
+            self.agent.step()
+            self.boundary_ms.append((time.perf_counter() - b0) * 1000)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1000)
+        return times
+
+    def window(self, loop: Loop, profile_id: str, **options: Any) -> dict[str, Any]:
+        """Arm one window 2 steps ahead, train through it and its upload; the rank's last event and trace facts."""
+        from orchestrator.models.agent_protocol import ArmCommand, StorageSpec, WindowSpec
+        from orchestrator.models.requests import TorchOptions
+
+        activities = self.activities
+        start = self.agent.step_count + 2
+        window = WindowSpec(
+            profile_id=profile_id, target="gpu", start_step=start, steps=WINDOW_STEPS, warmup=0,
+            options=TorchOptions(activities=activities, **options),
+            storage=StorageSpec(uri=str(self.store)), prefix=f"gpu/{profile_id}", max_trace_bytes=2**30,
+        )
+        self.agent._handle(ArmCommand(window=window))
+        capture = self.agent.capture
+        assert capture is not None
+        self.boundary_ms = []
+        for _ in range(WINDOW_STEPS + 10):
+            if capture.closed:
+                break
+            self.train(loop, 1)
+        if capture.finisher is not None:
+            capture.finisher.join(300)
+        events = []
+        while not self.agent._inbox.empty():
+            events.append(self.agent._inbox.get_nowait()[1])
+        last = events[-1]
+        facts: dict[str, Any] = {
+            "state": last.state.value, "reason": last.reason, "first_step": last.first_step,
+            "last_step": last.last_step, "expected_steps": [start, start + WINDOW_STEPS - 1],
+            "trace_bytes": last.trace_bytes, "closing_boundary_ms": max(self.boundary_ms, default=0.0),
+            "artifacts": {a.kind: a.bytes for a in last.artifacts},
+        }
+        trace = self.store / "gpu" / profile_id / next((a.key for a in last.artifacts if a.kind == "trace"), "-")
+        if trace.is_file():
+            with gzip.open(trace, "rt") as f:
+                evs = json.load(f).get("traceEvents", [])
+            facts["kernels"] = sum(1 for e in evs if e.get("cat") == "kernel")
+            # The CPU span only: with CUDA activities each step is also a gpu_user_annotation of the same name.
+            facts["profiler_steps"] = sorted(
+                int(e["name"].split("#")[1]) for e in evs
+                if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
+            )
+        return facts
