@@ -19,7 +19,8 @@ same correlation id). That launch says who the device waited for:
   in any other profiled span (``cpu``; named by the innermost span, and by the
   optimizer step or ``record_function`` region around it), in a ``ProfilerStep``
   but in no op (``cpu``, "Python outside any op"), else ``untraced``. From the launch
-  call on, the gap is the launch's (``launch``) unless the call itself is slower than
+  call on, the gap is the launch's (``launch``; up to :data:`LAUNCH_GAP_US` after the call returns, then
+  ``queued``: a kernel the device starts later waited on a dependency) unless the call itself is slower than
   :data:`LAUNCH_GAP_US` (the runtime loads modules or allocates: host time, named by
   the call); a ``cpu`` stretch of a gap shorter than :data:`LAUNCH_GAP_US`: the host
   dispatches kernels no faster than the device runs them;
@@ -192,8 +193,13 @@ def attribute(
             pieces[thread].append((a, cut))
             if starts[k] - a < LAUNCH_GAP_US:
                 short.append((a, cut))
-        if cut < b:
-            launched[thread].append((cut, b))
+        # The device starts a launched kernel within LAUNCH_GAP_US of its call's return; what it waits beyond that
+        # is a dependency (an event, another stream's work), as when the launch came before the gap.
+        ready = min(b, max(cut, returned + LAUNCH_GAP_US))
+        if cut < ready:
+            launched[thread].append((cut, ready))
+        if ready < b:
+            out["queued"].append((ready, b))
     drains = union(drains)
     named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))

@@ -101,3 +101,15 @@ def test_cpu_idle_names_the_optimizer_step_or_region_it_falls_in(tmp_path: Path)
     ]
     cpu = analyse(tmp_path, events).idle.get("cpu")
     assert [(o.name, round(o.total_ms * 1000)) for o in cpu.regions] == [("Optimizer.step#SGD.step", 300), ("MASK INDICES", 150)]
+
+
+def test_a_kernel_that_starts_long_after_its_launch_returned_waited_on_a_dependency(tmp_path: Path) -> None:
+    # SGLang's decode trace: a kernel launched as the one before it ends runs 463 ms later (behind a
+    # hipStreamWaitEvent). Its launch returned 1 µs into the gap, so the whole gap was "launch-bound"; the device
+    # starts a launched kernel within LAUNCH_GAP_US (2-4 µs at p99 in the real traces), the rest is queued.
+    events = [
+        launch(0, 1), kernel(0, 100, 1),
+        launch(95, 2, dur=6), kernel(900, 100, 2),
+    ]
+    got = idle(analyse(tmp_path, events))
+    assert got == {"launch": pytest.approx(51, abs=0.01), "queued": pytest.approx(749, abs=0.01)}
