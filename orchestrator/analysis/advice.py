@@ -25,7 +25,8 @@ causes a fix can point at, each with its idle ms per step:
 
 Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
 but is no cause: no fix can be told from it. An op inside the optimizer step or a region is that
-cause's, never the model's too; the causes decide the advice and the warning, never the bound.
+cause's, never the model's too; the causes decide the advice and the warning, and the bound leaves out only
+what the loop pays once (:func:`paid_once`): no change to the loop saves it.
 """
 
 from __future__ import annotations

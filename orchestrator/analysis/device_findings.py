@@ -99,7 +99,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     or when the idle time no other finding claims reaches ``HOST_IDLE_FRACTION``.
     Its bound is that unclaimed idle time (host CPU work, launch pace, queued
     work, untraced host time, and causes too small for their own finding), so
-    no idle time is counted in two findings. The fix is the one for the largest
+    no idle time is counted in two findings, less what the loop pays once (a
+    first use, a graph capture or compilation: no change to the loop saves it). The fix is the one for the largest
     named cause (:mod:`orchestrator.analysis.advice`), and the runner-up's when it
     explains at least ``REPORT_FRACTION`` of the step. A warning when that cause
     explains ``WARNING_FRACTION`` of the step, or when the device is busy under
@@ -150,10 +151,14 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
+    # What the loop pays once is no saving a change to it can make (a capture-only window would claim 100%).
+    once_ms = sum(c.ms for c in once)
+    if once_ms > 0:
+        held += f" The saving leaves out {_names(once)} ({once_ms:.1f} ms per step): later steps do not pay it."
     return make_finding(
         "low_gpu_utilization",
         worst,
-        _unclaimed(worst),
+        max(_unclaimed(worst) - once_ms, 0.0),
         title=f"The {DEVICE_NAMES[worst.device]} device is busy {worst.gpu.utilization:.0%} of the {step_word(worst)}",
         evidence=(
             f"Kernels and copies cover {worst.gpu.utilization:.0%} of the {step_word(worst)} on rank {worst.rank} "
@@ -165,7 +170,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         ),
         fix=" ".join(fixes) or _UNNAMED_FIX,
         ranks=[r.rank for r in hit],
-        cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - sum(c.ms for c in once) if mostly_idle else 0.0),
+        cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - once_ms if mostly_idle else 0.0),
         one_off=one_off,
     )
 
