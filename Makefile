@@ -36,7 +36,8 @@ lint: setup
 		actors/controller/monitoring/series.py actors/controller/monitoring/recorder.py orchestrator/analysis/groups.py
 
 test: setup browser lint
-	$(PY) -m pytest -q -ra -m 'not extended'
+	# The slowest 25 tests close the run: where CI's time goes, run by run.
+	$(PY) -m pytest -q -ra --durations=25 -m 'not extended'
 
 # The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
 # ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on
