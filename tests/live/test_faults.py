@@ -101,19 +101,27 @@ def test_controller_restart_keeps_finished_profiles(live_job, file_store):
 
 def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on_restart(live_job, file_store):
     done = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
-    # What a crash between the manifest (the commit point) and the final state save leaves behind.
     home = open_storage(StorageSpec(uri=os.environ["RAYPROF_STORAGE"]))
     cluster = ray.get(find_controller().config.remote(), timeout=30).cluster_name
-    key = state_key(cluster, done.profile_id)
-    saved = json.loads(home.get_bytes(key))
-    saved.update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
-    home.put_state(json.dumps(saved).encode(), key)
-    # The index of finished profiles is written after the final state save: the crash left it out.
-    index = json.loads(home.get_bytes(index_key(cluster)))
-    index["profiles"] = [e for e in index["profiles"] if e["summary"]["id"] != done.profile_id]
-    home.put_state(json.dumps(index).encode(), index_key(cluster))
-
-    _restart_controller()
+    before = _controller_pid()
+    assert before is not None
+    # Stopped, the controller writes nothing more: a running one saves its index whenever any profile's
+    # post-window check ends, putting back the entry the edits below take out (CI saw it once); then it
+    # dies as in a crash.
+    os.kill(before, signal.SIGSTOP)
+    try:
+        # What a crash between the manifest (the commit point) and the final state save leaves behind.
+        key = state_key(cluster, done.profile_id)
+        saved = json.loads(home.get_bytes(key))
+        saved.update(state=ProfileState.COLLECTING.value, manifest_uri=None, finished_at=None)
+        home.put_state(json.dumps(saved).encode(), key)
+        # The index of finished profiles is written after the final state save: the crash left it out.
+        index = json.loads(home.get_bytes(index_key(cluster)))
+        index["profiles"] = [e for e in index["profiles"] if e["summary"]["id"] != done.profile_id]
+        home.put_state(json.dumps(index).encode(), index_key(cluster))
+    finally:
+        os.kill(before, signal.SIGKILL)
+    wait_for(lambda: _controller_pid() not in (None, before), timeout=60, what="the controller to restart")
 
     restored = file_store.client.get(done.profile_id)
     assert restored.last_status.state == ProfileState.DONE
