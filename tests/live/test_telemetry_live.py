@@ -176,5 +176,5 @@ def test_an_ended_runs_gauge_series_leave_rays_metrics_endpoint(client):
         ray.kill(host)
     # The ranks expire (poll timeout + grace), their gauges are held RAYPROF_METRICS_ENDED_KEPT_S (5 s
     # here), the recorder is replaced within 4 of those, and Ray 2.43 forgets the old process's label
-    # sets 60 s after it ends, on its cleanup period (measured up to ~2 minutes).
+    # sets RAY_WORKER_TIMEOUT_S after its last report (30 s in tests/conftest.py; Ray's default 120 s).
     wait_for(lambda: not of_target(), timeout=300, interval=5.0, what="the run's series to leave")
