@@ -69,9 +69,10 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
     images = torch.randn(batch, 3, side, side, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)
     ids = torch.randint(0, 1000, (batch // 2, seq), device=device)
-    # --quick (the CPU rehearsal in the unit tests) makes the transform 4x dearer: at 2x the loader took 29% of a
-    # CPU step, a hair over the 25% bar, and a loaded box ran it under.
-    loader = _slow_loader(batch, side, scale=4 if quick else 2)
+    # --quick (the CPU rehearsal in the unit tests) makes the transform 8x dearer: at 2x the loader took 29% of a
+    # CPU step, at 4x 48% alone and 25-58% with three more runs beside it (CI's unit tests run two at once),
+    # at the 25% bar; at 8x it leads with a margin no load closes.
+    loader = _slow_loader(batch, side, scale=8 if quick else 2)
     return {
         "cnn": Loop("cnn", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
         "transformer": Loop("transformer", SmallTransformer(dim=64 if quick else 256), lambda: (ids, ids), device),
