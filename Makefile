@@ -8,11 +8,11 @@ PYTHON ?= python3
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU build first: an unpinned torch would pull the multi-GB CUDA build. --no-compile here and
-	# below: byte-compiling every file of torch, Ray and the rest up front is half an install's time on
-	# two cores (tests/live/test_wheel.py's venv: 113 s with it, 53 s without); imports compile what they use.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	# The CPU build first: an unpinned torch would pull the multi-GB CUDA build. Byte-compiled here, not
+	# on first import: without it (pip --no-compile) the first jobs' many workers each compiled torch's
+	# compiler and FSDP modules at once, and three jobs did not start training in 4 minutes.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
 # The console's browser tests drive Debian's chromium (never a downloaded one).
@@ -60,10 +60,10 @@ OLDEST_RAY_TESTS := tests/unit/test_ray_compat.py tests/live/test_http_api.py te
 $(OLDEST_RAY_VENV)/.deps: pyproject.toml deploy/constraints-ray-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_RAY_VENV)
 	$(OLDEST_RAY_PY) -m pip install -q --upgrade pip
-	$(OLDEST_RAY_PY) -m pip install -q --no-compile torch==2.13.0
+	$(OLDEST_RAY_PY) -m pip install -q torch==2.13.0
 	$(OLDEST_RAY_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 		print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(OLDEST_RAY_VENV)/requirements.txt
-	$(OLDEST_RAY_PY) -m pip install -q --no-compile -c deploy/constraints-ray-oldest.txt -r $(OLDEST_RAY_VENV)/requirements.txt
+	$(OLDEST_RAY_PY) -m pip install -q -c deploy/constraints-ray-oldest.txt -r $(OLDEST_RAY_VENV)/requirements.txt
 	touch $@
 
 $(OLDEST_RAY_VENV)/.installed: $(OLDEST_RAY_VENV)/.deps

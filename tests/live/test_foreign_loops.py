@@ -75,8 +75,9 @@ def _running(ray_cluster: str, client, logs: Path, loops: Sequence[str]) -> Iter
                 for name, ranks, want, _, _ in (JOBS[loop] for loop in loops)
             )
 
+        # Three jobs start at once on two cores: 165 s in a CI run, more on a slower machine.
         try:
-            wait_for(learned, timeout=240, what=f"{', '.join(loops)} to train and say what one step is")
+            wait_for(learned, timeout=420, what=f"{', '.join(loops)} to train and say what one step is")
         except AssertionError as e:
             said = {t.name: [r.step_definition for r in t.ranks] for t in client.targets()}
             raise AssertionError(f"{e}; the targets said: {said}") from None
