@@ -38,8 +38,9 @@ lint: setup
 		actors/controller/monitoring/series.py actors/controller/monitoring/recorder.py orchestrator/analysis/groups.py
 
 test: setup browser lint
-	# The unit tests share nothing (no cluster, no fixed port): two processes (pytest-xdist) halve them on
-	# two cores. Then the live ones in one process, their slowest 25 last: where CI's time goes, run by run.
+	# The unit tests share nothing (no cluster, no fixed port): two processes (pytest-xdist) take a third
+	# off their time on two cores (~250 s -> 136-166 s). Then the live ones in one process, their slowest
+	# 25 last: where CI's time goes, run by run.
 	$(PY) -m pytest -q -ra -n 2 -m 'not extended' tests/unit
 	$(PY) -m pytest -q -ra --durations=25 -m 'not extended' tests/live
 

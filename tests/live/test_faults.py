@@ -72,11 +72,15 @@ def _controller_pid() -> int | None:
         return None
 
 
+def _wait_for_a_new_controller(before: int | None) -> None:
+    wait_for(lambda: _controller_pid() not in (None, before), timeout=60, what="the controller to restart")
+
+
 def _restart_controller() -> None:
     """Kill the control actor and wait until Ray has brought up a new one."""
     before = _controller_pid()
     ray.kill(find_controller(), no_restart=False)
-    wait_for(lambda: _controller_pid() not in (None, before), timeout=60, what="the controller to restart")
+    _wait_for_a_new_controller(before)
 
 
 def test_controller_restart_recovers_an_in_flight_profile(live_job, file_store):
@@ -123,7 +127,7 @@ def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on
         home.put_state(json.dumps(index).encode(), index_key(cluster))
     finally:
         os.kill(before, signal.SIGKILL)
-    wait_for(lambda: _controller_pid() not in (None, before), timeout=60, what="the controller to restart")
+    _wait_for_a_new_controller(before)
 
     restored = file_store.client.get(done.profile_id)
     assert restored.last_status.state == ProfileState.DONE
