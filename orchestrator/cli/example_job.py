@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.models.control import TargetInfo
 
-__all__ = ["TRAIN_JOB", "ExampleJob"]
+__all__ = ["TRAIN_JOB", "ExampleJob", "stop_all"]
 
 TRAIN_JOB = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "train_job.py"
 
@@ -78,3 +78,11 @@ class ExampleJob:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def stop_all(jobs: Sequence[ExampleJob], timeout: float = 60.0) -> None:
+    """Ask every job to finish first, then wait for each: their shutdowns (Ray Train's, ~10 s) overlap."""
+    for job in jobs:
+        job.stop_file.touch()
+    for job in jobs:
+        job.stop(timeout)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob, stop_all
 from orchestrator.models.analysis import Summary
 from orchestrator.models.requests import ProfileState
 from tests.support.common import LIVE_TARGET
@@ -30,8 +30,7 @@ def planted_jobs(ray_cluster, client, tmp_path_factory):
             job.wait_until_training(client, min_step=2, timeout=300)
         yield jobs
     finally:
-        for job in jobs.values():
-            job.stop()
+        stop_all(list(jobs.values()))
 
 
 def _summary(store, target: str, steps: int = 3) -> Summary:

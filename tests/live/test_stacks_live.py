@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator.cli.example_job import ExampleJob
+from orchestrator.cli.example_job import ExampleJob, stop_all
 from tests.support.common import RAYPROF_CLI, wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,8 +49,7 @@ def fault_jobs(ray_cluster, tmp_path_factory):
     try:
         yield jobs
     finally:
-        for job in jobs.values():
-            job.stop(timeout=5)
+        stop_all(list(jobs.values()), timeout=5)
 
 
 @pytest.fixture(scope="module")
