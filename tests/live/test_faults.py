@@ -32,8 +32,6 @@ def _wait_state(handle, *states, timeout: float = 60.0):
     return wait_for(lambda: handle.status().state in states, timeout=timeout, interval=0.05, what=f"state {states}")
 
 
-# ~2 min (a job of its own, killed and restarted by Ray Train): extended, to keep CI under 45 minutes.
-@pytest.mark.extended
 def test_killed_worker_is_marked_failed_and_the_restarted_group_is_profiled(ray_cluster, client, file_store, tmp_path):
     job = ExampleJob(ray_cluster, "fault-run", tmp_path / "fault-run.log", "--max-failures", "2")
     try:

@@ -7,8 +7,8 @@ loop and in a manually optimized LightningModule); a
 Face ``Trainer``'s and an Accelerate loop's (gradient accumulation 2 each) and an FSDP2
 model's their one optimizer's; FSDP2's collective waits are communication, and its fix is
 FSDP's own. The forward passes the agent counts in a step are the trace's too, where the trace
-marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs start their
-own frameworks: ``extended``.
+marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs each start
+alone (~30 s each): their frameworks' imports beside each other's would only queue on two cores.
 """
 
 from __future__ import annotations
@@ -152,7 +152,6 @@ def test_an_fsdp2_step_is_one_iteration_whose_collective_waits_are_communication
 FRAMEWORK_LOOPS = {"lightning": "lightning", "lightning_gan": "lightning", "hf": "transformers", "accelerate": "accelerate"}
 
 
-@pytest.mark.extended
 @pytest.mark.parametrize("loop", sorted(FRAMEWORK_LOOPS))
 def test_one_profiled_step_of_a_frameworks_loop_is_what_its_framework_steps(ray_cluster, client, file_store, tmp_path, loop):
     pytest.importorskip(FRAMEWORK_LOOPS[loop])
