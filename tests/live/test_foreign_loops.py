@@ -8,7 +8,7 @@ Face ``Trainer``'s and an Accelerate loop's (gradient accumulation 2 each) and a
 model's their one optimizer's; FSDP2's collective waits are communication, and its fix is
 FSDP's own. The forward passes the agent counts in a step are the trace's too, where the trace
 marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs each start
-alone (~30 s each): their frameworks' imports beside each other's would only queue on two cores.
+alone, before the plain ones (47-56 s each in a CI rehearsal).
 """
 
 from __future__ import annotations
