@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from orchestrator.cli.example_job import TRAIN_JOB, ExampleJob
+from orchestrator.cli.output import print_analysis
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup, format_size
 from orchestrator.client import ProfilingClient
 from orchestrator.errors import RayprofError
@@ -89,12 +90,15 @@ def _print_result(manifest: Manifest, elapsed_s: float, capture_latency_s: float
         print(f"  traces:    {folder / 'traces'}")
         print(f"  view:      tensorboard --logdir {folder / 'traces'}")
         print(f"  analyse:   rayprof analyze {folder}")
-    for finding in manifest.summary.findings if isinstance(manifest.summary, Summary) else []:
-        print(f"  finding:   {finding.title} (ranks {finding.ranks})")
-        print(f"             fix: {finding.fix}")
     report = next((a for a in manifest.artifacts if a.kind == "report"), None)
-    if report is not None:
-        print(f"  report:    {folder / report.key if folder is not None else report.uri}")
+    report_at = (folder / report.key if folder is not None else report.uri) if report is not None else None
+    print()
+    if isinstance(manifest.summary, Summary):
+        # What `rayprof report` prints for the same profile: the step, its phases, the device's idle
+        # causes and the findings (or that none crossed a threshold).
+        print_analysis(manifest.summary, report_at, manifest)
+    else:
+        print(f"no analysis in the manifest; report: {report_at}")
 
 
 def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 2, timeout_s: float = 600.0) -> int:

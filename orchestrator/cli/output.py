@@ -104,7 +104,7 @@ def _ms(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
 
 
-def print_analysis(summary: Any, report: Path | None, manifest: Manifest | None = None) -> None:
+def print_analysis(summary: Any, report: Path | str | None, manifest: Manifest | None = None) -> None:
     from orchestrator.analysis.step_content import one_step
     from orchestrator.models.analysis import PHASES
 

@@ -1,4 +1,7 @@
-"""``rayprof demo`` end to end: its own Ray cluster, so it runs as a subprocess."""
+"""``rayprof demo`` end to end: its own Ray cluster, so it runs as a subprocess.
+
+In ``make test`` (README promises that a fresh clone's ``make demo`` works): ~50 s alone, ~90 s beside
+the session's job. How long it took is printed, never asserted; the subprocess's timeout bounds it."""
 
 from __future__ import annotations
 
@@ -9,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analysis.step_content import one_step
 from orchestrator.models.profile import Manifest
 from tests.support.common import RAYPROF_CLI
 from tests.support.serve_fixtures import artifact_problems, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.extended]
+pytestmark = [pytest.mark.integration]
 
-DEMO_BUDGET_S = 240.0
+DEMO_TIMEOUT_S = 480.0
 
 
 def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
@@ -25,7 +29,7 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
         [RAYPROF_CLI, "demo", "--dir", str(tmp_path / "demo"), "--port", str(free_port())],
         capture_output=True,
         text=True,
-        timeout=DEMO_BUDGET_S + 120,
+        timeout=DEMO_TIMEOUT_S,
         cwd=tmp_path,
         env=env,
         check=False,
@@ -39,7 +43,12 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
     assert manifest.status == "DONE" and [r.rank for r in manifest.ranks] == [0, 1]
     assert artifact_problems(manifest_path.parent, manifest) == []
     assert f"tensorboard --logdir {manifest_path.parent / 'traces'}" in result.stdout
-    assert elapsed < DEMO_BUDGET_S
+    # The analysis as `rayprof report` prints it: what a step is, and the findings or that there are none.
+    step = one_step(manifest.summary, manifest)
+    assert step is not None and step.startswith("One step") and step in result.stdout
+    findings = manifest.summary.findings
+    assert all(f.title in result.stdout for f in findings)
+    assert ("findings: none" in result.stdout) == (not findings)
     # Shut down cleanly: the training driver is gone.
     assert (tmp_path / "demo" / "train.stop").exists()
     assert "training finished" in Path(tmp_path / "demo" / "train.log").read_text()
