@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.analysis.finding_base import first_use_examples
 from orchestrator.analysis.spans import is_compiled_name
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
@@ -233,9 +234,8 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     if cause.kind == "first_use":
         return (
             f"{cause.name} {cause.verb('takes', 'take')} {cause.per_call_ms:.0f} ms a call while the device idles ({figure}): the cost of a "
-            "first use, not of the loop (creating the CUDA context, loading a module's kernels at their first launch, "
-            "cuDNN's first convolution, a first large allocation). No change to the loop removes it: profile steps "
-            "after warm-up (a later window) to judge the steady state."
+            f"first use, not of the loop ({first_use_examples(r.device)}). No change to the loop removes it: profile "
+            "steps after warm-up (a later window) to judge the steady state."
         )
     if cause.kind == "capture" and paid_once(cause, r):
         return (

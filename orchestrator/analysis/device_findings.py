@@ -10,6 +10,7 @@ from orchestrator.analysis.finding_base import (
     REPORT_FRACTION,
     OneStep,
     claimed_causes,
+    first_use_examples,
     idle_text,
     make_finding,
     one_step,
@@ -78,9 +79,8 @@ def _names(causes: Sequence[Cause]) -> str:
 def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
     return (
         f"What the host does while the device idles here ({_names(causes)}) is {when.label(r)}'s alone: a one-off such as "
-        "warm-up (the CUDA context, cuDNN's autotuning, the caching allocator's first blocks, "
-        "a first launch that loads modules), which later steps do not pay. Profile steps after it (a later window) to "
-        "judge the steady state."
+        f"warm-up ({first_use_examples(r.device)}), which later steps do not pay. Profile steps after it (a later "
+        "window) to judge the steady state."
     )
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "WARNING_FRACTION",
     "OneStep",
     "claimed_causes",
+    "first_use_examples",
     "host_fix_bound",
     "idle_text",
     "make_finding",
@@ -37,9 +38,21 @@ WARNING_FRACTION = 0.08
 # Share of the step from which an idle cause with a finding of its own is reported at all (as info below WARNING_FRACTION).
 REPORT_FRACTION = 0.05
 DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "cpu": "CPU"}
+# What a device's first use pays, in its own runtime's words: a ROCm trace has a HIP context and MIOpen, no cuDNN.
+_FIRST_USES = {
+    "cuda": ("creating the CUDA context", "cuDNN's first convolution and its autotuning"),
+    "rocm": ("creating the HIP context", "MIOpen's first convolution and its tuning"),
+}
 # Idle causes with a finding of their own (DataLoader, sync, copy, collectives, late ranks), each when its idle
 # time reaches REPORT_FRACTION of the step; the device-utilization finding counts the rest.
 OWN_FINDING_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank")
+
+
+def first_use_examples(device: str) -> str:
+    """The first uses a runtime pays once on ``device``, as examples in a fix's words."""
+    context, convolution = _FIRST_USES.get(device, ("creating the device's runtime context", None))
+    examples = [context, "loading a module's kernels at their first launch", convolution, "the caching allocator's first blocks"]
+    return ", ".join(e for e in examples if e)
 
 
 def ranks_text(ranks: Sequence[RankSummary]) -> str:

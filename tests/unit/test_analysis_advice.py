@@ -99,6 +99,13 @@ def test_a_first_launch_that_loads_its_module_is_a_first_use_not_launch_pace() -
     assert "Launch calls (hipLaunchKernel)" not in low.fix
 
 
+def test_a_first_use_on_a_rocm_device_is_told_in_its_runtimes_words() -> None:
+    # The same trace: a ROCm device has a HIP context and MIOpen; before, the fix spoke of the CUDA context and cuDNN.
+    low = finding(external("hta_amd_mi250_minitoy"), "low_gpu_utilization")
+    assert "creating the HIP context" in low.fix and "MIOpen's first convolution" in low.fix
+    assert "CUDA context" not in low.fix and "cuDNN" not in low.fix
+
+
 def test_context_creation_in_a_warm_up_forward_is_a_first_use_not_the_allocator() -> None:
     # PARAM's AlexNet warm-up forward (HTA's critical-path data): 5 cudaFree calls idle the device 6.5 s (one of
     # 6.0 s), cudaLaunchKernel 3.1 s, cudaMalloc 1.9 s. Before: the caching allocator's fix ("no empty_cache").
