@@ -26,6 +26,7 @@ __all__ = [
     "ranks_text",
     "share",
     "step_word",
+    "verdict",
 ]
 
 # When a finding warns (docs/results.md, "When a finding warns"): the one named cause its fix removes (the DataLoader
@@ -187,3 +188,22 @@ def make_finding(
         max_saving_ms=saving_ms,
         max_saving_fraction=fraction,
     )
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    """The analysis in one line, said the same way by the CLI, the report and the MCP answer: the largest warning
+    and its bound, or that nothing warns (an agent, like a reader, should hear "nothing to fix" in words)."""
+    warnings = [f for f in findings if f.severity == "warning"]
+    infos = len(findings) - len(warnings)
+    info_lines = f"{infos} info line{'' if infos == 1 else 's'}"
+    if not findings:
+        return "No findings: nothing in these steps crosses a threshold."
+    if not warnings:
+        return (
+            f"No warning: {info_lines}, none worth a change on its own (a warning needs one named cause worth at "
+            f"least {WARNING_FRACTION:.0%} of the step)."
+        )
+    top = max(warnings, key=lambda f: f.max_saving_ms)
+    bound = f" (saves at most {top.max_saving_ms:.1f} ms, {top.max_saving_fraction:.0%} of the step)" if top.max_saving_ms > 0 else ""
+    counted = f"{len(warnings)} warning{'' if len(warnings) == 1 else 's'}" + (f" and {info_lines}" if infos else "")
+    return f"{counted}; the largest: {top.title}{bound}."

@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
+from orchestrator.analysis.finding_base import verdict
 from orchestrator.analysis.step_content import one_step
 from orchestrator.models.analysis import IDLE_CAUSES, IDLE_LABELS, PHASES, RankSummary, Summary
 from orchestrator.models.profile import Manifest
@@ -53,7 +54,7 @@ table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{padding:3
 th:first-child,td:first-child,td.l,th.l{text-align:left}
 .finding{border-left:4px solid #e15759;padding:.4em .8em;margin:.8em 0;background:#fdf3f3}
 .finding.info{border-color:#4e79a7;background:#f2f6fa}.finding p{margin:.3em 0}
-.ok{color:#2d7a2d}.muted{color:#777}.legend span{display:inline-block;margin-right:1em}
+.ok{color:#2d7a2d}.verdict{font-weight:600}.muted{color:#777}.legend span{display:inline-block;margin-right:1em}
 .sw{display:inline-block;width:.9em;height:.9em;vertical-align:-.1em;margin-right:.3em}
 """
 
@@ -68,9 +69,8 @@ def _ms(value: float | None) -> str:
 
 
 def _findings(summary: Summary) -> str:
-    if not summary.findings:
-        return '<p class="ok">No findings: nothing in these steps crosses a threshold.</p>'
-    parts = []
+    warns = any(f.severity == "warning" for f in summary.findings)
+    parts = [f'<p class="{"verdict" if warns else "ok"}">{escape(verdict(summary.findings))}</p>']
     for f in summary.findings:
         parts.append(
             f'<div class="finding {escape(f.severity)}"><strong>{escape(f.title)}</strong>'

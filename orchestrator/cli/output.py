@@ -105,6 +105,7 @@ def _ms(value: float | None) -> str:
 
 
 def print_analysis(summary: Any, report: Path | str | None, manifest: Manifest | None = None) -> None:
+    from orchestrator.analysis.finding_base import verdict
     from orchestrator.analysis.step_content import one_step
     from orchestrator.models.analysis import PHASES
 
@@ -128,8 +129,7 @@ def print_analysis(summary: Any, report: Path | str | None, manifest: Manifest |
         out(f"skipped {printable(rejected.path.name)}: {printable(rejected.reason)}")
     for issue in summary.issues:
         out(f"note: {printable(issue)}")
-    if not summary.findings:
-        out("findings: none (nothing in these steps crosses a threshold)")
+    out(f"verdict: {verdict(summary.findings)}")
     for finding in summary.findings:
         title, evidence, fix = printable(finding.title), printable(finding.evidence), printable(finding.fix)
         out(f"\n[{finding.severity}] {title} (ranks {finding.ranks})\n  {evidence}\n  fix: {fix}")

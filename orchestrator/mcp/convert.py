@@ -11,6 +11,7 @@ import re
 import statistics
 
 from orchestrator.analysis.diff import ProfileDiff
+from orchestrator.analysis.finding_base import verdict
 from orchestrator.analysis.step_content import one_step
 from orchestrator.mcp.bounds import public_uri
 from orchestrator.mcp.results import (
@@ -105,8 +106,8 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         if manifest.analysis_error is None or manifest.kind != "profile":
             return None
         return Analysis(
-            profile_id=manifest.profile_id, steps=[], findings=[], stragglers=[], step_spread=None, ranks=[],
-            issues=[], analysis_error=manifest.analysis_error,
+            profile_id=manifest.profile_id, verdict=f"No analysis: {manifest.analysis_error}", steps=[], findings=[],
+            stragglers=[], step_spread=None, ranks=[], issues=[], analysis_error=manifest.analysis_error,
         )
     stragglers = [s.rank for s in summary.stragglers]
     ranks = [
@@ -131,6 +132,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         profile_id=manifest.profile_id,
         steps=summary.steps,
         one_step=one_step(summary, manifest),
+        verdict=verdict(summary.findings),
         findings=sorted(summary.findings, key=lambda f: -f.max_saving_ms),
         stragglers=summary.stragglers,
         slow_groups=summary.slow_groups,

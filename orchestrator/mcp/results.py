@@ -93,6 +93,9 @@ class Analysis(_Capped):
     one_step: str | None = Field(
         default=None, description="What one step is: what the agent counted and what the trace's steps hold."
     )
+    verdict: str = Field(
+        description="The analysis in one line: the largest warning and what fixing it saves, or that nothing warns.",
+    )
     findings: list[Finding] = Field(description="Largest possible saving first.")
     stragglers: list[Straggler] = Field(description="Ranks that hold the others back, and in which phase.")
     slow_groups: list[SlowGroup] = Field(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analysis.finding_base import verdict
 from orchestrator.analysis.step_content import one_step
 from orchestrator.models.profile import Manifest
 from tests.support.common import RAYPROF_CLI
@@ -43,12 +44,12 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
     assert manifest.status == "DONE" and [r.rank for r in manifest.ranks] == [0, 1]
     assert artifact_problems(manifest_path.parent, manifest) == []
     assert f"tensorboard --logdir {manifest_path.parent / 'traces'}" in result.stdout
-    # The analysis as `rayprof report` prints it: what a step is, and the findings or that there are none.
+    # The analysis as `rayprof report` prints it: what a step is, the verdict in one line, the findings.
     step = one_step(manifest.summary, manifest)
     assert step is not None and step.startswith("One step") and step in result.stdout
     findings = manifest.summary.findings
     assert all(f.title in result.stdout for f in findings)
-    assert ("findings: none" in result.stdout) == (not findings)
+    assert f"verdict: {verdict(findings)}" in result.stdout
     # Shut down cleanly: the training driver is gone.
     assert (tmp_path / "demo" / "train.stop").exists()
     assert "training finished" in Path(tmp_path / "demo" / "train.log").read_text()
