@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.models.analysis import Finding, IdleCause, RankSummary
+from orchestrator.models.analysis import Finding, IdleCause, RankSummary, Summary
 
 __all__ = [
     "DEVICE_NAMES",
@@ -190,12 +190,16 @@ def make_finding(
     )
 
 
-def verdict(findings: Sequence[Finding]) -> str:
+def verdict(summary: Summary) -> str:
     """The analysis in one line, said the same way by the CLI, the report and the MCP answer: the largest warning
-    and its bound, or that nothing warns (an agent, like a reader, should hear "nothing to fix" in words)."""
+    and its bound, or that nothing warns (an agent, like a reader, should hear "nothing to fix" in words), or that
+    no trace could be read (no rank analysed is no evidence of health)."""
+    findings = summary.findings
     warnings = [f for f in findings if f.severity == "warning"]
     infos = len(findings) - len(warnings)
     info_lines = f"{infos} info line{'' if infos == 1 else 's'}"
+    if not summary.ranks:
+        return "No verdict: no trace could be analysed."
     if not findings:
         return "No findings: nothing in these steps crosses a threshold."
     if not warnings:

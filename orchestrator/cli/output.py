@@ -129,7 +129,7 @@ def print_analysis(summary: Any, report: Path | str | None, manifest: Manifest |
         out(f"skipped {printable(rejected.path.name)}: {printable(rejected.reason)}")
     for issue in summary.issues:
         out(f"note: {printable(issue)}")
-    out(f"verdict: {verdict(summary.findings)}")
+    out(f"verdict: {verdict(summary)}")
     for finding in summary.findings:
         title, evidence, fix = printable(finding.title), printable(finding.evidence), printable(finding.fix)
         out(f"\n[{finding.severity}] {title} (ranks {finding.ranks})\n  {evidence}\n  fix: {fix}")

@@ -132,7 +132,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         profile_id=manifest.profile_id,
         steps=summary.steps,
         one_step=one_step(summary, manifest),
-        verdict=verdict(summary.findings),
+        verdict=verdict(summary),
         findings=sorted(summary.findings, key=lambda f: -f.max_saving_ms),
         stragglers=summary.stragglers,
         slow_groups=summary.slow_groups,

@@ -49,7 +49,7 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
     assert step is not None and step.startswith("One step") and step in result.stdout
     findings = manifest.summary.findings
     assert all(f.title in result.stdout for f in findings)
-    assert f"verdict: {verdict(findings)}" in result.stdout
+    assert f"verdict: {verdict(manifest.summary)}" in result.stdout
     # Shut down cleanly: the training driver is gone.
     assert (tmp_path / "demo" / "train.stop").exists()
     assert "training finished" in Path(tmp_path / "demo" / "train.log").read_text()

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from orchestrator.analysis import Summary
+from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.finding_base import WARNING_FRACTION, verdict
 from orchestrator.analysis.report import render_report
 from orchestrator.cli.output import print_analysis, set_results
@@ -42,7 +42,7 @@ def test_a_dataloader_bound_step_is_told_by_its_largest_warning_and_its_bound() 
     # The H100 "before" recording: data loading takes 84% of a step; the idle device is the second warning.
     summary = h100("seed003_before")
     top = summary.findings[0]
-    assert verdict(summary.findings) == (
+    assert verdict(summary) == (
         f"2 warnings; the largest: Data loading takes 84% of the step (saves at most {top.max_saving_ms:.1f} ms, "
         f"{top.max_saving_fraction:.0%} of the step)."
     )
@@ -50,19 +50,29 @@ def test_a_dataloader_bound_step_is_told_by_its_largest_warning_and_its_bound() 
 
 def test_a_healthy_job_with_info_lines_is_told_nothing_warns_and_why() -> None:
     # The TensorBoard plugin's num_workers=4 ResNet-50 sample: healthy by the tutorial that made it; two info lines.
-    line = verdict(external("tbplugin_resnet50_nw4_a").findings)
+    line = verdict(external("tbplugin_resnet50_nw4_a"))
     assert line.startswith("No warning: 2 info lines, none worth a change on its own")
     assert f"at least {WARNING_FRACTION:.0%} of the step" in line
 
 
 def test_no_findings_are_told_as_such() -> None:
-    assert verdict([]) == "No findings: nothing in these steps crosses a threshold."
+    summary = external("tbplugin_resnet50_nw4_a").model_copy(update={"findings": []})
+    assert verdict(summary) == "No findings: nothing in these steps crosses a threshold."
+
+
+def test_a_folder_with_no_readable_trace_gets_no_verdict_of_health(tmp_path) -> None:
+    # Before: "findings: none (nothing in these steps crosses a threshold)" for a folder whose one trace was cut short.
+    (tmp_path / "rank0.pt.trace.json").write_text('{"traceEvents": [')
+    summary = analyze_folder(tmp_path)
+    assert summary.ranks == [] and summary.rejected
+    assert verdict(summary) == "No verdict: no trace could be analysed."
+    assert "No findings" not in _cli(summary) and "verdict: No verdict: no trace could be analysed." in _cli(summary)
 
 
 @pytest.mark.parametrize("case", ["tbplugin_resnet50_nw4_a", "hta_trace_diff_control_a100_r3of8"])
 def test_the_cli_the_report_and_the_mcp_answer_say_the_same_verdict(case: str) -> None:
     summary = external(case)
-    line = verdict(summary.findings)
+    line = verdict(summary)
     manifest = _manifest(summary)
     analysis = analysis_of(manifest)
     assert analysis is not None and analysis.verdict == line
