@@ -33,6 +33,9 @@ every class maps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -157,3 +160,10 @@ class ProfileTimeoutError(RayprofError):
 class IllegalTransitionError(RayprofError):
     code = "internal_error"
     http_status = 500
+
+
+def validation_problems(errors: Iterable[Mapping[str, Any]]) -> str:
+    """Pydantic's or FastAPI's validation errors (``.errors()``) as one line a user can act on:
+    ``field: what is wrong`` for each, joined by ``; `` (the HTTP answer, the CLI and the MCP tool error say it so)."""
+    problems = [f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors]
+    return "; ".join(problems) or "invalid request"

@@ -21,6 +21,7 @@ from orchestrator.errors import (
     EXIT_FAILED,
     EXIT_USAGE,
     RayprofError,
+    validation_problems,
 )
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
@@ -247,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ValidationError as e:
-        return fail(args, EXIT_USAGE, "invalid_request", str(e))
+        return fail(args, EXIT_USAGE, "invalid_request", validation_problems(e.errors()))
     except RayprofError as e:
         return fail(args, e.exit_status, e.code, e.message)
     except KeyboardInterrupt:

@@ -26,6 +26,7 @@ from orchestrator.errors import (
     RestoringError,
     TargetNotFoundError,
     UnauthorizedError,
+    validation_problems,
 )
 
 __all__ = ["tool_error", "tool_errors"]
@@ -56,8 +57,7 @@ def _hint(error: RayprofError) -> str:
 def tool_error(error: Exception) -> ToolError:
     """The tool error ``error`` stands for: ``[code] message. next: hint``."""
     if isinstance(error, ValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
-        return ToolError(f"[invalid_request] {problems}. next: fix those arguments and call again")
+        return ToolError(f"[invalid_request] {validation_problems(error.errors())}. next: fix those arguments and call again")
     if not isinstance(error, RayprofError):
         raise TypeError(f"not a rayprof error: {type(error).__name__}")
     message = error.message

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.errors import RayprofError
+from orchestrator.errors import RayprofError, validation_problems
 from orchestrator.models.common import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     IDEMPOTENCY_KEY_PATTERN,
@@ -98,11 +98,7 @@ async def _rayprof_error(request: Request, exc: RayprofError) -> JSONResponse:
 
 @api.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(part) for part in err.get("loc", ()))
-        problems.append(f"{where}: {err.get('msg', 'invalid')}")
-    return error_response(422, "validation_error", "; ".join(problems) or "invalid request")
+    return error_response(422, "validation_error", validation_problems(exc.errors()))
 
 
 @api.exception_handler(Exception)

@@ -10,13 +10,18 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from starlette.requests import Request
 
 from actors.controller.rpc import is_unreachable, ray_errors
 from orchestrator import errors
+from orchestrator.cli.main import main
 from orchestrator.client.http import error_for
-from orchestrator.errors import EXIT_FAILED, EXIT_USAGE, ControllerUnavailableError, RayprofError
+from orchestrator.errors import EXIT_FAILED, EXIT_USAGE, ControllerUnavailableError, RayprofError, validation_problems
+from orchestrator.models.requests import ProfileRequest
 from orchestrator.service.api import ERROR_RESPONSES
 from orchestrator.service.security import rayprof_error_response
 
@@ -102,3 +107,23 @@ def test_the_controller_and_the_service_raise_only_errors_of_the_tree():
         for path in (ROOT / folder).rglob("*.py"):
             raised |= set(re.findall(r"raise (\w+Error|\w+Exception)\(", path.read_text()))
     assert raised - internal <= {cls.__name__ for cls in ALL}, raised - internal - {cls.__name__ for cls in ALL}
+
+
+# ---- a request the models refuse: one line naming each field, the same on every surface ----------------------
+
+
+def test_the_cli_names_the_field_a_request_got_wrong_in_one_line(capsys):
+    # Before: pydantic's whole report ("1 validation error for ProfileRequest\nsteps\n  Input should ...\n  For further
+    # information visit https://errors.pydantic.dev/...") with its newlines shown escaped on one line.
+    assert main(["profile", "run", "--steps", "0", "--url", "http://127.0.0.1:9"]) == EXIT_USAGE
+    assert capsys.readouterr().err == "rayprof: invalid_request: steps: Input should be greater than or equal to 1\n"
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(max_value=0), rank=st.integers(max_value=-1))
+def test_every_refused_field_is_named_once_and_the_message_is_one_line(steps, rank):
+    with pytest.raises(ValidationError) as refused:
+        ProfileRequest(target="run", steps=steps, ranks=[0, rank])
+    message = validation_problems(refused.value.errors())
+    assert "\n" not in message and "errors.pydantic.dev" not in message
+    assert message.startswith("steps: ") and "; ranks.1: " in message
