@@ -21,6 +21,7 @@ from orchestrator.errors import (
     ConfigurationError,
     InvalidRequestError,
 )
+from orchestrator.models.control import HOW_A_RUN_APPEARS
 from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
@@ -162,7 +163,7 @@ def targets(args: argparse.Namespace) -> int:
         emit_json(targets)
         return EXIT_OK
     if not targets:
-        out("no live training runs with rayprof agents")
+        out(f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}")
         return EXIT_OK
     rows = []
     for t in targets:

@@ -70,6 +70,7 @@ class TargetBrief(_Result):
 
 class TargetList(_Capped):
     targets: list[TargetBrief]
+    note: str | None = Field(default=None, description="When no run is live: how a run becomes a target.")
 
 
 class RankAnalysis(_Result):

@@ -33,7 +33,19 @@ from orchestrator.settings import (
     MIN_STACKS_MAX_RANK_BYTES,
 )
 
-__all__ = ["ControllerConfig", "TargetInfo", "WorkerStatus"]
+__all__ = ["HOW_A_RUN_APPEARS", "ControllerConfig", "TargetInfo", "WorkerStatus", "known_targets"]
+
+HOW_A_RUN_APPEARS = (
+    "a run is listed once its Ray Train workers take an optimizer step with the rayprof agent installed "
+    "(runtime_env worker_process_setup_hook 'actors.agent.install', or agent.attach() in the train function) "
+    "and reach this controller"
+)
+"""What makes a run a target, said wherever none is (the CLI, the MCP answer, an unknown target's error)."""
+
+
+def known_targets(names: list[str]) -> str:
+    """The live targets' names for an error message, or that there are none and how a run becomes one."""
+    return ", ".join(repr(n) for n in sorted(names)) if names else f"none ({HOW_A_RUN_APPEARS})"
 
 
 class WorkerStatus(StrictModel):

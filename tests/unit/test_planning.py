@@ -6,10 +6,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from actors.controller.profiles.planning import arm_round_s, outcome, plan_window, start_step
+from actors.controller.profiles.planning import arm_round_s, outcome, plan_window, start_step, validate
 from actors.controller.profiles.state import Window
+from orchestrator.errors import TargetNotFoundError
+from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import HOW_A_RUN_APPEARS
 from orchestrator.models.profile import RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
+from tests.support.fake_agents import fast_config
 
 
 def rank(r: int, state: RankState, last_step: int | None = None, reason: str | None = None) -> RankResult:
@@ -90,3 +94,16 @@ def test_the_arm_round_is_schedule_to_the_last_armed_rank():
     ]
     assert arm_round_s(ranks, at) == 0.9
     assert arm_round_s(ranks[2:], at) is None
+
+
+def test_an_unknown_target_is_told_the_live_ones_by_name():
+    with pytest.raises(TargetNotFoundError) as missing:
+        validate(ProfileRequest(target="nope", steps=2), fast_config(StorageSpec(uri="file:///tmp/unused")), None, ["b-run", "a-run"])
+    assert missing.value.message == "no live training run named 'nope'; known targets: 'a-run', 'b-run'"
+
+
+def test_an_unknown_target_with_no_live_run_is_told_how_a_run_becomes_one():
+    with pytest.raises(TargetNotFoundError) as missing:
+        validate(ProfileRequest(target="nope", steps=2), fast_config(StorageSpec(uri="file:///tmp/unused")), None, [])
+    assert missing.value.message.endswith(f"known targets: none ({HOW_A_RUN_APPEARS})")
+    assert "worker_process_setup_hook 'actors.agent.install'" in missing.value.message

@@ -14,6 +14,7 @@ from orchestrator.errors import TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_uri
 from orchestrator.manifest import read_manifest, verify_manifest
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.control import HOW_A_RUN_APPEARS
 from orchestrator.models.diagnosis import Collective
 from orchestrator.models.profile import StacksSummary
 from orchestrator.models.requests import ProfileState, RankState
@@ -132,10 +133,13 @@ def test_without_a_flight_recorder_the_bundle_says_so(home):
 def test_stacks_of_an_unknown_target_is_target_not_found(home):
     async def go():
         c = controller(home, poll_timeout_s=0.05)
-        with pytest.raises(TargetNotFoundError):
+        with pytest.raises(TargetNotFoundError) as missing:
             await c.stacks("nope")
+        return missing.value
 
-    run(go())
+    error = run(go())
+    # No run is live: the error says how one becomes a target (before: "known targets: none", no way forward).
+    assert error.message == f"no live training run named 'nope'; known targets: none ({HOW_A_RUN_APPEARS})"
 
 
 @pytest.mark.parametrize(

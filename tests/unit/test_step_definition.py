@@ -59,3 +59,23 @@ def test_rayprof_targets_says_what_one_step_is(monkeypatch):
     finally:
         output.set_results(before)
     assert f"run: {GAN}" in printed.getvalue().splitlines()
+
+
+def test_with_no_live_run_rayprof_targets_and_the_mcp_answer_say_how_a_run_becomes_one(monkeypatch):
+    # Before: "no live training runs with rayprof agents" and an empty list, with no way forward.
+    import argparse
+    import io
+
+    from orchestrator.cli import commands, output
+    from orchestrator.mcp.convert import target_list
+    from orchestrator.models.control import HOW_A_RUN_APPEARS
+
+    monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: []})())
+    printed = io.StringIO()
+    before = output.set_results(printed)
+    try:
+        assert commands.targets(argparse.Namespace(json=False)) == 0
+    finally:
+        output.set_results(before)
+    assert printed.getvalue() == f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}\n"
+    assert target_list([]).note == f"no live training run: {HOW_A_RUN_APPEARS}"

@@ -43,7 +43,7 @@ from orchestrator.errors import StorageError, TargetNotFoundError
 from orchestrator.layout import STACKS_NAME, profile_prefix, rank_artifact_keys, rank_stacks_keys
 from orchestrator.layout import profile_id as new_profile_id
 from orchestrator.models.agent_protocol import SnapshotDestination, StacksCommand
-from orchestrator.models.control import ControllerConfig
+from orchestrator.models.control import ControllerConfig, known_targets
 from orchestrator.models.diagnosis import Frame, MissingRank, RankNote, RankStacks, StacksBundle, safe_text
 from orchestrator.models.profile import Artifact, RankResult, StacksSummary, Trigger
 from orchestrator.models.requests import ProfileState, RankState
@@ -160,7 +160,7 @@ class StacksTaker:
         workers = self._registry.run_workers(target, run)
         if not workers:
             raise TargetNotFoundError(
-                f"no live training run named {target!r}; known targets: {self._registry.names() or 'none'}",
+                f"no live training run named {target!r}; known targets: {known_targets(self._registry.names())}",
                 target=target,
             )
         run = next(iter(workers.values())).run

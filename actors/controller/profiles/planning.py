@@ -12,7 +12,7 @@ from datetime import datetime
 
 from actors.controller.profiles.state import Profile, Window
 from orchestrator.errors import InvalidRequestError, TargetNotFoundError
-from orchestrator.models.control import ControllerConfig
+from orchestrator.models.control import ControllerConfig, known_targets
 from orchestrator.models.profile import RankResult
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState, TorchOptions
 from orchestrator.settings import MIN_LEAD_STEPS
@@ -71,7 +71,7 @@ def validate(request: ProfileRequest, config: ControllerConfig, world_size: int 
         raise InvalidRequestError(f"timeout_s={request.timeout_s} is over the maximum of {config.max_request_timeout_s}")
     if world_size is None:
         raise TargetNotFoundError(
-            f"no live training run named {request.target!r}; known targets: {sorted(known) or 'none'}",
+            f"no live training run named {request.target!r}; known targets: {known_targets(list(known))}",
             target=request.target,
         )
     if request.ranks is not None:
