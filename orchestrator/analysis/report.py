@@ -204,23 +204,30 @@ def _problems(summary: Summary) -> str:
     return f"<h2>Problems with the input</h2><ul>{''.join(items)}</ul>" if items else ""
 
 
-def _relative_href(key: str) -> str:
-    """A link to ``key`` that can only be a path under the report's folder.
+def _relative_href(key: str, base: str = ".") -> str:
+    """A link to ``key`` that can only be a path under the profile's folder, ``base`` from the report (``.``: the
+    report lives in it, as a stored one does; see :func:`write_report`).
 
-    Every segment is percent-encoded (``javascript:x`` becomes ``javascript%3Ax``,
-    so no segment reads as a scheme) and the link starts with ``./``.
+    Every segment of ``key`` is percent-encoded (``javascript:x`` becomes ``javascript%3Ax``,
+    so no segment reads as a scheme) and none climbs out of the profile's folder.
     """
-    return "./" + "/".join(quote(part, safe="") for part in key.split("/") if part not in ("", ".", ".."))
+    return base + "/" + "/".join(quote(part, safe="") for part in key.split("/") if part not in ("", ".", ".."))
 
 
-def _artifacts(manifest: Manifest | None) -> str:
+def _folder_href(profile_folder: Path, report_folder: Path) -> str:
+    """The profile's folder as a relative link from the report's, each segment percent-encoded."""
+    relative = os.path.relpath(profile_folder.resolve(), report_folder.resolve())
+    return "/".join(quote(part, safe="") for part in Path(relative).parts) or "."
+
+
+def _artifacts(manifest: Manifest | None, base: str) -> str:
     if manifest is None:
         return ""
     rows = []
     for a in manifest.all_artifacts():
-        # Artifact keys are relative to the profile folder, where report.html lives.
+        # Artifact keys are relative to the profile folder (``base`` from the report).
         rows.append(
-            f'<tr><td class=l><a href="{escape(_relative_href(a.key))}">{escape(a.key)}</a></td>'
+            f'<tr><td class=l><a href="{escape(_relative_href(a.key, base))}">{escape(a.key)}</a></td>'
             f"<td class=l>{escape(a.kind)}</td><td>{a.bytes:,}</td></tr>"
         )
     ranks = "".join(
@@ -249,8 +256,9 @@ def _perfetto(manifest: Manifest | None) -> str:
     )
 
 
-def render_report(summary: Summary, manifest: Manifest | None = None, memory: str = "") -> str:
-    """The report as an HTML string; ``memory`` is the rendered memory section, if one was recorded."""
+def render_report(summary: Summary, manifest: Manifest | None = None, memory: str = "", base: str = ".") -> str:
+    """The report as an HTML string; ``memory`` is the rendered memory section, if one was recorded; ``base`` the
+    profile's folder as a link from the report's (its artifacts' links start there)."""
     steps = f"{summary.steps[0]}–{summary.steps[-1]}" if summary.steps else "none"
     spread = ""
     if summary.step_spread:
@@ -280,13 +288,16 @@ def render_report(summary: Summary, manifest: Manifest | None = None, memory: st
         f"{_idle_bars(summary.ranks)}"
         f"<h2>Step time</h2>{_step_chart(summary.ranks)}"
         f"<h2>Top operators</h2>{_top_ops(summary.ranks)}"
-        f"{memory}{_problems(summary)}{_perfetto(manifest)}{_artifacts(manifest)}"
+        f"{memory}{_problems(summary)}{_perfetto(manifest)}{_artifacts(manifest, base)}"
         "</body></html>"
     )
 
 
-def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = None, memory: str = "") -> Path:
-    """Write ``report.html`` (a new temp file beside it, then rename) and return its path.
+def write_report(
+    summary: Summary, out_path: Path, manifest: Manifest | None = None, memory: str = "", profile_folder: Path | None = None
+) -> Path:
+    """Write ``report.html`` (a new temp file beside it, then rename) and return its path; its artifact links lead
+    to ``profile_folder`` (default: the report's own folder).
 
     The temp file is created exclusively under a random name: a link planted in a
     shared folder cannot make this write elsewhere, and the rename replaces a link
@@ -297,7 +308,8 @@ def write_report(summary: Summary, out_path: Path, manifest: Manifest | None = N
     tmp = Path(name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(render_report(summary, manifest, memory))
+            base = "." if profile_folder is None else _folder_href(profile_folder, out_path.parent)
+            f.write(render_report(summary, manifest, memory, base))
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)

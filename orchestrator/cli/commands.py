@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.auth import check_exposure, is_loopback, read_token
-from orchestrator.cli.output import emit_json, fail, out, print_analysis, print_manifest, print_status, table
+from orchestrator.cli.analyze_command import analyze_dir
+from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_status, table
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
 from orchestrator.cli.terminal import printable
 from orchestrator.client import ProfilingClient
@@ -22,7 +23,7 @@ from orchestrator.errors import (
     InvalidRequestError,
 )
 from orchestrator.models.control import HOW_A_RUN_APPEARS
-from orchestrator.models.profile import Manifest, ProfileStatus
+from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
     SERVE_APP_NAME,
@@ -303,63 +304,9 @@ def download(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _analyze_folder(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
-    """Analyse a folder of traces; when ``write``, also merge them into ``merged.trace.json.gz`` and write ``report.html``."""
-    from orchestrator.analysis.front import analyze_folder, analyze_for_merge
-    from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
-    from orchestrator.analysis.report import write_report
-    from orchestrator.layout import MERGED_TRACE_NAME
-    from orchestrator.traces.discover import discover_traces
-    from orchestrator.traces.fanout import process_pool
-    from orchestrator.traces.merge import merge_traces
-
-    if not folder.is_dir():
-        raise InvalidRequestError(f"{folder} is not a folder")
-    merge = None
-    # Ranks are analysed one per core, as the controller fans them out over the cluster.
-    with process_pool() as rank_map:
-        if write:
-            # As the controller does: one read per rank for its summary and the merge's scan, so the
-            # alignment of any folder (each rank's clock shift and residual) can be checked without a cluster.
-            traces = discover_traces(folder)
-            summary, scans = analyze_for_merge(traces, rank_map=rank_map)
-            if summary.ranks:
-                merge = merge_traces(traces, folder / MERGED_TRACE_NAME, rank_map=rank_map, scans=scans)
-        else:
-            summary = analyze_folder(folder, rank_map=rank_map)
-    manifest_path = folder / "manifest.json"
-    manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
-    memory = render_memory_section(*load_timelines(folder))
-    report = write_report(summary, folder / "report.html", manifest, memory) if write and summary.ranks else None
-    if args.json:
-        emit_json({"summary": summary, "report": report, "merge": merge})
-    else:
-        print_analysis(summary, report if report is not None else _existing_report(folder), manifest)
-        if merge is not None:
-            aligned = ", ".join(
-                f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")
-                + (f" (±{a.residual_us:.1f})" if a.residual_us is not None else "")
-                for a in merge.alignment
-            )
-            print(f"merged: {folder / MERGED_TRACE_NAME}" + (f"; clock shifts: {aligned}" if aligned else ""))
-    if not summary.ranks:
-        print(f"rayprof: no usable traces under {folder}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
-
-
-def _existing_report(folder: Path) -> Path | None:
-    path = folder / "report.html"
-    return path if path.is_file() else None
-
-
-def analyze(args: argparse.Namespace) -> int:
-    return _analyze_folder(Path(args.dir), args)
-
-
 def report(args: argparse.Namespace) -> int:
     if Path(args.source).is_dir():
-        return _analyze_folder(Path(args.source), args)
+        return analyze_dir(Path(args.source), args)
     handle = _client(args).get(args.source)
     manifest = handle.manifest()
     # The manifest holds the post-window check as it stood when written; the status has its end.
@@ -373,7 +320,7 @@ def report(args: argparse.Namespace) -> int:
         print(f"stored report: {printable(stored.uri)}", file=sys.stderr)
     # A report listed in the manifest was downloaded (and checksummed) as is; only
     # write one when the profile has none.
-    return _analyze_folder(folder, args, write=stored is None)
+    return analyze_dir(folder, args, write=stored is None)
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.cli import analyze_command as analyze_cmd
 from orchestrator.cli import commands as cmd
 from orchestrator.cli import diff_command as diff_cmd
 from orchestrator.cli import history_command as history_cmd
@@ -218,8 +219,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("dir")
 
-    p = command("analyze", cmd.analyze, "analyse a folder of traces and write DIR/report.html", [output])
+    p = command("analyze", analyze_cmd.analyze, "analyse a folder of traces and write DIR/report.html", [output])
     p.add_argument("dir", help="a downloaded profile or any folder of *.pt.trace.json[.gz]")
+    p.add_argument(
+        "--out", metavar="OUT", help="write report.html and merged.trace.json.gz here (created) instead of into DIR"
+    )
 
     p = command("report", cmd.report, "report on a profile id (downloads it) or a folder of traces", [connection])
     p.add_argument("source", metavar="ID|DIR")
