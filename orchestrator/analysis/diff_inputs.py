@@ -72,7 +72,9 @@ def load_folder(path: Path, label: str | None = None) -> DiffInput:
     else:
         summary = analyze_folder(path)
     if not summary.ranks:
-        raise InvalidRequestError(f"{label}: no analysable rank trace ({'; '.join(summary.issues) or 'none found'})")
+        # Why each file was refused (cut short, not a trace, ...) is what the user can act on.
+        reasons = [*summary.issues, *(f"{r.path.name}: {r.reason}" for r in summary.rejected)]
+        raise InvalidRequestError(f"{label}: no analysable rank trace ({'; '.join(reasons) or 'none found'})")
     tables: dict[int, list[OpRow]] = {}
     for csv_file in sorted((path / "ops").glob("rank*.key_averages.csv")):
         rank = rank_in_name(csv_file.name)

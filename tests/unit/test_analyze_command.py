@@ -67,3 +67,13 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
 
     assert main(["analyze", str(folder), "--out", str(tmp_path / "taken")]) == 2
     assert "--out" in capsys.readouterr().err and (tmp_path / "taken").read_text() == "mine"
+
+
+def test_diff_of_a_folder_whose_only_trace_is_cut_short_names_the_file_and_why(tmp_path, capsys):
+    # Before: "no analysable rank trace (none found)" for a folder that held a trace, cut short.
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "rank0.pt.trace.json").write_text('{"traceEvents": [')
+
+    assert main(["diff", str(tmp_path / "cut"), str(_copy(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "no analysable rank trace (rank0.pt.trace.json: unreadable trace: " in err and "truncated" in err
