@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 from orchestrator import settings as c
 from orchestrator.errors import ConfigurationError
@@ -62,16 +63,33 @@ def max_merged_bytes() -> int:
     return c.env_int(c.MAX_MERGED_BYTES_ENV_VAR, c.DEFAULT_MAX_MERGED_BYTES)
 
 
+def storage_spec(
+    uri: str, s3_endpoint_url: str | None = None, s3_region: str | None = None, *, endpoint_from: str = "S3 endpoint"
+) -> StorageSpec:
+    """A storage root as a user gives it (a flag, an app arg, ``RAYPROF_*`` env vars), checked there: an unsupported
+    scheme, a bucketless ``s3://`` or an endpoint that is no URL is a :class:`ConfigurationError` before anything
+    starts, naming where the endpoint came from (``endpoint_from``). A stored :class:`StorageSpec` is read back as
+    it was written."""
+    if s3_endpoint_url:
+        parsed = urlparse(s3_endpoint_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigurationError(
+                f"{endpoint_from} {s3_endpoint_url!r} is not a URL: use http://host:port (MinIO) or https://host"
+            )
+    return StorageSpec(uri=uri, s3_endpoint_url=s3_endpoint_url or None, s3_region=s3_region or None)
+
+
 def default_storage_spec() -> StorageSpec:
     """The storage configured for this process through ``RAYPROF_*`` env vars."""
     uri = os.environ.get(c.STORAGE_ENV_VAR)
     if not uri:
         base = Path(c.CLUSTER_STORAGE_ROOT)
         uri = str(base / "rayprof") if base.is_dir() else str(Path("/tmp/rayprof"))
-    return StorageSpec(
-        uri=uri,
-        s3_endpoint_url=os.environ.get(c.S3_ENDPOINT_URL_ENV_VAR) or None,
-        s3_region=os.environ.get(c.S3_REGION_ENV_VAR) or None,
+    return storage_spec(
+        uri,
+        os.environ.get(c.S3_ENDPOINT_URL_ENV_VAR),
+        os.environ.get(c.S3_REGION_ENV_VAR),
+        endpoint_from=c.S3_ENDPOINT_URL_ENV_VAR,
     )
 
 

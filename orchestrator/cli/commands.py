@@ -14,6 +14,7 @@ from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
 from orchestrator.cli.terminal import printable
 from orchestrator.client import ProfilingClient
+from orchestrator.config import storage_spec
 from orchestrator.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -100,6 +101,9 @@ def serve(args: argparse.Namespace) -> int:
     token = _token(args)
     try:
         check_exposure(args.host, token, insecure=args.insecure)
+        # The storage is checked before the cluster is asked for: a bad flag is said first, whatever Ray does.
+        if args.storage:
+            storage_spec(args.storage, args.s3_endpoint, endpoint_from="--s3-endpoint")
     except ConfigurationError as e:
         return fail(args, EXIT_USAGE, e.code, e.message)
     if token is None and not is_loopback(args.host):

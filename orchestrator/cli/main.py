@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         help="S3-compatible endpoint, e.g. MinIO",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=stacks_cmd.PORT, default=8000)
     _token_arguments(p, "require this bearer token")
     p.add_argument(
         "--insecure",
@@ -234,9 +234,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("demo", cmd.demo, "local end-to-end demo: cluster, training job, service, one profile", [])
     p.add_argument("--dir", default="rayprof-demo", help="working folder (default ./rayprof-demo)")
-    p.add_argument("--port", type=int, default=8000, help="service port (a free one if taken)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--port", type=stacks_cmd.PORT, default=8000, help="service port (a free one if taken)")
+    p.add_argument("--steps", type=stacks_cmd.int_in(1), default=5)
+    p.add_argument("--workers", type=stacks_cmd.int_in(1), default=2)
     p.add_argument("--timeout", type=stacks_cmd.finite_float, default=600.0, help="give up after this many seconds")
     return parser
 

@@ -41,6 +41,26 @@ def finite_float(text: str) -> float:
     return value
 
 
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer argument from ``low`` (to ``high``): a port, a step count, a worker count."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
+        if high is None and value < low:
+            raise argparse.ArgumentTypeError(f"{value} is under {low}: give {low} or more")
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+PORT = int_in(1, 65535)
+
+
 _OOM_HELP = (
     "when a rank runs out of CUDA memory, every rank's stacks and CUDA allocator snapshot in one bundle "
     "(every rank records the allocator's history while the watch exists)"

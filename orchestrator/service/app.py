@@ -27,6 +27,7 @@ from ray import serve
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
 from orchestrator.config import mcp_read_only as resolve_mcp_read_only
+from orchestrator.config import storage_spec
 from orchestrator.errors import (
     ControllerUnavailableError,
     NotFoundError,
@@ -377,10 +378,8 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     read_only = resolve_mcp_read_only(args.get("mcp_read_only"))
     storage = None
     if args.get("storage"):
-        storage = StorageSpec(
-            uri=args["storage"],
-            s3_endpoint_url=args.get("s3_endpoint_url") or None,
-            s3_region=args.get("s3_region") or None,
+        storage = storage_spec(
+            args["storage"], args.get("s3_endpoint_url"), args.get("s3_region"), endpoint_from="s3_endpoint_url"
         )
     hosts = args.get("allowed_hosts") or ()
     return ProfilingService.bind(
