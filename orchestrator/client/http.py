@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 import httpx
 from pydantic import BaseModel
@@ -26,7 +26,7 @@ from orchestrator.errors import (
 )
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.api import bind, call_timeout
-from orchestrator.settings import S3_ENDPOINT_URL_ENV_VAR, S3_REGION_ENV_VAR
+from orchestrator.settings import DEFAULT_URL, S3_ENDPOINT_URL_ENV_VAR, S3_REGION_ENV_VAR
 
 if TYPE_CHECKING:
     # typing.Self is 3.11's; typing_extensions (pydantic's dependency) has it for 3.10, for the type checker only.
@@ -89,7 +89,16 @@ class HttpBackend:
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        # "localhost:8000" parses as scheme "localhost", and httpx refuses a host it cannot encode: both said as
+        # what they are, a usage error, not an unreachable service.
+        refused = f"service URL {url!r} is not an http(s) URL: use http://HOST:PORT, e.g. {DEFAULT_URL}"
+        try:
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.port == 0:
+                raise InvalidRequestError(refused)
+            self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        except (ValueError, httpx.InvalidURL) as e:  # a bracket left open, a port out of range, a host httpx refuses
+            raise InvalidRequestError(f"{refused} ({e})") from None
         self._timeout_s = timeout_s
         self._s3_endpoint_url = s3_endpoint_url or os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None
         self._s3_region = s3_region or os.environ.get(S3_REGION_ENV_VAR) or None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.client.client import ProfileHandle, download_profile
 from orchestrator.errors import IntegrityError, InvalidRequestError
@@ -121,3 +123,29 @@ def test_unsafe_profile_id_is_refused_before_any_call(profile_id):
 
     with pytest.raises(InvalidRequestError, match="invalid profile id"):
         ProfilingClient(backend=_Unreachable()).get(profile_id)  # type: ignore[arg-type]
+
+
+# ---- the service URL a user types ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["localhost:8000", "127.0.0.1:8000", "ftp://host/x", "http://", "rayprof", "http://[", "http://:80", "https://x:99999"]
+)
+def test_a_service_url_that_is_not_http_is_a_usage_error_naming_the_fix(url):
+    # Before: ControllerUnavailableError ("cannot reach ... unsupported protocol 'localhost://'"), exit 1 as if the
+    # service were down, at the first call.
+    from orchestrator.client import ProfilingClient
+
+    with pytest.raises(InvalidRequestError, match=r"is not an http\(s\) URL: use http://HOST:PORT"):
+        ProfilingClient(url)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60) | st.from_regex(r"\Ahttps?://[\[\]:@a-z0-9.%/ ]{0,30}\Z"))
+def test_any_text_as_a_service_url_is_taken_or_refused_as_a_usage_error(text):
+    from orchestrator.client import ProfilingClient
+
+    try:
+        ProfilingClient(f"http://{text}") if text.startswith("h") else ProfilingClient(text)
+    except InvalidRequestError:
+        pass
