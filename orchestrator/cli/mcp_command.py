@@ -34,7 +34,9 @@ def mcp(args: argparse.Namespace, version: str) -> int:
             raise
         raise ConfigurationError("rayprof mcp needs the mcp package: pip install 'rayprof[mcp]'") from None
     if not args.in_cluster:
-        _token(args)  # a token configured wrongly fails now (exit 2), not at an agent's first call
+        # A token or URL configured wrongly fails now (exit 2), not at an agent's first call: an HTTP client
+        # is made without a request, so this asks nothing of the service.
+        _client(args)
     # Connected on the first tool call: the agent's client starts the server before any cluster is asked.
     serve_stdio(lazy_client(lambda: _client(args)), read_only=args.read_only, version=version)
     return EXIT_OK

@@ -281,6 +281,15 @@ def test_rayprof_mcp_refuses_an_empty_token_at_start():
     assert done.returncode == 2 and "empty" in done.stderr
 
 
+def test_rayprof_mcp_refuses_a_url_that_is_not_http_at_start():
+    # Before: it served, and every tool call answered "cannot reach the rayprof service" (as if it were down).
+    done = subprocess.run(
+        [RAYPROF_CLI, "mcp", "--url", "localhost:8000"], env=_env_without_token(), capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )
+    assert done.returncode == 2 and "service URL 'localhost:8000' is not an http(s) URL" in done.stderr
+
+
 class _Watches:
     """The three watch calls of a client, kept in a dict: what the watch tools send and answer."""
 
