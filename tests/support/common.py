@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,3 +76,17 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "c
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def cli_results(command: Callable[..., object], *args: object) -> tuple[object, str]:
+    """What ``command(*args)`` returns and the result lines it prints (the CLI's results stream, as a command prints
+    them), without running the whole CLI."""
+    from orchestrator.cli.output import set_results
+
+    printed = io.StringIO()
+    previous = set_results(printed)
+    try:
+        returned = command(*args)
+    finally:
+        set_results(previous)
+    return returned, printed.getvalue()

@@ -6,19 +6,19 @@ so a table that put the median beside mean phases would not add up.
 
 from __future__ import annotations
 
-import io
 import re
 
 import pytest
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.cli.output import print_analysis, set_results
+from orchestrator.cli.output import print_analysis
 from orchestrator.mcp.convert import analysis_of
 from orchestrator.mcp.resources import report_text
 from orchestrator.models.analysis import PHASES
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Manifest
 from orchestrator.models.requests import ProfileRequest, ProfileState
+from tests.support.common import cli_results
 from tests.support.tracefiles import case
 
 
@@ -32,13 +32,7 @@ def summary():
 
 
 def test_the_cli_tables_step_column_is_the_sum_of_its_phase_columns(summary) -> None:
-    printed = io.StringIO()
-    previous = set_results(printed)
-    try:
-        print_analysis(summary, None)
-    finally:
-        set_results(previous)
-    lines = printed.getvalue().splitlines()
+    lines = cli_results(print_analysis, summary, None)[1].splitlines()
     header = next(line.split() for line in lines if line.startswith("rank"))
     row = next(line.split() for line in lines if line.startswith("0 "))
     # "mean step ms" and "<phase> ms" are several words: the row's cells are rank, host, mean, median, phases.

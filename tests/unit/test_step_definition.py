@@ -5,6 +5,7 @@ from __future__ import annotations
 from actors.controller.agents.registry import Registry
 from orchestrator.models.agent_protocol import Heartbeat
 from orchestrator.models.profile import RankResult
+from tests.support.common import cli_results
 from tests.support.fake_agents import make_controller, run, worker_info
 
 GAN = "1 step = SGD.step ×1 + Adam.step ×1"
@@ -43,39 +44,27 @@ def test_a_manifest_rank_says_what_one_step_was_when_the_window_was_planned():
 
 def test_rayprof_targets_says_what_one_step_is(monkeypatch):
     import argparse
-    import io
 
-    from orchestrator.cli import commands, output
+    from orchestrator.cli import commands
     from orchestrator.models.control import TargetInfo, WorkerStatus
 
     ranks = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5, step_definition=GAN) for r in (0, 1)]
     target = TargetInfo(name="run", world_size=2, ranks=ranks)
     monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: [target]})())
 
-    printed = io.StringIO()
-    before = output.set_results(printed)
-    try:
-        assert commands.targets(argparse.Namespace(json=False)) == 0
-    finally:
-        output.set_results(before)
-    assert f"run: {GAN}" in printed.getvalue().splitlines()
+    status, printed = cli_results(commands.targets, argparse.Namespace(json=False))
+    assert status == 0 and f"run: {GAN}" in printed.splitlines()
 
 
 def test_with_no_live_run_rayprof_targets_and_the_mcp_answer_say_how_a_run_becomes_one(monkeypatch):
     # Before: "no live training runs with rayprof agents" and an empty list, with no way forward.
     import argparse
-    import io
 
-    from orchestrator.cli import commands, output
+    from orchestrator.cli import commands
     from orchestrator.mcp.convert import target_list
     from orchestrator.models.control import HOW_A_RUN_APPEARS
 
     monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: []})())
-    printed = io.StringIO()
-    before = output.set_results(printed)
-    try:
-        assert commands.targets(argparse.Namespace(json=False)) == 0
-    finally:
-        output.set_results(before)
-    assert printed.getvalue() == f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}\n"
+    status, printed = cli_results(commands.targets, argparse.Namespace(json=False))
+    assert status == 0 and printed == f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}\n"
     assert target_list([]).note == f"no live training run: {HOW_A_RUN_APPEARS}"

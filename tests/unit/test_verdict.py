@@ -4,19 +4,18 @@ has to infer "nothing to fix"; told nothing at all about info lines, it may chas
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
 from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.finding_base import WARNING_FRACTION, verdict
 from orchestrator.analysis.report import render_report
-from orchestrator.cli.output import print_analysis, set_results
+from orchestrator.cli.output import print_analysis
 from orchestrator.mcp.convert import analysis_of
 from orchestrator.mcp.resources import report_text
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Manifest
 from orchestrator.models.requests import ProfileRequest, ProfileState
+from tests.support.common import cli_results
 from tests.support.realtraces import external, h100
 
 
@@ -29,13 +28,7 @@ def _manifest(summary: Summary) -> Manifest:
 
 
 def _cli(summary: Summary) -> str:
-    printed = io.StringIO()
-    previous = set_results(printed)
-    try:
-        print_analysis(summary, None)
-    finally:
-        set_results(previous)
-    return printed.getvalue()
+    return cli_results(print_analysis, summary, None)[1]
 
 
 def test_a_dataloader_bound_step_is_told_by_its_largest_warning_and_its_bound() -> None:
