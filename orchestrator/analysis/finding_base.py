@@ -208,6 +208,13 @@ def verdict(summary: Summary) -> str:
             f"least {WARNING_FRACTION:.0%} of the step)."
         )
     top = max(warnings, key=lambda f: f.max_saving_ms)
-    bound = f": fixing it saves at most {top.max_saving_ms:.1f} ms, {top.max_saving_fraction:.0%} of the step" if top.max_saving_ms > 0 else ""
+    # The fraction is of the step the finding's bound was measured on: an iteration where the trace has no ProfilerStep.
+    measured_on = next((r for r in summary.ranks if top.ranks and r.rank == top.ranks[0]), None)
+    step = step_word(measured_on) if measured_on is not None else "step"
+    bound = (
+        f": fixing it saves at most {top.max_saving_ms:.1f} ms, {top.max_saving_fraction:.0%} of the {step}"
+        if top.max_saving_ms > 0
+        else ""
+    )
     counted = f"{len(warnings)} warning{'' if len(warnings) == 1 else 's'}" + (f" and {info_lines}" if infos else "")
     return f"{counted}; the largest: {top.title}{bound}."

@@ -81,3 +81,9 @@ def test_a_profile_whose_analysis_failed_says_so_in_its_verdict() -> None:
     )
     analysis = analysis_of(manifest)
     assert analysis is not None and analysis.verdict == "No analysis: rank 0's trace is not JSON"
+
+
+def test_a_bound_measured_on_iterations_says_so() -> None:
+    # PARAM's ResNet trace has no ProfilerStep: its bound is a share of an iteration, as its finding's title says.
+    line = verdict(external("param_resnet_no_profilerstep"))
+    assert line.endswith("of the iteration (no ProfilerStep).") and "of the step" not in line
