@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.cli.commands import _client, _token
+from orchestrator.cli.commands import _client
 from orchestrator.errors import EXIT_OK, ConfigurationError
 
 __all__ = ["add_command"]
