@@ -1,4 +1,4 @@
-"""Where the service's bearer token comes from, and what counts as a local address.
+"""Where the service's bearer token comes from, what counts as a local address, and what is an http(s) URL.
 
 Shared by the CLI (client and ``rayprof serve``) and the service replicas.
 An empty token is a configuration error, never "no auth": a variable set to
@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlparse
 
 from orchestrator.errors import ConfigurationError
 from orchestrator.settings import (
@@ -84,6 +85,16 @@ def is_loopback(host: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is ``http(s)://HOST[:PORT]...`` (a service or S3 endpoint a user typed): "localhost:8000"
+    parses as scheme "localhost", "http://[" and a port out of range make urllib raise."""
+    try:
+        parsed = urlparse(url)
+        return parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
     except ValueError:
         return False
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 from orchestrator import settings as c
+from orchestrator.auth import is_http_url
 from orchestrator.errors import ConfigurationError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
@@ -70,12 +70,10 @@ def storage_spec(
     scheme, a bucketless ``s3://`` or an endpoint that is no URL is a :class:`ConfigurationError` before anything
     starts, naming where the endpoint came from (``endpoint_from``). A stored :class:`StorageSpec` is read back as
     it was written."""
-    if s3_endpoint_url:
-        parsed = urlparse(s3_endpoint_url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigurationError(
-                f"{endpoint_from} {s3_endpoint_url!r} is not a URL: use http://host:port (MinIO) or https://host"
-            )
+    if s3_endpoint_url and not is_http_url(s3_endpoint_url):
+        raise ConfigurationError(
+            f"{endpoint_from} {s3_endpoint_url!r} is not a URL: use http://host:port (MinIO) or https://host"
+        )
     return StorageSpec(uri=uri, s3_endpoint_url=s3_endpoint_url or None, s3_region=s3_region or None)
 
 

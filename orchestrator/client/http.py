@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from orchestrator import errors
+from orchestrator.auth import is_http_url
 from orchestrator.client.routes import ROUTES
 from orchestrator.errors import (
     ControllerUnavailableError,
@@ -92,12 +93,11 @@ class HttpBackend:
         # "localhost:8000" parses as scheme "localhost", and httpx refuses a host it cannot encode: both said as
         # what they are, a usage error, not an unreachable service.
         refused = f"service URL {url!r} is not an http(s) URL: use http://HOST:PORT, e.g. {DEFAULT_URL}"
+        if not is_http_url(url):
+            raise InvalidRequestError(refused)
         try:
-            parsed = urlparse(url)
-            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.port == 0:
-                raise InvalidRequestError(refused)
             self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
-        except (ValueError, httpx.InvalidURL) as e:  # a bracket left open, a port out of range, a host httpx refuses
+        except httpx.InvalidURL as e:
             raise InvalidRequestError(f"{refused} ({e})") from None
         self._timeout_s = timeout_s
         self._s3_endpoint_url = s3_endpoint_url or os.environ.get(S3_ENDPOINT_URL_ENV_VAR) or None

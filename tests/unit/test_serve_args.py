@@ -67,3 +67,9 @@ def test_the_env_vars_are_checked_the_same_way(monkeypatch):
     monkeypatch.setenv(S3_ENDPOINT_URL_ENV_VAR, "minio:9000")
     with pytest.raises(ConfigurationError, match=f"{S3_ENDPOINT_URL_ENV_VAR} 'minio:9000' is not a URL"):
         default_storage_spec()
+
+
+def test_an_endpoint_that_urllib_cannot_parse_is_refused_not_raised():
+    # "http://[" made urllib raise ValueError: a traceback from `rayprof serve` before this check was shared.
+    with pytest.raises(ConfigurationError, match=r"--s3-endpoint 'http://\[' is not a URL"):
+        storage_spec("s3://b/p", "http://[", endpoint_from="--s3-endpoint")
