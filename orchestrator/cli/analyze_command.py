@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.cli.output import emit_json, print_analysis
-from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
+from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError, StorageError
 from orchestrator.models.profile import Manifest
 
 __all__ = ["analyze", "analyze_dir"]
@@ -58,7 +58,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
     if args.json:
         emit_json({"summary": summary, "report": report, "merge": merge})
     else:
-        print_analysis(summary, report if report is not None else existing_report(folder), manifest)
+        print_analysis(summary, report if report is not None else _existing_report(folder), manifest)
         if merge is not None:
             aligned = ", ".join(
                 f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")
@@ -71,7 +71,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
         return EXIT_FAILED
     if unwritten is not None:
         print(
-            f"rayprof: storage_error: the analysis stands, but report.html and the merged trace could not be written "
+            f"rayprof: {StorageError.code}: the analysis stands, but report.html and the merged trace could not be written "
             f"into {out_dir} ({unwritten.strerror or unwritten}): pass --out DIR to write them elsewhere",
             file=sys.stderr,
         )
@@ -79,7 +79,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
     return EXIT_OK
 
 
-def existing_report(folder: Path) -> Path | None:
+def _existing_report(folder: Path) -> Path | None:
     path = folder / "report.html"
     return path if path.is_file() else None
 

@@ -33,10 +33,9 @@ def mcp(args: argparse.Namespace, version: str) -> int:
         if (e.name or "").split(".")[0] != "mcp":
             raise
         raise ConfigurationError("rayprof mcp needs the mcp package: pip install 'rayprof[mcp]'") from None
-    if not args.in_cluster:
-        # A token or URL configured wrongly fails now (exit 2), not at an agent's first call: an HTTP client
-        # is made without a request, so this asks nothing of the service.
-        _client(args)
-    # Connected on the first tool call: the agent's client starts the server before any cluster is asked.
-    serve_stdio(lazy_client(lambda: _client(args)), read_only=args.read_only, version=version)
+    # Over HTTP the client is made now, asking nothing of the service, so a token or URL configured wrongly fails
+    # at start (exit 2), not at an agent's first call; in the cluster it connects on the first tool call, so the
+    # agent's client starts the server before any cluster is asked.
+    made = None if args.in_cluster else _client(args)
+    serve_stdio(lazy_client(lambda: made if made is not None else _client(args)), read_only=args.read_only, version=version)
     return EXIT_OK
