@@ -187,6 +187,15 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     listed = "; ".join(f"{k.name[:80]} {k.total_ms / per_step:.2f} ms ({share(worst, k.total_ms / per_step):.0%})" for k in top)
     found = kinds(worst)
     by_kind = ", ".join(f"{t.kind} {t.ms:.1f} ms ({share(worst, t.ms):.0%})" for t in found)
+    # Kernels on several streams at once (MTIA's, a comm stream's neighbours) add up past the step: say so, or a share
+    # over 100% reads as an error.
+    summed_ms = sum(t.ms for t in found)
+    overlapping = (
+        f" Kernels on several streams run at the same time: their times add up to {summed_ms:.1f} ms per "
+        f"{worst.mean_step_ms:.1f} ms {step_word(worst)}, so these shares overlap."
+        if share(worst, summed_ms) > 1.0
+        else ""
+    )
     return make_finding(
         "gpu_bound",
         worst,
@@ -197,6 +206,7 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             f"Device work covers {worst.gpu.utilization:.0%} of the step on rank {worst.rank} (at least "
             f"{GPU_BOUND_UTILIZATION:.0%} on {ranks_text(hit)}): host-side fixes cannot win more than its "
             f"{worst.gpu.idle_ms_per_step:.1f} ms of idle time. Top kernels per step: {listed}. The top kernels by kind: {by_kind}."
+            + overlapping
         ),
         fix=device_work_fix(found, worst.mean_step_ms or 0.0, REPORT_FRACTION),
         ranks=[r.rank for r in hit],

@@ -3,7 +3,8 @@ fix is the one for the kind that leads, not a list of every fix there is.
 
 A kernel's name says what it computes (cuBLAS/cuDNN/CUTLASS/rocBLAS GEMMs and convolutions, FlashAttention,
 ATen's elementwise and reduction kernels, normalization, FBGEMM's embedding kernels, Triton kernels that
-``torch.compile`` generated) and often in what precision (``volta_sgemm``, ``dgrad_engine<float, ...>`` are fp32).
+``torch.compile`` generated) and often in what precision (``volta_sgemm``, ``dgrad_engine<float, ...>`` are fp32;
+``e4m3``, ``mxfp4``, ``i8i8`` are 8 bits or fewer).
 Kernels the names do not place (MTIA's, custom ones) are ``other``: the fix for them stays general. Collective
 kernels are the communication findings', not a kernel to tune, and are left out.
 """
@@ -26,7 +27,7 @@ _KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa", re.IGNORECASE)),
     ("embedding", re.compile(r"embedding", re.IGNORECASE)),
     ("compiled", re.compile(r"^triton_")),
-    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|^Cijk_|hipblaslt|matmul|conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|(?:^|_)Cijk_|hipblaslt|matmul|conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn", re.IGNORECASE)),
     ("memory", re.compile(
         r"elementwise|reduce_kernel|CatArrayBatchedCopy|softmax|norm|bn_fw|bn_bw|welford|multi_tensor_apply|index|scatter|gather|"
         r"copy_kernel|fill_kernel|max_pool|avg_pool|nchwToNhwc|nhwcToNchw|transpose|TensorOp",
@@ -36,6 +37,12 @@ _KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
 # Names that say fp32 math: cuBLAS's SGEMMs, cuDNN's scudnn / float-templated engines, CUTLASS/xmma FFMA kernels,
 # Tensile's (rocBLAS / hipBLASLt) ``Cijk_<indices>_SB_`` (the type code after the indices: SB single, HB half, BBS bf16).
 _FP32 = re.compile(r"sgemm|scudnn|^void cudnn::\w+(::\w+)*<float,|engine<float,|f32f32_f32f32_f32|^Cijk_[A-Za-z]+_[A-Za-z]+_SB_")
+# Names that say 8-bit or narrower operands: cuBLASLt/CUTLASS fp8 (``e4m3``, ``e5m2``), microscaling and NVIDIA's fp4
+# (``mxfp4``, ``nvfp4``, Triton's ``bf16xmxfp4``, FBGEMM's ``f8f8bf16``), int8/int4 GEMMs (``i8i8``, ``s8s8``, ``w8a8``, ``w4a16``, CUTLASS's ``i16832gemm``), and
+# Tensile's type codes F8 / B8 / I8 (hipBLASLt's ``Cijk_Alik_Bljk_F8BS_``, ``Custom_Cijk_Alik_Bljk_F8B8BS_``).
+_LOW_PRECISION = re.compile(
+    r"fp8|fp4|fp6|f8f8|e4m3|e5m2|e2m1|int8|int4|i8i8|s8s8|u8s8|w8a8|w4a8|w4a16|i\d{4,5}gemm|(?-i:(?:^|_)Cijk_[A-Za-z]+_[A-Za-z]+_[FBI]8)", re.IGNORECASE
+)
 _LABELS = {
     "attention": "attention kernels",
     "embedding": "embedding lookups and their backward",
@@ -61,7 +68,15 @@ class KindTime:
     @property
     def fp32(self) -> bool:
         """Most of its time is in kernels whose names say fp32."""
-        return 2 * sum(k.total_ms for k in self.kernels if _FP32.search(k.name)) > sum(k.total_ms for k in self.kernels)
+        return self._mostly(_FP32)
+
+    @property
+    def low_precision(self) -> bool:
+        """Most of its time is in kernels whose names say 8-bit or narrower operands (fp8, fp4, int8)."""
+        return self._mostly(_LOW_PRECISION)
+
+    def _mostly(self, names: re.Pattern[str]) -> bool:
+        return 2 * sum(k.total_ms for k in self.kernels if names.search(k.name)) > sum(k.total_ms for k in self.kernels)
 
 
 def kinds(r: RankSummary) -> list[KindTime]:
@@ -101,6 +116,13 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
             f"{figure}, in fp32 by their names: run them in bf16 under torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
             "(float16 with a GradScaler before Ampere), or at least TF32 on Ampere and later "
             "(torch.set_float32_matmul_precision('high')); channels_last for convolutions."
+        )
+    if t.kind == "matmul" and t.low_precision:
+        # Precision is spent already: telling an fp4/fp8 job to try fp8 names no change.
+        return (
+            f"{figure}, in 8-bit or narrower precision by their names already: the math itself is the cost: shapes in "
+            "multiples of 128 so every tile is full (pad the vocabulary), torch.compile(mode='max-autotune') to pick the "
+            "GEMM kernels, or fewer FLOPs (a smaller model, sparsity)."
         )
     if t.kind == "matmul":
         return (
