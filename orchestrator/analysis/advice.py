@@ -19,11 +19,14 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
+* ``python``: in a ``with_stack`` trace, the Python functions the host runs outside any op (innermost frame of
+  the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), named: pre-processing into
+  DataLoader workers, logging every N steps, the rest off the step or onto the device;
 * ``queued``: work already launched that waits on a stream or event dependency;
 * ``capture``: recording CUDA/HIP graphs (their kernels run only at replay), and ``compile``: torch.compile
   compiling: warm-up, no loop fix (:func:`paid_once`), unless most steps record or compile again (new shapes).
 
-Time the profiler cannot name (Python outside any op, untraced time) counts in a finding's bound
+Time the profiler cannot name (Python outside any op without stacks, untraced time) counts in a finding's bound
 but is no cause: no fix can be told from it. An op inside the optimizer step or a region is that
 cause's, never the model's too; the causes decide the advice and the warning, and the bound leaves out only
 what the loop pays once (:func:`paid_once`): no change to the loop saves it.
@@ -31,19 +34,21 @@ what the loop pays once (:func:`paid_once`): no change to the loop saves it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from orchestrator.analysis.finding_base import first_use_examples
+from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
 
 Kind = Literal[
-    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture",
-    "compile",
+    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "python", "queued",
+    "capture", "compile",
 ]
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
@@ -69,7 +74,7 @@ class Cause:
     calls: float = 0.0
     """allocator, first_use: its runtime calls per step (the idle pieces they are innermost in)."""
     lead_ms: float = 0.0
-    """op, ops: the ms per step of its largest op (the group's weight for a warning: :meth:`weight_ms`)."""
+    """op, ops, python: the ms per step of its largest op or function (the group's weight for a warning: :meth:`weight_ms`)."""
 
     @property
     def per_call_ms(self) -> float:
@@ -81,7 +86,7 @@ class Cause:
         host cost of many small ops spread over the model is eager PyTorch's baseline (the TensorBoard plugin's
         fixed ResNet-50, device busy 72%: 15.5 ms a step over hundreds of ops, 4.2 ms the largest), while one op
         that holds a share of the step is a defect of its own."""
-        return self.lead_ms if self.kind in ("op", "ops") else self.ms
+        return self.lead_ms if self.kind in ("op", "ops", "python") else self.ms
 
     def verb(self, singular: str, plural: str) -> str:
         """``singular`` for a cause named by one call or op, ``plural`` for a list of them ("cudaFree, cudaMalloc")."""
@@ -136,6 +141,10 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         name = ops[0].name if len(ops) == 1 else "the model's ops (" + ", ".join(f"{o.name[:60]} {o.total_ms / steps:.1f} ms" for o in ops[:3]) + ")"
         kind: Kind = "op" if len(ops) == 1 else "ops"
         out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
+    if "cpu" in shares and shares["cpu"].python_frames:
+        frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
+        name = "Python functions (" + ", ".join(f"{frame_label(f.name)[:90]} {f.total_ms / steps:.1f} ms" for f in frames[:3]) + ")"
+        out.append(Cause("python", name, shares["cpu"].python_frames_ms / steps, ("cpu",), lead_ms=frames[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     if "capture" in shares:
@@ -274,6 +283,8 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
             "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
         )
+    if cause.kind == "python":
+        return _python_fix(cause, figure)
     if cause.kind == "queued":
         return (
             f"The device had work queued and still idled ({figure}): look for cross-stream waits (cudaStreamWaitEvent, "
@@ -302,4 +313,28 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     return (
         f"The host op {cause.name} leaves the device idle {figure}: cut the host's per-op overhead on the step "
         "(torch.compile, fewer small ops, no Python loops over tensors) or make the op run on the device."
+    )
+
+
+# Python the host runs per step that is the data's preparation, or the step's bookkeeping, by its functions' names.
+_DATA_PREP = re.compile(r"preprocess|transform|normali[sz]e|resize|rescale|crop|decode|read_|load_image|augment|tokeni[sz]|collate|image_processing|feature_extraction|pad", re.IGNORECASE)
+_BOOKKEEPING = re.compile(r"log|metric|callback|print|tqdm|wandb|mlflow|tensorboard|report|save|checkpoint", re.IGNORECASE)
+
+
+def _python_fix(cause: Cause, figure: str) -> str:
+    told = f"{cause.name} run outside any op while the device idles ({figure})"
+    if _DATA_PREP.search(cause.name):
+        return (
+            f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
+            "so DataLoader workers (num_workers > 0) prepare the next batches while the device computes, or once, "
+            "offline, into a preprocessed dataset."
+        )
+    if _BOOKKEEPING.search(cause.name):
+        return (
+            f"{told}: the step's bookkeeping (logging, metrics, callbacks, saving), every step: do it every N steps, "
+            "on values kept on the device, or on a background thread."
+        )
+    return (
+        f"{told}: move that work off the step (a background thread, a DataLoader worker, every N steps) or onto the "
+        "device as tensor ops (torch.compile then fuses them)."
     )

@@ -20,6 +20,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_groups
+from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
 from orchestrator.analysis.kernel_kinds import device_work_fix, kinds
 from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
@@ -50,11 +51,31 @@ NEGLIGIBLE_FRACTION = 0.01
 # Share of the step the device idles for causes with no finding of their own (host CPU work, launches,
 # queued work) from which it is reported even when the device is busy more than LOW_GPU_UTILIZATION.
 HOST_IDLE_FRACTION = 0.2
-# When no named cause explains the idle time (it is Python outside any op, or untraced): how to find out.
-_UNNAMED_FIX = (
-    "The host runs code the profiler does not name while the device idles: profile with with_stack=True or wrap "
-    "the step's parts in torch.profiler.record_function to see what the device waits for."
+
+# When neither a cause nor unnamed time explains a share of the step worth a change.
+_SPREAD = (
+    "The idle time no other finding claims is spread over small causes, none of them 1% of the step: no change is told for it."
 )
+
+
+def _unnamed_ms(r: RankSummary) -> float:
+    """Idle ms per step no cause names: Python outside any op that no frame of the user's code names (a trace without
+    stacks names none), and host time nothing profiled."""
+    assert r.idle is not None
+    cpu = r.idle.get("cpu")
+    python = sum(o.total_ms for o in cpu.top if o.name == PYTHON_OUTSIDE_OPS) - cpu.python_frames_ms if cpu is not None else 0.0
+    return max(python, 0.0) / max(len(r.steps), 1) + r.idle.ms("untraced")
+
+
+def _unnamed_fix(r: RankSummary, ms: float) -> str:
+    """How to find out what the host does while the device idles (``ms`` per step), where no cause names it."""
+    cpu = r.idle.get("cpu") if r.idle is not None else None
+    stacks = cpu is not None and bool(cpu.python_frames)  # with_stack was on: its frames named what they could
+    how = "wrap" if stacks else "profile with with_stack=True or wrap"
+    return (
+        f"The host runs code the profiler does not name while the device idles ({ms:.1f} ms per step): {how} the step's "
+        "parts in torch.profiler.record_function to see what the device waits for."
+    )
 # A named cause is one step's when at most this share of it can lie in the other steps (the idle time its sources
 # have there, against the cause's total): no fix is told for it, the step is named instead.
 ONE_OFF_ELSEWHERE = 0.1
@@ -148,6 +169,13 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         runner_up = fixes[:1] if not steady_told or share(worst, steady[0].ms) >= REPORT_FRACTION else []
         fixes = [fix_for(once[0], worst), *runner_up] if told_first else fixes
         held += "".join(once_note(c) for c in once[1 if told_first else 0:])
+    # Time no cause names that outweighs the named lead is told first: a fix for a smaller cause alone would send the
+    # user after a part of the story.
+    unnamed = _unnamed_ms(worst)
+    if unnamed > (named[0].ms if named else 0.0) and share(worst, unnamed) >= (REPORT_FRACTION if fixes else NEGLIGIBLE_FRACTION):
+        fixes = [_unnamed_fix(worst, unnamed), *(fixes[:1] if named and share(worst, named[0].ms) >= REPORT_FRACTION else [])]
+    elif not fixes:
+        fixes = [_SPREAD]
     # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
     one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
@@ -168,7 +196,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             + (" By what the host does: " + ", ".join(f"{c.name} {c.ms:.1f} ms" for c in named[:4]) + "." if named else "")
             + held
         ),
-        fix=" ".join(fixes) or _UNNAMED_FIX,
+        fix=" ".join(fixes),
         ranks=[r.rank for r in hit],
         cause_ms=max(max((c.weight_ms for c in steady), default=0.0), _unclaimed(worst) - once_ms if mostly_idle else 0.0),
         one_off=one_off,

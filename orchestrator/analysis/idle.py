@@ -18,7 +18,8 @@ same correlation id). That launch says who the device waited for:
   (``runtime``: the allocator, events, streams, a slow launch; named by the call),
   in any other profiled span (``cpu``; named by the innermost span, and by the
   optimizer step or ``record_function`` region around it), in a ``ProfilerStep``
-  but in no op (``cpu``, "Python outside any op"), else ``untraced``. From the launch
+  but in no op (``cpu``, "Python outside any op"; named by its innermost Python frame of the user's code
+  in a ``with_stack`` trace: :mod:`~orchestrator.analysis.python_frames`), else ``untraced``. From the launch
   call on, the gap is the launch's (``launch``; up to :data:`LAUNCH_GAP_US` after the call returns, then
   ``queued``: a kernel the device starts later waited on a dependency) unless the call itself is slower than
   :data:`LAUNCH_GAP_US` (the runtime loads modules or allocates: host time, named by
@@ -96,6 +97,7 @@ class HostThread:
     compile: Intervals = field(default_factory=list)  # torch.compile compiling (spans.compilations)
     # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
     optimizer: Intervals | None = None
+    frames: Sequence[Span] = ()  # a with_stack trace's Python frames of the user's code, sorted as ``spans``
 
 
 @dataclass
@@ -204,6 +206,7 @@ def attribute(
     named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     model_named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    python_named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for who in set(pieces) | set(launched):
         rest = union(pieces.get(who, []))
         h = host(who)
@@ -245,7 +248,9 @@ def attribute(
         users = [s for s in h.regions if not s.name.startswith("Optimizer.")]
         # The model's own ops: cpu time outside the optimizer's own time and the user's regions (a closure's forward
         # and backward inside Optimizer.step are the model's), so no op is counted with a region it runs in.
-        _name_innermost(h.spans, subtract(cpu, union(own + cover(users))), h.skip, model_named)
+        outside = union(own + cover(users))
+        _name_innermost(h.spans, subtract(cpu, outside), h.skip, model_named)
+        _name_innermost(h.frames, subtract(python, outside), frozenset(), python_named)
         for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch_pace)):
             _name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause])  # type: ignore[index]
             _name_innermost(users, ivs, frozenset(), regions[cause])  # type: ignore[index]
@@ -256,21 +261,29 @@ def attribute(
     step_ms = sum(t1 - t0 for t0, t1 in windows) / max(len(windows), 1) / 1000
     for by_region in regions.values():
         by_region.pop(PYTHON_OUTSIDE_OPS, None)  # time in no region
-    tops = {cause: _top(by_name) for cause, by_name in named.items()}
+    names: dict[IdleCause, dict[str, object]] = defaultdict(dict)
+    for cause, by_name in named.items():
+        names[cause]["top"] = _top(by_name)
+    for cause, by_name in regions.items():
+        names[cause]["regions"] = _top(by_name)
     ops = {name: entry for name, entry in model_named.items() if name != PYTHON_OUTSIDE_OPS and not is_marker_name(name)}
-    model_ops = (_top(ops), sum(us for _, us in ops.values()) / 1000)
-    return summarize(per_window, tops, {cause: _top(by_name) for cause, by_name in regions.items()}, step_ms, model_ops), per_window
+    python_named.pop(PYTHON_OUTSIDE_OPS, None)  # in no frame of the user's code
+    names["cpu"].update(
+        model_ops=_top(ops), model_ops_ms=sum(us for _, us in ops.values()) / 1000,
+        python_frames=_top(python_named), python_frames_ms=sum(us for _, us in python_named.values()) / 1000,
+    )
+    return summarize(per_window, names, step_ms), per_window
+
+
+# What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.
+_NAMES = ("top", "regions", "model_ops", "model_ops_ms", "python_frames", "python_frames_ms")
 
 
 def summarize(
-    per_window: Sequence[dict[IdleCause, float]],
-    tops: dict[IdleCause, list[OpStat]],
-    regions: dict[IdleCause, list[OpStat]],
-    step_ms: float | None = None,
-    model_ops: tuple[list[OpStat], float] = ([], 0.0),
+    per_window: Sequence[dict[IdleCause, float]], names: dict[IdleCause, dict[str, object]], step_ms: float | None = None
 ) -> IdleAttribution:
-    """Per-step means of the windows' idle ms by cause, largest first, each with its named ops and regions (and
-    for ``cpu``, the model's ops: ``model_ops``, the largest and the ms of all, summed over the steps)."""
+    """Per-step means of the windows' idle ms by cause, largest first, each with what names it (``names``: the ops,
+    calls, regions and, for ``cpu``, the model's ops and the Python functions outside any op, summed over the steps)."""
     n = max(len(per_window), 1)
     sums: dict[IdleCause, float] = defaultdict(float)
     for row in per_window:
@@ -279,14 +292,11 @@ def summarize(
     idle = sum(sums.values()) / n
     step = step_ms or None
     causes = [
-        IdleShare(
-            cause=cause,
-            label=IDLE_LABELS[cause],
-            ms_per_step=ms / n,
-            fraction_of_step=(ms / n / step) if step else 0.0,
-            top=tops.get(cause, []),
-            regions=regions.get(cause, []),
-            **({"model_ops": model_ops[0], "model_ops_ms": model_ops[1]} if cause == "cpu" else {}),
+        IdleShare.model_validate(
+            {
+                "cause": cause, "label": IDLE_LABELS[cause], "ms_per_step": ms / n, "fraction_of_step": (ms / n / step) if step else 0.0,
+                **names.get(cause, {}),
+            }
         )
         for cause, ms in sorted(sums.items(), key=lambda kv: (-kv[1], IDLE_CAUSES.index(kv[0])))
         if ms > 0
@@ -378,12 +388,6 @@ def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
         if moved > 0:
             row["late_rank"] = moved
         steps.append(s.model_copy(update={"idle_ms": row}))
-    cpu = next((c for c in r.idle.causes if c.cause == "cpu"), None)
-    idle = summarize(
-        [s.idle_ms for s in steps],
-        {c.cause: c.top for c in r.idle.causes},
-        {c.cause: c.regions for c in r.idle.causes},
-        r.mean_step_ms,
-        (cpu.model_ops, cpu.model_ops_ms) if cpu is not None else ([], 0.0),
-    )
+    names = {c.cause: {name: getattr(c, name) for name in _NAMES} for c in r.idle.causes}
+    idle = summarize([s.idle_ms for s in steps], names, r.mean_step_ms)
     return r.model_copy(update={"steps": steps, "idle": idle})

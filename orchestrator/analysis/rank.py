@@ -66,6 +66,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.phases import nested_phases, top_level_ops
+from orchestrator.analysis.python_frames import user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
@@ -89,7 +90,7 @@ from orchestrator.analysis.spans import (
 from orchestrator.analysis.step_content import describe_step, loader_class
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
-from orchestrator.traces.loader import RankTrace, Span
+from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank"]
 
@@ -153,11 +154,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     """Steps (or one whole-trace window), phase split, device use, copies, top ops/kernels and memory peaks of one rank."""
     threads: dict[Thread, list[Span]] = defaultdict(list)
     device_spans: list[Span] = []
+    frames: dict[Thread, list[Span]] = defaultdict(list)  # with_stack's, only to name the Python outside any op
     for span in trace.spans:
         if span.cat in DEVICE_CATEGORIES:
             device_spans.append(span)
         elif span.cat in HOST_CATEGORIES:
             threads[(span.pid, span.tid)].append(span)
+        elif span.cat == PYTHON_FRAME:
+            frames[(span.pid, span.tid)].append(span)
     dev = DeviceView(device_spans)
     # Each thread's spans by (name, category): every rule below is asked once per group.
     kinds = {key: by_kind(spans) for key, spans in threads.items()}
@@ -324,6 +328,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
+            frames=user_frames(frames.get(main_key, ())),  # Python outside ops is the main thread's (its steps)
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows), main_key

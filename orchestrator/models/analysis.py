@@ -179,6 +179,13 @@ class IdleShare(_Model):
         "region (the model's own ops), the largest, summed over the steps.",
     )
     model_ops_ms: float = Field(0.0, description="cpu: the time of all those ops, summed over the steps.")
+    python_frames: list[OpStat] = Field(
+        default_factory=list,
+        description="cpu, in a with_stack trace: the Python functions (innermost frame of the user's or a library's code, not "
+        "torch's, numpy's or the standard library's) the host runs outside any op, optimizer step and record_function region "
+        "while the device idles, the largest, summed over the steps.",
+    )
+    python_frames_ms: float = Field(0.0, description="cpu: the time of all those functions, summed over the steps.")
 
 
 class IdleAttribution(_Model):

@@ -3,7 +3,7 @@
 
 :func:`load_rank` streams one file (msgspec-typed, see
   :mod:`orchestrator.traces.stream`) and keeps only what the analysis needs:
-  spans of a few categories, memory peaks, device properties, and what kind of
+  spans of a few categories (and a ``with_stack`` trace's longer Python frames), memory peaks, device properties, and what kind of
   trace it is (device, schedule, PyTorch 1.8/1.9 category names).
 """
 
@@ -24,6 +24,7 @@ from orchestrator.traces.stream import TraceParseError, TraceReader
 
 __all__ = [
     "LEGACY_CATEGORIES",
+    "PYTHON_FRAME",
     "TIME_RANGE_US",
     "BatchHook",
     "Device",
@@ -50,8 +51,8 @@ LEGACY_CATEGORIES = {
     "python": "python_function",
     "memory": "cpu_instant_event",
 }
-# Span categories the analysis reads; anything else (flows, instants, python
-# stacks) is skipped at load time to keep a rank's footprint small.
+# Span categories the analysis reads; anything else (flows, instants, short python frames) is skipped at load
+# time to keep a rank's footprint small.
 _KEPT_CATEGORIES = frozenset(
     {
         "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "cuda_sync", "kernel", "gpu_memcpy", "gpu_memset",
@@ -61,6 +62,12 @@ _KEPT_CATEGORIES = frozenset(
 # Python frames kept all the same: module forwards, and torch.cuda.graph's set-up around a capture (its sync,
 # gc.collect and empty_cache: the capture's cost). The DataLoader's _next_data is kept by name below.
 _KEPT_PYTHON = ("nn.Module:", "torch/cuda/graphs.py(")
+PYTHON_FRAME = "python_frame"
+"""The category of the other Python frames of a ``with_stack`` trace that are kept: only to name the Python the host
+runs outside any op (:mod:`orchestrator.analysis.python_frames`), never a host span of their own."""
+# A frame shorter than this names too little idle time to keep (a with_stack trace holds millions of them); its time
+# is named by the frame that called it. Builtins (``<built-in method ...>``) name no code of the user's.
+PYTHON_FRAME_MIN_US = 50.0
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"})
 _TS, _END = attrgetter("ts"), attrgetter("end")
 # About 3,000 years in µs: wall-clock µs since 1970 (old Kineto) stay far inside it.
@@ -271,10 +278,13 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                 if cat is None:
                     cat = categories[event.cat] = sys.intern(canonical_category(event.cat))
                 name = event.name
-                if cat not in _KEPT_CATEGORIES and not (
-                    cat == "python_function" and (name.startswith(_KEPT_PYTHON) or "_next_data" in name)
-                ):
-                    continue
+                if cat not in _KEPT_CATEGORIES:
+                    if cat != "python_function":
+                        continue
+                    if not (name.startswith(_KEPT_PYTHON) or "_next_data" in name):
+                        if event.dur < PYTHON_FRAME_MIN_US or name.startswith("<"):
+                            continue
+                        cat = PYTHON_FRAME
                 ts = event.ts
                 if ts is None:
                     continue

@@ -47,10 +47,12 @@ def test_the_healthy_num_workers_4_samples_get_no_warning(case: str) -> None:
 
 def test_a_cause_the_other_steps_also_hold_keeps_its_fix_when_one_step_holds_most_idle_time() -> None:
     # nw4_b: step 21 holds half the idle time this finding counts (100.9 ms against a median 20.4), but the
-    # model's ops cost host time in every step (its sources idle 14-20 ms in the others): their fix stays.
+    # model's ops cost host time in every step (its sources idle 14-20 ms in the others): their fix stays, after the
+    # 15.2 ms a step of Python outside any op that the trace (no stacks) does not name, which outweighs them.
     low = finding(external("tbplugin_resnet50_nw4_b"), "low_gpu_utilization")
     assert "50% of it is one step's: step 21 has 100.9 ms" in low.evidence
-    assert low.fix.startswith("The host's own time in the model's ops (aten::cudnn_convolution 1.9 ms, aten::empty 1.7 ms")
+    assert low.fix.startswith("The host runs code the profiler does not name while the device idles (15.2 ms per step)")
+    assert "The host's own time in the model's ops (aten::cudnn_convolution 1.9 ms, aten::empty 1.7 ms" in low.fix
     assert "leaves the device idle 8.2 ms per step" in low.fix
 
 
@@ -180,7 +182,7 @@ def test_one_slow_runtime_call_in_a_single_step_is_a_first_use(tmp_path: Path) -
 
 def test_a_runtime_call_under_the_first_use_length_keeps_its_fix(tmp_path: Path) -> None:
     low = _one_step_with_a_cudamalloc(tmp_path, 700)
-    assert low.fix.startswith("cudaMalloc leaves the device idle 0.7 ms per step") and "empty_cache" in low.fix
+    assert "cudaMalloc leaves the device idle 0.7 ms per step" in low.fix and "empty_cache" in low.fix
 
 
 @pytest.mark.parametrize("case", EXTERNAL_CASES)
