@@ -317,8 +317,16 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
 
 
 # Python the host runs per step that is the data's preparation, or the step's bookkeeping, by its functions' names.
-_DATA_PREP = re.compile(r"preprocess|transform|normali[sz]e|resize|rescale|crop|decode|read_|load_image|augment|tokeni[sz]|collate|image_processing|feature_extraction|pad", re.IGNORECASE)
-_BOOKKEEPING = re.compile(r"log|metric|callback|print|tqdm|wandb|mlflow|tensorboard|report|save|checkpoint", re.IGNORECASE)
+# Whole words of a name (``_preprocess_image``, ``trainer_callback.py``), not parts of others (``compute_logits``, ``thread_pool``).
+_DATA_PREP = re.compile(
+    r"(?<![a-z])(preprocess\w*|transforms?|normali[sz]e|resize|rescale|crop|decode|read_\w+|load_image|augment\w*|tokeni[sz]\w*|"
+    r"collate\w*|image_processing\w*|feature_extraction\w*|pad)(?![a-z])",
+    re.IGNORECASE,
+)
+_BOOKKEEPING = re.compile(
+    r"(?<![a-z])(log|logger|logging|metrics?|callbacks?|print|tqdm|wandb|mlflow|tensorboard|report|save\w*|checkpoint\w*)(?![a-z])",
+    re.IGNORECASE,
+)
 
 
 def _python_fix(cause: Cause, figure: str) -> str:

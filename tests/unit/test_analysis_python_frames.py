@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -90,6 +91,22 @@ def test_bookkeeping_every_step_is_told_every_n_steps(tmp_path: Path) -> None:
 def test_other_python_is_told_to_leave_the_step_or_become_tensor_ops(tmp_path: Path) -> None:
     _, top = _step(tmp_path, [_frame("model/router.py(88): assign_experts", 110, 615)])
     assert "assign_experts (model/router.py:88)" in top.fix and "tensor ops" in top.fix
+
+
+@pytest.mark.parametrize(
+    ("frame", "told"),
+    [
+        ("data/pipeline.py(20): _preprocess_image", "DataLoader workers"),
+        ("torchvision/transforms/v2/_geometry.py(50): forward", "DataLoader workers"),
+        ("train.py(70): log_metrics", "every N steps"),
+        ("transformers/trainer.py(3100): save_pretrained", "every N steps"),
+        ("model/heads.py(12): compute_logits", "tensor ops"),  # "log" inside a word is no logging
+        ("runner.py(9): spawn_thread_pool", "tensor ops"),  # nor "read_" inside "thread_"
+    ],
+)
+def test_the_fix_follows_whole_words_of_the_functions_names(tmp_path: Path, frame: str, told: str) -> None:
+    _, top = _step(tmp_path, [_frame(frame, 110, 615)])
+    assert told in top.fix
 
 
 def test_without_stacks_the_fix_says_how_to_find_out(tmp_path: Path) -> None:
