@@ -23,7 +23,7 @@ from orchestrator.errors import (
     ConfigurationError,
     InvalidRequestError,
 )
-from orchestrator.models.control import HOW_A_RUN_APPEARS
+from orchestrator.models.control import no_targets_note
 from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
@@ -167,8 +167,8 @@ def targets(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(targets)
         return EXIT_OK
-    if not targets:
-        out(f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}")
+    if (note := no_targets_note(len(targets))) is not None:
+        out(note)
         return EXIT_OK
     rows = []
     for t in targets:

@@ -34,7 +34,7 @@ from orchestrator.mcp.results import (
     WatchList,
 )
 from orchestrator.models.analysis import Summary
-from orchestrator.models.control import HOW_A_RUN_APPEARS, TargetInfo
+from orchestrator.models.control import TargetInfo, no_targets_note
 from orchestrator.models.diagnosis import StacksBundle, WatchStatus
 from orchestrator.models.history import TargetHistory
 from orchestrator.models.profile import Manifest, ProfileStatus
@@ -96,7 +96,7 @@ def target_list(targets: list[TargetInfo]) -> TargetList:
             )
             for t in ordered
         ],
-        note=None if targets else f"no live training run: {HOW_A_RUN_APPEARS}",
+        note=no_targets_note(len(targets)),
     )
 
 

@@ -33,14 +33,20 @@ from orchestrator.settings import (
     MIN_STACKS_MAX_RANK_BYTES,
 )
 
-__all__ = ["HOW_A_RUN_APPEARS", "ControllerConfig", "TargetInfo", "WorkerStatus", "known_targets"]
+__all__ = ["HOW_A_RUN_APPEARS", "ControllerConfig", "TargetInfo", "WorkerStatus", "known_targets", "no_targets_note"]
 
 HOW_A_RUN_APPEARS = (
     "a run is listed once its Ray Train workers take an optimizer step with the rayprof agent installed "
     "(runtime_env worker_process_setup_hook 'actors.agent.install', or agent.attach() in the train function) "
     "and reach this controller"
 )
-"""What makes a run a target, said wherever none is (the CLI, the MCP answer, an unknown target's error)."""
+"""What makes a run a target, said wherever none is (the CLI, the API's and MCP's lists, the console, an unknown
+target's error)."""
+
+
+def no_targets_note(count: int) -> str | None:
+    """What a list of ``count`` live targets says beside them: how a run becomes one, where there is none."""
+    return None if count else f"no live training run: {HOW_A_RUN_APPEARS}"
 
 
 def known_targets(names: list[str]) -> str:

@@ -36,6 +36,7 @@ from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.api import Operation, bind, call_timeout
 from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
+from orchestrator.models.control import no_targets_note
 from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus
 from orchestrator.models.history import TargetHistory
 from orchestrator.models.profile import Manifest
@@ -256,7 +257,8 @@ class ProfilingService(ConsoleRoutes):
     @api.get("/v1/targets", response_model=TargetList, summary="Live training runs and their ranks")
     async def list_targets(self, request: Request, credentials: Credentials) -> TargetList:
         self._guard.check(request, credentials)
-        return TargetList(targets=await self._ask(Api.targets))
+        targets = await self._ask(Api.targets)
+        return TargetList(targets=targets, note=no_targets_note(len(targets)))
 
     @api.post(
         "/v1/targets/{target}/stacks",

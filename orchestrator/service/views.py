@@ -36,6 +36,7 @@ class TargetList(_Response):
     """``GET /v1/targets``: live training runs with agents."""
 
     targets: list[TargetInfo]
+    note: str | None = Field(None, description="Where there is no target: how a run becomes one.")
 
 
 class StorageView(_Response):

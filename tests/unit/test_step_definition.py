@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from actors.controller.agents.registry import Registry
 from orchestrator.models.agent_protocol import Heartbeat
+from orchestrator.models.control import HOW_A_RUN_APPEARS
 from orchestrator.models.profile import RankResult
 from tests.support.common import cli_results
-from tests.support.fake_agents import make_controller, run, worker_info
+from tests.support.fake_agents import FakeAgent, make_controller, run, worker_info
+from tests.support.inprocess_service import service_client
 
 GAN = "1 step = SGD.step ×1 + Adam.step ×1"
 
@@ -62,9 +64,24 @@ def test_with_no_live_run_rayprof_targets_and_the_mcp_answer_say_how_a_run_becom
 
     from orchestrator.cli import commands
     from orchestrator.mcp.convert import target_list
-    from orchestrator.models.control import HOW_A_RUN_APPEARS
 
     monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: []})())
     status, printed = cli_results(commands.targets, argparse.Namespace(json=False))
-    assert status == 0 and printed == f"no live training runs with rayprof agents: {HOW_A_RUN_APPEARS}\n"
+    assert status == 0 and printed == f"no live training run: {HOW_A_RUN_APPEARS}\n"
     assert target_list([]).note == f"no live training run: {HOW_A_RUN_APPEARS}"
+
+
+def test_the_apis_target_list_says_how_a_run_becomes_one_until_there_is_one(home, monkeypatch):
+    # The console showed its own sentence ("Start a job with rayprof instrumentation"), not the one the CLI and the
+    # MCP answer give; it now shows the API's note.
+    async def go():
+        controller = make_controller(home)
+        async with service_client(monkeypatch, controller) as http:
+            empty = (await http.get("/v1/targets")).json()
+            await FakeAgent(controller, worker_info(0, 1)).start()
+            listed = (await http.get("/v1/targets")).json()
+        return empty, listed
+
+    empty, listed = run(go())
+    assert empty == {"targets": [], "note": f"no live training run: {HOW_A_RUN_APPEARS}"}
+    assert len(listed["targets"]) == 1 and listed["note"] is None

@@ -114,10 +114,10 @@ async function targetsPage(gen) {
   main.replaceChildren(el("h1", { text: "Targets" }), el("div", { id: "targets" }, el("p", { class: "muted", text: "Loading…" })));
   while (gen === generation) {
     try {
-      const { targets } = await api("v1/targets");
+      const { targets, note } = await api("v1/targets");
       const box = document.getElementById("targets");
       if (!box || gen !== generation) return;
-      if (!targets.length) box.replaceChildren(el("p", { text: "No live training run has an agent. Start a job with rayprof instrumentation." }));
+      if (!targets.length) box.replaceChildren(el("p", { text: note }));
       const keys = new Set(targets.map(runKey));
       for (const old of box.querySelectorAll("section.target")) if (!keys.has(old.dataset.key)) old.remove();
       for (const t of targets) {
