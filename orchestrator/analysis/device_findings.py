@@ -51,10 +51,13 @@ NEGLIGIBLE_FRACTION = 0.01
 # Share of the step the device idles for causes with no finding of their own (host CPU work, launches,
 # queued work) from which it is reported even when the device is busy more than LOW_GPU_UTILIZATION.
 HOST_IDLE_FRACTION = 0.2
-
+# A named cause is one step's when at most this share of it can lie in the other steps (the idle time its sources
+# have there, against the cause's total): no fix is told for it, the step is named instead.
+ONE_OFF_ELSEWHERE = 0.1
 # When neither a cause nor unnamed time explains a share of the step worth a change.
 _SPREAD = (
-    "The idle time no other finding claims is spread over small causes, none of them 1% of the step: no change is told for it."
+    "The idle time no other finding claims is spread over small causes, none of them "
+    f"{NEGLIGIBLE_FRACTION:.0%} of the step: no change is told for it."
 )
 
 
@@ -76,9 +79,6 @@ def _unnamed_fix(r: RankSummary, ms: float) -> str:
         f"The host runs code the profiler does not name while the device idles ({ms:.1f} ms per step): {how} the step's "
         "parts in torch.profiler.record_function to see what the device waits for."
     )
-# A named cause is one step's when at most this share of it can lie in the other steps (the idle time its sources
-# have there, against the cause's total): no fix is told for it, the step is named instead.
-ONE_OFF_ELSEWHERE = 0.1
 
 
 def _one_off(r: RankSummary, cause: Cause) -> OneStep | None:
@@ -123,7 +123,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     no idle time is counted in two findings, less what the loop pays once (a
     first use, a graph capture or compilation: no change to the loop saves it). The fix is the one for the largest
     named cause (:mod:`orchestrator.analysis.advice`), and the runner-up's when it
-    explains at least ``REPORT_FRACTION`` of the step. A warning when that cause
+    explains at least ``REPORT_FRACTION`` of the step; time no cause names (Python outside any op no frame names,
+    untraced time) that outweighs the largest named cause is told first, with how to find out what it is. A warning when that cause
     explains ``WARNING_FRACTION`` of the step, or when the device is busy under
     ``LOW_GPU_UTILIZATION`` and the unclaimed idle time does (a mostly idle device
     is a fact, whatever the spread of its causes).
