@@ -19,9 +19,10 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
-* ``python``: in a ``with_stack`` trace, the Python functions the host runs outside any op (innermost frame of
-  the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), named: pre-processing into
-  DataLoader workers, logging every N steps, the rest off the step or onto the device;
+* ``data_prep``, ``bookkeeping``, ``python``: in a ``with_stack`` trace, the Python functions the host runs outside
+  any op (innermost frame of the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), by what
+  the largest is: the data's preparation into DataLoader workers, logging every N steps, the rest off the step or
+  onto the device;
 * ``queued``: work already launched that waits on a stream or event dependency;
 * ``capture``: recording CUDA/HIP graphs (their kernels run only at replay), and ``compile``: torch.compile
   compiling: warm-up, no loop fix (:func:`paid_once`), unless most steps record or compile again (new shapes).
@@ -47,9 +48,10 @@ from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
 
 Kind = Literal[
-    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "python", "queued",
-    "capture", "compile",
+    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "data_prep",
+    "bookkeeping", "python", "queued", "capture", "compile",
 ]
+_PYTHON: tuple[Kind, ...] = ("data_prep", "bookkeeping", "python")
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
@@ -86,7 +88,7 @@ class Cause:
         host cost of many small ops spread over the model is eager PyTorch's baseline (the TensorBoard plugin's
         fixed ResNet-50, device busy 72%: 15.5 ms a step over hundreds of ops, 4.2 ms the largest), while one op
         that holds a share of the step is a defect of its own."""
-        return self.lead_ms if self.kind in ("op", "ops", "python") else self.ms
+        return self.lead_ms if self.kind in ("op", "ops", *_PYTHON) else self.ms
 
     def verb(self, singular: str, plural: str) -> str:
         """``singular`` for a cause named by one call or op, ``plural`` for a list of them ("cudaFree, cudaMalloc")."""
@@ -144,7 +146,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     if "cpu" in shares and shares["cpu"].python_frames:
         frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
         name = "Python functions (" + ", ".join(f"{frame_label(f.name)[:90]} {f.total_ms / steps:.1f} ms" for f in frames[:3]) + ")"
-        out.append(Cause("python", name, shares["cpu"].python_frames_ms / steps, ("cpu",), lead_ms=frames[0].total_ms / steps))
+        out.append(Cause(_python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",), lead_ms=frames[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     if "capture" in shares:
@@ -283,7 +285,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
             "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
         )
-    if cause.kind == "python":
+    if cause.kind in _PYTHON:
         return _python_fix(cause, figure)
     if cause.kind == "queued":
         return (
@@ -329,15 +331,20 @@ _BOOKKEEPING = re.compile(
 )
 
 
+def _python_kind(frame: str) -> Kind:
+    """What the largest Python function outside any op is, by whole words of its name and file."""
+    return "data_prep" if _DATA_PREP.search(frame) else "bookkeeping" if _BOOKKEEPING.search(frame) else "python"
+
+
 def _python_fix(cause: Cause, figure: str) -> str:
     told = f"{cause.name} run outside any op while the device idles ({figure})"
-    if _DATA_PREP.search(cause.name):
+    if cause.kind == "data_prep":
         return (
             f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
             "so DataLoader workers (num_workers > 0) prepare the next batches while the device computes, or once, "
             "offline, into a preprocessed dataset."
         )
-    if _BOOKKEEPING.search(cause.name):
+    if cause.kind == "bookkeeping":
         return (
             f"{told}: the step's bookkeeping (logging, metrics, callbacks, saving), every step: do it every N steps, "
             "on values kept on the device, or on a background thread."

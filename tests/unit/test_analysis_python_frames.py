@@ -109,6 +109,12 @@ def test_the_fix_follows_whole_words_of_the_functions_names(tmp_path: Path, fram
     assert told in top.fix
 
 
+def test_the_largest_function_decides_the_fix_not_a_small_one_named_beside_it(tmp_path: Path) -> None:
+    _, top = _step(tmp_path, [_frame("model/loss.py(5): compute_loss", 110, 500), _frame("data/batch.py(3): pad_batch", 610, 115)])
+    assert "compute_loss (model/loss.py:5) 0.5 ms, pad_batch (data/batch.py:3) 0.1 ms" in top.fix
+    assert "tensor ops" in top.fix and "DataLoader workers" not in top.fix
+
+
 def test_without_stacks_the_fix_says_how_to_find_out(tmp_path: Path) -> None:
     rank, top = _step(tmp_path, [])
     assert _python(rank) == {}
