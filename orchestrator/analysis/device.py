@@ -24,8 +24,16 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
-from orchestrator.analysis.spans import CopyKind, by_kind, copy_kind, is_comm_kernel, is_compute_kernel, where
-from orchestrator.models.analysis import CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
+from orchestrator.analysis.spans import (
+    CopyKind,
+    by_kind,
+    collective_kind,
+    copy_kind,
+    is_comm_kernel,
+    is_compute_kernel,
+    where,
+)
+from orchestrator.models.analysis import CollectiveKind, CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["DeviceView", "WindowGpu", "memory_peaks"]
@@ -116,7 +124,16 @@ class DeviceView:
             active_busy_share=total(active) / extent if extent else 0.0,
             active_compute_share=total(compute) / extent if extent else 0.0,
             comm_overlap=total(intersect(comm, compute)) / total(comm) if comm else None,
+            comm_by_collective=self._by_collective(windows, n),
         )
+
+    def _by_collective(self, windows: Sequence[Window], n: int) -> dict[CollectiveKind, float]:
+        """Collective kernel ms per window by the collective each runs, largest first."""
+        out: dict[CollectiveKind, float] = defaultdict(float)
+        for _, s in self.placed(windows):
+            if (s.name, s.cat) in self._comm_kinds:
+                out[collective_kind(s)] += (s.end - s.ts) / 1000 / n
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""

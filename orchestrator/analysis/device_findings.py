@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
+from orchestrator.analysis.comm_fix import by_collective_text, comm_fix
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
@@ -21,7 +22,7 @@ from orchestrator.analysis.finding_base import (
 )
 from orchestrator.analysis.groups import slow_groups
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
-from orchestrator.analysis.kernel_kinds import device_work_fix, kinds
+from orchestrator.analysis.kernel_kinds import device_work_fix, kinds, short_name
 from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -224,7 +225,7 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         f"{worst.mean_step_ms:.1f} ms {step_word(worst)}, so these shares overlap."
         if share(worst, summed_ms) > 1.0
         else ""
-    )
+    ) + _comm_beside(worst)
     return make_finding(
         "gpu_bound",
         worst,
@@ -239,6 +240,18 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         ),
         fix=device_work_fix(found, worst.mean_step_ms or 0.0, REPORT_FRACTION),
         ranks=[r.rank for r in hit],
+    )
+
+
+def _comm_beside(r: RankSummary) -> str:
+    """How much collective kernel time a busy rank has and how much of it compute hides: a pipeline that overlaps
+    its all-to-all (DeepEP under DualPipe) is busy because of its math, and the reader should not have to guess."""
+    if r.gpu is None or r.gpu.comm_overlap is None or share(r, r.gpu.comm_kernel_ms_per_step) < REPORT_FRACTION:
+        return ""
+    names = ", ".join(list(dict.fromkeys(short_name(k.name) for k in r.top_kernels if is_comm_kernel_name(k.name)))[:3])
+    return (
+        f" Collective kernels ({names or 'NCCL'}) take {r.gpu.comm_kernel_ms_per_step:.1f} ms a {step_word(r)} beside the compute, "
+        f"{r.gpu.comm_overlap:.0%} of it under compute kernels ({r.gpu.comm_exposed_ms_per_step:.1f} ms exposed)."
     )
 
 
@@ -291,12 +304,9 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
             + ", ".join(f"rank {r.rank}: {cost(r):.1f} ms" for r in timed)
             + "."
             + overlap
+            + by_collective_text(least)
         ),
-        fix=_fsdp_fix(least) or (
-            "Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce after backward, "
-            "tune DDP bucket_cap_mb so the first buckets start early, accumulate gradients under no_sync() across "
-            "micro-batches, or compress gradients (DDP comm hooks, bf16)."
-        ),
+        fix=comm_fix(least),
         ranks=[least.rank],
         # The first collective of a window can carry a communicator's set-up (NCCL creates it lazily, seconds).
         one_off=one_step(least, _comm_per_step(least)),
@@ -308,43 +318,3 @@ def _comm_per_step(r: RankSummary) -> list[float]:
     if r.gpu is None or r.idle is None:
         return per_step_cost(r, [], "comm")
     return [(s.comm_exposed_ms or 0.0) + s.idle_ms.get("collective", 0.0) for s in r.steps]
-
-
-def _fsdp_fix(r: RankSummary) -> str | None:
-    """FSDP2's own changes, when its collective regions hold most of the rank's collective host time (else None):
-    DDP's bucket advice does not apply to a job whose parameters are gathered, not all-reduced.
-
-    Chosen by what the trace shows: how many all-gathers a step makes (one per unit in forward: one in all means
-    the model is one unit), how many gather a unit again for backward (``regathers_per_step``), and the device (on
-    a CPU, gloo's collectives block the step, so FSDP2's overlap cannot help there, and fewer, larger units cost less).
-    """
-    total_ms = sum(op.total_ms for op in r.comm_ops)
-    fsdp = [op for op in r.comm_ops if op.name.startswith("FSDP::")]
-    if not fsdp or 2 * sum(op.total_ms for op in fsdp) < total_ms:
-        return None
-    n = max(len(r.steps), 1)
-    gathers = sum(op.calls for op in fsdp if op.name == "FSDP::all_gather") / n
-    gather = sum(op.total_ms for op in fsdp if op.name.startswith("FSDP::all_gather")) / n
-    reduce = sum(op.total_ms for op in fsdp if not op.name.startswith("FSDP::all_gather")) / n
-    changes = []
-    if r.device == "cpu":
-        if gathers > 1:
-            changes.append(f"shard fewer, larger layer groups: on a CPU each of the step's {gathers:.0f} all-gathers and its "
-                           "reduce-scatters blocks the step (gloo), so fewer collectives cost less")
-    elif gathers <= 1:
-        changes.append("the model is gathered as one unit, so nothing overlaps its all-gather: call fully_shard on each "
-                       "transformer block or layer group before the root, so each block's all-gather overlaps the previous one's compute")
-    else:
-        changes.append("prefetch further ahead so each all-gather overlaps more compute (set_modules_to_forward_prefetch / "
-                       "set_modules_to_backward_prefetch)")
-    if r.regathers_per_step >= 1:
-        changes.append(f"reshard_after_forward=False where memory allows skips the {r.regathers_per_step:.0f} all-gathers per "
-                       "step that gather parameters again for backward")
-    changes.append("when accumulating gradients, skip their sync on all but the last micro-batch (set_requires_gradient_sync(False))")
-    changes.append("if the model fits on one device, DDP " + (
-        "moves about two thirds of the bytes (no second all-gather)" if r.regathers_per_step >= 1
-        else "sends the same bytes as bucketed all-reduces that overlap backward"))
-    return (
-        f"FSDP's collectives do not overlap compute (on rank {r.rank}, per step: all-gather {gather:.1f} ms, "
-        f"reduce-scatter {reduce:.1f} ms of host time): " + "; ".join(changes) + "."
-    )

@@ -30,7 +30,7 @@ _KINDS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|(?:^|_)Cijk_|hipblaslt|matmul|conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn", re.IGNORECASE)),
     ("memory", re.compile(
         r"elementwise|reduce_kernel|CatArrayBatchedCopy|softmax|norm|bn_fw|bn_bw|welford|multi_tensor_apply|index|scatter|gather|"
-        r"copy_kernel|fill_kernel|max_pool|avg_pool|nchwToNhwc|nhwcToNchw|transpose|TensorOp",
+        r"copy_kernel|fill_kernel|max_pool|avg_pool|nchwToNhwc|nhwcToNchw|transpose|TensorOp|cast",
         re.IGNORECASE,
     )),
 )
@@ -90,10 +90,18 @@ def kinds(r: RankSummary) -> list[KindTime]:
     return sorted(out, key=lambda t: -t.ms)
 
 
+# CUTLASS's launch wrappers: every CUTLASS 2/3 kernel (FlashAttention 3's, DeepGEMM's) is one of these, named by its
+# first template argument.
+_WRAPPER = re.compile(r"^cutlass::(device_kernel|Kernel2?)<")
+
+
 def short_name(name: str) -> str:
-    """A kernel's name without its return type, template and parameter lists: ``cudnn::detail::dgrad_engine``."""
+    """A kernel's name without its return type, template and parameter lists: ``cudnn::detail::dgrad_engine``;
+    a CUTLASS wrapper's by what it wraps: ``flash::FlashAttnBwd`` for ``cutlass::device_kernel<flash::FlashAttnBwd<...>>``."""
     bare = name.removeprefix("void ").replace("(anonymous namespace)::", "")
-    return re.split(r"[<(]", bare, maxsplit=1)[0][:60] or bare[:60]
+    if (wrapper := _WRAPPER.match(bare)) is not None and (inner := bare[wrapper.end() :].strip()):
+        bare = inner
+    return re.split(r"[<(>,]", bare, maxsplit=1)[0].strip()[:60] or bare[:60]
 
 
 _BY_HAND = (

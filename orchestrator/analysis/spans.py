@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from orchestrator.analysis.intervals import Intervals, union
+from orchestrator.models.analysis import CollectiveKind
 from orchestrator.traces.loader import Span
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "CopyDirection",
     "CopyKind",
     "HostMemory",
+    "collective_kind",
+    "collective_of",
     "Kinds",
     "by_kind",
     "compilations",
@@ -85,8 +88,17 @@ _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _BACKWARD = re.compile(r"backward", re.IGNORECASE)
 _COMPILED_AUTOGRAD = "Torch-Compiled Region: !"
 _COMPILED_HOST = ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled Region", "TorchDynamo Cache Lookup")
-# HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it.
-_COMM_KERNEL = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+# HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it, and the libraries that move
+# data between GPUs with kernels of their own, which HTA counts as compute: they wait for peers like NCCL's do, so tuning
+# them as compute is the wrong fix (DeepSeek's public DeepEP training step: dispatch/combine 98 ms of kernel time in a 112 ms step).
+_COMM_KERNEL = re.compile(
+    r"^(nccl|rccl)"
+    r"|(\b|_)ep::(intra|inter)node(_ll)?::"  # DeepEP's expert-parallel dispatch/combine (deep_ep::internode::combine)
+    r"|\bmultimem_|\b(one|two)_shot_all_reduce|symmetric_memory::"  # torch's symmetric-memory collectives
+    r"|cross_device_reduce"  # vLLM's and SGLang's custom all-reduce
+    r"|userbuffers|nvshmem|mscclpp",  # Transformer Engine's comm/GEMM overlap, NVSHMEM, MSCCL++
+    re.IGNORECASE,
+)
 _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # torch.cuda.graph's own set-up and tear-down around a capture (a sync, gc.collect, empty_cache), when stacks are recorded.
@@ -225,7 +237,36 @@ def is_comm_kernel(span: Span) -> bool:
 
 def is_comm_kernel_name(name: str) -> bool:
     """A kernel name that is a collective's: it runs beside compute and waits for peers, no kernel to tune."""
-    return _COMM_KERNEL.match(name) is not None
+    return _COMM_KERNEL.search(name) is not None
+
+
+# What a collective kernel runs, from the name PyTorch 2.2+ writes on it ("Collective name": allreduce, _allgather_base,
+# all_to_allv, send) or else its own name (ncclKernel_AllReduce_RING_LL, DeepEP's internode::combine). First match
+# wins: NCCL runs an all-to-all as sends and receives, so the written name is asked before the kernel's.
+_COLLECTIVES: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = (
+    ("all_to_all", re.compile(r"all_?to_?all|(\b|_)ep::(intra|inter)node", re.IGNORECASE)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
+    ("all_gather", re.compile(r"all_?gather", re.IGNORECASE)),
+    ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce", re.IGNORECASE)),
+    ("send_recv", re.compile(r"send|recv", re.IGNORECASE)),
+    ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+)
+
+
+def collective_kind(span: Span) -> CollectiveKind:
+    """Which collective a collective kernel runs ("other" where neither its written name nor its own says)."""
+    written = span.args.get("collective") if span.args else None
+    return collective_of(span.name, written if isinstance(written, str) else None)
+
+
+def collective_of(name: str, written: str | None = None) -> CollectiveKind:
+    """Which collective a kernel or host op (``nccl:all_to_all``, ``FSDP::all_gather``) of this name runs."""
+    for text in (written, name):
+        if text:
+            for kind, pattern in _COLLECTIVES:
+                if pattern.search(text):
+                    return kind
+    return "other"
 
 
 def is_compute_kernel(span: Span) -> bool:
@@ -234,6 +275,7 @@ def is_compute_kernel(span: Span) -> bool:
         span.cat in ("kernel", "mtia_ccp_events")
         and _MEMORY_KERNEL.match(span.name) is None
         and _NOT_COMPUTE.match(span.name) is None
+        and not is_comm_kernel_name(span.name)
     )
 
 

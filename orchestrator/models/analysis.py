@@ -12,6 +12,8 @@ __all__ = [
     "PHASES",
     "Finding",
     "CopyStats",
+    "COLLECTIVE_LABELS",
+    "CollectiveKind",
     "GpuStats",
     "IDLE_CAUSES",
     "IDLE_LABELS",
@@ -35,6 +37,18 @@ SUMMARY_VERSION: Final = 1
 
 Phase = Literal["data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other"]
 PHASES: tuple[Phase, ...] = ("data", "forward", "backward", "optimizer", "comm", "memcpy", "sync", "other")
+
+# Which collective a collective kernel runs: the fix for exposed communication depends on it.
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "other"]
+COLLECTIVE_LABELS: dict[CollectiveKind, str] = {
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "send_recv": "send/recv",
+    "broadcast": "broadcast",
+    "other": "unnamed",
+}
 
 
 IdleCause = Literal[
@@ -156,6 +170,10 @@ class GpuStats(_Model):
     active_busy_share: float = Field(description="Busy share of the active span (1 - HTA's idle_time).")
     active_compute_share: float = Field(description="Compute-kernel share of the active span (HTA's compute_time).")
     comm_overlap: float | None = Field(description="Fraction of comm kernel time overlapped by compute kernels.")
+    comm_by_collective: dict[CollectiveKind, float] = Field(
+        default_factory=dict,
+        description="Collective kernel ms per step by the collective each runs, largest first (summed: groups' kernels may overlap).",
+    )
 
 
 class IdleShare(_Model):

@@ -145,6 +145,9 @@ class _Args(msgspec.Struct):
     group_desc: Any = msgspec.field(default=None, name="Process Group Description")
     group_size: Any = msgspec.field(default=None, name="Group size")
     elements: Any = msgspec.field(default=None, name="In msg nelems")
+    # The collective a kernel runs ("allreduce", "_allgather_base", "all_to_allv", "send"): NCCL's generic kernel
+    # (ncclDevKernel_Generic) does not say it by its name.
+    collective: Any = msgspec.field(default=None, name="Collective name")
 
 
 class _Event(msgspec.Struct):
@@ -298,6 +301,8 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                 kept_args = {"bytes": copied} if cat == "gpu_memcpy" and copied.__class__ is int else None
                 if cat == "kernel" and (args.group_name is not None or args.group_ranks is not None):
                     kept_args = comm_group(args.group_name, args.group_ranks, args.group_desc, args.group_size, args.elements)
+                if cat == "kernel" and args.collective.__class__ is str:
+                    kept_args = {**(kept_args or {}), "collective": args.collective}
                 append(
                     Span(
                         ts, ts + event.dur, name, cat, event.pid, event.tid, args.correlation, kept_args,

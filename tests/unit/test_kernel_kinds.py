@@ -39,6 +39,8 @@ REAL_NAMES = {
     "_matmul_ogs_NNT_bf16xbf16xmxfp4_128x128x128x1_swiglu": "matmul",
     "batched_transpose_16x32_half": "memory",
     "SubTensorOpWithCastTensor1d": "memory",
+    "void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128, false, 128, false>(__nv_bfloat16 const*)": "memory",
+    "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2>>>(Params)": "attention",
     "merge": "other",
 }
 

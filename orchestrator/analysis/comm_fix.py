@@ -1,0 +1,121 @@
+"""The change that lets exposed collectives overlap compute, chosen by which collective leads the rank's
+communication: DDP's bucketing moves an all-reduce, not a MoE's all-to-all or a pipeline's sends, and FSDP's
+prefetching is the lever for all-gathers.
+
+The lead is read from the collective kernels (:attr:`GpuStats.comm_by_collective`), or on a rank without a device
+from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoall_base_``).
+"""
+
+from __future__ import annotations
+
+from orchestrator.analysis.spans import collective_of
+from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
+
+__all__ = ["by_collective_text", "comm_fix", "fsdp_fix"]
+
+_ALL_REDUCE = (
+    "Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce after backward, "
+    "tune DDP bucket_cap_mb so the first buckets start early, accumulate gradients under no_sync() across "
+    "micro-batches, or compress gradients (DDP comm hooks, bf16)."
+)
+_ALL_TO_ALL = (
+    "The all-to-all moves tokens to their experts and back (expert parallelism) or embeddings to their shards, and "
+    "gradient bucketing does not touch it: split each batch into two micro-batches and run one's dispatch and combine "
+    "while the other computes (DualPipe, two-batch overlap); keep the expert-parallel group inside one node (NVLink) "
+    "where the experts fit; balance the routing (a load-balancing loss, a capacity factor) so no rank receives more "
+    "tokens than the rest; for sharded embeddings, TorchRec's TrainPipelineSparseDist runs the next batch's all-to-all "
+    "during this batch's compute."
+)
+_NCCL_ALL_TO_ALL = (
+    " Here NCCL runs it as sends and receives (ncclKernel_SendRecv); for experts, DeepEP's dispatch and combine "
+    "kernels are built for this exchange."
+)
+_SEND_RECV = (
+    "Point-to-point sends and receives are pipeline stages waiting for their neighbours (or an all-to-all the trace "
+    "does not name): more micro-batches per batch shrink the pipeline's bubble, an interleaved or zero-bubble schedule "
+    "(torch.distributed.pipelining's ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble) hides most of the rest, "
+    "and stages of equal cost keep neighbours from waiting on the slowest."
+)
+_GATHER = (
+    "Parameters are gathered and gradients reduce-scattered (FSDP, ZeRO-3): prefetch each unit's all-gather during the "
+    "previous unit's compute (FSDP's forward_prefetch and backward_prefetch, FSDP2's set_modules_to_forward_prefetch), "
+    "wrap units large enough that each collective runs near the link's bandwidth, and shard within a node while "
+    "replicating across nodes (HSDP) when the inter-node link is the limit."
+)
+
+
+def collective_ms(r: RankSummary) -> dict[CollectiveKind, float]:
+    """The rank's collective time per step by collective, largest first: its collective kernels', or with no
+    device its host collectives' (summed over the analysed steps)."""
+    if r.gpu is not None and r.gpu.comm_by_collective:
+        return r.gpu.comm_by_collective
+    n = max(len(r.steps), 1)
+    out: dict[CollectiveKind, float] = {}
+    for op in r.comm_ops:
+        kind = collective_of(op.name)
+        out[kind] = out.get(kind, 0.0) + op.total_ms / n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def by_collective_text(r: RankSummary) -> str:
+    """One sentence of the collectives' time by kind, when the rank's device collectives are named."""
+    if r.gpu is None or not r.gpu.comm_by_collective:
+        return ""
+    parts = ", ".join(f"{COLLECTIVE_LABELS[k]} {ms:.1f} ms" for k, ms in r.gpu.comm_by_collective.items() if ms >= 0.05)
+    return f" Collective kernel time per step by collective: {parts}." if parts else ""
+
+
+def comm_fix(r: RankSummary) -> str:
+    """The fix for the collective that leads the rank's communication (FSDP2's own, when its regions hold it)."""
+    if (fsdp := fsdp_fix(r)) is not None:
+        return fsdp
+    # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
+    lead = next((k for k in collective_ms(r) if k != "other"), "all_reduce")
+    if lead == "all_to_all":
+        nccl = any(k.name.lower().startswith("nccl") and collective_of(k.name) == "send_recv" for k in r.top_kernels)
+        return _ALL_TO_ALL + (_NCCL_ALL_TO_ALL if nccl else "")
+    if lead == "send_recv":
+        return _SEND_RECV
+    if lead in ("all_gather", "reduce_scatter"):
+        return _GATHER
+    return _ALL_REDUCE
+
+
+def fsdp_fix(r: RankSummary) -> str | None:
+    """FSDP2's own changes, when its collective regions hold most of the rank's collective host time (else None):
+    DDP's bucket advice does not apply to a job whose parameters are gathered, not all-reduced.
+
+    Chosen by what the trace shows: how many all-gathers a step makes (one per unit in forward: one in all means
+    the model is one unit), how many gather a unit again for backward (``regathers_per_step``), and the device (on
+    a CPU, gloo's collectives block the step, so FSDP2's overlap cannot help there, and fewer, larger units cost less).
+    """
+    total_ms = sum(op.total_ms for op in r.comm_ops)
+    fsdp = [op for op in r.comm_ops if op.name.startswith("FSDP::")]
+    if not fsdp or 2 * sum(op.total_ms for op in fsdp) < total_ms:
+        return None
+    n = max(len(r.steps), 1)
+    gathers = sum(op.calls for op in fsdp if op.name == "FSDP::all_gather") / n
+    gather = sum(op.total_ms for op in fsdp if op.name.startswith("FSDP::all_gather")) / n
+    reduce = sum(op.total_ms for op in fsdp if not op.name.startswith("FSDP::all_gather")) / n
+    changes = []
+    if r.device == "cpu":
+        if gathers > 1:
+            changes.append(f"shard fewer, larger layer groups: on a CPU each of the step's {gathers:.0f} all-gathers and its "
+                           "reduce-scatters blocks the step (gloo), so fewer collectives cost less")
+    elif gathers <= 1:
+        changes.append("the model is gathered as one unit, so nothing overlaps its all-gather: call fully_shard on each "
+                       "transformer block or layer group before the root, so each block's all-gather overlaps the previous one's compute")
+    else:
+        changes.append("prefetch further ahead so each all-gather overlaps more compute (set_modules_to_forward_prefetch / "
+                       "set_modules_to_backward_prefetch)")
+    if r.regathers_per_step >= 1:
+        changes.append(f"reshard_after_forward=False where memory allows skips the {r.regathers_per_step:.0f} all-gathers per "
+                       "step that gather parameters again for backward")
+    changes.append("when accumulating gradients, skip their sync on all but the last micro-batch (set_requires_gradient_sync(False))")
+    changes.append("if the model fits on one device, DDP " + (
+        "moves about two thirds of the bytes (no second all-gather)" if r.regathers_per_step >= 1
+        else "sends the same bytes as bucketed all-reduces that overlap backward"))
+    return (
+        f"FSDP's collectives do not overlap compute (on rank {r.rank}, per step: all-gather {gather:.1f} ms, "
+        f"reduce-scatter {reduce:.1f} ms of host time): " + "; ".join(changes) + "."
+    )
