@@ -39,9 +39,9 @@ __all__ = [
 def analyze_folder(
     path: Path, *, straggler_impl: StragglerImpl = stragglers, rank_map: RankMap = serial
 ) -> Summary:
-    """Analyse a profile folder (``{profile}/traces/...``) or a plain folder of ``*.pt.trace.json[.gz]``.
+    """Analyse a profile folder (``{profile}/traces/...``), a plain folder of ``*.pt.trace.json[.gz]``, or one trace file.
 
-    Raises ``FileNotFoundError`` when ``path`` is not a folder. Unusable files
+    Raises ``FileNotFoundError`` when ``path`` is neither a folder nor a file. Unusable files
     are listed in ``Summary.rejected`` with their reason; the other ranks are
     still analysed.
     """

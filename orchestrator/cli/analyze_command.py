@@ -1,5 +1,5 @@
-"""``rayprof analyze DIR``: a folder of traces analysed on this machine, its report and merged trace written
-(``rayprof report`` on a downloaded profile ends here too)."""
+"""``rayprof analyze PATH``: a folder of traces (or one trace file) analysed on this machine, its report and merged
+trace written (``rayprof report`` on a downloaded profile ends here too)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from orchestrator.models.profile import Manifest
 __all__ = ["analyze", "analyze_dir"]
 
 
-def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -> int:
-    """Analyse a folder of traces; when ``write``, also merge them into ``merged.trace.json.gz`` and write ``report.html``
-    (into ``--out`` where given, else the folder). A folder that cannot be written to keeps the analysis: it is printed,
-    and what could not be written is said with the way round it."""
+def analyze_dir(path: Path, args: argparse.Namespace, *, write: bool = True) -> int:
+    """Analyse a folder of traces or one trace file; when ``write``, also merge them into ``merged.trace.json.gz`` and
+    write ``report.html`` (into ``--out`` where given, else the folder, or the file's folder). A folder that cannot be
+    written to keeps the analysis: it is printed, and what could not be written is said with the way round it."""
     from orchestrator.analysis.front import analyze_folder, analyze_for_merge
     from orchestrator.analysis.memory_chart import load_timelines, render_memory_section
     from orchestrator.analysis.report import write_report
@@ -26,8 +26,10 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
     from orchestrator.traces.fanout import process_pool
     from orchestrator.traces.merge import merge_traces
 
-    if not folder.is_dir():
-        raise InvalidRequestError(f"{folder} is not a folder")
+    if not path.exists():
+        raise InvalidRequestError(f"{path}: no such file or folder")
+    # One file is one rank: no profile folder around it (its manifest, memory timelines) belongs to it.
+    folder, whole = (path, True) if path.is_dir() else (path.parent, False)
     out_dir = Path(args.out) if getattr(args, "out", None) else folder
     if out_dir.exists() and not out_dir.is_dir():
         raise InvalidRequestError(f"--out {out_dir} is not a folder")
@@ -37,7 +39,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
         if write:
             # As the controller does: one read per rank for its summary and the merge's scan, so the
             # alignment of any folder (each rank's clock shift and residual) can be checked without a cluster.
-            traces = discover_traces(folder)
+            traces = discover_traces(path)
             summary, scans = analyze_for_merge(traces, rank_map=rank_map)
             if summary.ranks:
                 try:
@@ -46,10 +48,10 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
                 except OSError as e:
                     unwritten = e
         else:
-            summary = analyze_folder(folder, rank_map=rank_map)
+            summary = analyze_folder(path, rank_map=rank_map)
     manifest_path = folder / "manifest.json"
-    manifest = Manifest.model_validate_json(manifest_path.read_text()) if manifest_path.is_file() else None
-    memory = render_memory_section(*load_timelines(folder))
+    manifest = Manifest.model_validate_json(manifest_path.read_text()) if whole and manifest_path.is_file() else None
+    memory = render_memory_section(*load_timelines(folder)) if whole else ""
     if write and summary.ranks and unwritten is None:
         try:
             report = write_report(summary, out_dir / "report.html", manifest, memory, profile_folder=folder)
@@ -58,7 +60,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
     if args.json:
         emit_json({"summary": summary, "report": report, "merge": merge})
     else:
-        print_analysis(summary, report if report is not None else _existing_report(folder), manifest)
+        print_analysis(summary, report if report is not None else _existing_report(folder) if whole else None, manifest)
         if merge is not None:
             aligned = ", ".join(
                 f"rank {a.rank} {a.shift_us:+.1f} µs" + (f" {a.drift_ppm:+.0f} ppm" if a.drift_ppm else "")
@@ -67,7 +69,7 @@ def analyze_dir(folder: Path, args: argparse.Namespace, *, write: bool = True) -
             )
             print(f"merged: {out_dir / MERGED_TRACE_NAME}" + (f"; clock shifts: {aligned}" if aligned else ""))
     if not summary.ranks:
-        print(f"rayprof: no usable traces under {folder}", file=sys.stderr)
+        print(f"rayprof: no usable traces in {path}", file=sys.stderr)
         return EXIT_FAILED
     if unwritten is not None:
         print(

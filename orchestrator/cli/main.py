@@ -219,8 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("dir")
 
-    p = command("analyze", analyze_cmd.analyze, "analyse a folder of traces and write DIR/report.html", [output])
-    p.add_argument("dir", help="a downloaded profile or any folder of *.pt.trace.json[.gz]")
+    p = command("analyze", analyze_cmd.analyze, "analyse a folder of traces (or one trace file) and write report.html", [output])
+    p.add_argument("dir", help="a downloaded profile, any folder of *.pt.trace.json[.gz], or one trace file")
     p.add_argument(
         "--out", metavar="OUT", help="write report.html and merged.trace.json.gz here (created) instead of into DIR"
     )

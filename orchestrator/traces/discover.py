@@ -1,9 +1,11 @@
-"""Find the rank traces in a folder: rank -> file from each file's header alone.
+"""Find the rank traces in a folder (or one trace file): rank -> file from each file's header alone.
 
 A rank comes from ``distributedInfo.rank``, else from a ``rank<N>`` token in the
 file name. A file that names no rank at all (plain torch.profiler, the
 TensorBoard samples) is rank 0 when it is the folder's only trace, else takes
-the lowest free rank in file name order, with a note in ``issues``. A file whose
+the lowest free rank in file name order, with a note in ``issues``. Traces are
+``*.pt.trace.json[.gz]`` (torch.profiler's handler); a folder with none of those is
+read for JSON files that open like a Kineto trace (``export_chrome_trace("trace.json")``). A file whose
 rank is unreadable, contradicted by its name, or claimed by another file too is
 *rejected with a reason*: never replaced silently. Loading a rank is
 :mod:`orchestrator.traces.loader`'s job; merge and analysis share this step.
@@ -11,13 +13,15 @@ rank is unreadable, contradicted by its name, or claimed by another file too is
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.layout import TRACE_SUFFIXES, parse_trace_name, rank_in_name
+from orchestrator.layout import MERGED_TRACE_NAME, TRACE_SUFFIXES, parse_trace_name, rank_in_name
 from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.traces.stream import TraceParseError, read_header
 
@@ -46,6 +50,7 @@ class TraceSet(_Model):
     """The result of :func:`discover_traces`: accepted files sorted by rank, plus the rest."""
 
     folder: Path
+    """The folder read, or the one trace file given."""
     files: list[TraceFile]
     rejected: list[RejectedTrace]
     issues: list[str]
@@ -55,6 +60,30 @@ def _trace_folder(folder: Path) -> Path:
     # A profile folder keeps its traces in traces/; a plain folder holds them directly.
     sub = folder / "traces"
     return sub if sub.is_dir() else folder
+
+
+# A Kineto trace opens with schemaVersion (torch) or traceEvents within its first bytes, or is an array of events;
+# a manifest, a summary or a config is none of these. Only a folder without *.pt.trace.json[.gz] files is read this way.
+_SNIFF_BYTES = 65536
+
+
+def _opens_like_a_trace(path: Path) -> bool:
+    try:
+        with gzip.open(path) if path.name.endswith(".gz") else path.open("rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return False
+    # Chrome's array format: the file is the events.
+    return b'"traceEvents"' in head or b'"schemaVersion"' in head or (head.lstrip().startswith(b"[") and b'"ph"' in head)
+
+
+def _json_traces(folder: Path) -> tuple[list[Path], int]:
+    """The folder's other JSON files that open like a Kineto trace (rayprof's own merged trace aside), and how
+    many JSON files were looked at."""
+    candidates = sorted(
+        p for p in folder.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")) and p.name != MERGED_TRACE_NAME
+    )
+    return [p for p in candidates if _opens_like_a_trace(p)], len(candidates)
 
 
 def _inspect(path: Path) -> TraceFile | RejectedTrace:
@@ -105,16 +134,29 @@ def _gaps(present: list[int], world_size: int) -> str:
 
 
 def discover_traces(folder: Path) -> TraceSet:
-    """Map ranks to trace files in a profile folder (``traces/``) or a plain folder of traces.
+    """Map ranks to trace files in a profile folder (``traces/``), a plain folder of traces, or one trace file.
 
-    Files are ``*.pt.trace.json`` or ``*.pt.trace.json.gz``. Raises
-    ``FileNotFoundError`` when the folder does not exist; everything else is
+    Files are ``*.pt.trace.json`` or ``*.pt.trace.json.gz``; in a folder with none, JSON files that open like a
+    Kineto trace. Raises ``FileNotFoundError`` when ``folder`` is neither a folder nor a file; everything else is
     reported in the result.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no such folder: {folder}")
-    paths = sorted(p for p in _trace_folder(folder).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    issues: list[str] = []
+    if folder.is_file():
+        paths = [folder]
+    elif folder.is_dir():
+        paths = sorted(p for p in _trace_folder(folder).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+        if not paths:
+            paths, looked_at = _json_traces(_trace_folder(folder))
+            more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+            none = f", and none of its {looked_at} .json files opens like a Kineto trace" if looked_at else ""
+            issues.append(
+                f"read as traces (not named *.pt.trace.json): {', '.join(p.name for p in paths[:5])}{more}"
+                if paths
+                else f"no *.pt.trace.json[.gz] files in {_trace_folder(folder)}{none}"
+            )
+    else:
+        raise FileNotFoundError(f"no such file or folder: {folder}")
     by_rank: dict[int, list[TraceFile]] = defaultdict(list)
     rejected: list[RejectedTrace] = []
     unranked: list[TraceFile] = []
@@ -126,7 +168,6 @@ def discover_traces(folder: Path) -> TraceSet:
             unranked.append(result)
         else:
             by_rank[result.rank].append(result)
-    issues: list[str] = []
     if len(unranked) == 1 and not by_rank:
         by_rank[0].append(unranked[0].model_copy(update={"rank": 0, "rank_source": "lone file"}))
     elif unranked:
@@ -154,6 +195,4 @@ def discover_traces(folder: Path) -> TraceSet:
         present = sorted(tf.rank for tf in files if tf.rank < world_size)
         if len(present) < world_size:
             issues.append(f"no usable trace for rank(s) [{_gaps(present, world_size)}] of world_size {world_size}")
-    if not paths:
-        issues.append(f"no *.pt.trace.json[.gz] files in {_trace_folder(folder)}")
     return TraceSet(folder=folder, files=files, rejected=rejected, issues=issues)

@@ -317,6 +317,9 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                         out.memory_peaks[device] = args.total_allocated
         events_before += len(value)
     out.raw_bytes, out.events = reader.bytes_read, reader.events
+    if not reader.has_events:
+        keys = ", ".join(list(out.header)[:5])
+        raise TraceParseError(f"no traceEvents: not a Kineto trace (its keys: {keys or 'none'})")
     if spans and not (TIME_RANGE_US > max(map(_END, spans)) and min(map(_TS, spans)) > -TIME_RANGE_US):
         # JSON has no NaN or Infinity, but 1e308 is a number: refuse times no clock wrote.
         raise TraceParseError(f"timestamps beyond ±{TIME_RANGE_US:.0e} µs: not a trace any clock wrote")

@@ -133,6 +133,8 @@ class TraceReader:
         self.max_batch = max_batch
         self.bytes_read = 0
         self.events = 0
+        # A trace has its events: a bare array, or an object with traceEvents (a config or a manifest has neither).
+        self.has_events = False
 
     def __iter__(self) -> Iterator[KeyItem | BatchItem]:
         buffer: Buffer | None = None
@@ -150,6 +152,7 @@ class TraceReader:
     def _walk(self, buffer: Buffer) -> Iterator[KeyItem | BatchItem]:
         head = buffer.peek()
         if head == ord("["):
+            self.has_events = True
             if self.read_events:
                 yield from _events(buffer, self.element_type, self.max_batch)
             return
@@ -166,6 +169,7 @@ class TraceReader:
             if key == "traceEvents":
                 if buffer.peek() != ord("["):
                     raise TraceParseError(f"traceEvents is not an array (byte {buffer.offset()})")
+                self.has_events = True
                 if not self.read_events:
                     return
                 yield from _events(buffer, self.element_type, self.max_batch)
