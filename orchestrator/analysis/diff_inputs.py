@@ -60,7 +60,7 @@ def _complete(tables: dict[int, list[OpRow]], summary: Summary) -> dict[int, lis
 
 
 def load_folder(path: Path, label: str | None = None) -> DiffInput:
-    """A downloaded profile folder, or a folder of traces (analysed now)."""
+    """A downloaded profile folder, a folder of traces or one trace file (analysed now)."""
     from orchestrator.analysis.front import analyze_folder
 
     path = Path(path)

@@ -1,4 +1,4 @@
-"""``rayprof diff A B``: compare two profiles, each a profile id or a local folder."""
+"""``rayprof diff A B``: compare two profiles, each a profile id, a local folder or one trace file."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ __all__ = ["add_arguments", "diff"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``diff`` command's own arguments."""
-    parser.add_argument("a", metavar="A", help="the profile before the change: a profile id or a folder")
-    parser.add_argument("b", metavar="B", help="the profile after the change: a profile id or a folder")
+    parser.add_argument("a", metavar="A", help="the profile before the change: a profile id, a folder or a trace file")
+    parser.add_argument("b", metavar="B", help="the profile after the change: a profile id, a folder or a trace file")
     parser.add_argument("--html", metavar="FILE", help="also write the comparison as an HTML page")
 
 
 def _side(args: argparse.Namespace, source: str, tmp: Path) -> DiffInput:
     from orchestrator.analysis.diff_inputs import load_folder
 
-    if Path(source).is_dir():
+    if Path(source).exists():
         return load_folder(Path(source), label=source)
     # One side stored, one local: fetch the stored one (sha256 verified) and read it like a folder.
     folder = commands._client(args).get(source).download(tmp / source)
@@ -32,7 +32,7 @@ def _side(args: argparse.Namespace, source: str, tmp: Path) -> DiffInput:
 
 
 def _compute(args: argparse.Namespace) -> ProfileDiff:
-    if not Path(args.a).is_dir() and not Path(args.b).is_dir():
+    if not Path(args.a).exists() and not Path(args.b).exists():
         # Both stored: the service computes it, so the CLI needs no access to storage.
         return commands._client(args).diff(args.a, args.b)
     with tempfile.TemporaryDirectory(prefix="rayprof-diff-") as tmp:

@@ -1,6 +1,6 @@
-"""``rayprof analyze`` takes a trace as users have it: one file (``prof.export_chrome_trace("trace.json")``), or a
-folder of traces not named ``*.pt.trace.json``; and a JSON file that is not a trace is refused with its reason,
-never read as a rank that did nothing."""
+"""``rayprof analyze`` and ``rayprof diff`` take a trace as users have it: one file
+(``prof.export_chrome_trace("trace.json")``), or a folder of traces not named ``*.pt.trace.json``; and a JSON file
+that is not a trace is refused with its reason, never read as a rank that did nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from orchestrator.analysis import analyze_folder
 from orchestrator.cli.main import main
 from orchestrator.traces.discover import discover_traces
-from tests.support.tracefiles import case
+from tests.support.tracefiles import case, shared
 
 _TRACE = case("healthy") / "traces" / "rank0.vm.9327.pt.trace.json.gz"
 
@@ -100,3 +100,14 @@ def test_any_json_named_file_in_a_folder_is_read_refused_or_left_with_a_note_nev
     summary = analyze_folder(folder)
     assert len(summary.ranks) + len(summary.rejected) <= 1
     assert summary.ranks or summary.rejected or any("opens like a Kineto trace" in i for i in summary.issues)
+
+
+def test_two_trace_files_are_compared_like_two_folders(capsys):
+    # The H100 recordings of a DataLoader-bound step before and after its fix, as the files a user has.
+    before = shared("gpu-traces", "seed003_before", "rank0.pt.trace.json.gz")
+    after = shared("gpu-traces", "seed003_after", "rank0.pt.trace.json.gz")
+
+    assert main(["diff", str(before), str(after)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"A: {before}  (1 rank(s), steps [3, 4, 5, 6])")
+    assert "step time shrank by 38.79 ms per step" in out and "phase data shrank" in out
