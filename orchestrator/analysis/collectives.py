@@ -1,16 +1,16 @@
 """Which collectives a rank's main thread spends its communication time in, by name: the evidence the
 communication finding chooses its fix from (DDP's all-reduce and FSDP's all-gather / reduce-scatter want
-different changes)."""
+different changes), and what NCCL's send/recv kernels run when the kernels do not say."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 
-from orchestrator.analysis.spans import Kinds, is_comm
-from orchestrator.models.analysis import OpStat
+from orchestrator.analysis.spans import Kinds, collective_of, is_comm
+from orchestrator.models.analysis import CollectiveKind, OpStat
 
-__all__ = ["comm_ops", "regathers_per_step"]
+__all__ = ["comm_ops", "kernels_named_by_host", "regathers_per_step"]
 
 # FSDP2 names its regions after the module they serve: "FSDP::all_gather (layers.3)". One name per kind.
 _MODULE_SUFFIX = re.compile(r" \([^()]*\)$")
@@ -36,6 +36,21 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
         OpStat(name=name, calls=int(c), total_ms=us / 1000)
         for name, (c, us) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]
+
+
+def kernels_named_by_host(by_kernel: dict[CollectiveKind, float], ops: Sequence[OpStat]) -> dict[CollectiveKind, float]:
+    """Collective kernel ms by collective (``GpuStats.comm_by_collective``), NCCL's send/recv kernels told as the
+    all-to-all they run where the host's collectives (``ops``) are all-to-alls and none is a send or a receive.
+
+    NCCL runs an all-to-all as grouped sends and receives, and a trace before PyTorch 2.2 writes no collective name
+    on its kernels: HTA's 128-rank TorchRec trace has 198 ms of ``ncclKernel_SendRecv`` a step, all launched by
+    ``c10d::alltoall_base_`` (its embeddings' exchange), which read as a pipeline's sends."""
+    host = {collective_of(op.name) for op in ops}
+    if "send_recv" not in by_kernel or "all_to_all" not in host or "send_recv" in host:
+        return by_kernel
+    out = dict(by_kernel)
+    out["all_to_all"] = out.get("all_to_all", 0.0) + out.pop("send_recv")
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def regathers_per_step(main: Kinds, windows: Sequence[Window]) -> float:

@@ -8,6 +8,7 @@ from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoall_base_``)
 
 from __future__ import annotations
 
+from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.spans import collective_of
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
 
@@ -18,17 +19,18 @@ _ALL_REDUCE = (
     "tune DDP bucket_cap_mb so the first buckets start early, accumulate gradients under no_sync() across "
     "micro-batches, or compress gradients (DDP comm hooks, bf16)."
 )
-_ALL_TO_ALL = (
-    "The all-to-all moves tokens to their experts and back (expert parallelism) or embeddings to their shards, and "
-    "gradient bucketing does not touch it: split each batch into two micro-batches and run one's dispatch and combine "
-    "while the other computes (DualPipe, two-batch overlap); keep the expert-parallel group inside one node (NVLink) "
-    "where the experts fit; balance the routing (a load-balancing loss, a capacity factor) so no rank receives more "
-    "tokens than the rest; for sharded embeddings, TorchRec's TrainPipelineSparseDist runs the next batch's all-to-all "
-    "during this batch's compute."
+_EXPERTS = (
+    "The all-to-all moves tokens to their experts and back (expert parallelism), and gradient bucketing does not "
+    "touch it: split each batch into two micro-batches and run one's dispatch and combine while the other computes "
+    "(DualPipe, two-batch overlap); keep the expert-parallel group inside one node (NVLink) where the experts fit; "
+    "balance the routing (a load-balancing loss, a capacity factor) so no rank receives more tokens than the rest."
 )
-_NCCL_ALL_TO_ALL = (
-    " Here NCCL runs it as sends and receives (ncclKernel_SendRecv); for experts, DeepEP's dispatch and combine "
-    "kernels are built for this exchange."
+_NCCL_EXPERTS = " NCCL runs it here as sends and receives: DeepEP's dispatch and combine kernels are built for this exchange."
+_EMBEDDINGS = (
+    "The all-to-all exchanges sharded embeddings (FBGEMM's tables, TorchRec), and gradient bucketing does not touch "
+    "it: TorchRec's TrainPipelineSparseDist runs the next batch's input and embedding all-to-alls during this batch's "
+    "compute; table-row-wise sharding moves less of the exchange across nodes; quantized communication "
+    "(TorchRec's QCommsConfig, fp16 or bf16) halves the bytes."
 )
 _SEND_RECV = (
     "Point-to-point sends and receives are pipeline stages waiting for their neighbours (or an all-to-all the trace "
@@ -65,15 +67,22 @@ def by_collective_text(r: RankSummary) -> str:
     return f" Collective kernel time per step by collective: {parts}." if parts else ""
 
 
+def _embeddings(r: RankSummary) -> bool:
+    """The rank looks up sharded embedding tables (FBGEMM's ops or kernels): its all-to-all is theirs, not experts'."""
+    return any(op.name.startswith("fbgemm::") for op in r.top_ops) or any(kernel_kind(k.name) == "embedding" for k in r.top_kernels)
+
+
 def comm_fix(r: RankSummary) -> str:
     """The fix for the collective that leads the rank's communication (FSDP2's own, when its regions hold it)."""
     if (fsdp := fsdp_fix(r)) is not None:
         return fsdp
     # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
     lead = next((k for k in collective_ms(r) if k != "other"), "all_reduce")
+    if lead == "all_to_all" and _embeddings(r):
+        return _EMBEDDINGS
     if lead == "all_to_all":
         nccl = any(k.name.lower().startswith("nccl") and collective_of(k.name) == "send_recv" for k in r.top_kernels)
-        return _ALL_TO_ALL + (_NCCL_ALL_TO_ALL if nccl else "")
+        return _EXPERTS + (_NCCL_EXPERTS if nccl else "")
     if lead == "send_recv":
         return _SEND_RECV
     if lead in ("all_gather", "reduce_scatter"):

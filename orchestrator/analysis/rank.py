@@ -60,7 +60,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
-from orchestrator.analysis.collectives import comm_ops, regathers_per_step
+from orchestrator.analysis.collectives import comm_ops, kernels_named_by_host, regathers_per_step
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
@@ -335,6 +335,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
+    collectives = comm_ops(main_kinds, windows)
+    if gpu_stats is not None:
+        named = kernels_named_by_host(gpu_stats.comm_by_collective, collectives)
+        gpu_stats = gpu_stats.model_copy(update={"comm_by_collective": named})
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host,
@@ -348,7 +352,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         comm_wait_ms=comm_wait,
         data_loader=loader_class(main_kinds),
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
-        comm_ops=comm_ops(main_kinds, windows), regathers_per_step=regathers_per_step(main_kinds, windows),
+        comm_ops=collectives, regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],

@@ -129,9 +129,38 @@ def test_an_exposed_all_to_all_is_told_to_overlap_it_with_another_micro_batch_no
     found = _exposed(tmp_path, name, written)
     assert "Collective kernel time per step by collective: all-to-all 0.5 ms." in found.evidence
     assert found.fix.startswith("The all-to-all moves tokens to their experts and back")
-    assert "two micro-batches" in found.fix and "TrainPipelineSparseDist" in found.fix
-    assert "bucket_cap_mb" not in found.fix
+    assert "two micro-batches" in found.fix and "bucket_cap_mb" not in found.fix
     assert ("DeepEP's dispatch and combine kernels are built for this exchange" in found.fix) is nccl_note
+
+
+def _sends_under(tmp_path: Path, host_op: str, compute: str = "volta_sgemm_128x64_nn") -> Finding:
+    """The comm finding for NCCL's send/recv kernel with no collective name written on it, launched inside
+    ``host_op`` on the main thread, after 0.3 ms of ``compute``."""
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        launch(0, 1, dur=2),
+        kernel(5, 295, 1, name=compute),
+        x_event(host_op, 2, 10),
+        launch(3, 2, dur=2),
+        _collective(300, 500, 2, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", None),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return finding(analyze_folder(tmp_path), "comm_exposed")
+
+
+def test_send_recv_kernels_an_all_to_all_launched_are_told_as_the_all_to_all_of_sharded_embeddings(tmp_path: Path) -> None:
+    # HTA's 128-rank TorchRec trace (not shared): 198 ms of ncclKernel_SendRecv a step under c10d::alltoall_base_,
+    # no collective name on the kernels (PyTorch before 2.2). Before: told a pipeline's schedule.
+    found = _sends_under(tmp_path, "c10d::alltoall_base_", compute="void split_embedding_codegen_forward_unweighted_kernel<float>(x)")
+    assert "by collective: all-to-all 0.5 ms." in found.evidence
+    assert found.fix.startswith("The all-to-all exchanges sharded embeddings") and "TrainPipelineSparseDist" in found.fix
+    assert "pipeline's bubble" not in found.fix
+
+
+def test_send_recv_kernels_of_a_host_that_sends_stay_sends(tmp_path: Path) -> None:
+    found = _sends_under(tmp_path, "c10d::send")
+    assert "by collective: send/recv 0.5 ms." in found.evidence
+    assert found.fix.startswith("Point-to-point sends and receives")
 
 
 def test_exposed_sends_and_receives_are_told_the_pipelines_schedule(tmp_path: Path) -> None:
