@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from orchestrator.analysis.finding_base import first_use_examples
+from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
@@ -207,11 +208,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             return f"Kernels are launched no faster than they run ({figure} of launch-bound idle): the same changes cut it."
         return f"The host's own time in {cause.name} leaves the device idle {figure}: the same changes cut it."
     if cause.kind == "optimizer":
-        return (
-            f"The optimizer's host time leaves the device idle {figure}: use a fused or foreach optimizer "
-            "(e.g. torch.optim.AdamW(params, fused=True), or foreach=True), which launches a few kernels for all "
-            "parameters instead of several per parameter, and zero_grad(set_to_none=True); or torch.compile the optimizer step."
-        )
+        return optimizer_fix(r, figure)
     if cause.kind == "region":
         trip = round_trips(r).get(cause.name)
         if trip is not None:

@@ -23,9 +23,10 @@ from typing import Literal
 
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, union
 from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optimizer
+from orchestrator.models.analysis import OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["nested_phases", "top_level_ops"]
+__all__ = ["nested_phases", "optimizer_impl", "top_level_ops"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -116,3 +117,17 @@ def top_level_ops(main: list[Span], intervals: Intervals) -> int:
         if i < len(intervals) and intervals[i][0] <= s.ts:
             count, end = count + 1, s.end
     return count
+
+
+def optimizer_impl(main: Kinds, intervals: Intervals) -> OptimizerImpl | None:
+    """How the optimizer steps in ``intervals`` (its own time) update the parameters, from the ops they run: torch's
+    fused kernels (``aten::_fused_adam_``), its foreach ops (``aten::_foreach_mul_``), or neither (per parameter, or
+    an optimizer of its own). None where no optimizer ran."""
+    if not intervals:
+        return None
+    seen = {
+        "fused" if name.startswith("aten::_fused_") else "foreach"
+        for (name, cat), group in main.items()
+        if cat == "cpu_op" and name.startswith(("aten::_fused_", "aten::_foreach_")) and any(clip(intervals, s.ts, s.end) for s in group)
+    }
+    return "fused" if "fused" in seen else "foreach" if "foreach" in seen else "per_parameter"

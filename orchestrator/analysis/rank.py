@@ -65,7 +65,7 @@ from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
-from orchestrator.analysis.phases import nested_phases, top_level_ops
+from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
 from orchestrator.analysis.python_frames import user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
@@ -336,6 +336,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     collectives = comm_ops(main_kinds, windows)
+    own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
     if gpu_stats is not None:
         named = kernels_named_by_host(gpu_stats.comm_by_collective, collectives)
         gpu_stats = gpu_stats.model_copy(update={"comm_by_collective": named})
@@ -362,9 +363,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
+        optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
-        optimizer_ops=0.0 if device_spans else
-        top_level_ops(main, [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]) / max(len(windows), 1),
+        optimizer_ops=0.0 if device_spans else top_level_ops(main, own_optimizer) / max(len(windows), 1),
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "IdleShare",
     "MemoryPeak",
     "OpStat",
+    "OptimizerImpl",
     "Phase",
     "PhaseTimes",
     "ProcessGroupComm",
@@ -49,6 +50,9 @@ COLLECTIVE_LABELS: dict[CollectiveKind, str] = {
     "broadcast": "broadcast",
     "other": "unnamed",
 }
+
+# How an optimizer step updates the parameters, from the ops it runs (torch's fused kernels, its foreach ops, or neither).
+OptimizerImpl = Literal["fused", "foreach", "per_parameter"]
 
 
 IdleCause = Literal[
@@ -295,6 +299,11 @@ class RankSummary(_Model):
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(
         default_factory=list, description="Process groups of the collective kernels (device traces that name them)."
+    )
+    optimizer_impl: OptimizerImpl | None = Field(
+        default=None,
+        description="How the optimizer steps update the parameters: torch's fused kernels (aten::_fused_adam_), its "
+        "foreach ops, or neither (per parameter, or an optimizer of its own); None where no optimizer step ran.",
     )
     optimizer_ops: float = Field(
         default=0.0,

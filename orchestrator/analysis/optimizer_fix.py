@@ -1,0 +1,68 @@
+"""The change that cuts an optimizer step's host time, chosen by what the trace shows the step is: which optimizer
+classes the device idled in (``Optimizer.step#Adam.step``) and how they update the parameters
+(:attr:`RankSummary.optimizer_impl`). ``fused=True`` is the change for a foreach Adam (torch's default on a GPU),
+``foreach=True`` for a per-parameter RMSprop, and neither exists for an optimizer torch.optim does not ship
+(Shampoo, an EMA wrapper), where telling ``AdamW(fused=True)`` names no change at all."""
+
+from __future__ import annotations
+
+import re
+
+from orchestrator.models.analysis import RankSummary
+
+__all__ = ["optimizer_fix"]
+
+# torch.optim's classes with a fused implementation (fused=True: one kernel launch per parameter group, on CUDA and
+# ROCm and, since PyTorch 2.4, on CPU), and those with foreach only (a few multi-tensor ops for all parameters).
+_FUSED = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
+_FOREACH = frozenset({"Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"})
+_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+_FUSED_ON = frozenset({"cuda", "rocm", "cpu"})
+
+
+def _classes(r: RankSummary) -> list[str]:
+    """The optimizer classes whose steps the device idled in, in order of their idle time."""
+    if r.idle is None:
+        return []
+    regions = [o for c in r.idle.causes if c.cause in ("cpu", "launch") for o in c.regions]
+    found = [m.group(1) for o in sorted(regions, key=lambda o: -o.total_ms) if (m := _STEP.match(o.name))]
+    return list(dict.fromkeys(found))
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+
+
+def optimizer_fix(r: RankSummary, figure: str) -> str:
+    """The fix for ``figure`` of device idle time in ``r``'s optimizer steps."""
+    classes, impl = _classes(r), r.optimizer_impl
+    head = f"The optimizer's host time leaves the device idle {figure}"
+    if not classes:
+        return (
+            f"{head}: use a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True), or foreach=True), "
+            "which launches a few kernels for all parameters instead of several per parameter, and "
+            "zero_grad(set_to_none=True); or torch.compile the optimizer step."
+        )
+    changes = []
+    fusable = [c for c in classes if c in _FUSED]
+    if fusable and impl != "fused":
+        runs = "its foreach ops" if impl == "foreach" else "its ops per parameter"
+        changes.append(
+            f"pass fused=True to {_listed(fusable)} (torch.optim.{fusable[0]}(params, fused=True)): one kernel launch per "
+            f"parameter group in place of {runs}" + ("" if r.device in _FUSED_ON else ", where the device has fused kernels")
+        )
+    foreach = [c for c in classes if c in _FOREACH]
+    if foreach and impl == "per_parameter":
+        changes.append(f"pass foreach=True to {_listed(foreach)}: a few multi-tensor ops for all parameters")
+    others = [c for c in classes if c not in _FUSED and c not in _FOREACH]
+    if others:
+        changes.append(
+            f"{_listed([f'{c}.step' for c in others])} {'is' if len(others) == 1 else 'are'} not torch.optim's, so "
+            f"fused=True does not exist for {'it' if len(others) == 1 else 'them'}: torch.compile the step "
+            "(torch.compile(optimizer.step)) to fuse its per-parameter ops, or use the library's own fused or foreach "
+            "variant where it has one"
+        )
+    if not changes:
+        # torch's own and fused already: what is left is the Python around its kernels.
+        changes.append("the step is fused already: torch.compile it, or make fewer steps (gradient accumulation, a larger batch)")
+    return f"{head} ({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)."
