@@ -309,7 +309,7 @@ def download(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    if Path(args.source).is_dir():
+    if Path(args.source).exists():
         return analyze_dir(Path(args.source), args)
     handle = _client(args).get(args.source)
     manifest = handle.manifest()

@@ -225,8 +225,8 @@ def _parser() -> argparse.ArgumentParser:
         "--out", metavar="OUT", help="write report.html and merged.trace.json.gz here (created) instead of into DIR"
     )
 
-    p = command("report", cmd.report, "report on a profile id (downloads it) or a folder of traces", [connection])
-    p.add_argument("source", metavar="ID|DIR")
+    p = command("report", cmd.report, "report on a profile id (downloads it), a folder of traces or a trace file", [connection])
+    p.add_argument("source", metavar="ID|PATH")
     p.add_argument("--dest", help="where to download a profile id (default: a new temp folder)")
 
     p = command("diff", diff_cmd.diff, "compare two profiles (ids or folders): what changed, and is it noise", [connection])

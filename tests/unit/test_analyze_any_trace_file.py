@@ -111,3 +111,11 @@ def test_two_trace_files_are_compared_like_two_folders(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"A: {before}  (1 rank(s), steps [3, 4, 5, 6])")
     assert "step time shrank by 38.79 ms per step" in out and "phase data shrank" in out
+
+
+def test_report_of_a_trace_file_analyses_it_without_asking_the_service(tmp_path, capsys):
+    trace = _export(tmp_path / "run")
+
+    assert main(["report", str(trace)]) == 0
+    assert capsys.readouterr().out.startswith(f"{trace}: 1 rank(s)")
+    assert (tmp_path / "run" / "report.html").is_file()
