@@ -54,7 +54,9 @@ def optimizer_fix(r: RankSummary, figure: str) -> str:
     foreach = [c for c in classes if c in _FOREACH]
     if foreach and impl == "per_parameter":
         changes.append(f"pass foreach=True to {_listed(foreach)}: a few multi-tensor ops for all parameters")
-    others = [c for c in classes if c not in _FUSED and c not in _FOREACH]
+    # Apex's, DeepSpeed's and Transformer Engine's FusedAdam / FusedLAMB: fused by their own multi-tensor kernels.
+    library_fused = [c for c in classes if c.startswith("Fused")]
+    others = [c for c in classes if c not in _FUSED and c not in _FOREACH and c not in library_fused]
     if others:
         changes.append(
             f"{_listed([f'{c}.step' for c in others])} {'is' if len(others) == 1 else 'are'} not torch.optim's, so "
@@ -63,6 +65,10 @@ def optimizer_fix(r: RankSummary, figure: str) -> str:
             "variant where it has one"
         )
     if not changes:
-        # torch's own and fused already: what is left is the Python around its kernels.
-        changes.append("the step is fused already: torch.compile it, or make fewer steps (gradient accumulation, a larger batch)")
+        # Fused already (torch's fused=True, a library's FusedAdam): what is left is the Python around its kernels.
+        steps = _listed([f"{c}.step" for c in library_fused]) if library_fused else "the step"
+        changes.append(
+            f"{steps} {'are' if len(library_fused) > 1 else 'is'} fused already: torch.compile it, or make fewer steps "
+            "(gradient accumulation, a larger batch)"
+        )
     return f"{head} ({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)."

@@ -71,6 +71,13 @@ def test_a_fused_adamw_is_told_what_is_left_not_fused_again(tmp_path: Path) -> N
     assert "pass fused=True" not in fix
 
 
+def test_a_librarys_fused_adam_is_told_it_is_fused_already_not_that_torch_lacks_it(tmp_path: Path) -> None:
+    # HTA's rank_unavailable trace steps DeepSpeed's / Apex's FusedAdam (multi_tensor_apply kernels, no aten::_fused_ op).
+    fix = _optimizer_idle(tmp_path, "FusedAdam", ["aten::add_"]).fix
+    assert "(FusedAdam): FusedAdam.step is fused already: torch.compile it, or make fewer steps" in fix
+    assert "not torch.optim's" not in fix and "pass fused=True" not in fix
+
+
 @pytest.mark.parametrize(("ops", "impl"), [(["aten::_foreach_mul_"], "foreach"), (["aten::_fused_adam_", "aten::_foreach_add_"], "fused"), (["aten::add_"], "per_parameter")])
 def test_how_the_step_updates_the_parameters_is_read_from_the_ops_inside_it(tmp_path: Path, ops: list[str], impl: str) -> None:
     _optimizer_idle(tmp_path, "Adam", ops)
