@@ -13,6 +13,9 @@ forward and backward; only the optimizer's own remainder is optimizer time.
   ``Optimizer.step`` spends before the first backward inside it (the closure's
   model and loss, which need carry no marker);
 * optimizer: ``Optimizer.step`` / ``zero_grad`` where neither of the above holds.
+
+Within the optimizer's own time, the ops it runs say how it updates the parameters (:func:`top_level_ops`,
+:func:`optimizer_impl`), which decides its fix.
 """
 
 from __future__ import annotations
@@ -119,6 +122,10 @@ def top_level_ops(main: list[Span], intervals: Intervals) -> int:
     return count
 
 
+# torch.optim's fused steps (fused=True); other aten::_fused_ ops (dropout, SDPA's choice) are no optimizer's.
+_FUSED_STEPS = ("aten::_fused_adam", "aten::_fused_sgd", "aten::_fused_adagrad")
+
+
 def optimizer_impl(main: Kinds, intervals: Intervals) -> OptimizerImpl | None:
     """How the optimizer steps in ``intervals`` (its own time) update the parameters, from the ops they run: torch's
     fused kernels (``aten::_fused_adam_``), its foreach ops (``aten::_foreach_mul_``), or neither (per parameter, or
@@ -126,8 +133,8 @@ def optimizer_impl(main: Kinds, intervals: Intervals) -> OptimizerImpl | None:
     if not intervals:
         return None
     seen = {
-        "fused" if name.startswith("aten::_fused_") else "foreach"
+        "fused" if name.startswith(_FUSED_STEPS) else "foreach"
         for (name, cat), group in main.items()
-        if cat == "cpu_op" and name.startswith(("aten::_fused_", "aten::_foreach_")) and any(clip(intervals, s.ts, s.end) for s in group)
+        if cat == "cpu_op" and name.startswith((*_FUSED_STEPS, "aten::_foreach_")) and any(clip(intervals, s.ts, s.end) for s in group)
     }
     return "fused" if "fused" in seen else "foreach" if "foreach" in seen else "per_parameter"
