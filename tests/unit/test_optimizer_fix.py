@@ -78,7 +78,15 @@ def test_a_librarys_fused_adam_is_told_it_is_fused_already_not_that_torch_lacks_
     assert "not torch.optim's" not in fix and "pass fused=True" not in fix
 
 
-@pytest.mark.parametrize(("ops", "impl"), [(["aten::_foreach_mul_"], "foreach"), (["aten::_fused_adam_", "aten::_foreach_add_"], "fused"), (["aten::add_"], "per_parameter")])
+@pytest.mark.parametrize(
+    ("ops", "impl"),
+    [
+        (["aten::_foreach_mul_"], "foreach"),
+        (["aten::_fused_adam_", "aten::_foreach_add_"], "fused"),
+        (["aten::add_"], "per_parameter"),
+        (["aten::_fused_dropout", "aten::add_"], "per_parameter"),  # a fused op that is no optimizer's
+    ],
+)
 def test_how_the_step_updates_the_parameters_is_read_from_the_ops_inside_it(tmp_path: Path, ops: list[str], impl: str) -> None:
     _optimizer_idle(tmp_path, "Adam", ops)
     (rank,) = analyze_folder(tmp_path).ranks
