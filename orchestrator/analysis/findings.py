@@ -37,6 +37,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_link
+from orchestrator.analysis.optimizer_fix import optimizer_changes
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
@@ -136,9 +137,12 @@ def optimizer_host(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Find
             f"per-op overhead, not arithmetic. Found on {ranks_text(hit)}."
         ),
         fix=(
-            "Update all parameters in a few ops: a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True), "
-            "on CPU and GPU, or foreach=True), zero_grad(set_to_none=True), or torch.compile the optimizer step; "
-            "fewer, larger parameters (one wide layer rather than many tiny ones) help likewise."
+            f"Update all parameters in a few ops {changes} Fewer, larger parameters (one wide layer rather than many "
+            "tiny ones) help likewise."
+            if (changes := optimizer_changes(worst)) is not None
+            else "Update all parameters in a few ops: a fused or foreach optimizer (e.g. torch.optim.AdamW(params, "
+            "fused=True), on CPU and GPU, or foreach=True), zero_grad(set_to_none=True), or torch.compile the optimizer "
+            "step; fewer, larger parameters (one wide layer rather than many tiny ones) help likewise."
         ),
         ranks=[r.rank for r in hit],
     )

@@ -1,48 +1,32 @@
 """The change that cuts an optimizer step's host time, chosen by what the trace shows the step is: which optimizer
-classes the device idled in (``Optimizer.step#Adam.step``) and how they update the parameters
+classes the trace steps (:attr:`RankSummary.optimizers`) and how they update the parameters
 (:attr:`RankSummary.optimizer_impl`). ``fused=True`` is the change for a foreach Adam (torch's default on a GPU),
 ``foreach=True`` for a per-parameter RMSprop, and neither exists for an optimizer torch.optim does not ship
 (Shampoo, an EMA wrapper), where telling ``AdamW(fused=True)`` names no change at all."""
 
 from __future__ import annotations
 
-import re
-
 from orchestrator.models.analysis import RankSummary
 
-__all__ = ["optimizer_fix"]
+__all__ = ["optimizer_changes", "optimizer_fix"]
 
 # torch.optim's classes with a fused implementation (fused=True: one kernel launch per parameter group, on CUDA and
 # ROCm and, since PyTorch 2.4, on CPU), and those with foreach only (a few multi-tensor ops for all parameters).
 _FUSED = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 _FOREACH = frozenset({"Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"})
-_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 _FUSED_ON = frozenset({"cuda", "rocm", "cpu"})
-
-
-def _classes(r: RankSummary) -> list[str]:
-    """The optimizer classes whose steps the device idled in, in order of their idle time."""
-    if r.idle is None:
-        return []
-    regions = [o for c in r.idle.causes if c.cause in ("cpu", "launch") for o in c.regions]
-    found = [m.group(1) for o in sorted(regions, key=lambda o: -o.total_ms) if (m := _STEP.match(o.name))]
-    return list(dict.fromkeys(found))
 
 
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
-def optimizer_fix(r: RankSummary, figure: str) -> str:
-    """The fix for ``figure`` of device idle time in ``r``'s optimizer steps."""
-    classes, impl = _classes(r), r.optimizer_impl
-    head = f"The optimizer's host time leaves the device idle {figure}"
+def optimizer_changes(r: RankSummary) -> str | None:
+    """The changes for ``r``'s optimizer steps, by their classes (:attr:`RankSummary.optimizers`) and how they update
+    the parameters; None where the trace names no optimizer class."""
+    classes, impl = r.optimizers, r.optimizer_impl
     if not classes:
-        return (
-            f"{head}: use a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True), or foreach=True), "
-            "which launches a few kernels for all parameters instead of several per parameter, and "
-            "zero_grad(set_to_none=True); or torch.compile the optimizer step."
-        )
+        return None
     changes = []
     fusable = [c for c in classes if c in _FUSED]
     if fusable and impl != "fused":
@@ -71,4 +55,17 @@ def optimizer_fix(r: RankSummary, figure: str) -> str:
             f"{steps} {'are' if len(library_fused) > 1 else 'is'} fused already: torch.compile it, or make fewer steps "
             "(gradient accumulation, a larger batch)"
         )
-    return f"{head} ({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)."
+    return f"({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)."
+
+
+def optimizer_fix(r: RankSummary, figure: str) -> str:
+    """The fix for ``figure`` of device idle time in ``r``'s optimizer steps."""
+    head = f"The optimizer's host time leaves the device idle {figure}"
+    changes = optimizer_changes(r)
+    if changes is not None:
+        return f"{head} {changes}"
+    return (
+        f"{head}: use a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True), or foreach=True), "
+        "which launches a few kernels for all parameters instead of several per parameter, and "
+        "zero_grad(set_to_none=True); or torch.compile the optimizer step."
+    )

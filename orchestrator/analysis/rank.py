@@ -87,7 +87,7 @@ from orchestrator.analysis.spans import (
     regions_within,
     where,
 )
-from orchestrator.analysis.step_content import describe_step, loader_class
+from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
@@ -363,7 +363,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
-        optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
+        optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
         optimizer_ops=0.0 if device_spans else top_level_ops(main, own_optimizer) / max(len(windows), 1),
     )

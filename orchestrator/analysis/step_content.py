@@ -31,7 +31,7 @@ from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 from orchestrator.traces.loader import Span
 
-__all__ = ["describe_step", "loader_class", "one_step"]
+__all__ = ["describe_step", "loader_class", "one_step", "optimizer_classes"]
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
@@ -112,6 +112,15 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | Non
     if any(model_counts):
         parts.append(phrase(typical(model_counts)))
     return _ONE_STEP + "; ".join(parts)
+
+
+def optimizer_classes(kinds: Kinds, windows: list[tuple[float, float]]) -> list[str]:
+    """The optimizer classes stepped in ``windows`` (``Adam`` of ``Optimizer.step#Adam.step``), wrapped ones included
+    (TorchRec's ``CombinedOptimizer`` steps an ``Adam``), in the order of their first step: what the optimizer's
+    fix is chosen by."""
+    steps = sorted((s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group), key=lambda s: s.ts)
+    inside = (s for s in steps if any(t0 <= s.ts < t1 for t0, t1 in windows))
+    return list(dict.fromkeys(s.name.removeprefix(_OPTIMIZER_STEP).removesuffix(".step") for s in inside))
 
 
 def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:

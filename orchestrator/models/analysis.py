@@ -300,6 +300,11 @@ class RankSummary(_Model):
     process_groups: list[ProcessGroupComm] = Field(
         default_factory=list, description="Process groups of the collective kernels (device traces that name them)."
     )
+    optimizers: list[str] = Field(
+        default_factory=list,
+        description="The optimizer classes stepped in the analysed steps ('Adam' of Optimizer.step#Adam.step), wrapped "
+        "ones included, in the order of their first step.",
+    )
     optimizer_impl: OptimizerImpl | None = Field(
         default=None,
         description="How the optimizer steps update the parameters: torch's fused kernels (aten::_fused_adam_), its "

@@ -98,3 +98,11 @@ def test_foreach_ops_outside_the_step_do_not_make_it_foreach(tmp_path: Path) -> 
     _optimizer_idle(tmp_path, "Adam", ["aten::add_"], before=[x_event("aten::_foreach_norm", 250, 40)])
     (rank,) = analyze_folder(tmp_path).ranks
     assert rank.optimizer_impl == "per_parameter"
+
+
+def test_the_optimizer_classes_are_read_from_the_steps_wrapped_ones_included() -> None:
+    # TorchRec's CombinedOptimizer steps a dense Adam inside its own step (HTA's MTIA trace).
+    (rank,) = external("hta_mtia_single_rank").ranks
+    assert rank.optimizers == ["CombinedOptimizer", "Adam"]
+    fix = external("hta_mtia_single_rank").findings[0].fix
+    assert "(CombinedOptimizer and Adam): pass fused=True to Adam" in fix and "where the device has fused kernels" in fix
