@@ -92,11 +92,11 @@ _COMPILED_HOST = ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled Region"
 # HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it, and the libraries that move
 # data between GPUs with kernels of their own, which HTA counts as compute: they wait for peers like NCCL's do, so tuning
 # them as compute is the wrong fix (DeepSeek's public DeepEP training step: dispatch/combine 98 ms of kernel time in a 112 ms step).
+_DEEP_EP = r"(\b|_)ep::(intra|inter)node(_ll)?::"  # DeepEP's expert-parallel dispatch/combine (deep_ep::internode::combine)
+_CUSTOM_ALL_REDUCE = r"cross_device_reduce"  # vLLM's and SGLang's
 _COMM_KERNEL = re.compile(
-    r"^(nccl|rccl)"
-    r"|(\b|_)ep::(intra|inter)node(_ll)?::"  # DeepEP's expert-parallel dispatch/combine (deep_ep::internode::combine)
+    rf"^(nccl|rccl)|{_DEEP_EP}|{_CUSTOM_ALL_REDUCE}"
     r"|\bmultimem_|\b(one|two)_shot_all_reduce|symmetric_memory::"  # torch's symmetric-memory collectives
-    r"|cross_device_reduce"  # vLLM's and SGLang's custom all-reduce
     r"|userbuffers|nvshmem|mscclpp",  # Transformer Engine's comm/GEMM overlap, NVSHMEM, MSCCL++
     re.IGNORECASE,
 )
@@ -236,8 +236,8 @@ def is_comm_kernel(span: Span) -> bool:
     return span.cat == "kernel" and is_comm_kernel_name(span.name)
 
 
-# Asked once per device span (idle.py), of a few hundred distinct names up to kilobytes long (C++ templates), where an
-# unanchored search with many alternatives costs ~50 µs: the answer per name is kept (3x the analysis time before).
+# Asked once per device span (idle.py), of a few hundred distinct names up to kilobytes long (C++ templates), where the
+# unanchored search costs ~50 µs: the answer per name is kept (searched every time, it tripled a rank's analysis time).
 @functools.lru_cache(maxsize=8192)
 def is_comm_kernel_name(name: str) -> bool:
     """A kernel name that is a collective's: it runs beside compute and waits for peers, no kernel to tune."""
@@ -248,10 +248,10 @@ def is_comm_kernel_name(name: str) -> bool:
 # all_to_allv, send) or else its own name (ncclKernel_AllReduce_RING_LL, DeepEP's internode::combine). First match
 # wins: NCCL runs an all-to-all as sends and receives, so the written name is asked before the kernel's.
 _COLLECTIVES: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = (
-    ("all_to_all", re.compile(r"all_?to_?all|(\b|_)ep::(intra|inter)node", re.IGNORECASE)),
+    ("all_to_all", re.compile(rf"all_?to_?all|{_DEEP_EP}", re.IGNORECASE)),
     ("reduce_scatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
     ("all_gather", re.compile(r"all_?gather", re.IGNORECASE)),
-    ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce", re.IGNORECASE)),
+    ("all_reduce", re.compile(rf"all_?reduce|{_CUSTOM_ALL_REDUCE}", re.IGNORECASE)),
     ("send_recv", re.compile(r"send|recv", re.IGNORECASE)),
     ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
 )

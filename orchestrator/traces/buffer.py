@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
-from isal import igzip
+from isal import igzip, isal_zlib
 
 __all__ = [
     "FIRST_BATCH_BYTES",
     "MAX_BATCH_BYTES",
     "MAX_VALUE_BYTES",
+    "READ_ERRORS",
     "Buffer",
     "Refused",
     "TraceParseError",
@@ -42,6 +43,8 @@ MAX_VALUE_BYTES = 32 << 20
 FIRST_BATCH_BYTES = 64 << 10
 MAX_BATCH_BYTES = 1 << 20
 _EXACT_WINDOW = 64 << 10
+# What reading a damaged or truncated file raises: igzip's BadGzipFile (an OSError), EOFError or IsalError.
+READ_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, isal_zlib.error)
 
 _CUT = re.compile(rb"\}[ \t\r\n]*([,\]])")
 _NON_WS = re.compile(rb"[^ \t\r\n]")

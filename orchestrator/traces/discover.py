@@ -13,8 +13,6 @@ rank is unreadable, contradicted by its name, or claimed by another file too is
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
@@ -23,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.layout import MERGED_TRACE_NAME, TRACE_SUFFIXES, parse_trace_name, rank_in_name
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.traces.buffer import READ_ERRORS, open_binary
 from orchestrator.traces.stream import TraceParseError, read_header
 
 __all__ = ["RankSource", "RejectedTrace", "TraceFile", "TraceSet", "discover_traces"]
@@ -69,9 +68,9 @@ _SNIFF_BYTES = 65536
 
 def _opens_like_a_trace(path: Path) -> bool:
     try:
-        with gzip.open(path) if path.name.endswith(".gz") else path.open("rb") as f:
+        with open_binary(path) as f:
             head = f.read(_SNIFF_BYTES)
-    except (OSError, EOFError, zlib.error):
+    except READ_ERRORS:
         return False
     # Chrome's array format: the file is the events.
     return b'"traceEvents"' in head or b'"schemaVersion"' in head or (head.lstrip().startswith(b"[") and b'"ph"' in head)

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-from isal import isal_zlib
 
 from orchestrator.traces.buffer import (
     FIRST_BATCH_BYTES,
     MAX_BATCH_BYTES,
     MAX_VALUE_BYTES,
+    READ_ERRORS,
     Buffer,
     Refused,
     TraceParseError,
@@ -142,8 +142,7 @@ class TraceReader:
             with open_binary(self.path) as stream:
                 buffer = Buffer(stream, self.limit)
                 yield from self._walk(buffer)
-        except (OSError, EOFError, isal_zlib.error) as exc:
-            # igzip raises BadGzipFile (an OSError), EOFError or IsalError on damaged or truncated members.
+        except READ_ERRORS as exc:
             raise TraceParseError(f"{type(exc).__name__}: {exc}") from None
         finally:
             if buffer is not None:
