@@ -1,21 +1,25 @@
 """Which collectives a rank's main thread spends its communication time in, by name: the evidence the
 communication finding chooses its fix from (DDP's all-reduce and FSDP's all-gather / reduce-scatter want
-different changes), and what NCCL's send/recv kernels run when the kernels do not say."""
+different changes), and what each collective kernel runs when the kernel does not say."""
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orchestrator.analysis.spans import Kinds, collective_of, is_comm
 from orchestrator.models.analysis import CollectiveKind, OpStat
+from orchestrator.traces.loader import Span
 
-__all__ = ["comm_ops", "kernels_named_by_host", "regathers_per_step"]
+__all__ = ["comm_ops", "launched_by", "regathers_per_step"]
 
 # FSDP2 names its regions after the module they serve: "FSDP::all_gather (layers.3)". One name per kind.
 _MODULE_SUFFIX = re.compile(r" \([^()]*\)$")
 _GATHER = "FSDP::all_gather"
 Window = tuple[float, float]
+Thread = tuple[object, object]
+Launch = tuple[float, float, Thread]  # a runtime call's start, end and thread
 
 
 def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
@@ -38,19 +42,35 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
     ]
 
 
-def kernels_named_by_host(by_kernel: dict[CollectiveKind, float], ops: Sequence[OpStat]) -> dict[CollectiveKind, float]:
-    """Collective kernel ms by collective (``GpuStats.comm_by_collective``), NCCL's send/recv kernels told as the
-    all-to-all they run where the host's collectives (``ops``) are all-to-alls and none is a send or a receive.
+def launched_by(kernels: Sequence[Span], launches: Mapping[int, Launch], kinds: Mapping[Thread, Kinds]) -> dict[int, CollectiveKind]:
+    """Correlation id -> the collective of the innermost host collective (``c10d::allreduce_``, ``nccl:all_to_all``,
+    ``FSDP::all_gather``) around the runtime call that launched each of ``kernels``, on whichever thread made it
+    (DDP all-reduces from the autograd thread). ``launches``: correlation id -> (start, end, thread) of the call.
 
-    NCCL runs an all-to-all as grouped sends and receives, and a trace before PyTorch 2.2 writes no collective name
-    on its kernels: HTA's 128-rank TorchRec trace has 198 ms of ``ncclKernel_SendRecv`` a step, all launched by
-    ``c10d::alltoall_base_`` (its embeddings' exchange), which read as a pipeline's sends."""
-    host = {collective_of(op.name) for op in ops}
-    if "send_recv" not in by_kernel or "all_to_all" not in host or "send_recv" in host:
-        return by_kernel
-    out = dict(by_kernel)
-    out["all_to_all"] = out.get("all_to_all", 0.0) + out.pop("send_recv")
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    The host's call says what a kernel runs where the kernel cannot: a trace before PyTorch 2.2 writes no collective
+    name on it, and NCCL's generic kernel carries a send/recv name whatever it runs."""
+    named: dict[Thread, tuple[list[float], list[tuple[float, CollectiveKind]], float]] = {}
+    out: dict[int, CollectiveKind] = {}
+    for kernel in kernels:
+        if kernel.correlation is None or (launch := launches.get(kernel.correlation)) is None:
+            continue
+        at, _, thread = launch
+        if thread not in named:
+            spans = sorted(
+                (s for group in kinds.get(thread, {}).values() if is_comm(group[0]) for s in group), key=lambda s: s.ts
+            )
+            rows = [(s.end, collective_of(s.name)) for s in spans]
+            named[thread] = ([s.ts for s in spans], rows, max((s.end - s.ts for s in spans), default=0.0))
+        starts, rows, longest = named[thread]
+        # The latest-starting span around the call is the innermost; none starting before at - longest can hold it.
+        i = bisect.bisect_right(starts, at) - 1
+        while i >= 0 and starts[i] >= at - longest:
+            end, kind = rows[i]
+            if at <= end and kind != "other":
+                out[kernel.correlation] = kind
+                break
+            i -= 1
+    return out
 
 
 def regathers_per_step(main: Kinds, windows: Sequence[Window]) -> float:

@@ -72,6 +72,14 @@ def _embeddings(r: RankSummary) -> bool:
     return any(op.name.startswith("fbgemm::") for op in r.top_ops) or any(kernel_kind(k.name) == "embedding" for k in r.top_kernels)
 
 
+def _on_nccl(r: RankSummary) -> bool:
+    """The rank's all-to-all runs on NCCL's (RCCL's) kernels: one is among its top kernels and no library's own
+    all-to-all kernel (DeepEP's dispatch / combine) is."""
+    nccl = [k.name.lower().startswith(("nccl", "rccl")) for k in r.top_kernels]
+    own = any(not lib and collective_of(k.name) == "all_to_all" for k, lib in zip(r.top_kernels, nccl))
+    return any(nccl) and not own
+
+
 def comm_fix(r: RankSummary) -> str:
     """The fix for the collective that leads the rank's communication (FSDP2's own, when its regions hold it)."""
     if (fsdp := fsdp_fix(r)) is not None:
@@ -81,8 +89,7 @@ def comm_fix(r: RankSummary) -> str:
     if lead == "all_to_all" and _embeddings(r):
         return _EMBEDDINGS
     if lead == "all_to_all":
-        nccl = any(k.name.lower().startswith("nccl") and collective_of(k.name) == "send_recv" for k in r.top_kernels)
-        return _EXPERTS + (_NCCL_EXPERTS if nccl else "")
+        return _EXPERTS + (_NCCL_EXPERTS if _on_nccl(r) else "")
     if lead == "send_recv":
         return _SEND_RECV
     if lead in ("all_gather", "reduce_scatter"):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import (
@@ -90,7 +90,8 @@ class DeviceView:
         return out
 
     def stats(
-        self, windows: Sequence[Window], rows: Sequence[WindowGpu], launches: dict[int, tuple[float, float, object]], *, whole: bool = False
+        self, windows: Sequence[Window], rows: Sequence[WindowGpu], launches: dict[int, tuple[float, float, object]], *,
+        whole: bool = False, launched_by: Mapping[int, CollectiveKind] | None = None,
     ) -> GpuStats:
         """Totals over the windows, and the active-span shares (HTA's definitions).
 
@@ -99,6 +100,7 @@ class DeviceView:
         trace): it holds the device events whose launching call (``launches``:
         correlation id -> host start) starts before the last step does. With
         one window (one step), or ``whole`` (a trace without steps, however it is cut), it is the whole trace.
+        ``launched_by``: correlation id -> the collective of the host call that launched a collective kernel.
         """
         n = max(len(rows), 1)
         duration = sum(t1 - t0 for t0, t1 in windows)
@@ -124,15 +126,16 @@ class DeviceView:
             active_busy_share=total(active) / extent if extent else 0.0,
             active_compute_share=total(compute) / extent if extent else 0.0,
             comm_overlap=total(intersect(comm, compute)) / total(comm) if comm else None,
-            comm_by_collective=self._by_collective(windows, n),
+            comm_by_collective=self._by_collective(windows, n, launched_by or {}),
         )
 
-    def _by_collective(self, windows: Sequence[Window], n: int) -> dict[CollectiveKind, float]:
+    def _by_collective(self, windows: Sequence[Window], n: int, launched_by: Mapping[int, CollectiveKind]) -> dict[CollectiveKind, float]:
         """Collective kernel ms per window by the collective each runs, largest first."""
         out: dict[CollectiveKind, float] = defaultdict(float)
         for _, s in self.placed(windows):
             if (s.name, s.cat) in self._comm_kinds:
-                out[collective_kind(s)] += (s.end - s.ts) / 1000 / n
+                host = launched_by.get(s.correlation, "other") if s.correlation is not None else "other"
+                out[collective_kind(s, host)] += (s.end - s.ts) / 1000 / n
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:

@@ -60,7 +60,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
-from orchestrator.analysis.collectives import comm_ops, kernels_named_by_host, regathers_per_step
+from orchestrator.analysis.collectives import comm_ops, launched_by, regathers_per_step
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
@@ -77,6 +77,7 @@ from orchestrator.analysis.spans import (
     graph_captures,
     is_backward,
     is_comm,
+    is_comm_kernel,
     is_copy_call,
     is_data,
     is_forward,
@@ -320,7 +321,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         for s in group if s.correlation is not None
     }
     whole = window_kind != "profiler_steps"  # HTA's active span is then the whole trace, however it is cut
-    gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole) if device_spans and windows else None
+    named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
+    gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle = None
     if device_spans and windows:
         main_host = HostThread(
@@ -337,9 +339,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     collectives = comm_ops(main_kinds, windows)
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
-    if gpu_stats is not None:
-        named = kernels_named_by_host(gpu_stats.comm_by_collective, collectives)
-        gpu_stats = gpu_stats.model_copy(update={"comm_by_collective": named})
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host,

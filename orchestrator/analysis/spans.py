@@ -245,8 +245,9 @@ def is_comm_kernel_name(name: str) -> bool:
 
 
 # What a collective kernel runs, from the name PyTorch 2.2+ writes on it ("Collective name": allreduce, _allgather_base,
-# all_to_allv, send) or else its own name (ncclKernel_AllReduce_RING_LL, DeepEP's internode::combine). First match
-# wins: NCCL runs an all-to-all as sends and receives, so the written name is asked before the kernel's.
+# all_to_allv, send), else the host collective its launch ran inside, else its own name (ncclKernel_AllReduce_RING_LL,
+# DeepEP's internode::combine). First match wins: NCCL runs an all-to-all as sends and receives, so the written name
+# is asked before the kernel's.
 _COLLECTIVES: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = (
     ("all_to_all", re.compile(rf"all_?to_?all|{_DEEP_EP}", re.IGNORECASE)),
     ("reduce_scatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
@@ -255,21 +256,28 @@ _COLLECTIVES: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = (
     ("send_recv", re.compile(r"send|recv", re.IGNORECASE)),
     ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
 )
+# NCCL's generic kernels run whatever collective their work says: 2.12-2.18 launch ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t
+# (its ncclKernelGeneric) for every collective on the SIMPLE protocol, 2.19+ ncclDevKernel_Generic. Their names say
+# nothing: HTA's TorchRec traces launch that "SendRecv" kernel from c10d::allreduce_ and c10d::_allgather_base_ too.
+_GENERIC_KERNEL = re.compile(r"ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t\b|ncclDevKernel_Generic\b")
 
 
-def collective_kind(span: Span) -> CollectiveKind:
-    """Which collective a collective kernel runs ("other" where neither its written name nor its own says)."""
+def collective_kind(span: Span, launched_by: CollectiveKind = "other") -> CollectiveKind:
+    """Which collective a collective kernel runs: the name written on it, else ``launched_by`` (the host collective
+    its launch ran inside), else its own name unless that is NCCL's generic kernel ("other" where none says)."""
     written = span.args.get("collective") if span.args else None
-    return collective_of(span.name, written if isinstance(written, str) else None)
+    if isinstance(written, str) and (kind := collective_of(written)) != "other":
+        return kind
+    if launched_by != "other" or _GENERIC_KERNEL.search(span.name):
+        return launched_by
+    return collective_of(span.name)
 
 
-def collective_of(name: str, written: str | None = None) -> CollectiveKind:
+def collective_of(name: str) -> CollectiveKind:
     """Which collective a kernel or host op (``nccl:all_to_all``, ``FSDP::all_gather``) of this name runs."""
-    for text in (written, name):
-        if text:
-            for kind, pattern in _COLLECTIVES:
-                if pattern.search(text):
-                    return kind
+    for kind, pattern in _COLLECTIVES:
+        if pattern.search(name):
+            return kind
     return "other"
 
 

@@ -16,7 +16,7 @@ from orchestrator.analysis.kernel_kinds import short_name
 from orchestrator.analysis.spans import collective_kind, is_comm_kernel_name, is_compute_kernel
 from orchestrator.models.analysis import COLLECTIVE_LABELS, Finding, Summary
 from orchestrator.traces.loader import Span
-from tests.support.realtraces import finding
+from tests.support.realtraces import external, finding
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
 
@@ -60,7 +60,9 @@ def test_kernels_named_like_a_collective_that_compute_stay_compute(name: str) ->
     [
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "all_to_allv", "all_to_all"),
         ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "all_to_all", "all_to_all"),
-        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", None, "send_recv"),
+        # NCCL 2.12-2.18's generic kernel: the name of the send/recv one, run for any collective on SIMPLE.
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", None, "other"),
+        ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", None, "send_recv"),
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "_allgather_base", "all_gather"),
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "_reduce_scatter_base", "reduce_scatter"),
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "allreduce", "all_reduce"),
@@ -164,10 +166,42 @@ def test_send_recv_kernels_of_a_host_that_sends_stay_sends(tmp_path: Path) -> No
 
 
 def test_exposed_sends_and_receives_are_told_the_pipelines_schedule(tmp_path: Path) -> None:
-    found = _exposed(tmp_path, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)")
+    found = _exposed(tmp_path, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
     assert "send/recv 0.5 ms" in found.evidence
     assert found.fix.startswith("Point-to-point sends and receives are pipeline stages waiting for their neighbours")
     assert "ScheduleInterleaved1F1B" in found.fix and "bucket_cap_mb" not in found.fix
+
+
+def test_nccls_generic_kernel_named_send_recv_is_the_collective_whose_call_launched_it(tmp_path: Path) -> None:
+    # HTA's TorchRec traces (NCCL 2.12-2.18): c10d::allreduce_ and c10d::_allgather_base_ launch the generic
+    # ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t too. Before: all of it read as an all-to-all (or as sends).
+    found = _sends_under(tmp_path, "c10d::allreduce_")
+    assert "by collective: all-reduce 0.5 ms." in found.evidence
+    assert found.fix.startswith("Let gradient communication run during backward")
+
+
+def test_nccls_generic_kernel_that_nothing_names_stays_unnamed(tmp_path: Path) -> None:
+    found = _exposed(tmp_path, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)")
+    assert "by collective: unnamed 0.5 ms." in found.evidence
+    assert "ScheduleInterleaved1F1B" not in found.fix
+
+
+def test_a_collective_launched_from_the_autograd_thread_is_named_by_that_threads_call(tmp_path: Path) -> None:
+    # DDP's all-reduces are launched from the autograd thread, inside c10d::allreduce_ there; the main thread's
+    # only collective is a broadcast. Before: the kernel (no collective name written) read "unnamed".
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("c10d::broadcast_", 1, 1),
+        launch(0, 1, dur=2),
+        kernel(5, 295, 1),
+        x_event("c10d::allreduce_", 2, 10, tid=2),
+        x_event("record_param_comms", 3, 8, tid=2),
+        x_event("cudaLaunchKernel", 4, 2, cat="cuda_runtime", tid=2, correlation=2),
+        _collective(300, 500, 2, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", None),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    found = finding(analyze_folder(tmp_path), "comm_exposed")
+    assert "by collective: all-reduce 0.5 ms." in found.evidence
 
 
 def test_exposed_all_gathers_are_told_to_prefetch_them(tmp_path: Path) -> None:
@@ -208,3 +242,12 @@ def test_a_busy_device_says_how_much_of_its_collectives_the_compute_hides(tmp_pa
         "100% of it under compute kernels (0.0 ms exposed)." in found.evidence
     )
     assert "deep_ep" not in found.fix and "look them up" not in found.fix
+
+
+def test_hta_torchrec_traces_generic_kernels_are_split_by_the_calls_that_launched_them() -> None:
+    # Every collective kernel of this trace is NCCL 2.12-2.18's generic "SendRecv" one; its calls are all-to-alls,
+    # all-reduces and all-gathers. Before: all of it read as one all-to-all.
+    for rank in external("hta_trace_filter_2of128").ranks:
+        assert rank.gpu is not None
+        assert {"all_to_all", "all_reduce", "all_gather"} <= set(rank.gpu.comm_by_collective)
+        assert "send_recv" not in rank.gpu.comm_by_collective
