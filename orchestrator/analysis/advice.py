@@ -23,7 +23,8 @@ causes a fix can point at, each with its idle ms per step:
   any op (innermost frame of the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), by what
   the largest is: the data's preparation into DataLoader workers, logging every N steps, the rest off the step or
   onto the device;
-* ``queued``: work already launched that waits on a stream or event dependency;
+* ``queued``: work already launched that waits on a stream or event dependency (in a replayed graph, most
+  likely nodes the profiler missed: a graph captured before its first use);
 * ``capture``: recording CUDA/HIP graphs (their kernels run only at replay), and ``compile``: torch.compile
   compiling: warm-up, no loop fix (:func:`paid_once`), unless most steps record or compile again (new shapes).
 
@@ -284,6 +285,15 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         )
     if cause.kind in _PYTHON:
         return _python_fix(cause, figure)
+    if cause.kind == "queued" and (graphs := _in_graph_replays(r)) >= cause.ms / 2:
+        return (
+            f"The device had work queued and still idled ({figure}), {graphs:.1f} ms of it in replays of CUDA/HIP graphs: "
+            "the trace shows nothing running before or between a graph's nodes. A graph captured before the profiler's "
+            "first use runs kernels the profiler misses or mistimes (pytorch#100441, kineto#1165): call "
+            "torch.profiler._utils._init_for_cuda_graphs() before capturing (torch.compile's mode='reduce-overhead' "
+            "captures in its first steps) and profile again to see what the graphs run; if they still idle, look for "
+            "event waits on other streams inside the capture."
+        )
     if cause.kind == "queued":
         return (
             f"The device had work queued and still idled ({figure}): look for cross-stream waits (cudaStreamWaitEvent, "
@@ -326,6 +336,12 @@ _BOOKKEEPING = re.compile(
     r"(?<![a-z])(log|logger|logging|metrics?|callbacks?|print|tqdm|wandb|mlflow|tensorboard|report|save\w*|checkpoint\w*)(?![a-z])",
     re.IGNORECASE,
 )
+
+
+def _in_graph_replays(r: RankSummary) -> float:
+    """Queued idle ms per step whose waiting work a graph launch started (``cudaGraphLaunch``, ``hipGraphLaunch``)."""
+    queued = r.idle.get("queued") if r.idle is not None else None
+    return sum(o.total_ms for o in queued.top if "GraphLaunch" in o.name) / max(len(r.steps), 1) if queued else 0.0
 
 
 def _python_kind(frame: str) -> Kind:

@@ -148,7 +148,8 @@ def idle_text(r: RankSummary, limit: int = 4) -> str:
         return ""
     parts = []
     for c in r.idle.causes[:limit]:
-        named = f" ({', '.join(f'{o.name[:60]} {o.total_ms / max(len(r.steps), 1):.1f} ms' for o in c.top[:3])})" if c.top else ""
+        by = "launched by " if c.cause == "queued" else ""  # the waiting work's launching calls, not host time
+        named = f" ({by}{', '.join(f'{o.name[:60]} {o.total_ms / max(len(r.steps), 1):.1f} ms' for o in c.top[:3])})" if c.top else ""
         parts.append(f"{c.ms_per_step:.1f} ms {c.label}{named}")
     return f"The device idles {r.idle.idle_ms_per_step:.1f} ms per {step_word(r)} on rank {r.rank}: " + "; ".join(parts) + "."
 

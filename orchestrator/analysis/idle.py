@@ -6,7 +6,8 @@ next piece of work, which some host thread launched (the runtime call with the
 same correlation id). That launch says who the device waited for:
 
 * launched (the call had returned) before the gap began: the work was queued and
-  the device waited on itself (a stream or event dependency): ``queued``;
+  the device waited on itself (a stream or event dependency): ``queued``, named by the launching call
+  (``cudaGraphLaunch``: the gap is before or between a replayed graph's nodes);
 * launched during the gap: until the launch call began the device waited for
   the *launching thread*, so that stretch is cut by what that thread was
   doing, by the first rule that holds: recording a CUDA/HIP graph (``capture``: from
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
@@ -147,10 +148,12 @@ def attribute(
     launches: dict[int, tuple[float, float, Thread]],
     host_of: Callable[[Thread], HostThread],
     main: Thread | None,
+    launchers: Mapping[int, str] | None = None,
 ) -> tuple[IdleAttribution, list[dict[IdleCause, float]]]:
     """The idle attribution over ``windows`` (sorted, disjoint), and each window's idle ms by cause.
 
-    ``launches``: correlation id -> (start, end, thread) of the runtime call that launched it.
+    ``launches``: correlation id -> (start, end, thread) of the runtime call that launched it; ``launchers``: its
+    name (``cudaGraphLaunch``), which names the queued work that waits (a graph replay's nodes share its id).
     """
     busy, first = _busy_and_first(device_spans)
     starts = [iv[0] for iv in busy]
@@ -171,6 +174,7 @@ def attribute(
     # A collective kernel that runs during a wait spins for the other ranks: the late-rank story, not queued work.
     work = union((s.ts, s.end) for s in device_spans if not is_comm_kernel(s))
     drain = _Drain()
+    queued_by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # the launching call of the work that waited
     k, n = 0, len(starts)
     for a, b in subtract(union(windows), busy):
         while k < n and starts[k] < b:  # both in time order: the next busy span starts at or after the gap's end
@@ -183,8 +187,9 @@ def attribute(
                 drains.append(piece)
             continue
         called, returned, thread = launch
+        waiting = (launchers or {}).get(nxt.correlation, "") if nxt is not None and nxt.correlation is not None else ""
         if returned <= a:
-            out["queued"].append((a, b))
+            _queue(out, queued_by, waiting, a, b)
             continue
         if (piece := drain.take(syncs, work, a, b)) is not None:
             drains.append(piece)
@@ -201,7 +206,7 @@ def attribute(
         if cut < ready:
             launched[thread].append((cut, ready))
         if ready < b:
-            out["queued"].append((ready, b))
+            _queue(out, queued_by, waiting, ready, b)
     drains = union(drains)
     named: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     regions: dict[IdleCause, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
@@ -262,6 +267,7 @@ def attribute(
     for by_region in regions.values():
         by_region.pop(PYTHON_OUTSIDE_OPS, None)  # time in no region
     names: dict[IdleCause, dict[str, object]] = defaultdict(dict)
+    named["queued"] = queued_by
     for cause, by_name in named.items():
         names[cause]["top"] = _top(by_name)
     for cause, by_name in regions.items():
@@ -273,6 +279,14 @@ def attribute(
         python_frames=_top(python_named), python_frames_ms=sum(us for _, us in python_named.values()) / 1000,
     )
     return summarize(per_window, names, step_ms), per_window
+
+
+def _queue(out: dict[IdleCause, Intervals], by: dict[str, list[float]], launcher: str, a: float, b: float) -> None:
+    """Idle from ``a`` to ``b`` while launched work waits, named by its launching call (if the trace has its name)."""
+    out["queued"].append((a, b))
+    if launcher:
+        by[launcher][0] += 1
+        by[launcher][1] += b - a
 
 
 # What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.

@@ -315,11 +315,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
 
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
-    launches = {
-        s.correlation: (s.ts, s.end, key)
-        for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME
-        for s in group if s.correlation is not None
-    }
+    calls = [(key, s) for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME for s in group]
+    launches = {s.correlation: (s.ts, s.end, key) for key, s in calls if s.correlation is not None}
     whole = window_kind != "profiler_steps"  # HTA's active span is then the whole trace, however it is cut
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
@@ -333,7 +330,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             frames=user_frames(frames.get(main_key, ())),  # Python outside ops is the main thread's (its steps)
         )
         idle, idle_rows = attribute(
-            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows), main_key
+            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows),
+            main_key, {s.correlation: s.name for _, s in calls if s.correlation is not None},
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)

@@ -189,7 +189,8 @@ class IdleShare(_Model):
     fraction_of_step: float
     top: list[OpStat] = Field(
         default_factory=list,
-        description="cpu / runtime: the host ops or runtime calls (innermost span) the device idles during, summed over the steps.",
+        description="cpu / runtime: the host ops or runtime calls (innermost span) the device idles during; queued: the runtime "
+        "calls that launched the work that waits (cudaGraphLaunch for a graph's nodes); summed over the steps.",
     )
     regions: list[OpStat] = Field(
         default_factory=list,

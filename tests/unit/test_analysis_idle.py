@@ -76,6 +76,17 @@ def test_queued_work_that_waits_on_the_device_is_not_blamed_on_the_host() -> Non
     assert "117.4 ms work is queued" in top.evidence and "(sync) is counted there" in top.evidence
 
 
+def test_queued_work_is_named_by_its_launch_and_a_graph_replays_wait_is_told_the_profilers_blind_spot() -> None:
+    # Same trace: 103.4 ms of the 117.4 waits before or between the nodes of replayed CUDA graphs (one graph shows
+    # 0.3 ms of nodes over 28 ms). Before: no launch named, and the generic "cross-stream waits" fix.
+    summary = external("hta_negative_queue_a100_r0of16")
+    queued = only_rank(summary).idle.get("queued")
+    assert [(o.name, round(o.total_ms / 5, 1)) for o in queued.top[:2]] == [("cudaGraphLaunch", 103.4), ("cudaLaunchKernel", 13.3)]
+    top = summary.findings[0]
+    assert "117.4 ms work is queued but waits on the device (stream/event dependency) (launched by cudaGraphLaunch 103.4 ms" in top.evidence
+    assert "103.4 ms of it in replays of CUDA/HIP graphs" in top.fix and "_init_for_cuda_graphs()" in top.fix
+
+
 def test_copy_a_pageable_upload_that_leaves_the_device_idle() -> None:
     # TensorBoard's ResNet50 num_workers=4 (PyTorch 1.8): 14.5 ms of blocking uploads, 7.2 ms of it device idle.
     summary = external("tbplugin_resnet50_nw4_b")

@@ -113,3 +113,33 @@ def test_a_kernel_that_starts_long_after_its_launch_returned_waited_on_a_depende
     ]
     got = idle(analyse(tmp_path, events))
     assert got == {"launch": pytest.approx(51, abs=0.01), "queued": pytest.approx(749, abs=0.01)}
+
+
+def test_a_gap_between_a_replayed_graphs_nodes_is_queued_work_named_by_the_graph_launch(tmp_path: Path) -> None:
+    # A graph's nodes share its cudaGraphLaunch's correlation id: the device idles between two of them 600 µs.
+    events = [
+        x_event("cudaGraphLaunch", 0, 5, cat="cuda_runtime", correlation=1), kernel(10, 90, 1), kernel(700, 290, 1),
+    ]
+    queued = analyse(tmp_path, events).idle.get("queued")
+    assert queued is not None and [(o.name, round(o.total_ms * 1000)) for o in queued.top] == [("cudaGraphLaunch", 600)]
+
+
+def _fixes_when_queued_work_waits(tmp_path: Path, call: str) -> str:
+    """Every finding's fix when two kernels ``call`` launched at the step's start run 600 µs apart."""
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event(call, 0, 5, cat="cuda_runtime", correlation=1), kernel(10, 90, 1),
+        x_event(call, 6, 5, cat="cuda_runtime", correlation=2), kernel(700, 290, 2 if call == "cudaLaunchKernel" else 1),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return " ".join(f.fix for f in analyze_folder(tmp_path).findings)
+
+
+def test_queued_work_launched_by_kernel_launches_keeps_the_cross_stream_advice(tmp_path: Path) -> None:
+    fix = _fixes_when_queued_work_waits(tmp_path, "cudaLaunchKernel")
+    assert "look for cross-stream waits" in fix and "_init_for_cuda_graphs" not in fix
+
+
+def test_a_graph_replay_that_idles_between_its_nodes_is_told_the_profilers_blind_spot(tmp_path: Path) -> None:
+    fix = _fixes_when_queued_work_waits(tmp_path, "hipGraphLaunch")
+    assert "0.6 ms of it in replays of CUDA/HIP graphs" in fix and "_init_for_cuda_graphs()" in fix
