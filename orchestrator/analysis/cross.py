@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from orchestrator.analysis.idle import NAMING_FIELDS, summarize
 from orchestrator.models.analysis import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "StragglerImpl",
     "busy_time_stragglers",
     "arrivals",
+    "blame_late_ranks",
     "common_steps",
     "late_arrivers",
     "step_spread",
@@ -290,3 +292,31 @@ def _excess(busy: dict[int, float], wait: dict[int, float]) -> dict[int, float]:
 def _wait_ms(step: StepBreakdown) -> float:
     """A step's time waiting in collectives: host-side, plus (on GPU) exposed comm kernels."""
     return step.phases.comm + (step.comm_exposed_ms or 0.0)
+
+
+def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
+    """``r`` with up to ``waits_ms`` per step of its collective and sync idle time moved to ``late_rank``.
+
+    ``waits_ms`` is what this rank waits per step for late arrivers beyond the
+    least-waiting rank (:func:`arrivals`): idle time
+    it spent in those waits is the late rank's to fix, not its own.
+    """
+    if r.idle is None or waits_ms <= 0:
+        return r
+    steps = []
+    for s in r.steps:
+        row = dict(s.idle_ms)
+        moved = 0.0
+        for cause in ("collective", "sync"):
+            take = min(row.get(cause, 0.0), waits_ms - moved)
+            if take > 0:
+                row[cause] -= take
+                moved += take
+                if row[cause] <= 1e-9:
+                    del row[cause]
+        if moved > 0:
+            row["late_rank"] = moved
+        steps.append(s.model_copy(update={"idle_ms": row}))
+    names = {c.cause: {name: getattr(c, name) for name in NAMING_FIELDS} for c in r.idle.causes}
+    idle = summarize([s.idle_ms for s in steps], names, r.mean_step_ms)
+    return r.model_copy(update={"steps": steps, "idle": idle})

@@ -15,10 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis.cross import StragglerImpl, arrivals, common_steps, step_spread, stragglers
+from orchestrator.analysis.cross import StragglerImpl, arrivals, blame_late_ranks, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.groups import held_back, slow_groups
-from orchestrator.analysis.idle import blame_late_ranks
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.models.analysis import Finding, RankSummary, Summary
 from orchestrator.models.merge_stats import RejectedTrace

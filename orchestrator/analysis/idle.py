@@ -40,7 +40,7 @@ the device anyway, waits out little work and is not blamed on its syncs. What
 would be ``runtime``, ``cpu``, ``launch`` or ``untraced`` there is the sync's;
 the DataLoader, copies and collectives keep their own causes.
 
-``late_rank`` is given out across ranks (:func:`blame_late_ranks`): on a rank
+``late_rank`` is given out across ranks (:func:`orchestrator.analysis.cross.blame_late_ranks`): on a rank
 that waits for late arrivers, its collective and sync idle time, up to what it
 waits for them. This is HTA's idle-time breakdown (host wait, kernel wait,
 other) taken further: the host wait is split by its cause.
@@ -62,11 +62,10 @@ from orchestrator.models.analysis import (
     IdleCause,
     IdleShare,
     OpStat,
-    RankSummary,
 )
 from orchestrator.traces.loader import Span
 
-__all__ = ["LAUNCH_GAP_US", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute", "blame_late_ranks"]
+__all__ = ["LAUNCH_GAP_US", "NAMING_FIELDS", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute", "summarize"]
 
 # A gap between two kernels shorter than this, while the host runs ops, is the host's launch pace, not one slow op.
 LAUNCH_GAP_US = 50.0
@@ -290,7 +289,7 @@ def _queue(out: dict[IdleCause, Intervals], by: dict[str, list[float]], launcher
 
 
 # What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.
-_NAMES = ("top", "regions", "model_ops", "model_ops_ms", "python_frames", "python_frames_ms")
+NAMING_FIELDS = ("top", "regions", "model_ops", "model_ops_ms", "python_frames", "python_frames_ms")
 
 
 def summarize(
@@ -377,31 +376,3 @@ def _name_innermost(spans: Sequence[Span], pieces: Intervals, skip: frozenset[st
 def _top(named: dict[str, list[float]]) -> list[OpStat]:
     rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_CPU_OPS]
     return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows if us > 0]
-
-
-def blame_late_ranks(r: RankSummary, waits_ms: float) -> RankSummary:
-    """``r`` with up to ``waits_ms`` per step of its collective and sync idle time moved to ``late_rank``.
-
-    ``waits_ms`` is what this rank waits per step for late arrivers beyond the
-    least-waiting rank (:func:`orchestrator.analysis.cross.arrivals`): idle time
-    it spent in those waits is the late rank's to fix, not its own.
-    """
-    if r.idle is None or waits_ms <= 0:
-        return r
-    steps = []
-    for s in r.steps:
-        row = dict(s.idle_ms)
-        moved = 0.0
-        for cause in ("collective", "sync"):
-            take = min(row.get(cause, 0.0), waits_ms - moved)
-            if take > 0:
-                row[cause] -= take
-                moved += take
-                if row[cause] <= 1e-9:
-                    del row[cause]
-        if moved > 0:
-            row["late_rank"] = moved
-        steps.append(s.model_copy(update={"idle_ms": row}))
-    names = {c.cause: {name: getattr(c, name) for name in _NAMES} for c in r.idle.causes}
-    idle = summarize([s.idle_ms for s in steps], names, r.mean_step_ms)
-    return r.model_copy(update={"steps": steps, "idle": idle})
