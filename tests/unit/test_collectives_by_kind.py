@@ -159,12 +159,6 @@ def test_send_recv_kernels_an_all_to_all_launched_are_told_as_the_all_to_all_of_
     assert "pipeline's bubble" not in found.fix
 
 
-def test_send_recv_kernels_of_a_host_that_sends_stay_sends(tmp_path: Path) -> None:
-    found = _sends_under(tmp_path, "c10d::send")
-    assert "by collective: send/recv 0.5 ms." in found.evidence
-    assert found.fix.startswith("Point-to-point sends and receives")
-
-
 def test_exposed_sends_and_receives_are_told_the_pipelines_schedule(tmp_path: Path) -> None:
     found = _exposed(tmp_path, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
     assert "send/recv 0.5 ms" in found.evidence
@@ -172,12 +166,22 @@ def test_exposed_sends_and_receives_are_told_the_pipelines_schedule(tmp_path: Pa
     assert "ScheduleInterleaved1F1B" in found.fix and "bucket_cap_mb" not in found.fix
 
 
-def test_nccls_generic_kernel_named_send_recv_is_the_collective_whose_call_launched_it(tmp_path: Path) -> None:
-    # HTA's TorchRec traces (NCCL 2.12-2.18): c10d::allreduce_ and c10d::_allgather_base_ launch the generic
-    # ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t too. Before: all of it read as an all-to-all (or as sends).
-    found = _sends_under(tmp_path, "c10d::allreduce_")
-    assert "by collective: all-reduce 0.5 ms." in found.evidence
-    assert found.fix.startswith("Let gradient communication run during backward")
+@pytest.mark.parametrize(
+    ("host_op", "kind", "fix"),
+    [
+        ("c10d::send", "send/recv", "Point-to-point sends and receives"),
+        # HTA's TorchRec traces (NCCL 2.12-2.18): c10d::allreduce_ and c10d::_allgather_base_ launch the generic
+        # ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t too. Before: all of it read as an all-to-all (or as sends).
+        ("c10d::allreduce_", "all-reduce", "Let gradient communication run during backward"),
+        ("c10d::_allgather_base_", "all-gather", "Parameters are gathered"),
+    ],
+)
+def test_nccls_generic_kernel_named_send_recv_is_the_collective_whose_call_launched_it(
+    tmp_path: Path, host_op: str, kind: str, fix: str
+) -> None:
+    found = _sends_under(tmp_path, host_op)
+    assert f"by collective: {kind} 0.5 ms." in found.evidence
+    assert found.fix.startswith(fix)
 
 
 def test_nccls_generic_kernel_that_nothing_names_stays_unnamed(tmp_path: Path) -> None:
