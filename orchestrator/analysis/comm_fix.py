@@ -2,8 +2,9 @@
 communication: DDP's bucketing moves an all-reduce, not a MoE's all-to-all or a pipeline's sends, and FSDP's
 prefetching is the lever for all-gathers.
 
-The lead is read from the collective kernels (:attr:`GpuStats.comm_by_collective`), or on a rank without a device
-from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoall_base_``).
+The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
+a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
+it is read from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoall_base_``), which block the step.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ _GATHER = (
 
 
 def collective_ms(r: RankSummary) -> dict[CollectiveKind, float]:
-    """The rank's collective time per step by collective, largest first: its collective kernels', or with no
-    device its host collectives' (summed over the analysed steps)."""
-    if r.gpu is not None and r.gpu.comm_by_collective:
-        return r.gpu.comm_by_collective
+    """The rank's exposed collective time per step by collective, largest first: its collective kernels' that no
+    compute overlaps, or with no device its host collectives' (summed over the analysed steps)."""
+    if r.gpu is not None and (r.gpu.comm_exposed_by_collective or r.gpu.comm_by_collective):
+        return r.gpu.comm_exposed_by_collective or r.gpu.comm_by_collective  # a summary from before the exposed split
     n = max(len(r.steps), 1)
     out: dict[CollectiveKind, float] = {}
     for op in r.comm_ops:
@@ -63,7 +64,11 @@ def by_collective_text(r: RankSummary) -> str:
     """One sentence of the collectives' time by kind, when the rank's device collectives are named."""
     if r.gpu is None or not r.gpu.comm_by_collective:
         return ""
-    parts = ", ".join(f"{COLLECTIVE_LABELS[k]} {ms:.1f} ms" for k, ms in r.gpu.comm_by_collective.items() if ms >= 0.05)
+    exposed = r.gpu.comm_exposed_by_collective
+    parts = ", ".join(
+        f"{COLLECTIVE_LABELS[k]} {ms:.1f} ms" + (f" ({exposed[k]:.1f} exposed)" if k in exposed else "")
+        for k, ms in r.gpu.comm_by_collective.items() if ms >= 0.05
+    )
     return f" Collective kernel time per step by collective: {parts}." if parts else ""
 
 

@@ -115,6 +115,7 @@ class DeviceView:
         extent = active[-1][1] - active[0][0] if active else 0.0
         compute = cover(s for s in inside if (s.name, s.cat) in self._compute_kinds)
         comm = cover(s for s in inside if (s.name, s.cat) in self._comm_kinds)
+        by_kind, exposed_by_kind = self._by_collective(windows, n, launched_by or {})
         return GpuStats(
             utilization=busy / duration if duration else 0.0,
             busy_ms_per_step=busy / 1000 / n,
@@ -126,17 +127,23 @@ class DeviceView:
             active_busy_share=total(active) / extent if extent else 0.0,
             active_compute_share=total(compute) / extent if extent else 0.0,
             comm_overlap=total(intersect(comm, compute)) / total(comm) if comm else None,
-            comm_by_collective=self._by_collective(windows, n, launched_by or {}),
+            comm_by_collective=by_kind,
+            comm_exposed_by_collective=exposed_by_kind,
         )
 
-    def _by_collective(self, windows: Sequence[Window], n: int, launched_by: Mapping[int, CollectiveKind]) -> dict[CollectiveKind, float]:
-        """Collective kernel ms per window by the collective each runs, largest first."""
-        out: dict[CollectiveKind, float] = defaultdict(float)
+    def _by_collective(
+        self, windows: Sequence[Window], n: int, launched_by: Mapping[int, CollectiveKind]
+    ) -> tuple[dict[CollectiveKind, float], dict[CollectiveKind, float]]:
+        """Collective kernel ms per window by the collective each runs, and of it what no compute kernel overlaps;
+        each largest first (GpuStats' ``comm_by_collective`` and ``comm_exposed_by_collective``)."""
+        spans: dict[CollectiveKind, list[Window]] = defaultdict(list)
         for _, s in self.placed(windows):
             if (s.name, s.cat) in self._comm_kinds:
                 host = launched_by.get(s.correlation, "other") if s.correlation is not None else "other"
-                out[collective_kind(s, host)] += (s.end - s.ts) / 1000 / n
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+                spans[collective_kind(s, host)].append((s.ts, s.end))
+        ms = {kind: sum(e - t for t, e in ivs) / 1000 / n for kind, ivs in spans.items()}
+        exposed = {kind: total(subtract(union(ivs), self.compute)) / 1000 / n for kind, ivs in spans.items()}
+        return dict(sorted(ms.items(), key=lambda kv: -kv[1])), dict(sorted(exposed.items(), key=lambda kv: -kv[1]))
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""

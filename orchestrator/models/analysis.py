@@ -178,6 +178,11 @@ class GpuStats(_Model):
         default_factory=dict,
         description="Collective kernel ms per step by the collective each runs, largest first (summed: groups' kernels may overlap).",
     )
+    comm_exposed_by_collective: dict[CollectiveKind, float] = Field(
+        default_factory=dict,
+        description="Per step, each collective's kernel time no compute kernel overlaps (its kernels' union less compute), "
+        "largest first: the communication a fix can win back. Kinds running at once each count their own.",
+    )
 
 
 class IdleShare(_Model):

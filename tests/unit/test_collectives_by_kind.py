@@ -129,7 +129,7 @@ def test_an_exposed_all_to_all_is_told_to_overlap_it_with_another_micro_batch_no
 ) -> None:
     # Before: every exposed collective was told DDP's bucket_cap_mb and no_sync(), which do not move an all-to-all.
     found = _exposed(tmp_path, name, written)
-    assert "Collective kernel time per step by collective: all-to-all 0.5 ms." in found.evidence
+    assert "Collective kernel time per step by collective: all-to-all 0.5 ms (0.5 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all moves tokens to their experts and back")
     assert "two micro-batches" in found.fix and "bucket_cap_mb" not in found.fix
     assert ("DeepEP's dispatch and combine kernels are built for this exchange" in found.fix) is nccl_note
@@ -154,7 +154,7 @@ def test_send_recv_kernels_an_all_to_all_launched_are_told_as_the_all_to_all_of_
     # HTA's 128-rank TorchRec trace (not shared): 198 ms of ncclKernel_SendRecv a step under c10d::alltoall_base_,
     # no collective name on the kernels (PyTorch before 2.2). Before: told a pipeline's schedule.
     found = _sends_under(tmp_path, "c10d::alltoall_base_", compute="void split_embedding_codegen_forward_unweighted_kernel<float>(x)")
-    assert "by collective: all-to-all 0.5 ms." in found.evidence
+    assert "by collective: all-to-all 0.5 ms (0.5 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all exchanges sharded embeddings") and "TrainPipelineSparseDist" in found.fix
     assert "pipeline's bubble" not in found.fix
 
@@ -180,13 +180,13 @@ def test_nccls_generic_kernel_named_send_recv_is_the_collective_whose_call_launc
     tmp_path: Path, host_op: str, kind: str, fix: str
 ) -> None:
     found = _sends_under(tmp_path, host_op)
-    assert f"by collective: {kind} 0.5 ms." in found.evidence
+    assert f"by collective: {kind} 0.5 ms (0.5 exposed)." in found.evidence
     assert found.fix.startswith(fix)
 
 
 def test_nccls_generic_kernel_that_nothing_names_stays_unnamed(tmp_path: Path) -> None:
     found = _exposed(tmp_path, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)")
-    assert "by collective: unnamed 0.5 ms." in found.evidence
+    assert "by collective: unnamed 0.5 ms (0.5 exposed)." in found.evidence
     assert "ScheduleInterleaved1F1B" not in found.fix
 
 
@@ -205,7 +205,7 @@ def test_a_collective_launched_from_the_autograd_thread_is_named_by_that_threads
     ]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     found = finding(analyze_folder(tmp_path), "comm_exposed")
-    assert "by collective: all-reduce 0.5 ms." in found.evidence
+    assert "by collective: all-reduce 0.5 ms (0.5 exposed)." in found.evidence
 
 
 def test_exposed_all_gathers_are_told_to_prefetch_them(tmp_path: Path) -> None:
@@ -232,8 +232,26 @@ def test_unnamed_collectives_do_not_choose_the_fix_over_a_named_one(tmp_path: Pa
     ]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     found = finding(analyze_folder(tmp_path), "comm_exposed")
-    assert "by collective: unnamed 0.4 ms, all-to-all 0.1 ms." in found.evidence
+    assert "by collective: unnamed 0.4 ms (0.4 exposed), all-to-all 0.1 ms (0.1 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all moves tokens")
+
+
+def test_the_fix_is_the_exposed_collectives_not_the_one_compute_hides(tmp_path: Path) -> None:
+    # A 0.4 ms all-reduce that compute hides and a 0.3 ms all-gather that nothing overlaps: the all-gather is what
+    # costs the step. Before: the larger kernel time chose, and DDP's bucket advice was given.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        launch(0, 1, dur=2),
+        kernel(5, 495, 1),
+        launch(3, 2, dur=2),
+        _collective(50, 400, 2, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "allreduce"),
+        launch(6, 3, dur=2),
+        _collective(500, 300, 3, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "_allgather_base"),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    found = finding(analyze_folder(tmp_path), "comm_exposed")
+    assert "by collective: all-reduce 0.4 ms (0.0 exposed), all-gather 0.3 ms (0.3 exposed)." in found.evidence
+    assert found.fix.startswith("Parameters are gathered and gradients reduce-scattered")
 
 
 def test_a_busy_device_says_how_much_of_its_collectives_the_compute_hides(tmp_path: Path) -> None:
