@@ -28,7 +28,7 @@ _EXPERTS = (
 )
 _NCCL_EXPERTS = " NCCL runs it here as sends and receives: DeepEP's dispatch and combine kernels are built for this exchange."
 _EMBEDDINGS = (
-    "The all-to-all exchanges sharded embeddings (FBGEMM's tables, TorchRec), and gradient bucketing does not touch "
+    "The {label} exchanges sharded embeddings (FBGEMM's tables, TorchRec{how}), and gradient bucketing does not touch "
     "it: TorchRec's TrainPipelineSparseDist runs the next batch's input and embedding all-to-alls during this batch's "
     "compute; table-row-wise sharding moves less of the exchange across nodes; quantized communication "
     "(TorchRec's QCommsConfig, fp16 or bf16) halves the bytes."
@@ -91,8 +91,9 @@ def comm_fix(r: RankSummary) -> str:
         return fsdp
     # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
     lead = next((k for k in collective_ms(r) if k != "other"), "all_reduce")
-    if lead == "all_to_all" and _embeddings(r):
-        return _EMBEDDINGS
+    if lead in ("all_to_all", "all_gather", "reduce_scatter") and _embeddings(r):  # not a MoE's, not FSDP's
+        how = "" if lead == "all_to_all" else "; row-wise sharding reduce-scatters pooled embeddings forward and all-gathers their gradients backward"
+        return _EMBEDDINGS.format(label=COLLECTIVE_LABELS[lead], how=how)
     if lead == "all_to_all":
         return _EXPERTS + (_NCCL_EXPERTS if _on_nccl(r) else "")
     if lead == "send_recv":

@@ -236,6 +236,15 @@ def test_unnamed_collectives_do_not_choose_the_fix_over_a_named_one(tmp_path: Pa
     assert found.fix.startswith("The all-to-all moves tokens")
 
 
+def test_an_exposed_all_gather_of_sharded_embeddings_is_told_torchrecs_pipeline_not_fsdps_prefetch(tmp_path: Path) -> None:
+    # TorchRec's row-wise sharding reduce-scatters pooled embeddings forward and all-gathers their gradients backward:
+    # no FSDP in the job. Before: told FSDP's prefetching.
+    found = _sends_under(tmp_path, "c10d::_allgather_base_", compute="void split_embedding_codegen_forward_unweighted_kernel<float>(x)")
+    assert "by collective: all-gather 0.5 ms (0.5 exposed)." in found.evidence
+    assert found.fix.startswith("The all-gather exchanges sharded embeddings (FBGEMM's tables, TorchRec; row-wise sharding")
+    assert "TrainPipelineSparseDist" in found.fix and "prefetch" not in found.fix
+
+
 def test_the_fix_is_the_exposed_collectives_not_the_one_compute_hides(tmp_path: Path) -> None:
     # A 0.4 ms all-reduce that compute hides and a 0.3 ms all-gather that nothing overlaps: the all-gather is what
     # costs the step. Before: the larger kernel time chose, and DDP's bucket advice was given.
