@@ -46,6 +46,13 @@ _GATHER = (
     "replicating across nodes (HSDP) when the inter-node link is the limit."
 )
 
+_BROADCAST = (
+    "The broadcast is most often DDP copying module buffers (BatchNorm's running statistics) from rank 0 before every "
+    "forward (broadcast_buffers=True, its default): pass DDP(..., broadcast_buffers=False) where each rank may keep its "
+    "own buffers (sync them once before evaluating or saving); a broadcast of the job's own (a value from rank 0 every "
+    "step) is better sent once, or computed on every rank."
+)
+
 
 def collective_ms(r: RankSummary) -> dict[CollectiveKind, float]:
     """The rank's exposed collective time per step by collective, largest first: its collective kernels' that no
@@ -100,6 +107,8 @@ def comm_fix(r: RankSummary) -> str:
         return _SEND_RECV
     if lead in ("all_gather", "reduce_scatter"):
         return _GATHER
+    if lead == "broadcast":
+        return _BROADCAST
     return _ALL_REDUCE
 
 

@@ -245,6 +245,14 @@ def test_an_exposed_all_gather_of_sharded_embeddings_is_told_torchrecs_pipeline_
     assert "TrainPipelineSparseDist" in found.fix and "prefetch" not in found.fix
 
 
+def test_an_exposed_broadcast_is_told_ddps_buffer_broadcast_not_gradient_buckets(tmp_path: Path) -> None:
+    # Before: a broadcast that leads was told DDP's bucket_cap_mb, which only moves gradient all-reduces.
+    found = _sends_under(tmp_path, "c10d::broadcast_")
+    assert "by collective: broadcast 0.5 ms (0.5 exposed)." in found.evidence
+    assert found.fix.startswith("The broadcast is most often DDP copying module buffers") and "broadcast_buffers=False" in found.fix
+    assert "bucket_cap_mb" not in found.fix
+
+
 def test_the_fix_is_the_exposed_collectives_not_the_one_compute_hides(tmp_path: Path) -> None:
     # A 0.4 ms all-reduce that compute hides and a 0.3 ms all-gather that nothing overlaps: the all-gather is what
     # costs the step. Before: the larger kernel time chose, and DDP's bucket advice was given.
