@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator.analysis.finding_base import first_use_examples
+from orchestrator.analysis.finding_base import first_use_examples, ms_list
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name
@@ -142,12 +142,14 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     if "cpu" in shares and shares["cpu"].model_ops:
         ops = shares["cpu"].model_ops
         steps = max(len(r.steps), 1)
-        name = ops[0].name if len(ops) == 1 else "the model's ops (" + ", ".join(f"{o.name[:60]} {o.total_ms / steps:.1f} ms" for o in ops[:3]) + ")"
+        listed = ms_list((o.name[:60], o.total_ms / steps) for o in ops)
+        name = ops[0].name if len(ops) == 1 else "the model's ops" + (f" ({listed})" if listed else "")
         kind: Kind = "op" if len(ops) == 1 else "ops"
         out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
     if "cpu" in shares and shares["cpu"].python_frames:
         frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
-        name = "Python functions (" + ", ".join(f"{frame_label(f.name)[:90]} {f.total_ms / steps:.1f} ms" for f in frames[:3]) + ")"
+        listed = ms_list((frame_label(f.name)[:90], f.total_ms / steps) for f in frames)
+        name = "Python functions" + (f" ({listed})" if listed else "")
         out.append(Cause(_python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",), lead_ms=frames[0].total_ms / steps))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))

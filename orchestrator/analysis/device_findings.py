@@ -14,6 +14,7 @@ from orchestrator.analysis.finding_base import (
     first_use_examples,
     idle_text,
     make_finding,
+    ms_list,
     one_step,
     per_step_cost,
     ranks_text,
@@ -195,7 +196,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels per {worst.mean_step_ms:.1f} ms); found on {ranks_text(hit)}. "
             + idle_text(worst)
             + (f" Idle time with a finding of its own ({', '.join(sorted(claimed))}) is counted there, not here." if claimed else "")
-            + (" By what the host does: " + ", ".join(f"{c.name} {c.ms:.1f} ms" for c in named[:4]) + "." if named else "")
+            + (f" By what the host does: {listed}." if (listed := ms_list(((c.name, c.ms) for c in named), limit=4)) else "")
             + held
         ),
         fix=" ".join(fixes),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.models.analysis import Finding, IdleCause, RankSummary, Summary
@@ -21,6 +21,7 @@ __all__ = [
     "host_fix_bound",
     "idle_text",
     "make_finding",
+    "ms_list",
     "one_step",
     "per_step_cost",
     "ranks_text",
@@ -38,6 +39,8 @@ __all__ = [
 WARNING_FRACTION = 0.08
 # Share of the step from which an idle cause with a finding of its own is reported at all (as info below WARNING_FRACTION).
 REPORT_FRACTION = 0.05
+# A figure that rounds to "0.0 ms" names nothing worth reading: lists of named figures leave those out.
+SHOWN_MS = 0.05
 DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "cpu": "CPU"}
 # What a device's first use pays, in its own runtime's words: a ROCm trace has a HIP context and MIOpen, no cuDNN.
 _FIRST_USES = {
@@ -147,10 +150,11 @@ def idle_text(r: RankSummary, limit: int = 4) -> str:
     if r.idle is None or not r.idle.causes:
         return ""
     parts = []
-    for c in r.idle.causes[:limit]:
+    n = max(len(r.steps), 1)
+    for c in [c for c in r.idle.causes if c.ms_per_step >= SHOWN_MS][:limit]:
         by = "launched by " if c.cause == "queued" else ""  # the waiting work's launching calls, not host time
-        named = f" ({by}{', '.join(f'{o.name[:60]} {o.total_ms / max(len(r.steps), 1):.1f} ms' for o in c.top[:3])})" if c.top else ""
-        parts.append(f"{c.ms_per_step:.1f} ms {c.label}{named}")
+        shown = ms_list((o.name[:60], o.total_ms / n) for o in c.top)
+        parts.append(f"{c.ms_per_step:.1f} ms {c.label}" + (f" ({by}{shown})" if shown else ""))
     return f"The device idles {r.idle.idle_ms_per_step:.1f} ms per {step_word(r)} on rank {r.rank}: " + "; ".join(parts) + "."
 
 
@@ -219,3 +223,8 @@ def verdict(summary: Summary) -> str:
     )
     counted = f"{len(warnings)} warning{'' if len(warnings) == 1 else 's'}" + (f" and {info_lines}" if infos else "")
     return f"{counted}; the largest: {top.title}{bound}."
+
+
+def ms_list(rows: Iterable[tuple[str, float]], limit: int = 3) -> str:
+    """"a 1.2 ms, b 0.3 ms": the first ``limit`` (name, ms per step) rows, less those that round to 0.0 ms."""
+    return ", ".join(f"{name} {ms:.1f} ms" for name, ms in list(rows)[:limit] if ms >= SHOWN_MS)

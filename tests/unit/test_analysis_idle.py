@@ -87,6 +87,14 @@ def test_queued_work_is_named_by_its_launch_and_a_graph_replays_wait_is_told_the
     assert "103.4 ms of it in replays of CUDA/HIP graphs" in top.fix and "_init_for_cuda_graphs()" in top.fix
 
 
+def test_the_evidence_names_no_op_or_call_whose_figure_rounds_to_zero() -> None:
+    # Same trace: before, "(cudaLaunchKernel 0.1 ms, cudaMemcpyAsync 0.0 ms, cudaGraphLaunch 0.0 ms)" and "the model's
+    # ops (aten::neg 0.1 ms, CompiledFunction 0.0 ms, ...)": names that cost nothing crowd out the ones that do.
+    evidence = external("hta_negative_queue_a100_r0of16").findings[0].evidence
+    assert " 0.0 ms" not in evidence
+    assert "CUDA/HIP runtime calls (allocator, slow launches, events, streams) (cudaLaunchKernel 0.1 ms)." in evidence
+
+
 def test_copy_a_pageable_upload_that_leaves_the_device_idle() -> None:
     # TensorBoard's ResNet50 num_workers=4 (PyTorch 1.8): 14.5 ms of blocking uploads, 7.2 ms of it device idle.
     summary = external("tbplugin_resnet50_nw4_b")
