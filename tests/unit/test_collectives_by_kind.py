@@ -220,18 +220,18 @@ def test_an_exposed_all_reduce_keeps_the_gradient_bucket_advice(tmp_path: Path) 
     assert found.fix.startswith("Let gradient communication run during backward") and "bucket_cap_mb" in found.fix
 
 
-def test_unnamed_collectives_do_not_choose_the_fix_over_a_named_one(tmp_path: Path) -> None:
-    events = [
-        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
-        launch(0, 1, dur=2),
-        kernel(5, 295, 1),
-        launch(3, 2, dur=2),
-        _collective(300, 400, 2, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", None),
-        launch(4, 3, dur=2),
-        _collective(700, 100, 3, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "all_to_allv"),
-    ]
+def _two_collectives(tmp_path: Path, compute_until: float, *collectives: tuple[float, float, str | None]) -> Finding:
+    """The comm finding for compute from 5 µs to ``compute_until`` and NCCL's generic kernel run for each
+    (start, duration, collective name written on it) of ``collectives``."""
+    events = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), launch(0, 1, dur=2), kernel(5, compute_until - 5, 1)]
+    for corr, (ts, dur, written) in enumerate(collectives, start=2):
+        events += [launch(corr, corr, dur=1), _collective(ts, dur, corr, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", written)]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
-    found = finding(analyze_folder(tmp_path), "comm_exposed")
+    return finding(analyze_folder(tmp_path), "comm_exposed")
+
+
+def test_unnamed_collectives_do_not_choose_the_fix_over_a_named_one(tmp_path: Path) -> None:
+    found = _two_collectives(tmp_path, 300, (300, 400, None), (700, 100, "all_to_allv"))
     assert "by collective: unnamed 0.4 ms (0.4 exposed), all-to-all 0.1 ms (0.1 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all moves tokens")
 
@@ -256,17 +256,7 @@ def test_an_exposed_broadcast_is_told_ddps_buffer_broadcast_not_gradient_buckets
 def test_the_fix_is_the_exposed_collectives_not_the_one_compute_hides(tmp_path: Path) -> None:
     # A 0.4 ms all-reduce that compute hides and a 0.3 ms all-gather that nothing overlaps: the all-gather is what
     # costs the step. Before: the larger kernel time chose, and DDP's bucket advice was given.
-    events = [
-        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
-        launch(0, 1, dur=2),
-        kernel(5, 495, 1),
-        launch(3, 2, dur=2),
-        _collective(50, 400, 2, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "allreduce"),
-        launch(6, 3, dur=2),
-        _collective(500, 300, 3, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "_allgather_base"),
-    ]
-    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
-    found = finding(analyze_folder(tmp_path), "comm_exposed")
+    found = _two_collectives(tmp_path, 500, (50, 400, "allreduce"), (500, 300, "_allgather_base"))
     assert "by collective: all-reduce 0.4 ms (0.0 exposed), all-gather 0.3 ms (0.3 exposed)." in found.evidence
     assert found.fix.startswith("Parameters are gathered and gradients reduce-scattered")
 
