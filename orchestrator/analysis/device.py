@@ -143,7 +143,8 @@ class DeviceView:
                 spans[collective_kind(s, host)].append((s.ts, s.end))
         ms = {kind: sum(e - t for t, e in ivs) / 1000 / n for kind, ivs in spans.items()}
         exposed = {kind: total(subtract(union(ivs), self.compute)) / 1000 / n for kind, ivs in spans.items()}
-        return dict(sorted(ms.items(), key=lambda kv: -kv[1])), dict(sorted(exposed.items(), key=lambda kv: -kv[1]))
+        # Equal exposure (none, when compute hides every collective) is ordered by kernel time.
+        return dict(sorted(ms.items(), key=lambda kv: -kv[1])), dict(sorted(exposed.items(), key=lambda kv: (-kv[1], -ms[kv[0]])))
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""

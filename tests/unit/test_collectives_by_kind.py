@@ -220,18 +220,18 @@ def test_an_exposed_all_reduce_keeps_the_gradient_bucket_advice(tmp_path: Path) 
     assert found.fix.startswith("Let gradient communication run during backward") and "bucket_cap_mb" in found.fix
 
 
-def _two_collectives(tmp_path: Path, compute_until: float, *collectives: tuple[float, float, str | None]) -> Finding:
-    """The comm finding for compute from 5 µs to ``compute_until`` and NCCL's generic kernel run for each
-    (start, duration, collective name written on it) of ``collectives``."""
+def _with_collectives(tmp_path: Path, compute_until: float, *collectives: tuple[float, float, str | None]) -> Summary:
+    """The analysis of a 1 ms step with compute from 5 µs to ``compute_until`` and NCCL's generic kernel run for
+    each (start, duration, collective name written on it) of ``collectives``."""
     events = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), launch(0, 1, dur=2), kernel(5, compute_until - 5, 1)]
     for corr, (ts, dur, written) in enumerate(collectives, start=2):
         events += [launch(corr, corr, dur=1), _collective(ts, dur, corr, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", written)]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
-    return finding(analyze_folder(tmp_path), "comm_exposed")
+    return analyze_folder(tmp_path)
 
 
 def test_unnamed_collectives_do_not_choose_the_fix_over_a_named_one(tmp_path: Path) -> None:
-    found = _two_collectives(tmp_path, 300, (300, 400, None), (700, 100, "all_to_allv"))
+    found = finding(_with_collectives(tmp_path, 300, (300, 400, None), (700, 100, "all_to_allv")), "comm_exposed")
     assert "by collective: unnamed 0.4 ms (0.4 exposed), all-to-all 0.1 ms (0.1 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all moves tokens")
 
@@ -256,7 +256,7 @@ def test_an_exposed_broadcast_is_told_ddps_buffer_broadcast_not_gradient_buckets
 def test_the_fix_is_the_exposed_collectives_not_the_one_compute_hides(tmp_path: Path) -> None:
     # A 0.4 ms all-reduce that compute hides and a 0.3 ms all-gather that nothing overlaps: the all-gather is what
     # costs the step. Before: the larger kernel time chose, and DDP's bucket advice was given.
-    found = _two_collectives(tmp_path, 500, (50, 400, "allreduce"), (500, 300, "_allgather_base"))
+    found = finding(_with_collectives(tmp_path, 500, (50, 400, "allreduce"), (500, 300, "_allgather_base")), "comm_exposed")
     assert "by collective: all-reduce 0.4 ms (0.0 exposed), all-gather 0.3 ms (0.3 exposed)." in found.evidence
     assert found.fix.startswith("Parameters are gathered and gradients reduce-scattered")
 
@@ -280,3 +280,10 @@ def test_hta_torchrec_traces_generic_kernels_are_split_by_the_calls_that_launche
         assert rank.gpu is not None
         assert {"all_to_all", "all_reduce", "all_gather"} <= set(rank.gpu.comm_by_collective)
         assert "send_recv" not in rank.gpu.comm_by_collective
+
+
+def test_collectives_compute_hides_alike_are_ordered_by_their_kernel_time(tmp_path: Path) -> None:
+    # Both under compute (0 exposed): the 0.4 ms all-reduce leads, not the 0.1 ms all-to-all that started first.
+    (rank,) = _with_collectives(tmp_path, 990, (10, 100, "all_to_allv"), (200, 400, "allreduce")).ranks
+    assert rank.gpu is not None and rank.gpu.comm_exposed_by_collective == {"all_reduce": 0.0, "all_to_all": 0.0}
+    assert list(rank.gpu.comm_exposed_by_collective) == ["all_reduce", "all_to_all"]
