@@ -273,6 +273,7 @@ def collective_kind(span: Span, launched_by: CollectiveKind = "other") -> Collec
     return collective_of(span.name)
 
 
+@functools.lru_cache(maxsize=4096)  # asked of every collective call and kernel, of a few dozen distinct names
 def collective_of(name: str) -> CollectiveKind:
     """Which collective a kernel or host op (``nccl:all_to_all``, ``FSDP::all_gather``) of this name runs."""
     for kind, pattern in _COLLECTIVES:
