@@ -38,6 +38,7 @@ from orchestrator.analysis.finding_base import (
 )
 from orchestrator.analysis.groups import slow_link
 from orchestrator.analysis.optimizer_fix import optimizer_changes
+from orchestrator.analysis.readers import readers, reading_fix
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
@@ -185,32 +186,15 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             + (" The device idle time counted includes the gaps after each wait while the host launches anew "
                "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
+            + (f" Made by (Python, innermost frame of your or a library's code): {listed}." if (listed := readers(worst)) else "")
         ),
         one_off=one_step(worst, per_step_cost(worst, ["sync"], "sync")) if on_device else None,
-        fix=_reading_region(worst) + (
+        fix=reading_fix(worst) + (
             "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
             "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after "
             "a CUDA event has completed. Pinning memory does not help here: the wait is for the kernels queued before the read."
         ),
         ranks=[r.rank for r in hit],
-    )
-
-
-def _reading_region(r: RankSummary) -> str:
-    """The user's record_function region that holds most of the reads, as the fix's first words ('' when none does)."""
-    by_region: dict[str, int] = {}
-    for op in r.sync_ops:
-        region, _, rest = op.name.rpartition(" / ")
-        if region and rest and not region.startswith("Optimizer."):
-            by_region[region] = by_region.get(region, 0) + op.calls
-    if not by_region:
-        return ""
-    region, calls = max(by_region.items(), key=lambda kv: (kv[1], kv[0]))
-    if 2 * calls < sum(op.calls for op in r.sync_ops):
-        return ""
-    return (
-        f"The region {region!r} reads tensor values back to the host {calls / max(len(r.steps), 1):.0f}x per step: compute "
-        "what it needs on the device (boolean masks, torch.where, torch.nonzero on the device tensor) instead. "
     )
 
 

@@ -53,7 +53,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, name_innermost, subtract, total, union
 from orchestrator.analysis.spans import is_comm_kernel, is_marker_name
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
@@ -241,8 +241,8 @@ def attribute(
         cpu = subtract(cpu, runtime)
         out["runtime"] += runtime
         out["cpu"] += cpu + python
-        _name_innermost(h.spans, runtime, h.skip, named["runtime"])
-        _name_innermost(h.spans, cpu, h.skip, named["cpu"])
+        name_innermost(h.spans, runtime, h.skip, named["runtime"], PYTHON_OUTSIDE_OPS)
+        name_innermost(h.spans, cpu, h.skip, named["cpu"], PYTHON_OUTSIDE_OPS)
         if python:
             entry = named["cpu"][PYTHON_OUTSIDE_OPS]
             entry[0] += len(python)
@@ -253,11 +253,11 @@ def attribute(
         # The model's own ops: cpu time outside the optimizer's own time and the user's regions (a closure's forward
         # and backward inside Optimizer.step are the model's), so no op is counted with a region it runs in.
         outside = union(own + cover(users))
-        _name_innermost(h.spans, subtract(cpu, outside), h.skip, model_named)
-        _name_innermost(h.frames, subtract(python, outside), frozenset(), python_named)
+        name_innermost(h.spans, subtract(cpu, outside), h.skip, model_named, PYTHON_OUTSIDE_OPS)
+        name_innermost(h.frames, subtract(python, outside), frozenset(), python_named, PYTHON_OUTSIDE_OPS)
         for cause, ivs in (("cpu", union(cpu + python)), ("runtime", runtime), ("launch", launch_pace)):
-            _name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause])  # type: ignore[index]
-            _name_innermost(users, ivs, frozenset(), regions[cause])  # type: ignore[index]
+            name_innermost(steps, intersect(ivs, own), frozenset(), regions[cause], PYTHON_OUTSIDE_OPS)  # type: ignore[index]
+            name_innermost(users, ivs, frozenset(), regions[cause], PYTHON_OUTSIDE_OPS)  # type: ignore[index]
     merged = {cause: union(intervals) for cause, intervals in out.items()}
     per_window = [
         {c: ms for c in IDLE_CAUSES if c in merged and (ms := total(clip(merged[c], t0, t1)) / 1000) > 0} for t0, t1 in windows
@@ -315,62 +315,6 @@ def summarize(
         if ms > 0
     ]
     return IdleAttribution(idle_ms_per_step=idle, causes=causes)
-
-
-def _name_innermost(spans: Sequence[Span], pieces: Intervals, skip: frozenset[str], named: dict[str, list[float]]) -> None:
-    """Add to ``named`` the time of ``pieces`` under each innermost open span of ``spans`` (one sweep of both).
-
-    The open spans are kept as parallel lists of ends and names: this loop runs once per span of the thread.
-    """
-    ends: list[float] = []
-    names: list[str] = []
-    i, n = 0, len(spans)
-    for a, b in pieces:
-        # Open every span that starts by ``a`` and is still open at ``a`` (most end before: skipped without a push).
-        while i < n:
-            span = spans[i]
-            ts = span.ts
-            if ts > a:
-                break
-            i += 1
-            if span.end <= a:
-                continue
-            while ends and ends[-1] <= ts:
-                ends.pop()
-                names.pop()
-            if span.name not in skip:
-                ends.append(span.end)
-                names.append(span.name)
-        while ends and ends[-1] <= a:
-            ends.pop()
-            names.pop()
-        cur = a
-        seen: set[str] = set()
-        while cur < b:
-            nxt = b
-            if i < n and spans[i].ts < nxt:
-                nxt = spans[i].ts
-            if ends and ends[-1] < nxt:
-                nxt = ends[-1]
-            name = names[-1] if names else PYTHON_OUTSIDE_OPS
-            entry = named[name]
-            entry[1] += nxt - cur
-            if name not in seen:
-                entry[0] += 1
-                seen.add(name)
-            cur = nxt
-            while ends and ends[-1] <= cur:
-                ends.pop()
-                names.pop()
-            while i < n and spans[i].ts <= cur:
-                span = spans[i]
-                while ends and ends[-1] <= span.ts:
-                    ends.pop()
-                    names.pop()
-                if span.name not in skip:
-                    ends.append(span.end)
-                    names.append(span.name)
-                i += 1
 
 
 def _top(named: dict[str, list[float]]) -> list[OpStat]:

@@ -7,11 +7,11 @@ with ``start < end``. Every function here returns one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import Protocol
 
-__all__ = ["Intervals", "Timed", "clip", "cover", "intersect", "subtract", "total", "union"]
+__all__ = ["Intervals", "Timed", "clip", "cover", "intersect", "name_innermost", "subtract", "total", "union"]
 
 Intervals = list[tuple[float, float]]
 _START = itemgetter(0)
@@ -117,3 +117,62 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 def total(intervals: Intervals) -> float:
     """Summed length."""
     return sum(e - s for s, e in intervals)
+
+
+def name_innermost(
+    spans: Sequence[Timed], pieces: Intervals, skip: frozenset[str], named: dict[str, list[float]], outside: str
+) -> None:
+    """Add to ``named`` (name -> [pieces, time]) the time of ``pieces`` under each innermost open span of ``spans``
+    (sorted by start, then longest first), and under ``outside`` the time under none: one sweep of both.
+
+    The open spans are kept as parallel lists of ends and names: this loop runs once per span of the thread.
+    """
+    ends: list[float] = []
+    names: list[str] = []
+    i, n = 0, len(spans)
+    for a, b in pieces:
+        # Open every span that starts by ``a`` and is still open at ``a`` (most end before: skipped without a push).
+        while i < n:
+            span = spans[i]
+            ts = span.ts
+            if ts > a:
+                break
+            i += 1
+            if span.end <= a:
+                continue
+            while ends and ends[-1] <= ts:
+                ends.pop()
+                names.pop()
+            if span.name not in skip:
+                ends.append(span.end)
+                names.append(span.name)
+        while ends and ends[-1] <= a:
+            ends.pop()
+            names.pop()
+        cur = a
+        seen: set[str] = set()
+        while cur < b:
+            nxt = b
+            if i < n and spans[i].ts < nxt:
+                nxt = spans[i].ts
+            if ends and ends[-1] < nxt:
+                nxt = ends[-1]
+            name = names[-1] if names else outside
+            entry = named[name]
+            entry[1] += nxt - cur
+            if name not in seen:
+                entry[0] += 1
+                seen.add(name)
+            cur = nxt
+            while ends and ends[-1] <= cur:
+                ends.pop()
+                names.pop()
+            while i < n and spans[i].ts <= cur:
+                span = spans[i]
+                while ends and ends[-1] <= span.ts:
+                    ends.pop()
+                    names.pop()
+                if span.name not in skip:
+                    ends.append(span.end)
+                    names.append(span.name)
+                i += 1

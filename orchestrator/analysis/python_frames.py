@@ -1,4 +1,4 @@
-"""Which Python function the host runs outside any op, from a ``with_stack`` trace's Python frames.
+"""Which Python function the host runs outside any op, or reads a device value back in, from a ``with_stack`` trace's frames.
 
 Without stacks, host time in a step but in no op is "Python outside any op" and the fix can only say how to find
 out. With them (``with_stack=True``; TraceLens' and many HF recordings have them) the innermost frame open at each
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
+from orchestrator.analysis.intervals import Intervals, name_innermost
+from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["frame_label", "user_frames"]
+__all__ = ["callers", "frame_label", "frame_parts", "user_frames"]
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
@@ -52,6 +55,25 @@ def frame_label(name: str) -> str:
     return f"{match['func']} ({match['path']}:{match['line']})" if match else name
 
 
+@lru_cache(maxsize=4096)
+def frame_parts(name: str) -> tuple[str, str] | None:
+    """A frame's file (relative to its site-packages where it is installed) and function, or None for no frame."""
+    match = _FRAME.match(name)
+    if match is None:
+        return None
+    return _INSTALLED.split(match["path"], maxsplit=1)[-1], match["func"]
+
+
 def user_frames(frames: Iterable[Span]) -> list[Span]:
-    """The frames that name the user's or a library's code, in the order :func:`idle._name_innermost` sweeps them."""
+    """The frames that name the user's or a library's code, in the order :func:`~orchestrator.analysis.intervals.name_innermost` sweeps them."""
     return sorted((f for f in frames if _is_users(f.name)), key=lambda f: (f.ts, -f.end))
+
+
+def callers(frames: Sequence[Span], waits: Intervals) -> list[OpStat]:
+    """The innermost frame of the user's or a library's code (``frames``: :func:`user_frames`' order) around each of
+    ``waits``, with the waits it holds and their time, most time first: who reads a device value back, by its line."""
+    named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    name_innermost(frames, waits, frozenset(), named, "")
+    named.pop("", None)  # in no frame: a trace without Python stacks
+    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows]

@@ -66,7 +66,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
-from orchestrator.analysis.python_frames import user_frames
+from orchestrator.analysis.python_frames import callers, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DEVICE_CATEGORIES,
@@ -321,13 +321,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle = None
+    main_frames = user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are the main thread's
     if device_spans and windows:
         main_host = HostThread(
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
-            frames=user_frames(frames.get(main_key, ())),  # Python outside ops is the main thread's (its steps)
+            frames=main_frames,
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows),
@@ -350,6 +351,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         comm_wait_ms=comm_wait,
         data_loader=loader_class(main_kinds),
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
+        sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
         comm_ops=collectives, regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

@@ -291,6 +291,10 @@ class RankSummary(_Model):
         description="Outermost sync calls on the main thread, as 'region / op' where a record_function region or an "
         "optimizer step holds them.",
     )
+    sync_callers: list[OpStat] = Field(
+        default_factory=list,
+        description="with_stack traces: the innermost frame of the user's or a library's code around each sync in the steps.",
+    )
     gpu: GpuStats | None = None
     idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")
     copies: list[CopyStats] = Field(default_factory=list)

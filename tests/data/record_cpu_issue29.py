@@ -3,9 +3,11 @@
     PYTHONPATH=. python tests/data/record_cpu_issue29.py OUT [CASE ...]
 
 Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz`` (the layout ``rayprof analyze`` reads): CPU
-activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_stack=False, so steps 2-4 of 5.
+activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_stack=False (but hf_trainer_stacks),
+so steps 2-4 of 5.
   hf_trainer   healthy: a Hugging Face Trainer on a tiny GPT-2 built from a config, synthetic token ids in memory;
                a TrainerCallback calls prof.step() at on_step_end
+  hf_trainer_stacks  the same with with_stack=True: the Python functions that read values back are named
   mlp          healthy: a plain MLP loop over in-memory tensors
   data_bound   the same loop fed by DataLoader(num_workers=0) whose __getitem__ does heavy numpy work per sample
   optimizer    2,000 tiny Linear layers stepped by Adam(foreach=False): one small op chain per parameter (9 MB)
@@ -37,12 +39,12 @@ STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth pro
 
 
 @contextmanager
-def recording(out: Path, name: str, rank: int = 0) -> Iterator[Any]:
+def recording(out: Path, name: str, rank: int = 0, with_stack: bool = False) -> Iterator[Any]:
     folder = out / name / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f"rank{rank}.pt.trace.json"
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
-                 record_shapes=True, with_stack=False,
+                 record_shapes=True, with_stack=with_stack,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
         yield prof
     with raw.open("rb") as src, gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb") as dst:
@@ -147,7 +149,7 @@ def case_round_trip(out: Path) -> None:
     loop(out, "round_trip", step)
 
 
-def case_hf_trainer(out: Path) -> None:
+def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = False) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     torch.manual_seed(0)
@@ -164,12 +166,12 @@ def case_hf_trainer(out: Path) -> None:
             self.prof.step()
 
     args = TrainingArguments(
-        output_dir=str(out / "hf_trainer" / "run"), max_steps=STEPS, per_device_train_batch_size=8, use_cpu=True,
+        output_dir=str(out / name / "run"), max_steps=STEPS, per_device_train_batch_size=8, use_cpu=True,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
     )
-    with recording(out, "hf_trainer") as prof:
+    with recording(out, name, with_stack=with_stack) as prof:
         Trainer(model=model, args=args, train_dataset=rows, callbacks=[Step(prof)]).train()
-    shutil.rmtree(out / "hf_trainer" / "run", ignore_errors=True)
+    shutil.rmtree(out / name / "run", ignore_errors=True)
 
 
 def case_lightning(out: Path) -> None:
@@ -239,7 +241,8 @@ def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
 
 
 CASES: dict[str, Callable[[Path], None]] = {
-    "hf_trainer": case_hf_trainer, "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
+    "hf_trainer": case_hf_trainer, "hf_trainer_stacks": lambda out: case_hf_trainer(out, "hf_trainer_stacks", with_stack=True),
+    "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),

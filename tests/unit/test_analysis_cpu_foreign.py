@@ -74,9 +74,33 @@ def test_a_read_inside_a_users_region_is_told_by_that_regions_name() -> None:
     assert fix.startswith("The region 'HOST ROUND TRIP' reads tensor values back to the host 1x per step")
 
 
-def test_reads_outside_any_region_get_the_general_advice() -> None:
+def test_reads_outside_any_region_without_stacks_are_told_how_to_find_their_line() -> None:
     fix = cpu_case("hf_trainer").findings[0].fix
-    assert fix.startswith("Keep loss.item()") and "region" not in fix
+    assert fix.startswith("To see which Python line reads, profile with with_stack=True. Keep loss.item()")
+    assert "region" not in fix
+
+
+def test_the_python_functions_that_read_are_named_from_the_traces_stacks() -> None:
+    # The same Trainer recorded with with_stack=True. Before, the finding said "3 waits per step (aten::item)" and
+    # told the general advice: the reads are the Trainer's loop (its nan/inf filter) and GPT-2's mask preparation.
+    summary = cpu_case("hf_trainer_stacks")
+    [read] = summary.findings
+    assert read.code == "host_sync" and read.severity == "info"
+    assert [(c.name, c.calls) for c in only_rank(summary).sync_callers] == [
+        ("transformers/trainer.py(1957): _run_epoch", 6),
+        ("transformers/masking_utils.py(735): find_packed_sequence_indices", 3),
+    ]
+    assert (
+        "Made by (Python, innermost frame of your or a library's code): _run_epoch (transformers/trainer.py:1957) 2 a step, "
+        "find_packed_sequence_indices (transformers/masking_utils.py:735) 1 a step." in read.evidence
+    )
+
+
+def test_the_trainers_loss_filter_is_told_the_setting_that_removes_its_reads() -> None:
+    # Recorded again with logging_nan_inf_filter=False, the two reads under _run_epoch were gone (session 49).
+    fix = cpu_case("hf_trainer_stacks").findings[0].fix
+    assert fix.startswith("The reads are mostly in _run_epoch (transformers/trainer.py:1957) (2x per step): transformers' Trainer")
+    assert "logging_nan_inf_filter=False" in fix and "with_stack" not in fix
 
 
 def test_a_per_parameter_adam_is_told_fused_true_for_adam() -> None:

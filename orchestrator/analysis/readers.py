@@ -1,0 +1,72 @@
+"""Who reads device values back to the host every step, as the host_sync finding names them.
+
+A read (``loss.item()``, ``.cpu()``, ``if tensor:``) is named by the user's ``record_function`` region that holds
+most of them, else, in a ``with_stack`` trace, by the innermost Python function of the user's or a library's code
+around each (:func:`~orchestrator.analysis.python_frames.callers`). A library's own reads get the setting that
+spares them where one is known; without stacks the fix says how to find the line.
+"""
+
+from __future__ import annotations
+
+from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.models.analysis import RankSummary
+
+__all__ = ["readers", "reading_fix"]
+
+# Library functions that read a device value every step, by (file under site-packages, function), and the change
+# that spares the read. transformers' Trainer tests each step's loss with torch.isnan/isinf before it adds it to the
+# logged mean (its training loop: _inner_training_loop up to 4.x, _run_epoch since).
+_TRAINER_NAN_FILTER = (
+    "transformers' Trainer checks every step's loss for nan/inf before it logs it (TrainingArguments("
+    "logging_nan_inf_filter=True), the default; two reads per micro-batch): logging_nan_inf_filter=False removes "
+    "them (a nan or inf loss then shows in the logged loss). "
+)
+_KNOWN = {
+    ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,
+    ("transformers/trainer.py", "_inner_training_loop"): _TRAINER_NAN_FILTER,
+}
+
+
+def readers(r: RankSummary) -> str:
+    """The Python functions that make the reads (a with_stack trace's), with how often: "f (a.py:3) 2 a step, ..."."""
+    steps = max(len(r.steps), 1)
+    return ", ".join(
+        f"{frame_label(c.name)[:90]} " + (f"{c.calls / steps:.0f} a step" if c.calls >= steps else f"{c.calls} in {steps} steps")
+        for c in r.sync_callers[:3]
+    )
+
+
+def reading_fix(r: RankSummary) -> str:
+    """The fix's first words: who makes most of the reads and what to change there, or how to find out."""
+    return _region(r) or _function(r) or (
+        "" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. "
+    )
+
+
+def _region(r: RankSummary) -> str:
+    """The user's record_function region that holds most of the reads ('' when none does)."""
+    by_region: dict[str, int] = {}
+    for op in r.sync_ops:
+        region, _, rest = op.name.rpartition(" / ")
+        if region and rest and not region.startswith("Optimizer."):
+            by_region[region] = by_region.get(region, 0) + op.calls
+    if not by_region:
+        return ""
+    region, calls = max(by_region.items(), key=lambda kv: (kv[1], kv[0]))
+    if 2 * calls < sum(op.calls for op in r.sync_ops):
+        return ""
+    return (
+        f"The region {region!r} reads tensor values back to the host {calls / max(len(r.steps), 1):.0f}x per step: compute "
+        "what it needs on the device (boolean masks, torch.where, torch.nonzero on the device tensor) instead. "
+    )
+
+
+def _function(r: RankSummary) -> str:
+    """The Python function whose reads hold more than half of the waiting (with_stack), and a library's known setting
+    for them ('' when no function does, or the trace has no Python stacks)."""
+    if not r.sync_callers or 2 * r.sync_callers[0].total_ms <= sum(c.total_ms for c in r.sync_callers):
+        return ""
+    top = r.sync_callers[0]
+    said = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
+    known = _KNOWN.get(frame_parts(top.name) or ("", ""))
+    return said + (known or "start there. ")

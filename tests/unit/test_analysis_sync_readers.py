@@ -1,0 +1,107 @@
+"""Who reads device values back every step: the host_sync finding names the Python function around each read (a
+with_stack trace's innermost frame of the user's or a library's code), tells a known library's setting for its own
+reads, and without stacks says how to find the line.
+
+Shaped after a Hugging Face Trainer recording (tests/data/traces/cpu_hf_trainer_stacks, tested with the real trace in
+test_analysis_cpu_foreign.py): before, the finding said "3 waits per step (aten::item)" and nothing about whose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.python_frames import frame_parts
+from orchestrator.models.analysis import Finding, RankSummary
+from tests.support.realtraces import finding
+from tests.support.tracefiles import write_trace, x_event
+from tests.unit.test_analysis_idle_causes import kernel, launch
+
+
+def _frame(name: str, ts: float, dur: float) -> dict[str, Any]:
+    return x_event(name, ts, dur, cat="python_function")
+
+
+def _read(ts: float, dur: float, corr: int) -> list[dict[str, Any]]:
+    """loss.item() on a device: the aten::item around a device-to-host copy that waits for the queued kernels."""
+    return [
+        x_event("aten::item", ts, dur),
+        x_event("cudaMemcpyAsync", ts + 1, dur - 2, cat="cuda_runtime", correlation=corr),
+        x_event("Memcpy DtoH (Device -> Pageable)", ts + dur - 3, 1, cat="gpu_memcpy", pid=0, tid=7, correlation=corr, stream=7, device=0),
+    ]
+
+
+def _step(tmp_path: Path, events: list[dict[str, Any]]) -> tuple[RankSummary, Finding]:
+    """A 1 ms step: a 300 µs kernel, then the host reads a value back (``events``) and launches again after the wait."""
+    write_trace(
+        tmp_path / "rank0.pt.trace.json",
+        [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), launch(0, 1), kernel(10, 300, 1), *events, launch(900, 9), kernel(905, 90, 9)],
+        world_size=1,
+    )
+    summary = analyze_folder(tmp_path)
+    return summary.ranks[0], finding(summary, "host_sync")
+
+
+def test_a_read_is_named_by_the_innermost_frame_of_the_users_code_around_it(tmp_path: Path) -> None:
+    rank, read = _step(
+        tmp_path,
+        [
+            _frame("train.py(40): train_step", 5, 990),
+            _frame("metrics.py(12): running_loss", 20, 320),
+            _frame("torch/_tensor.py(1100): __format__", 25, 310),  # torch's own Python: its caller's
+            *_read(30, 300, 2),
+        ],
+    )
+    assert [(c.name, c.calls) for c in rank.sync_callers] == [("metrics.py(12): running_loss", 1)]
+    assert "Made by (Python, innermost frame of your or a library's code): running_loss (metrics.py:12) 1 a step." in read.evidence
+    assert read.fix.startswith("The reads are mostly in running_loss (metrics.py:12) (1x per step): start there. Keep loss.item()")
+
+
+def test_a_known_librarys_reads_are_told_the_setting_that_removes_them(tmp_path: Path) -> None:
+    trainer = "/venv/lib/python3.11/site-packages/transformers/trainer.py(2480): _inner_training_loop"
+    _, read = _step(tmp_path, [_frame(trainer, 5, 990), *_read(30, 300, 2)])
+    assert "logging_nan_inf_filter=False" in read.fix
+
+
+def test_no_function_is_named_in_the_fix_when_none_holds_most_of_the_waiting(tmp_path: Path) -> None:
+    rank, read = _step(
+        tmp_path,
+        [_frame("train.py(40): log_loss", 20, 160), *_read(30, 140, 2), _frame("train.py(60): log_accuracy", 190, 160), *_read(200, 140, 3)],
+    )
+    assert {c.name for c in rank.sync_callers} == {"train.py(40): log_loss", "train.py(60): log_accuracy"}
+    assert read.fix.startswith("Keep loss.item()")
+
+
+def test_a_users_region_around_the_reads_is_named_before_the_function(tmp_path: Path) -> None:
+    _, read = _step(
+        tmp_path,
+        [x_event("MASK INDICES", 20, 320, cat="user_annotation"), _frame("model.py(7): mask_indices", 25, 310), *_read(30, 300, 2)],
+    )
+    assert read.fix.startswith("The region 'MASK INDICES' reads tensor values back to the host 1x per step")
+    assert "running" not in read.fix and "mostly in" not in read.fix
+
+
+def test_without_stacks_the_fix_says_how_to_find_the_line(tmp_path: Path) -> None:
+    rank, read = _step(tmp_path, _read(30, 300, 2))
+    assert rank.sync_callers == []
+    assert "Made by" not in read.evidence
+    assert read.fix.startswith("To see which Python line reads, profile with with_stack=True. Keep loss.item()")
+
+
+@given(st.text(max_size=120))
+def test_any_text_is_a_frame_or_none_never_an_error(name: str) -> None:
+    parts = frame_parts(name)
+    assert parts is None or all(isinstance(p, str) for p in parts)
+
+
+@given(
+    st.sampled_from(["", "/venv/lib/python3.11/site-packages/", "/usr/lib/python3/dist-packages/"]),
+    st.from_regex(r"[a-z_]{1,8}(/[a-z_]{1,8}){0,2}\.py", fullmatch=True),
+    st.integers(min_value=0, max_value=10**6),
+    st.from_regex(r"[A-Za-z_<>][A-Za-z0-9_<>]{0,20}", fullmatch=True),
+)
+def test_a_frame_is_its_file_under_site_packages_and_its_function(root: str, path: str, line: int, func: str) -> None:
+    assert frame_parts(f"{root}{path}({line}): {func}") == (path, func)
