@@ -2,6 +2,9 @@
 communication: DDP's bucketing moves an all-reduce, not a MoE's all-to-all or a pipeline's sends, and FSDP's
 prefetching is the lever for all-gathers.
 
+A job that runs DDP already (its forward marks itself) is told DDP's own settings, or, where its collectives outlast
+the compute that could hide them, to send fewer bytes per sample.
+
 The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
 a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
 it is read from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoall_base_``), which block the step.
@@ -19,6 +22,18 @@ _ALL_REDUCE = (
     "Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce after backward, "
     "tune DDP bucket_cap_mb so the first buckets start early, accumulate gradients under no_sync() across "
     "micro-batches, or compress gradients (DDP comm hooks, bf16)."
+)
+_DDP_BOUND = (
+    "DDP already all-reduces the gradients in buckets during backward, but its collectives take {comm:.1f} ms a step "
+    "and the {compute} that could hide them {work:.1f} ms: no bucket size hides that. Send fewer bytes per sample: "
+    "accumulate gradients under no_sync() over micro-batches (one all-reduce per N of them), a larger batch per rank, "
+    "or compress the gradients (model.register_comm_hook: bf16_compress_hook where they are fp32, or PowerSGD)."
+)
+_DDP_TAIL = (
+    "DDP already all-reduces the gradients in buckets during backward; {exposed:.1f} ms a step of it stays exposed "
+    "(the buckets that fill as backward ends): a smaller bucket_cap_mb (default 25) starts each bucket sooner, "
+    "gradient_as_bucket_view=True saves the copy into buckets, static_graph=True spares a fixed model DDP's search for "
+    "unused parameters each step, and no_sync() over micro-batches all-reduces once per N of them."
 )
 _EXPERTS = (
     "The all-to-all moves tokens to their experts and back (expert parallelism), and gradient bucketing does not "
@@ -109,7 +124,20 @@ def comm_fix(r: RankSummary) -> str:
         return _GATHER
     if lead == "broadcast":
         return _BROADCAST
-    return _ALL_REDUCE
+    return _ddp(r) if r.ddp else _ALL_REDUCE
+
+
+def _ddp(r: RankSummary) -> str:
+    """DDP's changes: its all-reduce overlaps backward already, so by whether the compute could hide it at all (device
+    collective kernels against compute kernels; on a CPU, the exposed wait against backward's host time)."""
+    if r.gpu is not None:
+        comm, work, compute = r.gpu.comm_kernel_ms_per_step, r.gpu.kernel_ms_per_step - r.gpu.comm_kernel_ms_per_step, "compute kernels"
+        exposed = r.gpu.comm_exposed_ms_per_step
+    else:
+        comm, work, compute, exposed = r.comm_wait_ms, r.mean_phases.backward, "backward", r.comm_wait_ms
+    if comm >= work:
+        return _DDP_BOUND.format(comm=comm, compute=compute, work=work)
+    return _DDP_TAIL.format(exposed=exposed)
 
 
 def fsdp_fix(r: RankSummary) -> str | None:

@@ -69,6 +69,7 @@ from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_leve
 from orchestrator.analysis.python_frames import callers, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
+    DDP_FORWARD,
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
     Kinds,
@@ -349,7 +350,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,
-        data_loader=loader_class(main_kinds),
+        data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds,
         sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
         comm_ops=collectives, regathers_per_step=regathers_per_step(main_kinds, windows),

@@ -21,6 +21,7 @@ from orchestrator.traces.loader import Span
 
 __all__ = [
     "COPY_OPS",
+    "DDP_FORWARD",
     "DEVICE_CATEGORIES",
     "HOST_CATEGORIES",
     "CopyDirection",
@@ -138,6 +139,11 @@ def is_backward(span: Span) -> bool:
     return span.cat in ("cpu_op", "user_annotation") and not is_comm(span) and (
         _BACKWARD.search(span.name) is not None or span.name.startswith(_COMPILED_AUTOGRAD)
     )
+
+
+# DDP's forward marks itself (torch.nn.parallel.DistributedDataParallel.forward, every release): its job's gradients
+# are all-reduced in buckets during backward already.
+DDP_FORWARD = ("DistributedDataParallel.forward", "user_annotation")
 
 
 def is_forward(span: Span) -> bool:

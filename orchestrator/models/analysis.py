@@ -277,6 +277,7 @@ class RankSummary(_Model):
         "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
     )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
+    ddp: bool = Field(default=False, description="DDP's forward ran: its all-reduce runs in buckets during backward.")
     comm_ops: list[OpStat] = Field(
         default_factory=list,
         description="Outermost collective spans on the main thread, by name (FSDP's module suffix removed), over the steps.",

@@ -1,0 +1,88 @@
+"""A job that runs DDP already is told DDP's own settings for its exposed all-reduce, never "use DDP": bucket
+settings where its compute could hide the all-reduce, fewer bytes per sample where its collectives outlast that
+compute (TraceLens' MI300 ResNet: 13.4 ms of collective kernels a step beside 4.3 ms of compute)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.models.analysis import Finding
+from tests.support.realtraces import external, finding
+from tests.support.tracefiles import write_trace, x_event
+from tests.unit.test_analysis_idle_causes import kernel, launch
+
+_DDP_FORWARD = x_event("DistributedDataParallel.forward", 1, 100, cat="user_annotation")
+
+
+def _all_reduce(ts: float, dur: float, corr: int) -> dict[str, Any]:
+    return x_event(
+        "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", ts, dur, cat="kernel", pid=0, tid=8,
+        correlation=corr, stream=8, device=0, **{"Collective name": "allreduce"},
+    )
+
+
+def _exposed(tmp_path: Path, compute_until: float, ddp: bool) -> Finding:
+    """A 1 ms step: compute from 5 µs to ``compute_until``, then an all-reduce from there to 900 µs that nothing
+    overlaps; ``ddp``: the forward is DDP's."""
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        *([_DDP_FORWARD] if ddp else []),
+        launch(0, 1, dur=2), kernel(5, compute_until - 5, 1),
+        launch(3, 2, dur=2), _all_reduce(compute_until, 900 - compute_until, 2),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return finding(analyze_folder(tmp_path), "comm_exposed")
+
+
+def test_a_ddp_job_whose_all_reduce_outlasts_its_compute_is_told_to_send_fewer_bytes(tmp_path: Path) -> None:
+    found = _exposed(tmp_path, 300, ddp=True)
+    assert found.fix.startswith(
+        "DDP already all-reduces the gradients in buckets during backward, but its collectives take 0.6 ms a step and "
+        "the compute kernels that could hide them 0.3 ms: no bucket size hides that."
+    )
+    assert "no_sync()" in found.fix and "bf16_compress_hook" in found.fix
+    assert "bucket_cap_mb" not in found.fix and "use DDP" not in found.fix
+
+
+def test_a_ddp_job_with_compute_to_hide_its_all_reduce_is_told_ddps_bucket_settings(tmp_path: Path) -> None:
+    found = _exposed(tmp_path, 600, ddp=True)
+    assert found.fix.startswith("DDP already all-reduces the gradients in buckets during backward; 0.3 ms a step of it stays exposed")
+    assert "bucket_cap_mb" in found.fix and "static_graph=True" in found.fix and "use DDP" not in found.fix
+
+
+def test_a_job_without_ddp_is_told_to_all_reduce_during_backward(tmp_path: Path) -> None:
+    found = _exposed(tmp_path, 300, ddp=False)
+    assert found.fix.startswith("Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce")
+
+
+def test_tracelens_mi300_ddp_resnet_is_told_its_collectives_outlast_its_compute() -> None:
+    # Before: "use DDP/FSDP rather than an all_reduce after backward" to a job whose forward is DDP's.
+    found = finding(external("tracelens_mi300_resnet_ckpt_r0of8"), "comm_exposed")
+    assert found.fix.startswith(
+        "DDP already all-reduces the gradients in buckets during backward, but its collectives take 13.4 ms a step and "
+        "the compute kernels that could hide them 4.3 ms"
+    )
+
+
+def _cpu_step(tmp_path: Path, backward_us: float) -> Finding:
+    """A CPU-only DDP step: forward, backward for ``backward_us``, then the host waits in gloo's all-reduce to 900 µs."""
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), _DDP_FORWARD,
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 110, backward_us),
+        x_event("gloo:all_reduce", 110 + backward_us, 790 - backward_us),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return finding(analyze_folder(tmp_path), "comm_exposed")
+
+
+def test_on_a_cpu_a_ddp_wait_longer_than_backward_is_told_to_send_fewer_bytes(tmp_path: Path) -> None:
+    found = _cpu_step(tmp_path, 200)
+    assert found.fix.startswith("DDP already all-reduces the gradients in buckets during backward, but its collectives take 0.6 ms")
+    assert "and the backward that could hide them 0.2 ms" in found.fix
+
+
+def test_on_a_cpu_a_ddp_wait_shorter_than_backward_is_told_ddps_bucket_settings(tmp_path: Path) -> None:
+    found = _cpu_step(tmp_path, 500)
+    assert found.fix.startswith("DDP already all-reduces the gradients in buckets during backward; 0.3 ms a step of it stays exposed")
