@@ -21,9 +21,22 @@ _TRAINER_NAN_FILTER = (
     "logging_nan_inf_filter=True), the default; two reads per micro-batch): logging_nan_inf_filter=False removes "
     "them (a nan or inf loss then shows in the logged loss). "
 )
+# Lightning turns each value logged with prog_bar=True into a Python number each time the trainer collects its
+# metrics (once a step with no progress bar shown, three times with one); recorded without prog_bar=True, or with
+# on_step=False, a step read nothing.
+_LIGHTNING_PROGRESS_BAR = (
+    "Lightning turns every value logged with self.log(..., prog_bar=True) into a Python number each step, for the "
+    "progress bar (shown or not): log per-step values without prog_bar=True, or with on_step=False (an epoch mean, "
+    "read once an epoch). "
+)
+_LIGHTNING_METRICS = [
+    ((f"{package}/trainer/connectors/logger_connector/{module}.py", "metrics"), _LIGHTNING_PROGRESS_BAR)
+    for package in ("lightning/pytorch", "pytorch_lightning") for module in ("result", "logger_connector")
+]
 _KNOWN = {
     ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,
     ("transformers/trainer.py", "_inner_training_loop"): _TRAINER_NAN_FILTER,
+    **dict(_LIGHTNING_METRICS),
 }
 
 
@@ -62,11 +75,13 @@ def _region(r: RankSummary) -> str:
 
 
 def _function(r: RankSummary) -> str:
-    """The Python function whose reads hold more than half of the waiting (with_stack), and a library's known setting
-    for them ('' when no function does, or the trace has no Python stacks)."""
-    if not r.sync_callers or 2 * r.sync_callers[0].total_ms <= sum(c.total_ms for c in r.sync_callers):
+    """The Python function whose reads hold more than half of the waiting (on a CPU, of the reads), and a library's
+    known setting for them ('' when no function does, or the trace has no Python stacks)."""
+    # On a device the first read after queued work waits longest; on a CPU no read waits, so the most frequent leads.
+    weight = (lambda c: c.total_ms) if r.gpu is not None else (lambda c: float(c.calls))
+    top = max(r.sync_callers, key=weight, default=None)
+    if top is None or 2 * weight(top) <= sum(weight(c) for c in r.sync_callers):
         return ""
-    top = r.sync_callers[0]
     said = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
     known = _KNOWN.get(frame_parts(top.name) or ("", ""))
     return said + (known or "start there. ")

@@ -3,8 +3,8 @@
     PYTHONPATH=. python tests/data/record_cpu_issue29.py OUT [CASE ...]
 
 Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz`` (the layout ``rayprof analyze`` reads): CPU
-activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_stack=False (but hf_trainer_stacks),
-so steps 2-4 of 5.
+activities only, schedule(wait=1, warmup=1, active=3), record_shapes=True, with_stack=False (True for
+hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   hf_trainer   healthy: a Hugging Face Trainer on a tiny GPT-2 built from a config, synthetic token ids in memory;
                a TrainerCallback calls prof.step() at on_step_end
   hf_trainer_stacks  the same with with_stack=True: the Python functions that read values back are named
@@ -14,6 +14,7 @@ so steps 2-4 of 5.
   optimizer_small  the same with 40 layers (80 parameters), small enough to commit as a test fixture
   round_trip   a loop that reads .item() and .cpu().numpy() inside record_function("HOST ROUND TRIP") each step
   lightning    a Lightning Trainer (CPU, no logger, no progress bar); a Callback calls prof.step() per batch
+  lightning_prog_bar  the same logging its loss with self.log(..., prog_bar=True), with_stack=True
   fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
                the root; rank0/rank1.pt.trace.json.gz
   fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
@@ -174,7 +175,7 @@ def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = Fals
     shutil.rmtree(out / name / "run", ignore_errors=True)
 
 
-def case_lightning(out: Path) -> None:
+def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False) -> None:
     import lightning as L
 
     class Module(L.LightningModule):
@@ -184,7 +185,10 @@ def case_lightning(out: Path) -> None:
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
             x, y = batch
-            return nn.functional.cross_entropy(self.net(x), y)
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            if prog_bar:
+                self.log("loss", loss, prog_bar=True)
+            return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters())
@@ -197,7 +201,7 @@ def case_lightning(out: Path) -> None:
             self.prof.step()
 
     data = torch.utils.data.TensorDataset(torch.randn(256 * STEPS, 256), torch.randint(0, 10, (256 * STEPS,)))
-    with recording(out, "lightning") as prof:
+    with recording(out, name, with_stack=prog_bar) as prof:
         L.Trainer(
             max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
             enable_checkpointing=False, enable_model_summary=False, callbacks=[Step(prof)],
@@ -245,6 +249,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,
+    "lightning_prog_bar": lambda out: case_lightning(out, "lightning_prog_bar", prog_bar=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
 }
 

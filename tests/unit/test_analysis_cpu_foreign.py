@@ -20,6 +20,21 @@ def cpu_case(name: str) -> Summary:
     return analyze_folder(case(f"cpu_{name}"))
 
 
+def test_lightnings_progress_bar_reads_are_told_to_log_without_prog_bar() -> None:
+    # self.log("loss", loss, prog_bar=True), with_stack=True: Lightning's logger connector reads the value each step.
+    # Recorded again without prog_bar=True, or with on_step=False, the steps read nothing (session 49).
+    summary = cpu_case("lightning_prog_bar")
+    [read] = summary.findings
+    assert [(c.name, c.calls) for c in only_rank(summary).sync_callers] == [
+        ("lightning/pytorch/trainer/connectors/logger_connector/result.py(470): metrics", 3)
+    ]
+    assert read.fix.startswith(
+        "The reads are mostly in metrics (lightning/pytorch/trainer/connectors/logger_connector/result.py:470) (1x per "
+        "step): Lightning turns every value logged with self.log(..., prog_bar=True) into a Python number each step"
+    )
+    assert "on_step=False" in read.fix
+
+
 def test_a_plain_loop_with_adam_gets_no_finding() -> None:
     # An MLP over in-memory tensors. Adam(foreach=False) reads each parameter's step count with item() inside
     # Optimizer.step; that count is a CPU tensor even on a GPU, so those reads are no sync. Before: host_sync info,

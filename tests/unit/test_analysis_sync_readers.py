@@ -75,6 +75,19 @@ def test_no_function_is_named_in_the_fix_when_none_holds_most_of_the_waiting(tmp
     assert read.fix.startswith("Keep loss.item()")
 
 
+def test_on_a_cpu_the_function_that_reads_most_often_is_named(tmp_path: Path) -> None:
+    # No read waits on a CPU: the longest item() says nothing; the most frequent reader is the one to change.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        _frame("train.py(40): log_loss", 10, 300), x_event("aten::item", 20, 200),
+        _frame("train.py(60): log_accuracy", 400, 500),
+        *(x_event("aten::item", 410 + 100 * i, 20) for i in range(3)),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    read = finding(analyze_folder(tmp_path), "host_sync")
+    assert read.fix.startswith("The reads are mostly in log_accuracy (train.py:60) (3x per step)")
+
+
 def test_a_users_region_around_the_reads_is_named_before_the_function(tmp_path: Path) -> None:
     _, read = _step(
         tmp_path,
