@@ -3,7 +3,8 @@
 A read (``loss.item()``, ``.cpu()``, ``if tensor:``) is named by the user's ``record_function`` region that holds
 most of them, else, in a ``with_stack`` trace, by the innermost Python function of the user's or a library's code
 around each (:func:`~orchestrator.analysis.python_frames.callers`). A library's own reads get the setting that
-spares them where one is known; without stacks the fix says how to find the line.
+spares them where one is known (torch.amp.GradScaler's, told from its ops, with stacks or without); without stacks
+the fix says how to find the line.
 """
 
 from __future__ import annotations
@@ -51,8 +52,32 @@ def readers(r: RankSummary) -> str:
 
 def reading_fix(r: RankSummary) -> str:
     """The fix's first words: who makes most of the reads and what to change there, or how to find out."""
-    return _region(r) or _function(r) or (
-        "" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. "
+    if region := _region(r):
+        return region
+    scaler = _grad_scaler(r)
+    if scaler and sum(c.calls for c in r.sync_ops) <= len(r.steps):
+        return scaler  # one read a step: the scaler's
+    return scaler + (_function(r) or ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. "))
+
+
+# Optimizers whose fused step takes GradScaler's found_inf on the device (_step_supports_amp_scaling).
+_AMP_FUSED = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def _grad_scaler(r: RankSummary) -> str:
+    """GradScaler's own read ('' when the job has no scaler, or a fused optimizer that spares it): scaler.step reads
+    found_inf (once per device) to decide whether to skip the step, unless the optimizer's fused kernel takes it."""
+    if not r.grad_scaler or r.optimizer_impl in ("fused", None):
+        return ""
+    classes = [c for c in r.optimizers if c in _AMP_FUSED]
+    fused = (
+        f"fused=True on {' and '.join(classes)}" if classes and len(classes) == len(r.optimizers)
+        else "a fused optimizer (fused=True on Adam, AdamW, SGD)"
+    )
+    return (
+        "torch.amp.GradScaler reads found_inf back once a step (scaler.step) to decide whether to skip the optimizer "
+        f"step: with {fused} the scaler hands it to the fused kernel and the read goes; bf16 autocast needs no scaler "
+        "at all. "
     )
 
 

@@ -22,6 +22,7 @@ from orchestrator.traces.loader import Span
 __all__ = [
     "COPY_OPS",
     "DDP_FORWARD",
+    "GRAD_SCALER_UPDATE",
     "DEVICE_CATEGORIES",
     "HOST_CATEGORIES",
     "CopyDirection",
@@ -144,6 +145,9 @@ def is_backward(span: Span) -> bool:
 # DDP's forward marks itself (torch.nn.parallel.DistributedDataParallel.forward, every release): its job's gradients
 # are all-reduced in buckets during backward already.
 DDP_FORWARD = ("DistributedDataParallel.forward", "user_annotation")
+# torch.amp.GradScaler.update's op: the job scales its loss (fp16 autocast), and unless its optimizer is fused the
+# scaler reads found_inf back every step to decide whether to skip the optimizer step.
+GRAD_SCALER_UPDATE = ("aten::_amp_update_scale_", "cpu_op")
 
 
 def is_forward(span: Span) -> bool:

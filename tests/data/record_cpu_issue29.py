@@ -15,6 +15,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   round_trip   a loop that reads .item() and .cpu().numpy() inside record_function("HOST ROUND TRIP") each step
   lightning    a Lightning Trainer (CPU, no logger, no progress bar); a Callback calls prof.step() per batch
   lightning_prog_bar  the same logging its loss with self.log(..., prog_bar=True), with_stack=True
+  grad_scaler  the MLP under autocast with a torch.amp.GradScaler, unscale_ and clip_grad_norm_, AdamW (foreach)
+  grad_scaler_fused  the same with AdamW(fused=True)
   fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
                the root; rank0/rank1.pt.trace.json.gz
   fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
@@ -150,6 +152,26 @@ def case_round_trip(out: Path) -> None:
     loop(out, "round_trip", step)
 
 
+def case_grad_scaler(out: Path, name: str, fused: bool) -> None:
+    """Mixed precision with a loss scaler, as fp16 training on a GPU runs it (torch.amp on the CPU here)."""
+    net = mlp()
+    opt = torch.optim.AdamW(net.parameters(), fused=True) if fused else torch.optim.AdamW(net.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(net(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+    loop(out, name, step)
+
+
 def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = False) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
@@ -249,6 +271,8 @@ CASES: dict[str, Callable[[Path], None]] = {
     "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,
+    "grad_scaler": lambda out: case_grad_scaler(out, "grad_scaler", fused=False),
+    "grad_scaler_fused": lambda out: case_grad_scaler(out, "grad_scaler_fused", fused=True),
     "lightning_prog_bar": lambda out: case_lightning(out, "lightning_prog_bar", prog_bar=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
 }

@@ -35,6 +35,24 @@ def test_lightnings_progress_bar_reads_are_told_to_log_without_prog_bar() -> Non
     assert "on_step=False" in read.fix
 
 
+def test_a_grad_scalers_read_of_found_inf_is_told_a_fused_optimizer() -> None:
+    # torch.amp.GradScaler.step reads found_inf (item()) to decide whether to skip AdamW's step: one read a step, a
+    # sync on a GPU. Before: "1 wait per step (aten::item)" and the loss.item() advice, which the job does not do.
+    summary = cpu_case("grad_scaler")
+    assert only_rank(summary).grad_scaler and all(s.sync_calls == 1 for s in only_rank(summary).steps)
+    [read] = summary.findings
+    assert read.fix.startswith(
+        "torch.amp.GradScaler reads found_inf back once a step (scaler.step) to decide whether to skip the optimizer "
+        "step: with fused=True on AdamW the scaler hands it to the fused kernel"
+    )
+    assert "with_stack" not in read.fix
+
+
+def test_a_grad_scaler_with_a_fused_optimizer_reads_nothing_and_gets_no_finding() -> None:
+    summary = cpu_case("grad_scaler_fused")
+    assert only_rank(summary).grad_scaler and codes(summary) == []
+
+
 def test_a_plain_loop_with_adam_gets_no_finding() -> None:
     # An MLP over in-memory tensors. Adam(foreach=False) reads each parameter's step count with item() inside
     # Optimizer.step; that count is a CPU tensor even on a GPU, so those reads are no sync. Before: host_sync info,

@@ -118,3 +118,16 @@ def test_any_text_is_a_frame_or_none_never_an_error(name: str) -> None:
 )
 def test_a_frame_is_its_file_under_site_packages_and_its_function(root: str, path: str, line: int, func: str) -> None:
     assert frame_parts(f"{root}{path}({line}): {func}") == (path, func)
+
+
+def test_a_grad_scaler_beside_other_reads_is_told_with_how_to_find_the_rest(tmp_path: Path) -> None:
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("aten::item", 100, 20), x_event("aten::item", 300, 20),  # found_inf, and the job's own loss.item()
+        x_event("Optimizer.step#AdamW.step", 400, 200, cat="user_annotation"), x_event("aten::_foreach_add_", 410, 100),
+        x_event("aten::_amp_update_scale_", 700, 20),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    read = finding(analyze_folder(tmp_path), "host_sync")
+    assert read.fix.startswith("torch.amp.GradScaler reads found_inf back once a step (scaler.step)")
+    assert "with fused=True on AdamW" in read.fix and "To see which Python line reads, profile with with_stack=True." in read.fix
