@@ -56,8 +56,8 @@ allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, launched_by, regathers_per_step
@@ -73,6 +73,7 @@ from orchestrator.analysis.spans import (
     DEVICE_CATEGORIES,
     GRAD_SCALER_UPDATE,
     HOST_CATEGORIES,
+    READING_OPS,
     Kinds,
     by_kind,
     compilations,
@@ -82,8 +83,6 @@ from orchestrator.analysis.spans import (
     is_comm_kernel,
     is_copy_call,
     is_data,
-    is_forward,
-    is_optimizer,
     is_region,
     is_runtime,
     is_sync,
@@ -91,6 +90,7 @@ from orchestrator.analysis.spans import (
     where,
 )
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
+from orchestrator.analysis.threads import Thread, main_thread, walk_thread
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
@@ -99,58 +99,8 @@ __all__ = ["TOP_N", "analyze_rank"]
 
 TOP_N = 10
 
-Thread = tuple[object, object]
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
-
-
-def _walk_thread(
-    spans: list[Span], on_span: Callable[[Span, list[Span]], None] | None, wanted: frozenset[str]
-) -> list[float]:
-    """Each span's self time, in the order of ``spans`` (one thread's, sorted by (start, -end)).
-
-    ``on_span(span, open_ancestors)`` is called, in nesting order, for the spans
-    named in ``wanted``. Children that spill past their parent by rounding still count as children.
-    """
-    self_us = [s.end - s.ts for s in spans]
-    # The open spans' ends and indexes, as plain lists: this loop runs once per span of the rank.
-    ends: list[float] = []
-    at: list[int] = []
-    stack: list[Span] = []  # the open spans themselves, kept only for on_span
-    track = on_span is not None
-    for i, span in enumerate(spans):
-        ts = span.ts
-        while ends and ends[-1] <= ts:
-            ends.pop()
-            at.pop()
-            if track:
-                stack.pop()
-        end = span.end
-        if ends:
-            parent = ends[-1]
-            self_us[at[-1]] -= (end if end < parent else parent) - ts  # min() without a call: once per span
-        if track:
-            if span.name in wanted:
-                on_span(span, stack)  # type: ignore[misc]
-            stack.append(span)
-        ends.append(end)
-        at.append(i)
-    return self_us
-
-
-def _main_thread(threads: dict[Thread, list[Span]], kinds: dict[Thread, Kinds]) -> tuple[Thread | None, list[Span]]:
-    """The ProfilerStep thread, else the busiest with forward or optimizer spans (autograd's can be busier); its steps."""
-    step_groups = {
-        key: [group for (name, _), group in by_name.items() if parse_profiler_step(name) is not None]
-        for key, by_name in kinds.items()
-    }
-    step_counts = Counter({key: sum(map(len, groups)) for key, groups in step_groups.items() if groups})
-    if step_counts:
-        key = step_counts.most_common(1)[0][0]
-        return key, sorted((s for group in step_groups[key] for s in group), key=lambda s: s.ts)
-    python = [k for k in threads if any(is_forward(g[0]) or is_optimizer(g[0]) for g in kinds[k].values())]
-    busiest = max(python or threads, key=lambda k: total(cover(threads[k])), default=None)
-    return busiest, []
 
 
 def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
@@ -169,7 +119,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     # Each thread's spans by (name, category): every rule below is asked once per group.
     kinds = {key: by_kind(spans) for key, spans in threads.items()}
 
-    main_key, step_spans = _main_thread(threads, kinds)
+    main_key, step_spans = main_thread(threads, kinds)
     main = threads.get(main_key, []) if main_key is not None else []
     issues: list[str] = []
     window_kind: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = "profiler_steps"
@@ -220,9 +170,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         if not waits:
             return
         # On a CPU trace too: the _local_scalar_dense inside an item() is the same read, not a second one.
-        outer = next((a for a in ancestors if a.name in _SCALAR_READS or a.name in COPY_OPS), span)
+        # ... else the op that reads by its nature (aten::nonzero: its count's copy and the wait for it are one read).
+        outer = next((a for a in [*ancestors, span] if a.name in _SCALAR_READS or a.name in COPY_OPS), None) or next(
+            (a for a in reversed(ancestors) if a.name in READING_OPS), span
+        )
         region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)  # who reads
-        label = f"{region} / {outer.name}" if region else outer.name
+        # An op that reads back by its nature (x[mask]'s aten::index, if t:'s aten::is_nonzero) names the read.
+        reader = next((a.name for a in ancestors if a.name in READING_OPS), outer.name)
+        label = f"{region} / {reader}" if region else reader
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
             # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
@@ -238,7 +193,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     # on_main acts on syncs and copy calls only.
     acting = frozenset(name for (name, _), x in main_kinds.items() if is_sync(x[0]) or is_copy_call(x[0]))
     for key, spans in threads.items():
-        self_us = _walk_thread(spans, on_main if key == main_key else None, acting)
+        self_us = walk_thread(spans, on_main if key == main_key else None, acting)
         for span, us in zip(spans, self_us):
             if span.cat == "cpu_op":
                 entry = op_self[span.name]

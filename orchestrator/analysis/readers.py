@@ -1,8 +1,9 @@
 """Who reads device values back to the host every step, as the host_sync finding names them.
 
 A read (``loss.item()``, ``.cpu()``, ``if tensor:``) is named by the user's ``record_function`` region that holds
-most of them, else, in a ``with_stack`` trace, by the innermost Python function of the user's or a library's code
-around each (:func:`~orchestrator.analysis.python_frames.callers`). A library's own reads get the setting that
+most of them, else by the op that reads by its nature (``x[mask]``, ``if t:``) and, in a ``with_stack`` trace, by
+the innermost Python function of the user's or a library's code around each
+(:func:`~orchestrator.analysis.python_frames.callers`). A library's own reads get the setting that
 spares them where one is known (torch.amp.GradScaler's, told from its ops, with stacks or without); without stacks
 the fix says how to find the line.
 """
@@ -10,6 +11,7 @@ the fix says how to find the line.
 from __future__ import annotations
 
 from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.analysis.spans import SIZED_BY_DATA, TENSOR_CONDITIONS
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["readers", "reading_fix"]
@@ -57,7 +59,38 @@ def reading_fix(r: RankSummary) -> str:
     scaler = _grad_scaler(r)
     if scaler and sum(c.calls for c in r.sync_ops) <= len(r.steps):
         return scaler  # one read a step: the scaler's
-    return scaler + (_function(r) or ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. "))
+    where, known = _function(r)
+    if known:  # a library's own reads, and the setting that spares them: the most direct change, first
+        return scaler + where + known + _ops(r)
+    if where:
+        return scaler + _ops(r) + where + "start there. "
+    return scaler + _ops(r) + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
+
+
+def _ops(r: RankSummary) -> str:
+    """The reads that ops make by their nature, at least one a step: what to write instead ('' when none does)."""
+    steps = max(len(r.steps), 1)
+    by_op: dict[str, int] = {}
+    for o in r.sync_ops:
+        op = o.name.rpartition(" / ")[2]
+        by_op[op] = by_op.get(op, 0) + o.calls
+
+    def listed(ops: frozenset[str]) -> str:
+        return ", ".join(f"{op} ({n / steps:.0f}x per step)" for op, n in by_op.items() if op in ops and n >= steps)
+
+    said = ""
+    if sized := listed(SIZED_BY_DATA):
+        said += (
+            f"{sized}: ops that size their output from the data read a count back first; keep shapes static "
+            "(torch.where(mask, x, 0) or x * mask in place of x[mask] and masked_select; nonzero_static(size=...), "
+            "repeat_interleave(output_size=...), one_hot(num_classes=...) where the size is known). "
+        )
+    if conditions := listed(TENSOR_CONDITIONS):
+        said += (
+            f"{conditions}: a tensor turned into a Python bool (if t:, while t:, assert t, torch.equal) waits for it; "
+            "decide on the device (torch.where) or check every N steps. "
+        )
+    return said
 
 
 # Optimizers whose fused step takes GradScaler's found_inf on the device (_step_supports_amp_scaling).
@@ -99,14 +132,13 @@ def _region(r: RankSummary) -> str:
     )
 
 
-def _function(r: RankSummary) -> str:
+def _function(r: RankSummary) -> tuple[str, str]:
     """The Python function whose reads hold more than half of the waiting (on a CPU, of the reads), and a library's
-    known setting for them ('' when no function does, or the trace has no Python stacks)."""
+    known setting for them ('' for either when there is none, or the trace has no Python stacks)."""
     # On a device the first read after queued work waits longest; on a CPU no read waits, so the most frequent leads.
     weight = (lambda c: c.total_ms) if r.gpu is not None else (lambda c: float(c.calls))
     top = max(r.sync_callers, key=weight, default=None)
     if top is None or 2 * weight(top) <= sum(weight(c) for c in r.sync_callers):
-        return ""
-    said = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
-    known = _KNOWN.get(frame_parts(top.name) or ("", ""))
-    return said + (known or "start there. ")
+        return "", ""
+    where = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
+    return where, _KNOWN.get(frame_parts(top.name) or ("", ""), "")

@@ -28,6 +28,9 @@ __all__ = [
     "CopyDirection",
     "CopyKind",
     "HostMemory",
+    "READING_OPS",
+    "SIZED_BY_DATA",
+    "TENSOR_CONDITIONS",
     "collective_kind",
     "collective_of",
     "Kinds",
@@ -145,6 +148,16 @@ def is_backward(span: Span) -> bool:
 # DDP's forward marks itself (torch.nn.parallel.DistributedDataParallel.forward, every release): its job's gradients
 # are all-reduced in buckets during backward already.
 DDP_FORWARD = ("DistributedDataParallel.forward", "user_annotation")
+# Ops that read a device value back by their nature: those that size their output from the data (boolean-mask
+# indexing x[mask] runs aten::index, nonzero, unique, repeat_interleave without output_size, one_hot without
+# num_classes) and those that turn a tensor into a Python bool (if t:, torch.equal). A read inside one is named by it.
+SIZED_BY_DATA = frozenset({
+    "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select", "aten::index", "aten::index_put_",
+    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+    "aten::repeat_interleave", "aten::bincount", "aten::one_hot",
+})
+TENSOR_CONDITIONS = frozenset({"aten::is_nonzero", "aten::equal", "aten::allclose"})
+READING_OPS = SIZED_BY_DATA | TENSOR_CONDITIONS
 # torch.amp.GradScaler.update's op: the job scales its loss (fp16 autocast), and unless its optimizer is fused the
 # scaler reads found_inf back every step to decide whether to skip the optimizer step.
 GRAD_SCALER_UPDATE = ("aten::_amp_update_scale_", "cpu_op")

@@ -131,3 +131,28 @@ def test_a_grad_scaler_beside_other_reads_is_told_with_how_to_find_the_rest(tmp_
     read = finding(analyze_folder(tmp_path), "host_sync")
     assert read.fix.startswith("torch.amp.GradScaler reads found_inf back once a step (scaler.step)")
     assert "with fused=True on AdamW" in read.fix and "To see which Python line reads, profile with with_stack=True." in read.fix
+
+
+def _read_inside(op: str, inner: str, ts: float, dur: float, corr: int) -> list[dict[str, Any]]:
+    """``op`` reading a value back through ``inner`` (x[mask]: aten::index > aten::nonzero; if t: aten::is_nonzero >
+    aten::_local_scalar_dense), the device-to-host copy and the wait, as CUDA traces record them."""
+    return [
+        x_event(op, ts, dur), x_event(inner, ts + 1, dur - 2),
+        x_event("cudaMemcpyAsync", ts + 2, 4, cat="cuda_runtime", correlation=corr),
+        x_event("Memcpy DtoH (Device -> Pageable)", ts + dur - 6, 1, cat="gpu_memcpy", pid=0, tid=7, correlation=corr, stream=7, device=0),
+        x_event("cudaStreamSynchronize", ts + 7, dur - 10, cat="cuda_runtime"),
+    ]
+
+
+def test_boolean_mask_indexing_is_named_and_told_to_keep_shapes_static(tmp_path: Path) -> None:
+    # Before: the read was named by the copy inside it ("aten::copy_") and told the loss.item() advice.
+    rank, read = _step(tmp_path, _read_inside("aten::index", "aten::nonzero", 30, 300, 2))
+    assert [(o.name, o.calls) for o in rank.sync_ops] == [("aten::index", 1)]
+    assert read.fix.startswith("aten::index (1x per step): ops that size their output from the data read a count back first")
+    assert "torch.where(mask, x, 0)" in read.fix and "nonzero_static" in read.fix
+
+
+def test_a_tensor_in_a_python_condition_is_told_to_decide_on_the_device(tmp_path: Path) -> None:
+    rank, read = _step(tmp_path, _read_inside("aten::is_nonzero", "aten::_local_scalar_dense", 30, 300, 2))
+    assert [(o.name, o.calls) for o in rank.sync_ops] == [("aten::is_nonzero", 1)]
+    assert read.fix.startswith("aten::is_nonzero (1x per step): a tensor turned into a Python bool (if t:")
