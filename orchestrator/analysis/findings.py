@@ -189,11 +189,7 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             + (f" Made by (Python, innermost frame of your or a library's code): {listed}." if (listed := readers(worst)) else "")
         ),
         one_off=one_step(worst, per_step_cost(worst, ["sync"], "sync")) if on_device else None,
-        fix=reading_fix(worst) + (
-            "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
-            "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after "
-            "a CUDA event has completed. Pinning memory does not help here: the wait is for the kernels queued before the read."
-        ),
+        fix=reading_fix(worst),
         ranks=[r.rank for r in hit],
     )
 

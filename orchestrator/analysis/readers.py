@@ -11,7 +11,7 @@ the fix says how to find the line.
 from __future__ import annotations
 
 from orchestrator.analysis.python_frames import frame_label, frame_parts
-from orchestrator.analysis.spans import SIZED_BY_DATA, TENSOR_CONDITIONS
+from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["readers", "reading_fix"]
@@ -52,19 +52,30 @@ def readers(r: RankSummary) -> str:
     )
 
 
+_VALUE_READS = (
+    "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the device "
+    "and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after a CUDA event "
+    "has completed. Pinning memory does not help here: the wait is for the kernels queued before the read."
+)
+
+
 def reading_fix(r: RankSummary) -> str:
-    """The fix's first words: who makes most of the reads and what to change there, or how to find out."""
+    """The fix: who makes most of the reads and what to change there, or how to find out; then the advice for reading
+    values back (item(), .cpu()), unless every read is one of those named (GradScaler's, an op's, a synchronize)."""
     if region := _region(r):
-        return region
+        return region + _VALUE_READS
     scaler = _grad_scaler(r)
     if scaler and sum(c.calls for c in r.sync_ops) <= len(r.steps):
-        return scaler  # one read a step: the scaler's
+        return scaler.rstrip()  # one read a step: the scaler's
     where, known = _function(r)
     if known:  # a library's own reads, and the setting that spares them: the most direct change, first
-        return scaler + where + known + _ops(r)
-    if where:
-        return scaler + _ops(r) + where + "start there. "
-    return scaler + _ops(r) + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
+        said = scaler + where + known + _ops(r)
+    elif where:
+        said = scaler + _ops(r) + where + "start there. "
+    else:
+        said = scaler + _ops(r) + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
+    named = READING_OPS | SYNCHRONIZE_CALLS
+    return said.rstrip() if all(o.name.rpartition(" / ")[2] in named for o in r.sync_ops) else said + _VALUE_READS
 
 
 def _ops(r: RankSummary) -> str:
@@ -84,6 +95,11 @@ def _ops(r: RankSummary) -> str:
             f"{sized}: ops that size their output from the data read a count back first; keep shapes static "
             "(torch.where(mask, x, 0) or x * mask in place of x[mask] and masked_select; nonzero_static(size=...), "
             "repeat_interleave(output_size=...), one_hot(num_classes=...) where the size is known). "
+        )
+    if synchronize := listed(SYNCHRONIZE_CALLS):
+        said += (
+            f"{synchronize}: the loop waits for the device itself (torch.cuda.synchronize(), a stream's or event's "
+            ".synchronize()), most often left from timing code: drop it, or time with CUDA events read every N steps. "
         )
     if conditions := listed(TENSOR_CONDITIONS):
         said += (

@@ -30,6 +30,7 @@ __all__ = [
     "HostMemory",
     "READING_OPS",
     "SIZED_BY_DATA",
+    "SYNCHRONIZE_CALLS",
     "TENSOR_CONDITIONS",
     "collective_kind",
     "collective_of",
@@ -62,10 +63,9 @@ CopyDirection = Literal["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"]
 HostMemory = Literal["pageable", "pinned"]
 CopyKind = tuple[CopyDirection, HostMemory | None]
 
-_SYNC_NAMES = frozenset(
+# The runtime's own waits: named as a read when no op makes them (torch.cuda.synchronize(), a stream's or event's).
+SYNCHRONIZE_CALLS = frozenset(
     {
-        "aten::item",
-        "aten::_local_scalar_dense",
         "cudaStreamSynchronize",
         "cudaDeviceSynchronize",
         "cudaEventSynchronize",
@@ -74,6 +74,7 @@ _SYNC_NAMES = frozenset(
         "hipEventSynchronize",
     }
 )
+_SYNC_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"}) | SYNCHRONIZE_CALLS
 _COMM_PREFIXES = (
     "c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:",
     # FSDP2's own collective regions (fully_shard): issuing the all-gather and the reduce-scatter, copying their

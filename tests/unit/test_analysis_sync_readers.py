@@ -156,3 +156,11 @@ def test_a_tensor_in_a_python_condition_is_told_to_decide_on_the_device(tmp_path
     rank, read = _step(tmp_path, _read_inside("aten::is_nonzero", "aten::_local_scalar_dense", 30, 300, 2))
     assert [(o.name, o.calls) for o in rank.sync_ops] == [("aten::is_nonzero", 1)]
     assert read.fix.startswith("aten::is_nonzero (1x per step): a tensor turned into a Python bool (if t:")
+
+
+def test_a_synchronize_in_the_loop_is_told_to_drop_it_or_time_with_events(tmp_path: Path) -> None:
+    # PARAM's benchmark harness: cudaDeviceSynchronize five times a step, no op around it. Before: "Keep loss.item()".
+    rank, read = _step(tmp_path, [x_event("cudaDeviceSynchronize", 30, 300, cat="cuda_runtime")])
+    assert [(o.name, o.calls) for o in rank.sync_ops] == [("cudaDeviceSynchronize", 1)]
+    assert read.fix.startswith("cudaDeviceSynchronize (1x per step): the loop waits for the device itself (torch.cuda.synchronize()")
+    assert "CUDA events" in read.fix and "loss.item()" not in read.fix
