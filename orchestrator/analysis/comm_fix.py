@@ -131,8 +131,8 @@ def _ddp(r: RankSummary) -> str:
     """DDP's changes: its all-reduce overlaps backward already, so by whether the compute could hide it at all (device
     collective kernels against compute kernels; on a CPU, the exposed wait against backward's host time)."""
     if r.gpu is not None:
-        comm, work, compute = r.gpu.comm_kernel_ms_per_step, r.gpu.kernel_ms_per_step - r.gpu.comm_kernel_ms_per_step, "compute kernels"
-        exposed = r.gpu.comm_exposed_ms_per_step
+        comm, exposed, compute = r.gpu.comm_kernel_ms_per_step, r.gpu.comm_exposed_ms_per_step, "compute kernels"
+        work = r.gpu.kernel_ms_per_step - comm
     else:
         comm, work, compute, exposed = r.comm_wait_ms, r.mean_phases.backward, "backward", r.comm_wait_ms
     if comm >= work:

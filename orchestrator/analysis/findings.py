@@ -186,7 +186,7 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             + (" The device idle time counted includes the gaps after each wait while the host launches anew "
                "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
-            + (f" Made by (Python, innermost frame of your or a library's code): {listed}." if (listed := readers(worst)) else "")
+            + (f" Made by (Python, innermost frame of your or a library's code): {by}." if (by := readers(worst)) else "")
         ),
         one_off=one_step(worst, per_step_cost(worst, ["sync"], "sync")) if on_device else None,
         fix=reading_fix(worst),

@@ -1,4 +1,4 @@
-"""Which Python function the host runs outside any op, or reads a device value back in, from a ``with_stack`` trace's frames.
+"""Which Python function the host runs outside any op, or reads a device value in, from a with_stack trace's frames.
 
 Without stacks, host time in a step but in no op is "Python outside any op" and the fix can only say how to find
 out. With them (``with_stack=True``; TraceLens' and many HF recordings have them) the innermost frame open at each
@@ -65,7 +65,8 @@ def frame_parts(name: str) -> tuple[str, str] | None:
 
 
 def user_frames(frames: Iterable[Span]) -> list[Span]:
-    """The frames that name the user's or a library's code, in the order :func:`~orchestrator.analysis.intervals.name_innermost` sweeps them."""
+    """The frames that name the user's or a library's code, in the order
+    :func:`~orchestrator.analysis.intervals.name_innermost` sweeps them."""
     return sorted((f for f in frames if _is_users(f.name)), key=lambda f: (f.ts, -f.end))
 
 

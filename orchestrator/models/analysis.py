@@ -278,7 +278,7 @@ class RankSummary(_Model):
     )
     data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
     ddp: bool = Field(default=False, description="DDP's forward ran: its all-reduce runs in buckets during backward.")
-    grad_scaler: bool = Field(default=False, description="torch.amp.GradScaler updated its scale (aten::_amp_update_scale_).")
+    grad_scaler: bool = Field(default=False, description="torch.amp.GradScaler ran (aten::_amp_update_scale_).")
     comm_ops: list[OpStat] = Field(
         default_factory=list,
         description="Outermost collective spans on the main thread, by name (FSDP's module suffix removed), over the steps.",
@@ -295,7 +295,7 @@ class RankSummary(_Model):
     )
     sync_callers: list[OpStat] = Field(
         default_factory=list,
-        description="with_stack traces: the innermost frame of the user's or a library's code around each sync in the steps.",
+        description="with_stack traces: the innermost frame of the user's or a library's code around each sync.",
     )
     gpu: GpuStats | None = None
     idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.python_frames import frame_parts
-from orchestrator.models.analysis import Finding, RankSummary
+from orchestrator.analysis.readers import readers, reading_fix
+from orchestrator.analysis.spans import READING_OPS, SYNCHRONIZE_CALLS
+from orchestrator.models.analysis import Finding, OpStat, PhaseTimes, RankSummary, StepBreakdown
 from tests.support.realtraces import finding
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
@@ -164,3 +166,57 @@ def test_a_synchronize_in_the_loop_is_told_to_drop_it_or_time_with_events(tmp_pa
     assert [(o.name, o.calls) for o in rank.sync_ops] == [("cudaDeviceSynchronize", 1)]
     assert read.fix.startswith("cudaDeviceSynchronize (1x per step): the loop waits for the device itself (torch.cuda.synchronize()")
     assert "CUDA events" in read.fix and "loss.item()" not in read.fix
+
+
+_NAMES = st.one_of(
+    st.sampled_from(sorted(READING_OPS | SYNCHRONIZE_CALLS | {"aten::item", "aten::to", "HOST ROUND TRIP / aten::item"})),
+    st.text(max_size=40),
+)
+_FRAMES = st.one_of(
+    st.sampled_from([
+        "transformers/trainer.py(1957): _run_epoch", "lightning/pytorch/trainer/connectors/logger_connector/result.py(470): metrics",
+        "train.py(40): step",
+    ]),
+    st.text(max_size=60),
+)
+
+
+def _rank(ops: list[tuple[str, int]], frames: list[tuple[str, int, float]], steps: int, grad_scaler: bool) -> RankSummary:
+    return RankSummary(
+        rank=0, host="h", file="f", device="cpu", mean_step_ms=1.0, median_step_ms=1.0, mean_phases=PhaseTimes(),
+        comm_wait_ms=0.0, grad_scaler=grad_scaler, optimizers=["AdamW"], optimizer_impl="foreach",
+        steps=[StepBreakdown(step=i, start_unix_us=0.0, duration_ms=1.0, phases=PhaseTimes()) for i in range(steps)],
+        sync_ops=[OpStat(name=n, calls=c, total_ms=0.1) for n, c in ops],
+        sync_callers=[OpStat(name=n, calls=c, total_ms=ms) for n, c, ms in frames],
+    )
+
+
+@given(
+    st.lists(st.tuples(_NAMES, st.integers(1, 50)), max_size=6),
+    st.lists(st.tuples(_FRAMES, st.integers(1, 50), st.floats(0.0, 1e4)), max_size=4),
+    st.integers(1, 8),
+    st.booleans(),
+)
+def test_any_reads_get_a_fix_that_names_no_more_than_the_trace_holds(
+    ops: list[tuple[str, int]], frames: list[tuple[str, int, float]], steps: int, grad_scaler: bool
+) -> None:
+    # The names come from traces rayprof did not write: any of them, in any mix, gives a fix and never raises.
+    rank = _rank(ops, frames, steps, grad_scaler)
+    fix, listed = reading_fix(rank), readers(rank)
+    assert fix and fix == fix.strip()
+    assert ("with_stack=True" in fix) == (not frames and not _region_holds_most(ops) and not _scaler_alone(rank))
+    assert ("GradScaler" in fix) == (grad_scaler and not _region_holds_most(ops))
+    assert (listed == "") == (not frames)
+
+
+def _region_holds_most(ops: list[tuple[str, int]]) -> bool:
+    by: dict[str, int] = {}
+    for name, calls in ops:
+        region, _, rest = name.rpartition(" / ")
+        if region and rest and not region.startswith("Optimizer."):
+            by[region] = by.get(region, 0) + calls
+    return bool(by) and 2 * max(by.values()) >= sum(c for _, c in ops)
+
+
+def _scaler_alone(rank: RankSummary) -> bool:
+    return rank.grad_scaler and sum(o.calls for o in rank.sync_ops) <= len(rank.steps)
