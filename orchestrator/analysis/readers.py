@@ -18,7 +18,7 @@ __all__ = ["readers", "reading_fix"]
 
 # Library functions that read a device value every step, by (file under site-packages, function), and the change
 # that spares the read. transformers' Trainer tests each step's loss with torch.isnan/isinf before it adds it to the
-# logged mean (its training loop: _inner_training_loop up to 4.x, _run_epoch since).
+# logged mean (in its training loop: _inner_training_loop in 4.x releases, _run_epoch in 5.24, recorded).
 _TRAINER_NAN_FILTER = (
     "transformers' Trainer checks every step's loss for nan/inf before it logs it (TrainingArguments("
     "logging_nan_inf_filter=True), the default; two reads per micro-batch): logging_nan_inf_filter=False removes "
