@@ -38,6 +38,7 @@ from orchestrator.analysis.finding_base import (
 )
 from orchestrator.analysis.groups import slow_link
 from orchestrator.analysis.optimizer_fix import optimizer_changes
+from orchestrator.analysis.precision import half_autocast
 from orchestrator.analysis.readers import readers, reading_fix
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
@@ -339,7 +340,8 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
         ),
         fix=(
             "One larger batch or sequence from an OOM: use activation checkpointing or a smaller micro-batch with "
-            "gradient accumulation, bf16 autocast, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation."
+            f"gradient accumulation, {half_autocast(r.accelerator)}, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "against fragmentation."
         ),
         ranks=hit_ranks,
     )

@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.analysis.precision import fp8_clause, fp32_matmul_fix, half_format
 from orchestrator.analysis.spans import is_comm_kernel_name
+from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import OpStat, RankSummary
 
 __all__ = ["KindTime", "device_work_fix", "kernel_kind", "kinds", "short_name"]
@@ -43,6 +45,8 @@ _FP32 = re.compile(r"sgemm|scudnn|^void cudnn::\w+(::\w+)*<float,|engine<float,|
 _LOW_PRECISION = re.compile(
     r"fp8|fp4|fp6|f8f8|e4m3|e5m2|e2m1|int8|int4|i8i8|s8s8|u8s8|w8a8|w4a8|w4a16|i\d{4,5}gemm|(?-i:(?:^|_)Cijk_[A-Za-z]+_[A-Za-z]+_[FBI]8)", re.IGNORECASE
 )
+# Convolution kernels by their names: cuDNN's engines and implicit GEMMs, MIOpen's, Winograd's.
+_CONVOLUTION = re.compile(r"conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn|implicit_gemm|miopen", re.IGNORECASE)
 _LABELS = {
     "attention": "attention kernels",
     "embedding": "embedding lookups and their backward",
@@ -75,6 +79,11 @@ class KindTime:
         """Most of its time is in kernels whose names say 8-bit or narrower operands (fp8, fp4, int8)."""
         return self._mostly(_LOW_PRECISION)
 
+    @property
+    def convolutions(self) -> bool:
+        """Some of its kernels are convolutions (cuDNN's, MIOpen's): channels_last is a fix for them alone."""
+        return any(_CONVOLUTION.search(k.name) for k in self.kernels)
+
     def _mostly(self, names: re.Pattern[str]) -> bool:
         return 2 * sum(k.total_ms for k in self.kernels if names.search(k.name)) > sum(k.total_ms for k in self.kernels)
 
@@ -104,6 +113,7 @@ def short_name(name: str) -> str:
     return re.split(r"[<(>,]", bare, maxsplit=1)[0].strip()[:60] or bare[:60]
 
 
+_CHANNELS_LAST = "; channels_last for the convolutions (model.to(memory_format=torch.channels_last) and its inputs)"
 _BY_HAND = (
     " A softmax leads them: if it is attention written by hand (softmax(QKᵀ)V), "
     "torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel that never writes the attention matrix."
@@ -116,15 +126,12 @@ def _softmax_leads(t: KindTime) -> bool:
     return 2 * ms >= sum(k.total_ms for k in t.kernels)
 
 
-def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
+def _fix(t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator | None) -> str:
     names = ", ".join(dict.fromkeys(short_name(k.name) for k in t.kernels[:3]))
-    figure = f"{_LABELS[t.kind].capitalize()} take {t.ms:.1f} ms a step ({t.ms / step_ms:.0%} of it; {names})"
+    label = "matrix multiplies" if t.kind == "matmul" and not t.convolutions else _LABELS[t.kind]
+    figure = f"{label.capitalize()} take {t.ms:.1f} ms a step ({t.ms / step_ms:.0%} of it; {names})"
     if t.kind == "matmul" and t.fp32:
-        return (
-            f"{figure}, in fp32 by their names: run them in bf16 under torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
-            "(float16 with a GradScaler before Ampere), or at least TF32 on Ampere and later "
-            "(torch.set_float32_matmul_precision('high')); channels_last for convolutions."
-        )
+        return f"{figure}, in fp32 by their names: {fp32_matmul_fix(device)}{_CHANNELS_LAST if t.convolutions else ''}."
     if t.kind == "matmul" and t.low_precision:
         # Precision is spent already: telling an fp4/fp8 job to try fp8 names no change.
         return (
@@ -134,14 +141,14 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
         )
     if t.kind == "matmul":
         return (
-            f"{figure}, not fp32 by their names: the math itself is the cost: fp8 where the device has it (Transformer "
-            "Engine, torchao's float8 training), dimensions in multiples of 64 (pad the vocabulary), channels_last for "
-            "convolutions."
+            f"{figure}, not fp32 by their names: the math itself is the cost: {fp8_clause(device)}dimensions in multiples "
+            f"of 64 (pad the vocabulary){_CHANNELS_LAST if t.convolutions else ''}."
         )
     if t.kind == "memory":
         return (
             f"{figure}: each reads and writes memory for little math; torch.compile fuses chains of them into few "
-            "kernels, fused LayerNorm/RMSNorm kernels do the same by hand, and bf16 instead of fp32 halves the bytes they move."
+            "kernels, fused LayerNorm/RMSNorm kernels do the same by hand, and "
+            f"{half_format(device)} instead of fp32 halves the bytes they move."
             + (_BY_HAND if _softmax_leads(t) and not fused_attention else "")
         )
     if t.kind == "attention":
@@ -157,7 +164,7 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
     if t.kind == "compiled":
         return (
             f"{figure}: already fused by torch.compile: mode='max-autotune' tunes them and the GEMMs they sit beside; "
-            "beyond that, fewer FLOPs or bytes (bf16, a smaller model)."
+            f"beyond that, fewer FLOPs or bytes ({half_format(device)}, a smaller model)."
         )
     return (
         f"The kernels that lead ({names}) do not say by their names what they compute: look them up in the trace; in "
@@ -165,12 +172,12 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool) -> str:
     )
 
 
-def device_work_fix(found: list[KindTime], step_ms: float, runner_up_fraction: float) -> str:
+def device_work_fix(found: list[KindTime], step_ms: float, runner_up_fraction: float, device: Accelerator | None) -> str:
     """The fix for the kind of kernel (``found``: :func:`kinds`) that takes most of the busy device's time, and for
-    the runner-up when it takes at least ``runner_up_fraction`` of the ``step_ms`` step."""
+    the runner-up when it takes at least ``runner_up_fraction`` of the ``step_ms`` step, in precisions ``device`` has."""
     if not found or step_ms <= 0:
         return "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
     # A runner-up the names do not place has no fix of its own to add.
     told = [found[0], *(t for t in found[1:2] if t.ms >= runner_up_fraction * step_ms and t.kind != "other")]
     fused_attention = any(t.kind == "attention" for t in found)
-    return " ".join(_fix(t, step_ms, fused_attention) for t in told)
+    return " ".join(_fix(t, step_ms, fused_attention, device) for t in told)

@@ -92,6 +92,7 @@ from orchestrator.analysis.spans import (
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.analysis.threads import Thread, main_thread, walk_thread
 from orchestrator.layout import parse_profiler_step
+from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
 
@@ -300,6 +301,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         host=trace.file.host,
         file=trace.file.path.name,
         device=trace.device,
+        accelerator=Accelerator.of(trace.device_properties, trace.device),
         window=window_kind,
         steps=steps,
         mean_step_ms=sum(durations) / len(durations) if steps else None,

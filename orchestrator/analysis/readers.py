@@ -10,6 +10,7 @@ the fix says how to find the line.
 
 from __future__ import annotations
 
+from orchestrator.analysis.precision import half_format
 from orchestrator.analysis.python_frames import frame_label, frame_parts
 from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS
 from orchestrator.models.analysis import RankSummary
@@ -125,8 +126,8 @@ def _grad_scaler(r: RankSummary) -> str:
     )
     return (
         "torch.amp.GradScaler reads found_inf back once a step (scaler.step) to decide whether to skip the optimizer "
-        f"step: with {fused} the scaler hands it to the fused kernel and the read goes; bf16 autocast needs no scaler "
-        "at all. "
+        f"step: with {fused} the scaler hands it to the fused kernel and the read goes"
+        + ("; bf16 autocast needs no scaler at all. " if half_format(r.accelerator) == "bf16" else ". ")
     )
 
 

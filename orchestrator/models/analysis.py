@@ -6,6 +6,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.merge_stats import RejectedTrace
 
 __all__ = [
@@ -260,6 +261,7 @@ class RankSummary(_Model):
     host: str | None
     file: str
     device: Literal["cpu", "cuda", "rocm", "mtia"]
+    accelerator: Accelerator | None = Field(default=None, description="The device model the trace names, if one.")
     window: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = Field(
         default="profiler_steps",
         description="No ProfilerStep#N spans: iterations (the device's active span cut where a top-level pattern of "

@@ -79,7 +79,7 @@ def test_a_busy_recommender_is_told_its_embedding_tables_first() -> None:
     # fp32 GEMMs (11.9 ms); the all-to-all and all-reduce kernels are the communication findings'.
     fix = finding(external("hta_trace_diff_test_v100_r1of2"), "gpu_bound").fix
     assert fix.startswith("Embedding lookups and their backward take 18.1 ms a step")
-    assert "Matrix multiplies and convolutions take 11.9 ms a step" in fix and "nccl" not in fix
+    assert "Matrix multiplies take 11.9 ms a step" in fix and "nccl" not in fix
 
 
 # ---- planted traces ---------------------------------------------------------------
@@ -98,7 +98,7 @@ def _busy(tmp_path: Path, kernels: list[tuple[str, float]]) -> str:
 
 def test_bf16_gemms_that_lead_are_told_fp8_not_autocast(tmp_path: Path) -> None:
     fix = _busy(tmp_path, [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 700), ("attn_fwd", 280)])
-    assert fix.startswith("Matrix multiplies and convolutions take 0.7 ms a step (70% of it;") and "not fp32 by their names" in fix
+    assert fix.startswith("Matrix multiplies take 0.7 ms a step (70% of it;") and "not fp32 by their names" in fix
     assert "fp8" in fix and "torch.autocast" not in fix
     assert "Attention kernels take 0.3 ms a step" in fix
 
@@ -107,7 +107,7 @@ def test_gemms_in_fp8_or_fp4_already_are_not_told_to_try_fp8(tmp_path: Path) -> 
     # TraceLens' vLLM MI300 recording (a mixture-of-experts model): Triton's bf16 x mxfp4 GEMMs take 78% of the step.
     # Before: "not fp32 by their names: ... fp8 where the device has it" to a job already past fp8.
     fix = _busy(tmp_path, [("_matmul_ogs_NNT_bf16xbf16xmxfp4_128x128x128x1_swiglu", 600), ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", 300)])
-    assert fix.startswith("Matrix multiplies and convolutions take 0.9 ms a step (90% of it;")
+    assert fix.startswith("Matrix multiplies take 0.9 ms a step (90% of it;")
     assert "in 8-bit or narrower precision by their names already" in fix and "max-autotune" in fix
     assert "fp8 where the device has it" not in fix and "torch.autocast" not in fix
 

@@ -1,0 +1,56 @@
+"""The precision a fix names, chosen for the device the trace names: bf16 and TF32 where it has matrix units for
+them (Ampere, CDNA), fp16 with a GradScaler where it has them for fp16 only (Volta, Turing), fp8 only where it
+has fp8 (Ada, Hopper, MI300). A trace without ``deviceProperties`` (or with mixed devices) gets the general words.
+"""
+
+from __future__ import annotations
+
+from orchestrator.models.accelerator import Accelerator
+
+__all__ = ["fp8_clause", "fp32_matmul_fix", "half_autocast", "half_format"]
+
+_AUTOCAST = "torch.autocast(device_type='cuda', dtype=torch.{dtype})"
+
+
+def _fp16_only(a: Accelerator | None) -> bool:
+    return a is not None and a.has("fp16") and not a.has("bf16")
+
+
+def fp32_matmul_fix(a: Accelerator | None) -> str:
+    """How fp32 matrix math gets cheaper on ``a``: the clause after "in fp32 by their names: "."""
+    if a is not None and a.has("bf16") and a.has("tf32"):
+        return (
+            f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}, or at least TF32 "
+            f"(torch.set_float32_matmul_precision('high')): the {a.label} has tensor cores for both"
+        )
+    if a is not None and a.has("bf16"):
+        return f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}: the {a.label} has matrix cores for it"
+    if a is not None and a.has("fp16"):
+        return (
+            f"run them in float16 under {_AUTOCAST.format(dtype='float16')} with a torch.amp.GradScaler: the "
+            f"{a.label} has tensor cores for fp16 but none for bf16 or TF32, so bf16 gains nothing there"
+        )
+    return (
+        f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')} (float16 with a GradScaler before Ampere), "
+        "or at least TF32 on Ampere and later (torch.set_float32_matmul_precision('high'))"
+    )
+
+
+def fp8_clause(a: Accelerator | None) -> str:
+    """Where matrix math is in 16 bits already, the fp8 step, as the first item of a list of fixes ('' where the
+    device has no fp8 units: telling an A100 to train in fp8 names no change)."""
+    if a is None:
+        return "fp8 where the device has it (Transformer Engine, torchao's float8 training), "
+    if a.has("fp8"):
+        return f"fp8, which the {a.label} has matrix units for (Transformer Engine, torchao's float8 training), "
+    return ""
+
+
+def half_format(a: Accelerator | None) -> str:
+    """The 16-bit format to move data in: fp16 on a device without bf16 units, else bf16."""
+    return "fp16" if _fp16_only(a) else "bf16"
+
+
+def half_autocast(a: Accelerator | None) -> str:
+    """Mixed precision in a fix's words: bf16 autocast, or fp16 autocast with a GradScaler on a device without bf16 units."""
+    return "fp16 autocast with a GradScaler" if _fp16_only(a) else "bf16 autocast"
