@@ -74,13 +74,18 @@ def reading_fix(r: RankSummary) -> str:
     elif where:
         said = scaler + _ops(r) + where + "start there. "
     else:
-        said = scaler + _ops(r) + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
+        # No op reads every step and no function holds most of the reads: the ops that read at all, however rarely.
+        ops = _ops(r) or _ops(r, every_step=False)
+        said = scaler + ops + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
     named = READING_OPS | SYNCHRONIZE_CALLS
-    return said.rstrip() if all(o.name.rpartition(" / ")[2] in named for o in r.sync_ops) else said + _VALUE_READS
+    if said and all(o.name.rpartition(" / ")[2] in named for o in r.sync_ops):
+        return said.rstrip()
+    return said + _VALUE_READS
 
 
-def _ops(r: RankSummary) -> str:
-    """The reads that ops make by their nature, at least one a step: what to write instead ('' when none does)."""
+def _ops(r: RankSummary, *, every_step: bool = True) -> str:
+    """The reads that ops make by their nature, at least one a step unless not ``every_step``: what to write instead
+    ('' when none does)."""
     steps = max(len(r.steps), 1)
     by_op: dict[str, int] = {}
     for o in r.sync_ops:
@@ -88,7 +93,11 @@ def _ops(r: RankSummary) -> str:
         by_op[op] = by_op.get(op, 0) + o.calls
 
     def listed(ops: frozenset[str]) -> str:
-        return ", ".join(f"{op} ({n / steps:.0f}x per step)" for op, n in by_op.items() if op in ops and n >= steps)
+        return ", ".join(
+            f"{op} ({n / steps:.0f}x per step)" if n >= steps else f"{op} ({n} in {steps} steps)"
+            for op, n in by_op.items()
+            if op in ops and (n >= steps or not every_step)
+        )
 
     said = ""
     if sized := listed(SIZED_BY_DATA):

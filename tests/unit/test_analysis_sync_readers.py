@@ -77,6 +77,18 @@ def test_no_function_is_named_in_the_fix_when_none_holds_most_of_the_waiting(tmp
     assert read.fix.startswith("Keep loss.item()")
 
 
+def test_reads_rarer_than_once_a_step_in_an_op_are_still_told_what_to_write_instead() -> None:
+    # A mask's aten::nonzero read in 1 of 4 steps, from two functions alike: no function holds most of the reads and
+    # no op reads every step. Before: an empty fix.
+    rank = _rank([("aten::nonzero", 1)], [("train.py(40): drop_padding", 1, 2.0), ("train.py(60): log_tokens", 1, 2.0)], 4, False)
+    assert reading_fix(rank).startswith("aten::nonzero (1 in 4 steps): ops that size their output from the data read a count back first")
+
+
+def test_reads_with_no_op_and_no_leading_function_get_the_advice_for_reading_values() -> None:
+    rank = _rank([], [("train.py(40): log_loss", 1, 2.0), ("train.py(60): log_accuracy", 1, 2.0)], 1, False)
+    assert reading_fix(rank).startswith("Keep loss.item()")
+
+
 def test_on_a_cpu_the_function_that_reads_most_often_is_named(tmp_path: Path) -> None:
     # No read waits on a CPU: the longest item() says nothing; the most frequent reader is the one to change.
     events = [
