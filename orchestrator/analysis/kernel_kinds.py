@@ -47,6 +47,9 @@ _LOW_PRECISION = re.compile(
 )
 # Convolution kernels by their names: cuDNN's engines and implicit GEMMs, MIOpen's, Winograd's.
 _CONVOLUTION = re.compile(r"conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn|implicit_gemm|miopen", re.IGNORECASE)
+# Names that say 16-bit data: ATen's templates (``c10::BFloat16``, ``c10::Half``), CUTLASS's and cuBLAS's
+# (``bfloat16_t``, ``__half``, ``bf16``), ROCm's (``batched_transpose_16x32_half``).
+_HALF = re.compile(r"bfloat16|c10::half|__half|bf16|fp16|(?:^|_)half(?:_|$)", re.IGNORECASE)
 _LABELS = {
     "attention": "attention kernels",
     "embedding": "embedding lookups and their backward",
@@ -78,6 +81,11 @@ class KindTime:
     def low_precision(self) -> bool:
         """Most of its time is in kernels whose names say 8-bit or narrower operands (fp8, fp4, int8)."""
         return self._mostly(_LOW_PRECISION)
+
+    @property
+    def half(self) -> bool:
+        """Most of its time is in kernels whose names say 16-bit data (bf16, fp16)."""
+        return self._mostly(_HALF)
 
     @property
     def convolutions(self) -> bool:
@@ -147,8 +155,9 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator
     if t.kind == "memory":
         return (
             f"{figure}: each reads and writes memory for little math; torch.compile fuses chains of them into few "
-            "kernels, fused LayerNorm/RMSNorm kernels do the same by hand, and "
-            f"{half_format(device)} instead of fp32 halves the bytes they move."
+            "kernels, fused LayerNorm/RMSNorm kernels do the same by hand"
+            + ("" if t.half else f", and {half_format(device)} instead of fp32 halves the bytes they move")
+            + "."
             + (_BY_HAND if _softmax_leads(t) and not fused_attention else "")
         )
     if t.kind == "attention":

@@ -114,6 +114,21 @@ def test_a_grad_scaler_on_a_v100_is_not_told_that_bf16_needs_none() -> None:
     assert "fused=True on AdamW" in reading_fix(v100) and "bf16" not in reading_fix(v100)
 
 
+_BF16_MUL = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> > >(int)"
+
+
+def test_memory_bound_kernels_in_bf16_already_are_not_told_bf16(tmp_path: Path) -> None:
+    # TraceLens' H100 recording of a bf16 Qwen model (not shared): ATen's BFloat16 elementwise kernels lead its
+    # memory-bound time. Before: "bf16 instead of fp32 halves the bytes they move" to a job in bf16.
+    fix = _busy_fix(tmp_path, _BF16_MUL, [H100])
+    assert fix.startswith("Memory-bound kernels") and "bf16" not in fix and "fp16" not in fix
+
+
+def test_memory_bound_kernels_in_fp32_on_a_v100_are_told_fp16(tmp_path: Path) -> None:
+    fix = _busy_fix(tmp_path, "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int)", [V100])
+    assert "fp16 instead of fp32 halves the bytes they move" in fix
+
+
 # ---- the device model from any deviceProperties ------------------------------------
 
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=200), st.lists(st.integers(), max_size=2))
