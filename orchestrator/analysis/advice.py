@@ -44,7 +44,7 @@ from typing import Literal
 from orchestrator.analysis.finding_base import first_use_examples, ms_list
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_frames import frame_label
-from orchestrator.analysis.spans import is_compiled_name
+from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
@@ -196,7 +196,7 @@ def round_trips(r: RankSummary) -> dict[str, float]:
     for c in r.copies:
         if c.direction in by_dir and c.host_memory == "pageable":
             for o in c.issued_by:
-                region = o.name.split(" / ")[0] if " / " in o.name else None
+                region = site_parts(o.name)[0]
                 if region is not None:
                     by_dir[c.direction][region] = by_dir[c.direction].get(region, 0.0) + o.total_ms / n
     return {name: ms + by_dir["HtoD"][name] for name, ms in by_dir["DtoH"].items() if name in by_dir["HtoD"]}

@@ -53,7 +53,17 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, name_innermost, subtract, total, union
+from orchestrator.analysis.intervals import (
+    Intervals,
+    by_time,
+    clip,
+    cover,
+    intersect,
+    name_innermost,
+    subtract,
+    total,
+    union,
+)
 from orchestrator.analysis.spans import is_comm_kernel, is_marker_name
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
@@ -318,5 +328,4 @@ def summarize(
 
 
 def _top(named: dict[str, list[float]]) -> list[OpStat]:
-    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_CPU_OPS]
-    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows if us > 0]
+    return [s for s in by_time(named)[:TOP_CPU_OPS] if s.total_ms > 0]

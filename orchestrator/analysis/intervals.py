@@ -7,11 +7,13 @@ with ``start < end``. Every function here returns one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Protocol
 
-__all__ = ["Intervals", "Timed", "clip", "cover", "intersect", "name_innermost", "subtract", "total", "union"]
+from orchestrator.models.analysis import OpStat
+
+__all__ = ["Intervals", "Timed", "by_time", "clip", "cover", "intersect", "name_innermost", "subtract", "total", "union"]
 
 Intervals = list[tuple[float, float]]
 _START = itemgetter(0)
@@ -176,3 +178,10 @@ def name_innermost(
                     ends.append(span.end)
                     names.append(span.name)
                 i += 1
+
+
+def by_time(named: Mapping[str, Sequence[float]]) -> list[OpStat]:
+    """Tallies of (calls, µs) per name (:func:`name_innermost`'s, a rank's ops and kernels) as :class:`OpStat`, most
+    time first, then by name."""
+    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows]

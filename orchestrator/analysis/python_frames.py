@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from orchestrator.analysis.intervals import Intervals, name_innermost
+from orchestrator.analysis.intervals import Intervals, by_time, name_innermost
 from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
@@ -76,5 +76,4 @@ def callers(frames: Sequence[Span], waits: Intervals) -> list[OpStat]:
     named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     name_innermost(frames, waits, frozenset(), named, "")
     named.pop("", None)  # in no frame: a trace without Python stacks
-    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[0]))
-    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us) in rows]
+    return by_time(named)

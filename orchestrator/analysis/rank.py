@@ -63,7 +63,7 @@ from typing import Literal
 from orchestrator.analysis.collectives import comm_ops, launched_by, regathers_per_step
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
 from orchestrator.analysis.python_frames import callers, user_frames
@@ -87,13 +87,14 @@ from orchestrator.analysis.spans import (
     is_runtime,
     is_sync,
     regions_within,
+    site,
     where,
 )
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.analysis.threads import Thread, main_thread, walk_thread
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
-from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.models.analysis import PHASES, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank"]
@@ -178,7 +179,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)  # who reads
         # An op that reads back by its nature (x[mask]'s aten::index, if t:'s aten::is_nonzero) names the read.
         reader = next((a.name for a in ancestors if a.name in READING_OPS), outer.name)
-        label = f"{region} / {reader}" if region else reader
+        label = site(region, reader)
         if upload_spans and upload_spans[-1][0] <= span.ts and span.end <= upload_spans[-1][1]:
             # A pageable upload syncs its stream: until the device starts the copy the host waits for
             # the work queued before it (in PARAM's DLRM, an all-to-all waiting for late ranks), a sync;
@@ -309,15 +310,15 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,
         data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
-        sync_ops=_top((name, int(c), us) for name, (c, us) in sync_calls.items()),
+        sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
         comm_ops=collectives, regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],
         process_groups=groups,
-        top_ops=_top((name, int(c), us) for name, (c, us) in op_self.items())[:top_n],
-        top_kernels=_top(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
+        top_ops=by_time(op_self)[:top_n],
+        top_kernels=by_time(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows),
         issues=issues,
@@ -341,17 +342,12 @@ def _issuer(ancestors: list[Span], around: frozenset[str]) -> str:
     """Who issued a copy: the innermost region (``record_function``, optimizer step; none ``around`` a step) and the outermost op around it."""
     region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)
     op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
-    return " / ".join(name for name in (region, op) if name) or "(no op)"
+    return site(region, op) or "(no op)"
 
 
-def _sum_by_name(spans: Iterable[Span]) -> Iterable[tuple[str, int, float]]:
+def _sum_by_name(spans: Iterable[Span]) -> dict[str, list[float]]:
     acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for s in spans:
         acc[s.name][0] += 1
         acc[s.name][1] += s.end - s.ts
-    return ((name, int(c), us) for name, (c, us) in acc.items())
-
-
-def _top(rows: Iterable[tuple[str, int, float]]) -> list[OpStat]:
-    ordered = sorted(rows, key=lambda r: (-r[2], r[0]))
-    return [OpStat(name=name, calls=calls, total_ms=us / 1000) for name, calls, us in ordered]
+    return acc

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from orchestrator.analysis.precision import half_format
 from orchestrator.analysis.python_frames import frame_label, frame_parts
-from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS
+from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS, site_parts
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["readers", "reading_fix"]
@@ -78,7 +78,7 @@ def reading_fix(r: RankSummary) -> str:
         ops = _ops(r) or _ops(r, every_step=False)
         said = scaler + ops + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
     named = READING_OPS | SYNCHRONIZE_CALLS
-    if said and all(o.name.rpartition(" / ")[2] in named for o in r.sync_ops):
+    if said and all(site_parts(o.name)[1] in named for o in r.sync_ops):
         return said.rstrip()
     return said + _VALUE_READS
 
@@ -89,7 +89,7 @@ def _ops(r: RankSummary, *, every_step: bool = True) -> str:
     steps = max(len(r.steps), 1)
     by_op: dict[str, int] = {}
     for o in r.sync_ops:
-        op = o.name.rpartition(" / ")[2]
+        op = site_parts(o.name)[1]
         by_op[op] = by_op.get(op, 0) + o.calls
 
     def listed(ops: frozenset[str]) -> str:
@@ -144,7 +144,7 @@ def _region(r: RankSummary) -> str:
     """The user's record_function region that holds most of the reads ('' when none does)."""
     by_region: dict[str, int] = {}
     for op in r.sync_ops:
-        region, _, rest = op.name.rpartition(" / ")
+        region, rest = site_parts(op.name)
         if region and rest and not region.startswith("Optimizer."):
             by_region[region] = by_region.get(region, 0) + op.calls
     if not by_region:

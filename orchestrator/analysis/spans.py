@@ -32,6 +32,8 @@ __all__ = [
     "SIZED_BY_DATA",
     "SYNCHRONIZE_CALLS",
     "TENSOR_CONDITIONS",
+    "site",
+    "site_parts",
     "collective_kind",
     "collective_of",
     "Kinds",
@@ -344,3 +346,16 @@ def by_kind(spans: Iterable[Span]) -> Kinds:
 def where(groups: Kinds, rule: Callable[[Span], bool]) -> Iterator[tuple[float, float]]:
     """``(start, end)`` of the grouped spans ``rule`` holds for (asked of each group's first span)."""
     return ((s.ts, s.end) for spans in groups.values() if rule(spans[0]) for s in spans)
+
+
+# A sync or copy is named by its site, "region / op": the innermost record_function region (or optimizer step)
+# around it, and the op; without a region, the op alone. Region names may hold " / "; op names do not.
+def site(region: str | None, op: str | None) -> str:
+    """``region / op``, or whichever of them there is ('' for neither)."""
+    return " / ".join(name for name in (region, op) if name)
+
+
+def site_parts(name: str) -> tuple[str | None, str]:
+    """A :func:`site`'s region (None without one) and op."""
+    region, _, op = name.rpartition(" / ")
+    return region or None, op

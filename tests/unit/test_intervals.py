@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.analysis.intervals import cover, union
+from orchestrator.analysis.intervals import by_time, cover, union
+from orchestrator.analysis.spans import site, site_parts
 from orchestrator.traces.loader import Span
 
 # Times on a coarse grid, so that equal starts, touching ends and zero or negative durations all come up.
@@ -38,3 +39,19 @@ def test_cover_leaves_out_the_skipped_names_as_if_they_were_not_there(drawn: lis
 def test_cover_merges_touching_spans_and_drops_empty_ones() -> None:
     spans = _in_loader_order([(0, 5, "a"), (5, 3, "b"), (9, 0, "c"), (12, -2, "d"), (12, 1, "e")])
     assert cover(spans) == [(0.0, 8.0), (12.0, 13.0)]
+
+
+@given(st.dictionaries(st.text(max_size=8), st.tuples(st.integers(0, 100), st.floats(0, 1e6)), max_size=12))
+def test_tallies_become_op_stats_most_time_first_then_by_name(named: dict[str, tuple[int, float]]) -> None:
+    stats = by_time(named)
+    assert [(s.name, s.calls) for s in stats] == sorted(((n, c) for n, (c, _) in named.items()), key=lambda x: (-named[x[0]][1], x[0]))
+    assert all(s.total_ms == named[s.name][1] / 1000 for s in stats)
+
+
+_OP = st.text(min_size=1, max_size=12).filter(lambda t: " / " not in t and not t.startswith("/ ") and not t.endswith(" /"))
+
+
+@given(st.one_of(st.none(), st.text(min_size=1, max_size=20)), _OP)
+def test_a_site_splits_back_into_its_region_and_op(region: str | None, op: str) -> None:
+    # Region names may hold " / " (a record_function label is any text); op names do not.
+    assert site_parts(site(region, op)) == (region, op)
