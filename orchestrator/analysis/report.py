@@ -86,8 +86,9 @@ def _rank_table(summary: Summary) -> str:
     for r in summary.ranks:
         util = f"{r.gpu.utilization:.0%}" if r.gpu else "–"
         cells = "".join(f"<td>{_ms(r.mean_phases.get(p))}</td>" for p in PHASES)
+        device = f"{r.accelerator.label} ({r.device})" if r.accelerator else r.device
         rows.append(
-            f"<tr><td>{r.rank}</td><td class=l>{escape(r.host or '?')}</td><td class=l>{escape(r.device)}</td><td>{len(r.steps)}</td>"
+            f"<tr><td>{r.rank}</td><td class=l>{escape(r.host or '?')}</td><td class=l>{escape(device)}</td><td>{len(r.steps)}</td>"
             f"<td>{_ms(r.mean_step_ms)}</td><td>{_ms(r.comm_wait_ms)}</td><td>{util}</td>{cells}</tr>"
         )
     return (

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.report import render_report, write_report
+from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import OpStat, PhaseTimes, RankSummary, Summary
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, Manifest, RankResult
@@ -93,6 +94,15 @@ def test_report_escapes_text_from_traces() -> None:
     )
     html = render_report(Summary(source="s", world_size=1, steps=[], ranks=[rank]))
     assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;b&gt;h" in html
+
+
+def test_the_rank_table_names_the_device_model_the_trace_names() -> None:
+    rank = RankSummary(
+        rank=0, host="h", file="f", device="cuda", steps=[], mean_step_ms=None, median_step_ms=None, mean_phases=PhaseTimes(),
+        comm_wait_ms=0.0, accelerator=Accelerator(name="NVIDIA <H100>", runtime="cuda", capability=(9, 0)),
+    )
+    html = render_report(Summary(source="s", world_size=1, steps=[], ranks=[rank]))
+    assert "<td class=l>NVIDIA &lt;H100&gt; (sm_90) (cuda)</td>" in html
 
 
 @pytest.mark.parametrize(
