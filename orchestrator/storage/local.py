@@ -41,7 +41,10 @@ class FileStorage(Storage):
                 return True
         return False
 
-    def _write_atomically(self, key: str, write: Callable[[Path], None]) -> None:
+    def _write_atomically(self, key: str, write: Callable[[Path], None], *, replace: bool = True) -> None:
+        """Write through a temporary file beside the key, synced, then publish it under the key: over any old file
+        (``replace``), or only where none is (a hard link, which fails where rename would replace):
+        :class:`AlreadyExistsError` then, and the old file stays."""
         dest = self._path(key)
         try:
             for attempt in range(3):
@@ -51,7 +54,13 @@ class FileStorage(Storage):
                     write(tmp)
                     with open(tmp, "rb+") as f:
                         os.fsync(f.fileno())
-                    os.replace(tmp, dest)
+                    if replace:
+                        os.replace(tmp, dest)
+                    else:
+                        try:
+                            os.link(tmp, dest)
+                        except FileExistsError:
+                            raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced") from None
                     return
                 except FileNotFoundError:
                     # A delete emptied and removed the folder between mkdir and the write: make it again.
@@ -69,27 +78,7 @@ class FileStorage(Storage):
         self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
 
     def _put_new(self, data: bytes, key: str) -> None:
-        dest = self._path(key)
-        try:
-            for attempt in range(3):
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        os.fsync(f.fileno())
-                    # link() fails if dest exists, where rename() would replace it.
-                    os.link(tmp, dest)
-                    return
-                except FileNotFoundError:
-                    if attempt == 2:
-                        raise
-                finally:
-                    tmp.unlink(missing_ok=True)
-        except FileExistsError:
-            raise AlreadyExistsError(f"{self.uri(key)} already exists; not replaced") from None
-        except OSError as e:
-            raise StorageError(f"cannot write {dest}: {e}") from e
+        self._write_atomically(key, lambda tmp: tmp.write_bytes(data), replace=False)
 
     def _get_bytes(self, key: str) -> bytes:
         try:

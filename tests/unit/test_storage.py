@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from orchestrator.errors import IntegrityError, StorageError
+from orchestrator.errors import AlreadyExistsError, IntegrityError, StorageError
 from orchestrator.layout import normalize_uri
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.storage import FileStorage, MemoryStorage, S3Storage, open_storage
@@ -160,8 +160,6 @@ def test_a_scoped_storage_refuses_a_key_that_leaves_its_folder(storage, key):
 
 
 def test_state_is_stored_as_the_same_bytes_an_artifact_write_leaves(storage):
-    from orchestrator.errors import AlreadyExistsError
-
     data = b'{"status": {"id": "p1"}}'
     storage.put_bytes(data, "_rayprof/c/profiles/old.json", "manifest")  # how state was written before
 
@@ -169,3 +167,20 @@ def test_state_is_stored_as_the_same_bytes_an_artifact_write_leaves(storage):
     assert storage.get_bytes("_rayprof/c/profiles/new.json") == storage.get_bytes("_rayprof/c/profiles/old.json") == data
     with pytest.raises(AlreadyExistsError):
         storage.put_state(b"{}", "_rayprof/c/profiles/new.json", if_absent=True)
+
+
+@pytest.mark.parametrize("if_absent", [False, True])
+def test_a_file_where_a_folder_should_be_is_a_storage_error_not_an_existing_key(tmp_path, if_absent):
+    # Before: a write with if_absent=True answered "already exists" (409) for a key that did not exist.
+    (tmp_path / "a").write_bytes(b"not a folder")
+    with pytest.raises(StorageError, match="cannot write") as raised:
+        FileStorage(tmp_path).put_state(b"{}", "a/b.json", if_absent=if_absent)
+    assert not isinstance(raised.value, AlreadyExistsError)
+
+
+def test_a_write_if_absent_over_an_existing_key_keeps_the_old_bytes(tmp_path):
+    storage = FileStorage(tmp_path)
+    storage.put_state(b"old", "a/b.json", if_absent=True)
+    with pytest.raises(AlreadyExistsError):
+        storage.put_state(b"new", "a/b.json", if_absent=True)
+    assert (tmp_path / "a" / "b.json").read_bytes() == b"old" and os.listdir(tmp_path / "a") == ["b.json"]
