@@ -262,6 +262,8 @@ def test_memory_peak_reads_the_device_capacity_and_warns_near_it() -> None:
     full = rank.model_copy(update={"memory": [peak.model_copy(update={"peak_bytes": int(0.95 * peak.capacity_bytes)})]})
     (found,) = [f for f in find_all([full], []) if f.code == "memory_peak"]
     assert (found.code, found.severity, found.title) == ("memory_peak", "warning", "Memory peaks at 95% of cuda:1")
+    # That V100 has no bf16 tensor cores: the mixed precision told is fp16's, with its scaler.
+    assert "fp16 autocast with a GradScaler" in found.fix and "bf16" not in found.fix
 
 
 def comm_bound_events(rank: int) -> list[dict[str, Any]]:
