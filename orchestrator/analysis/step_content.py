@@ -69,10 +69,17 @@ def _per_window(spans: list[Span], windows: list[tuple[float, float]], key: Call
 
 def _optimizers(steps: list[Span], counts: list[Counter[str]]) -> str:
     """``SGD.step ×1 + Adam.step ×1``: the typical count, classes in the order they first step (as the agent
-    states its cycle)."""
-    most = typical(counts)
+    states its cycle). Where over a third of three or more steps hold no optimizer step, a step is a part of an
+    iteration (a loop that calls prof.step() per micro-batch of gradient accumulation): said with how many steps
+    hold one, counted over those."""
+    stepped = [c for c in counts if c]
+    partial = len(counts) >= 3 and 3 * (len(counts) - len(stepped)) > len(counts) and bool(stepped)
+    most = typical(stepped if partial else counts)
     order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in most)
-    return " + ".join(f"{name} ×{most[name]}" for name in order)
+    listed = " + ".join(f"{name} ×{most[name]}" for name in order)
+    if partial:
+        return f"part of an iteration ({listed} in {len(stepped)} of {len(counts)} steps: a step per micro-batch of gradient accumulation)"
+    return listed
 
 
 def _terms(definition: str) -> list[str]:

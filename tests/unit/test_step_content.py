@@ -122,6 +122,27 @@ def test_the_most_common_count_wins_and_a_short_last_step_does_not_empty_it(tmp_
     assert analyze_folder(tmp_path).step_definition == "1 step = AdamW.step ×1; 2 forward passes"
 
 
+def test_steps_that_are_micro_batches_say_they_are_part_of_an_iteration(tmp_path: Path) -> None:
+    # A loop with gradient accumulation over two micro-batches that calls prof.step() per micro-batch (recorded so
+    # with accelerate's accumulate(): AdamW steps in ProfilerStep#3 alone of #2-#4). Before: "no optimizer step".
+    events = [x_event(f"ProfilerStep#{n}", n * 1000, 900, cat="user_annotation") for n in (2, 3, 4)]
+    events += [x_event("Optimizer.step#AdamW.step", 3600, 50, cat="user_annotation")]
+    events += [x_event("## forward ##", n * 1000 + 10, 50, cat="user_annotation") for n in (2, 3, 4)]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    assert analyze_folder(tmp_path).step_definition == (
+        "1 step = part of an iteration (AdamW.step ×1 in 1 of 3 steps: a step per micro-batch of gradient accumulation); "
+        "1 forward pass"
+    )
+
+
+@pytest.mark.parametrize("stepped", [(1, 2, 3), (2, 3, 4), (1, 3, 4)])
+def test_one_step_without_the_optimizer_among_three_or_more_is_no_micro_batch(tmp_path: Path, stepped: tuple[int, ...]) -> None:
+    events = [x_event(f"ProfilerStep#{n}", n * 1000, 900, cat="user_annotation") for n in (1, 2, 3, 4)]
+    events += [x_event("Optimizer.step#AdamW.step", n * 1000 + 600, 50, cat="user_annotation") for n in stepped]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    assert analyze_folder(tmp_path).step_definition == "1 step = AdamW.step ×1"
+
+
 def test_ranks_whose_steps_hold_different_work_are_noted(tmp_path: Path) -> None:
     for rank, optimizer in ((0, "SGD"), (1, "Adam")):
         events = [x_event(f"ProfilerStep#{n}", n * 1000, 900, cat="user_annotation") for n in (1, 2)]
