@@ -8,11 +8,12 @@ import bisect
 import re
 from collections.abc import Mapping, Sequence
 
+from orchestrator.analysis.intervals import Intervals, clip, subtract, total
 from orchestrator.analysis.spans import Kinds, collective_of, is_comm
 from orchestrator.models.analysis import CollectiveKind, OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["comm_ops", "launched_by", "regathers_per_step"]
+__all__ = ["comm_ops", "launched_by", "own_comm", "regathers_per_step"]
 
 # FSDP2 names its regions after the module they serve: "FSDP::all_gather (layers.3)". One name per kind.
 _MODULE_SUFFIX = re.compile(r" \([^()]*\)$")
@@ -22,9 +23,9 @@ Thread = tuple[object, object]
 Launch = tuple[float, float, Thread]  # a runtime call's start, end and thread
 
 
-def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
+def comm_ops(main: Kinds, windows: Sequence[Window], leave_out: Intervals | None = None) -> list[OpStat]:
     """The outermost collective spans of the main thread (its spans by kind) that start inside one of ``windows``,
-    summed by name with FSDP's module suffix removed; largest time first."""
+    summed by name with FSDP's module suffix removed; largest time first. Spans that overlap ``leave_out`` do not count."""
     spans = sorted((s for group in main.values() if is_comm(group[0]) for s in group), key=lambda s: (s.ts, -s.end))
     acc: dict[str, list[float]] = {}
     covered_until = float("-inf")
@@ -32,7 +33,7 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
         if span.ts < covered_until:
             continue  # inside a collective already counted (c10d::_allgather_base_ in FSDP::all_gather)
         covered_until = span.end
-        if _window_of(span.ts, windows) is not None:
+        if _window_of(span.ts, windows) is not None and not (leave_out and clip(leave_out, span.ts, span.end)):
             row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
             row[0] += 1
             row[1] += span.end - span.ts
@@ -40,6 +41,19 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
         OpStat(name=name, calls=int(c), total_ms=us / 1000)
         for name, (c, us) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]
+
+
+def own_comm(main: Kinds, windows: Sequence[Window], waits: Intervals, model: Intervals) -> OpStat | None:
+    """The main thread's collective calls that overlap no forward or backward (``model``) time: not DDP's bucket
+    all-reduces or FSDP's gathers, but the job's own (a metric or the loss reduced for logging, a barrier); their
+    names, their count over ``windows``, and as ``total_ms`` the communication time (``waits``: the main thread's
+    collective calls and its idle time while another thread communicates) outside ``model``, per window."""
+    calls = comm_ops(main, windows, leave_out=model)
+    if not calls:
+        return None
+    outside = subtract(waits, model)
+    ms = sum(total(clip(outside, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
+    return OpStat(name=" + ".join(c.name for c in calls), calls=sum(c.calls for c in calls), total_ms=ms)
 
 
 def launched_by(kernels: Sequence[Span], launches: Mapping[int, Launch], kinds: Mapping[Thread, Kinds]) -> dict[int, CollectiveKind]:

@@ -108,7 +108,10 @@ def _on_nccl(r: RankSummary) -> bool:
 
 
 def comm_fix(r: RankSummary) -> str:
-    """The fix for the collective that leads the rank's communication (FSDP2's own, when its regions hold it)."""
+    """The fix for the collective that leads the rank's communication (FSDP2's own, when its regions hold it; the
+    job's own calls outside forward and backward, when their waits hold most of it)."""
+    if (own := _own_fix(r)) is not None:
+        return own
     if (fsdp := fsdp_fix(r)) is not None:
         return fsdp
     # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
@@ -125,6 +128,28 @@ def comm_fix(r: RankSummary) -> str:
     if lead == "broadcast":
         return _BROADCAST
     return _ddp(r) if r.ddp else _ALL_REDUCE
+
+
+def _own_fix(r: RankSummary) -> str | None:
+    """The job's own collectives (:attr:`RankSummary.own_comm`), when they hold at least half of the rank's collective
+    wait: each is a round trip across every rank that the step waits for, and no DDP or FSDP setting moves it."""
+    own = r.own_comm
+    if own is None or 2 * own.total_ms < r.comm_wait_ms or own.total_ms <= 0:
+        return None
+    per_step = own.calls / max(len(r.steps), 1)
+    lead = (
+        "DDP reduces the gradients during backward already, so these are the job's own values"
+        if r.ddp or any(op.name.startswith("FSDP::") for op in r.comm_ops)
+        else "if they average the gradients, DDP or FSDP reduces them in buckets during backward instead; if they are "
+        "the job's own values"
+    )
+    return (
+        f"{per_step:.0f} collective call{'s' if round(per_step) != 1 else ''} a step ({own.name}) run outside forward and "
+        f"backward and hold {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: {lead} "
+        "(a metric, the loss reduced for logging), each a round trip across the ranks: reduce them together (torch.stack "
+        "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
+        "the value is logged."
+    )
 
 
 def _ddp(r: RankSummary) -> str:

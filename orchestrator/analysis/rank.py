@@ -60,7 +60,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from orchestrator.analysis.collectives import comm_ops, launched_by, regathers_per_step
+from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
@@ -296,6 +296,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     collectives = comm_ops(main_kinds, windows)
+    waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), any_main_span)))
+    model_time = union(nested["forward"] + nested["backward"] + backward_elsewhere)
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
     return RankSummary(
         rank=trace.file.rank,
@@ -312,7 +314,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
-        comm_ops=collectives, regathers_per_step=regathers_per_step(main_kinds, windows),
+        comm_ops=collectives, own_comm=own_comm(main_kinds, windows, waits, model_time),
+        regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],

@@ -94,7 +94,7 @@ HOST_CATEGORIES = frozenset(
 _RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 # A record_function or autograd node that names backward: "## backward ##",
 # "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
-_BACKWARD = re.compile(r"backward", re.IGNORECASE)
+_BACKWARD = re.compile(r"backward|autograd::engine::evaluate_function", re.IGNORECASE)
 _COMPILED_AUTOGRAD = "Torch-Compiled Region: !"
 _COMPILED_HOST = ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled Region", "TorchDynamo Cache Lookup")
 # HTA's split of device work (hta.utils.utils.get_kernel_type), so that shares agree with it, and the libraries that move
@@ -141,8 +141,10 @@ def is_optimizer(span: Span) -> bool:
 
 
 def is_backward(span: Span) -> bool:
-    """An autograd node or a ``record_function`` that names backward, on any host thread; or a compiled
-    autograd graph (``Torch-Compiled Region: !0/...``: compiled autograd's compile ids start with ``!``)."""
+    """An autograd node (``autograd::engine::evaluate_function: ...``, a leaf's ``AccumulateGrad`` too: DDP's reducer
+    launches and, on a CPU, waits for its last bucket's all-reduce in one) or a ``record_function`` that names
+    backward, on any host thread; or a compiled autograd graph (``Torch-Compiled Region: !0/...``: compiled
+    autograd's compile ids start with ``!``)."""
     return span.cat in ("cpu_op", "user_annotation") and not is_comm(span) and (
         _BACKWARD.search(span.name) is not None or span.name.startswith(_COMPILED_AUTOGRAD)
     )

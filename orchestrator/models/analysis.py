@@ -285,6 +285,11 @@ class RankSummary(_Model):
         default_factory=list,
         description="Outermost collective spans on the main thread, by name (FSDP's module suffix removed), over the steps.",
     )
+    own_comm: OpStat | None = Field(
+        default=None,
+        description="The main thread's collective calls outside forward and backward (the job's own: metrics, a logged "
+        "loss), their count over the steps, and total_ms: its communication time outside forward and backward, per step.",
+    )
     regathers_per_step: float = Field(
         default=0.0,
         description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "

@@ -20,6 +20,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
                the root; rank0/rank1.pt.trace.json.gz
   fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
+  ddp          two gloo ranks, an MLP under DDP (its bucket all-reduce runs inside backward's AccumulateGrad node)
+  ddp_metrics  the same reducing the loss and 20 one-element metrics with dist.all_reduce each step, one call each
 Each recording takes seconds (torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6 when recorded).
 """
 
@@ -255,7 +257,8 @@ def _fsdp2_rank(rank: int, out: Path, name: str, per_block: bool, port: int) -> 
     dist.destroy_process_group()
 
 
-def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
+def _two_ranks(rank_main: Callable[..., None], *args: Any) -> None:
+    """``rank_main(rank, *args, port)`` in two processes that meet at a free local port."""
     import socket
 
     import torch.multiprocessing as mp
@@ -263,7 +266,41 @@ def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_fsdp2_rank, args=(out, name, per_block, port), nprocs=2)
+    mp.spawn(rank_main, args=(*args, port), nprocs=2)
+
+
+def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
+    _two_ranks(_fsdp2_rank, out, name, per_block)
+
+
+def _ddp_rank(rank: int, out: Path, name: str, metrics: int, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    net = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)))
+    opt = torch.optim.AdamW(net.parameters())
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            loss = nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if metrics:
+                logged = loss.detach().clone()
+                dist.all_reduce(logged)
+                for _ in range(metrics):
+                    dist.all_reduce(torch.tensor([float(rank)]))
+            prof.step()
+    dist.destroy_process_group()
+
+
+def case_ddp(out: Path, name: str = "ddp", metrics: int = 0) -> None:
+    _two_ranks(_ddp_rank, out, name, metrics)
 
 
 CASES: dict[str, Callable[[Path], None]] = {
@@ -275,6 +312,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "grad_scaler_fused": lambda out: case_grad_scaler(out, "grad_scaler_fused", fused=True),
     "lightning_prog_bar": lambda out: case_lightning(out, "lightning_prog_bar", prog_bar=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
+    "ddp": case_ddp, "ddp_metrics": lambda out: case_ddp(out, "ddp_metrics", metrics=20),
 }
 
 

@@ -206,3 +206,24 @@ def test_a_loader_every_step_waits_for_still_warns(name: str) -> None:
     top = analyze_folder(case(name)).findings[0]
     assert (top.code, top.severity) == ("dataloader_bound", "warning")
     assert "one step" not in top.title + top.evidence
+
+
+def test_a_ddp_jobs_own_per_step_all_reduces_are_told_to_go_together() -> None:
+    # Two gloo ranks under DDP that all_reduce the loss and 20 one-element metrics each step, one call each. Before:
+    # "DDP already all-reduces the gradients in buckets ... Send fewer bytes per sample: no_sync(), compress the
+    # gradients": DDP's own all-reduce is one call a step, inside backward.
+    summary = cpu_case("ddp_metrics")
+    own = next(r for r in summary.ranks if r.rank == 1).own_comm
+    assert own is not None and (own.name, own.calls) == ("c10d::allreduce_", 63)
+    [top] = summary.findings
+    assert top.code == "comm_exposed"
+    assert top.fix.startswith("21 collective calls a step (c10d::allreduce_) run outside forward and backward and hold ")
+    assert "reduce them together (torch.stack the values, one all_reduce)" in top.fix
+    assert "bucket" not in top.fix and "no_sync" not in top.fix
+
+
+def test_ddps_own_bucket_all_reduce_runs_inside_backward_and_is_not_the_jobs_own() -> None:
+    # The same job without the metrics: DDP's all-reduce runs in the last AccumulateGrad node of backward.
+    summary = cpu_case("ddp")
+    assert all(r.own_comm is None and r.ddp for r in summary.ranks)
+    assert codes(summary) == []

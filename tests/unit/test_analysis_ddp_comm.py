@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.models.analysis import Finding
+from orchestrator.analysis.comm_fix import comm_fix
+from orchestrator.models.analysis import Finding, OpStat, PhaseTimes, RankSummary, StepBreakdown
 from tests.support.realtraces import external, finding
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
@@ -67,10 +68,13 @@ def test_tracelens_mi300_ddp_resnet_is_told_its_collectives_outlast_its_compute(
 
 
 def _cpu_step(tmp_path: Path, backward_us: float) -> Finding:
-    """A CPU-only DDP step: forward, backward for ``backward_us``, then the host waits in gloo's all-reduce to 900 µs."""
+    """A CPU-only DDP step: forward, backward for ``backward_us``, then the host waits in gloo's all-reduce to 900 µs,
+    inside the last gradient's AccumulateGrad node, where DDP's reducer launches and waits for it (tests/data/traces/
+    cpu_ddp)."""
     events = [
         x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), _DDP_FORWARD,
         x_event("autograd::engine::evaluate_function: AddmmBackward0", 110, backward_us),
+        x_event("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 110 + backward_us, 790 - backward_us),
         x_event("gloo:all_reduce", 110 + backward_us, 790 - backward_us),
     ]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
@@ -86,3 +90,25 @@ def test_on_a_cpu_a_ddp_wait_longer_than_backward_is_told_to_send_fewer_bytes(tm
 def test_on_a_cpu_a_ddp_wait_shorter_than_backward_is_told_ddps_bucket_settings(tmp_path: Path) -> None:
     found = _cpu_step(tmp_path, 500)
     assert found.fix.startswith("DDP already all-reduces the gradients in buckets during backward; 0.3 ms a step of it stays exposed")
+
+
+def _own(calls: int, own_ms: float, wait_ms: float, ddp: bool) -> RankSummary:
+    """A CPU rank that waits ``wait_ms`` a step in collectives, ``own_ms`` of it in ``calls`` all-reduces of its own."""
+    return RankSummary(
+        rank=0, host="h", file="f", device="cpu", mean_step_ms=100.0, median_step_ms=100.0, ddp=ddp,
+        mean_phases=PhaseTimes(comm=wait_ms, backward=10.0), comm_wait_ms=wait_ms,
+        steps=[StepBreakdown(step=i, start_unix_us=0.0, duration_ms=100.0, phases=PhaseTimes()) for i in range(3)],
+        comm_ops=[OpStat(name="c10d::allreduce_", calls=3 * (calls + 1), total_ms=1.0)],
+        own_comm=OpStat(name="c10d::allreduce_", calls=3 * calls, total_ms=own_ms),
+    )
+
+
+def test_a_job_without_ddp_whose_own_calls_hold_the_wait_is_told_both_readings() -> None:
+    fix = comm_fix(_own(8, 30.0, 40.0, ddp=False))
+    assert fix.startswith("8 collective calls a step (c10d::allreduce_) run outside forward and backward and hold 30.0 ms")
+    assert "if they average the gradients, DDP or FSDP reduces them in buckets during backward instead" in fix
+
+
+def test_own_calls_holding_less_than_half_the_wait_leave_the_fix_to_the_lead_collective() -> None:
+    fix = comm_fix(_own(8, 15.0, 40.0, ddp=True))
+    assert fix.startswith("DDP already all-reduces the gradients in buckets during backward")
