@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from orchestrator.analysis.intervals import Intervals, clip, subtract, total
+from orchestrator.analysis.intervals import Intervals, by_time, clip, subtract, total, union
 from orchestrator.analysis.spans import Kinds, collective_of, is_comm
 from orchestrator.models.analysis import CollectiveKind, OpStat
 from orchestrator.traces.loader import Span
@@ -23,37 +23,49 @@ Thread = tuple[object, object]
 Launch = tuple[float, float, Thread]  # a runtime call's start, end and thread
 
 
-def comm_ops(main: Kinds, windows: Sequence[Window], leave_out: Intervals | None = None) -> list[OpStat]:
-    """The outermost collective spans of the main thread (its spans by kind) that start inside one of ``windows``,
-    summed by name with FSDP's module suffix removed; largest time first. Spans that overlap ``leave_out`` do not count."""
+def _outermost(main: Kinds, windows: Sequence[Window]) -> Iterator[Span]:
+    """The outermost collective spans of the main thread (its spans by kind) that start inside one of ``windows``."""
     spans = sorted((s for group in main.values() if is_comm(group[0]) for s in group), key=lambda s: (s.ts, -s.end))
-    acc: dict[str, list[float]] = {}
     covered_until = float("-inf")
     for span in spans:
         if span.ts < covered_until:
             continue  # inside a collective already counted (c10d::_allgather_base_ in FSDP::all_gather)
         covered_until = span.end
-        if _window_of(span.ts, windows) is not None and not (leave_out and clip(leave_out, span.ts, span.end)):
-            row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
-            row[0] += 1
-            row[1] += span.end - span.ts
-    return [
-        OpStat(name=name, calls=int(c), total_ms=us / 1000)
-        for name, (c, us) in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))
-    ]
+        if _window_of(span.ts, windows) is not None:
+            yield span
 
 
-def own_comm(main: Kinds, windows: Sequence[Window], waits: Intervals, model: Intervals) -> OpStat | None:
-    """The main thread's collective calls that overlap no forward or backward (``model``) time: not DDP's bucket
-    all-reduces or FSDP's gathers, but the job's own (a metric or the loss reduced for logging, a barrier); their
-    names, their count over ``windows``, and as ``total_ms`` the communication time (``waits``: the main thread's
-    collective calls and its idle time while another thread communicates) outside ``model``, per window."""
-    calls = comm_ops(main, windows, leave_out=model)
+def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
+    """The outermost collective spans of the main thread that start inside one of ``windows``, summed by name with
+    FSDP's module suffix removed; largest time first."""
+    acc: dict[str, list[float]] = {}
+    for span in _outermost(main, windows):
+        row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
+        row[0] += 1
+        row[1] += span.end - span.ts
+    return by_time(acc)
+
+
+def own_comm(
+    main: Kinds, windows: Sequence[Window], model: Intervals, waits: Intervals, launched: Callable[[Intervals], float]
+) -> OpStat | None:
+    """The main thread's all-reduce calls that overlap no forward or backward (``model``) time: not DDP's buckets
+    (launched in backward) but the job's own, a metric or the loss reduced for logging, one round trip across the
+    ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one). Their names and count
+    over ``windows``, and as ``total_ms`` their cost per window: the main thread's communication time outside
+    ``model`` (``waits``: its collective calls and its idle time while another thread communicates: gloo's), plus
+    ``launched(calls)``, the ms per window of device collective kernels launched inside those calls that no
+    compute overlaps (NCCL's). None where no all-reduce is outside ``model``, or ``model`` is empty: a trace that
+    shows no backward cannot tell a gradient all-reduce from the job's own."""
+    if not model:
+        return None
+    calls = [s for s in _outermost(main, windows) if collective_of(s.name) == "all_reduce" and not clip(model, s.ts, s.end)]
     if not calls:
         return None
     outside = subtract(waits, model)
-    ms = sum(total(clip(outside, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
-    return OpStat(name=" + ".join(c.name for c in calls), calls=sum(c.calls for c in calls), total_ms=ms)
+    host_ms = sum(total(clip(outside, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
+    names = dict.fromkeys(_MODULE_SUFFIX.sub("", s.name) for s in calls)
+    return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls)))
 
 
 def launched_by(kernels: Sequence[Span], launches: Mapping[int, Launch], kinds: Mapping[Thread, Kinds]) -> dict[int, CollectiveKind]:

@@ -23,7 +23,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from orchestrator.analysis.intervals import clip, cover, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.spans import (
     CopyKind,
     by_kind,
@@ -145,6 +145,24 @@ class DeviceView:
         exposed = {kind: total(subtract(union(ivs), self.compute)) / 1000 / n for kind, ivs in spans.items()}
         # Equal exposure (none, when compute hides every collective) is ordered by kernel time.
         return dict(sorted(ms.items(), key=lambda kv: -kv[1])), dict(sorted(exposed.items(), key=lambda kv: (-kv[1], -ms[kv[0]])))
+
+    def exposed_launched_in(
+        self, windows: Sequence[Window], calls: Intervals, launches: Mapping[int, tuple[float, float, object]], thread: object
+    ) -> float:
+        """ms per window of the collective kernels whose launch ``thread`` made inside ``calls`` (sorted, disjoint)
+        that no compute kernel overlaps."""
+        starts = [a for a, _ in calls]
+
+        def inside(t: float) -> bool:
+            i = bisect.bisect_right(starts, t) - 1
+            return i >= 0 and t < calls[i][1]
+
+        ivs = [
+            (s.ts, s.end) for _, s in self.placed(windows)
+            if (s.name, s.cat) in self._comm_kinds and s.correlation in launches
+            and launches[s.correlation][2] == thread and inside(launches[s.correlation][0])
+        ]
+        return total(subtract(union(ivs), self.compute)) / 1000 / max(len(windows), 1)
 
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""

@@ -297,7 +297,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     collectives = comm_ops(main_kinds, windows)
     waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), any_main_span)))
-    model_time = union(nested["forward"] + nested["backward"] + backward_elsewhere)
+    model_time = union(nested["forward"] + backward_anywhere) if backward_anywhere else []
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
     return RankSummary(
         rank=trace.file.rank,
@@ -314,7 +314,11 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
-        comm_ops=collectives, own_comm=own_comm(main_kinds, windows, waits, model_time),
+        comm_ops=collectives,
+        own_comm=own_comm(
+            main_kinds, windows, model_time, waits,
+            lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0,
+        ),
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

@@ -112,3 +112,28 @@ def test_a_job_without_ddp_whose_own_calls_hold_the_wait_is_told_both_readings()
 def test_own_calls_holding_less_than_half_the_wait_leave_the_fix_to_the_lead_collective() -> None:
     fix = comm_fix(_own(8, 15.0, 40.0, ddp=True))
     assert fix.startswith("DDP already all-reduces the gradients in buckets during backward")
+
+
+def _metric_on_device(tmp_path: Path, launcher_tid: int) -> Finding:
+    """A DDP step on a device whose one exposed all-reduce (420-900 µs) is launched inside a c10d::allreduce_ after
+    backward, on thread ``launcher_tid`` (1: the main thread, 2: the autograd engine's device thread)."""
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), _DDP_FORWARD,
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 110, 190, tid=2),
+        launch(0, 1, dur=2), kernel(5, 395, 1),
+        x_event("c10d::allreduce_", 400, 20, tid=launcher_tid), {**launch(405, 2, dur=2), "tid": launcher_tid},
+        _all_reduce(420, 480, 2),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return finding(analyze_folder(tmp_path), "comm_exposed")
+
+
+def test_an_all_reduce_the_main_thread_launches_after_backward_is_the_jobs_own_on_a_device_too(tmp_path: Path) -> None:
+    fix = _metric_on_device(tmp_path, launcher_tid=1).fix
+    assert fix.startswith("1 collective call a step (c10d::allreduce_) run outside forward and backward and hold 0.5 ms")
+    assert "DDP reduces the gradients during backward already" in fix
+
+
+def test_an_all_reduce_the_autograd_thread_launches_is_ddps(tmp_path: Path) -> None:
+    fix = _metric_on_device(tmp_path, launcher_tid=2).fix
+    assert fix.startswith("DDP already all-reduces the gradients in buckets during backward")
