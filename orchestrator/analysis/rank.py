@@ -327,7 +327,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         top_ops=by_time(op_self)[:top_n],
         top_kernels=by_time(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=memory_peaks(trace),
-        step_definition=describe_step(main_kinds, windows),
+        step_definition=describe_step(main_kinds, windows, backward_anywhere),
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

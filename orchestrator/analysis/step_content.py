@@ -25,6 +25,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from orchestrator.analysis.intervals import Intervals, clip
 from orchestrator.analysis.spans import Kinds, is_forward
 from orchestrator.forward_passes import UNNAMED, is_loss, phrase, stated, typical
 from orchestrator.models.analysis import Summary
@@ -67,19 +68,24 @@ def _per_window(spans: list[Span], windows: list[tuple[float, float]], key: Call
     return out
 
 
-def _optimizers(steps: list[Span], counts: list[Counter[str]]) -> str:
+def _optimizers(steps: list[Span], counts: list[Counter[str]], backward: list[bool]) -> str:
     """``SGD.step ×1 + Adam.step ×1``: the typical count, classes in the order they first step (as the agent
-    states its cycle). Where over a third of three or more steps hold no optimizer step, a step is a part of an
-    iteration (a loop that calls prof.step() per micro-batch of gradient accumulation): said with how many steps
-    hold one, counted over those."""
+    states its cycle). Where over a third of three or more steps hold no optimizer step, said with how many steps
+    hold one, counted over those, and what the others are by whether they run backward (``backward``, per step):
+    micro-batches of gradient accumulation (a loop that calls prof.step() per micro-batch), or evaluation."""
     stepped = [c for c in counts if c]
     partial = len(counts) >= 3 and 3 * (len(counts) - len(stepped)) > len(counts) and bool(stepped)
     most = typical(stepped if partial else counts)
     order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in most)
     listed = " + ".join(f"{name} ×{most[name]}" for name in order)
-    if partial:
+    if not partial:
+        return listed
+    others = [b for c, b in zip(counts, backward) if not c]
+    if all(others):
         return f"part of an iteration ({listed} in {len(stepped)} of {len(counts)} steps: a step per micro-batch of gradient accumulation)"
-    return listed
+    if not any(others):
+        return f"{listed} in {len(stepped)} of {len(counts)} steps (the other {len(others)} run no backward: evaluation batches)"
+    return f"{listed} in {len(stepped)} of {len(counts)} steps"
 
 
 def _terms(definition: str) -> list[str]:
@@ -96,10 +102,10 @@ def _passes_differ(agent: str, traced: str) -> bool:
     return counted is not None and seen is not None and counted != seen
 
 
-def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | None:
+def describe_step(kinds: Kinds, windows: list[tuple[float, float]], backward: Intervals) -> str | None:
     """``1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes (Discriminator ×3, Generator ×1)`` from the
     main thread's spans grouped by kind, or None when the windows hold neither an optimizer step nor a
-    forward marker. ``windows`` are sorted and do not overlap."""
+    forward marker. ``windows`` are sorted and do not overlap; ``backward``: backward's time on any thread."""
     # A wrapping optimizer (TorchRec's CombinedOptimizer) steps the ones it holds inside its own step: they
     # are what runs inside it, as the agent says of them.
     every = [s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group]
@@ -112,9 +118,10 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]]) -> str | Non
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):
         return None
-    parts = [_optimizers(steps, optimizer_counts) or "no optimizer step"]
+    backward_in = [bool(clip(backward, t0, t1)) for t0, t1 in windows]
+    parts = [_optimizers(steps, optimizer_counts, backward_in) or "no optimizer step"]
     if inner:
-        held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP)))
+        held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP)), backward_in)
         parts[0] += f" (inside: {held})" if held else ""
     if any(model_counts):
         parts.append(phrase(typical(model_counts)))

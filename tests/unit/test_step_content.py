@@ -128,10 +128,24 @@ def test_steps_that_are_micro_batches_say_they_are_part_of_an_iteration(tmp_path
     events = [x_event(f"ProfilerStep#{n}", n * 1000, 900, cat="user_annotation") for n in (2, 3, 4)]
     events += [x_event("Optimizer.step#AdamW.step", 3600, 50, cat="user_annotation")]
     events += [x_event("## forward ##", n * 1000 + 10, 50, cat="user_annotation") for n in (2, 3, 4)]
+    events += [x_event("autograd::engine::evaluate_function: AddmmBackward0", n * 1000 + 100, 50) for n in (2, 3, 4)]
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     assert analyze_folder(tmp_path).step_definition == (
         "1 step = part of an iteration (AdamW.step ×1 in 1 of 3 steps: a step per micro-batch of gradient accumulation); "
         "1 forward pass"
+    )
+
+
+def test_steps_that_run_no_backward_beside_training_steps_are_said_to_be_evaluation(tmp_path: Path) -> None:
+    # Two training steps, then three validation batches in the same window (a profiler stepped per batch, as
+    # Lightning's is).
+    events = [x_event(f"ProfilerStep#{n}", n * 1000, 900, cat="user_annotation") for n in range(1, 6)]
+    events += [x_event("## forward ##", n * 1000 + 10, 50, cat="user_annotation") for n in range(1, 6)]
+    events += [x_event("autograd::engine::evaluate_function: AddmmBackward0", n * 1000 + 100, 50) for n in (1, 2)]
+    events += [x_event("Optimizer.step#AdamW.step", n * 1000 + 600, 50, cat="user_annotation") for n in (1, 2)]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    assert analyze_folder(tmp_path).step_definition == (
+        "1 step = AdamW.step ×1 in 2 of 5 steps (the other 3 run no backward: evaluation batches); 1 forward pass"
     )
 
 
