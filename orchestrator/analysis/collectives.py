@@ -49,8 +49,8 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
 def own_comm(
     main: Kinds, windows: Sequence[Window], model: Intervals, waits: Intervals, launched: Callable[[Intervals], float]
 ) -> OpStat | None:
-    """The main thread's all-reduce calls that overlap no forward or backward (``model``) time: not DDP's buckets
-    (launched in backward) but the job's own, a metric or the loss reduced for logging, one round trip across the
+    """The main thread's all-reduce and barrier calls that overlap no forward or backward (``model``) time: not DDP's
+    buckets (launched in backward) but the job's own, a metric or the loss reduced for logging, one round trip across the
     ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one). Their names and count
     over ``windows``, and as ``total_ms`` their cost per window: the main thread's communication time outside
     ``model`` (``waits``: its collective calls and its idle time while another thread communicates: gloo's), plus
@@ -59,13 +59,18 @@ def own_comm(
     shows no backward cannot tell a gradient all-reduce from the job's own."""
     if not model:
         return None
-    calls = [s for s in _outermost(main, windows) if collective_of(s.name) == "all_reduce" and not clip(model, s.ts, s.end)]
+    calls = [s for s in _outermost(main, windows) if _own_kind(s.name) and not clip(model, s.ts, s.end)]
     if not calls:
         return None
     outside = subtract(waits, model)
     host_ms = sum(total(clip(outside, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
     names = dict.fromkeys(_MODULE_SUFFIX.sub("", s.name) for s in calls)
     return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls)))
+
+
+def _own_kind(name: str) -> bool:
+    """An all-reduce or a barrier (``c10d::barrier``: an all-reduce of one element that moves no data)."""
+    return collective_of(name) == "all_reduce" or name.endswith("barrier")
 
 
 def launched_by(kernels: Sequence[Span], launches: Mapping[int, Launch], kinds: Mapping[Thread, Kinds]) -> dict[int, CollectiveKind]:

@@ -137,6 +137,14 @@ def _own_fix(r: RankSummary) -> str | None:
     if own is None or 2 * own.total_ms < r.comm_wait_ms or own.total_ms <= 0:
         return None
     per_step = own.calls / max(len(r.steps), 1)
+    one = round(per_step) == 1
+    if all(name.endswith("barrier") for name in own.name.split(" + ")):
+        return (
+            f"{per_step:.0f} barrier{'' if one else 's'} a step ({own.name}) outside forward and backward "
+            f"hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: a barrier moves no "
+            "data and only makes every rank wait for the slowest; the gradients' all-reduce lines the ranks up each step "
+            "already: drop it from the loop (keep one before saving a checkpoint or timing a phase, if any)."
+        )
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
         if r.ddp or any(op.name.startswith("FSDP::") for op in r.comm_ops)
@@ -144,8 +152,8 @@ def _own_fix(r: RankSummary) -> str | None:
         "the job's own values"
     )
     return (
-        f"{per_step:.0f} collective call{'s' if round(per_step) != 1 else ''} a step ({own.name}) run outside forward and "
-        f"backward and hold {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: {lead} "
+        f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}) run{'s' if one else ''} outside forward "
+        f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: {lead} "
         "(a metric, the loss reduced for logging), each a round trip across the ranks: reduce them together (torch.stack "
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."

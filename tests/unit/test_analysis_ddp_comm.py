@@ -130,10 +130,23 @@ def _metric_on_device(tmp_path: Path, launcher_tid: int) -> Finding:
 
 def test_an_all_reduce_the_main_thread_launches_after_backward_is_the_jobs_own_on_a_device_too(tmp_path: Path) -> None:
     fix = _metric_on_device(tmp_path, launcher_tid=1).fix
-    assert fix.startswith("1 collective call a step (c10d::allreduce_) run outside forward and backward and hold 0.5 ms")
+    assert fix.startswith("1 collective call a step (c10d::allreduce_) runs outside forward and backward and holds 0.5 ms")
     assert "DDP reduces the gradients during backward already" in fix
 
 
 def test_an_all_reduce_the_autograd_thread_launches_is_ddps(tmp_path: Path) -> None:
     fix = _metric_on_device(tmp_path, launcher_tid=2).fix
     assert fix.startswith("DDP already all-reduces the gradients in buckets during backward")
+
+
+def test_a_barrier_every_step_is_told_to_go(tmp_path: Path) -> None:
+    # A CPU DDP step that ends in dist.barrier(): the host waits in gloo's barrier from 400 to 900 µs.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), _DDP_FORWARD,
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 110, 280),
+        x_event("c10d::barrier", 400, 500), x_event("gloo:barrier", 405, 495),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    fix = finding(analyze_folder(tmp_path), "comm_exposed").fix
+    assert fix.startswith("1 barrier a step (c10d::barrier) outside forward and backward holds 0.5 ms of the 0.5 ms")
+    assert "drop it from the loop" in fix
