@@ -19,7 +19,15 @@ from hypothesis import settings
 
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.models.agent_protocol import StorageSpec
-from tests.support.common import LIVE_TARGET, MAX_TRACE_BYTES, METRICS_EXPORT_PORT, RestartableS3, S3Target, StoreClient
+from tests.support.common import (
+    LIVE_JOB_MAX_S,
+    LIVE_TARGET,
+    MAX_TRACE_BYTES,
+    METRICS_EXPORT_PORT,
+    RestartableS3,
+    S3Target,
+    StoreClient,
+)
 
 # Set before Ray starts so every Ray process inherits them: loopback only,
 # fast heartbeats so tests notice vanished workers in seconds.
@@ -124,7 +132,10 @@ def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[ExampleJob]
     only through the runtime_env setup hook (no code change), polling through a
     relay on their node as large jobs do (jobs of their own poll directly)."""
     log = tmp_path_factory.mktemp("jobs") / f"{LIVE_TARGET}.log"
-    job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook", "--relay")
+    # It lives as long as the session: its stop file ends it at teardown. The time bound only reaps a job that a
+    # killed pytest leaves behind, so it must outlast the slowest live run: the 1,500 s default ran out 25 minutes
+    # into a 37-minute one (2026-11-30) and the last tests found no 'live-run'.
+    job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook", "--relay", max_seconds=LIVE_JOB_MAX_S)
     try:
         job.wait_until_training(client)
         yield job

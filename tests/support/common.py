@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 # The console script installed beside the interpreter running the tests.
 RAYPROF_CLI = str(Path(sys.executable).with_name("rayprof"))
 LIVE_TARGET = "live-run"
+# The session's live job runs until the session ends; this bound outlasts any live run CI allows (45 minutes).
+LIVE_JOB_MAX_S = 3600.0
 # Small enough that a long window with every option passes it, large enough
 # for every other test's windows (default options write ~160 KiB per step).
 MAX_TRACE_BYTES = 16 * 2**20
