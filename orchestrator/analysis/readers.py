@@ -74,13 +74,18 @@ def reading_fix(r: RankSummary) -> str:
     elif where:
         said = scaler + _ops(r) + where + "start there. "
     else:
-        # No op reads every step and no function holds most of the reads: the ops that read at all, however rarely.
-        ops = _ops(r) or _ops(r, every_step=False)
+        # Where ops that read by their nature make every read, name them however rarely they read: nothing else
+        # would be said (a rare one beside item() reads would lead the fix instead of them).
+        ops = _ops(r) or (_ops(r, every_step=False) if _all_named(r) else "")
         said = scaler + ops + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
-    named = READING_OPS | SYNCHRONIZE_CALLS
-    if said and all(site_parts(o.name)[1] in named for o in r.sync_ops):
+    if said and _all_named(r):
         return said.rstrip()
     return said + _VALUE_READS
+
+
+def _all_named(r: RankSummary) -> bool:
+    """Every read is made by an op that reads by its nature or by a synchronize (none is an item() or .cpu())."""
+    return all(site_parts(o.name)[1] in READING_OPS | SYNCHRONIZE_CALLS for o in r.sync_ops)
 
 
 def _ops(r: RankSummary, *, every_step: bool = True) -> str:

@@ -84,6 +84,12 @@ def test_reads_rarer_than_once_a_step_in_an_op_are_still_told_what_to_write_inst
     assert reading_fix(rank).startswith("aten::nonzero (1 in 4 steps): ops that size their output from the data read a count back first")
 
 
+def test_a_rare_synchronize_beside_item_reads_does_not_lead_the_fix() -> None:
+    # HTA's trace_diff control A100 trace: 10 reads a step (aten::to, aten::item) and a cudaDeviceSynchronize in 1 of 6.
+    rank = _rank([("aten::item", 50), ("cudaDeviceSynchronize", 1)], [], 6, False)
+    assert reading_fix(rank).startswith("To see which Python line reads, profile with with_stack=True. Keep loss.item()")
+
+
 def test_reads_with_no_op_and_no_leading_function_get_the_advice_for_reading_values() -> None:
     rank = _rank([], [("train.py(40): log_loss", 1, 2.0), ("train.py(60): log_accuracy", 1, 2.0)], 1, False)
     assert reading_fix(rank).startswith("Keep loss.item()")
