@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.models.verdicts import Finding, SlowGroup, StepSpread
 
 __all__ = [
     "PHASES",
@@ -139,19 +140,6 @@ class ProcessGroupComm(_Model):
     size: int
     calls_per_step: float
     elements_per_step: float = Field(description="Elements sent per step (the collectives' input sizes).")
-
-
-class SlowGroup(_Model):
-    """A process group whose collectives take longer than those of its peers on every member: a slow link inside it."""
-
-    name: str
-    description: str
-    ranks: list[int] = Field(description="Its members (every one of them analysed).")
-    hosts: list[str] = Field(default_factory=list, description="The members' hosts, where the traces name them.")
-    transfer_ms: float = Field(description="Median per step of its least-waiting member's collective time in it.")
-    peer_transfer_ms: float = Field(description="The same for the typical peer group (the low median).")
-    peers: int = Field(description="Groups doing the same work (description, size, calls and elements per step), itself included.")
-    excess_ms: float
 
 
 class OpStat(_Model):
@@ -336,26 +324,6 @@ class RankSummary(_Model):
     )
 
 
-class StepSpread(_Model):
-    """How far ranks' step times lie apart, and who holds whom back.
-
-    In lockstep training the ranks that arrive early wait for the late ones, so
-    the longest *step* belongs to a waiter. ``slowest_rank`` is instead the rank
-    whose own work ends last (arrival lag plus busy time, i.e. step time minus
-    waiting), the one the others wait for.
-    """
-
-    min_ms: float
-    median_ms: float
-    max_ms: float
-    spread: float = Field(description="(max - min) / median of the per-rank median step times.")
-    slowest_rank: int = Field(description="The rank whose work ends last: late start plus busy time.")
-    fastest_rank: int = Field(description="The rank whose work ends first.")
-    arrival_spread_ms: float = Field(default=0.0, description="Median over steps of latest minus earliest step start.")
-    late_ranks: list[int] = Field(default_factory=list, description="Ranks that start their steps late.")
-    waiting_ranks: list[int] = Field(default_factory=list, description="Ranks that wait for others (sync, collectives).")
-
-
 class Straggler(_Model):
     """A rank that holds the others back, and where it spends the extra time."""
 
@@ -369,22 +337,6 @@ class Straggler(_Model):
     phase_excess_ms: float
     comm_wait_ms: float
     reference_comm_wait_ms: float
-
-
-class Finding(_Model):
-    """A plain-language finding with its evidence and a concrete fix."""
-
-    code: Literal[
-        "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
-        "optimizer_host", "slow_link",
-    ]
-    severity: Literal["warning", "info"]
-    max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")
-    max_saving_fraction: float = Field(default=0.0, description="max_saving_ms over the step time.")
-    title: str
-    evidence: str
-    fix: str
-    ranks: list[int]
 
 
 class Summary(_Model):
