@@ -50,7 +50,7 @@ test: setup browser lint
 	# off their time on two cores (~250 s -> 136-166 s). Then the live ones in one process, their slowest
 	# 25 last: where CI's time goes, run by run.
 	$(PY) -m pytest -q -ra -n 2 -m 'not extended' tests/unit
-	$(PY) -m pytest -q -ra --durations=25 -m 'not extended' tests/live
+	$(PY) -m pytest -q -ra --durations=40 -m 'not extended' tests/live
 
 # The live core path on the oldest Ray rayprof supports (pyproject: ray>=2.43), in a venv of its own:
 # ray_compat on that Ray, a hook-only job profiled over HTTP and the Python client to DONE, a job on

@@ -51,6 +51,37 @@ settings.register_profile("rayprof", deadline=None)
 settings.load_profile("rayprof")
 
 
+# The order of the live tests. Those that start a cluster of their own (`ray start`, marked own_cluster)
+# run before the session's cluster starts: their `ray stop` would stop it (tests/support/own_cluster.py).
+# Then the tests that use the session's live job: it trains flat out on both cores for as long as it
+# runs, and a job started beside it took ~1.8x as long (the demo: ~50 s alone, ~90 s beside it). It stops
+# once the last of them is done, and the tests with jobs of their own start those on idle cores.
+_live = pytest.StashKey[list[ExampleJob]]()
+_last_live_user = pytest.StashKey[str]()
+
+
+def _uses_live_job(item: pytest.Item) -> bool:
+    return "live_job" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they do
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: file order within each group.
+    items.sort(key=lambda item: (item.get_closest_marker("own_cluster") is None, not _uses_live_job(item)))
+    users = [item for item in items if _uses_live_job(item)]
+    config.stash[_live] = []
+    if users:
+        config.stash[_last_live_user] = users[-1].nodeid
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    if item.nodeid == item.config.stash.get(_last_live_user, None):
+        for job in item.config.stash.get(_live, []):
+            job.stop()
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> StorageSpec:
     """A fresh cluster-storage root for a controller driven without Ray (tests/support/fake_agents.py)."""
@@ -127,15 +158,16 @@ def client(ray_cluster: str):
 
 
 @pytest.fixture(scope="session")
-def live_job(ray_cluster: str, client, tmp_path_factory) -> Iterator[ExampleJob]:
+def live_job(ray_cluster: str, client, tmp_path_factory, request: pytest.FixtureRequest) -> Iterator[ExampleJob]:
     """The long-running job most tests profile: 2 CPU workers, instrumented
     only through the runtime_env setup hook (no code change), polling through a
-    relay on their node as large jobs do (jobs of their own poll directly)."""
+    relay on their node as large jobs do (jobs of their own poll directly). Stopped after its last user."""
     log = tmp_path_factory.mktemp("jobs") / f"{LIVE_TARGET}.log"
     # It lives as long as the session: its stop file ends it at teardown. The time bound only reaps a job that a
     # killed pytest leaves behind, so it must outlast the slowest live run: the 1,500 s default ran out 25 minutes
     # into a 37-minute one (2026-11-30) and the last tests found no 'live-run'.
     job = ExampleJob(ray_cluster, LIVE_TARGET, log, "--instrument", "setup-hook", "--relay", max_seconds=LIVE_JOB_MAX_S)
+    request.config.stash[_live].append(job)
     try:
         job.wait_until_training(client)
         yield job

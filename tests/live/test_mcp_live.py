@@ -93,7 +93,7 @@ def _stdio(ray_cluster: str, *args: str) -> StdioServerParameters:
     )
 
 
-def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, client, live_job, planted_job, tmp_path):
+def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, client, planted_job, tmp_path):
     errlog = (tmp_path / "mcp-server.log").open("w")
 
     async def session() -> list[str]:
@@ -101,7 +101,7 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             await s.initialize()
             t = Transcript(s)
             targets = await t.call("list_targets", {})
-            assert {LIVE_TARGET, SLOW_TARGET} <= {x["name"] for x in targets["targets"]}
+            assert SLOW_TARGET in {x["name"] for x in targets["targets"]}
             slow = next(x for x in targets["targets"] if x["name"] == SLOW_TARGET)
             assert slow["world_size"] == 2 and len(slow["ranks"]) == 2
 
@@ -119,7 +119,7 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             t.lines.append("  progress notices: " + " | ".join(notices))
             first = await t.call("get_profile", {"profile_id": first["id"], "wait": True})
             assert first["state"] == "DONE", first
-            # Four training processes share two cores: one window may miss the planted straggler, not three.
+            # Its ranks share two cores with the cluster's own processes: one window may miss the planted straggler, not three.
             windows = [first, second]
             if not any(_names_rank_1(w) for w in windows):
                 windows.append(await t.call("profile", {"request": request}))

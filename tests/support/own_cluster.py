@@ -4,7 +4,7 @@ tests/conftest.py's ``ray_cluster`` starts a local cluster inside the pytest
 process the first time a test needs it and keeps it to the end of the session.
 A cluster started with `ray start` ends with `ray stop`, which stops every Ray
 process on the machine, that one included. So these tests run first, while no
-other cluster is up, and refuse to run beside one.
+other cluster is up (tests/conftest.py orders them), and refuse to run beside one.
 
 Test modules load this as a plugin (``pytest_plugins = ["tests.support.own_cluster"]``)
 and import its helpers too: PYTEST_DONT_REWRITE keeps pytest from warning that
@@ -32,12 +32,6 @@ _NOT_IN_A_FRESH_SHELL = (
     "RAY_AUTH_TOKEN_PATH",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
 )
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A stable sort: every other test keeps its order.
-    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is None)
 
 
 def require_no_other_cluster() -> None:
