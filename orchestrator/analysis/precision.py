@@ -1,6 +1,8 @@
 """The precision a fix names, chosen for the device the trace names: bf16 and TF32 where it has matrix units for
 them (Ampere, CDNA), fp16 with a GradScaler where it has them for fp16 only (Volta, Turing), fp8 only where it
 has fp8 (Ada, Hopper, MI300). A trace without ``deviceProperties`` (or with mixed devices) gets the general words.
+A trace without backward (``trains`` False: inference, evaluation) is told no training-only tool: no GradScaler, no
+float8 training.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ def _fp16_only(a: Accelerator | None) -> bool:
     return a is not None and a.has("fp16") and not a.has("bf16")
 
 
-def fp32_matmul_fix(a: Accelerator | None) -> str:
+def fp32_matmul_fix(a: Accelerator | None, trains: bool) -> str:
     """How fp32 matrix math gets cheaper on ``a``: the clause after "in fp32 by their names: "."""
+    scaler = " with a torch.amp.GradScaler" if trains else ""
     if a is not None and a.has("bf16") and a.has("tf32"):
         return (
             f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}, or at least TF32 "
@@ -27,22 +30,27 @@ def fp32_matmul_fix(a: Accelerator | None) -> str:
         return f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}: the {a.label} has matrix cores for it"
     if a is not None and a.has("fp16"):
         return (
-            f"run them in float16 under {_AUTOCAST.format(dtype='float16')} with a torch.amp.GradScaler: the "
+            f"run them in float16 under {_AUTOCAST.format(dtype='float16')}{scaler}: the "
             f"{a.label} has tensor cores for fp16 but none for bf16 or TF32, so bf16 gains nothing there"
         )
     return (
-        f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')} (float16 with a GradScaler before Ampere), "
+        f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')} (float16{scaler} before Ampere), "
         "or at least TF32 on Ampere and later (torch.set_float32_matmul_precision('high'))"
     )
 
 
-def fp8_clause(a: Accelerator | None) -> str:
+def fp8_clause(a: Accelerator | None, trains: bool) -> str:
     """Where matrix math is in 16 bits already, the fp8 step, as the first item of a list of fixes ('' where the
     device has no fp8 units: telling an A100 to train in fp8 names no change)."""
+    how = (
+        "Transformer Engine, torchao's float8 training"
+        if trains
+        else "torchao's float8 weight and activation quantization, or a serving engine's fp8 mode such as vLLM's"
+    )
     if a is None:
-        return "fp8 where the device has it (Transformer Engine, torchao's float8 training), "
+        return f"fp8 where the device has it ({how}), "
     if a.has("fp8"):
-        return f"fp8, which the {a.label} has matrix units for (Transformer Engine, torchao's float8 training), "
+        return f"fp8, which the {a.label} has matrix units for ({how}), "
     return ""
 
 

@@ -29,10 +29,13 @@ BF16_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 FP32_CONV = "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int)"
 
 
-def _busy_fix(tmp_path: Path, name: str, devices: list[dict[str, Any]], *, hip: bool = False) -> str:
-    """The gpu_bound fix for a 1 ms step whose device runs ``name`` 950 µs, in a trace naming ``devices``."""
+def _busy_fix(tmp_path: Path, name: str, devices: list[dict[str, Any]], *, hip: bool = False, trains: bool = True) -> str:
+    """The gpu_bound fix for a 1 ms step whose device runs ``name`` 950 µs, in a trace naming ``devices``; a training
+    step's host runs backward (an autograd node) while it does, an inference step's nothing."""
     events: list[dict[str, Any]] = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation")]
     events += [launch(0, 1, dur=2), kernel(3, 950, 1, name=name)]
+    if trains:
+        events.append(x_event("autograd::engine::evaluate_function: MmBackward0", 400, 500))
     if hip:
         events[1] = {**events[1], "name": "hipLaunchKernel"}
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1, deviceProperties=[{"id": i, **d} for i, d in enumerate(devices)])
@@ -44,7 +47,7 @@ def _busy_fix(tmp_path: Path, name: str, devices: list[dict[str, Any]], *, hip: 
 
 def test_a_v100_in_fp32_is_told_fp16_with_a_grad_scaler_not_bf16() -> None:
     # HTA's V100 ResNet trace (busy 97%): fp32 cuDNN engines and volta_sgemm lead. Before: "run them in bf16 ...
-    # (float16 with a GradScaler before Ampere), or at least TF32 on Ampere and later": a V100 has neither.
+    # (float16 with a torch.amp.GradScaler before Ampere), or at least TF32 on Ampere and later": a V100 has neither.
     fix = finding(external("hta_ns_resolution_v100_1rank"), "gpu_bound").fix
     assert "float16 under torch.autocast(device_type='cuda', dtype=torch.float16) with a torch.amp.GradScaler" in fix
     assert "the Tesla V100-SXM2-32GB (sm_70) has tensor cores for fp16 but none for bf16 or TF32" in fix
@@ -99,12 +102,30 @@ def test_bf16_gemms_on_a_device_without_fp8_units_are_not_told_fp8(tmp_path: Pat
 
 def test_a_trace_naming_no_device_gets_the_general_precision_advice(tmp_path: Path) -> None:
     fix = _busy_fix(tmp_path, SGEMM, [])
-    assert "(float16 with a GradScaler before Ampere), or at least TF32 on Ampere and later" in fix
+    assert "(float16 with a torch.amp.GradScaler before Ampere), or at least TF32 on Ampere and later" in fix
+
+
+def test_an_inference_step_is_told_fp8_quantization_not_float8_training(tmp_path: Path) -> None:
+    # TraceLens' vLLM decode recordings on an H100 (not shared): before, "torchao's float8 training" to a serving job.
+    fix = _busy_fix(tmp_path, BF16_GEMM, [H100], trains=False)
+    assert "fp8, which the NVIDIA H100 80GB HBM3 (sm_90) has matrix units for (torchao's float8 weight and activation" in fix
+    assert "training" not in fix and "Transformer Engine" not in fix
+
+
+def test_a_training_step_is_told_float8_training(tmp_path: Path) -> None:
+    fix = _busy_fix(tmp_path, BF16_GEMM, [H100])
+    assert "(Transformer Engine, torchao's float8 training)" in fix and "quantization" not in fix
+
+
+def test_an_inference_step_in_fp32_on_a_v100_is_told_fp16_without_a_grad_scaler(tmp_path: Path) -> None:
+    fix = _busy_fix(tmp_path, SGEMM, [V100], trains=False)
+    assert "float16 under torch.autocast(device_type='cuda', dtype=torch.float16): the Tesla V100" in fix
+    assert "GradScaler" not in fix
 
 
 def test_a_trace_naming_two_device_models_gets_the_general_precision_advice(tmp_path: Path) -> None:
     fix = _busy_fix(tmp_path, SGEMM, [V100, A100])
-    assert "(float16 with a GradScaler before Ampere)" in fix and "V100" not in fix
+    assert "(float16 with a torch.amp.GradScaler before Ampere)" in fix and "V100" not in fix
 
 
 def test_a_grad_scaler_on_a_v100_is_not_told_that_bf16_needs_none() -> None:
