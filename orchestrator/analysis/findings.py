@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.advice import round_trips
+from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.finding_base import (
     REPORT_FRACTION,
@@ -100,14 +101,10 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         + (f", {one_off.fraction:.0%} of it in {one_off.label(worst)}" if one_off is not None else ""),
         evidence=(
             f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
-            f"{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
-            + (" The loader runs in the training process (num_workers=0)." if in_process else "")
+            f"{data_where(worst)}{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
+            + (" The loader runs in the step's own process (num_workers=0)." if in_process else "")
         ),
-        fix=(
-            "Load batches in parallel with the step: raise DataLoader num_workers (e.g. to the CPU cores per GPU), "
-            "set persistent_workers=True and pin_memory=True, and move per-item work (decoding, augmentation) "
-            "out of __getitem__ or into a preprocessed dataset."
-        ),
+        fix=data_fix(worst),
         ranks=[r.rank for r in hit],
         one_off=one_off,
     )

@@ -1,4 +1,5 @@
-"""Which Python function the host runs outside any op, or reads a device value in, from a with_stack trace's frames.
+"""Which Python function the host runs outside any op, reads a device value in, or loads data in (the hot path inside
+DataLoader next() and who iterates the loader), from a with_stack trace's frames.
 
 Without stacks, host time in a step but in no op is "Python outside any op" and the fix can only say how to find
 out. With them (``with_stack=True``; TraceLens' and many HF recordings have them) the innermost frame open at each
@@ -13,15 +14,16 @@ from __future__ import annotations
 
 import re
 import sys
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from orchestrator.analysis.intervals import Intervals, by_time, name_innermost
+from orchestrator.analysis.intervals import Intervals, by_time, name_innermost, total
 from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["callers", "frame_label", "frame_parts", "user_frames"]
+__all__ = ["callers", "enclosing", "frame_label", "frame_parts", "hot_path", "user_frames"]
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
@@ -77,3 +79,61 @@ def callers(frames: Sequence[Span], waits: Intervals) -> list[OpStat]:
     name_innermost(frames, waits, frozenset(), named, "")
     named.pop("", None)  # in no frame: a trace without Python stacks
     return by_time(named)
+
+
+
+
+def hot_path(frames: Sequence[Span], pieces: Intervals, share: float) -> list[OpStat]:
+    """The hot path of the code ``pieces`` (sorted, apart) time, through the frames (:func:`user_frames`) opened
+    inside them: from the outermost down, at each level the callee with most time, while it holds at least ``share``
+    of the pieces' time; with its time and calls. By call path, not by name: a generator's frames, renamed by the line
+    each resumption starts at, sit where they are called."""
+    starts, ends = [s for s, _ in pieces], [e for _, e in pieces]
+    paths: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
+    stack: list[tuple[float, tuple[str, ...]]] = []  # (end, path) of the open frames inside a piece
+    for f in frames:
+        i = bisect_right(starts, f.ts) - 1  # the last piece that starts by f.ts
+        if i < 0 or f.ts >= ends[i]:
+            continue
+        while stack and stack[-1][0] <= f.ts:
+            stack.pop()
+        path = (*(stack[-1][1] if stack else ()), f.name)
+        entry = paths[path]
+        entry[0] += 1
+        entry[1] += min(f.end, ends[i]) - f.ts
+        stack.append((f.end, path))
+    children: dict[tuple[str, ...], list[tuple[float, int, str]]] = defaultdict(list)
+    for path, (calls, us) in paths.items():
+        children[path[:-1]].append((us, int(calls), path[-1]))
+    floor, out = share * total(pieces), []
+    at: tuple[str, ...] = ()
+    while children.get(at):
+        us, calls, name = max(children[at])
+        if us < floor:
+            break
+        out.append(OpStat(name=name, calls=calls, total_ms=us / 1000))
+        at = (*at, name)
+    return out
+
+
+def enclosing(frames: Sequence[Span], pieces: Intervals, depth: int) -> list[OpStat]:
+    """The ``depth`` innermost frames (:func:`user_frames`' order) around each of ``pieces`` whole, with the pieces and
+    their time: who runs the code the pieces time. Most time first; equal times innermost first."""
+    named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, depth])  # calls, µs, innermost position
+    stack: list[Span] = []
+    i, n = 0, len(frames)
+    for a, b in pieces:
+        while i < n and frames[i].ts <= a:
+            while stack and stack[-1].end <= frames[i].ts:
+                stack.pop()
+            stack.append(frames[i])
+            i += 1
+        while stack and stack[-1].end < b:  # ended inside this piece: around no later one either
+            stack.pop()
+        for position, frame in enumerate(reversed(stack[-depth:])):
+            entry = named[frame.name]
+            entry[0] += 1
+            entry[1] += b - a
+            entry[2] = min(entry[2], position)
+    rows = sorted(named.items(), key=lambda kv: (-kv[1][1], kv[1][2], kv[0]))
+    return [OpStat(name=name, calls=int(calls), total_ms=us / 1000) for name, (calls, us, _) in rows]

@@ -66,7 +66,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
-from orchestrator.analysis.python_frames import callers, user_frames
+from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DDP_FORWARD,
@@ -100,6 +100,10 @@ from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
 __all__ = ["TOP_N", "analyze_rank"]
 
 TOP_N = 10
+# The frames kept around a DataLoader next(): enough to reach a Trainer's loop past accelerate's and the DataLoader's own.
+CALLER_DEPTH = 6
+# A frame inside DataLoader next() holding this share of the loading or more is on its hot path.
+HOT_SHARE = 0.5
 
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
@@ -281,6 +285,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle = None
     main_frames = user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are the main thread's
+    loading = [iv for t0, t1 in windows for iv in clip(rules[0][1], t0, t1)]
     if device_spans and windows:
         main_host = HostThread(
             data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
@@ -314,6 +319,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
+        data_frames=hot_path(main_frames, loading, HOT_SHARE),
+        data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         comm_ops=collectives,
         own_comm=own_comm(
             main_kinds, windows, model_time, waits,

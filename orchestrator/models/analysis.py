@@ -292,6 +292,16 @@ class RankSummary(_Model):
         default_factory=list,
         description="with_stack traces: the innermost frame of the user's or a library's code around each sync.",
     )
+    data_frames: list[OpStat] = Field(
+        default_factory=list,
+        description="with_stack traces: the hot path inside DataLoader next(), outermost first: at each level the "
+        "frame of the user's or a library's code with most time (counting its callees) while it holds half the loading.",
+    )
+    data_callers: list[OpStat] = Field(
+        default_factory=list,
+        description="with_stack traces: the innermost frames around DataLoader next() (who iterates the loader: a "
+        "transformers Trainer or pipeline, the user's loop), most time first, innermost first where equal.",
+    )
     gpu: GpuStats | None = None
     idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")
     copies: list[CopyStats] = Field(default_factory=list)

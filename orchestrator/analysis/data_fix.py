@@ -1,0 +1,94 @@
+"""Where a DataLoader-bound step's loading time goes, and the change that fits it, from a ``with_stack`` trace's frames.
+
+Without frames the fix is the general one: DataLoader workers. With them (TraceLens' recordings of Hugging Face
+pipelines have them) the frames around the loader say whose loop it is, and those inside it what it computes: a
+transformers pipeline's own DataLoader takes ``num_workers`` in the pipeline's call and a Trainer's in its
+TrainingArguments, not in a DataLoader the user builds; a model's slow image processor (numpy, scipy, PIL per
+image) has a torchvision one; PIL's decoding moves to the GPU; a tokenizer run per batch runs once, ahead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.models.analysis import OpStat, RankSummary
+
+__all__ = ["data_fix", "data_where"]
+
+_WORKERS = (
+    "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and pin_memory=True"
+)
+_PIPELINE = re.compile(r"^transformers/pipelines/")
+_TRAINER = re.compile(r"^transformers/trainer\.py$")
+# A transformers image processor, and code that runs it per image off torch (its slow backend: numpy, scipy, PIL;
+# transformers 5 names that backend's files image_processing_pil_*, 4.x the torchvision one's *_fast).
+_IMAGE_PROCESSOR = re.compile(r"^transformers/(models/[^/]+/)?image_processing_")
+_OFF_TORCH = re.compile(r"^(scipy|PIL|skimage)/|/image_processing_pil_")
+_PIL = re.compile(r"^PIL/")
+_TOKENIZER = re.compile(r"^(transformers/tokenization_utils|tokenizers/)")
+
+
+def _file(frame: OpStat) -> str:
+    parts = frame_parts(frame.name)
+    return parts[0] if parts else ""
+
+
+def data_where(r: RankSummary) -> str:
+    """A sentence naming the deepest frame on the hot path and the nearest caller of it in another file ('' where
+    the trace has no frames, or no frame holds half the loading)."""
+    hot = r.data_frames
+    if not hot:
+        return ""
+    spot = hot[-1]
+    caller = next((f for f in reversed(hot[:-1]) if _file(f) != _file(spot)), None)
+    share = spot.total_ms / (r.mean_phases.data * len(r.steps))
+    called = f", called from {frame_label(caller.name)}" if caller is not None else ""
+    return f" {min(share, 1.0):.0%} of it is in {frame_label(spot.name)}{called}."
+
+
+def _any(hot: Sequence[OpStat], pattern: re.Pattern[str]) -> bool:
+    return any(pattern.search(_file(f)) for f in hot)
+
+
+def _first(r: RankSummary) -> str:
+    """The change to where the batches load, by whose loop iterates the loader."""
+    if _any(r.data_callers, _PIPELINE):
+        return (
+            "The DataLoader is the transformers pipeline's own, and it loads in the step's process unless told: call "
+            "the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, batch_size=16))"
+        )
+    if _any(r.data_callers, _TRAINER):
+        return (
+            "The DataLoader is the transformers Trainer's, built from its TrainingArguments: load batches in parallel "
+            "with the step with TrainingArguments(dataloader_num_workers=N (e.g. the CPU cores per GPU), "
+            "dataloader_persistent_workers=True)"
+        )
+    return f"Load batches in parallel with the step: {_WORKERS}"
+
+
+def data_fix(r: RankSummary) -> str:
+    """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes."""
+    hot, first = r.data_frames, _first(r)
+    if _any(hot, _IMAGE_PROCESSOR) and _any(hot, _OFF_TORCH):
+        given = ", given to the pipeline as image_processor=" if _any(r.data_callers, _PIPELINE) else ""
+        return (
+            f"{first}. Its time is the model's image processor, image by image off torch: load its torchvision one "
+            f"(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
+            f"{given}), which works on batches of tensors, and on the GPU with device='cuda' in its call."
+        )
+    if _any(hot, _PIL):
+        return (
+            f"{first}. Its time is PIL decoding and resizing images: decode on the GPU (torchvision.io.decode_jpeg(data, "
+            "device='cuda')) and transform tensors there (torchvision.transforms.v2), or store the images decoded at the "
+            "size the model takes."
+        )
+    if _any(hot, _TOKENIZER):
+        return (
+            f"{first}. Its time is tokenizing each batch: tokenize once, ahead (datasets' map(tokenize, batched=True, "
+            "num_proc=N)), with the fast (Rust) tokenizer."
+        )
+    if _any(r.data_callers, _PIPELINE):
+        return f"{first}."
+    return f"{first}, and move per-item work (decoding, augmentation) out of __getitem__ or into a preprocessed dataset."
