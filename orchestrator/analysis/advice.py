@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.analysis.data_fix import PIPELINE_WORKERS, in_pipeline, prep_clause
 from orchestrator.analysis.finding_base import first_use_examples, ms_list
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_frames import frame_label
@@ -79,6 +80,8 @@ class Cause:
     """allocator, first_use: its runtime calls per step (the idle pieces they are innermost in)."""
     lead_ms: float = 0.0
     """op, ops, python: the ms per step of its largest op or function (the group's weight for a warning: :meth:`weight_ms`)."""
+    frames: tuple[str, ...] = ()
+    """data_prep, bookkeeping, python: the Python frames it names."""
 
     @property
     def per_call_ms(self) -> float:
@@ -150,7 +153,12 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
         listed = ms_list((frame_label(f.name)[:90], f.total_ms / steps) for f in frames)
         name = "Python functions" + (f" ({listed})" if listed else "")
-        out.append(Cause(_python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",), lead_ms=frames[0].total_ms / steps))
+        out.append(
+            Cause(
+                _python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",),
+                lead_ms=frames[0].total_ms / steps, frames=tuple(f.name for f in frames),
+            )
+        )
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     if "capture" in shares:
@@ -353,11 +361,15 @@ def _python_kind(frame: str) -> Kind:
 
 def _python_fix(cause: Cause, figure: str) -> str:
     told = f"{cause.name} run outside any op while the device idles ({figure})"
+    if cause.kind == "data_prep" and in_pipeline(cause.frames):
+        return f"{told}: a transformers pipeline's preprocessing, in the step's own process: {PIPELINE_WORKERS}." + prep_clause(
+            cause.frames, pipeline=True
+        )
     if cause.kind == "data_prep":
         return (
             f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
             "so DataLoader workers (num_workers > 0) prepare the next batches while the device computes, or once, "
-            "offline, into a preprocessed dataset."
+            "offline, into a preprocessed dataset." + prep_clause(cause.frames, pipeline=False)
         )
     if cause.kind == "bookkeeping":
         return (

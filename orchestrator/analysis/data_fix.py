@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 
 from orchestrator.analysis.python_frames import frame_label, frame_parts
-from orchestrator.models.analysis import OpStat, RankSummary
+from orchestrator.models.analysis import RankSummary
 
-__all__ = ["data_fix", "data_where"]
+__all__ = ["PIPELINE_WORKERS", "data_fix", "data_where", "in_pipeline", "prep_clause"]
 
 _WORKERS = (
     "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and pin_memory=True"
@@ -23,16 +23,31 @@ _WORKERS = (
 _PIPELINE = re.compile(r"^transformers/pipelines/")
 _TRAINER = re.compile(r"^transformers/trainer\.py$")
 # A transformers image processor, and code that runs it per image off torch (its slow backend: numpy, scipy, PIL;
-# transformers 5 names that backend's files image_processing_pil_*, 4.x the torchvision one's *_fast).
+# transformers 5 names that backend's files image_processing_pil_*, 4.x the torchvision one's *_fast; the numpy
+# transforms of image_transforms.py are that backend's own).
 _IMAGE_PROCESSOR = re.compile(r"^transformers/(models/[^/]+/)?image_processing_")
 _OFF_TORCH = re.compile(r"^(scipy|PIL|skimage)/|/image_processing_pil_")
+_NUMPY_TRANSFORMS = re.compile(r"^transformers/image_transforms\.py$")
 _PIL = re.compile(r"^PIL/")
 _TOKENIZER = re.compile(r"^(transformers/tokenization_utils|tokenizers/)")
+PIPELINE_WORKERS = (
+    "call the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, "
+    "batch_size=16)): its DataLoader workers then prepare the inputs"
+)
 
 
-def _file(frame: OpStat) -> str:
-    parts = frame_parts(frame.name)
+def _file(name: str) -> str:
+    parts = frame_parts(name)
     return parts[0] if parts else ""
+
+
+def _any(frames: Sequence[str], pattern: re.Pattern[str]) -> bool:
+    return any(pattern.search(_file(f)) for f in frames)
+
+
+def in_pipeline(frames: Sequence[str]) -> bool:
+    """Any of these frames is a transformers pipeline's."""
+    return _any(frames, _PIPELINE)
 
 
 def data_where(r: RankSummary) -> str:
@@ -42,53 +57,51 @@ def data_where(r: RankSummary) -> str:
     if not hot:
         return ""
     spot = hot[-1]
-    caller = next((f for f in reversed(hot[:-1]) if _file(f) != _file(spot)), None)
+    caller = next((f for f in reversed(hot[:-1]) if _file(f.name) != _file(spot.name)), None)
     share = spot.total_ms / (r.mean_phases.data * len(r.steps))
     called = f", called from {frame_label(caller.name)}" if caller is not None else ""
     return f" {min(share, 1.0):.0%} of it is in {frame_label(spot.name)}{called}."
 
 
-def _any(hot: Sequence[OpStat], pattern: re.Pattern[str]) -> bool:
-    return any(pattern.search(_file(f)) for f in hot)
-
-
-def _first(r: RankSummary) -> str:
-    """The change to where the batches load, by whose loop iterates the loader."""
-    if _any(r.data_callers, _PIPELINE):
+def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
+    """What the frames of a data preparation compute, and the change for it: ' Its time is ...' ('' for code rayprof
+    knows nothing of); ``pipeline``: a transformers pipeline runs it."""
+    if (_any(frames, _IMAGE_PROCESSOR) and _any(frames, _OFF_TORCH)) or _any(frames, _NUMPY_TRANSFORMS):
+        given = ", given to the pipeline as image_processor=" if pipeline else ""
         return (
-            "The DataLoader is the transformers pipeline's own, and it loads in the step's process unless told: call "
-            "the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, batch_size=16))"
+            " Much of that time is the model's image processor, image by image off torch: load its torchvision one "
+            f"(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
+            f"{given}), which works on batches of tensors, and on the GPU with device='cuda' in its call."
         )
-    if _any(r.data_callers, _TRAINER):
+    if _any(frames, _PIL):
         return (
-            "The DataLoader is the transformers Trainer's, built from its TrainingArguments: load batches in parallel "
-            "with the step with TrainingArguments(dataloader_num_workers=N (e.g. the CPU cores per GPU), "
-            "dataloader_persistent_workers=True)"
+            " Much of that time is PIL decoding and resizing images: decode on the GPU (torchvision.io.decode_jpeg(data, "
+            "device='cuda')) and transform tensors there (torchvision.transforms.v2), or store the images decoded at the "
+            "size the model takes."
         )
-    return f"Load batches in parallel with the step: {_WORKERS}"
+    if _any(frames, _TOKENIZER):
+        return (
+            " Much of that time is tokenizing each batch: tokenize once, ahead (datasets' map(tokenize, batched=True, "
+            "num_proc=N)), with the fast (Rust) tokenizer."
+        )
+    return ""
 
 
 def data_fix(r: RankSummary) -> str:
     """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes."""
-    hot, first = r.data_frames, _first(r)
-    if _any(hot, _IMAGE_PROCESSOR) and _any(hot, _OFF_TORCH):
-        given = ", given to the pipeline as image_processor=" if _any(r.data_callers, _PIPELINE) else ""
-        return (
-            f"{first}. Its time is the model's image processor, image by image off torch: load its torchvision one "
-            f"(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
-            f"{given}), which works on batches of tensors, and on the GPU with device='cuda' in its call."
+    callers = [f.name for f in r.data_callers]
+    pipeline, trainer = in_pipeline(callers), _any(callers, _TRAINER)
+    if pipeline:
+        first = f"The DataLoader is the transformers pipeline's own, in the step's process unless told: {PIPELINE_WORKERS}"
+    elif trainer:
+        first = (
+            "The DataLoader is the transformers Trainer's, built from its TrainingArguments: load batches in parallel "
+            "with the step with TrainingArguments(dataloader_num_workers=N (e.g. the CPU cores per GPU), "
+            "dataloader_persistent_workers=True)"
         )
-    if _any(hot, _PIL):
-        return (
-            f"{first}. Its time is PIL decoding and resizing images: decode on the GPU (torchvision.io.decode_jpeg(data, "
-            "device='cuda')) and transform tensors there (torchvision.transforms.v2), or store the images decoded at the "
-            "size the model takes."
-        )
-    if _any(hot, _TOKENIZER):
-        return (
-            f"{first}. Its time is tokenizing each batch: tokenize once, ahead (datasets' map(tokenize, batched=True, "
-            "num_proc=N)), with the fast (Rust) tokenizer."
-        )
-    if _any(r.data_callers, _PIPELINE):
-        return f"{first}."
+    else:
+        first = f"Load batches in parallel with the step: {_WORKERS}"
+    what = prep_clause([f.name for f in r.data_frames], pipeline)
+    if what or pipeline or trainer:
+        return f"{first}.{what}"
     return f"{first}, and move per-item work (decoding, augmentation) out of __getitem__ or into a preprocessed dataset."

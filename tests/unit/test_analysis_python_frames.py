@@ -83,6 +83,25 @@ def test_the_datas_preparation_in_the_steps_process_is_told_dataloader_workers(t
     assert "DataLoader workers" in top.fix and "with_stack=True" not in top.fix
 
 
+def test_numpy_image_transforms_are_told_the_image_processors_torchvision_backend(tmp_path: Path) -> None:
+    # transformers/image_transforms.py is the numpy path of an image processor (normalize, rescale per image).
+    _, top = _step(tmp_path, [_frame("transformers/image_transforms.py(390): normalize", 110, 615)])
+    assert "Much of that time is the model's image processor, image by image off torch" in top.fix
+    assert "AutoImageProcessor.from_pretrained(name, backend='torchvision')" in top.fix and "image_processor=" not in top.fix
+
+
+def test_a_pipelines_preprocessing_is_told_the_pipelines_num_workers(tmp_path: Path) -> None:
+    # The TimeSformer recording: a video-classification pipeline decodes and normalizes each clip in the step.
+    frames = [
+        _frame("transformers/pipelines/video_classification.py(174): read_video_pyav", 110, 300),
+        _frame("transformers/image_transforms.py(390): normalize", 420, 300),
+    ]
+    _, top = _step(tmp_path, frames)
+    assert "a transformers pipeline's preprocessing, in the step's own process: call the pipeline on a dataset or list" in top.fix
+    assert "pipe(inputs, num_workers=8, batch_size=16)" in top.fix and "given to the pipeline as image_processor=" in top.fix
+    assert "Dataset's __getitem__" not in top.fix
+
+
 def test_bookkeeping_every_step_is_told_every_n_steps(tmp_path: Path) -> None:
     _, top = _step(tmp_path, [_frame("trainer_callback.py(455): on_step_end", 110, 615)])
     assert "on_step_end (trainer_callback.py:455)" in top.fix and "every N steps" in top.fix
