@@ -53,6 +53,7 @@ settings.load_profile("rayprof")
 
 # The order of the live tests. Those that start a cluster of their own (`ray start`, marked own_cluster)
 # run before the session's cluster starts: their `ray stop` would stop it (tests/support/own_cluster.py).
+# Then those that need no session cluster (the demo's own, the wheel's venv): on cores nothing else uses.
 # Then the tests that use the session's live job: it trains flat out on both cores for as long as it
 # runs, and a job started beside it took ~1.8x as long (the demo: ~50 s alone, ~90 s beside it). It stops
 # once the last of them is done, and the tests with jobs of their own start those on idle cores.
@@ -67,7 +68,13 @@ def _uses_live_job(item: pytest.Item) -> bool:
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: file order within each group.
-    items.sort(key=lambda item: (item.get_closest_marker("own_cluster") is None, not _uses_live_job(item)))
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("own_cluster") is None,
+            "ray_cluster" in getattr(item, "fixturenames", ()),
+            not _uses_live_job(item),
+        )
+    )
     users = [item for item in items if _uses_live_job(item)]
     config.stash[_live] = []
     if users:

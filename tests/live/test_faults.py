@@ -32,6 +32,7 @@ def _wait_state(handle, *states, timeout: float = 60.0):
     return wait_for(lambda: handle.status().state in states, timeout=timeout, interval=0.05, what=f"state {states}")
 
 
+@pytest.mark.extended  # a job of its own, killed and restarted: ~75 s
 def test_killed_worker_is_marked_failed_and_the_restarted_group_is_profiled(ray_cluster, client, file_store, tmp_path):
     job = ExampleJob(ray_cluster, "fault-run", tmp_path / "fault-run.log", "--max-failures", "2")
     try:
@@ -183,6 +184,7 @@ def test_upload_rides_out_a_short_storage_outage(live_job, flaky_s3):
     assert verify_manifest(storage, manifest) == []
 
 
+@pytest.mark.extended  # every upload retried to its last attempt: ~60 s
 def test_storage_that_never_returns_fails_the_ranks_and_training_goes_on(live_job, flaky_s3):
     uri = f"s3://{flaky_s3.bucket}/down-{uuid.uuid4().hex[:8]}"
     client = ProfilingClient.in_cluster(storage=uri, s3_endpoint_url=flaky_s3.endpoint)

@@ -17,6 +17,7 @@ from orchestrator.models.analysis import Finding
 from orchestrator.traces.loader import PYTHON_FRAME, Span
 from tests.support.realtraces import external, finding
 from tests.support.tracefiles import write_trace, x_event
+from tests.unit.test_analysis_cpu_foreign import cpu_case
 from tests.unit.test_analysis_idle_causes import kernel, launch
 
 NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -122,6 +123,15 @@ def test_a_trace_without_stacks_names_no_frame_and_gets_the_general_fix() -> Non
     f = finding(external("tbplugin_resnet50_nw0_a"), "dataloader_bound")
     assert " of it is in " not in f.evidence
     assert f.fix.startswith("Load batches in parallel with the step: raise DataLoader num_workers")
+
+
+def test_a_real_trainers_loader_is_iterated_by_accelerate_inside_the_trainers_loop() -> None:
+    # tests/data/traces/cpu_hf_trainer_stacks (record_cpu_issue29.py, with_stack=True): the frames around next() are
+    # accelerate's DataLoaderShard, then the Trainer's get_batch_samples and loop: what the Trainer's fix keys on.
+    (rank,) = cpu_case("hf_trainer_stacks").ranks
+    callers = [c.name for c in rank.data_callers]
+    assert callers[0].startswith("accelerate/data_loader.py(") and callers[0].endswith("): __iter__")
+    assert any(c.startswith("transformers/trainer.py(") and c.endswith("): get_batch_samples") for c in callers)
 
 
 # ---- the frame sweeps --------------------------------------------------------------------
