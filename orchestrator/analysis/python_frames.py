@@ -130,7 +130,11 @@ def enclosing(frames: Sequence[Span], pieces: Intervals, depth: int) -> list[OpS
             i += 1
         while stack and stack[-1].end < b:  # ended inside this piece: around no later one either
             stack.pop()
+        seen: set[str] = set()  # a recursive frame holds the piece once
         for position, frame in enumerate(reversed(stack[-depth:])):
+            if frame.name in seen:
+                continue
+            seen.add(frame.name)
             entry = named[frame.name]
             entry[0] += 1
             entry[1] += b - a

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.python_frames import enclosing, hot_path, user_frames
 from orchestrator.models.analysis import Finding
@@ -153,3 +156,60 @@ def test_frames_around_the_pieces_are_not_on_their_hot_path_but_around_them() ->
     assert [s.name for s in hot_path(frames, [(10, 90)], 0.5)] == ["lib.py(5): fetch", "x.py(2): decode"]
     assert [s.name for s in enclosing(frames, [(25, 75)], depth=6)] == ["x.py(2): decode", "lib.py(5): fetch", "loop.py(1): train"]
     assert [s.name for s in enclosing(frames, [(25, 75)], depth=1)] == ["x.py(2): decode"]
+
+
+# A call tree on one thread: each frame (a name of a few, so names repeat) holds children laid end to end inside it.
+_NAMES = st.sampled_from(["a.py(1): f", "b.py(2): g", "c.py(3): h", "lib/x.py(4): k"])
+
+
+@st.composite
+def _tree(draw: st.DrawFn, start: float = 0.0, end: float = 1000.0, depth: int = 0) -> list[tuple[str, float, float]]:
+    out: list[tuple[str, float, float]] = []
+    at = start
+    for _ in range(draw(st.integers(0, 3 if depth < 4 else 0))):
+        gap, length = draw(st.floats(0, 50)), draw(st.floats(1, 400))
+        s, e = at + gap, min(at + gap + length, end)
+        if e - s < 1:
+            break
+        out.append((draw(_NAMES), s, e - s))
+        out += draw(_tree(s, e, depth + 1))
+        at = e
+    return out
+
+
+@st.composite
+def _pieces(draw: st.DrawFn) -> list[tuple[float, float]]:
+    cuts = sorted(set(draw(st.lists(st.floats(0, 1000), min_size=2, max_size=8))))
+    return [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if b > a]
+
+
+@given(_tree(), _pieces(), st.floats(0.05, 1.0))
+def test_the_hot_path_is_a_chain_of_nested_frames_each_holding_the_share(
+    tree: list[tuple[str, float, float]], pieces: list[tuple[float, float]], share: float
+) -> None:
+    frames = _spans(*tree)
+    path = hot_path(frames, pieces, share)
+    held = sum(b - a for a, b in pieces)
+    times = [s.total_ms * 1000 for s in path]
+    assert all(t >= share * held - 1e-6 for t in times)
+    assert times == sorted(times, reverse=True) and all(t <= held + 1e-6 for t in times)
+    assert {s.name for s in path} <= {f.name for f in frames}
+
+
+@given(_tree(), _pieces(), st.integers(1, 6))
+def test_the_frames_around_the_pieces_hold_no_more_than_the_pieces(
+    tree: list[tuple[str, float, float]], pieces: list[tuple[float, float]], depth: int
+) -> None:
+    frames = _spans(*tree)
+    around = enclosing(frames, pieces, depth)
+    held = sum(b - a for a, b in pieces)
+    assert all(s.total_ms * 1000 <= held + 1e-6 and 1 <= s.calls <= len(pieces) for s in around)
+    # Each named frame encloses some piece whole.
+    for s in around:
+        assert any(f.name == s.name and f.ts <= a and b <= f.end for f in frames for a, b in pieces)
+
+
+def test_a_recursive_frame_around_a_piece_counts_it_once() -> None:
+    # Found by the property above: f inside f around a 10 µs piece was 2 calls and 20 µs.
+    frames = _spans(("a.py(1): f", 0, 100), ("a.py(1): f", 10, 80))
+    assert [(s.name, s.calls, s.total_ms * 1000) for s in enclosing(frames, [(20, 30)], depth=6)] == [("a.py(1): f", 1, 10)]
