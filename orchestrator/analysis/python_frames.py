@@ -100,7 +100,10 @@ def hot_path(frames: Sequence[Span], pieces: Intervals, share: float) -> list[Op
         path = (*(stack[-1][1] if stack else ()), f.name)
         entry = paths[path]
         entry[0] += 1
-        entry[1] += min(f.end, ends[i]) - f.ts
+        j = i  # its time in every piece it reaches, not only the one it opens in (else a callee outweighs it)
+        while j < len(pieces) and starts[j] < f.end:
+            entry[1] += min(f.end, ends[j]) - max(f.ts, starts[j])
+            j += 1
         stack.append((f.end, path))
     children: dict[tuple[str, ...], list[tuple[float, int, str]]] = defaultdict(list)
     for path, (calls, us) in paths.items():

@@ -213,3 +213,11 @@ def test_a_recursive_frame_around_a_piece_counts_it_once() -> None:
     # Found by the property above: f inside f around a 10 µs piece was 2 calls and 20 µs.
     frames = _spans(("a.py(1): f", 0, 100), ("a.py(1): f", 10, 80))
     assert [(s.name, s.calls, s.total_ms * 1000) for s in enclosing(frames, [(20, 30)], depth=6)] == [("a.py(1): f", 1, 10)]
+
+
+def test_a_frame_over_two_pieces_holds_its_time_in_both() -> None:
+    # Found by the property above: a frame opened in one piece and still open in the next held only the first
+    # piece's time, less than a callee of it in the second.
+    frames = _spans(("a.py(1): f", 5, 30), ("b.py(2): g", 22, 10))
+    path = hot_path(frames, [(0, 10), (20, 40)], 0.1)
+    assert [(s.name, s.total_ms * 1000) for s in path] == [("a.py(1): f", 20), ("b.py(2): g", 10)]
