@@ -64,13 +64,13 @@ def data_where(r: RankSummary) -> str:
 
 
 def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
-    """What the frames of a data preparation compute, and the change for it: ' Its time is ...' ('' for code rayprof
-    knows nothing of); ``pipeline``: a transformers pipeline runs it."""
+    """What the frames of a data preparation compute, and the change for it: ' Much of that time is ...' ('' for code
+    rayprof knows nothing of); ``pipeline``: a transformers pipeline runs it."""
     if (_any(frames, _IMAGE_PROCESSOR) and _any(frames, _OFF_TORCH)) or _any(frames, _NUMPY_TRANSFORMS):
         given = ", given to the pipeline as image_processor=" if pipeline else ""
         return (
             " Much of that time is the model's image processor, image by image off torch: load its torchvision one "
-            f"(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
+            "(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
             f"{given}), which works on batches of tensors, and on the GPU with device='cuda' in its call."
         )
     if _any(frames, _PIL):
