@@ -33,6 +33,7 @@ from actors.export.contract import (
     child_args,
 )
 from orchestrator.layout import rank_artifact_keys
+from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, RankEvent
@@ -75,8 +76,11 @@ class Capture:
         emit: EmitFn,
         on_closed: Callable[[], None],
         allocator: Allocator | None = None,
+        loop: Loop | None = None,
     ) -> None:
         self.window = window
+        # Whose loop the job runs (None: its own), written into the trace for the fixes its report names.
+        self.loop = loop
         self.info = info
         self._emit = emit
         self._on_closed = on_closed
@@ -154,8 +158,18 @@ class Capture:
             prof._prev_schedule_action = action
         prof.start()
         self._prof = prof
+        self._mark_loop(prof)
         if step == w.start_step:
             self._window_begins()
+
+    def _mark_loop(self, prof: torch.profiler.profile) -> None:
+        """Write whose loop this is into the trace's metadata; a profiler that cannot costs the trace only that line."""
+        if self.loop is None:
+            return
+        try:
+            prof.add_metadata(METADATA_KEY, self.loop.value)
+        except Exception as e:
+            logger.warning("rayprof: the trace of window %s will not say whose loop it is: %s", self.window.profile_id, e)
 
     def _window_begins(self) -> None:
         """The boundary before the window's first step: record the allocator from here on, say CAPTURING."""

@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ from actors.agent.memory_watch import MemoryWatch
 from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
 from actors.upstream import AgentUpstreamRpc
+from orchestrator.loops import loop_of_stack
 from orchestrator.models.agent_protocol import (
     ArmCommand,
     CancelCommand,
@@ -173,7 +175,10 @@ class Agent:
                 )
             )
             return
-        self.capture = Capture(window, self.info, self._emit, self._window_closed)
+        cycle = self.step_cycle
+        # Explicit agent.step() calls: whose loop it is from the training thread's stack as it is now (it is in the loop).
+        loop = cycle.loop if cycle is not None else loop_of_stack(sys._current_frames().get(self.training_thread))
+        self.capture = Capture(window, self.info, self._emit, self._window_closed, loop=loop)
         self._emit(
             RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED, at=utcnow())
         )

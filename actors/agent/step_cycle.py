@@ -53,11 +53,16 @@ stated (the first cycle, whose forwards ran before the agent attached at its fir
 optimizer step, is seen in part); no forward seen: nothing is said. The module
 hooks go with the pre-step hook once the cycle is learned or given up (any global
 module hook slows every module call of the process), and come back to relearn.
+
+Whose loop steps the optimizers (:mod:`orchestrator.loops`: a transformers ``Trainer``, Lightning, Accelerate, or
+the job's own) is read once per learning, from the stack of the first optimizer step's hook: a report's fixes then
+name that framework's settings.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +71,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from actors.agent.forward_count import ForwardCount
 from orchestrator.forward_passes import phrase, typical
+from orchestrator.loops import Loop, loop_of_stack
 
 __all__ = ["EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
 
@@ -147,6 +153,8 @@ class StepCycle:
         self._forwards.start()
         self._passes: list[Counter[str]] = []
         self.definition: str | None = None
+        # Whose loop steps the optimizers, read from the first step's stack while learning.
+        self.loop: Loop | None = None
         global _active
         _active = self
         _watch_grad_scaler()
@@ -214,6 +222,7 @@ class StepCycle:
             self._on_step()
         n = len(seq)
         if n == 1:
+            self.loop = loop_of_stack(sys._getframe(1))
             self.definition = f"{describe(seq)} (learning the cycle of optimizer steps)"
         if n < LEARN_MIN_CALLS:
             return

@@ -1,0 +1,65 @@
+"""Whose training loop a job runs: its own, or a framework's whose settings a fix should name.
+
+A fix in plain PyTorch words (``torch.autocast``, ``no_sync()``, ``fused=True``) names no change a Lightning or a
+Hugging Face ``Trainer`` user can make without reading the framework's source: their loop is the framework's, and
+it takes the change as a setting (``Trainer(precision='bf16-mixed')``, ``TrainingArguments(bf16=True)``). The
+owner is read from the files of the Python frames around an optimizer step, by the agent in the training
+process (its optimizer hook's stack, or the training thread's) and by the analysis in a ``with_stack`` trace; the
+agent writes what it found into each trace's top-level metadata under :data:`METADATA_KEY`, so the trace says it
+wherever it is read. Standard library only: the agent imports it in the training process.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import Enum
+from types import FrameType
+
+__all__ = ["METADATA_KEY", "Loop", "loop_of", "loop_of_stack"]
+
+METADATA_KEY = "rayprof_loop"
+"""The trace's top-level field the agent writes the loop's owner into (``torch.profiler.profile.add_metadata``)."""
+
+_MAX_FRAMES = 256  # a stack deeper than this is recursion, not a framework's loop
+
+
+class Loop(str, Enum):
+    """A framework that owns the training loop. The order is precedence: a transformers ``Trainer`` runs Accelerate
+    inside, so its frames show both, and the outermost owner's settings are the ones its user writes."""
+
+    TRANSFORMERS_TRAINER = "transformers_trainer"
+    LIGHTNING = "lightning"
+    ACCELERATE = "accelerate"
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    Loop.TRANSFORMERS_TRAINER: "transformers' Trainer",
+    Loop.LIGHTNING: "Lightning's Trainer",
+    Loop.ACCELERATE: "Accelerate",
+}
+# A file of the framework's, by its path below site-packages (or the source tree a package was installed from).
+_OWNERS = (
+    (Loop.TRANSFORMERS_TRAINER, re.compile(r"(?:^|/)transformers/trainer\.py$")),
+    (Loop.LIGHTNING, re.compile(r"(?:^|/)(?:lightning/pytorch|pytorch_lightning)/")),
+    (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
+)
+
+
+def loop_of(files: Iterable[str]) -> Loop | None:
+    """The owner of the loop that runs code in ``files`` (frame file names, any order), None for the job's own."""
+    found = {loop for file in files for loop, pattern in _OWNERS if pattern.search(file.replace("\\", "/"))}
+    return next((loop for loop in Loop if loop in found), None)
+
+
+def loop_of_stack(frame: FrameType | None) -> Loop | None:
+    """The owner of the loop ``frame`` runs in, from the files of it and its callers (a bounded walk)."""
+    files = []
+    while frame is not None and len(files) < _MAX_FRAMES:
+        files.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    return loop_of(files)

@@ -1,0 +1,103 @@
+"""Whose training loop a job runs, as the agent reads it from the stack and writes it into the trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.agent.capture import Capture
+from actors.agent.step_cycle import StepCycle
+from orchestrator.loops import METADATA_KEY, Loop, loop_of
+from tests.support.tracefiles import load_trace
+from tests.unit.test_capture import INFO, _train, _window
+
+SITE = "/usr/lib/python3.11/site-packages/"
+TRAINER = ["transformers/trainer.py", "accelerate/optimizer.py", "torch/optim/optimizer.py"]
+LIGHTNING = ["lightning/pytorch/loops/optimization/automatic.py", "lightning/pytorch/core/optimizer.py", "torch/optim/adam.py"]
+OWN = ["train.py", "torch/optim/optimizer.py", "transformers/models/gpt2/modeling_gpt2.py", "ray/train/_internal/utils.py"]
+
+
+def test_a_transformers_trainer_owns_its_loop_though_accelerate_steps_its_optimizer():
+    assert loop_of(SITE + f for f in TRAINER) is Loop.TRANSFORMERS_TRAINER
+
+
+def test_a_lightning_trainer_owns_its_loop_under_either_package_name():
+    assert loop_of(LIGHTNING) is Loop.LIGHTNING
+    assert loop_of(["pytorch_lightning/loops/fit_loop.py"]) is Loop.LIGHTNING
+
+
+def test_accelerate_owns_a_loop_only_through_its_optimizer_or_accelerator():
+    assert loop_of(["train.py", SITE + "accelerate/optimizer.py"]) is Loop.ACCELERATE
+    assert loop_of(["train.py", SITE + "accelerate/utils/operations.py"]) is None
+
+
+def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
+    assert loop_of(OWN) is None
+
+
+_FILES = st.lists(st.sampled_from(OWN + ["accelerate/optimizer.py", *TRAINER, *LIGHTNING, "C:\\envs\\x\\lightning\\pytorch\\trainer\\trainer.py"]))
+
+
+@given(_FILES, st.randoms())
+def test_the_owner_does_not_depend_on_the_order_of_the_frames(files, random):
+    shuffled = list(files)
+    random.shuffle(shuffled)
+    assert loop_of(shuffled) == loop_of(files)
+
+
+@given(_FILES)
+def test_frames_of_the_jobs_own_code_never_change_the_owner(files):
+    assert loop_of(files + OWN) == loop_of(files)
+
+
+def _in_file(path: str, body: Callable[[], None]) -> Callable[[], None]:
+    """``body`` called from a function whose code says it lives in ``path``: a framework's frame without the framework."""
+    namespace: dict[str, object] = {"body": body}
+    exec(compile("def framework_step():\n    body()\n", path, "exec"), namespace)
+    return namespace["framework_step"]  # type: ignore[return-value]
+
+
+def _step_once(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+
+
+def test_the_step_cycle_reads_the_loop_from_the_first_optimizer_steps_stack():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    cycle = StepCycle(lambda: None)
+    try:
+        _in_file(SITE + "lightning/pytorch/loops/optimization/automatic.py", lambda: _step_once(optimizer, model))()
+    finally:
+        cycle.remove()
+    assert cycle.loop is Loop.LIGHTNING
+
+
+def test_the_step_cycle_of_a_plain_loop_names_no_owner():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    cycle = StepCycle(lambda: None)
+    try:
+        _step_once(optimizer, model)
+    finally:
+        cycle.remove()
+    assert cycle.loop is None
+
+
+def _trace_header(tmp_path: Path, loop: Loop | None) -> dict[str, object]:
+    capture = Capture(_window(tmp_path, start=2, steps=2), INFO, lambda _: None, lambda: None, loop=loop)
+    _train(capture, range(1, 6))
+    trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
+    return {k: v for k, v in trace.items() if k != "traceEvents"}
+
+
+def test_a_window_writes_whose_loop_it_is_into_the_trace(tmp_path):
+    assert _trace_header(tmp_path, Loop.TRANSFORMERS_TRAINER)[METADATA_KEY] == "transformers_trainer"
+
+
+def test_a_window_of_the_jobs_own_loop_writes_no_owner(tmp_path):
+    assert METADATA_KEY not in _trace_header(tmp_path, None)
