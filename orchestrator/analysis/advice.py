@@ -43,6 +43,7 @@ from typing import Literal
 
 from orchestrator.analysis.data_fix import PIPELINE_WORKERS, in_pipeline, prep_clause
 from orchestrator.analysis.finding_base import first_use_examples, ms_list
+from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
@@ -287,12 +288,12 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         return (
             f"Launch calls ({cause.name}) take the runtime's own time while the device idles ({figure}): launch fewer, "
             "bigger kernels: CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
-        )
+        ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind == "launch":
         return (
             f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
             "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
-        )
+        ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind in _PYTHON:
         return _python_fix(cause, figure)
     if cause.kind == "queued" and (graphs := _in_graph_replays(r)) >= cause.ms / 2:
@@ -328,7 +329,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             f"The host's own time in {cause.name} leaves the device idle {figure}: each op costs the host more than "
             "its kernels take on the device: torch.compile the model (fewer, fused kernels; mode='reduce-overhead' "
             "replays them as a CUDA graph), a larger batch per step, no Python loops over tensors."
-        )
+        ) + in_loop(r.loop, [Change.COMPILE])
     return (
         f"The host op {cause.name} leaves the device idle {figure}: cut the host's per-op overhead on the step "
         "(torch.compile, fewer small ops, no Python loops over tensors) or make the op run on the device."

@@ -13,6 +13,7 @@ it is read from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoa
 from __future__ import annotations
 
 from orchestrator.analysis.kernel_kinds import kernel_kind
+from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.spans import collective_of
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
 
@@ -127,7 +128,7 @@ def comm_fix(r: RankSummary) -> str:
         return _GATHER
     if lead == "broadcast":
         return _BROADCAST
-    return _ddp(r) if r.ddp else _ALL_REDUCE
+    return (_ddp(r) if r.ddp else _ALL_REDUCE) + in_loop(r.loop, _ddp_changes(r))
 
 
 def _own_fix(r: RankSummary) -> str | None:
@@ -160,15 +161,32 @@ def _own_fix(r: RankSummary) -> str | None:
     )
 
 
+def _ddp_changes(r: RankSummary) -> list[Change]:
+    """The settings a framework's loop makes :func:`_ddp`'s (or the plain all-reduce's) changes with."""
+    if r.ddp and not _ddp_bound(r):
+        return [Change.DDP_BUCKETS, Change.ACCUMULATE]
+    return [Change.ACCUMULATE, Change.COMM_HOOK]
+
+
+def _ddp_figures(r: RankSummary) -> tuple[float, float, str, float]:
+    """DDP's collective time, the compute that could hide it (and its name), and the exposed part, per step."""
+    if r.gpu is not None:
+        comm = r.gpu.comm_kernel_ms_per_step
+        return comm, r.gpu.kernel_ms_per_step - comm, "compute kernels", r.gpu.comm_exposed_ms_per_step
+    return r.comm_wait_ms, r.mean_phases.backward, "backward", r.comm_wait_ms
+
+
+def _ddp_bound(r: RankSummary) -> bool:
+    """The collectives outlast the compute that could hide them: no bucket size helps."""
+    comm, work, _, _ = _ddp_figures(r)
+    return comm >= work
+
+
 def _ddp(r: RankSummary) -> str:
     """DDP's changes: its all-reduce overlaps backward already, so by whether the compute could hide it at all (device
     collective kernels against compute kernels; on a CPU, the exposed wait against backward's host time)."""
-    if r.gpu is not None:
-        comm, exposed, compute = r.gpu.comm_kernel_ms_per_step, r.gpu.comm_exposed_ms_per_step, "compute kernels"
-        work = r.gpu.kernel_ms_per_step - comm
-    else:
-        comm, work, compute, exposed = r.comm_wait_ms, r.mean_phases.backward, "backward", r.comm_wait_ms
-    if comm >= work:
+    comm, work, compute, exposed = _ddp_figures(r)
+    if _ddp_bound(r):
         return _DDP_BOUND.format(comm=comm, compute=compute, work=work)
     return _DDP_TAIL.format(exposed=exposed)
 

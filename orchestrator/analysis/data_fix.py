@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from orchestrator.analysis.loop_settings import Change, in_loop, setting
 from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.loops import Loop
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["PIPELINE_WORKERS", "data_fix", "data_where", "in_pipeline", "prep_clause"]
@@ -90,18 +92,21 @@ def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
 def data_fix(r: RankSummary) -> str:
     """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes."""
     callers = [f.name for f in r.data_callers]
-    pipeline, trainer = in_pipeline(callers), _any(callers, _TRAINER)
+    pipeline = in_pipeline(callers)
+    trainer = _any(callers, _TRAINER) or (r.loop is Loop.TRANSFORMERS_TRAINER and not pipeline)
     if pipeline:
         first = f"The DataLoader is the transformers pipeline's own, in the step's process unless told: {PIPELINE_WORKERS}"
     elif trainer:
         first = (
             "The DataLoader is the transformers Trainer's, built from its TrainingArguments: load batches in parallel "
-            "with the step with TrainingArguments(dataloader_num_workers=N (e.g. the CPU cores per GPU), "
-            "dataloader_persistent_workers=True)"
+            f"with the step with {setting(Loop.TRANSFORMERS_TRAINER, Change.LOADER_WORKERS)}, N up to the CPU cores per GPU"
         )
     else:
         first = f"Load batches in parallel with the step: {_WORKERS}"
     what = prep_clause([f.name for f in r.data_frames], pipeline)
     if what or pipeline or trainer:
         return f"{first}.{what}"
-    return f"{first}, and move per-item work (decoding, augmentation) out of __getitem__ or into a preprocessed dataset."
+    return (
+        f"{first}, and move per-item work (decoding, augmentation) out of __getitem__ or into a preprocessed dataset."
+        + in_loop(r.loop, [Change.LOADER_WORKERS])
+    )

@@ -239,7 +239,9 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             f"{worst.gpu.idle_ms_per_step:.1f} ms of idle time. Top kernels per step: {listed}. The top kernels by kind: {by_kind}."
             + overlapping
         ),
-        fix=device_work_fix(found, worst.mean_step_ms or 0.0, REPORT_FRACTION, worst.accelerator, worst.mean_phases.backward > 0),
+        fix=device_work_fix(
+            found, worst.mean_step_ms or 0.0, REPORT_FRACTION, worst.accelerator, worst.mean_phases.backward > 0, worst.loop
+        ),
         ranks=[r.rank for r in hit],
     )
 

@@ -38,8 +38,9 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_link
+from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
-from orchestrator.analysis.precision import half_autocast
+from orchestrator.analysis.precision import half_autocast, half_changes
 from orchestrator.analysis.readers import readers, reading_fix
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
@@ -338,7 +339,9 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
         fix=(
             "One larger batch or sequence from an OOM: use activation checkpointing or a smaller micro-batch with "
             f"gradient accumulation, {half_autocast(r.accelerator)}, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "against fragmentation."
+            "against fragmentation." + in_loop(
+                r.loop, [Change.CHECKPOINT_ACTIVATIONS, Change.ACCUMULATE, *half_changes(r.accelerator)]
+            )
         ),
         ranks=hit_ranks,
     )

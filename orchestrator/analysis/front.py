@@ -152,6 +152,7 @@ def _join(
         world_size=sizes.pop() if len(sizes) == 1 else None,
         steps=steps,
         step_definition=definitions.most_common(1)[0][0] if definitions else None,
+        loop=loops.most_common(1)[0][0] if (loops := Counter(r.loop for r in ranks if r.loop is not None)) else None,
         ranks=ranks,
         rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
         issues=issues,

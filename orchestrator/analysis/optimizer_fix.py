@@ -6,6 +6,7 @@ classes the trace steps (:attr:`RankSummary.optimizers`) and how they update the
 
 from __future__ import annotations
 
+from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["optimizer_changes", "optimizer_fix"]
@@ -55,7 +56,9 @@ def optimizer_changes(r: RankSummary) -> str | None:
             f"{steps} {'are' if len(library_fused) > 1 else 'is'} fused already: torch.compile it, or make fewer steps "
             "(gradient accumulation, a larger batch)"
         )
-    return f"({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)."
+    # A framework builds or steps the optimizer from its settings: say where fused=True goes there.
+    fused = ([Change.FUSED_ADAMW] if set(fusable) <= {"Adam", "AdamW"} else [Change.FUSED_OPTIMIZER]) if fusable and impl != "fused" else []
+    return f"({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)." + in_loop(r.loop, fused)
 
 
 def optimizer_fix(r: RankSummary, figure: str) -> str:

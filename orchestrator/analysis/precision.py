@@ -7,9 +7,10 @@ float8 training.
 
 from __future__ import annotations
 
+from orchestrator.analysis.loop_settings import Change
 from orchestrator.models.accelerator import Accelerator
 
-__all__ = ["fp8_clause", "fp32_matmul_fix", "half_autocast", "half_format"]
+__all__ = ["fp8_clause", "fp32_matmul_fix", "half_autocast", "half_changes", "half_format"]
 
 _AUTOCAST = "torch.autocast(device_type='cuda', dtype=torch.{dtype})"
 
@@ -57,6 +58,14 @@ def fp8_clause(a: Accelerator | None, trains: bool) -> str:
 def half_format(a: Accelerator | None) -> str:
     """The 16-bit format to move data in: fp16 on a device without bf16 units, else bf16."""
     return "fp16" if _fp16_only(a) else "bf16"
+
+
+def half_changes(a: Accelerator | None, tf32: bool = False) -> list[Change]:
+    """Mixed precision as a framework's setting: fp16 on a device without bf16 units, else bf16 (and, with ``tf32``,
+    TF32 where the device has it or is not known)."""
+    if _fp16_only(a):
+        return [Change.FP16]
+    return [Change.BF16] + ([Change.TF32] if tf32 and (a is None or a.has("tf32")) else [])
 
 
 def half_autocast(a: Accelerator | None) -> str:

@@ -65,6 +65,7 @@ from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
+from orchestrator.analysis.loop_settings import trace_loop
 from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
 from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
@@ -335,6 +336,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         top_kernels=by_time(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
+        loop=trace_loop(trace.header, frames.get(main_key, ())),
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

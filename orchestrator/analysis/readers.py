@@ -13,6 +13,7 @@ from __future__ import annotations
 from orchestrator.analysis.precision import half_format
 from orchestrator.analysis.python_frames import frame_label, frame_parts
 from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS, site_parts
+from orchestrator.loops import Loop
 from orchestrator.models.analysis import RankSummary
 
 __all__ = ["readers", "reading_fix"]
@@ -163,12 +164,20 @@ def _region(r: RankSummary) -> str:
     )
 
 
+def _conditions_per_step(r: RankSummary) -> float:
+    """Tensors turned into Python bools per step (``if t:``, ``torch.isnan(x) or ...``)."""
+    return sum(o.calls for o in r.sync_ops if site_parts(o.name)[1] in TENSOR_CONDITIONS) / max(len(r.steps), 1)
+
+
 def _function(r: RankSummary) -> tuple[str, str]:
     """The Python function whose reads hold more than half of the waiting (on a CPU, of the reads), and a library's
     known setting for them ('' for either when there is none, or the trace has no Python stacks)."""
     # On a device the first read after queued work waits longest; on a CPU no read waits, so the most frequent leads.
     weight = (lambda c: c.total_ms) if r.gpu is not None else (lambda c: float(c.calls))
     top = max(r.sync_callers, key=weight, default=None)
+    if top is None and r.loop is Loop.TRANSFORMERS_TRAINER and _conditions_per_step(r) >= 2:
+        # No stacks, but the agent's word that the Trainer runs the loop: it makes two such reads a micro-batch itself.
+        return "", _TRAINER_NAN_FILTER
     if top is None or 2 * weight(top) <= sum(weight(c) for c in r.sync_callers):
         return "", ""
     where = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "

@@ -139,7 +139,15 @@ def optimizer_classes(kinds: Kinds, windows: list[tuple[float, float]]) -> list[
 
 def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
     """The sentence a report, the CLI and the MCP answer say of what one step is: what the agent counted
-    (the manifest's ranks), what the trace's steps hold, or both when they say different things."""
+    (the manifest's ranks), what the trace's steps hold, or both when they say different things; and whose
+    loop runs the steps, where a framework's does."""
+    said = _one_step(summary, manifest)
+    if said is not None and summary.loop is not None:
+        return f"{said} Training loop: {summary.loop.label}."
+    return said
+
+
+def _one_step(summary: Summary, manifest: Manifest | None) -> str | None:
     counted = sorted({r.step_definition for r in manifest.ranks if r.step_definition}) if manifest else []
     agent = counted[0].removeprefix(_ONE_STEP) if len(counted) == 1 else None
     traced = summary.step_definition.removeprefix(_ONE_STEP) if summary.step_definition else None

@@ -6,6 +6,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.loops import Loop
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.models.verdicts import Finding, SlowGroup, StepSpread
@@ -313,6 +314,11 @@ class RankSummary(_Model):
         description="What one step holds in the trace: '1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes "
         "(Discriminator ×3, Generator ×1)' (None: no optimizer step nor forward marker).",
     )
+    loop: Loop | None = Field(
+        default=None,
+        description="The framework whose training loop the job runs, as the agent wrote it into the trace or a "
+        "with_stack trace's frames show it (None: the job's own loop, or not known): the fixes name its settings.",
+    )
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(
         default_factory=list, description="Process groups of the collective kernels (device traces that name them)."
@@ -359,6 +365,7 @@ class Summary(_Model):
     step_definition: str | None = Field(
         default=None, description="What one step holds, as most ranks' traces show it (RankSummary.step_definition)."
     )
+    loop: Loop | None = Field(default=None, description="Whose training loop most ranks run (RankSummary.loop).")
     ranks: list[RankSummary]
     rejected: list[RejectedTrace] = Field(default_factory=list)
     issues: list[str] = Field(default_factory=list)

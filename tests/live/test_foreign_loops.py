@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.forward_passes import stated
+from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.analysis import Summary
 from orchestrator.models.requests import ProfileState
 from tests.support.common import REPO, wait_for
@@ -115,9 +116,14 @@ def _profile_and_check(file_store, loop: str) -> Summary:
     folder = Path(file_store.root) / name / manifest.profile_id
     traces = sorted((folder / "traces").glob("rank*.pt.trace.json.gz"))
     assert len(traces) == ranks
+    owner = OWNERS.get(loop)
     for path in traces:
-        assert _optimizer_steps_per_profiler_step(load_trace(path)) == [sorted(optimizer_steps)] * 3
+        trace = load_trace(path)
+        assert _optimizer_steps_per_profiler_step(trace) == [sorted(optimizer_steps)] * 3
+        # The agent read whose loop it is from the optimizer step's stack and wrote it into the trace.
+        assert trace.get(METADATA_KEY) == (owner.value if owner is not None else None)
     summary = Summary.model_validate(manifest.summary)
+    assert summary.loop is owner
     # What the agent counted as one step is what each step of the trace holds.
     assert summary.step_definition is not None and summary.step_definition.split(";")[0] == definition.split(";")[0]
     # ... and so are the forward passes it counted, where the trace marks them (the compiled job's does not).
@@ -135,6 +141,8 @@ def _profile_and_check(file_store, loop: str) -> Summary:
 # the GAN, two optimizers by hand; Trainer and Accelerate accumulate 2 micro-batches, and Accelerate's optimizer
 # wrapper is called every micro-batch but steps AdamW only when gradients sync.
 FRAMEWORK_LOOPS = {"lightning": "lightning", "lightning_gan": "lightning", "hf": "transformers", "accelerate": "accelerate"}
+# loop -> whose loop the agent says it is (the plain ones are the job's own).
+OWNERS = {"lightning": Loop.LIGHTNING, "lightning_gan": Loop.LIGHTNING, "hf": Loop.TRANSFORMERS_TRAINER, "accelerate": Loop.ACCELERATE}
 EXTENDED = ("lightning_gan", "accelerate")
 
 

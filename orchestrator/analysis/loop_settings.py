@@ -1,0 +1,103 @@
+"""Whose loop a rank's trace ran (:class:`~orchestrator.loops.Loop`), and each change a fix names as that loop's
+setting: the one place the frameworks' option names live.
+
+A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``fused=True``); in a framework's loop
+the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
+sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``).
+A change the framework has no setting for says nothing more: the PyTorch words stand. The names are those of
+transformers 5, Lightning 2 and Accelerate 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from orchestrator.analysis.python_frames import frame_parts
+from orchestrator.loops import METADATA_KEY, Loop, loop_of
+from orchestrator.traces.loader import Span
+
+__all__ = ["Change", "in_loop", "setting", "trace_loop"]
+
+
+class Change(str, Enum):
+    """A change a fix names that a framework makes from a setting."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    TF32 = "tf32"
+    FUSED_ADAMW = "fused_adamw"
+    FUSED_OPTIMIZER = "fused_optimizer"
+    ACCUMULATE = "accumulate"
+    CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
+    COMM_HOOK = "comm_hook"
+    DDP_BUCKETS = "ddp_buckets"
+    COMPILE = "compile"
+    LOADER_WORKERS = "loader_workers"
+
+
+_SETTINGS: dict[Loop, dict[Change, str]] = {
+    Loop.TRANSFORMERS_TRAINER: {
+        Change.BF16: "TrainingArguments(bf16=True)",
+        Change.FP16: "TrainingArguments(fp16=True), its GradScaler included",
+        Change.TF32: "TrainingArguments(tf32=True)",
+        Change.FUSED_ADAMW: "TrainingArguments(optim='adamw_torch_fused') where the Trainer builds the optimizer",
+        Change.ACCUMULATE: "TrainingArguments(gradient_accumulation_steps=N), which syncs the gradients on the last "
+        "micro-batch only",
+        Change.CHECKPOINT_ACTIVATIONS: "TrainingArguments(gradient_checkpointing=True)",
+        Change.DDP_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
+        Change.COMPILE: "TrainingArguments(torch_compile=True), torch_compile_mode='reduce-overhead' for CUDA graphs",
+        Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",
+    },
+    Loop.LIGHTNING: {
+        Change.BF16: "Trainer(precision='bf16-mixed')",
+        Change.FP16: "Trainer(precision='16-mixed'), its GradScaler included",
+        Change.FUSED_OPTIMIZER: "fused=True on the optimizer configure_optimizers() returns",
+        Change.FUSED_ADAMW: "fused=True on the optimizer configure_optimizers() returns",
+        Change.ACCUMULATE: "Trainer(accumulate_grad_batches=N), which skips DDP's sync on all but the last micro-batch",
+        Change.COMM_HOOK: "the strategy's ddp_comm_hook= (RayDDPStrategy or DDPStrategy(ddp_comm_hook="
+        "default_hooks.bf16_compress_hook))",
+        Change.DDP_BUCKETS: "the strategy passes DDP's own arguments on (RayDDPStrategy or DDPStrategy(bucket_cap_mb=..., "
+        "gradient_as_bucket_view=True, static_graph=True))",
+        Change.COMPILE: "torch.compile(model) before trainer.fit(model)",
+        Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
+        "(the LightningModule's or the LightningDataModule's)",
+    },
+    Loop.ACCELERATE: {
+        Change.BF16: "Accelerator(mixed_precision='bf16')",
+        Change.FP16: "Accelerator(mixed_precision='fp16'), its GradScaler included",
+        Change.ACCUMULATE: "Accelerator(gradient_accumulation_steps=N) with the step under accelerator.accumulate(model), "
+        "which skips DDP's sync on all but the last micro-batch",
+        Change.COMM_HOOK: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16)])",
+        Change.DDP_BUCKETS: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=..., "
+        "gradient_as_bucket_view=True, static_graph=True)])",
+        Change.COMPILE: "Accelerator(dynamo_backend='inductor')",
+    },
+}
+
+
+_KNOWN = frozenset(loop.value for loop in Loop)
+
+
+def trace_loop(header: Mapping[str, Any], frames: Iterable[Span]) -> Loop | None:
+    """Whose loop a trace ran: what the agent wrote into its metadata, else what its Python frames (a with_stack
+    trace's) show; None for the job's own loop, or a value this version does not know (a newer agent's)."""
+    written = header.get(METADATA_KEY)
+    if isinstance(written, str) and written in _KNOWN:
+        return Loop(written)
+    return loop_of(parts[0] for f in frames if (parts := frame_parts(f.name)) is not None)
+
+
+def in_loop(loop: Loop | None, changes: Iterable[Change]) -> str:
+    """`` In Lightning's Trainer: Trainer(precision='bf16-mixed'); torch.compile(model) before trainer.fit(model).``:
+    the settings that make ``changes`` in ``loop``; '' for the job's own loop or where it has none of them."""
+    if loop is None:
+        return ""
+    said = list(dict.fromkeys(s for c in changes if (s := _SETTINGS[loop].get(c)) is not None))
+    return f" In {loop.label}: {'; '.join(said)}." if said else ""
+
+
+def setting(loop: Loop, change: Change) -> str:
+    """The one setting of ``loop`` that makes ``change`` (a change the table holds for it)."""
+    return _SETTINGS[loop][change]

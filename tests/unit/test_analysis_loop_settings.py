@@ -1,0 +1,177 @@
+"""A fix names the change as the setting of the framework whose loop the job runs: read from the trace (what the
+agent wrote into it, or a with_stack trace's frames), applied to the real traces' findings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.findings import find_all
+from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.analysis.step_content import one_step
+from orchestrator.loops import METADATA_KEY, Loop
+from orchestrator.models.analysis import Finding, Summary
+from tests.support.realtraces import external, h100
+from tests.support.tracefiles import case
+
+
+def _with_header(tmp_path: Path, name: str, **fields: object) -> Path:
+    """A copy of the recorded ``name`` whose traces carry ``fields`` at their top level, as the agent writes them."""
+    out = tmp_path / name
+    sources = sorted(case(name).rglob("*.json.gz"))
+    assert sources
+    for src in sources:
+        with gzip.open(src, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+        copy = out / src.relative_to(case(name))
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(copy, "wt", encoding="utf-8") as f:
+            json.dump({**fields, **doc}, f)
+    return out
+
+
+def _as_if(summary: Summary, loop: Loop, code: str) -> Finding:
+    """The finding ``code`` of ``summary``'s ranks had they run in ``loop``."""
+    found = [f for f in find_all([r.model_copy(update={"loop": loop}) for r in summary.ranks], summary.stragglers) if f.code == code]
+    assert found, f"no {code} finding"
+    return found[0]
+
+
+# ---- whose loop -----------------------------------------------------------------------
+
+
+def test_the_loop_the_agent_wrote_into_the_trace_is_the_ranks_and_the_profiles(tmp_path):
+    summary = analyze_folder(_with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "lightning"}))
+    assert [r.loop for r in summary.ranks] == [Loop.LIGHTNING]
+    assert summary.loop is Loop.LIGHTNING
+
+
+def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
+    # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
+    summary = analyze_folder(_with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "keras"}))
+    assert summary.loop is None
+
+
+def test_a_with_stack_traces_frames_say_whose_loop_it_is():
+    assert analyze_folder(case("cpu_hf_trainer_stacks")).loop is Loop.TRANSFORMERS_TRAINER
+    assert analyze_folder(case("cpu_lightning_prog_bar")).loop is Loop.LIGHTNING
+
+
+def test_a_trace_without_stacks_or_the_agents_word_names_no_loop():
+    assert analyze_folder(case("cpu_accelerate")).loop is None
+
+
+def test_what_one_step_is_says_whose_loop_runs_it():
+    assert one_step(analyze_folder(case("cpu_hf_trainer_stacks"))) == (
+        "One step (as the trace shows): AdamW.step ×1; 1 forward pass (GPT2LMHeadModel_0). "
+        "Training loop: transformers' Trainer."
+    )
+
+
+# ---- the settings ---------------------------------------------------------------------
+
+
+def test_the_jobs_own_loop_gets_no_framework_sentence():
+    assert in_loop(None, list(Change)) == ""
+
+
+def test_a_change_the_framework_has_no_setting_for_adds_nothing():
+    # The Trainer has no comm hook argument; Accelerate users build their own optimizer.
+    assert in_loop(Loop.TRANSFORMERS_TRAINER, [Change.COMM_HOOK]) == ""
+    assert in_loop(Loop.ACCELERATE, [Change.FUSED_ADAMW, Change.LOADER_WORKERS]) == ""
+
+
+@pytest.mark.parametrize(
+    ("loop", "setting"),
+    [
+        (Loop.TRANSFORMERS_TRAINER, "TrainingArguments(fp16=True), its GradScaler included"),
+        (Loop.LIGHTNING, "Trainer(precision='16-mixed'), its GradScaler included"),
+        (Loop.ACCELERATE, "Accelerator(mixed_precision='fp16'), its GradScaler included"),
+    ],
+)
+def test_fp32_matmuls_on_a_v100_are_told_the_frameworks_fp16_setting(loop, setting):
+    # HTA's V100 ResNet: volta_sgemm leads, and a V100 has tensor cores for fp16 only.
+    fix = _as_if(external("hta_ns_resolution_v100_1rank"), loop, "gpu_bound").fix
+    assert f"In {loop.label}: {setting}." in fix
+    assert "bf16" not in fix.split(f"In {loop.label}:")[1].split(".")[0]
+
+
+def test_an_unfused_adam_in_lightning_is_told_where_fused_goes():
+    fix = _as_if(h100("seed003_after"), Loop.LIGHTNING, "low_gpu_utilization").fix
+    assert "pass fused=True to Adam (torch.optim.Adam(params, fused=True))" in fix
+    assert "In Lightning's Trainer: fused=True on the optimizer configure_optimizers() returns." in fix
+    assert "In Lightning's Trainer: torch.compile(model) before trainer.fit(model)." in fix
+
+
+def test_an_unfused_adamw_in_a_transformers_trainer_is_told_its_fused_optim():
+    fix = _as_if(h100("seed003_after"), Loop.TRANSFORMERS_TRAINER, "low_gpu_utilization").fix
+    assert "TrainingArguments(optim='adamw_torch_fused') where the Trainer builds the optimizer" in fix
+
+
+@pytest.mark.parametrize(
+    ("loop", "settings"),
+    [
+        (Loop.TRANSFORMERS_TRAINER, ["TrainingArguments(gradient_accumulation_steps=N)"]),
+        (Loop.LIGHTNING, ["Trainer(accumulate_grad_batches=N)", "ddp_comm_hook=default_hooks.bf16_compress_hook"]),
+        (Loop.ACCELERATE, ["Accelerator(gradient_accumulation_steps=N)", "comm_hook=DDPCommunicationHookType.BF16"]),
+    ],
+)
+def test_ddp_whose_collectives_outlast_the_compute_is_told_the_frameworks_accumulation(loop, settings):
+    # TraceLens' MI300 ResNet: 13.4 ms of collectives a step against 4.3 ms of compute: no bucket size hides that.
+    fix = _as_if(external("tracelens_mi300_resnet_ckpt_r0of8"), loop, "comm_exposed").fix
+    assert "no bucket size hides that" in fix
+    assert all(s in fix for s in settings)
+    assert "bucket_cap_mb" not in fix
+
+
+def test_a_lightning_job_waiting_for_its_loader_is_told_its_dataloaders_workers():
+    fix = _as_if(external("tbplugin_resnet50_nw0_a"), Loop.LIGHTNING, "dataloader_bound").fix
+    assert fix.startswith("Load batches in parallel with the step: raise DataLoader num_workers")
+    assert fix.endswith(
+        "In Lightning's Trainer: num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
+        "(the LightningModule's or the LightningDataModule's)."
+    )
+
+
+def test_a_trainers_loader_is_the_trainers_by_the_agents_word_without_stacks():
+    fix = _as_if(external("tbplugin_resnet50_nw0_a"), Loop.TRANSFORMERS_TRAINER, "dataloader_bound").fix
+    assert fix.startswith(
+        "The DataLoader is the transformers Trainer's, built from its TrainingArguments: load batches in parallel with "
+        "the step with TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)"
+    )
+
+
+def test_the_same_trace_in_the_jobs_own_loop_keeps_pytorchs_words():
+    summary = external("tracelens_mi300_resnet_ckpt_r0of8")
+    assert all(" In " not in f.fix for f in summary.findings)
+
+
+def test_a_trainers_reads_without_stacks_are_told_its_nan_filter_by_the_agents_word():
+    # The recorded Trainer job without stacks: aten::is_nonzero 3x a step; the stacked recording of the same job
+    # puts two of them in the Trainer's nan/inf check of the loss (transformers/trainer.py _run_epoch).
+    summary = analyze_folder(case("cpu_hf_trainer"))
+    plain = [f for f in summary.findings if f.code == "host_sync"][0].fix
+    told = _as_if(summary, Loop.TRANSFORMERS_TRAINER, "host_sync").fix
+    assert "logging_nan_inf_filter" not in plain
+    assert told.startswith("transformers' Trainer checks every step's loss for nan/inf before it logs it")
+    assert "logging_nan_inf_filter=False removes them" in told
+    assert "logging_nan_inf_filter" not in _as_if(summary, Loop.LIGHTNING, "host_sync").fix
+
+
+def test_memory_near_capacity_in_a_trainer_is_told_its_checkpointing_and_accumulation_settings():
+    # HTA's V100 (fp16 tensor cores only) at 95% of its memory, as tests/unit/test_analysis.py plants it.
+    rank = external("hta_df_index_resolver_v100_r1of2").ranks[0]
+    peak = next(m for m in rank.memory if m.device == "cuda:1")
+    full = rank.model_copy(
+        update={"memory": [peak.model_copy(update={"peak_bytes": int(0.95 * peak.capacity_bytes)})], "loop": Loop.TRANSFORMERS_TRAINER}
+    )
+    (found,) = [f for f in find_all([full], []) if f.code == "memory_peak"]
+    assert found.fix.endswith(
+        "In transformers' Trainer: TrainingArguments(gradient_checkpointing=True); "
+        "TrainingArguments(gradient_accumulation_steps=N), which syncs the gradients on the last micro-batch only; "
+        "TrainingArguments(fp16=True), its GradScaler included."
+    )
