@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.agent.capture import Capture
+from actors.agent.runtime import Agent
 from actors.agent.step_cycle import StepCycle
 from orchestrator.loops import METADATA_KEY, Loop, loop_of
 from tests.support.tracefiles import load_trace
@@ -101,3 +103,25 @@ def test_a_window_writes_whose_loop_it_is_into_the_trace(tmp_path):
 
 def test_a_window_of_the_jobs_own_loop_writes_no_owner(tmp_path):
     assert METADATA_KEY not in _trace_header(tmp_path, None)
+
+
+def test_with_explicit_steps_the_window_takes_the_loop_from_the_training_threads_stack(tmp_path):
+    # No optimizer hook (agent.step() calls): the poll thread arms the window while the training thread is in the loop.
+    parked, release = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        parked.set()
+        release.wait(30)
+
+    trainer = threading.Thread(target=_in_file(SITE + "transformers/trainer.py", wait))
+    trainer.start()
+    try:
+        assert parked.wait(30)
+        agent = Agent(INFO)  # never started: no poll thread, no controller
+        agent.training_thread = trainer.ident
+        agent._arm(_window(tmp_path, start=2, steps=1))
+    finally:
+        release.set()
+        trainer.join(30)
+    assert agent.step_cycle is None
+    assert agent.capture is not None and agent.capture.loop is Loop.TRANSFORMERS_TRAINER
