@@ -26,11 +26,13 @@ _MAX_FRAMES = 256  # a stack deeper than this is recursion, not a framework's lo
 
 class Loop(str, Enum):
     """A framework that owns the training loop. The order is precedence: a transformers ``Trainer`` runs Accelerate
-    inside, so its frames show both, and the outermost owner's settings are the ones its user writes."""
+    inside (and DeepSpeed, when configured), so its frames show both, and the outermost owner's settings are the ones
+    its user writes; a DeepSpeed engine driven by the job's own loop is DeepSpeed's."""
 
     TRANSFORMERS_TRAINER = "transformers_trainer"
     LIGHTNING = "lightning"
     ACCELERATE = "accelerate"
+    DEEPSPEED = "deepspeed"
 
     @property
     def label(self) -> str:
@@ -41,12 +43,14 @@ _LABELS = {
     Loop.TRANSFORMERS_TRAINER: "transformers' Trainer",
     Loop.LIGHTNING: "Lightning's Trainer",
     Loop.ACCELERATE: "Accelerate",
+    Loop.DEEPSPEED: "DeepSpeed",
 }
 # A file of the framework's, by its path below site-packages (or the source tree a package was installed from).
 _OWNERS = (
     (Loop.TRANSFORMERS_TRAINER, re.compile(r"(?:^|/)transformers/trainer\.py$")),
     (Loop.LIGHTNING, re.compile(r"(?:^|/)(?:lightning/pytorch|pytorch_lightning)/")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
+    (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
 )
 
 

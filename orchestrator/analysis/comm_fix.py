@@ -3,7 +3,8 @@ communication: DDP's bucketing moves an all-reduce, not a MoE's all-to-all or a 
 prefetching is the lever for all-gathers.
 
 A job that runs DDP already (its forward marks itself) is told DDP's own settings, or, where its collectives outlast
-the compute that could hide them, to send fewer bytes per sample.
+the compute that could hide them, to send fewer bytes per sample. A DeepSpeed engine's own all-reduce after backward
+(ZeRO stages 0 and 1) is told its config's keys, not DDP's.
 
 The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
 a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
@@ -15,6 +16,7 @@ from __future__ import annotations
 from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.spans import collective_of
+from orchestrator.loops import Loop
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
 
 __all__ = ["by_collective_text", "comm_fix", "fsdp_fix"]
@@ -146,6 +148,17 @@ def _own_fix(r: RankSummary) -> str | None:
             "data and only makes every rank wait for the slowest; the gradients' all-reduce lines the ranks up each step "
             "already: drop it from the loop (keep one before saving a checkpoint or timing a phase, if any)."
         )
+    calls = (
+        f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}) run{'s' if one else ''} outside forward "
+        f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
+    )
+    if r.loop is Loop.DEEPSPEED:
+        # Not the job's own values: DeepSpeed's engine all-reduces the gradients after backward at ZeRO stages 0 and 1.
+        return (
+            f"{calls}: DeepSpeed's engine makes them itself once backward is done, reducing the gradients (ZeRO "
+            "stages 0 and 1 reduce them after backward, not during it)."
+            + in_loop(r.loop, [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS])
+        )
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
         if r.ddp or any(op.name.startswith("FSDP::") for op in r.comm_ops)
@@ -153,9 +166,7 @@ def _own_fix(r: RankSummary) -> str | None:
         "the job's own values"
     )
     return (
-        f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}) run{'s' if one else ''} outside forward "
-        f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: {lead} "
-        "(a metric, the loss reduced for logging), each a round trip across the ranks: reduce them together (torch.stack "
+        f"{calls}: {lead} (a metric, the loss reduced for logging), each a round trip across the ranks: reduce them together (torch.stack "
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
@@ -163,9 +174,11 @@ def _own_fix(r: RankSummary) -> str | None:
 
 def _ddp_changes(r: RankSummary) -> list[Change]:
     """The settings a framework's loop makes :func:`_ddp`'s (or the plain all-reduce's) changes with."""
-    if r.ddp and not _ddp_bound(r):
-        return [Change.DDP_BUCKETS, Change.ACCUMULATE]
-    return [Change.ACCUMULATE, Change.COMM_HOOK]
+    if not r.ddp:
+        return [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS]
+    if _ddp_bound(r):
+        return [Change.ACCUMULATE, Change.COMPRESS_GRADIENTS]
+    return [Change.GRADIENT_BUCKETS, Change.ACCUMULATE]
 
 
 def _ddp_figures(r: RankSummary) -> tuple[float, float, str, float]:

@@ -3,9 +3,9 @@ setting: the one place the frameworks' option names live.
 
 A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``fused=True``); in a framework's loop
 the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
-sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``).
-A change the framework has no setting for says nothing more: the PyTorch words stand. The names are those of
-transformers 5, Lightning 2 and Accelerate 1.
+sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
+DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
+stand. The names are those of transformers 5, Lightning 2, Accelerate 1 and DeepSpeed 0.19.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class Change(str, Enum):
     FUSED_OPTIMIZER = "fused_optimizer"
     ACCUMULATE = "accumulate"
     CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
-    COMM_HOOK = "comm_hook"
-    DDP_BUCKETS = "ddp_buckets"
+    COMPRESS_GRADIENTS = "compress_gradients"
+    GRADIENT_BUCKETS = "gradient_buckets"
     COMPILE = "compile"
     LOADER_WORKERS = "loader_workers"
 
@@ -46,7 +46,7 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.ACCUMULATE: "TrainingArguments(gradient_accumulation_steps=N), which syncs the gradients on the last "
         "micro-batch only",
         Change.CHECKPOINT_ACTIVATIONS: "TrainingArguments(gradient_checkpointing=True)",
-        Change.DDP_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
+        Change.GRADIENT_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
         Change.COMPILE: "TrainingArguments(torch_compile=True), torch_compile_mode='reduce-overhead' for CUDA graphs",
         Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",
     },
@@ -56,9 +56,9 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.FUSED_OPTIMIZER: "fused=True on the optimizer configure_optimizers() returns",
         Change.FUSED_ADAMW: "fused=True on the optimizer configure_optimizers() returns",
         Change.ACCUMULATE: "Trainer(accumulate_grad_batches=N), which skips DDP's sync on all but the last micro-batch",
-        Change.COMM_HOOK: "the strategy's ddp_comm_hook= (RayDDPStrategy or DDPStrategy(ddp_comm_hook="
+        Change.COMPRESS_GRADIENTS: "the strategy's ddp_comm_hook= (RayDDPStrategy or DDPStrategy(ddp_comm_hook="
         "default_hooks.bf16_compress_hook))",
-        Change.DDP_BUCKETS: "the strategy passes DDP's own arguments on (RayDDPStrategy or DDPStrategy(bucket_cap_mb=..., "
+        Change.GRADIENT_BUCKETS: "the strategy passes DDP's own arguments on (RayDDPStrategy or DDPStrategy(bucket_cap_mb=..., "
         "gradient_as_bucket_view=True, static_graph=True))",
         Change.COMPILE: "torch.compile(model) before trainer.fit(model)",
         Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
@@ -69,10 +69,24 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.FP16: "Accelerator(mixed_precision='fp16'), its GradScaler included",
         Change.ACCUMULATE: "Accelerator(gradient_accumulation_steps=N) with the step under accelerator.accumulate(model), "
         "which skips DDP's sync on all but the last micro-batch",
-        Change.COMM_HOOK: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16)])",
-        Change.DDP_BUCKETS: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=..., "
+        Change.COMPRESS_GRADIENTS: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16)])",
+        Change.GRADIENT_BUCKETS: "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=..., "
         "gradient_as_bucket_view=True, static_graph=True)])",
         Change.COMPILE: "Accelerator(dynamo_backend='inductor')",
+    },
+    # Keys of the DeepSpeed config (the dict or JSON file given to deepspeed.initialize).
+    Loop.DEEPSPEED: {
+        Change.BF16: '"bf16": {"enabled": true}',
+        Change.FP16: '"fp16": {"enabled": true}, its loss scaler included',
+        Change.FUSED_ADAMW: '"optimizer": {"type": "AdamW"} (DeepSpeed\'s fused Adam) in place of a torch optimizer '
+        "given to deepspeed.initialize, or fused=True on that one",
+        Change.FUSED_OPTIMIZER: "fused=True on the torch optimizer given to deepspeed.initialize, or DeepSpeed's own "
+        '"optimizer" in the config',
+        Change.ACCUMULATE: '"gradient_accumulation_steps": N, which reduces the gradients once per N micro-batches',
+        Change.COMPRESS_GRADIENTS: '"communication_data_type": "bf16"',
+        Change.GRADIENT_BUCKETS: '"zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}, '
+        "which reduces the gradients in buckets during backward (stages 0 and 1 reduce them after it)",
+        Change.COMPILE: "engine.compile() on the engine deepspeed.initialize returns",
     },
 }
 

@@ -81,7 +81,7 @@ def test_the_jobs_own_loop_gets_no_framework_sentence():
 
 def test_a_change_the_framework_has_no_setting_for_adds_nothing():
     # The Trainer has no comm hook argument; Accelerate users build their own optimizer.
-    assert in_loop(Loop.TRANSFORMERS_TRAINER, [Change.COMM_HOOK]) == ""
+    assert in_loop(Loop.TRANSFORMERS_TRAINER, [Change.COMPRESS_GRADIENTS]) == ""
     assert in_loop(Loop.ACCELERATE, [Change.FUSED_ADAMW, Change.LOADER_WORKERS]) == ""
 
 
@@ -174,4 +174,33 @@ def test_memory_near_capacity_in_a_trainer_is_told_its_checkpointing_and_accumul
         "In transformers' Trainer: TrainingArguments(gradient_checkpointing=True); "
         "TrainingArguments(gradient_accumulation_steps=N), which syncs the gradients on the last micro-batch only; "
         "TrainingArguments(fp16=True), its GradScaler included."
+    )
+
+
+# ---- DeepSpeed (tests/data/record_cpu_deepspeed.py: two gloo ranks, ZeRO stage 0) --------------
+
+
+def test_a_deepspeed_job_with_little_to_reduce_is_told_nothing():
+    summary = analyze_folder(case("cpu_deepspeed"))
+    assert summary.findings == []
+    assert summary.step_definition == "1 step = AdamW.step ×1"
+
+
+def test_deepspeeds_all_reduce_after_backward_reads_as_collectives_outside_it_without_the_agents_word():
+    # Without the agent's word (no stacks) the trace cannot tell DeepSpeed's reduction from the job's own calls.
+    fix = [f for f in analyze_folder(case("cpu_deepspeed_comm")).findings if f.code == "comm_exposed"][0].fix
+    assert "if they average the gradients, DDP or FSDP reduces them in buckets during backward instead" in fix
+
+
+def test_deepspeeds_all_reduce_after_backward_is_told_its_config_by_the_agents_word(tmp_path):
+    summary = analyze_folder(_with_header(tmp_path, "cpu_deepspeed_comm", **{METADATA_KEY: "deepspeed"}))
+    (found,) = [f for f in summary.findings if f.code == "comm_exposed"]
+    assert "c10d::allreduce_" in found.fix
+    assert "DeepSpeed's engine makes them itself once backward is done, reducing the gradients" in found.fix
+    assert "DDP" not in found.fix and "metric" not in found.fix
+    assert found.fix.endswith(
+        'In DeepSpeed: "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}, which '
+        "reduces the gradients in buckets during backward (stages 0 and 1 reduce them after it); "
+        '"gradient_accumulation_steps": N, which reduces the gradients once per N micro-batches; '
+        '"communication_data_type": "bf16".'
     )

@@ -37,6 +37,13 @@ def test_accelerate_owns_a_loop_only_through_its_optimizer_or_accelerator():
     assert loop_of(["train.py", SITE + "accelerate/utils/operations.py"]) is None
 
 
+def test_a_deepspeed_engine_stepped_by_the_jobs_own_loop_is_deepspeeds():
+    engine = ["train.py", SITE + "deepspeed/runtime/engine.py", "torch/optim/optimizer.py"]
+    assert loop_of(engine) is Loop.DEEPSPEED
+    # A Trainer configured with DeepSpeed: its settings (TrainingArguments) are the ones its user writes.
+    assert loop_of(engine + [SITE + "transformers/trainer.py"]) is Loop.TRANSFORMERS_TRAINER
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 
