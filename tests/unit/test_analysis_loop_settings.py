@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.findings import find_all
-from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.analysis.loop_settings import Change, in_loop, trace_loop
 from orchestrator.analysis.step_content import one_step
 from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.analysis import Finding, Summary
@@ -54,6 +56,19 @@ def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
     # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
     summary = analyze_folder(_with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "keras"}))
     assert summary.loop is None
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.one_of(_JSON, st.sampled_from([loop.value for loop in Loop])))
+def test_any_value_under_the_loop_key_reads_as_a_known_loop_or_none(value):
+    found = trace_loop({METADATA_KEY: value}, [])
+    assert found is (Loop(value) if isinstance(value, str) and value in {loop.value for loop in Loop} else None)
 
 
 def test_a_with_stack_traces_frames_say_whose_loop_it_is():
