@@ -31,6 +31,7 @@ class Loop(str, Enum):
 
     TRANSFORMERS_TRAINER = "transformers_trainer"
     LIGHTNING = "lightning"
+    LIGHTNING_FABRIC = "lightning_fabric"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
 
@@ -42,6 +43,7 @@ class Loop(str, Enum):
 _LABELS = {
     Loop.TRANSFORMERS_TRAINER: "transformers' Trainer",
     Loop.LIGHTNING: "Lightning's Trainer",
+    Loop.LIGHTNING_FABRIC: "Lightning Fabric",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
 }
@@ -49,6 +51,7 @@ _LABELS = {
 _OWNERS = (
     (Loop.TRANSFORMERS_TRAINER, re.compile(r"(?:^|/)transformers/trainer\.py$")),
     (Loop.LIGHTNING, re.compile(r"(?:^|/)(?:lightning/pytorch|pytorch_lightning)/")),
+    (Loop.LIGHTNING_FABRIC, re.compile(r"(?:^|/)(?:lightning/fabric|lightning_fabric)/wrappers\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
 )

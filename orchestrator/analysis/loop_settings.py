@@ -5,7 +5,7 @@ A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``f
 the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
-stand. The names are those of transformers 5, Lightning 2, Accelerate 1 and DeepSpeed 0.19.
+stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), Accelerate 1 and DeepSpeed 0.19.
 """
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.COMPILE: "torch.compile(model) before trainer.fit(model)",
         Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
         "(the LightningModule's or the LightningDataModule's)",
+    },
+    Loop.LIGHTNING_FABRIC: {
+        Change.BF16: "Fabric(precision='bf16-mixed')",
+        Change.FP16: "Fabric(precision='16-mixed'), its GradScaler included",
+        Change.FUSED_OPTIMIZER: "fused=True on the optimizer given to fabric.setup",
+        Change.FUSED_ADAMW: "fused=True on the optimizer given to fabric.setup",
+        Change.ACCUMULATE: "the accumulating micro-batches' forward and backward under "
+        "fabric.no_backward_sync(model, enabled=is_accumulating), which skips DDP's sync on them",
+        Change.GRADIENT_BUCKETS: "Fabric(strategy=DDPStrategy(bucket_cap_mb=..., gradient_as_bucket_view=True, "
+        "static_graph=True)), DDP's own arguments",
+        Change.COMPILE: "torch.compile(model) before fabric.setup(model)",
     },
     Loop.ACCELERATE: {
         Change.BF16: "Accelerator(mixed_precision='bf16')",

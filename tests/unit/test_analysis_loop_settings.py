@@ -106,6 +106,8 @@ def test_a_change_the_framework_has_no_setting_for_adds_nothing():
         (Loop.TRANSFORMERS_TRAINER, "TrainingArguments(fp16=True), its GradScaler included"),
         (Loop.LIGHTNING, "Trainer(precision='16-mixed'), its GradScaler included"),
         (Loop.ACCELERATE, "Accelerator(mixed_precision='fp16'), its GradScaler included"),
+        (Loop.LIGHTNING_FABRIC, "Fabric(precision='16-mixed'), its GradScaler included"),
+        (Loop.DEEPSPEED, '"fp16": {"enabled": true}, its loss scaler included'),
     ],
 )
 def test_fp32_matmuls_on_a_v100_are_told_the_frameworks_fp16_setting(loop, setting):

@@ -86,6 +86,22 @@ def test_the_step_cycle_reads_the_loop_from_the_first_optimizer_steps_stack():
     assert cycle.loop is Loop.LIGHTNING
 
 
+def test_a_real_lightning_fabric_loop_is_fabrics():
+    # Fabric wraps the optimizer (lightning/fabric/wrappers.py) and steps it through its strategy and precision.
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1)
+    net = torch.nn.Linear(4, 1)
+    model, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters()))
+    cycle = StepCycle(lambda: None)
+    try:
+        fabric.backward(model(torch.randn(2, 4)).sum())
+        optimizer.step()
+    finally:
+        cycle.remove()
+    assert cycle.loop is Loop.LIGHTNING_FABRIC
+
+
 def test_the_step_cycle_of_a_plain_loop_names_no_owner():
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.Adam(model.parameters())
