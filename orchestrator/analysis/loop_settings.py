@@ -107,7 +107,8 @@ _KNOWN = frozenset(loop.value for loop in Loop)
 
 def trace_loop(header: Mapping[str, Any], frames: Iterable[Span]) -> Loop | None:
     """Whose loop a trace ran: what the agent wrote into its metadata, else what its Python frames (a with_stack
-    trace's) show; None for the job's own loop, or a value this version does not know (a newer agent's)."""
+    trace's) show (also where the agent wrote a loop this version does not know: a newer agent's); None for the
+    job's own loop."""
     written = header.get(METADATA_KEY)
     if isinstance(written, str) and written in _KNOWN:
         return Loop(written)
