@@ -21,8 +21,8 @@ __all__ = ["METADATA_KEY", "Loop", "loop_of", "loop_of_stack"]
 METADATA_KEY = "rayprof_loop"
 """The trace's top-level field the agent writes the loop's owner into (``torch.profiler.profile.add_metadata``)."""
 
-# An optimizer step sits a few dozen frames below the loop that calls it (Lightning's is the deepest seen, under
-# 100); a walk this long reaches it on any real stack and stays bounded on a runaway recursion.
+# An optimizer step's hook runs a few dozen frames inside the loop that calls it (19 in a Lightning Trainer's fit,
+# measured outside Ray); a walk this long reaches the loop on any real stack and stays bounded on a runaway recursion.
 _MAX_FRAMES = 256
 
 
