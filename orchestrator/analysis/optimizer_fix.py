@@ -29,8 +29,11 @@ def optimizer_changes(r: RankSummary) -> str | None:
     if not classes:
         return None
     changes = []
+    # Where a framework builds or steps the optimizer from its settings, where fused=True goes there.
+    settings: list[Change] = []
     fusable = [c for c in classes if c in _FUSED]
     if fusable and impl != "fused":
+        settings.append(Change.FUSED_ADAMW if set(fusable) <= {"Adam", "AdamW"} else Change.FUSED_OPTIMIZER)
         runs = "its foreach ops" if impl == "foreach" else "its ops per parameter"
         changes.append(
             f"pass fused=True to {_listed(fusable)} (torch.optim.{fusable[0]}(params, fused=True)): one kernel launch per "
@@ -56,9 +59,7 @@ def optimizer_changes(r: RankSummary) -> str | None:
             f"{steps} {'are' if len(library_fused) > 1 else 'is'} fused already: torch.compile it, or make fewer steps "
             "(gradient accumulation, a larger batch)"
         )
-    # A framework builds or steps the optimizer from its settings: say where fused=True goes there.
-    fused = ([Change.FUSED_ADAMW] if set(fusable) <= {"Adam", "AdamW"} else [Change.FUSED_OPTIMIZER]) if fusable and impl != "fused" else []
-    return f"({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)." + in_loop(r.loop, fused)
+    return f"({_listed(classes)}): " + "; ".join(changes) + "; and zero_grad(set_to_none=True)." + in_loop(r.loop, settings)
 
 
 def optimizer_fix(r: RankSummary, figure: str) -> str:
