@@ -20,8 +20,9 @@ Within the optimizer's own time, the ops it runs say how it updates the paramete
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, union
@@ -29,7 +30,7 @@ from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optim
 from orchestrator.models.analysis import OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["nested_phases", "optimizer_impl", "top_level_ops"]
+__all__ = ["nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -105,6 +106,42 @@ def nested_phases(
     forward = union(inner.get("forward", []) + before)
     optimizer = union(subtract(step, before) + inner.get("optimizer", []))
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
+
+
+def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Intervals:
+    """``backward`` (sorted) merged into passes: spans with no op of the main thread starting between them are one
+    pass (the autograd engine's gaps between its nodes are backward's, not a forward's). ``op_starts``: the start
+    of each op of the main thread, sorted."""
+    passes: Intervals = []
+    for b0, b1 in backward:
+        if passes and bisect.bisect_left(op_starts, passes[-1][1]) == bisect.bisect_left(op_starts, b0):
+            passes[-1] = (passes[-1][0], b1)
+        else:
+            passes.append((b0, b1))
+    return passes
+
+
+def unmarked_forward(
+    t0: float, t1: float, remaining: Intervals, backward: Intervals, fetches: Intervals, op_starts: Sequence[float]
+) -> Intervals:
+    """Where the model and its loss run in the step ``[t0, t1)`` without a marker: the step's ``remaining`` time
+    before each backward pass, from the end of the last batch fetch (``fetches``: DataLoader next()) before it, or
+    from the step's start (the first pass) or the previous pass's end (the next micro-batch) where no fetch lies
+    between. Time before that fetch is the loop's between steps (a checkpoint save, an evaluation, logging), not a
+    forward on a batch it has not fetched yet; time after the last pass is the step's tail (clipping, logging). A
+    step with no backward (inference: a pipeline may run several batches a step) is the model's from its first
+    fetch to its end."""
+    passes = backward_passes(clip(backward, t0, t1), op_starts)
+    if not passes:
+        fetched = clip(fetches, t0, t1)
+        return clip(remaining, fetched[0][1] if fetched else t0, t1)
+    out: Intervals = []
+    start = t0
+    for b0, b1 in passes:
+        fetched = clip(fetches, start, b0)
+        out += clip(remaining, fetched[-1][1] if fetched else start, b0)
+        start = b1
+    return out
 
 
 def top_level_ops(main: list[Span], intervals: Intervals) -> int:

@@ -41,9 +41,12 @@ step time:
     is busy (GPU backward),
     else ``comm`` while a collective runs on another thread (gloo's worker
     thread: this is the allreduce wait of synchronous data parallelism).
- 9. ``forward``   before the step's first backward span: the model and loss,
-                  which need not carry any marker.
-10. ``other``     the rest: logging, metrics, Python between optimizer and next step.
+ 9. ``forward``   before each backward pass, from the batch's fetch (DataLoader next()) before it, else from the
+                  step's start or the previous pass's end: the model and loss, which need not carry any marker
+                  (:func:`orchestrator.analysis.phases.unmarked_forward`); a gradient-accumulation step runs one
+                  per micro-batch.
+10. ``other``     the rest: a checkpoint save, an evaluation or logging before the step's batch is fetched,
+                  clipping and metrics after its last backward, Python between optimizer and next step.
 
 Rules 2-4 come before 5-7 because a sync, collective or copy is what costs time
 wherever it is called from (``loss.item()`` inside the forward is a sync).
@@ -66,7 +69,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
-from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops
+from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops, unmarked_forward
 from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
@@ -233,6 +236,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     any_main_span = cover(main, skip=step_names)
     comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
+    op_starts = [s.ts for s in main if s.cat == "cpu_op"]
 
     kernel_us = dev.kernel_us_per_window(windows)
     group_ms, groups = dev.groups(windows)
@@ -253,10 +257,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
             idle = subtract(idle, taken)
-        first_backward = next(iter(clip(backward_anywhere, t0, t1)), (t1, t1))[0]
-        before = clip(remaining, t0, first_backward)
-        phase_us["forward"] += total(before)
-        phase_us["other"] += total(remaining) - total(before)
+        forward = unmarked_forward(t0, t1, remaining, backward_anywhere, rules[0][1], op_starts)
+        phase_us["forward"] += total(forward)
+        phase_us["other"] += total(remaining) - total(forward)
 
         row = dev.window(t0, t1, kernel_us[index]) if device_spans else None
         if row is not None:

@@ -8,6 +8,10 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   hf_trainer   healthy: a Hugging Face Trainer on a tiny GPT-2 built from a config, synthetic token ids in memory;
                a TrainerCallback calls prof.step() at on_step_end
   hf_trainer_stacks  the same with with_stack=True: the Python functions that read values back are named
+  hf_trainer_accumulate  the same with gradient_accumulation_steps=2: two forward and backward passes a step, the
+               second forward between the two backward passes, no marker on either
+  hf_trainer_save  the same with save_steps=3: the Trainer saves a checkpoint after the third step, before the
+               fourth fetches its batch (the middle step of the window)
   mlp          healthy: a plain MLP loop over in-memory tensors
   data_bound   the same loop fed by DataLoader(num_workers=0) whose __getitem__ does heavy numpy work per sample
   optimizer    2,000 tiny Linear layers stepped by Adam(foreach=False): one small op chain per parameter (9 MB)
@@ -174,7 +178,7 @@ def case_grad_scaler(out: Path, name: str, fused: bool) -> None:
     loop(out, name, step)
 
 
-def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = False) -> None:
+def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = False, **arguments: Any) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     torch.manual_seed(0)
@@ -190,10 +194,11 @@ def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = Fals
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.prof.step()
 
-    args = TrainingArguments(
-        output_dir=str(out / name / "run"), max_steps=STEPS, per_device_train_batch_size=8, use_cpu=True,
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-    )
+    args = TrainingArguments(**{
+        "output_dir": str(out / name / "run"), "max_steps": STEPS, "per_device_train_batch_size": 8, "use_cpu": True,
+        "report_to": "none", "save_strategy": "no", "logging_strategy": "no", "disable_tqdm": True,
+        "dataloader_num_workers": 0, **arguments,
+    })
     with recording(out, name, with_stack=with_stack) as prof:
         Trainer(model=model, args=args, train_dataset=rows, callbacks=[Step(prof)]).train()
     shutil.rmtree(out / name / "run", ignore_errors=True)
@@ -305,6 +310,8 @@ def case_ddp(out: Path, name: str = "ddp", metrics: int = 0) -> None:
 
 CASES: dict[str, Callable[[Path], None]] = {
     "hf_trainer": case_hf_trainer, "hf_trainer_stacks": lambda out: case_hf_trainer(out, "hf_trainer_stacks", with_stack=True),
+    "hf_trainer_accumulate": lambda out: case_hf_trainer(out, "hf_trainer_accumulate", gradient_accumulation_steps=2),
+    "hf_trainer_save": lambda out: case_hf_trainer(out, "hf_trainer_save", save_strategy="steps", save_steps=3),
     "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,
