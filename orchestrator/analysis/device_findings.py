@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
+from orchestrator.analysis.between import periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
@@ -107,6 +108,13 @@ def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
     )
 
 
+def _periodic_fix(r: RankSummary, when: OneStep) -> str:
+    return (
+        f"The device idles {when.ms:.1f} ms in {when.label(r)} while the host works before fetching that step's batch: "
+        f"{periodic_text(r)}"
+    )
+
+
 def _unclaimed(r: RankSummary) -> float:
     """Device idle ms per step not claimed by a finding of its own (DataLoader, syncs, copies, collectives)."""
     if r.idle is None:
@@ -157,6 +165,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         if share(worst, c.ms) >= (NEGLIGIBLE_FRACTION if i == 0 else REPORT_FRACTION)
     ]
     held = ""
+    steady_fixes = list(fixes)
     steady_told = bool(fixes)
     if told:
         alike = [c for c in told if one_offs[c].step == one_offs[told[0]].step]
@@ -172,15 +181,18 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         runner_up = fixes[:1] if not steady_told or share(worst, steady[0].ms) >= REPORT_FRACTION else []
         fixes = [fix_for(once[0], worst), *runner_up] if told_first else fixes
         held += "".join(once_note(c) for c in once[1 if told_first else 0:])
-    # Time no cause names that outweighs the named lead is told first: a fix for a smaller cause alone would send the
-    # user after a part of the story.
+    # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
+    one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
+    # Where that step's idle time is what the loop does before fetching its batch, that is what it is, whatever its
+    # causes; then time no cause names that outweighs the named lead is told first: a fix for a smaller cause alone
+    # would send the user after a part of the story.
     unnamed = _unnamed_ms(worst)
-    if unnamed > (named[0].ms if named else 0.0) and share(worst, unnamed) >= (REPORT_FRACTION if fixes else NEGLIGIBLE_FRACTION):
+    if one_off is not None and periodic_work(worst, one_off):
+        fixes = [_periodic_fix(worst, one_off), *steady_fixes[:1]]
+    elif unnamed > (named[0].ms if named else 0.0) and share(worst, unnamed) >= (REPORT_FRACTION if fixes else NEGLIGIBLE_FRACTION):
         fixes = [_unnamed_fix(worst, unnamed), *(fixes[:1] if named and share(worst, named[0].ms) >= REPORT_FRACTION else [])]
     elif not fixes:
         fixes = [_SPREAD]
-    # The idle time this finding counts, step by step: when one step holds most of it, the mean is that step's.
-    one_off = one_step(worst, per_step_cost(worst, [c.cause for c in worst.idle.causes if c.cause not in claimed]))
     mostly_idle = worst.gpu.utilization < LOW_GPU_UTILIZATION
     # What the loop pays once is no saving a change to it can make (a capture-only window would claim 100%).
     once_ms = sum(c.ms for c in once)

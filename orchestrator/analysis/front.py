@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.between import between_note
 from orchestrator.analysis.cross import StragglerImpl, arrivals, blame_late_ranks, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.groups import held_back, slow_groups
@@ -139,6 +140,8 @@ def _join(
             f"one step analysed (step {ranks[0].steps[0].step}): a one-off (compilation, warm-up, an epoch's first batch) "
             "reads the same as a cost every step pays; profile more steps (--steps) to tell them apart"
         )
+    if (between := between_note(ranks)) is not None:
+        issues.append(between)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
     definitions = Counter(r.step_definition for r in ranks if r.step_definition)

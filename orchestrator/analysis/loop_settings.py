@@ -35,6 +35,7 @@ class Change(str, Enum):
     GRADIENT_BUCKETS = "gradient_buckets"
     COMPILE = "compile"
     LOADER_WORKERS = "loader_workers"
+    BETWEEN_STEPS = "between_steps"
 
 
 _SETTINGS: dict[Loop, dict[Change, str]] = {
@@ -49,6 +50,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.GRADIENT_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
         Change.COMPILE: "TrainingArguments(torch_compile=True), torch_compile_mode='reduce-overhead' for CUDA graphs",
         Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",
+        Change.BETWEEN_STEPS: "TrainingArguments(save_steps=..., eval_steps=..., logging_steps=...) say how often it "
+        "saves, evaluates and logs after a step",
     },
     Loop.LIGHTNING: {
         Change.BF16: "Trainer(precision='bf16-mixed')",
@@ -63,6 +66,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.COMPILE: "torch.compile(model) before trainer.fit(model)",
         Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
         "(the LightningModule's or the LightningDataModule's)",
+        Change.BETWEEN_STEPS: "ModelCheckpoint(every_n_train_steps=...) and Trainer(val_check_interval=..., "
+        "log_every_n_steps=...) say how often it saves, validates and logs after a step",
     },
     Loop.LIGHTNING_FABRIC: {
         Change.BF16: "Fabric(precision='bf16-mixed')",

@@ -30,7 +30,7 @@ from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optim
 from orchestrator.models.analysis import OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
+__all__ = ["batch_fetch", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -119,6 +119,17 @@ def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Interval
         else:
             passes.append((b0, b1))
     return passes
+
+
+def batch_fetch(t0: float, t1: float, backward: Intervals, fetches: Intervals, op_starts: Sequence[float]) -> float | None:
+    """When the step ``[t0, t1)`` starts fetching the batch its first forward runs on: the last fetch before its first
+    backward pass (the first fetch in a step without backward); None where it fetches none."""
+    passes = backward_passes(clip(backward, t0, t1), op_starts)
+    fetched = clip(fetches, t0, passes[0][0] if passes else t1)
+    if not fetched:
+        return None
+    # The fetch's own start: a DataLoader next() clipped at the step's start began in the step before.
+    return (fetched[-1] if passes else fetched[0])[0]
 
 
 def unmarked_forward(

@@ -69,7 +69,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
-from orchestrator.analysis.phases import nested_phases, optimizer_impl, top_level_ops, unmarked_forward
+from orchestrator.analysis.phases import batch_fetch, nested_phases, optimizer_impl, top_level_ops, unmarked_forward
 from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
@@ -260,6 +260,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         forward = unmarked_forward(t0, t1, remaining, backward_anywhere, rules[0][1], op_starts)
         phase_us["forward"] += total(forward)
         phase_us["other"] += total(remaining) - total(forward)
+        fetch = batch_fetch(t0, t1, backward_anywhere, rules[0][1], op_starts)
+        between_us = total(clip(remaining, t0, fetch)) if fetch is not None else 0.0
 
         row = dev.window(t0, t1, kernel_us[index]) if device_spans else None
         if row is not None:
@@ -270,6 +272,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 start_unix_us=base_us + t0,
                 duration_ms=(t1 - t0) / 1000,
                 phases=PhaseTimes(**{p: v / 1000 for p, v in phase_us.items()}),
+                between_ms=between_us / 1000,
                 sync_calls=len(clip(sync_rule, t0, t1)),
                 copy_calls=len(clip(rules[3][1], t0, t1)),
                 gpu_busy_ms=row.busy / 1000 if row else None,

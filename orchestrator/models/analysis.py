@@ -117,6 +117,12 @@ class StepBreakdown(_Model):
     )
     duration_ms: float
     phases: PhaseTimes
+    between_ms: float = Field(
+        default=0.0,
+        description="Of phases.other: the time before the step fetched its batch, running none of the step's own "
+        "phases (work the loop does between steps: a checkpoint save, an evaluation, logging). 0 where the step "
+        "fetched no batch through a DataLoader.",
+    )
     sync_calls: int = 0
     copy_calls: int = 0
     gpu_busy_ms: float | None = None

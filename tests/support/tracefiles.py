@@ -46,6 +46,21 @@ SHARED = Path(__file__).resolve().parents[3] / "shared"
 EXTERNAL = SHARED / "external-traces"
 
 
+def with_header(tmp_path: Path, name: str, **fields: object) -> Path:
+    """A copy of the recorded ``name`` whose traces carry ``fields`` at their top level, as the agent writes them."""
+    out = tmp_path / name
+    sources = sorted(case(name).rglob("*.json.gz"))
+    assert sources
+    for src in sources:
+        with gzip.open(src, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+        copy = out / src.relative_to(case(name))
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(copy, "wt", encoding="utf-8") as f:
+            json.dump({**fields, **doc}, f)
+    return out
+
+
 def shared(*parts: str) -> Path:
     """A folder of real traces under ../shared (beside the clone); fails loudly when it is missing."""
     import pytest

@@ -3,10 +3,6 @@ agent wrote into it, or a with_stack trace's frames), applied to the real traces
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,22 +14,7 @@ from orchestrator.analysis.step_content import one_step
 from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.analysis import Finding, Summary
 from tests.support.realtraces import external, h100
-from tests.support.tracefiles import case
-
-
-def _with_header(tmp_path: Path, name: str, **fields: object) -> Path:
-    """A copy of the recorded ``name`` whose traces carry ``fields`` at their top level, as the agent writes them."""
-    out = tmp_path / name
-    sources = sorted(case(name).rglob("*.json.gz"))
-    assert sources
-    for src in sources:
-        with gzip.open(src, "rt", encoding="utf-8") as f:
-            doc = json.load(f)
-        copy = out / src.relative_to(case(name))
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(copy, "wt", encoding="utf-8") as f:
-            json.dump({**fields, **doc}, f)
-    return out
+from tests.support.tracefiles import case, with_header
 
 
 def _as_if(summary: Summary, loop: Loop, code: str) -> Finding:
@@ -47,14 +28,14 @@ def _as_if(summary: Summary, loop: Loop, code: str) -> Finding:
 
 
 def test_the_loop_the_agent_wrote_into_the_trace_is_the_ranks_and_the_profiles(tmp_path):
-    summary = analyze_folder(_with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "lightning"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "lightning"}))
     assert [r.loop for r in summary.ranks] == [Loop.LIGHTNING]
     assert summary.loop is Loop.LIGHTNING
 
 
 def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
     # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
-    summary = analyze_folder(_with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "keras"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "keras"}))
     assert summary.loop is None
 
 
@@ -210,7 +191,7 @@ def test_deepspeeds_all_reduce_after_backward_reads_as_collectives_outside_it_wi
 
 
 def test_deepspeeds_all_reduce_after_backward_is_told_its_config_by_the_agents_word(tmp_path):
-    summary = analyze_folder(_with_header(tmp_path, "cpu_deepspeed_comm", **{METADATA_KEY: "deepspeed"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_deepspeed_comm", **{METADATA_KEY: "deepspeed"}))
     (found,) = [f for f in summary.findings if f.code == "comm_exposed"]
     assert "c10d::allreduce_" in found.fix
     assert "DeepSpeed's engine makes them itself once backward is done, reducing the gradients" in found.fix

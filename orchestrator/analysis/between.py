@@ -1,0 +1,62 @@
+"""Work the loop does between steps: what runs before a step fetches its batch (``StepBreakdown.between_ms``).
+
+A training loop saves checkpoints, evaluates and logs every so many steps, after one optimizer step and before
+the next batch is fetched (a transformers ``Trainer`` after ``save_steps`` / ``eval_steps`` / ``logging_steps``,
+Lightning's ``ModelCheckpoint`` and validation). A window that holds such a step reads a step many times its
+median, and every mean over the window carries it: the report says which step it is and what runs there, rather
+than count it as every step's cost. It is not a fix of its own: how often it recurs is the loop's setting, which
+the trace cannot see.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from orchestrator.analysis.finding_base import OneStep, one_step, ranks_text
+from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.models.analysis import RankSummary
+
+__all__ = ["BETWEEN_FRACTION", "between_note", "between_steps", "periodic_text", "periodic_work"]
+
+# One step's work before its batch is told when it reaches this share of the other steps' median step time.
+BETWEEN_FRACTION = 0.5
+_KINDS = "a checkpoint save, an evaluation, logging"
+
+
+def between_steps(r: RankSummary) -> OneStep | None:
+    """The step of ``r`` that alone does work before fetching its batch, worth telling; else None."""
+    found = one_step(r, [s.between_ms for s in r.steps])
+    if found is None:
+        return None
+    others = statistics.median(s.duration_ms for s in r.steps if s.step != found.step)
+    return found if found.ms >= BETWEEN_FRACTION * others else None
+
+
+def periodic_work(r: RankSummary, when: OneStep) -> bool:
+    """Whether most of a one-off cost ``when`` (idle time one step holds) is the loop's work before that step's batch."""
+    return any(s.step == when.step and s.between_ms >= 0.5 * when.ms for s in r.steps)
+
+
+def periodic_text(r: RankSummary) -> str:
+    """What such work is, and the settings that say how often it runs in ``r``'s loop."""
+    return f"work the loop does every so many steps ({_KINDS}), not each step's." + in_loop(r.loop, [Change.BETWEEN_STEPS])
+
+
+def between_note(ranks: Sequence[RankSummary]) -> str | None:
+    """A note on the step whose work before its batch stands out, on the ranks where it does; None where none does."""
+    found = [(r, w) for r in ranks if (w := between_steps(r)) is not None]
+    if not found:
+        return None
+    r, when = max(found, key=lambda f: f[1].ms)
+    alike = [f[0] for f in found if f[1].step == when.step]
+    return (
+        f"{when.label(r)} spends {when.ms:.1f} ms on {ranks_text(alike)} before it fetches its batch (the other "
+        f"{when.others} steps {when.others_ms:.1f} ms, median), outside the step's own phases (counted as 'other'): "
+        f"{periodic_text(r)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
+    )
+
+
+def _lifted(r: RankSummary) -> str:
+    mean, median = r.mean_step_ms or 0.0, r.median_step_ms or 0.0
+    return f" It lifts the mean step to {mean:.1f} ms against a {median:.1f} ms median." if mean > 1.1 * median else ""

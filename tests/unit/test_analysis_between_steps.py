@@ -1,0 +1,87 @@
+"""Work the loop does between steps (a checkpoint save, an evaluation, logging), before a step fetches its batch:
+one step that does it is said for what it is, on a CPU trace in a note and on a device in the idle finding's fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.loops import METADATA_KEY
+from orchestrator.models.analysis import Summary
+from tests.support.realtraces import EXTERNAL_CASES, external, h100
+from tests.support.tracefiles import case, with_header, write_trace, x_event
+
+_FETCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _note(summary: Summary) -> str | None:
+    return next((i for i in summary.issues if " before it fetches its batch " in i), None)
+
+
+def test_a_checkpoint_saved_between_steps_is_told_in_a_note_on_its_step() -> None:
+    # A transformers Trainer with save_steps=3 (recorded): the save runs before the fourth step fetches its batch.
+    summary = analyze_folder(case("cpu_hf_trainer_save"))
+    note = _note(summary)
+    assert note is not None and note.startswith("step 3 spends ")
+    assert "work the loop does every so many steps (a checkpoint save, an evaluation, logging), not each step's" in note
+    (rank,) = summary.ranks
+    assert f"It lifts the mean step to {rank.mean_step_ms:.1f} ms against a {rank.median_step_ms:.1f} ms median" in note
+    # The save is no finding: how often it recurs is the loop's setting, which one window cannot see.
+    assert [f.code for f in summary.findings] == ["host_sync"]
+
+
+def test_in_a_trainer_the_note_names_how_often_it_saves_evaluates_and_logs(tmp_path: Path) -> None:
+    summary = analyze_folder(with_header(tmp_path, "cpu_hf_trainer_save", **{METADATA_KEY: "transformers_trainer"}))
+    note = _note(summary)
+    assert note is not None and (
+        "In transformers' Trainer: TrainingArguments(save_steps=..., eval_steps=..., logging_steps=...) say how often "
+        "it saves, evaluates and logs after a step."
+    ) in note
+
+
+@pytest.mark.parametrize("name", ["cpu_hf_trainer", "cpu_hf_trainer_accumulate", "cpu_lightning", "cpu_data_bound"])
+def test_steps_that_fetch_their_batch_first_get_no_note(name: str) -> None:
+    assert _note(analyze_folder(case(name))) is None
+
+
+@pytest.mark.parametrize("name", EXTERNAL_CASES)
+def test_no_real_trace_is_told_work_between_its_steps(name: str) -> None:
+    assert _note(external(name)) is None
+
+
+def test_neither_h100_recording_is_told_work_between_its_steps() -> None:
+    assert _note(h100("seed003_before")) is None and _note(h100("seed003_after")) is None
+
+
+def _device_steps(tmp_path: Path, late_fetch_step: int) -> Summary:
+    """Four 1 ms steps, each a DataLoader fetch and one kernel filling the rest of the step; the step numbered
+    ``late_fetch_step`` fetches 0.6 ms late (the host in no op before it) and runs a shorter kernel after it."""
+    events: list[dict[str, Any]] = []
+    for i in range(4):
+        o, late = 1000 * i, i + 1 == late_fetch_step
+        head = 600 if late else 5
+        events += [
+            x_event(f"ProfilerStep#{i + 1}", o, 1000, cat="user_annotation"),
+            x_event(_FETCH, o + head, 10, cat="user_annotation"),
+            x_event("aten::mm", o + head + 12, 8),
+            x_event("cudaLaunchKernel", o + head + 13, 5, cat="cuda_runtime", correlation=i + 1),
+            x_event(
+                "volta_sgemm_128x64_nn", o + head + 20, (300 if late else 900) - 30, cat="kernel", pid=0, tid=7,
+                correlation=i + 1, stream=7, device=0,
+            ),
+        ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return analyze_folder(tmp_path)
+
+
+def test_on_a_device_the_idle_one_step_holds_before_its_batch_is_told_as_the_loops_periodic_work(tmp_path: Path) -> None:
+    # Before: "The host runs code the profiler does not name ...: profile with with_stack=True", sent looking for
+    # what is the loop's own checkpoint or evaluation.
+    summary = _device_steps(tmp_path, late_fetch_step=2)
+    (idle,) = [f for f in summary.findings if f.code == "low_gpu_utilization"]
+    assert idle.fix.startswith("The device idles 0.7 ms in step 2 while the host works before fetching that step's batch")
+    assert "with_stack" not in idle.fix
+    assert [s.between_ms for s in summary.ranks[0].steps] == pytest.approx([0.005, 0.6, 0.005, 0.005])
