@@ -15,7 +15,7 @@ same correlation id). That launch says who the device waited for:
   set-up; the launches in it run nothing until the graph is replayed), compiling (``compile``: torch.compile's
   ``dynamo_timed`` regions), in a DataLoader ``next()`` (``data``), in
   a sync or device-to-host read (``sync``), blocked in a host-to-device copy
-  (``copy``), in a collective (``collective``), in a CUDA/HIP runtime call
+  (``copy``), in a collective (``collective``), in a device runtime call (CUDA, HIP, MTIA)
   (``runtime``: the allocator, events, streams, a slow launch; named by the call),
   in any other profiled span (``cpu``; named by the innermost span, and by the
   optimizer step or ``record_function`` region around it), in a ``ProfilerStep``
@@ -95,7 +95,7 @@ class HostThread:
     sync: Intervals = field(default_factory=list)
     copy: Intervals = field(default_factory=list)
     collective: Intervals = field(default_factory=list)
-    runtime: Intervals = field(default_factory=list)  # CUDA/HIP runtime and driver calls
+    runtime: Intervals = field(default_factory=list)  # the device runtime's and driver's calls (CUDA, HIP, MTIA)
     busy: Intervals = field(default_factory=list)  # any span but the step spans
     # On the main thread: collectives on its process's other threads (gloo's worker), while it is in no span.
     elsewhere: Intervals = field(default_factory=list)

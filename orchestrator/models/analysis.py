@@ -74,7 +74,7 @@ IDLE_LABELS: dict[IdleCause, str] = {
     "late_rank": "a collective waits for a late rank",
     "capture": "the host records a CUDA/HIP graph (its kernels run only when the graph is replayed)",
     "compile": "torch.compile compiles (Dynamo tracing, Inductor code generation, autotuning)",
-    "runtime": "the host is in CUDA/HIP runtime calls (allocator, slow launches, events, streams)",
+    "runtime": "the host is in the device runtime's calls (allocator, slow launches, events, streams)",
     "cpu": "the host runs Python / CPU ops",
     "launch": "launch-bound: kernels are launched no faster than they run",
     "queued": "work is queued but waits on the device (stream/event dependency)",

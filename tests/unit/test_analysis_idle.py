@@ -92,7 +92,7 @@ def test_the_evidence_names_no_op_or_call_whose_figure_rounds_to_zero() -> None:
     # ops (aten::neg 0.1 ms, CompiledFunction 0.0 ms, ...)": names that cost nothing crowd out the ones that do.
     evidence = external("hta_negative_queue_a100_r0of16").findings[0].evidence
     assert " 0.0 ms" not in evidence
-    assert "CUDA/HIP runtime calls (allocator, slow launches, events, streams) (cudaLaunchKernel 0.1 ms)." in evidence
+    assert "the device runtime's calls (allocator, slow launches, events, streams) (cudaLaunchKernel 0.1 ms)." in evidence
 
 
 def test_copy_a_pageable_upload_that_leaves_the_device_idle() -> None:

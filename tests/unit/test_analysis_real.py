@@ -196,6 +196,14 @@ def test_an_mtia_trace_has_device_statistics() -> None:
     assert rank.top_kernels
 
 
+def test_an_mtia_traces_runtime_calls_are_not_called_cuda_or_hip() -> None:
+    # MTIA's runtime (runFunction - job_prep_and_submit_for_execution, 943.6 ms a step) leaves its device idle. Before:
+    # "the host is in CUDA/HIP runtime calls" on a device that has neither.
+    (finding,) = external("hta_mtia_single_rank").findings
+    assert "943.6 ms the host is in the device runtime's calls (allocator, slow launches, events, streams)" in finding.evidence
+    assert "CUDA" not in finding.evidence and "HIP" not in finding.evidence
+
+
 @pytest.mark.parametrize(
     ("case", "window", "issue"),
     [
