@@ -156,7 +156,11 @@ EXTENDED = ("lightning_gan", "accelerate")
 def test_one_profiled_step_of_a_frameworks_loop_is_what_its_framework_steps(ray_cluster, client, file_store, tmp_path, loop):
     pytest.importorskip(FRAMEWORK_LOOPS[loop])
     with _running(ray_cluster, client, tmp_path, [loop]):
-        _profile_and_check(file_store, loop)
+        summary = _profile_and_check(file_store, loop)
+    if loop == "hf":
+        # The Trainer's second micro-batch runs its forward between the two backward passes, with no marker: it is
+        # forward, not "other" (which it was: forward 38.6 ms, other 40.5 ms of a 124 ms step in the recording).
+        assert all(r.mean_phases.forward >= 2 * r.mean_phases.other for r in summary.ranks)
 
 
 # The three plain jobs start together (~110 s, then ~40 s of windows): `make test-extended`. Their step counting and
