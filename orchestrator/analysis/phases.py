@@ -122,14 +122,20 @@ def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Interval
 
 
 def batch_fetch(t0: float, t1: float, backward: Intervals, fetches: Intervals, op_starts: Sequence[float]) -> float | None:
-    """When the step ``[t0, t1)`` starts fetching the batch its first forward runs on: the last fetch before its first
-    backward pass (the first fetch in a step without backward); None where it fetches none."""
+    """When the step ``[t0, t1)`` starts fetching the batch its first forward runs on: the first of the last run of
+    fetches before its first backward pass (fetches with no op of the main thread between them are one run: a
+    Trainer fetches all its micro-batches at once; an evaluation before them fetches, runs its model, fetches
+    again), or the first fetch in a step without backward; None where it fetches none."""
     passes = backward_passes(clip(backward, t0, t1), op_starts)
     fetched = clip(fetches, t0, passes[0][0] if passes else t1)
     if not fetched:
         return None
-    # The fetch's own start: a DataLoader next() clipped at the step's start began in the step before.
-    return (fetched[-1] if passes else fetched[0])[0]
+    if not passes:
+        return fetched[0][0]
+    i = len(fetched) - 1
+    while i > 0 and bisect.bisect_left(op_starts, fetched[i - 1][1]) == bisect.bisect_left(op_starts, fetched[i][0]):
+        i -= 1
+    return fetched[i][0]
 
 
 def unmarked_forward(

@@ -12,7 +12,8 @@ instant, so nested spans are never counted twice and the phases add up to the
 step time:
 
  1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
-                  or ``_next_data``): whatever the loader does, the fix is the loader's.
+                  or ``_next_data``) from the step's batch fetch on: whatever the loader does, the fix is
+                  the loader's. Fetches before it (an evaluation's loader) are the loop's between steps.
  2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize``
                   or device-to-host copy call, widened to the outermost ``aten::item`` /
                   ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
@@ -243,11 +244,16 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     base_us = trace.file.base_time_ns / 1000
     steps: list[StepBreakdown] = []
     gpu_rows: list[WindowGpu] = []
+    heads: Intervals = []  # each step's time before it fetches its batch: the loop's work between steps
     for index, (t0, t1) in enumerate(windows):
         remaining: Intervals = [(t0, t1)] if t1 > t0 else []
         phase_us: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
+        fetch = batch_fetch(t0, t1, backward_anywhere, rules[0][1], op_starts)
+        if fetch is not None and fetch > t0:
+            heads.append((t0, fetch))
         for phase, intervals in rules:
-            taken = intersect(clip(intervals, t0, t1), remaining)
+            # Another loader's fetches before the step's batch (an evaluation's) are that work's, not data.
+            taken = intersect(clip(intervals, fetch if phase == "data" and fetch is not None else t0, t1), remaining)
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
         # Rule 8: the main thread is idle in no span of its own.
@@ -260,7 +266,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         forward = unmarked_forward(t0, t1, remaining, backward_anywhere, rules[0][1], op_starts)
         phase_us["forward"] += total(forward)
         phase_us["other"] += total(remaining) - total(forward)
-        fetch = batch_fetch(t0, t1, backward_anywhere, rules[0][1], op_starts)
         between_us = total(clip(remaining, t0, fetch)) if fetch is not None else 0.0
 
         row = dev.window(t0, t1, kernel_us[index]) if device_spans else None
@@ -283,6 +288,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             )
         )
 
+    training_data = subtract(rules[0][1], union(heads))  # the loads of the batches the steps train on
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
     calls = [(key, s) for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME for s in group]
@@ -292,10 +298,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle = None
     main_frames = user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are the main thread's
-    loading = [iv for t0, t1 in windows for iv in clip(rules[0][1], t0, t1)]
+    loading = [iv for t0, t1 in windows for iv in clip(training_data, t0, t1)]
     if device_spans and windows:
         main_host = HostThread(
-            data=rules[0][1], sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
+            data=training_data, sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),

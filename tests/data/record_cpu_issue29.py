@@ -19,6 +19,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   round_trip   a loop that reads .item() and .cpu().numpy() inside record_function("HOST ROUND TRIP") each step
   lightning    a Lightning Trainer (CPU, no logger, no progress bar); a Callback calls prof.step() per batch
   lightning_prog_bar  the same logging its loss with self.log(..., prog_bar=True), with_stack=True
+  lightning_validate  the same validating on two batches and saving a checkpoint after the third step
+               (val_check_interval=3, ModelCheckpoint(every_n_train_steps=3)): before the fourth fetches its batch
   grad_scaler  the MLP under autocast with a torch.amp.GradScaler, unscale_ and clip_grad_norm_, AdamW (foreach)
   grad_scaler_fused  the same with AdamW(fused=True)
   fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
@@ -204,8 +206,9 @@ def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = Fals
     shutil.rmtree(out / name / "run", ignore_errors=True)
 
 
-def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False) -> None:
+def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, validate: bool = False) -> None:
     import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -219,6 +222,9 @@ def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False) -
                 self.log("loss", loss, prog_bar=True)
             return loss
 
+        def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters())
 
@@ -230,11 +236,19 @@ def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False) -
             self.prof.step()
 
     data = torch.utils.data.TensorDataset(torch.randn(256 * STEPS, 256), torch.randint(0, 10, (256 * STEPS,)))
+    held_out = torch.utils.data.TensorDataset(torch.randn(128, 256), torch.randint(0, 10, (128,)))
+    # Validation and a checkpoint after the third step (val_check_interval, every_n_train_steps).
+    between = dict(val_check_interval=3, num_sanity_val_steps=0) if validate else dict(enable_checkpointing=False)
+    saving = [ModelCheckpoint(dirpath=str(out / name / "ckpt"), every_n_train_steps=3)] if validate else []
     with recording(out, name, with_stack=prog_bar) as prof:
         L.Trainer(
             max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
-            enable_checkpointing=False, enable_model_summary=False, callbacks=[Step(prof)],
-        ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=256))
+            enable_model_summary=False, callbacks=[Step(prof), *saving], **between,  # type: ignore[arg-type]
+        ).fit(
+            Module(), torch.utils.data.DataLoader(data, batch_size=256),
+            torch.utils.data.DataLoader(held_out, batch_size=64) if validate else None,
+        )
+    shutil.rmtree(out / name / "ckpt", ignore_errors=True)
 
 
 def _fsdp2_rank(rank: int, out: Path, name: str, per_block: bool, port: int) -> None:
@@ -318,6 +332,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "grad_scaler": lambda out: case_grad_scaler(out, "grad_scaler", fused=False),
     "grad_scaler_fused": lambda out: case_grad_scaler(out, "grad_scaler_fused", fused=True),
     "lightning_prog_bar": lambda out: case_lightning(out, "lightning_prog_bar", prog_bar=True),
+    "lightning_validate": lambda out: case_lightning(out, "lightning_validate", validate=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
     "ddp": case_ddp, "ddp_metrics": lambda out: case_ddp(out, "ddp_metrics", metrics=20),
 }

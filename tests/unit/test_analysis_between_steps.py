@@ -42,6 +42,22 @@ def test_in_a_trainer_the_note_names_how_often_it_saves_evaluates_and_logs(tmp_p
     ) in note
 
 
+def test_a_validation_between_steps_is_neither_data_loading_nor_forward() -> None:
+    # Lightning (recorded) with val_check_interval=3 and ModelCheckpoint(every_n_train_steps=3): after the third step
+    # it validates on two batches (fetched by the validation loader) and saves, before the fourth fetches its batch.
+    # Before: that step's validation model was its forward (15.5 ms mean forward against 4.9) and on a longer
+    # validation set its loader was the step's data loading (a dataloader_bound info line, "81% of it in step 3").
+    summary = analyze_folder(case("cpu_lightning_validate"))
+    note = _note(summary)
+    assert note is not None and note.startswith("step 3 spends ")
+    (rank,) = summary.ranks
+    validated, *others = sorted(rank.steps, key=lambda s: -s.between_ms)
+    assert validated.step == 3
+    for phase in ("data", "forward"):
+        assert validated.phases.get(phase) <= 2 * max(s.phases.get(phase) for s in others)
+    assert validated.phases.other >= validated.between_ms > 10 * max(s.between_ms for s in others)
+
+
 @pytest.mark.parametrize("name", ["cpu_hf_trainer", "cpu_hf_trainer_accumulate", "cpu_lightning", "cpu_data_bound"])
 def test_steps_that_fetch_their_batch_first_get_no_note(name: str) -> None:
     assert _note(analyze_folder(case(name))) is None

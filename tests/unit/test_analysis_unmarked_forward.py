@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.intervals import intersect, subtract, total, union
-from orchestrator.analysis.phases import unmarked_forward
+from orchestrator.analysis.phases import batch_fetch, unmarked_forward
 from tests.support.tracefiles import case, load_trace
 
 _FETCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -89,6 +89,19 @@ def test_a_step_without_backward_is_the_models_from_its_first_fetch_to_its_end()
     assert unmarked_forward(0.0, 100.0, remaining, [], fetches, op_starts=[1.0]) == [(6.0, 50.0), (55.0, 100.0)]
 
 
+def test_a_trainers_micro_batches_fetched_at_once_are_one_batch_fetch() -> None:
+    # transformers' Trainer fetches every micro-batch of a step before the first forward: no op between them.
+    assert batch_fetch(0.0, 100.0, [(60.0, 90.0)], [(10.0, 12.0), (12.5, 14.0), (14.2, 16.0)], [1.0, 20.0]) == 10.0
+
+
+def test_an_evaluations_fetches_before_the_batch_are_not_the_batch_fetch() -> None:
+    # Lightning validates before the step fetches its batch: fetch, the model (ops), fetch, the model, then the batch.
+    fetches = [(5.0, 6.0), (20.0, 21.0), (40.0, 42.0)]
+    assert batch_fetch(0.0, 100.0, [(60.0, 90.0)], fetches, [7.0, 22.0, 45.0]) == 40.0
+    # Without backward (inference) the first fetch is the batch's.
+    assert batch_fetch(0.0, 100.0, [], fetches, [7.0, 22.0, 45.0]) == 5.0
+
+
 _times = st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), max_size=8).map(
     lambda raw: union((float(a), float(a + d)) for a, d in raw)
 )
@@ -109,7 +122,8 @@ def test_the_unmarked_forward_is_remaining_time_of_the_step_outside_backward(
     last = max((b for a, b in backward if a < 180.0 and b > 20.0), default=None)
     assert last is None or all(b <= last for _, b in found)
     # Nothing before the batch's fetch is either: the last before the first backward, the first in a step without.
-    first = min((a for a, b in backward if a < 180.0 and b > 20.0), default=None)
-    fetched = [min(b, first or b) for a, b in fetches if a < (first or 180.0) and b > 20.0]
+    first = min((max(a, 20.0) for a, b in backward if a < 180.0 and b > 20.0), default=None)
+    before = 180.0 if first is None else first
+    fetched = [min(b, before) for a, b in fetches if a < before and b > 20.0]
     fetch = (max if first is not None else min)(fetched, default=20.0)
     assert all(a >= fetch for a, _ in found)
