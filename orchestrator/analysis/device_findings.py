@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
@@ -78,6 +79,14 @@ def _unnamed_fix(r: RankSummary, ms: float) -> str:
     cpu = r.idle.get("cpu") if r.idle is not None else None
     stacks = cpu is not None and bool(cpu.python_frames)  # with_stack was on: its frames named what they could
     how = "wrap" if stacks else "profile with with_stack=True or wrap"
+    # Where the steps spend that long before fetching their batch, the code runs there: the loop's own between steps.
+    between = statistics.mean(s.between_ms for s in r.steps) if r.steps else 0.0
+    if between >= 0.5 * ms:
+        return (
+            f"The host runs code the profiler does not name while the device idles ({ms:.1f} ms per step), most of it "
+            f"before each step fetches its batch ({between:.1f} ms a step after the optimizer step: logging, metrics, "
+            f"callbacks): {how} those parts in torch.profiler.record_function to see which."
+        )
     return (
         f"The host runs code the profiler does not name while the device idles ({ms:.1f} ms per step): {how} the step's "
         "parts in torch.profiler.record_function to see what the device waits for."

@@ -72,12 +72,12 @@ def test_neither_h100_recording_is_told_work_between_its_steps() -> None:
     assert _note(h100("seed003_before")) is None and _note(h100("seed003_after")) is None
 
 
-def _device_steps(tmp_path: Path, late_fetch_step: int) -> Summary:
-    """Four 1 ms steps, each a DataLoader fetch and one kernel filling the rest of the step; the step numbered
-    ``late_fetch_step`` fetches 0.6 ms late (the host in no op before it) and runs a shorter kernel after it."""
+def _device_steps(tmp_path: Path, *late_fetch_steps: int) -> Summary:
+    """Four 1 ms steps, each a DataLoader fetch and one kernel filling the rest of the step; the steps numbered
+    ``late_fetch_steps`` fetch 0.6 ms late (the host in no op before it) and run a shorter kernel after it."""
     events: list[dict[str, Any]] = []
     for i in range(4):
-        o, late = 1000 * i, i + 1 == late_fetch_step
+        o, late = 1000 * i, i + 1 in late_fetch_steps
         head = 600 if late else 5
         events += [
             x_event(f"ProfilerStep#{i + 1}", o, 1000, cat="user_annotation"),
@@ -96,8 +96,17 @@ def _device_steps(tmp_path: Path, late_fetch_step: int) -> Summary:
 def test_on_a_device_the_idle_one_step_holds_before_its_batch_is_told_as_the_loops_periodic_work(tmp_path: Path) -> None:
     # Before: "The host runs code the profiler does not name ...: profile with with_stack=True", sent looking for
     # what is the loop's own checkpoint or evaluation.
-    summary = _device_steps(tmp_path, late_fetch_step=2)
+    summary = _device_steps(tmp_path, 2)
     (idle,) = [f for f in summary.findings if f.code == "low_gpu_utilization"]
     assert idle.fix.startswith("The device idles 0.7 ms in step 2 while the host works before fetching that step's batch")
     assert "with_stack" not in idle.fix
     assert [s.between_ms for s in summary.ranks[0].steps] == pytest.approx([0.005, 0.6, 0.005, 0.005])
+
+
+def test_on_a_device_unnamed_host_time_every_step_spends_before_its_batch_is_told_where_it_runs(tmp_path: Path) -> None:
+    # Every step: 0.6 ms of Python in no op before the fetch (logging, metrics), while the device idles.
+    summary = _device_steps(tmp_path, 1, 2, 3, 4)
+    (idle,) = [f for f in summary.findings if f.code == "low_gpu_utilization"]
+    assert idle.fix.startswith("The host runs code the profiler does not name while the device idles")
+    assert "most of it before each step fetches its batch (0.6 ms a step after the optimizer step" in idle.fix
+    assert _note(summary) is None
