@@ -284,6 +284,10 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
         "data": "its input pipeline is slower: check its data shard, storage locality and loader workers",
         "forward": "its forward does more work or runs slower: check uneven input sizes per rank, rank-gated extra work "
         "(logging, eval, checkpoints), and a throttled or shared device on its host",
+        # 'other': outside forward, backward and the optimizer; mostly before the step fetches its batch.
+        "other": "it does more outside the model: rank-gated work between steps (logging, metrics, evaluation, "
+        "checkpoint writes on one rank alone) or a slower host; give every rank the same work between steps or move "
+        "it off the critical path (an asynchronous checkpoint, metrics reduced every N steps)",
     }
     if worst.cause == "late_arrival":
         title = f"Rank {worst.rank} starts its steps late; {'the other rank waits' if len(ranks) == 2 else 'the others wait'} for it"

@@ -149,6 +149,15 @@ def test_a_rank_slower_on_most_steps_is_a_straggler() -> None:
     assert straggler.phase == "forward"
 
 
+def test_a_straggler_slow_outside_the_model_is_told_its_work_between_steps() -> None:
+    # Rank 0 alone logs or writes every step (its 'other' phase) while rank 1 waits for it in the all-reduce.
+    rank0, rank1 = analyze_folder(case("healthy")).ranks
+    ranks = [_stretch(rank0, rank0.mean_step_ms, len(rank0.steps), phase="other"), _stretch(rank1, rank0.mean_step_ms, len(rank1.steps), phase="comm")]
+    (finding,) = [f for f in find_all(ranks, busy_time_stragglers(ranks)) if f.code == "straggler"]
+    assert finding.title == "Rank 0 is a straggler (other)"
+    assert finding.fix.startswith("Find what differs on that rank: it does more outside the model: rank-gated work between steps")
+
+
 def test_extra_busy_time_nobody_waited_for_is_not_a_straggler() -> None:
     # Step boundaries jitter on a shared host: one rank's steps look longer, but the other never waited.
     rank0, rank1 = analyze_folder(case("healthy")).ranks
