@@ -104,7 +104,10 @@ class Analysis(_Capped):
     )
     step_spread: StepSpread | None
     ranks: list[RankAnalysis]
-    issues: list[str] = Field(description="What the analysis could not do, in words.")
+    issues: list[str] = Field(
+        description="Notes, in words: what the analysis could not do, and what the window holds that no finding says "
+        "(one step analysed; a step that saves or evaluates before it fetches its batch)."
+    )
     analysis_error: str | None = None
 
 

@@ -374,7 +374,11 @@ class Summary(_Model):
     loop: Loop | None = Field(default=None, description="Whose training loop most ranks run (RankSummary.loop).")
     ranks: list[RankSummary]
     rejected: list[RejectedTrace] = Field(default_factory=list)
-    issues: list[str] = Field(default_factory=list)
+    issues: list[str] = Field(
+        default_factory=list,
+        description="Notes: what the analysis could not do (a trace it could not read, clocks it could not align), and "
+        "what the window holds that no finding says (one step analysed, a step that saves or evaluates before its batch).",
+    )
     step_spread: StepSpread | None = None
     stragglers: list[Straggler] = Field(default_factory=list)
     slow_groups: list[SlowGroup] = Field(default_factory=list)
