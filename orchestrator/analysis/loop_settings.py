@@ -36,6 +36,7 @@ class Change(str, Enum):
     COMPILE = "compile"
     LOADER_WORKERS = "loader_workers"
     BETWEEN_STEPS = "between_steps"
+    LOG_LESS_OFTEN = "log_less_often"
 
 
 _SETTINGS: dict[Loop, dict[Change, str]] = {
@@ -52,6 +53,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",
         Change.BETWEEN_STEPS: "TrainingArguments(save_steps=..., eval_steps=..., logging_steps=...) say how often it "
         "saves, evaluates and logs after a step",
+        Change.LOG_LESS_OFTEN: "TrainingArguments(logging_steps=N): it reads the loss and the gradient norm back when "
+        "it logs, every step with logging_steps=1",
     },
     Loop.LIGHTNING: {
         Change.BF16: "Trainer(precision='bf16-mixed')",
@@ -68,6 +71,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         "(the LightningModule's or the LightningDataModule's)",
         Change.BETWEEN_STEPS: "ModelCheckpoint(every_n_train_steps=...) and Trainer(val_check_interval=..., "
         "log_every_n_steps=...) say how often it saves, validates and logs after a step",
+        Change.LOG_LESS_OFTEN: "Trainer(log_every_n_steps=N): it reads what self.log collected back when it writes "
+        "to the logger",
     },
     Loop.LIGHTNING_FABRIC: {
         Change.BF16: "Fabric(precision='bf16-mixed')",

@@ -10,6 +10,7 @@ the fix says how to find the line.
 
 from __future__ import annotations
 
+from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.precision import half_format
 from orchestrator.analysis.python_frames import frame_label, frame_parts
 from orchestrator.analysis.spans import READING_OPS, SIZED_BY_DATA, SYNCHRONIZE_CALLS, TENSOR_CONDITIONS, site_parts
@@ -61,11 +62,16 @@ _VALUE_READS = (
 )
 
 
+def _value_reads(r: RankSummary) -> str:
+    """The advice for reading values back, and the setting of ``r``'s loop that reads them less often."""
+    return _VALUE_READS + in_loop(r.loop, [Change.LOG_LESS_OFTEN])
+
+
 def reading_fix(r: RankSummary) -> str:
     """The fix: who makes most of the reads and what to change there, or how to find out; then the advice for reading
     values back (item(), .cpu()), unless every read is one of those named (GradScaler's, an op's, a synchronize)."""
     if region := _region(r):
-        return region + _VALUE_READS
+        return region + _value_reads(r)
     scaler = _grad_scaler(r)
     if scaler and sum(c.calls for c in r.sync_ops) <= len(r.steps):
         return scaler.rstrip()  # one read a step: the scaler's
@@ -81,7 +87,7 @@ def reading_fix(r: RankSummary) -> str:
         said = scaler + ops + ("" if r.sync_callers else "To see which Python line reads, profile with with_stack=True. ")
     if said and _all_named(r):
         return said.rstrip()
-    return said + _VALUE_READS
+    return said + _value_reads(r)
 
 
 def _all_named(r: RankSummary) -> bool:

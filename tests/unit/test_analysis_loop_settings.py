@@ -160,6 +160,19 @@ def test_a_trainers_reads_without_stacks_are_told_its_nan_filter_by_the_agents_w
     assert "logging_nan_inf_filter" not in _as_if(summary, Loop.LIGHTNING, "host_sync").fix
 
 
+def test_a_trainer_that_logs_every_step_is_told_its_logging_steps():
+    # The recorded Trainer with logging_steps=1: it reads the loss and the gradient norm back (aten::item) each step.
+    summary = analyze_folder(case("cpu_hf_trainer_logging"))
+    plain = [f for f in summary.findings if f.code == "host_sync"][0].fix
+    told = _as_if(summary, Loop.TRANSFORMERS_TRAINER, "host_sync").fix
+    assert "logging_steps" not in plain
+    assert told.endswith(
+        "In transformers' Trainer: TrainingArguments(logging_steps=N): it reads the loss and the gradient norm back "
+        "when it logs, every step with logging_steps=1."
+    )
+    assert "log_every_n_steps" in _as_if(summary, Loop.LIGHTNING, "host_sync").fix
+
+
 def test_memory_near_capacity_in_a_trainer_is_told_its_checkpointing_and_accumulation_settings():
     # HTA's V100 (fp16 tensor cores only) at 95% of its memory, as tests/unit/test_analysis.py plants it.
     rank = external("hta_df_index_resolver_v100_r1of2").ranks[0]
