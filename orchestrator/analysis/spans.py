@@ -145,9 +145,15 @@ def is_backward(span: Span) -> bool:
     launches and, on a CPU, waits for its last bucket's all-reduce in one) or a ``record_function`` that names
     backward, on any host thread; or a compiled autograd graph (``Torch-Compiled Region: !0/...``: compiled
     autograd's compile ids start with ``!``)."""
-    return span.cat in ("cpu_op", "user_annotation") and not is_comm(span) and (
+    return span.cat in ("cpu_op", "user_annotation") and not is_comm(span) and not _forward_function(span.name) and (
         _BACKWARD.search(span.name) is not None or span.name.startswith(_COMPILED_AUTOGRAD)
     )
+
+
+def _forward_function(name: str) -> bool:
+    """An autograd Function's forward, named by its class (FSDP2's ``RegisterPostBackwardFunction``, applied in the
+    module's forward so that its backward node runs the post-backward hook): no backward, whatever the class says."""
+    return name.endswith("Function") and ":" not in name
 
 
 # DDP's forward marks itself (torch.nn.parallel.DistributedDataParallel.forward, every release): its job's gradients
