@@ -17,10 +17,12 @@ from orchestrator.analysis.finding_base import OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import RankSummary
 
-__all__ = ["BETWEEN_FRACTION", "between_note", "between_steps", "periodic_text", "periodic_work"]
+__all__ = ["BETWEEN_FRACTION", "MOSTLY", "between_note", "between_steps", "periodic_text", "periodic_work"]
 
 # One step's work before its batch is told when it reaches this share of the other steps' median step time.
 BETWEEN_FRACTION = 0.5
+# A cost is mostly the work before the batch when that work is at least this share of it.
+MOSTLY = 0.5
 _KINDS = "a checkpoint save, an evaluation, logging"
 
 
@@ -35,7 +37,7 @@ def between_steps(r: RankSummary) -> OneStep | None:
 
 def periodic_work(r: RankSummary, when: OneStep) -> bool:
     """Whether most of a one-off cost ``when`` (idle time one step holds) is the loop's work before that step's batch."""
-    return any(s.step == when.step and s.between_ms >= 0.5 * when.ms for s in r.steps)
+    return any(s.step == when.step and s.between_ms >= MOSTLY * when.ms for s in r.steps)
 
 
 def periodic_text(r: RankSummary) -> str:

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
-from orchestrator.analysis.between import periodic_text, periodic_work
+from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
@@ -81,7 +81,7 @@ def _unnamed_fix(r: RankSummary, ms: float) -> str:
     how = "wrap" if stacks else "profile with with_stack=True or wrap"
     # Where the steps spend that long before fetching their batch, the code runs there: the loop's own between steps.
     between = statistics.mean(s.between_ms for s in r.steps) if r.steps else 0.0
-    if between >= 0.5 * ms:
+    if between >= MOSTLY * ms:
         return (
             f"The host runs code the profiler does not name while the device idles ({ms:.1f} ms per step), most of it "
             f"before each step fetches its batch ({between:.1f} ms a step after the optimizer step: logging, metrics, "

@@ -30,7 +30,7 @@ from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optim
 from orchestrator.models.analysis import OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["batch_fetch", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
+__all__ = ["backward_passes", "batch_fetch", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -108,47 +108,49 @@ def nested_phases(
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
 
 
+def _no_op_between(op_starts: Sequence[float], a: float, b: float) -> bool:
+    """Whether no op of the main thread starts in ``[a, b)`` (``op_starts`` sorted)."""
+    return bisect.bisect_left(op_starts, a) == bisect.bisect_left(op_starts, b)
+
+
 def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Intervals:
     """``backward`` (sorted) merged into passes: spans with no op of the main thread starting between them are one
     pass (the autograd engine's gaps between its nodes are backward's, not a forward's). ``op_starts``: the start
     of each op of the main thread, sorted."""
     passes: Intervals = []
     for b0, b1 in backward:
-        if passes and bisect.bisect_left(op_starts, passes[-1][1]) == bisect.bisect_left(op_starts, b0):
+        if passes and _no_op_between(op_starts, passes[-1][1], b0):
             passes[-1] = (passes[-1][0], b1)
         else:
             passes.append((b0, b1))
     return passes
 
 
-def batch_fetch(t0: float, t1: float, backward: Intervals, fetches: Intervals, op_starts: Sequence[float]) -> float | None:
-    """When the step ``[t0, t1)`` starts fetching the batch its first forward runs on: the first of the last run of
-    fetches before its first backward pass (fetches with no op of the main thread between them are one run: a
-    Trainer fetches all its micro-batches at once; an evaluation before them fetches, runs its model, fetches
-    again), or the first fetch in a step without backward; None where it fetches none."""
-    passes = backward_passes(clip(backward, t0, t1), op_starts)
+def batch_fetch(t0: float, t1: float, passes: Intervals, fetches: Intervals, op_starts: Sequence[float]) -> float | None:
+    """When the step ``[t0, t1)`` (its backward ``passes``: :func:`backward_passes`) starts fetching the batch its
+    first forward runs on: the first of the last run of fetches before its first pass (fetches with no op of the
+    main thread between them are one run: a Trainer fetches all its micro-batches at once; an evaluation before
+    them fetches, runs its model, fetches again), or the first fetch in a step without backward; None where it
+    fetches none."""
     fetched = clip(fetches, t0, passes[0][0] if passes else t1)
     if not fetched:
         return None
     if not passes:
         return fetched[0][0]
     i = len(fetched) - 1
-    while i > 0 and bisect.bisect_left(op_starts, fetched[i - 1][1]) == bisect.bisect_left(op_starts, fetched[i][0]):
+    while i > 0 and _no_op_between(op_starts, fetched[i - 1][1], fetched[i][0]):
         i -= 1
     return fetched[i][0]
 
 
-def unmarked_forward(
-    t0: float, t1: float, remaining: Intervals, backward: Intervals, fetches: Intervals, op_starts: Sequence[float]
-) -> Intervals:
+def unmarked_forward(t0: float, t1: float, remaining: Intervals, passes: Intervals, fetches: Intervals) -> Intervals:
     """Where the model and its loss run in the step ``[t0, t1)`` without a marker: the step's ``remaining`` time
-    before each backward pass, from the end of the last batch fetch (``fetches``: DataLoader next()) before it, or
-    from the step's start (the first pass) or the previous pass's end (the next micro-batch) where no fetch lies
-    between. Time before that fetch is the loop's between steps (a checkpoint save, an evaluation, logging), not a
-    forward on a batch it has not fetched yet; time after the last pass is the step's tail (clipping, logging). A
-    step with no backward (inference: a pipeline may run several batches a step) is the model's from its first
-    fetch to its end."""
-    passes = backward_passes(clip(backward, t0, t1), op_starts)
+    before each backward pass (``passes``: :func:`backward_passes`), from the end of the last batch fetch
+    (``fetches``: DataLoader next()) before it, or from the step's start (the first pass) or the previous pass's
+    end (the next micro-batch) where no fetch lies between. Time before that fetch is the loop's between steps (a
+    checkpoint save, an evaluation, logging), not a forward on a batch it has not fetched yet; time after the last
+    pass is the step's tail (clipping, logging). A step with no backward (inference: a pipeline may run several
+    batches a step) is the model's from its first fetch to its end."""
     if not passes:
         fetched = clip(fetches, t0, t1)
         return clip(remaining, fetched[0][1] if fetched else t0, t1)

@@ -70,7 +70,14 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
-from orchestrator.analysis.phases import batch_fetch, nested_phases, optimizer_impl, top_level_ops, unmarked_forward
+from orchestrator.analysis.phases import (
+    backward_passes,
+    batch_fetch,
+    nested_phases,
+    optimizer_impl,
+    top_level_ops,
+    unmarked_forward,
+)
 from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
@@ -248,12 +255,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     for index, (t0, t1) in enumerate(windows):
         remaining: Intervals = [(t0, t1)] if t1 > t0 else []
         phase_us: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
-        fetch = batch_fetch(t0, t1, backward_anywhere, rules[0][1], op_starts)
+        passes = backward_passes(clip(backward_anywhere, t0, t1), op_starts)
+        fetch = batch_fetch(t0, t1, passes, rules[0][1], op_starts)
         if fetch is not None and fetch > t0:
             heads.append((t0, fetch))
         for phase, intervals in rules:
             # Another loader's fetches before the step's batch (an evaluation's) are that work's, not data.
-            taken = intersect(clip(intervals, fetch if phase == "data" and fetch is not None else t0, t1), remaining)
+            start = fetch if phase == "data" and fetch is not None else t0
+            taken = intersect(clip(intervals, start, t1), remaining)
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
         # Rule 8: the main thread is idle in no span of its own.
@@ -263,7 +272,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
             idle = subtract(idle, taken)
-        forward = unmarked_forward(t0, t1, remaining, backward_anywhere, rules[0][1], op_starts)
+        forward = unmarked_forward(t0, t1, remaining, passes, rules[0][1])
         phase_us["forward"] += total(forward)
         phase_us["other"] += total(remaining) - total(forward)
         between_us = total(clip(remaining, t0, fetch)) if fetch is not None else 0.0

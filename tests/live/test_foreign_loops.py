@@ -13,6 +13,7 @@ alone, before the plain ones (47-56 s each in a CI rehearsal).
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -160,7 +161,9 @@ def test_one_profiled_step_of_a_frameworks_loop_is_what_its_framework_steps(ray_
     if loop == "hf":
         # The Trainer's second micro-batch runs its forward between the two backward passes, with no marker: it is
         # forward, not "other" (which it was: forward 38.6 ms, other 40.5 ms of a 124 ms step in the recording).
-        assert all(r.mean_phases.forward >= 2 * r.mean_phases.other for r in summary.ranks)
+        # Medians of the steps: a host pause in one step of a busy machine lands in whichever phase it hits.
+        for r in summary.ranks:
+            assert statistics.median(s.phases.forward for s in r.steps) >= 2 * statistics.median(s.phases.other for s in r.steps)
 
 
 # The three plain jobs start together (~110 s, then ~40 s of windows): `make test-extended`. Their step counting and

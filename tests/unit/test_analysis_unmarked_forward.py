@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.intervals import intersect, subtract, total, union
-from orchestrator.analysis.phases import batch_fetch, unmarked_forward
+from orchestrator.analysis.intervals import clip, intersect, subtract, total, union
+from orchestrator.analysis.phases import backward_passes, batch_fetch, unmarked_forward
 from tests.support.tracefiles import case, load_trace
 
 _FETCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -67,26 +67,28 @@ def test_a_checkpoint_saved_before_the_step_fetches_its_batch_is_not_forward() -
 def test_the_engines_gaps_between_its_nodes_are_no_forward() -> None:
     # One backward pass of two nodes with no op of the main thread between them: the gap is the engine's.
     remaining = [(0.0, 100.0)]
-    assert unmarked_forward(0.0, 100.0, remaining, [(10.0, 20.0), (21.0, 30.0)], [], op_starts=[2.0]) == [(0.0, 10.0)]
+    passes = backward_passes([(10.0, 20.0), (21.0, 30.0)], op_starts=[2.0])
+    assert passes == [(10.0, 30.0)]
+    assert unmarked_forward(0.0, 100.0, remaining, passes, []) == [(0.0, 10.0)]
 
 
 def test_an_op_between_two_backward_passes_starts_the_next_micro_batchs_forward() -> None:
     remaining = [(0.0, 100.0)]
-    found = unmarked_forward(0.0, 100.0, remaining, [(10.0, 20.0), (40.0, 50.0)], [], op_starts=[2.0, 25.0])
+    found = unmarked_forward(0.0, 100.0, remaining, backward_passes([(10.0, 20.0), (40.0, 50.0)], [2.0, 25.0]), [])
     assert found == [(0.0, 10.0), (20.0, 40.0)]
 
 
 def test_the_forward_starts_where_its_batch_was_fetched() -> None:
     # What runs before the fetch (a save, an evaluation) is not the forward on the batch fetched after it.
     remaining = subtract([(0.0, 100.0)], [(30.0, 35.0)])
-    assert unmarked_forward(0.0, 100.0, remaining, [(60.0, 90.0)], [(30.0, 35.0)], op_starts=[1.0, 40.0]) == [(35.0, 60.0)]
+    assert unmarked_forward(0.0, 100.0, remaining, [(60.0, 90.0)], [(30.0, 35.0)]) == [(35.0, 60.0)]
 
 
 def test_a_step_without_backward_is_the_models_from_its_first_fetch_to_its_end() -> None:
     # Inference: a transformers pipeline runs five batches in one step of TraceLens' OWLv2 trace, each fetched first.
     fetches = [(5.0, 6.0), (50.0, 55.0)]
     remaining = subtract([(0.0, 100.0)], fetches)
-    assert unmarked_forward(0.0, 100.0, remaining, [], fetches, op_starts=[1.0]) == [(6.0, 50.0), (55.0, 100.0)]
+    assert unmarked_forward(0.0, 100.0, remaining, [], fetches) == [(6.0, 50.0), (55.0, 100.0)]
 
 
 def test_a_trainers_micro_batches_fetched_at_once_are_one_batch_fetch() -> None:
@@ -113,7 +115,8 @@ def test_the_unmarked_forward_is_remaining_time_of_the_step_outside_backward(
     remaining: list[tuple[float, float]], backward: list[tuple[float, float]], fetches: list[tuple[float, float]],
     ops: list[int],
 ) -> None:
-    found = unmarked_forward(20.0, 180.0, remaining, backward, fetches, sorted(float(o) for o in ops))
+    passes = backward_passes(clip(backward, 20.0, 180.0), sorted(float(o) for o in ops))
+    found = unmarked_forward(20.0, 180.0, remaining, passes, fetches)
     assert found == union(found)
     assert total(intersect(found, remaining)) == pytest.approx(total(found))
     assert not intersect(found, backward)
