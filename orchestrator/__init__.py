@@ -20,6 +20,7 @@ _EXPORTS = {
     "ForbiddenError": "orchestrator.errors",
     "IdempotencyKeyReusedError": "orchestrator.errors",
     "IllegalTransitionError": "orchestrator.errors",
+    "IncompatibleRecordError": "orchestrator.errors",
     "IntegrityError": "orchestrator.errors",
     "InvalidRequestError": "orchestrator.errors",
     "InvalidWatchError": "orchestrator.errors",

@@ -19,6 +19,7 @@
     │   ├── IntegrityError        an artifact's bytes do not match the manifest
     │   ├── AlreadyExistsError    a write that must not replace an object found one (a manifest)
     │   └── CleanupIncompleteError  ``rayprof gc`` could not delete some of what it found
+    ├── IncompatibleRecordError   an answer or stored record this release cannot read (another release wrote it)
     ├── ProfileTimeoutError       waiting for a profile ran out of time
     └── IllegalTransitionError    a bug: the controller tried a state change its diagram forbids
 
@@ -46,11 +47,19 @@ class RayprofError(Exception):
 
     code = "rayprof_error"
     http_status = 500
+    own_words = False
+    """A server-side (5xx) error whose message rayprof composes from its own words. Any other server-side
+    message may carry a library's text (addresses, paths): the service and the MCP server log it, unshown."""
 
     @property
     def exit_status(self) -> int:
         """The CLI's exit status for this error."""
         return EXIT_USAGE if 400 <= self.http_status < 500 else EXIT_FAILED
+
+    @property
+    def message_shown(self) -> bool:
+        """Whether a caller of the service or of an MCP tool gets this error's message."""
+        return self.http_status < 500 or self.own_words
 
     def __init__(self, message: str, *, profile_id: str | None = None, target: str | None = None) -> None:
         super().__init__(message)
@@ -124,6 +133,7 @@ class ConflictError(RayprofError):
 class ControllerUnavailableError(RayprofError):
     code = "controller_unavailable"
     http_status = 503
+    own_words = True
 
 
 class RestoringError(ControllerUnavailableError):
@@ -141,6 +151,7 @@ class StorageError(RayprofError):
 
 class IntegrityError(StorageError):
     code = "integrity_error"
+    own_words = True
 
 
 class AlreadyExistsError(StorageError):
@@ -152,9 +163,17 @@ class CleanupIncompleteError(StorageError):
     code = "gc_incomplete"
 
 
+class IncompatibleRecordError(RayprofError):
+    # 502: what came back from elsewhere (the service, storage, a downloaded folder) could not be read here.
+    code = "incompatible_record"
+    http_status = 502
+    own_words = True
+
+
 class ProfileTimeoutError(RayprofError):
     code = "timeout"
     http_status = 504
+    own_words = True
 
 
 class IllegalTransitionError(RayprofError):

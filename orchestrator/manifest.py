@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
-from pydantic import ValidationError
-
 from orchestrator.errors import IntegrityError, StorageError
 from orchestrator.layout import manifest_key, profile_prefix
+from orchestrator.models.common import read_lenient
 from orchestrator.models.profile import Manifest
 from orchestrator.storage import Storage
 
@@ -42,12 +41,9 @@ def write_manifest(storage: Storage, manifest: Manifest) -> str:
 
 
 def read_manifest(storage: Storage, target: str, profile_id: str) -> Manifest:
-    """Load and validate a manifest from storage."""
-    data = storage.get_bytes(manifest_key(target, profile_id))
-    try:
-        return Manifest.model_validate_json(data)
-    except ValidationError as e:
-        raise StorageError(f"manifest of {profile_id} is not valid: {e}", profile_id=profile_id) from e
+    """Load a manifest from storage (written once, never written back: read as another release may have written it)."""
+    key = manifest_key(target, profile_id)
+    return read_lenient(Manifest, storage.get_bytes(key), source=storage.uri(key))
 
 
 def verify_manifest(storage: Storage, manifest: Manifest) -> list[str]:

@@ -19,6 +19,7 @@ from orchestrator.errors import InvalidRequestError
 from orchestrator.layout import MANIFEST_NAME, rank_in_name
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.analysis import Summary
+from orchestrator.models.common import read_lenient
 from orchestrator.models.profile import Manifest
 
 __all__ = ["load_folder", "load_stored", "parse_op_table"]
@@ -66,7 +67,7 @@ def load_folder(path: Path, label: str | None = None) -> DiffInput:
     path = Path(path)
     label = label or str(path)
     manifest_file = path / MANIFEST_NAME
-    manifest = Manifest.model_validate_json(manifest_file.read_text()) if manifest_file.is_file() else None
+    manifest = read_lenient(Manifest, manifest_file.read_bytes(), source=str(manifest_file)) if manifest_file.is_file() else None
     if manifest is not None and manifest.summary is not None:
         summary = _summary_of(manifest, label)
     else:

@@ -152,7 +152,8 @@ def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
                 f"storage its record names, {storage.root_uri}",
                 profile_id=manifest.profile_id,
             ) from e
-    _inside(folder, MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))
+    # The stored bytes, not this client's reading of them: a newer release's fields stay in the copy.
+    stored.download(MANIFEST_NAME, _inside(folder, MANIFEST_NAME))
     return folder
 
 

@@ -27,6 +27,7 @@ from orchestrator.errors import (
 )
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.api import bind, call_timeout
+from orchestrator.models.common import read_lenient
 from orchestrator.settings import DEFAULT_URL, S3_ENDPOINT_URL_ENV_VAR, S3_REGION_ENV_VAR
 
 if TYPE_CHECKING:
@@ -41,8 +42,14 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def _json(value: Any) -> Any:
-    """An argument as JSON (a model as it dumps itself, an enum as its value)."""
-    return value.model_dump(mode="json") if isinstance(value, BaseModel) else to_jsonable_python(value)
+    """An argument as JSON (a model as it dumps itself, an enum as its value).
+
+    A request leaves out the fields at their defaults, which the service fills in as its own: a client may run a
+    newer rayprof than the service as long as the caller uses no option the service's release lacks.
+    """
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_defaults=True)
+    return to_jsonable_python(value)
 
 
 def _subclasses(cls: type[RayprofError]) -> list[type[RayprofError]]:
@@ -157,4 +164,4 @@ class HttpBackend:
         from orchestrator.analysis.diff import ProfileDiff
 
         path = f"/v1/profiles/{quote(a, safe='')}/diff/{quote(b, safe='')}"
-        return ProfileDiff.model_validate(self._request("GET", path))
+        return read_lenient(ProfileDiff, self._request("GET", path), source="the service's answer")

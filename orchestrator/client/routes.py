@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.common import read_lenient
 from orchestrator.models.control import TargetInfo
 from orchestrator.models.diagnosis import StacksBundle, WatchStatus
 from orchestrator.models.history import TargetHistory
@@ -24,18 +25,21 @@ from orchestrator.settings import MAX_HTTP_WAIT_S
 
 __all__ = ["ROUTES", "Route"]
 
-# Fields the HTTP views add to a ProfileStatus (orchestrator.service.views.ProfileView).
-_VIEW_ONLY_FIELDS = ("status_url", "manifest")
+
+
+# Answers are read leniently (orchestrator.models.common.read_lenient): a client may lag the service's release,
+# and a ProfileView's own fields (status_url, manifest) are left out of its ProfileStatus.
+_ANSWER = "the service's answer"
 
 
 def _status(body: dict[str, Any]) -> ProfileStatus:
-    return ProfileStatus.model_validate({k: v for k, v in body.items() if k not in _VIEW_ONLY_FIELDS})
+    return read_lenient(ProfileStatus, body, source=_ANSWER)
 
 
 def _model(model: Any, key: str | None = None) -> Callable[[Any], Any]:
     """The answer as ``model`` (of the body's field ``key``, for the list views)."""
     adapter: TypeAdapter[Any] = TypeAdapter(model)
-    return lambda body: adapter.validate_python(body if key is None else body[key])
+    return lambda body: read_lenient(adapter, body if key is None else body[key], source=_ANSWER)
 
 
 def _dropped(body: Any) -> None:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from orchestrator.errors import (
     ConflictError,
     ControllerUnavailableError,
-    IntegrityError,
+    IncompatibleRecordError,
     InvalidRequestError,
     NotFoundError,
     ProfileTimeoutError,
@@ -33,9 +33,6 @@ __all__ = ["tool_error", "tool_errors"]
 
 logger = logging.getLogger(__name__)
 
-# Errors whose message rayprof composes from its own words (as orchestrator.service.security has it).
-_PUBLIC_SERVER_ERRORS = (ControllerUnavailableError, ProfileTimeoutError, IntegrityError)
-
 _HINTS: list[tuple[type[RayprofError], str]] = [
     (ConflictError, "a profiling window is already running on this target: call profile again with "
      "request.queue=true to run after it, or wait for the running one (list_targets shows it as active_profile)"),
@@ -46,6 +43,8 @@ _HINTS: list[tuple[type[RayprofError], str]] = [
     (RestoringError, "the control actor is reading its saved state: retry in a few seconds"),
     (ControllerUnavailableError, "is the rayprof service up (`rayprof serve`) and the URL right? retry when it is"),
     (ProfileTimeoutError, "the window is still running: call get_profile with wait=true later"),
+    (IncompatibleRecordError, "the rayprof service runs another release than `rayprof mcp`: install the service's "
+     "release where `rayprof mcp` runs"),
     (InvalidRequestError, "fix the argument named above and call again"),
 ]
 
@@ -61,7 +60,7 @@ def tool_error(error: Exception) -> ToolError:
     if not isinstance(error, RayprofError):
         raise TypeError(f"not a rayprof error: {type(error).__name__}")
     message = error.message
-    if error.http_status >= 500 and not isinstance(error, _PUBLIC_SERVER_ERRORS):
+    if not error.message_shown:
         logger.error("rayprof error in an MCP tool: %s", error.code, exc_info=error)
         message = f"the rayprof server side failed ({error.code}); details are in the log of `rayprof mcp`"
     hint = _hint(error)

@@ -1,12 +1,14 @@
-"""Names, keys and the strict base every boundary model shares."""
+"""Names, keys, the strict base every boundary model shares, and how a record another release wrote is read."""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from orchestrator.errors import IncompatibleRecordError, validation_problems
 
 
 def utcnow() -> datetime:
@@ -75,3 +77,31 @@ ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), Af
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+
+RecordT = TypeVar("RecordT")
+_PROBLEMS_SHOWN = 3
+
+
+def read_lenient(kind: type[RecordT] | TypeAdapter[RecordT], data: Any, *, source: str) -> RecordT:
+    """``data`` (parsed JSON, or its bytes or text) as ``kind``, where another process wrote it and this one only
+    reads it: the service's answers to a client, a manifest in storage or in a downloaded folder.
+
+    Fields this release does not know are left out, so a client may run an older rayprof than the service
+    (every release adds fields; one that removes or changes a field changes the API's version). What this
+    process acts on stays strict: requests, and the controller's own saved state, which it writes back.
+    Anything else that does not fit raises :class:`IncompatibleRecordError` naming ``source``.
+    """
+    adapter = kind if isinstance(kind, TypeAdapter) else TypeAdapter(kind)
+    try:
+        if isinstance(data, str | bytes):
+            return adapter.validate_json(data, extra="ignore")
+        return adapter.validate_python(data, extra="ignore")
+    except ValidationError as e:
+        problems = e.errors()
+        more = f" and {len(problems) - _PROBLEMS_SHOWN} more" if len(problems) > _PROBLEMS_SHOWN else ""
+        raise IncompatibleRecordError(
+            f"{source} cannot be read by this rayprof ({validation_problems(problems[:_PROBLEMS_SHOWN])}{more}): "
+            "another rayprof release wrote it, or it is damaged; where a service wrote it, install the service's "
+            "release here (docs/deploy.md)"
+        ) from None

@@ -98,7 +98,11 @@ async def _rayprof_error(request: Request, exc: RayprofError) -> JSONResponse:
 
 @api.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(422, "validation_error", validation_problems(exc.errors()))
+    detail = validation_problems(exc.errors())
+    if any(e.get("type") == "extra_forbidden" for e in exc.errors()):
+        # A client leaves out fields at their defaults (orchestrator.client.http), so an unknown one was asked for.
+        detail += " (a field this service does not know: misspelt, or an option of a newer rayprof than the service's)"
+    return error_response(422, "validation_error", detail)
 
 
 @api.exception_handler(Exception)

@@ -22,11 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.auth import allowed_hosts, host_of
 from orchestrator.errors import (
-    ControllerUnavailableError,
     ForbiddenError,
-    IntegrityError,
     InvalidRequestError,
-    ProfileTimeoutError,
     RayprofError,
 )
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR
@@ -71,11 +68,6 @@ _DEFAULT_HEADERS = (
     (b"x-frame-options", b"DENY"),
 )
 
-# 5xx errors whose message rayprof composes from its own words; any other
-# server error may carry a library's text (addresses, paths) and is hidden.
-_PUBLIC_SERVER_ERRORS = (ControllerUnavailableError, ProfileTimeoutError, IntegrityError)
-
-
 def error_response(status: int, code: str, detail: str) -> JSONResponse:
     """Every error body: ``{"error": code, "detail": message}``."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -84,7 +76,7 @@ def error_response(status: int, code: str, detail: str) -> JSONResponse:
 
 def rayprof_error_response(request: Request, exc: RayprofError) -> JSONResponse:
     """A rayprof error as its status and code; server-side details only in the log."""
-    if exc.http_status >= 500 and not isinstance(exc, _PUBLIC_SERVER_ERRORS):
+    if not exc.message_shown:
         return _hidden(request, exc, exc.http_status, exc.code)
     return error_response(exc.http_status, exc.code, exc.message)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.client.client import ProfileHandle, download_profile
 from orchestrator.errors import IntegrityError, InvalidRequestError
-from orchestrator.layout import profile_prefix
+from orchestrator.layout import MANIFEST_NAME, profile_prefix
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.profile import Artifact, Manifest, ProfileStatus
 from orchestrator.storage import FileStorage
@@ -38,11 +39,19 @@ def _manifest(artifacts: list[Artifact], *, profile_id: str = PROFILE_ID, storag
     }
 
 
+def _committed(root, manifest: dict) -> dict:
+    """``manifest`` written where a profile's commit writes it, in the profile folder under ``root``."""
+    FileStorage(root).scoped(profile_prefix(TARGET, manifest["profile_id"])).put_bytes(
+        json.dumps(manifest).encode(), MANIFEST_NAME, "manifest"
+    )
+    return manifest
+
+
 class _Backend:
     """The two calls a download makes, answered from fixed values."""
 
     def __init__(self, manifest: dict, storage: StorageSpec) -> None:
-        self._manifest = Manifest.model_validate(manifest)
+        self._manifest = Manifest.model_validate(manifest, extra="ignore")
         self._storage = storage
 
     def call(self, name: str, *args):
@@ -73,11 +82,20 @@ def test_download_reads_the_storage_the_record_names_not_the_manifests_storage_u
     configured, decoy = tmp_path / "configured", tmp_path / "decoy"
     artifact = _stored(configured, "traces/r0.json", b"real")
     _stored(decoy, "traces/r0.json", b"decoy")
-    manifest = _manifest([artifact], storage_uri=FileStorage(decoy).uri(f"{TARGET}/{PROFILE_ID}"))
+    manifest = _committed(configured, _manifest([artifact], storage_uri=FileStorage(decoy).uri(f"{TARGET}/{PROFILE_ID}")))
 
     folder = _handle(_Backend(manifest, StorageSpec(uri=configured.as_uri()))).download(tmp_path / "dl")
 
     assert (folder / "traces" / "r0.json").read_bytes() == b"real"
+
+
+def test_a_download_keeps_the_stored_manifest_as_written_with_fields_this_release_does_not_know(tmp_path):
+    artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    written = _committed(tmp_path / "store", {**_manifest([artifact]), "added_by_a_later_release": {"n": 1}})
+
+    folder = _handle(_Backend(written, StorageSpec(uri=(tmp_path / "store").as_uri()))).download(tmp_path / "dl")
+
+    assert json.loads((folder / MANIFEST_NAME).read_text()) == written
 
 
 def test_manifest_of_another_profile_is_refused(tmp_path):
