@@ -85,6 +85,12 @@ def collective_ms(r: RankSummary) -> dict[CollectiveKind, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def leading_collective(r: RankSummary) -> CollectiveKind | None:
+    """The collective that holds most of the rank's communication, of those the trace names (None: none)."""
+    # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
+    return next((k for k in collective_ms(r) if k != "other"), None)
+
+
 def by_collective_text(r: RankSummary) -> str:
     """One sentence of the collectives' time by kind, when the rank's device collectives are named."""
     if r.gpu is None or not r.gpu.comm_by_collective:
@@ -117,8 +123,7 @@ def comm_fix(r: RankSummary) -> str:
         return own
     if (fsdp := fsdp_fix(r)) is not None:
         return fsdp
-    # Kernels the trace does not name (NCCL's generic kernel launched without PyTorch's record) say nothing either way.
-    lead = next((k for k in collective_ms(r) if k != "other"), "all_reduce")
+    lead = leading_collective(r) or "all_reduce"
     if lead in ("all_to_all", "all_gather", "reduce_scatter") and _embeddings(r):  # not a MoE's, not FSDP's
         how = "" if lead == "all_to_all" else "; row-wise sharding reduce-scatters pooled embeddings forward and all-gathers their gradients backward"
         return _EMBEDDINGS.format(label=COLLECTIVE_LABELS[lead], how=how)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.advice import round_trips
+from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.finding_base import (
@@ -273,6 +274,10 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     )
 
 
+# Phases whose excess on a pipeline's rank is its stage's own work: the layers it runs and their parameters.
+_STAGE_PHASES = frozenset({"forward", "backward", "optimizer"})
+
+
 def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
     """One or more ranks hold the others back: busier each step, or starting it late."""
     if not stragglers:
@@ -300,6 +305,20 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
             "Look at what that rank does between steps, outside the profiled step: rank-gated work (logging, metrics, "
             "evaluation, checkpoint writes), a slower data fetch before the step marker, or a busier host; give every "
             "rank the same work between steps or move it off the critical path."
+        )
+    elif worst.phase in _STAGE_PHASES and leading_collective(by_rank.get(worst.rank) or ranks[0]) == "send_recv":
+        title = f"Rank {worst.rank}'s pipeline stage is the slowest ({worst.phase})"
+        evidence = (
+            f"Rank {worst.rank} is busy {worst.excess_ms:.1f} ms ({worst.excess_fraction:.0%} of the step) longer per step "
+            f"than the other ranks, {worst.phase_excess_ms:.1f} ms of it in {worst.phase}; sends and receives lead its "
+            f"collectives, as a pipeline stage's do. The others wait for it ({worst.reference_comm_wait_ms:.1f} ms/step) "
+            f"while it waits {worst.comm_wait_ms:.1f} ms."
+        )
+        fix = (
+            f"Each stage waits for the slowest one once per micro-batch, so the pipeline runs at rank {worst.rank}'s pace: "
+            "move layers from its stage to a neighbouring one (the split point: torch.distributed.pipelining's "
+            "split_spec or SplitPoint, or the layers each stage's module is built from) until every stage's forward and "
+            "backward take the same time; a stage that also holds the embeddings or the loss head takes fewer layers."
         )
     else:
         title = f"Rank {worst.rank} is a straggler ({worst.phase})"

@@ -22,7 +22,9 @@ step time:
                   except in the optimizer's own time (that step count again).
                   A pageable upload's own stream sync is a sync only until the device starts
                   the copy (it waits for earlier queued work), then it is the copy's (rule 4).
- 3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``gloo:*``, ``record_param_comms``).
+ 3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``record_param_comms``), or inside gloo's record
+                  of a collective's work (``gloo:*``) where the host runs no op of its own: an asynchronous
+                  send's record lasts across the next ops (:mod:`orchestrator.analysis.comm_time`).
  4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device
                   copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
                   ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
@@ -65,6 +67,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
+from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
@@ -235,7 +238,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union(where(main_kinds, is_data))),
         ("sync", sync_rule),
-        ("comm", union(where(main_kinds, is_comm))),
+        ("comm", comm_time(main, main_kinds)),
         ("memcpy", union(upload_spans)),
         ("optimizer", nested["optimizer"]),
         ("backward", nested["backward"]),
