@@ -13,11 +13,12 @@ import functools
 import re
 from collections import defaultdict
 
-from orchestrator.analysis import Summary, analyze_folder
+from orchestrator.analysis import Summary, analyze_folder, analyze_for_merge
 from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.spans import by_kind
 from orchestrator.traces.discover import discover_traces
 from orchestrator.traces.loader import Span, load_rank
+from orchestrator.traces.merge import merge_traces
 from tests.support.tracefiles import case
 
 _MICRO_BATCH = re.compile(r"^(Forward|Backward) \d+$")  # pipelining's record_function per micro-batch
@@ -82,3 +83,14 @@ def test_a_pipelines_slowest_stage_is_told_to_move_its_split_point():
     assert "sends and receives lead its collectives" in first.evidence
     assert "move layers from its stage to a neighbouring one" in first.fix and "split_spec" in first.fix
     assert "Find what differs on that rank" not in first.fix
+
+
+def test_a_pipelines_ranks_are_not_aligned_on_their_sends_and_receives(tmp_path):
+    # One host, one clock: the truth is the files as recorded. Matched by name and count, the first stage's k-th
+    # send (activations) met the last stage's k-th send (gradients): rank 1 moved by -3.7 ms, bound +-49 ms.
+    traces = discover_traces(case("pipeline_gpipe"))
+    summary, scans = analyze_for_merge(traces)
+    stats = merge_traces(traces, tmp_path / "merged.trace.json.gz", scans=scans)
+
+    assert [(a.method, a.shift_us) for a in stats.alignment] == [("base time", 0.0), ("base time", 0.0)]
+    assert stats.alignment_note is not None and stats.alignment_note in summary.issues
