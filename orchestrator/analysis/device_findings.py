@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
 from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
-from orchestrator.analysis.comm_fix import by_collective_text, comm_fix
+from orchestrator.analysis.comm_fix import by_collective_text, comm_fix, leading_collective
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
@@ -319,7 +319,11 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         "comm_exposed",
         least,
         cost(least),
-        title="Communication does not overlap computation",
+        title=(
+            "Sends and receives do not overlap computation: pipeline stages wait for their neighbours"
+            if leading_collective(least) == "send_recv"
+            else "Communication does not overlap computation"
+        ),
         evidence=(
             f"Even the rank that waits least (rank {least.rank}) loses {cost(least):.1f} ms "
             f"({share(least, cost(least)):.0%}) of its {least.mean_step_ms:.1f} ms step to collectives"

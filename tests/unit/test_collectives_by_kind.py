@@ -157,10 +157,12 @@ def test_send_recv_kernels_an_all_to_all_launched_are_told_as_the_all_to_all_of_
     assert "by collective: all-to-all 0.5 ms (0.5 exposed)." in found.evidence
     assert found.fix.startswith("The all-to-all exchanges sharded embeddings") and "TrainPipelineSparseDist" in found.fix
     assert "pipeline's bubble" not in found.fix
+    assert found.title == "Communication does not overlap computation"
 
 
 def test_exposed_sends_and_receives_are_told_the_pipelines_schedule(tmp_path: Path) -> None:
     found = _exposed(tmp_path, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
+    assert found.title == "Sends and receives do not overlap computation: pipeline stages wait for their neighbours"
     assert "send/recv 0.5 ms" in found.evidence
     assert found.fix.startswith("Point-to-point sends and receives are pipeline stages waiting for their neighbours")
     assert "ScheduleInterleaved1F1B" in found.fix and "bucket_cap_mb" not in found.fix
