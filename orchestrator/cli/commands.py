@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from orchestrator.auth import check_exposure, is_loopback, read_token
 from orchestrator.cli.analyze_command import analyze_dir
 from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_status, table
@@ -23,12 +25,27 @@ from orchestrator.errors import (
     ConfigurationError,
     InvalidRequestError,
 )
+from orchestrator.models.common import Name
 from orchestrator.models.control import no_targets_note
 from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
     SERVE_APP_NAME,
 )
+
+
+def local_or_id(source: str) -> Path | str:
+    """An ``ID|PATH`` argument (``report``, ``diff``): an existing file or folder, else a profile id. One that is
+    neither is refused as what it most likely is, a path that is not there, before any service is asked."""
+    path = Path(source)
+    if path.exists():
+        return path
+    try:
+        return TypeAdapter(Name).validate_python(source)
+    except ValidationError:
+        raise InvalidRequestError(
+            f"{source!r}: no such file or folder, and not a profile id (letters, digits, '.', '_', '-', '=')"
+        ) from None
 
 
 def _client(args: argparse.Namespace) -> ProfilingClient:
@@ -309,9 +326,10 @@ def download(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    if Path(args.source).exists():
-        return analyze_dir(Path(args.source), args)
-    handle = _client(args).get(args.source)
+    source = local_or_id(args.source)
+    if isinstance(source, Path):
+        return analyze_dir(source, args)
+    handle = _client(args).get(source)
     manifest = handle.manifest()
     # The manifest holds the post-window check as it stood when written; the status has its end.
     check = handle.last_status.post_window

@@ -21,22 +21,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write the comparison as an HTML page")
 
 
-def _side(args: argparse.Namespace, source: str, tmp: Path) -> DiffInput:
+def _side(args: argparse.Namespace, label: str, source: Path | str, tmp: Path) -> DiffInput:
     from orchestrator.analysis.diff_inputs import load_folder
 
-    if Path(source).exists():
-        return load_folder(Path(source), label=source)
+    if isinstance(source, Path):
+        return load_folder(source, label=label)
     # One side stored, one local: fetch the stored one (sha256 verified) and read it like a folder.
     folder = commands._client(args).get(source).download(tmp / source)
-    return load_folder(folder, label=source)
+    return load_folder(folder, label=label)
 
 
 def _compute(args: argparse.Namespace) -> ProfileDiff:
-    if not Path(args.a).exists() and not Path(args.b).exists():
+    a, b = commands.local_or_id(args.a), commands.local_or_id(args.b)
+    if isinstance(a, str) and isinstance(b, str):
         # Both stored: the service computes it, so the CLI needs no access to storage.
-        return commands._client(args).diff(args.a, args.b)
+        return commands._client(args).diff(a, b)
     with tempfile.TemporaryDirectory(prefix="rayprof-diff-") as tmp:
-        return diff_profiles(_side(args, args.a, Path(tmp)), _side(args, args.b, Path(tmp)))
+        return diff_profiles(_side(args, args.a, a, Path(tmp)), _side(args, args.b, b, Path(tmp)))
 
 
 def diff(args: argparse.Namespace) -> int:

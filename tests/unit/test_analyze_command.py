@@ -77,3 +77,11 @@ def test_diff_of_a_folder_whose_only_trace_is_cut_short_names_the_file_and_why(t
     assert main(["diff", str(tmp_path / "cut"), str(_copy(tmp_path))]) == 2
     err = capsys.readouterr().err
     assert "no analysable rank trace (rank0.pt.trace.json: unreadable trace: " in err and "truncated" in err
+
+
+def test_a_path_that_is_not_there_is_said_so_not_called_an_invalid_profile_id(tmp_path, capsys):
+    # Before: "invalid profile id './prof-a/': letters, digits, ..." for a folder typed wrong.
+    missing = str(tmp_path / "prof-a")
+    for argv in (["report", missing], ["diff", str(_copy(tmp_path)), missing], ["diff", missing, "prof-1"]):
+        assert main([*argv, "--url", "http://127.0.0.1:1"]) == 2
+        assert f"rayprof: invalid_request: {missing!r}: no such file or folder, and not a profile id" in capsys.readouterr().err
