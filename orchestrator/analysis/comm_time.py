@@ -19,12 +19,12 @@ from orchestrator.analysis.intervals import Intervals, cover, subtract, union
 from orchestrator.analysis.spans import Kinds, is_comm, where
 from orchestrator.traces.loader import Span
 
-__all__ = ["comm_time", "is_work_record"]
+__all__ = ["comm_time"]
 
 _OWN_OPS = frozenset({"cpu_op", "user_annotation"})
 
 
-def is_work_record(span: Span) -> bool:
+def _is_work_record(span: Span) -> bool:
     """gloo's record of one collective's work, from its issue to its completion."""
     return span.name.startswith("gloo:")
 
@@ -32,11 +32,11 @@ def is_work_record(span: Span) -> bool:
 def comm_time(main: Sequence[Span], kinds: Kinds) -> Intervals:
     """The main thread's collective calls, and in each of gloo's work records on it the time in which no op of its
     own that began inside the record runs. ``main``: the thread's spans in start order; ``kinds``: them grouped."""
-    calls = list(where(kinds, lambda s: is_comm(s) and not is_work_record(s)))
+    calls = list(where(kinds, lambda s: is_comm(s) and not _is_work_record(s)))
     starts = [s.ts for s in main]
     waits: Intervals = []
     for spans in kinds.values():
-        if not is_work_record(spans[0]):
+        if not _is_work_record(spans[0]):
             continue
         for record in spans:
             inside = main[bisect.bisect_right(starts, record.ts) : bisect.bisect_left(starts, record.end)]

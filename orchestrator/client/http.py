@@ -18,7 +18,7 @@ from pydantic_core import to_jsonable_python
 
 from orchestrator import errors
 from orchestrator.auth import is_http_url
-from orchestrator.client.routes import ROUTES
+from orchestrator.client.routes import ANSWER, ROUTES
 from orchestrator.errors import (
     ControllerUnavailableError,
     InvalidRequestError,
@@ -164,4 +164,4 @@ class HttpBackend:
         from orchestrator.analysis.diff import ProfileDiff
 
         path = f"/v1/profiles/{quote(a, safe='')}/diff/{quote(b, safe='')}"
-        return read_lenient(ProfileDiff, self._request("GET", path), source="the service's answer")
+        return read_lenient(ProfileDiff, self._request("GET", path), source=ANSWER)

@@ -23,23 +23,22 @@ from orchestrator.models.profile import Manifest, ProfileStatus
 from orchestrator.models.summaries import GcReport, ProfilePage
 from orchestrator.settings import MAX_HTTP_WAIT_S
 
-__all__ = ["ROUTES", "Route"]
-
-
+__all__ = ["ANSWER", "ROUTES", "Route"]
 
 # Answers are read leniently (orchestrator.models.common.read_lenient): a client may lag the service's release,
 # and a ProfileView's own fields (status_url, manifest) are left out of its ProfileStatus.
-_ANSWER = "the service's answer"
+ANSWER = "the service's answer"
+"""What an answer that cannot be read is called in the error."""
 
 
 def _status(body: dict[str, Any]) -> ProfileStatus:
-    return read_lenient(ProfileStatus, body, source=_ANSWER)
+    return read_lenient(ProfileStatus, body, source=ANSWER)
 
 
 def _model(model: Any, key: str | None = None) -> Callable[[Any], Any]:
     """The answer as ``model`` (of the body's field ``key``, for the list views)."""
     adapter: TypeAdapter[Any] = TypeAdapter(model)
-    return lambda body: read_lenient(adapter, body if key is None else body[key], source=_ANSWER)
+    return lambda body: read_lenient(adapter, body if key is None else body[key], source=ANSWER)
 
 
 def _dropped(body: Any) -> None:
