@@ -242,7 +242,11 @@ def test_unknown_field_is_422(http):
     r = http.post("/v1/profiles", json={"target": LIVE_TARGET, "steps": 1, "bucket": "s3://elsewhere"})
 
     assert r.status_code == 422
-    assert r.json() == {"error": "validation_error", "detail": "body.bucket: Extra inputs are not permitted"}
+    assert r.json() == {
+        "error": "validation_error",
+        "detail": "body.bucket: Extra inputs are not permitted (a field this service does not know: misspelt, or an "
+        "option of a newer rayprof than the service's)",
+    }
 
 
 @pytest.mark.parametrize("target", ["../x", "..", "a/b", ".hidden", "x..y"])
