@@ -78,7 +78,6 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-
 RecordT = TypeVar("RecordT")
 _PROBLEMS_SHOWN = 3
 
@@ -88,7 +87,7 @@ def read_lenient(kind: type[RecordT] | TypeAdapter[RecordT], data: Any, *, sourc
     reads it: the service's answers to a client, a manifest in storage or in a downloaded folder.
 
     Fields this release does not know are left out, so a client may run an older rayprof than the service
-    (every release adds fields; one that removes or changes a field changes the API's version). What this
+    (a release adds fields; tests/unit/test_release_mix.py reads a summary the first day's code wrote). What this
     process acts on stays strict: requests, and the controller's own saved state, which it writes back.
     Anything else that does not fit raises :class:`IncompatibleRecordError` naming ``source``.
     """

@@ -68,6 +68,7 @@ _DEFAULT_HEADERS = (
     (b"x-frame-options", b"DENY"),
 )
 
+
 def error_response(status: int, code: str, detail: str) -> JSONResponse:
     """Every error body: ``{"error": code, "detail": message}``."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
