@@ -38,8 +38,10 @@ step time:
                   or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
                   forward span (``*.forward`` annotations such as ``DistributedDataParallel.forward``,
                   ``## forward ##``, or ``nn.Module:``).
- 8. The main thread is in no span of rules 1-7 (an untraced gap, or an op of no
-    phase). Then the other threads of the process say what it waits for:
+ 8. The main thread runs no op of its own (an untraced gap, or a ``record_function``
+    region with no op open in it: DualPipe's ``attn(B)`` waits there while the engine's
+    device thread runs the backward chunk). Then the other threads of the process say
+    what it waits for:
     ``backward`` while an autograd thread (a thread that runs backward spans)
     is busy (GPU backward),
     else ``comm`` while a collective runs on another thread (gloo's worker
@@ -245,6 +247,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ("forward", nested["forward"]),
     ]
     any_main_span = cover(main, skip=step_names)
+    main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
@@ -268,8 +271,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             taken = intersect(clip(intervals, start, t1), remaining)
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
-        # Rule 8: the main thread is idle in no span of its own.
-        idle = subtract(remaining, clip(any_main_span, t0, t1))
+        # Rule 8: the main thread runs no op of its own.
+        idle = subtract(remaining, clip(main_ops, t0, t1))
         for phase, intervals in (("backward", backward_elsewhere), ("comm", comm_elsewhere)):
             taken = intersect(clip(intervals, t0, t1), idle)
             phase_us[phase] += total(taken)

@@ -62,6 +62,24 @@ def test_a_closures_backward_run_by_the_autograd_thread_is_backward(tmp_path: Pa
     assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.3, 0.38, 0.22, 0.1))
 
 
+def test_a_region_waiting_while_the_autograd_thread_runs_backward_is_backward(tmp_path: Path) -> None:
+    # DeepSeek's DualPipe training trace (H800): the main thread opens record_function regions around the whole
+    # step ("1F1B") and each chunk ("attn(F)", "attn(B)"); in a backward chunk it runs no op of its own while the
+    # autograd engine's device thread runs the backward nodes. Before, any open region counted as the main
+    # thread's own work: backward was 0.5 ms of a 112 ms step, the rest forward and other.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("1F1B", 10, 980, cat="user_annotation"),
+        x_event("attn(F)", 20, 300, cat="user_annotation"),
+        x_event("aten::linear", 30, 280),
+        x_event("attn(B)", 400, 500, cat="user_annotation"),
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 420, 450, tid=2),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    (rank,) = analyze_folder(tmp_path).ranks
+    assert rank.mean_phases.backward == pytest.approx(0.45)
+
+
 def test_without_profiler_steps_the_python_thread_is_main_though_the_autograd_thread_is_busier(tmp_path: Path) -> None:
     # TraceLens' MI300 DDP ResNet-18 trace: no ProfilerStep; the autograd thread (backward, 528 ms an iteration)
     # is busier than the Python thread (forward 144 ms, SGD). Before, the autograd thread was taken for main: no
