@@ -52,6 +52,10 @@ _CONVOLUTION = re.compile(r"conv(?!ert)|dgrad|wgrad|fprop|winograd|scudnn|implic
 # Names that say 16-bit data: ATen's templates (``c10::BFloat16``, ``c10::Half``), CUTLASS's and cuBLAS's
 # (``bfloat16_t``, ``__half``, ``bf16``), ROCm's (``batched_transpose_16x32_half``).
 _HALF = re.compile(r"bfloat16|c10::half|__half|bf16|fp16|(?:^|_)half(?:_|$)", re.IGNORECASE)
+_GROUPED = re.compile(r"grouped", re.IGNORECASE)
+# Namespaces of the kernels torch and the vendor libraries it calls ship (ATen's, CUTLASS's own, cuBLAS's, cuDNN's,
+# CUB's, torch's bundled FlashAttention): a kernel in any other namespace comes from a library the job brought.
+_STOCK_NAMESPACES = frozenset({"at", "c10", "cutlass", "cute", "cublas", "cublasLt", "cudnn", "cub", "internal", "pytorch_flash"})
 _LABELS = {
     "attention": "attention kernels",
     "embedding": "embedding lookups and their backward",
@@ -88,6 +92,22 @@ class KindTime:
     def half(self) -> bool:
         """Most of its time is in kernels whose names say 16-bit data (bf16, fp16)."""
         return self._mostly(_HALF)
+
+    @property
+    def library(self) -> str | None:
+        """The namespace of a kernel library of the job's own (DeepSeek's ``dpsk::``, TransformerEngine's) that
+        most of its time is in: torch.compile and cuBLAS's heuristics choose none of those kernels."""
+        by_library: dict[str, float] = {}
+        for k in self.kernels:
+            if (name := _own_library(k.name)) is not None:
+                by_library[name] = by_library.get(name, 0.0) + k.total_ms
+        name, ms = max(by_library.items(), key=lambda item: item[1], default=(None, 0.0))
+        return name if 2 * ms > sum(k.total_ms for k in self.kernels) else None
+
+    @property
+    def grouped(self) -> bool:
+        """Most of its time is in grouped GEMMs (a mixture of experts' per-expert matrix multiplies)."""
+        return self._mostly(_GROUPED)
 
     @property
     def convolutions(self) -> bool:
@@ -130,6 +150,12 @@ _BY_HAND = (
 )
 
 
+def _own_library(name: str) -> str | None:
+    """The leading namespace of a kernel's :func:`short_name` when it is none of torch's or the vendor libraries'."""
+    head, sep, _ = short_name(name).partition("::")
+    return head if sep and head not in _STOCK_NAMESPACES else None
+
+
 def _softmax_leads(t: KindTime) -> bool:
     """Half the kind's time or more is in plain softmax kernels (not log_softmax: that is the loss's)."""
     ms = sum(k.total_ms for k in t.kernels if "softmax" in k.name.lower() and "logsoftmax" not in k.name.lower())
@@ -146,11 +172,14 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator
             + in_loop(loop, half_changes(device, tf32=True))
         )
     if t.kind == "matmul" and t.low_precision:
-        # Precision is spent already: telling an fp4/fp8 job to try fp8 names no change.
+        # Precision is spent already: telling an fp4/fp8 job to try fp8 names no change. Kernels of a library of the
+        # job's own (DeepSeek's grouped GEMMs) are that library's to tune: torch.compile does not pick them.
+        padded = "each expert's token count in the grouped GEMMs" if t.grouped else "pad the vocabulary"
+        whose = f", in {t.library}'s own kernels, which torch.compile does not choose" if t.library else ""
+        tuning = "" if t.library else ", torch.compile(mode='max-autotune') to pick the GEMM kernels"
         return (
-            f"{figure}, in 8-bit or narrower precision by their names already: the math itself is the cost: shapes in "
-            "multiples of 128 so every tile is full (pad the vocabulary), torch.compile(mode='max-autotune') to pick the "
-            "GEMM kernels, or fewer FLOPs (a smaller model, sparsity)."
+            f"{figure}, in 8-bit or narrower precision by their names already: the math itself is the cost{whose}: "
+            f"shapes in multiples of 128 so every tile is full ({padded}){tuning}, or fewer FLOPs (a smaller model, sparsity)."
         )
     if t.kind == "matmul":
         return (

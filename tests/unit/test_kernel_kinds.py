@@ -112,6 +112,30 @@ def test_gemms_in_fp8_or_fp4_already_are_not_told_to_try_fp8(tmp_path: Path) -> 
     assert "fp8 where the device has it" not in fix and "torch.autocast" not in fix
 
 
+def test_fp8_grouped_gemms_of_a_library_of_the_jobs_own_are_not_sent_to_torch_compile(tmp_path: Path) -> None:
+    # DeepSeek's DualPipe training trace (H800): its fp8 grouped GEMMs are dpsk::grouped_gemm's, under CUTLASS's
+    # launch wrapper. Before: "torch.compile(mode='max-autotune') to pick the GEMM kernels" (it picks none of a
+    # library's own) and "pad the vocabulary" for a mixture of experts' per-expert GEMMs.
+    fix = _busy(tmp_path, [
+        ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)", 600),
+        ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::m_grouped_fp8_ptp128c::GemmKernel>(dpsk::grouped_gemm::Params)", 300),
+    ])
+    assert "in dpsk's own kernels, which torch.compile does not choose" in fix
+    assert "each expert's token count in the grouped GEMMs" in fix
+    assert "max-autotune" not in fix and "vocabulary" not in fix
+
+
+@pytest.mark.parametrize(("name", "library"), [
+    ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(dpsk::grouped_gemm::Params)", "dpsk"),
+    ("void transformer_engine::fp8_gemm_kernel<128>(x)", "transformer_engine"),
+    ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", None),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_nn_align8>(Params)", None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)", None),
+])
+def test_a_kernels_library_is_its_namespace_unless_torch_or_a_vendor_library_ships_it(name: str, library: str | None) -> None:
+    assert KindTime("matmul", 1.0, (OpStat(name=name, calls=1, total_ms=1.0),)).library == library
+
+
 def test_kernels_on_streams_that_overlap_say_their_shares_overlap(tmp_path: Path) -> None:
     # HTA's MTIA inference trace: kernels on several queues add up to 42.0 ms of a 25.1 ms iteration, and the shares
     # read "other 42.0 ms (168%)" with nothing to say why.
