@@ -16,6 +16,7 @@ _EXPORTS = {
     "ClusterNameInUseError": "orchestrator.errors",
     "ConfigurationError": "orchestrator.errors",
     "ConflictError": "orchestrator.errors",
+    "ControllerBuildMismatchError": "orchestrator.errors",
     "ControllerUnavailableError": "orchestrator.errors",
     "ForbiddenError": "orchestrator.errors",
     "IdempotencyKeyReusedError": "orchestrator.errors",

@@ -14,7 +14,8 @@
     ├── ConflictError             a window already runs on the target (HTTP 409)
     ├── ControllerUnavailableError  the control actor cannot be reached (HTTP 503)
     │   ├── RestoringError        it is still reading its saved state from storage
-    │   └── ClusterNameInUseError  another live cluster holds its cluster name's lease
+    │   ├── ClusterNameInUseError  another live cluster holds its cluster name's lease
+    │   └── ControllerBuildMismatchError  it runs another rayprof build (it outlived an upgrade)
     ├── StorageError              reading or writing artifacts failed
     │   ├── IntegrityError        an artifact's bytes do not match the manifest
     │   ├── AlreadyExistsError    a write that must not replace an object found one (a manifest)
@@ -142,6 +143,13 @@ class RestoringError(ControllerUnavailableError):
 
 class ClusterNameInUseError(ControllerUnavailableError):
     code = "cluster_name_in_use"
+
+
+class ControllerBuildMismatchError(ControllerUnavailableError):
+    """The control actor runs another build of rayprof than its caller: a detached actor keeps the code it
+    started with through an upgrade (:mod:`actors.controller.upgrade`)."""
+
+    code = "controller_build_mismatch"
 
 
 class StorageError(RayprofError):

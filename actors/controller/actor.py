@@ -45,6 +45,7 @@ from actors.controller.saved.name_lease import NameLease
 from actors.controller.saved.persistence import Persistence
 from actors.controller.saved.retention import Retention
 from actors.controller.startup import Startup
+from orchestrator.build import build_id
 from orchestrator.config import controller_config
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig, TargetInfo
@@ -81,6 +82,8 @@ class Controller(Startup, AgentSide, ClientSide):
         clock: Clock = SYSTEM_CLOCK,
         recorder: Callable[[], Recorder] | None = None,
     ) -> None:
+        # The code this process loaded, read before anything can upgrade the files under it.
+        self._build = build_id()
         # Ray leaves an actor's root logger at WARNING; state changes are worth keeping.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # State lives where the constructor's config points: a restarted actor
@@ -149,11 +152,12 @@ class Controller(Startup, AgentSide, ClientSide):
         self._spawn(self._leases.renew_forever())
 
     async def ping(self) -> str:
-        """Liveness check; also starts background work. A controller refused its cluster name says so."""
+        """Liveness check, answered with this controller's build id (:func:`orchestrator.build.build_id`); also
+        starts background work. A controller refused its cluster name says so."""
         await self._ensure_started()
         if self._refusal is not None:
             raise self._refusal
-        return "ok"
+        return self._build
 
     async def configure(self, storage: StorageSpec) -> None:
         """Change where new profiles are stored (server configuration, never per request)."""

@@ -6,11 +6,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.build import release
 from orchestrator.cli import analyze_command as analyze_cmd
 from orchestrator.cli import commands as cmd
 from orchestrator.cli import diff_command as diff_cmd
@@ -72,14 +72,6 @@ def _token_arguments(group: Any, what: str) -> None:
     group.add_argument("--token", default=None, help=f"{what} itself (visible in `ps`: prefer --token-file)")
 
 
-def _version() -> str:
-    """The version has one source, pyproject.toml, read back from the installed package's metadata."""
-    try:
-        return metadata.version("rayprof")
-    except metadata.PackageNotFoundError:
-        return "(not installed: run from a source tree)"
-
-
 def _parser() -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
     group = connection.add_argument_group("connection")
@@ -106,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayprof", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--version", action="version", version=f"rayprof {_version()}")
+    parser.add_argument("--version", action="version", version=f"rayprof {release()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, parents: Sequence[Any]) -> Any:
@@ -147,6 +139,12 @@ def _parser() -> argparse.ArgumentParser:
         help="/mcp leaves out the tools that act (profile, take_stacks, create_watch, delete_watch); "
         "default $RAYPROF_MCP_READ_ONLY",
     )
+    p.add_argument(
+        "--replace-controller",
+        action="store_true",
+        help="replace a control actor that runs another rayprof build (it outlives upgrades); the new one "
+        "restores its state from storage, as after a restart",
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
 
     command("targets", cmd.targets, "list live training runs and their ranks", [connection])
@@ -184,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
 
     stacks_cmd.add_commands(command, [connection])
     history_cmd.add_command(command, [connection])
-    mcp_cmd.add_command(command, [connection], _version())
+    mcp_cmd.add_command(command, [connection], release())
 
     p = command("status", cmd.status, "state and per-rank progress of a profile", [connection])
     p.add_argument("id")

@@ -26,6 +26,7 @@ from ray import serve
 
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
+from orchestrator.build import build_mismatch
 from orchestrator.config import mcp_read_only as resolve_mcp_read_only
 from orchestrator.config import storage_spec
 from orchestrator.errors import (
@@ -116,6 +117,8 @@ class ProfilingService(ConsoleRoutes):
         self._pinned = controller is not None
         self._controller: ControllerRpc | None = ControllerRpc(controller) if controller is not None else None
         self._configured: Awaitable[None] | None = None
+        # Whether the controller behind self._controller answered ping with this build (checked once per handle).
+        self._same_build = False
         self._mcp_endpoint: Any = None  # orchestrator.mcp.http.McpEndpoint, made on the first /mcp request
         if controller is None:
             # Create the control actor now, not on the first request: agents only
@@ -127,6 +130,7 @@ class ProfilingService(ConsoleRoutes):
         from orchestrator.config import controller_config
 
         self._controller = ControllerRpc(create_controller(controller_config(self._storage)))
+        self._same_build = False
         if self._storage is not None:
             # An actor that already existed keeps its old storage unless told; the
             # reply is awaited before the next call so errors are not lost.
@@ -142,6 +146,12 @@ class ProfilingService(ConsoleRoutes):
                 if self._configured is not None:
                     await asyncio.wait_for(self._configured, timeout)
                     self._configured = None
+                if not self._same_build:
+                    # A detached controller outlives an upgrade of the service: one of another build is refused.
+                    refusal = build_mismatch(await asyncio.wait_for(controller.remote(Api.ping), timeout))
+                    if refusal is not None:
+                        raise refusal
+                    self._same_build = True
                 result: R = await asyncio.wait_for(controller.remote(op, *args, **kwargs), timeout)
                 return result
         except ControllerUnavailableError as e:
@@ -163,10 +173,9 @@ class ProfilingService(ConsoleRoutes):
         self._guard.check(request, credentials)
         return JSONResponse(api.openapi())
 
-    @api.get("/healthz", summary="Liveness: the service and its control actor answer")
+    @api.get("/healthz", summary="Liveness: the service and its control actor answer, with the build they run")
     async def healthz(self) -> dict[str, str]:
-        await self._ask(Api.ping)
-        return {"status": "ok"}
+        return {"status": "ok", "build": await self._ask(Api.ping)}
 
     @api.post("/v1/profiles", status_code=202, response_model=ProfileView, summary="Start a profile")
     async def create_profile(

@@ -10,6 +10,7 @@ import pytest
 from orchestrator import (
     ProfilingClient,
 )
+from orchestrator.build import build_id
 from orchestrator.models.profile import Manifest
 from tests.support.common import LIVE_TARGET, wait_for
 from tests.support.serve_fixtures import (
@@ -142,7 +143,8 @@ def test_targets_lists_the_live_run_with_its_ranks(live_job, http):
 
 
 def test_healthz_and_docs_are_served(service, http):
-    assert http.get("/healthz").json() == {"status": "ok"}
+    # The service and the control actor it created run one build: the one this test imports.
+    assert http.get("/healthz").json() == {"status": "ok", "build": build_id()}
     assert http.get("/docs").status_code == 200
     paths = http.get("/openapi.json").json()["paths"]
     assert {"/v1/profiles", "/v1/profiles/{profile_id}", "/v1/profiles/{profile_id}/report", "/v1/targets"} <= set(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from actors.controller.actor import Controller
+from orchestrator.build import build_id
 from orchestrator.errors import RestoringError, StorageError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.requests import ProfileRequest, ProfileState, RankState
@@ -59,7 +60,7 @@ def test_unreachable_home_storage_does_not_wedge_the_controller(tmp_path):
         return pong, targets
 
     pong, targets = run(go())
-    assert pong == "ok"
+    assert pong == build_id()
     assert [t.name for t in targets] == ["run"]
 
 

@@ -17,6 +17,7 @@ from actors.controller import startup
 from actors.controller.actor import Controller
 from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.saved.name_lease import LeaseRecord
+from orchestrator.build import build_id
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import lease_record_key
 from orchestrator.models.agent_protocol import StorageSpec
@@ -216,7 +217,7 @@ def test_a_name_is_free_again_once_its_holder_stops_renewing(home, monkeypatch):
 
         async def b_serves() -> bool:
             with contextlib.suppress(ClusterNameInUseError):
-                return await b.ping() == "ok"
+                return await b.ping() == build_id()
             return False
 
         # b's clock moves on; b retries its start on real time (RESTORE_RETRY_S), so each try waits a turn of it.

@@ -81,6 +81,8 @@ def test_get_report_and_delete_of_a_profile_make_one_controller_call_each(home, 
             return response
 
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL) as http:
+            # The service's first call through a handle also checks the controller's build: made here, uncounted.
+            assert (await http.get("/healthz")).status_code == 200
             running = (await controller.submit(ProfileRequest(target="run", steps=2))).id
             await status_when(controller, running, lambda s: s.state == ProfileState.SCHEDULED, timeout_s=10)
             body = (await request("DELETE running", "DELETE", f"/v1/profiles/{running}")).json()
