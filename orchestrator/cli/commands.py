@@ -112,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from actors.controller.upgrade import retire_other_build
     from orchestrator.ray_compat import auth_errors
     from orchestrator.service.app import build_app
 
@@ -139,6 +140,9 @@ def serve(args: argparse.Namespace) -> int:
             f"rayprof: no running Ray cluster to deploy onto ({e}); start one with `ray start --head`", file=sys.stderr
         )
         return EXIT_FAILED
+    # Before deploying: a control actor left by another build is refused (nothing deployed) or replaced.
+    if retire_other_build(replace=args.replace_controller):
+        print("rayprof: replaced the control actor of another rayprof build", file=sys.stderr)
     serve.start(http_options={"host": args.host, "port": args.port})
     # After serve.start: the build checks the address Serve really binds.
     app = build_app(

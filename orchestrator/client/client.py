@@ -208,16 +208,21 @@ class ProfilingClient:
         s3_endpoint_url: str | None = None,
         s3_region: str | None = None,
         address: str | None = None,
+        replace_controller: bool = False,
     ) -> ProfilingClient:
         """Connect to the control actor of the current Ray cluster, creating it if absent.
 
         ``storage`` (a path or ``s3://bucket/prefix``) sets where profiles are
-        stored; default: ``RAYPROF_STORAGE`` or a local folder.
+        stored; default: ``RAYPROF_STORAGE`` or a local folder. A control actor
+        of another rayprof build (the detached actor outlives an upgrade) raises
+        :class:`~orchestrator.errors.ControllerBuildMismatchError`, or is replaced
+        by one of this build with ``replace_controller`` (it restores its state
+        from storage, as after a restart).
         """
         import ray
 
-        from actors.controller.actor import create_controller
         from actors.controller.rpc import ControllerRpc
+        from actors.controller.upgrade import connect
         from orchestrator.client.ray_backend import ActorBackend
         from orchestrator.config import controller_config, default_storage_spec
 
@@ -231,7 +236,7 @@ class ProfilingClient:
                 s3_endpoint_url=s3_endpoint_url or default.s3_endpoint_url,
                 s3_region=s3_region or default.s3_region,
             )
-        handle = create_controller(controller_config(spec))
+        handle = connect(controller_config(spec), replace=replace_controller)
         if spec is not None:
             ray.get(ControllerRpc(handle).remote(Api.configure, spec))
         return cls(backend=ActorBackend(handle))

@@ -3,6 +3,8 @@ control actor through Ray (inside the cluster).
 
 How long a call may take and whether it is retried come from the operation's policy
 (:func:`orchestrator.models.api.policy`): reads ride out a controller restart, writes are sent once.
+A controller killed for good and started anew (``rayprof serve --replace-controller``) is followed by its
+name, once it has answered with this build.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.controller.handle import find_controller
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
+from orchestrator.build import build_mismatch
 from orchestrator.errors import ControllerUnavailableError
 from orchestrator.models.api import ProfilingApi, bind, call_timeout, repeatable
 
@@ -30,7 +34,9 @@ class ActorBackend:
     """Calls the control actor through Ray."""
 
     def __init__(self, handle: Any) -> None:
+        """``handle``: a control actor that answered ``ping`` with this build."""
         self._controller = ControllerRpc(handle)
+        self._same_build = True
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``name(*args, **kwargs)`` on the control actor, as its policy says: timed, retried when safe."""
@@ -44,12 +50,29 @@ class ActorBackend:
         for attempt in range(retries + 1):
             try:
                 with ray_errors():
+                    if not self._same_build:
+                        refusal = build_mismatch(ray.get(self._controller.remote(ProfilingApi.ping), timeout=timeout))
+                        if refusal is not None:
+                            raise refusal
+                        self._same_build = True
                     return ray.get(self._controller.remote(op, **arguments), timeout=timeout)
             except ControllerUnavailableError as e:
-                if not is_unreachable(e) or attempt == retries:
+                if not is_unreachable(e):
+                    raise
+                self._follow_name()
+                if attempt == retries:
                     raise
                 time.sleep(1.0)
         raise AssertionError("unreachable")
+
+    def _follow_name(self) -> None:
+        """After an unreachable call: the actor that holds the controller's name now, where it is another one
+        (the old was killed for good and replaced), its build checked before the next call. A restarting
+        controller keeps its actor, and its handle."""
+        handle = find_controller()
+        if handle is not None and handle._actor_id != self._controller.handle._actor_id:
+            self._controller = ControllerRpc(handle)
+            self._same_build = False
 
     def diff(self, a: str, b: str) -> ProfileDiff:
         """Compared here, in the caller's process: each side read from the storage its record names."""

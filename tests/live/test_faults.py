@@ -13,10 +13,13 @@ import ray
 
 from actors.controller.handle import find_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
+from orchestrator.build import BEFORE_BUILD_IDS
 from orchestrator.cli.example_job import ExampleJob
+from orchestrator.errors import ControllerBuildMismatchError
 from orchestrator.layout import index_key, state_key
 from orchestrator.manifest import verify_manifest
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.settings import CONTROLLER_NAME, CONTROLLER_NAMESPACE
 from orchestrator.storage import open_storage
 from tests.support.common import LIVE_TARGET, MAX_TRACE_BYTES, wait_for
 from tests.support.tracefiles import load_trace, profiler_steps
@@ -102,6 +105,35 @@ def test_controller_restart_keeps_finished_profiles(live_job, file_store):
     restored = file_store.client.get(done.profile_id)
     assert restored.last_status.state == ProfileState.DONE
     assert restored.manifest() == done
+
+
+@ray.remote(num_cpus=0)
+class _OlderRelease:
+    """A control actor of a rayprof release before build ids, as far as this test reaches it: ``ping`` answers as
+    those did. Agents and relays that call it get an error for every other method, and keep retrying."""
+
+    async def ping(self) -> str:
+        return BEFORE_BUILD_IDS
+
+
+def test_a_controller_of_an_older_release_is_refused_then_replaced(live_job, client, file_store):
+    done = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
+    # An upgrade leaves the detached controller running the code it started with. Stand in for an older release's:
+    # kill this one for good and start, under its name, an actor that answers ping as older releases did.
+    ray.kill(find_controller(), no_restart=True)
+    wait_for(lambda: find_controller() is None, timeout=60, what="the controller's name to be free")
+    older = _OlderRelease.options(name=CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE, lifetime="detached").remote()
+    assert ray.get(older.ping.remote(), timeout=60) == BEFORE_BUILD_IDS
+
+    with pytest.raises(ControllerBuildMismatchError, match="from before build ids"):
+        ProfilingClient.in_cluster()
+    # Started with the storage the first one was (the session's default): its saved state comes back.
+    replaced = ProfilingClient.in_cluster(replace_controller=True)
+
+    assert replaced.get(done.profile_id).manifest() == done
+    assert replaced.profile(LIVE_TARGET, steps=1).wait(timeout=120).status == ProfileState.DONE
+    # A client made before the replacement follows the controller's name to the new actor.
+    assert LIVE_TARGET in {t.name for t in client.targets()}
 
 
 def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on_restart(live_job, file_store):

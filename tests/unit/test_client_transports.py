@@ -26,7 +26,7 @@ PUBLIC_SIGNATURES = [
     "ProfilingClient.get(self, profile_id: 'str') -> 'ProfileHandle'",
     "ProfilingClient.get_watch(self, watch_id: 'str') -> 'WatchStatus'",
     "ProfilingClient.history(self, target: 'str', *, run: 'str | None' = None, span_s: 'float' = 600.0, ranks: 'list[int] | None' = None, max_points: 'int' = 4096) -> 'TargetHistory'",
-    "ProfilingClient.in_cluster(*, storage: 'str | None' = None, s3_endpoint_url: 'str | None' = None, s3_region: 'str | None' = None, address: 'str | None' = None) -> 'ProfilingClient'",
+    "ProfilingClient.in_cluster(*, storage: 'str | None' = None, s3_endpoint_url: 'str | None' = None, s3_region: 'str | None' = None, address: 'str | None' = None, replace_controller: 'bool' = False) -> 'ProfilingClient'",
     "ProfilingClient.list(self, target: 'str | None' = None, state: 'ProfileState | str | None' = None, *, limit: 'int' = 100, offset: 'int' = 0) -> 'ProfilePage'",
     "ProfilingClient.profile(self, target: 'str', steps: 'int', *, idempotency_key: 'str | None' = None, **options: 'Any') -> 'ProfileHandle'",
     "ProfilingClient.stacks(self, target: 'str', *, native: 'bool' = False, run: 'str | None' = None) -> 'StacksBundle'",
