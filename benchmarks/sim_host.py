@@ -32,6 +32,7 @@ class SimHost:
     ) -> None:
         from actors.controller.handle import find_controller
         from actors.relay import RelayCore
+        from orchestrator.build import build_id
         from orchestrator.models.agent_protocol import WorkerInfo
 
         self.infos = [
@@ -39,6 +40,7 @@ class SimHost:
                 agent_id=f"sim-{target}-{r}", target=target, world_rank=r, world_size=world_size, local_rank=r % 8,
                 node_rank=host, node_id=f"simnode{host}", host=f"sim{host}", pid=100_000 + r, device="cpu",
                 torch_version="sim",
+                build=build_id(),
             )
             for r in ranks
         ]

@@ -102,11 +102,13 @@ def _minor_faults() -> int:
 
 
 def _info(rank: int = 0):
+    from orchestrator.build import build_id
     from orchestrator.models.agent_protocol import WorkerInfo
 
     return WorkerInfo(
         agent_id=f"bench-{rank}", target="bench", world_rank=rank, world_size=1, local_rank=0, node_rank=0,
         node_id="n", host="bench", pid=1000 + rank, device="cpu", torch_version=torch.__version__,
+        build=build_id(),
     )
 
 

@@ -33,6 +33,7 @@ from actors.agent.memory_watch import MemoryWatch
 from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
 from actors.upstream import AgentUpstreamRpc
+from orchestrator.build import build_id
 from orchestrator.loops import loop_of_stack
 from orchestrator.models.agent_protocol import (
     ArmCommand,
@@ -390,4 +391,5 @@ def _worker_info() -> WorkerInfo | None:
         submission_id=submission_id,
         experiment_path=experiment_path,
         torch_version=torch.__version__,
+        build=build_id(),
     )

@@ -215,7 +215,20 @@ def targets(args: argparse.Namespace) -> int:
             out(f"{t.name}: {' | '.join(definitions)}")
         if t.stall_stacks:
             out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof status {t.stall_stacks})")
+        if t.other_build_ranks:
+            out(
+                f"{t.name}: {_which_ranks(t.other_build_ranks, len(t.ranks))} another rayprof build than the controller "
+                "(the job started before an upgrade): restart the job to profile it with this build"
+            )
     return EXIT_OK
+
+
+def _which_ranks(ranks: list[int], of: int, shown: int = 8) -> str:
+    """'every rank's agent runs', or 'the agents of ranks 0, 1 and 3 more run': a line, however large the job."""
+    if len(ranks) == of:
+        return "every rank's agent runs"
+    more = f" and {len(ranks) - shown} more" if len(ranks) > shown else ""
+    return f"the agents of ranks {', '.join(map(str, ranks[:shown]))}{more} run"
 
 
 def _profile_options(args: argparse.Namespace) -> dict[str, Any]:

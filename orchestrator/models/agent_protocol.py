@@ -46,6 +46,9 @@ class WorkerInfo(StrictModel):
     submission_id: str | None = None
     experiment_path: str | None = None
     torch_version: str
+    build: str | None = Field(
+        default=None, description="The rayprof build the agent runs (orchestrator.build); None: a release before build ids."
+    )
 
 
 class Heartbeat(StrictModel):

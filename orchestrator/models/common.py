@@ -77,6 +77,23 @@ ArtifactKey = Annotated[str, Field(min_length=1, max_length=_KEY_MAX_LENGTH), Af
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        """Unpickled (a record crossing processes through Ray) as another rayprof build pickled it: an agent that
+        started before its controller was replaced by an upgrade's. Fields that build did not have take their
+        defaults, where a later one reads them; one without a default makes the record unreadable, said so.
+        Fields only it had are never read here."""
+        super().__setstate__(state)
+        fields = type(self).model_fields
+        missing = [name for name in fields if name not in self.__dict__]
+        required = [name for name in missing if fields[name].is_required()]
+        if required:
+            raise IncompatibleRecordError(
+                f"a {type(self).__name__} from another rayprof build lacks {', '.join(required)}: restart the process "
+                "that sent it (a training job started before rayprof was upgraded) so it runs this build"
+            )
+        for name in missing:
+            self.__dict__[name] = fields[name].get_default(call_default_factory=True, validated_data=self.__dict__)
+
 
 RecordT = TypeVar("RecordT")
 _PROBLEMS_SHOWN = 3

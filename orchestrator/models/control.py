@@ -81,6 +81,11 @@ class TargetInfo(StrictModel):
     median_step_time_s: float | None = None
     lagging_ranks: list[int] = Field(default_factory=list, description="Ranks at least RAYPROF_LAG_STEPS behind.")
     stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
+    other_build_ranks: list[int] = Field(
+        default_factory=list,
+        description="Ranks whose agent runs another rayprof build than the controller (the job started before an "
+        "upgrade): they keep that code until the job restarts.",
+    )
 
 
 class ControllerConfig(StrictModel):

@@ -23,6 +23,7 @@ import torch
 from actors.controller.actor import Controller
 from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.saved.persistence import Persistence
+from orchestrator.build import build_id
 from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import (
     ArmCommand,
@@ -126,6 +127,7 @@ def worker_info(rank: int, world_size: int, target: str = "run", job: str = "job
         device="cpu",
         ray_job_id=job,
         torch_version=torch.__version__,
+        build=build_id(),  # an agent of this build, as the controller's own
     )
 
 

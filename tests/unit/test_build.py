@@ -1,17 +1,24 @@
-"""A control actor outlives upgrades (it is detached): a build id tells its code from its caller's, and the
-service refuses a controller of another build with what to do. The real service app in process
+"""A control actor outlives upgrades (it is detached): a build id tells its code from its caller's, the
+service refuses a controller of another build with what to do, and agents of another build (a job started
+before the upgrade) are read and named. The real service app in process
 (tests/support/inprocess_service.py); the replacement itself runs on a live cluster
 (tests/live/test_faults.py::test_a_controller_of_an_older_release_is_refused_then_replaced)."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
 import pytest
 
 from orchestrator.build import BEFORE_BUILD_IDS, build_id, build_mismatch, release, source_digest
-from tests.support.fake_agents import make_controller, run
+from orchestrator.cli import commands
+from orchestrator.errors import IncompatibleRecordError
+from orchestrator.models.agent_protocol import WorkerInfo
+from orchestrator.models.control import TargetInfo, WorkerStatus
+from tests.support.common import cli_results
+from tests.support.fake_agents import make_controller, run, worker_info
 from tests.support.inprocess_service import service_client
 
 BODY = {"target": "run", "steps": 3}
@@ -94,3 +101,55 @@ def test_healthz_names_the_build_the_service_and_its_controller_run(home, monkey
             return await http.get("/healthz")
 
     assert run(go()).json() == {"status": "ok", "build": build_id()}
+
+
+# ---- agents of another build (a job started before the upgrade) -------------------------------
+
+
+def _as_unpickled_from_a_build_without(info: WorkerInfo, *fields: str) -> WorkerInfo:
+    """``info`` as unpickling rebuilds it (``__new__``, then ``__setstate__``) from a build whose WorkerInfo
+    lacked ``fields``: what the controller receives through Ray from such an agent."""
+    state = info.__getstate__()
+    state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k not in fields}
+    state["__pydantic_fields_set__"] = state["__pydantic_fields_set__"] - set(fields)
+    record = WorkerInfo.__new__(WorkerInfo)
+    record.__setstate__(state)
+    return record
+
+
+def test_a_record_from_a_build_without_a_later_field_reads_as_its_default() -> None:
+    # Before: AttributeError ('WorkerInfo' object has no attribute 'build') wherever the controller read it.
+    record = _as_unpickled_from_a_build_without(worker_info(0, 1), "build")
+    assert record.build is None
+    assert record == worker_info(0, 1).model_copy(update={"build": None})
+
+
+def test_a_record_from_a_build_without_a_required_field_is_refused_with_what_to_do() -> None:
+    with pytest.raises(IncompatibleRecordError, match="WorkerInfo from another rayprof build lacks torch_version: restart"):
+        _as_unpickled_from_a_build_without(worker_info(0, 1), "torch_version")
+
+
+def test_targets_name_the_ranks_whose_agents_run_another_build(home) -> None:
+    async def go():
+        c = make_controller(home)
+        for rank, build in ((0, build_id()), (1, None)):
+            await c.register(worker_info(rank, 2).model_copy(update={"build": build}))
+        return await c.targets()
+
+    (target,) = run(go())
+    assert target.other_build_ranks == [1]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "said"),
+    [([1], "run: the agents of ranks 1 run another rayprof build"), ([0, 1], "run: every rank's agent runs another rayprof build")],
+)
+def test_rayprof_targets_says_to_restart_a_job_whose_agents_run_another_build(monkeypatch, ranks, said) -> None:
+    ranks_now = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5) for r in (0, 1)]
+    target = TargetInfo(name="run", world_size=2, ranks=ranks_now, other_build_ranks=ranks)
+    monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: [target]})())
+
+    status, printed = cli_results(commands.targets, argparse.Namespace(json=False))
+    assert status == 0
+    (line,) = [line for line in printed.splitlines() if "another rayprof build" in line]
+    assert line.startswith(said) and line.endswith("restart the job to profile it with this build")

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from actors.controller.diagnosis.health import Health
+from orchestrator.build import build_id
 from orchestrator.errors import ForbiddenError
 from orchestrator.models.agent_protocol import Command, WorkerInfo
 from orchestrator.models.control import TargetInfo, WorkerStatus
@@ -351,6 +352,7 @@ class Registry:
                         median_step_time_s=h.median_step_s,
                         lagging_ranks=h.lagging,
                         stall_stacks=stall_stacks.get((name, run)),
+                        other_build_ranks=[w.info.world_rank for w in ranks if w.info.build != build_id()],
                     )
                 )
         return found
