@@ -13,7 +13,7 @@ from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.intervals import total, union
 from orchestrator.analysis.phases import innermost
 from orchestrator.analysis.spans import is_backward
-from orchestrator.models.analysis import PHASES
+from orchestrator.models.analysis import PHASES, PhaseTimes
 from orchestrator.traces.loader import Span
 from tests.support.realtraces import EXTERNAL_CASES, external, h100
 from tests.support.tracefiles import case, load_trace, write_trace, x_event
@@ -44,20 +44,24 @@ def test_a_closure_optimizers_forward_and_backward_are_not_optimizer_time(name: 
         assert step.phases.total() == pytest.approx(step.duration_ms, rel=1e-6)
 
 
+def _phases(folder: Path, events: list[dict]) -> PhaseTimes:
+    """The mean phases of a one-rank trace of ``events``, written to ``folder``."""
+    write_trace(folder / "rank0.pt.trace.json", events, world_size=1)
+    (rank,) = analyze_folder(folder).ranks
+    return rank.mean_phases
+
+
 def test_a_closures_backward_run_by_the_autograd_thread_is_backward(tmp_path: Path) -> None:
     # GPU-shaped: inside Optimizer.step the main thread runs the closure's forward ops, then waits in no op while
     # the autograd engine's device thread runs backward, then does the optimizer's own update.
-    events = [
+    p = _phases(tmp_path, [
         x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
         x_event("Optimizer.step#Adam.step", 100, 800, cat="user_annotation"),
         x_event("Optimizer.zero_grad#Adam.zero_grad", 100, 10, cat="user_annotation"),
         x_event("aten::linear", 120, 180),
         x_event("autograd::engine::evaluate_function: AddmmBackward0", 310, 380, tid=2),
         x_event("aten::add_", 700, 180),
-    ]
-    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
-    (rank,) = analyze_folder(tmp_path).ranks
-    p = rank.mean_phases
+    ])
     # forward: before the step (100 µs) and the step's own time before the first backward (110-310 µs).
     assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.3, 0.38, 0.22, 0.1))
 
@@ -67,17 +71,15 @@ def test_a_region_waiting_while_the_autograd_thread_runs_backward_is_backward(tm
     # step ("1F1B") and each chunk ("attn(F)", "attn(B)"); in a backward chunk it runs no op of its own while the
     # autograd engine's device thread runs the backward nodes. Before, any open region counted as the main
     # thread's own work: backward was 0.5 ms of a 112 ms step, the rest forward and other.
-    events = [
+    phases = _phases(tmp_path, [
         x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
         x_event("1F1B", 10, 980, cat="user_annotation"),
         x_event("attn(F)", 20, 300, cat="user_annotation"),
         x_event("aten::linear", 30, 280),
         x_event("attn(B)", 400, 500, cat="user_annotation"),
         x_event("autograd::engine::evaluate_function: AddmmBackward0", 420, 450, tid=2),
-    ]
-    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
-    (rank,) = analyze_folder(tmp_path).ranks
-    assert rank.mean_phases.backward == pytest.approx(0.45)
+    ])
+    assert phases.backward == pytest.approx(0.45)
 
 
 def test_without_profiler_steps_the_python_thread_is_main_though_the_autograd_thread_is_busier(tmp_path: Path) -> None:
