@@ -70,7 +70,7 @@ class ProfilingApi(Protocol):
 
     ``builtins.list`` in annotations: the operation ``list`` names ``list`` in this class's body."""
 
-    @_policy(CallPolicy(limit_s=5.0))
+    @_policy(CallPolicy(idempotent=True, limit_s=5.0))
     async def ping(self) -> str: ...
     async def configure(self, storage: StorageSpec) -> None: ...
     @_policy(_READ)

@@ -16,17 +16,13 @@ Python::
 # No ``from __future__ import annotations`` here: Serve's class-based ingress
 # rebuilds route signatures and cannot resolve string annotations, so FastAPI
 # would treat the body, Request and dependencies as query parameters.
-import asyncio
-from collections.abc import Awaitable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from ray import serve
 
-from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
 from orchestrator.auth import check_exposure, read_token
-from orchestrator.build import build_mismatch
 from orchestrator.config import mcp_read_only as resolve_mcp_read_only
 from orchestrator.config import storage_spec
 from orchestrator.errors import (
@@ -34,7 +30,7 @@ from orchestrator.errors import (
     NotFoundError,
 )
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.api import Operation, bind, call_timeout
+from orchestrator.models.api import Operation
 from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.common import NAME_MAX_LENGTH, NAME_PATTERN
 from orchestrator.models.control import no_targets_note
@@ -47,6 +43,7 @@ from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.ray_compat import ingress
 from orchestrator.service.api import Credentials, IdempotencyKeyHeader, ProfileId, api
 from orchestrator.service.console import ConsoleRoutes
+from orchestrator.service.controller_link import ControllerLink
 from orchestrator.service.security import REPORT_HEADERS, Guard, serve_http_host
 from orchestrator.service.views import ProfileView, StacksRequest, StorageView, TargetList, WatchList
 from orchestrator.settings import (
@@ -71,10 +68,6 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-CALL_TIMEOUT_S = 30.0
-"""How long one plain call to the control actor may take before the service answers 503 (longer ones
-by their policy: :func:`orchestrator.models.api.call_timeout`)."""
 
 # Everything the routes use (handlers, middleware, helpers) is defined above the
 # class: @ingress (serve.ingress) pickles the FastAPI app, route methods included, when the
@@ -113,53 +106,16 @@ class ProfilingService(ConsoleRoutes):
         check_exposure(serve_http_host(), token, insecure=insecure)
         self._guard = Guard(token, allowed_hosts)
         self._mcp_read_only = resolve_mcp_read_only(mcp_read_only)
-        self._storage = storage
-        self._pinned = controller is not None
-        self._controller: ControllerRpc | None = ControllerRpc(controller) if controller is not None else None
-        self._configured: Awaitable[None] | None = None
-        # Whether the controller behind self._controller answered ping with this build (checked once per handle).
-        self._same_build = False
+        self._link = ControllerLink(storage, controller)
         self._mcp_endpoint: Any = None  # orchestrator.mcp.http.McpEndpoint, made on the first /mcp request
         if controller is None:
             # Create the control actor now, not on the first request: agents only
             # discover an existing one, so jobs can register as soon as we are up.
-            self._connect()
-
-    def _connect(self) -> ControllerRpc:
-        from actors.controller.actor import create_controller
-        from orchestrator.config import controller_config
-
-        self._controller = ControllerRpc(create_controller(controller_config(self._storage)))
-        self._same_build = False
-        if self._storage is not None:
-            # An actor that already existed keeps its old storage unless told; the
-            # reply is awaited before the next call so errors are not lost.
-            self._configured = self._controller.remote(Api.configure, self._storage)
-        return self._controller
+            self._link.connect()
 
     async def _ask(self, op: Operation[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """One call of ``op`` to the control actor, timed by the operation's policy."""
-        timeout = call_timeout(op.__name__, bind(op.__name__, args, kwargs), CALL_TIMEOUT_S)
-        try:
-            with ray_errors():
-                controller = self._controller if self._controller is not None else self._connect()
-                if self._configured is not None:
-                    await asyncio.wait_for(self._configured, timeout)
-                    self._configured = None
-                if not self._same_build:
-                    # A detached controller outlives an upgrade of the service: one of another build is refused.
-                    refusal = build_mismatch(await asyncio.wait_for(controller.remote(Api.ping), timeout))
-                    if refusal is not None:
-                        raise refusal
-                    self._same_build = True
-                result: R = await asyncio.wait_for(controller.remote(op, *args, **kwargs), timeout)
-                return result
-        except ControllerUnavailableError as e:
-            if is_unreachable(e) and not self._pinned:
-                # Dropped so the next request finds (or recreates) the named actor.
-                self._controller = None
-            raise
-
+        """One call of ``op`` to the control actor (:class:`~orchestrator.service.controller_link.ControllerLink`)."""
+        return await self._link.ask(op, *args, **kwargs)
 
     def _view(self, read: ProfileRead, request: Request) -> ProfileView:
         if read.deleted:
@@ -316,8 +272,8 @@ class ProfilingService(ConsoleRoutes):
     async def mcp(self, request: Request, credentials: Credentials) -> Response:
         """The MCP server (streamable HTTP), under the same token, Host and Origin rules as the API."""
         self._guard.check(request, credentials)
-        if self._controller is None:
-            self._connect()
+        if self._link.handle is None:
+            self._link.connect()
         return self._mcp_response(request)
 
     def _mcp_response(self, request: Request) -> Response:
@@ -332,10 +288,10 @@ class ProfilingService(ConsoleRoutes):
             from orchestrator.client.ray_backend import ActorBackend
 
             def client() -> ProfilingClient:
-                controller = self._controller
-                if controller is None:
+                handle = self._link.handle
+                if handle is None:
                     raise ControllerUnavailableError("the control actor is not connected yet: retry")
-                return ProfilingClient(backend=ActorBackend(controller.handle))
+                return ProfilingClient(backend=ActorBackend(handle))
 
             self._mcp_endpoint = McpEndpoint(client, read_only=self._mcp_read_only)
         return McpResponse(self._mcp_endpoint, request)

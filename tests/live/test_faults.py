@@ -8,12 +8,13 @@ import signal
 import socket
 import uuid
 
+import httpx
 import pytest
 import ray
 
 from actors.controller.handle import find_controller
 from orchestrator import ProfileState, ProfilingClient, RankState, RayprofError
-from orchestrator.build import BEFORE_BUILD_IDS
+from orchestrator.build import BEFORE_BUILD_IDS, build_id
 from orchestrator.cli.example_job import ExampleJob
 from orchestrator.errors import ControllerBuildMismatchError
 from orchestrator.layout import index_key, state_key
@@ -25,6 +26,7 @@ from tests.support.common import LIVE_TARGET, MAX_TRACE_BYTES, wait_for
 from tests.support.tracefiles import load_trace, profiler_steps
 
 pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.support.serve_fixtures"]
 
 
 def _ranks(client, target: str):
@@ -116,8 +118,11 @@ class _OlderRelease:
         return BEFORE_BUILD_IDS
 
 
-def test_a_controller_of_an_older_release_is_refused_then_replaced(live_job, client, file_store):
+def test_a_controller_of_an_older_release_is_refused_then_replaced(live_job, client, service, file_store):
     done = file_store.client.profile(LIVE_TARGET, steps=1).wait(timeout=120)
+    # The services deployed before (their replicas hold the old actor's handle) are asked once first.
+    urls = [service.url, service.secure_url]
+    assert [httpx.get(f"{url}/healthz", timeout=30).status_code for url in urls] == [200, 200]
     # An upgrade leaves the detached controller running the code it started with. Stand in for an older release's:
     # kill this one for good and start, under its name, an actor that answers ping as older releases did.
     ray.kill(find_controller(), no_restart=True)
@@ -132,8 +137,10 @@ def test_a_controller_of_an_older_release_is_refused_then_replaced(live_job, cli
 
     assert replaced.get(done.profile_id).manifest() == done
     assert replaced.profile(LIVE_TARGET, steps=1).wait(timeout=120).status == ProfileState.DONE
-    # A client made before the replacement follows the controller's name to the new actor.
+    # A client made before the replacement follows the controller's name to the new actor, as do the services'
+    # reads (their next write finds the new actor too).
     assert LIVE_TARGET in {t.name for t in client.targets()}
+    assert [httpx.get(f"{url}/healthz", timeout=30).json()["build"] for url in urls] == [build_id(), build_id()]
 
 
 def test_controller_that_died_after_writing_the_manifest_finishes_the_profile_on_restart(live_job, file_store):

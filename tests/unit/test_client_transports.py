@@ -147,7 +147,7 @@ _BEFORE = {
 def test_each_operation_keeps_its_timeouts_and_retries(name):
     from orchestrator.client.ray_backend import CALL_TIMEOUT_S as CLIENT_S
     from orchestrator.client.ray_backend import POLL_MARGIN_S
-    from orchestrator.service.app import CALL_TIMEOUT_S as SERVICE_S
+    from orchestrator.service.controller_link import CALL_TIMEOUT_S as SERVICE_S
 
     arguments = {"timeout_s": 5.0, "wait_s": 7.0}
     client_s, retried, service_s = _BEFORE[name]
