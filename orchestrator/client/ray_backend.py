@@ -34,9 +34,9 @@ class ActorBackend:
     """Calls the control actor through Ray."""
 
     def __init__(self, handle: Any) -> None:
-        """``handle``: a control actor that answered ``ping`` with this build."""
         self._controller = ControllerRpc(handle)
-        self._same_build = True
+        # Whether the controller answered ping with this build: asked before the first call through a handle.
+        self._same_build = False
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``name(*args, **kwargs)`` on the control actor, as its policy says: timed, retried when safe."""

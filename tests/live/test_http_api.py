@@ -322,10 +322,10 @@ def test_storage_root_is_served_for_downloads(file_store, http):
 
 
 class _BrokenController:
-    """A control actor whose calls fail the way a library error would: with an address in the text."""
+    """A control actor of this build whose calls fail the way a library error would: with an address in the text."""
 
     async def ping(self) -> str:
-        return "pong"
+        return build_id()
 
     async def targets(self) -> list:
         raise RuntimeError("connect to 10.9.8.7:9000 refused")
