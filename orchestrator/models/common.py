@@ -84,6 +84,8 @@ class StrictModel(BaseModel):
         Fields only it had are never read here."""
         super().__setstate__(state)
         fields = type(self).model_fields
+        if fields.keys() <= self.__dict__.keys():
+            return  # the same build, or a later one: every field is there
         missing = [name for name in fields if name not in self.__dict__]
         required = [name for name in missing if fields[name].is_required()]
         if required:
