@@ -139,7 +139,7 @@ _BEFORE = {
     "list_watches": (60.0, True, 30.0),
     "delete_watch": (60.0, False, 30.0),
     "config": (60.0, True, 30.0),
-    "ping": (None, True, 5.0),  # a read since the service retries reads on a replaced controller
+    "ping": (None, True, 5.0),  # a read: sent again to a controller that replaced a gone one
 }
 
 
