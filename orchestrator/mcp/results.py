@@ -65,6 +65,11 @@ class TargetBrief(_Result):
     active_profile: str | None = Field(description="The window running now; a profile without queue=true gets a 409.")
     queued_profiles: list[str]
     stall_stacks: str | None = Field(description="Stacks bundle taken when it turned STALLED (get_profile reads it).")
+    other_build_ranks: list[int] = Field(
+        default_factory=list,
+        description="Ranks whose agent runs another rayprof build (the job started before an upgrade): restart the job "
+        "to profile it with this build.",
+    )
     ranks: list[RankNow] = Field(description="Furthest behind first, then slowest.")
 
 

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.build import BEFORE_BUILD_IDS, build_id, build_mismatch, release, source_digest
 from orchestrator.cli import commands
 from orchestrator.errors import IncompatibleRecordError
+from orchestrator.mcp.convert import target_list
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.control import TargetInfo, WorkerStatus
 from tests.support.common import cli_results
@@ -153,3 +154,9 @@ def test_rayprof_targets_says_to_restart_a_job_whose_agents_run_another_build(mo
     assert status == 0
     (line,) = [line for line in printed.splitlines() if "another rayprof build" in line]
     assert line.startswith(said) and line.endswith("restart the job to profile it with this build")
+
+
+def test_the_mcp_target_list_names_the_ranks_whose_agents_run_another_build() -> None:
+    ranks = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5) for r in (0, 1)]
+    (brief,) = target_list([TargetInfo(name="run", world_size=2, ranks=ranks, other_build_ranks=[1])]).targets
+    assert brief.other_build_ranks == [1]
