@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.build import build_id
 from tests.support.common import REPO
 from tests.unit.test_imports import _FORBIDDEN_IN_WORKER
 
@@ -74,7 +75,8 @@ def test_the_wheel_holds_the_packages_and_the_console_files(wheel):
 
 def test_version_and_help_come_from_the_installed_package(venv):
     version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
-    assert _run(venv / "rayprof", "--version", cwd=venv).strip() == f"rayprof {version}"
+    # The build id is the code's, wherever it is installed: the wheel's is the source tree's.
+    assert _run(venv / "rayprof", "--version", cwd=venv).strip() == f"rayprof {version} (build {build_id()})"
     assert "profile" in _run(venv / "rayprof", "--help", cwd=venv)
 
 
