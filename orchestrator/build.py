@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.errors import ControllerBuildMismatchError
 
-__all__ = ["BEFORE_BUILD_IDS", "build_id", "build_mismatch", "release", "source_digest"]
+__all__ = ["BEFORE_BUILD_IDS", "build_id", "check_build", "release", "source_digest"]
 
 # What a control actor of a release before build ids answers to ping.
 BEFORE_BUILD_IDS = "ok"
@@ -53,13 +53,13 @@ def build_id() -> str:
     return f"{release()}+{source_digest(here.parent / name for name in _PACKAGES)}"
 
 
-def build_mismatch(found: str) -> ControllerBuildMismatchError | None:
-    """The refusal for a controller that answered ``ping`` with ``found``, or None: it runs this build."""
+def check_build(found: str) -> None:
+    """Refuse a controller that answered ``ping`` with ``found`` unless it runs this build."""
     ours = build_id()
     if found == ours:
-        return None
+        return
     theirs = "a rayprof release from before build ids" if found == BEFORE_BUILD_IDS else f"rayprof build {found}"
-    return ControllerBuildMismatchError(
+    raise ControllerBuildMismatchError(
         f"the rayprof control actor runs {theirs}; this is build {ours}. A detached actor keeps the code it started "
         "with through an upgrade. Replace it: `rayprof serve --replace-controller` with the --storage it was first "
         "started with (Python: ProfilingClient.in_cluster(replace_controller=True)); the new one restores saved "

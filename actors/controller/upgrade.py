@@ -4,7 +4,7 @@ The control actor is detached: it keeps the code of the rayprof that started it 
 through every upgrade of the package beside it, and a service or client of a newer build would otherwise talk to
 it as if nothing had changed. Whoever connects compares the build id it answers to ``ping``
 (:func:`orchestrator.build.build_id`) with its own. A different one is refused
-(:func:`orchestrator.build.build_mismatch`), or replaced where the caller asked
+(:func:`orchestrator.build.check_build`), or replaced where the caller asked
 (``rayprof serve --replace-controller``, ``ProfilingClient.in_cluster(replace_controller=True)``): the old actor
 is killed for good and a new one of this build restores everything from its home storage, as after a restart.
 """
@@ -19,7 +19,7 @@ import ray
 from actors.controller.actor import create_controller
 from actors.controller.handle import find_controller
 from actors.controller.rpc import ControllerRpc, ray_errors
-from orchestrator.build import build_mismatch
+from orchestrator.build import check_build
 from orchestrator.errors import ControllerUnavailableError
 from orchestrator.models.api import ProfilingApi as Api
 from orchestrator.models.control import ControllerConfig
@@ -45,16 +45,11 @@ def retire_other_build(*, replace: bool, timeout_s: float = REPLACE_TIMEOUT_S) -
     if handle is None:
         return False
     try:
-        refusal = build_mismatch(_build_of(handle, timeout_s))
-    except ControllerUnavailableError:
+        check_build(_build_of(handle, timeout_s))
+        return False
+    except ControllerUnavailableError:  # another build (a ControllerBuildMismatchError), or no answer at all
         if not replace:
             raise
-        refusal = None  # wedged or unreachable: asked to replace it, so it goes
-    else:
-        if refusal is None:
-            return False
-        if not replace:
-            raise refusal
     ray.kill(handle, no_restart=True)
     deadline = time.monotonic() + timeout_s
     for _ in range(int(timeout_s / _POLL_S) + 1):

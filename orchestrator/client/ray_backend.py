@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.controller.handle import find_controller
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
-from orchestrator.build import build_mismatch
+from orchestrator.build import check_build
 from orchestrator.errors import ControllerUnavailableError
 from orchestrator.models.api import ProfilingApi, bind, call_timeout, repeatable
 
@@ -51,9 +51,7 @@ class ActorBackend:
             try:
                 with ray_errors():
                     if not self._same_build:
-                        refusal = build_mismatch(ray.get(self._controller.remote(ProfilingApi.ping), timeout=timeout))
-                        if refusal is not None:
-                            raise refusal
+                        check_build(ray.get(self._controller.remote(ProfilingApi.ping), timeout=timeout))
                         self._same_build = True
                     return ray.get(self._controller.remote(op, **arguments), timeout=timeout)
             except ControllerUnavailableError as e:

@@ -3,7 +3,7 @@ name, checked to run this build, dropped when found gone and found again.
 
 A detached controller outlives upgrades and may be replaced for good (``rayprof serve --replace-controller``):
 the first call through each new handle checks the build it answers to ``ping``
-(:func:`orchestrator.build.build_mismatch`), and a repeatable call that finds its controller gone is sent
+(:func:`orchestrator.build.check_build`), and a repeatable call that finds its controller gone is sent
 again at once to the actor that now holds the name, as the Python client's reads are
 (:class:`orchestrator.client.ray_backend.ActorBackend`).
 """
@@ -15,7 +15,7 @@ from collections.abc import Awaitable
 from typing import Any, ParamSpec, TypeVar
 
 from actors.controller.rpc import ControllerRpc, is_unreachable, ray_errors
-from orchestrator.build import build_mismatch
+from orchestrator.build import check_build
 from orchestrator.errors import ControllerUnavailableError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.api import Operation, bind, call_timeout, repeatable
@@ -85,9 +85,7 @@ class ControllerLink:
                 await asyncio.wait_for(self._configured, timeout)
                 self._configured = None
             if not self._same_build:
-                refusal = build_mismatch(await asyncio.wait_for(rpc.remote(Api.ping), timeout))
-                if refusal is not None:
-                    raise refusal
+                check_build(await asyncio.wait_for(rpc.remote(Api.ping), timeout))
                 self._same_build = True
             result: R = await asyncio.wait_for(rpc.remote(op, *args, **kwargs), timeout)
             return result

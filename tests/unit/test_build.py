@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.build import BEFORE_BUILD_IDS, build_id, build_mismatch, release, source_digest
+from orchestrator.build import BEFORE_BUILD_IDS, build_id, check_build, release, source_digest
 from orchestrator.cli import commands
-from orchestrator.errors import IncompatibleRecordError
+from orchestrator.errors import ControllerBuildMismatchError, IncompatibleRecordError
 from orchestrator.mcp.convert import target_list
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.control import TargetInfo, WorkerStatus
@@ -59,12 +59,14 @@ def test_any_change_to_the_code_changes_the_digest(tmp_path: Path, change) -> No
 def test_the_build_id_is_the_release_and_the_digest_of_this_code() -> None:
     assert build_id().startswith(f"{release()}+")
     assert build_id() == build_id()
-    assert build_mismatch(build_id()) is None
+    assert check_build(build_id()) is None  # this build: no refusal
 
 
 def test_a_controller_of_a_release_before_build_ids_is_refused_with_how_to_replace_it() -> None:
-    refusal = build_mismatch(BEFORE_BUILD_IDS)
-    assert refusal is not None and refusal.code == "controller_build_mismatch" and refusal.http_status == 503
+    with pytest.raises(ControllerBuildMismatchError) as raised:
+        check_build(BEFORE_BUILD_IDS)
+    refusal = raised.value
+    assert refusal.code == "controller_build_mismatch" and refusal.http_status == 503
     assert "runs a rayprof release from before build ids" in refusal.message
     assert f"this is build {build_id()}" in refusal.message
     assert "rayprof serve --replace-controller" in refusal.message and "replace_controller=True" in refusal.message
