@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
+from orchestrator.scratch import make_scratch
 from orchestrator.settings import (
     DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES,
     MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR,
@@ -199,7 +199,7 @@ class Capture:
         # another thread it stalls this one just as long, plus the GIL hand-offs, in
         # the steps after the window; here it costs its own time once, in the boundary
         # that already pays prof.stop() (benchmarks/window.py measures both).
-        tmp = Path(tempfile.mkdtemp(prefix=f"rayprof-{self.window.profile_id}-"))
+        tmp = make_scratch(self.window.profile_id)
         try:
             prof.export_chrome_trace(str(tmp / RAW_TRACE_NAME))
         except BaseException:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from orchestrator.layout import rank_artifact_keys
 from orchestrator.models.agent_protocol import OomReport, SnapshotDestination, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact
+from orchestrator.scratch import make_scratch
 from orchestrator.settings import (
     DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES,
     DEFAULT_OOM_HOLD_S,
@@ -92,7 +92,7 @@ class MemoryWatch:
                 if not self.recording or now - self._last_oom < OOM_MIN_INTERVAL_S or self._kept is not None:
                     return
                 self._last_oom = now
-                folder = Path(tempfile.mkdtemp(prefix="rayprof-oom-"))
+                folder = make_scratch("oom")
                 path = folder / f"rank{self._info.world_rank}.snapshot.pickle"
                 dump_snapshot(self._allocator.snapshot(), path)
                 self._kept = path
@@ -117,7 +117,7 @@ class MemoryWatch:
             recording = self.recording
         if kept is None and not recording:
             return [], "this rank records no allocator history (no CUDA device, or no OOM watch reached it)"
-        tmp = Path(tempfile.mkdtemp(prefix="rayprof-snapshot-"))
+        tmp = make_scratch("snapshot")
         try:
             keys = rank_artifact_keys(self._info.world_rank, self._info.host, self._info.pid)
             snapshot = kept if kept is not None else self._allocator.snapshot()

@@ -52,6 +52,7 @@ from orchestrator.models.common import to_name, utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
+from orchestrator.scratch import sweep_orphans
 from orchestrator.settings import (
     DEFAULT_DISCOVERY_INTERVAL_S,
     DEFAULT_POLL_TIMEOUT_S,
@@ -202,6 +203,8 @@ class Agent:
     def _run(self) -> None:
         import ray
 
+        # What workers of earlier runs on this node left when Ray killed them mid-upload; on this thread, not training's.
+        sweep_orphans()
         upstream: AgentUpstreamRpc | None = None
         registered = False
         # Issued by the controller at registration; every later call carries it. Only this thread uses it.

@@ -30,6 +30,7 @@ from actors.controller.saved.retention import Retention
 from orchestrator.errors import ClusterNameInUseError, RestoringError
 from orchestrator.layout import manifest_key
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.scratch import sweep_orphans
 from orchestrator.storage import open_storage
 
 __all__ = ["Startup"]
@@ -73,6 +74,8 @@ class Startup:
         if self._ready is None:
             self._ready = asyncio.Event()
             self._start_background()
+            # What the postprocess tasks of a controller killed mid-profile (a replacement) left on this node.
+            self._spawn(asyncio.to_thread(sweep_orphans))
             try:
                 if not await self._restore():
                     self._spawn(self._retry_restore())

@@ -24,6 +24,7 @@ from orchestrator.layout import MERGED_TRACE_NAME, REPORT_NAME
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Artifact, Manifest
+from orchestrator.scratch import scratch_prefix
 from orchestrator.storage import open_storage
 from orchestrator.traces.discover import TraceFile, TraceSet
 from orchestrator.traces.fanout import RankMap, fetching, serial
@@ -74,7 +75,7 @@ def postprocess(
     traces = TraceSet(folder=Path(prefix), files=files, rejected=[], issues=[])
     summary, scans = analyze_for_merge(traces, rank_map=each_rank)
     summary = summary.model_copy(update={"source": draft.storage_uri})
-    with tempfile.TemporaryDirectory(prefix="rayprof-post-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("post")) as tmp:
         folder = Path(tmp)
         for rank in draft.ranks:  # memory timelines are small: the report reads them here
             for artifact in rank.artifacts:

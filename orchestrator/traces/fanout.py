@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.scratch import scratch_prefix
 from orchestrator.storage import open_storage
 from orchestrator.traces.discover import TraceFile
 
@@ -85,7 +86,7 @@ class _FetchThen:
 
     def __call__(self, tf: TraceFile, packed: tuple[Any, str]) -> Any:
         arg, sha256 = packed
-        with tempfile.TemporaryDirectory(prefix="rayprof-rank-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=scratch_prefix("rank")) as tmp:
             files = open_storage(self.spec).scoped(self.prefix)
             local = files.download(tf.path.as_posix(), Path(tmp) / tf.path.name, sha256)
             result = self.fn(tf.model_copy(update={"path": local}), arg)
