@@ -87,6 +87,7 @@ def warm_up_check(driver: Driver, quick: bool) -> dict[str, Any]:
         out[name] = {
             "state": window["state"], "seconds": time.perf_counter() - t0,
             "step_ms": [round(s.duration_ms, 1) for s in rank.steps] if rank else None,
+            "compile_spans": window.get("compile_spans"),
             "idle_causes_ms": {c.cause: c.ms_per_step for c in rank.idle.causes} if rank and rank.idle else None,
             "first_finding": first.code if first else None, "first_severity": first.severity if first else None,
             "first_fix": first.fix if first else None,

@@ -169,6 +169,8 @@ class Driver:
             with gzip.open(trace, "rt") as f:
                 evs = json.load(f).get("traceEvents", [])
             facts["kernels"] = sum(1 for e in evs if e.get("cat") == "kernel")
+            # torch.compile's compiler at work (what the analysis reads as `compile`, spans.compilations).
+            facts["compile_spans"] = sum(1 for e in evs if str(e.get("name", "")).endswith(" (dynamo_timed)"))
             # The CPU span only: with CUDA activities each step is also a gpu_user_annotation of the same name.
             facts["profiler_steps"] = sorted(
                 int(e["name"].split("#")[1]) for e in evs

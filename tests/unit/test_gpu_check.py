@@ -28,10 +28,11 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     assert result["verdicts"]["dataloader_bound"]["first_finding"] == "dataloader_bound"
     assert "dataloader_bound" not in result["verdicts"]["healthy_cnn"]["warnings"]
     assert result["export_child"]["peak_rss_mib"] > 0
-    # The compiled model's first window holds its compilation (the first step the longest), the later one none.
+    # The compiled model's first window holds its compilation, the later one none (what the trace records, not
+    # step times: beside other work on two cores a steady step took 1.5 s, twice the compiling one).
     first, steady = result["warm_up"]["first_steps"], result["warm_up"]["steady"]
     assert (first["state"], steady["state"]) == ("DONE", "DONE")
-    assert first["step_ms"][0] > max(steady["step_ms"])
+    assert first["compile_spans"] > 0 and steady["compile_spans"] == 0
     # CUDA-only checks are absent on CPU, not passed vacuously.
     assert ("oom" in result, "memory_snapshot" in result) == (torch.cuda.is_available(),) * 2
 
