@@ -14,6 +14,7 @@ from collections.abc import Callable
 from mcp.server.mcpserver import MCPServer
 
 from orchestrator.client import ProfilingClient
+from orchestrator.mcp.prompts import add_prompts
 from orchestrator.mcp.resources import add_resources
 from orchestrator.mcp.tools import ClientSource, add_tools
 
@@ -44,7 +45,7 @@ def lazy_client(make: Callable[[], ProfilingClient]) -> ClientSource:
 
 
 def build_server(client: ClientSource, *, read_only: bool = False, version: str = "") -> MCPServer:
-    """The MCP server: tools (the acting ones unless ``read_only``) and resources over ``client``.
+    """The MCP server: tools (the acting ones unless ``read_only``), resources and prompts over ``client``.
 
     Leaves the process's logging as it found it: the SDK's constructor gives a root logger with no
     handler a ``rich`` one (``mcp.server.mcpserver.utilities.logging.configure_logging``), whose boxed,
@@ -58,6 +59,7 @@ def build_server(client: ClientSource, *, read_only: bool = False, version: str 
     root.setLevel(level)
     add_tools(server, client, read_only=read_only)
     add_resources(server, client)
+    add_prompts(server, read_only=read_only)
     return server
 
 
