@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
+from actors.agent.runtime import Agent
+from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.scratch import ORPHAN_MIN_AGE_S, make_scratch, sweep_orphans
+from tests.support.fake_agents import make_controller
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class _Stop(BaseException):
+    """Ends an agent's thread loop, which retries every Exception."""
 
 
 def _later() -> float:
@@ -41,6 +52,45 @@ def test_a_worker_killed_while_uploading_leaves_its_trace_folder_and_the_next_sw
 
     assert sweep_orphans(tmp_path, now=_later()) == [left]
     assert not left.exists()
+
+
+def _aged(folder: Path) -> Path:
+    old = time.time() - ORPHAN_MIN_AGE_S - 60
+    os.utime(folder, (old, old))
+    return folder
+
+
+def test_an_agent_sweeps_its_node_as_its_thread_starts(tmp_path, monkeypatch):
+    left = _aged(_left_by_a_gone_process(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    agent = Agent(WorkerInfo(
+        agent_id="a1", target="unit", world_rank=0, world_size=1, local_rank=0, node_rank=0,
+        node_id="n", host="h", pid=os.getpid(), device="cpu", torch_version=torch.__version__,
+    ))
+
+    def stop() -> None:
+        raise _Stop
+
+    monkeypatch.setattr(agent, "_find_upstream", stop)
+    with pytest.raises(_Stop):
+        agent._run()  # on this thread: it sweeps, then looks for the controller
+
+    assert not left.exists()
+
+
+def test_the_controller_sweeps_its_node_as_it_starts(home, tmp_path, monkeypatch):
+    left = _aged(_left_by_a_gone_process(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+
+    async def go() -> bool:
+        await make_controller(home).ping()
+        for _ in range(200):  # the sweep runs on a worker thread: bounded by count and by the test's timeout
+            if not left.exists():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    assert asyncio.run(asyncio.wait_for(go(), 60))
 
 
 def test_a_folder_of_a_live_process_is_kept_however_old(tmp_path):
