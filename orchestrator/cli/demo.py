@@ -173,7 +173,8 @@ def run_demo(*, workdir: Path, port: int = 8000, steps: int = 5, workers: int = 
         _say("shutting down (training job, service, cluster)")
         if training is not None:
             training.stop()
-        serve.shutdown()
+        # The cluster is this process's own (address="local"): ray.shutdown() stops Serve with it. serve.shutdown()
+        # first made the raylet print a failed ServeController.graceful_shutdown task ("killed by ray.kill").
         ray.shutdown()
     _say(f"{'done' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s; files in {workdir}")
     return 0 if ok else 1
