@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,23 +40,22 @@ def add_command(command: Callable[..., Any], parents: Sequence[Any]) -> None:
     )
 
 
-def sparkline(values: Sequence[float | None], width: int = _WIDTH) -> str:
-    """``values`` (oldest first) in ``width`` bars, each the mean of its share; gaps stay blank."""
+def sparkline(values: Sequence[float | None], top: float, width: int = _WIDTH) -> str:
+    """``values`` (oldest first) in ``width`` bars, each the mean of its share, as tall as that mean is of ``top``;
+    gaps stay blank. Every rank's bars share one scale from zero (``top``: the largest value of any rank): a rank
+    twice as slow stands twice as tall, and a steady run's few percent of noise stays flat. Scaled to each rank's
+    own low and high, a run steady at 74-76 ms drew bars from the lowest to the highest."""
     if not values:
         return ""
-    lo_hi = [v for v in values if v is not None]
-    if not lo_hi:
-        return " " * min(width, len(values))
-    lo, hi = min(lo_hi), max(lo_hi)
     per = max(1, -(-len(values) // width))
     bars = []
     for i in range(0, len(values), per):
-        chunk = [v for v in values[i : i + per] if v is not None]
+        chunk = [v for v in values[i : i + per] if v is not None and math.isfinite(v)]
         if not chunk:
             bars.append(" ")
             continue
-        level = 0 if hi == lo else int((statistics.fmean(chunk) - lo) / (hi - lo) * (len(_BARS) - 1))
-        bars.append(_BARS[level])
+        share = statistics.fmean(chunk) / top if top > 0 else 0.0
+        bars.append(_BARS[min(len(_BARS) - 1, max(0, round(share * (len(_BARS) - 1))))])
     return "".join(bars)
 
 
@@ -63,7 +63,7 @@ def _ms(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value is not None else "-"
 
 
-def _row(series: RankSeries) -> list[str]:
+def _row(series: RankSeries, top: float) -> list[str]:
     times = [v for v in series.step_time_s if v is not None]
     return [
         str(series.rank),
@@ -71,7 +71,7 @@ def _row(series: RankSeries) -> list[str]:
         _ms(statistics.median(times) if times else None),
         _ms(max(times) if times else None),
         _ms(times[-1] if times else None),
-        sparkline(series.step_time_s),
+        sparkline(series.step_time_s, top),
     ]
 
 
@@ -89,5 +89,7 @@ def history(args: argparse.Namespace) -> int:
     out(f"{found.target}  run {found.run}  last {found.span_s:g}s at {found.resolution_s:g}s per point")
     if found.downsampled and found.ranks_total is not None and len(found.ranks) < found.ranks_total:
         out(f"the {len(found.ranks)} slowest of {found.ranks_total} ranks (by median step time; --max-points for more)")
-    out(table([_row(s) for s in found.ranks], ["rank", "steps", "median", "max", "latest", "step time (low to high)"]))
+    top = max((v for s in found.ranks for v in s.step_time_s if v is not None and math.isfinite(v)), default=0.0)
+    heading = f"step time (bars: 0 to {_ms(top)})"
+    out(table([_row(s, top) for s in found.ranks], ["rank", "steps", "median", "max", "latest", heading]))
     return EXIT_OK

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from orchestrator.cli.progress import format_size, steps_captured, window_steps
 from orchestrator.cli.terminal import printable, printable_lines
+from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest, ProfileStatus
 
 __all__ = [
@@ -98,6 +99,14 @@ def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
     if downloaded is not None:
         out(f"downloaded to {downloaded} (sha256 verified)")
         out(f"view: tensorboard --logdir {downloaded / 'traces'}")
+    # What the window found, in the one line the report opens with: a waited profile ends with its answer.
+    if isinstance(manifest.summary, Summary):
+        from orchestrator.analysis.finding_base import verdict
+
+        out(f"verdict: {printable(verdict(manifest.summary))}")
+        out(f"findings, phases per rank: rayprof report {manifest.profile_id}")
+    elif manifest.analysis_error:
+        out(f"no analysis: {printable(manifest.analysis_error)}")
 
 
 def _ms(value: float | None) -> str:

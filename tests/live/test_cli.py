@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analysis.finding_base import verdict
+from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 from orchestrator.settings import TOKEN_ENV_VAR
 from tests.support.common import LIVE_TARGET, RAYPROF_CLI, REPO
@@ -303,6 +305,19 @@ def test_in_cluster_profile_talks_to_the_control_actor(live_job, ray_cluster, fi
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
     assert re.fullmatch(rf"prof-\S+  target {LIVE_TARGET}  DONE", header), header
+
+
+@pytest.mark.integration
+def test_a_waited_profile_ends_with_its_verdict_and_the_command_for_the_rest(live_job, file_store, service):
+    result = rayprof("profile", LIVE_TARGET, "--steps", "2", "--wait", "--url", service.url)
+
+    assert result.returncode == 0, result.stderr
+    profile_id = result.stdout.split()[0]
+    manifest = file_store.client.get(profile_id).manifest()
+    assert isinstance(manifest.summary, Summary)
+    assert result.stdout.splitlines()[-2:] == [
+        f"verdict: {verdict(manifest.summary)}", f"findings, phases per rank: rayprof report {profile_id}"
+    ]
 
 
 @pytest.mark.integration
