@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 __all__ = ["AgentUpstream", "AgentUpstreamRpc", "RelayUpstream", "RelayUpstreamRpc"]
 
 
-def _send(method: Any, *args: Any, **kwargs: Any) -> ObjectRef[Any]:
-    """``method.remote(...)``: the one untyped step (an actor handle's methods are ``Any`` to a type checker)."""
-    ref: ObjectRef[Any] = method.remote(*args, **kwargs)
+def _send(method: Any, **arguments: Any) -> ObjectRef[Any]:
+    """``method.remote(...)``: the one untyped step (an actor handle's methods are ``Any`` to a type checker).
+
+    By keyword only: a process that imported the control actor's module before it was upgraded (a job's workers,
+    its relays) checks a call against the signatures of that module's class, and Ray gives every method of an actor
+    whose class has since changed the signature ``(**kwargs)`` there (read off Ray 2.60's handles): an argument by
+    position was refused in the caller ("too many positional arguments"), so the agents of every job started
+    before an upgrade that added a method could never register again."""
+    ref: ObjectRef[Any] = method.remote(**arguments)
     return ref
 
 
@@ -79,20 +85,19 @@ class AgentUpstreamRpc:
         self.handle = handle
 
     def register(self, info: WorkerInfo, *, secret: str | None = None) -> ObjectRef[str | None]:
-        # By keyword: the controller's register takes the relay's id before it.
-        return _send(self.handle.register, info, secret=secret)
+        return _send(self.handle.register, info=info, secret=secret)
 
     def poll(self, heartbeat: Heartbeat, secret: str | None = None) -> ObjectRef[Command | None]:
-        return _send(self.handle.poll, heartbeat, secret)
+        return _send(self.handle.poll, heartbeat=heartbeat, secret=secret)
 
     def report(self, event: RankEvent, secret: str | None = None) -> ObjectRef[None]:
-        return _send(self.handle.report, event, secret)
+        return _send(self.handle.report, event=event, secret=secret)
 
     def stacks_reply(self, stacks: RankStacks, secret: str | None = None) -> ObjectRef[None]:
-        return _send(self.handle.stacks_reply, stacks, secret)
+        return _send(self.handle.stacks_reply, stacks=stacks, secret=secret)
 
     def oom(self, report: OomReport, secret: str | None = None) -> ObjectRef[None]:
-        return _send(self.handle.oom, report, secret)
+        return _send(self.handle.oom, report=report, secret=secret)
 
 
 class RelayUpstreamRpc(AgentUpstreamRpc):
@@ -105,12 +110,12 @@ class RelayUpstreamRpc(AgentUpstreamRpc):
         secret: str | None = None,
         relay_secret: str | None = None,
     ) -> ObjectRef[str | None]:
-        return _send(self.handle.register, info, relay_id, secret, relay_secret)
+        return _send(self.handle.register, info=info, relay_id=relay_id, secret=secret, relay_secret=relay_secret)
 
     def poll_node(self, poll: NodePoll, relay_secret: str | None = None) -> ObjectRef[NodeReply]:
-        return _send(self.handle.poll_node, poll, relay_secret)
+        return _send(self.handle.poll_node, poll=poll, relay_secret=relay_secret)
 
     def report_many(
         self, events: list[RankEvent], relay_id: str | None = None, relay_secret: str | None = None
     ) -> ObjectRef[None]:
-        return _send(self.handle.report_many, events, relay_id, relay_secret)
+        return _send(self.handle.report_many, events=events, relay_id=relay_id, relay_secret=relay_secret)

@@ -62,7 +62,9 @@ class ControllerRpc:
         self.handle = handle
 
     def remote(self, op: Operation[P, R], *args: P.args, **kwargs: P.kwargs) -> ObjectRef[R]:
-        """Send ``op(*args, **kwargs)``; its arguments go by position, checked against the protocol first."""
+        """Send ``op(*args, **kwargs)``, checked against the protocol first; its arguments go by keyword (a
+        process that imported this module before the actor was upgraded checks by the ``(**kwargs)`` Ray gives
+        every method of a changed class: ``actors.upstream._send`` says how)."""
         arguments = bind(op.__name__, args, kwargs)
-        ref: ObjectRef[R] = getattr(self.handle, op.__name__).remote(*arguments.values())
+        ref: ObjectRef[R] = getattr(self.handle, op.__name__).remote(**arguments)
         return ref

@@ -24,8 +24,8 @@ class _Method:
     def __init__(self, controller: Controller, name: str) -> None:
         self._controller, self._name = controller, name
 
-    async def remote(self, *args: Any) -> Any:
-        return await getattr(self._controller, self._name)(*args)
+    async def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self._controller, self._name)(*args, **kwargs)
 
 
 class ActorLike:

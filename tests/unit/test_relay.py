@@ -22,8 +22,8 @@ class _Method:
     def __init__(self, upstream: Upstream, name: str) -> None:
         self._upstream, self._name = upstream, name
 
-    async def remote(self, *args: Any) -> Any:
-        result = await getattr(self._upstream.controller, self._name)(*args)
+    async def remote(self, *args: Any, **kwargs: Any) -> Any:
+        result = await getattr(self._upstream.controller, self._name)(*args, **kwargs)
         if self._upstream.dead:
             raise RuntimeError("the actor died")  # what a call to a killed actor raises, in kind
         return result

@@ -47,9 +47,9 @@ class _Counted:
     def __init__(self, method: Any, name: str, calls: Counter[str]) -> None:
         self._method, self._name, self._calls = method, name, calls
 
-    def remote(self, *args: Any) -> Any:
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         self._calls[self._name] += 1
-        return self._method.remote(*args)
+        return self._method.remote(*args, **kwargs)
 
 
 class CountingHandle(ActorLike):

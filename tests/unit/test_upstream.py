@@ -92,3 +92,51 @@ def test_no_remote_method_is_named_by_a_string_in_the_agent_or_the_relay():
         if _REMOTE_CALL.search(line)
     ]
     assert found == []
+
+
+class _RecordingHandle:
+    """An actor handle's surface: ``handle.<method>.remote(...)``, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, method: str) -> Any:
+        handle = self
+
+        class _Method:
+            def remote(self, *args: Any, **kwargs: Any) -> None:
+                handle.sent.append((method, args, kwargs))
+
+        return _Method()
+
+
+def _sample_call(fn: Any) -> dict[str, Any]:
+    """One object per parameter of ``fn`` (after self), by name."""
+    return {name: object() for name in list(inspect.signature(fn).parameters)[1:]}
+
+
+@pytest.mark.parametrize(("protocol", "rpc"), [(AgentUpstream, AgentUpstreamRpc), (RelayUpstream, RelayUpstreamRpc)])
+def test_every_upstream_call_goes_by_keyword_with_the_protocols_names(protocol, rpc):
+    # Workers and relays that imported the controller's module before an upgrade check a call against the
+    # (**kwargs) Ray gives each method of the changed class: an argument by position never reaches it.
+    handle = _RecordingHandle()
+    for name in sorted({*_calls(protocol), *_calls(AgentUpstream)}):
+        arguments = _sample_call(getattr(protocol, name))
+        getattr(rpc(handle), name)(**arguments)
+        method, args, kwargs = handle.sent[-1]
+        assert (method, args, kwargs) == (name, (), arguments)
+
+
+def test_every_client_operation_goes_to_the_controller_by_keyword():
+    from actors.controller.rpc import ControllerRpc
+    from orchestrator.models.api import OPERATIONS, ProfilingApi
+
+    handle = _RecordingHandle()
+    for name in OPERATIONS:
+        op = getattr(ProfilingApi, name)
+        required = {
+            n: object() for n, p in list(inspect.signature(op).parameters.items())[1:] if p.default is inspect.Parameter.empty
+        }
+        ControllerRpc(handle).remote(op, **required)
+        method, args, kwargs = handle.sent[-1]
+        assert (method, args) == (name, ()) and required.items() <= kwargs.items()
