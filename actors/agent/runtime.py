@@ -251,8 +251,9 @@ class Agent:
             except queue.Empty:
                 poll = None
             except Exception as e:
-                # Controller (or relay) gone or restarting: find it again, re-register, resend.
-                logger.info("rayprof agent: controller call failed (%s); reconnecting", type(e).__name__)
+                # Controller (or relay) gone or restarting: find it again, re-register, resend. With the message: a
+                # loop that cannot recover once logged only "TypeError" a hundred times.
+                logger.info("rayprof agent: controller call failed (%s: %.300s); reconnecting", type(e).__name__, e)
                 upstream, registered, poll = None, False, None
                 self._wait_inbox(self._discovery_s, unsent)
 
