@@ -12,10 +12,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.auth import check_exposure, is_loopback, read_token
 from orchestrator.cli.analyze_command import analyze_dir
-from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_status, table
+from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_stacks, print_status, table
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
 from orchestrator.cli.terminal import printable
-from orchestrator.client import ProfilingClient
+from orchestrator.client import ProfileHandle, ProfilingClient
 from orchestrator.config import storage_spec
 from orchestrator.errors import (
     EXIT_FAILED,
@@ -25,8 +25,10 @@ from orchestrator.errors import (
     ConfigurationError,
     InvalidRequestError,
 )
+from orchestrator.layout import STACKS_NAME
 from orchestrator.models.common import Name
 from orchestrator.models.control import no_targets_note
+from orchestrator.models.diagnosis import StacksBundle
 from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileState
 from orchestrator.settings import (
@@ -214,7 +216,7 @@ def targets(args: argparse.Namespace) -> int:
         if definitions:
             out(f"{t.name}: {' | '.join(definitions)}")
         if t.stall_stacks:
-            out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof status {t.stall_stacks})")
+            out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof report {t.stall_stacks})")
         if t.other_build_ranks:
             out(
                 f"{t.name}: {_which_ranks(t.other_build_ranks, len(t.ranks))} another rayprof build than the controller "
@@ -348,6 +350,8 @@ def report(args: argparse.Namespace) -> int:
         return analyze_dir(source, args)
     handle = _client(args).get(source)
     manifest = handle.manifest()
+    if manifest.kind == "stacks":
+        return _stacks_report(handle, args)
     # The manifest holds the post-window check as it stood when written; the status has its end.
     check = handle.last_status.post_window
     if check is not None:
@@ -360,6 +364,19 @@ def report(args: argparse.Namespace) -> int:
     # A report listed in the manifest was downloaded (and checksummed) as is; only
     # write one when the profile has none.
     return analyze_dir(folder, args, write=stored is None)
+
+
+def _stacks_report(handle: ProfileHandle, args: argparse.Namespace) -> int:
+    """A stored stacks bundle, as `rayprof stacks` printed it when it was taken (its stored stacks.json)."""
+    dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
+    folder = handle.download(dest / handle.id)
+    bundle = StacksBundle.model_validate_json((folder / STACKS_NAME).read_bytes())
+    bundle = bundle.model_copy(update={"manifest_uri": handle.last_status.manifest_uri})
+    if args.json:
+        emit_json(bundle)
+    else:
+        print_stacks(bundle)
+    return EXIT_OK
 
 
 def demo(args: argparse.Namespace) -> int:

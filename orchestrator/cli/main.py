@@ -265,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(args, e.exit_status, e.code, e.message)
     except KeyboardInterrupt:
         return fail(args, EXIT_FAILED, "interrupted", "interrupted")
+    except BrokenPipeError:
+        # The reader stopped reading (`rayprof report ID | head`): stop quietly, as a Unix tool does, and keep the
+        # interpreter's final flush of stdout from raising it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     finally:
         sys.stdout = results
         set_results(previous)

@@ -13,7 +13,11 @@ from pydantic import BaseModel
 from orchestrator.cli.progress import format_size, steps_captured, window_steps
 from orchestrator.cli.terminal import printable, printable_lines
 from orchestrator.models.analysis import Summary
+from orchestrator.models.diagnosis import StacksBundle
 from orchestrator.models.profile import Manifest, ProfileStatus
+
+# Frames of each stacks group shown on the terminal; the stored rank files hold every frame.
+_FRAMES_SHOWN = 8
 
 __all__ = [
     "emit_json",
@@ -66,23 +70,21 @@ def print_status(status: ProfileStatus) -> None:
     )
     if status.start_step is not None:
         out(f"steps {status.start_step}..{status.start_step + window_steps(status) - 1}")
+    bundle = status.kind == "stacks"  # no window: no steps to count
     if status.ranks:
         rows = [
-            [
-                str(r.rank),
-                r.host or "",
-                r.state.value,
-                f"{steps_captured(r, status, None)}/{window_steps(status)}",
-                format_size(r.bytes_uploaded),
-                r.reason or "",
-            ]
+            [str(r.rank), r.host or "", r.state.value]
+            + ([] if bundle else [f"{steps_captured(r, status, None)}/{window_steps(status)}"])
+            + [format_size(r.bytes_uploaded), r.reason or ""]
             for r in status.ranks
         ]
-        out(table(rows, ["rank", "host", "state", "steps", "uploaded", "reason"]))
+        out(table(rows, ["rank", "host", "state"] + ([] if bundle else ["steps"]) + ["uploaded", "reason"]))
     if status.post_window is not None:
         out(f"after the window: {status.post_window.verdict}: {status.post_window.detail}")
     if status.manifest_uri:
         out(f"manifest: {printable(status.manifest_uri)}")
+        if bundle:
+            out(f"stacks: rayprof report {status.id}")
 
 
 def print_manifest(manifest: Manifest, downloaded: Path | None) -> None:
@@ -160,3 +162,30 @@ def set_results(stream: TextIO) -> TextIO:
     previous, _results = _results, stream
     return previous
 
+
+def print_stacks(bundle: StacksBundle) -> None:
+    out(f"{bundle.id}  target {bundle.target}  {bundle.state.value}")
+    out(bundle.summary)
+    for group in bundle.groups:
+        out(f"\n{group.ranks_text}{'' if group.majority or len(bundle.groups) == 1 else '  (differs from the majority)'}:")
+        shown = group.frames[-_FRAMES_SHOWN:]
+        if len(group.frames) > len(shown):
+            out(f"  ... {len(group.frames) - len(shown)} outer frames")
+        for f in shown:
+            out(f'  File "{f.filename}", line {f.line}, in {f.function}')
+            if f.code:
+                out(f"    {f.code}")
+    for m in bundle.missing:
+        out(f"\nrank {m.rank} did not answer: {m.reason}")
+    for t in bundle.truncated:
+        out(f"\nrank {t.rank}: {t.note}")
+    if bundle.collectives:
+        out("\ncollectives (torch flight recorder):")
+        for note in bundle.collectives:
+            out(f"  {note}")
+    elif bundle.flight_recorder_note:
+        out(f"\ncollectives: not available ({bundle.flight_recorder_note})")
+    for note in bundle.native_notes:
+        out(f"note: {note}")
+    if bundle.manifest_uri:
+        out(f"\nstored: {bundle.manifest_uri}")

@@ -9,15 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.cli.commands import _client
-from orchestrator.cli.output import emit_json, out, table
+from orchestrator.cli.output import emit_json, out, print_stacks, table
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError
-from orchestrator.models.diagnosis import StacksBundle, WatchSpec, WatchStatus, duration_text
+from orchestrator.models.diagnosis import WatchSpec, WatchStatus, duration_text
 from orchestrator.models.requests import ProfileState
 
 __all__ = ["add_commands", "finite_float", "parse_duration"]
 
-# Frames of each group shown on the terminal; the stored rank files hold every frame.
-_FRAMES_SHOWN = 8
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -113,34 +111,6 @@ def stacks(args: argparse.Namespace) -> int:
     else:
         print_stacks(bundle)
     return EXIT_OK if bundle.state == ProfileState.DONE else EXIT_FAILED
-
-
-def print_stacks(bundle: StacksBundle) -> None:
-    out(f"{bundle.id}  target {bundle.target}  {bundle.state.value}")
-    out(bundle.summary)
-    for group in bundle.groups:
-        out(f"\n{group.ranks_text}{'' if group.majority or len(bundle.groups) == 1 else '  (differs from the majority)'}:")
-        shown = group.frames[-_FRAMES_SHOWN:]
-        if len(group.frames) > len(shown):
-            out(f"  ... {len(group.frames) - len(shown)} outer frames")
-        for f in shown:
-            out(f'  File "{f.filename}", line {f.line}, in {f.function}')
-            if f.code:
-                out(f"    {f.code}")
-    for m in bundle.missing:
-        out(f"\nrank {m.rank} did not answer: {m.reason}")
-    for t in bundle.truncated:
-        out(f"\nrank {t.rank}: {t.note}")
-    if bundle.collectives:
-        out("\ncollectives (torch flight recorder):")
-        for note in bundle.collectives:
-            out(f"  {note}")
-    elif bundle.flight_recorder_note:
-        out(f"\ncollectives: not available ({bundle.flight_recorder_note})")
-    for note in bundle.native_notes:
-        out(f"note: {note}")
-    if bundle.manifest_uri:
-        out(f"\nstored: {bundle.manifest_uri}")
 
 
 def watch(args: argparse.Namespace) -> int:

@@ -93,6 +93,26 @@ def test_stacks_name_the_hung_rank_and_its_frame_and_the_target_turns_stalled(ra
     print(f"stalled: {target.stalled_s:.0f}s (threshold {target.stall_threshold_s:.0f}s); stacks {target.stall_stacks}")
 
 
+def test_the_stacks_taken_on_stall_are_read_back_by_report_and_named_by_status(ray_cluster, client, hung_job):
+    target = wait_for(
+        lambda: (t := _target(client, "hang-run")) is not None and t.health == "STALLED" and t.stall_stacks and t,
+        timeout=120,
+        what="STALLED with stacks",
+    )
+    bundle = target.stall_stacks
+    report = _cli(ray_cluster, "report", bundle)
+    status = _cli(ray_cluster, "status", bundle)
+
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0] == f"{bundle}  target hang-run  DONE"
+    assert lines[1].startswith("rank 1 is in train_job.py:") and "in _planted_hang;" in lines[1]
+    assert 'in _planted_hang' in report.stdout and "File " in report.stdout  # the grouped frames themselves
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[1].split() == ["rank", "host", "state", "uploaded", "reason"]  # no steps column
+    assert f"stacks: rayprof report {bundle}" in status.stdout
+
+
 def test_a_rank_that_falls_behind_is_named_in_targets(ray_cluster, client, fault_jobs):
     fault_jobs["lag-run"].wait_until_training(client, min_step=1, timeout=300)
     target = wait_for(
