@@ -11,6 +11,7 @@ from actors.controller.actor import Controller
 from actors.controller.agents.registry import Registry
 from actors.controller.diagnosis.health import assess, step_at
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.requests import ProfileRequest, ProfileState
 from tests.support.fake_agents import (
     MONITORED,
     SLOW_THING,
@@ -158,6 +159,47 @@ def test_automatic_stacks_on_stall_can_be_turned_off(home):
         return page
 
     assert run(go()).total == 0
+
+
+def test_a_window_waiting_on_a_stalled_run_says_so_and_stops_saying_it_once_the_run_moves(home):
+    async def go():
+        m = stepped(home, stall_auto_stacks=False)
+        c = m.c
+        agents = await m.start_agents(2)
+        for a in agents:
+            a.training = False
+        assert await m.tick_until(lambda: _health_is(c, "STALLED"), max_ticks=200), "timed out"
+        submitted = await c.submit(ProfileRequest(target="run", steps=3))
+        await m.ticks(5)
+        waiting = await c.get(submitted.id)
+        for a in agents:
+            a.training = True
+        assert await m.tick_until(lambda: _health_is(c, "TRAINING"), max_ticks=200), "timed out"
+        moving = await c.get(submitted.id)
+        for a in agents:
+            await a.stop()
+        return waiting, moving
+
+    waiting, moving = run(go())
+    assert waiting.state in (ProfileState.PENDING, ProfileState.SCHEDULED)
+    assert waiting.reason is not None and waiting.reason.startswith("run is STALLED: no rank has advanced for ")
+    assert "opens only once it moves again" in waiting.reason
+    assert moving.reason is None or "STALLED" not in moving.reason
+
+
+def test_a_window_on_a_run_that_trains_carries_no_stall_note(home):
+    async def go():
+        m = stepped(home)
+        c = m.c
+        agents = await m.start_agents(2)
+        submitted = await c.submit(ProfileRequest(target="run", steps=50))
+        await m.ticks(5)
+        status = await c.get(submitted.id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    assert run(go()).reason is None
 
 
 async def _health_is(c: Controller, value: str) -> bool:

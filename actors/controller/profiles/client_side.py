@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from actors.controller.agents.registry import Registry
+from actors.controller.clock import Clock
+from actors.controller.diagnosis.watches import Watches
 from actors.controller.profiles.state import Profile, wait_event
 from actors.controller.saved.catalog import Catalog
 from actors.controller.saved.persistence import Persistence
@@ -25,6 +27,9 @@ from orchestrator.storage import open_storage
 
 __all__ = ["ClientSide"]
 
+# A window in these states opens or fills only as the run's ranks step.
+_WAITING_FOR_STEPS = frozenset({ProfileState.PENDING, ProfileState.SCHEDULED, ProfileState.CAPTURING})
+
 
 class ClientSide:
     """Methods clients call about one profile (and the list); mixed into :class:`actors.controller.actor.Controller`."""
@@ -33,6 +38,8 @@ class ClientSide:
     _persistence: Persistence
     _catalog: Catalog
     _retention: Retention
+    _watches: Watches
+    _clock: Clock
 
     async def _restored_state(self) -> None:
         raise NotImplementedError
@@ -40,7 +47,7 @@ class ClientSide:
     async def get(self, profile_id: str) -> ProfileStatus:
         """Current status of one profile."""
         await self._restored_state()
-        return (await self._catalog.profile(profile_id)).snapshot()
+        return self._said_stalled((await self._catalog.profile(profile_id)).snapshot())
 
     async def wait(self, profile_id: str, timeout_s: float) -> ProfileStatus:
         """Status once the profile changes state or ends, or after ``timeout_s``."""
@@ -49,7 +56,22 @@ class ClientSide:
         if not profile.state.is_terminal:
             profile.changed.clear()
             await wait_event(profile.changed, max(0.0, min(timeout_s, 60.0)))
-        return profile.snapshot()
+        return self._said_stalled(profile.snapshot())
+
+    def _said_stalled(self, status: ProfileStatus) -> ProfileStatus:
+        """A window waiting on a run that has STALLED says so: it opens only once the run moves again, and
+        until then nothing else in its status changes (every rank ARMED at 0 steps, then the timeout)."""
+        if status.kind != "profile" or status.state not in _WAITING_FOR_STEPS or status.reason:
+            return status
+        workers = self._registry.run_workers(status.target, status.run)
+        health = self._watches.assess(workers, self._clock.monotonic())
+        if not health.stalled:
+            return status
+        reason = (
+            f"{status.target} is STALLED: no rank has advanced for {health.stalled_s:.0f}s, so the window opens only "
+            "once it moves again; every rank's stacks show where it is"
+        )
+        return status.model_copy(update={"reason": reason})
 
     async def read(self, profile_id: str, wait_s: float = 0.0) -> ProfileRead:
         """Status (after a long-poll of ``wait_s`` when positive) with the manifest once it ended with one."""
