@@ -144,14 +144,20 @@ def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home)
     assert stacks[0].reason is None
 
 
+async def _stalled_without_auto_stacks(home: StorageSpec) -> tuple[SteppedMonitor, list]:
+    """Two ranks that stopped training (their agents still beat), ticked until the target is STALLED."""
+    m = stepped(home, stall_auto_stacks=False)
+    agents = await m.start_agents(2)
+    for a in agents:
+        a.training = False
+    assert await m.tick_until(lambda: _health_is(m.c, "STALLED"), max_ticks=200), "timed out"
+    return m, agents
+
+
 def test_automatic_stacks_on_stall_can_be_turned_off(home):
     async def go():
-        m = stepped(home, stall_auto_stacks=False)
+        m, agents = await _stalled_without_auto_stacks(home)
         c = m.c
-        agents = await m.start_agents(2)
-        for a in agents:
-            a.training = False
-        assert await m.tick_until(lambda: _health_is(c, "STALLED"), max_ticks=200), "timed out"
         await m.ticks(10)
         page = await c.list()
         for a in agents:
@@ -163,12 +169,8 @@ def test_automatic_stacks_on_stall_can_be_turned_off(home):
 
 def test_a_window_waiting_on_a_stalled_run_says_so_and_stops_saying_it_once_the_run_moves(home):
     async def go():
-        m = stepped(home, stall_auto_stacks=False)
+        m, agents = await _stalled_without_auto_stacks(home)
         c = m.c
-        agents = await m.start_agents(2)
-        for a in agents:
-            a.training = False
-        assert await m.tick_until(lambda: _health_is(c, "STALLED"), max_ticks=200), "timed out"
         submitted = await c.submit(ProfileRequest(target="run", steps=3))
         await m.ticks(5)
         waiting = await c.get(submitted.id)
