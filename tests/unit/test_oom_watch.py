@@ -18,7 +18,7 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import WatchSpec, WatchStatus
 from orchestrator.models.profile import Artifact
 from orchestrator.storage import open_storage
-from tests.support.fake_agents import MONITORED, make_controller, start_agents, until
+from tests.support.fake_agents import MONITORED, FakeAgent, make_controller, start_agents, until, worker_info
 from tests.support.fake_agents import run as run_bounded
 from tests.support.inprocess_service import service_client
 
@@ -74,6 +74,36 @@ def test_every_rank_of_the_target_records_while_the_watch_exists(home):
         return recording, stopped
 
     assert run(go()) == (True, True)
+
+
+async def _notes_of_watches_on_a_cpu_run_and_a_cuda_run(home) -> tuple[str | None, str | None]:
+    """Two runs, one on CPUs and one on CUDA devices, each with an OOM watch: their notes once the watches were
+    advanced (the CPU run's note says so), or after the bound."""
+    c = _controller(home)
+    agents = [
+        FakeAgent(c, worker_info(r, 2, target=target).model_copy(update={"device": device}))
+        for target, device in (("cpu-run", "cpu"), ("gpu-run", "cuda:0"))
+        for r in range(2)
+    ]
+    for a in agents:
+        await a.start()
+    cpu = await c.create_watch(oom_watch(target="cpu-run"))
+    gpu = await c.create_watch(oom_watch(target="gpu-run"))
+    await until(lambda: all(a.recording for a in agents if a.info.device.startswith("cuda")), timeout_s=10)
+    for _ in range(400):
+        if (await c.get_watch(cpu.id)).note is not None:
+            break
+        await asyncio.sleep(0.025)
+    notes = (await c.get_watch(cpu.id)).note, (await c.get_watch(gpu.id)).note
+    await _stop(agents)
+    return notes
+
+
+def test_an_oom_watch_says_so_on_a_run_without_cuda_and_not_on_a_cuda_run(home):
+    on_cpu, on_cuda = run_bounded(_notes_of_watches_on_a_cpu_run_and_a_cuda_run(home))
+
+    assert on_cpu is not None and on_cpu.startswith("no rank of this run has a CUDA device")
+    assert on_cuda is None
 
 
 def test_an_oom_takes_one_bundle_with_every_ranks_stacks_and_snapshot_and_names_the_failing_rank(home):

@@ -56,6 +56,8 @@ TakeStacks = Callable[[str, str | None, bool, Trigger, bool], Awaitable[Any]]
 Submit = Callable[[ProfileRequest, Trigger], Awaitable[Any]]
 
 _NOT_LIVE = "target not live"
+# An OOM watch on a run with no CUDA device can never fire (the allocator it watches is CUDA's): said, not silent.
+_NO_CUDA = "no rank of this run has a CUDA device: an OOM watch fires only when one runs out of CUDA memory"
 
 
 class Watches:
@@ -243,6 +245,9 @@ class Watches:
         if watch.note == _NOT_LIVE:  # a firing's failure note stays until the next firing
             watch.note = None
         workers, health = run
+        if spec.oom:
+            cuda = any(w.info.device.startswith("cuda") for w in workers.values())
+            watch.note = None if cuda and watch.note == _NO_CUDA else watch.note if cuda else _NO_CUDA
         holds, trigger_args = self._condition(watch, health, now, wall)
         if not holds:
             watch.holding_since = None
