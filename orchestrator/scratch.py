@@ -28,8 +28,9 @@ _NAME = re.compile(r"^rayprof-p(\d+)-")
 
 ORPHAN_MIN_AGE_S = 3600.0
 """A folder younger than this is never swept, whatever its process: a process id means nothing across PID
-namespaces (two containers sharing a temp folder), and no live rayprof process keeps a scratch folder this long
-unchanged (an export or upload takes seconds to minutes)."""
+namespaces (two containers sharing a temp folder), and a live rayprof process keeps a scratch folder this long
+unchanged only for an out-of-memory snapshot the controller has not asked for (an export or upload takes seconds to
+minutes); that process is alive in its own namespace, where its folder is never swept."""
 
 # A temp folder holds many other programs' entries: the sweep looks at this many, at most, per call.
 _MAX_ENTRIES = 10_000

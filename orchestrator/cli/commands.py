@@ -350,14 +350,13 @@ def report(args: argparse.Namespace) -> int:
         return analyze_dir(source, args)
     handle = _client(args).get(source)
     manifest = handle.manifest()
+    folder = handle.download((Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))) / handle.id)
     if manifest.kind == "stacks":
-        return _stacks_report(handle, args)
+        return _stacks_report(handle, folder, args)
     # The manifest holds the post-window check as it stood when written; the status has its end.
     check = handle.last_status.post_window
     if check is not None:
         print(f"after the window: {check.verdict}: {check.detail}", file=sys.stderr)
-    dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
-    folder = handle.download(dest / handle.id)
     stored = next((a for a in manifest.artifacts if a.kind == "report"), None)
     if stored is not None:
         print(f"stored report: {printable(stored.uri)}", file=sys.stderr)
@@ -366,10 +365,8 @@ def report(args: argparse.Namespace) -> int:
     return analyze_dir(folder, args, write=stored is None)
 
 
-def _stacks_report(handle: ProfileHandle, args: argparse.Namespace) -> int:
-    """A stored stacks bundle, as `rayprof stacks` printed it when it was taken (its stored stacks.json)."""
-    dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="rayprof-"))
-    folder = handle.download(dest / handle.id)
+def _stacks_report(handle: ProfileHandle, folder: Path, args: argparse.Namespace) -> int:
+    """A stored stacks bundle (downloaded into ``folder``), as `rayprof stacks` printed it when it was taken."""
     bundle = StacksBundle.model_validate_json((folder / STACKS_NAME).read_bytes())
     bundle = bundle.model_copy(update={"manifest_uri": handle.last_status.manifest_uri})
     if args.json:

@@ -245,9 +245,10 @@ class Watches:
         if watch.note == _NOT_LIVE:  # a firing's failure note stays until the next firing
             watch.note = None
         workers, health = run
-        if spec.oom:
-            cuda = any(w.info.device.startswith("cuda") for w in workers.values())
-            watch.note = None if cuda and watch.note == _NO_CUDA else watch.note if cuda else _NO_CUDA
+        if spec.oom and not any(w.info.device.startswith("cuda") for w in workers.values()):
+            watch.note = _NO_CUDA
+        elif watch.note == _NO_CUDA:  # a run with CUDA devices took the name since
+            watch.note = None
         holds, trigger_args = self._condition(watch, health, now, wall)
         if not holds:
             watch.holding_since = None
