@@ -3,8 +3,8 @@
 A target's profiles run one after another, in the order they were accepted.
 A submit finds the target busy (a window running, or others waiting) and
 is refused with a conflict unless it asked to ``queue``, and a queue is
-bounded (``max_queued_per_target``). A profile that has ended but not yet
-released its slot is not in the way. Everything here is synchronous except
+bounded (``max_queued_per_target``). A profile that has ended (or was deleted)
+but not yet released its slot is not in the way. Everything here is synchronous except
 :meth:`TargetQueue.run`, so a second submit sees the first one's place at once.
 """
 
@@ -33,9 +33,9 @@ class TargetQueue:
     def admit(self, request: ProfileRequest) -> None:
         """Raise :class:`ConflictError` when ``request`` may not join its target's line now."""
         target = request.target
-        queued = [p for p in self.waiting.get(target, []) if not self._profiles[p].state.is_terminal]
+        queued = [p for p in self.waiting.get(target, []) if self._in_the_way(p)]
         running = self.active.get(target)
-        if running is not None and self._profiles[running].state.is_terminal:
+        if running is not None and not self._in_the_way(running):
             running = None
         if running is None and not queued:
             return
@@ -49,6 +49,11 @@ class TargetQueue:
             raise ConflictError(
                 f"{len(queued)} profiles already queued on {target!r} (max {limit})", target=target
             )
+
+    def _in_the_way(self, profile_id: str) -> bool:
+        # A delete drops the profile from the catalog at once; its window task leaves the slot later.
+        profile = self._profiles.get(profile_id)
+        return profile is not None and not profile.state.is_terminal
 
     def join(self, profile: Profile) -> None:
         """Take a place in the target's line (before any await, so the next submit counts it)."""
