@@ -87,7 +87,6 @@ from orchestrator.analysis.python_frames import callers, enclosing, hot_path, us
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DDP_FORWARD,
-    DEVICE_CATEGORIES,
     GRAD_SCALER_UPDATE,
     HOST_CATEGORIES,
     READING_OPS,
@@ -100,6 +99,7 @@ from orchestrator.analysis.spans import (
     is_comm_kernel,
     is_copy_call,
     is_data,
+    is_device_work,
     is_region,
     is_runtime,
     is_sync,
@@ -132,7 +132,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     device_spans: list[Span] = []
     frames: dict[Thread, list[Span]] = defaultdict(list)  # with_stack's, only to name the Python outside any op
     for span in trace.spans:
-        if span.cat in DEVICE_CATEGORIES:
+        if is_device_work(span):
             device_spans.append(span)
         elif span.cat in HOST_CATEGORIES:
             threads[(span.pid, span.tid)].append(span)

@@ -23,7 +23,6 @@ __all__ = [
     "COPY_OPS",
     "DDP_FORWARD",
     "GRAD_SCALER_UPDATE",
-    "DEVICE_CATEGORIES",
     "HOST_CATEGORIES",
     "CopyDirection",
     "CopyKind",
@@ -46,6 +45,7 @@ __all__ = [
     "is_comm_kernel",
     "is_comm_kernel_name",
     "is_compute_kernel",
+    "is_device_work",
     "is_compiled_name",
     "is_copy_call",
     "is_data",
@@ -87,7 +87,10 @@ _COMM_PREFIXES = (
 )
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 # Device-side work: CUDA/ROCm kernels, copies and memsets, MTIA's command processor events.
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+# MTIA's command processor also records a stream waiting for another's event, and the records it waits for: a
+# stream standing still, as CUDA's device-side syncs (category cuda_sync, never device work) are.
+_MTIA_STREAM_SYNC = frozenset({"event_wait", "event_record"})
 HOST_CATEGORIES = frozenset(
     {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "mtia_runtime"}
 )
@@ -349,6 +352,11 @@ def by_kind(spans: Iterable[Span]) -> Kinds:
     for s in spans:
         groups[(s.name, s.cat)].append(s)
     return groups
+
+
+def is_device_work(span: Span) -> bool:
+    """A span of work on the device: a kernel, copy or memset, not a stream waiting."""
+    return span.cat in _DEVICE_CATEGORIES and not (span.cat == "mtia_ccp_events" and span.name in _MTIA_STREAM_SYNC)
 
 
 def where(groups: Kinds, rule: Callable[[Span], bool]) -> Iterator[tuple[float, float]]:
