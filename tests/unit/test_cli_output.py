@@ -56,5 +56,5 @@ def test_a_reader_that_stops_reading_ends_the_cli_quietly(tmp_path):
     os.close(read_end)  # the reader is gone before the CLI writes its first line, as `| head -0` would be
     _, stderr = cli.communicate(timeout=120)
 
-    assert cli.returncode == 1
-    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr.decode()
+    said = stderr.decode(errors="replace")
+    assert (cli.returncode, "Traceback" in said or "BrokenPipeError" in said) == (1, False), said

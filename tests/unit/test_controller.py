@@ -55,7 +55,7 @@ def test_a_stepped_profile_moves_only_when_its_runner_steps(home):
         submitted = await c.submit(request(steps=2))
         states = [(await c.get(submitted.id)).state]
         states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
-        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
+        await until(lambda: all(a.window_task for a in agents), timeout_s=30)
         await asyncio.gather(*(a.window_task for a in agents))  # both ranks DONE
         states.append((await c.get(submitted.id)).state)  # nothing moved it
         states.append((await stepped.step(submitted.id), (await c.get(submitted.id)).state))
@@ -132,7 +132,7 @@ def test_a_rank_still_waiting_for_its_start_at_the_timeout_is_told_to_drop_the_w
         clock.advance(1.0)  # the timeout passes
         assert await stepped.step(submitted.id)
         status = await c.get(submitted.id)
-        told = await until(lambda: submitted.id in agents[1].cancelled, timeout_s=5.0)
+        told = await until(lambda: submitted.id in agents[1].cancelled, timeout_s=30)
         for a in agents:
             await a.stop()
         return status, told
@@ -204,13 +204,13 @@ def test_cancel_after_the_arm_was_sent_but_before_it_was_acknowledged_tells_the_
         agents = await start_agents(c, 2, arm_ack_gate=gate)
         submitted = await c.submit(request(steps=40, warmup=5))
         assert not await stepped.step(submitted.id)  # the arms are sent
-        await until(lambda: all(a.windows for a in agents), timeout_s=2)  # and reached the agents
+        await until(lambda: all(a.windows for a in agents), timeout_s=30)  # and reached the agents
         waiting = {r.rank for r in (await c.get(submitted.id)).ranks if r.state == RankState.WAITING}
         await c.cancel(submitted.id)
         gate.set()
         stepped.release(submitted.id)
         status, _ = await wait_terminal(c, submitted.id)
-        await until(lambda: all(a.window_task is None or a.window_task.done() for a in agents), timeout_s=2)
+        await until(lambda: all(a.window_task is None or a.window_task.done() for a in agents), timeout_s=30)
         for a in agents:
             await a.stop()
         return status, agents, waiting
@@ -230,7 +230,7 @@ def test_a_rank_that_reports_a_window_of_an_ended_profile_is_told_to_drop_it(hom
         status, _ = await wait_terminal(c, (await c.submit(request(steps=2))).id)
         stray = agents[0].windows[-1]
         await agents[0].report(stray, RankState.ARMED)
-        await until(lambda: stray.profile_id in agents[0].cancelled, timeout_s=2)
+        await until(lambda: stray.profile_id in agents[0].cancelled, timeout_s=30)
         for a in agents:
             await a.stop()
         return status, agents

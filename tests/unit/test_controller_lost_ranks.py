@@ -44,7 +44,7 @@ def test_a_worker_dropped_during_a_save_at_the_timeout_fails_as_lost_and_is_told
         assert await stepped.step(submitted.id)
         status = await c.get(submitted.id)
         lost._tasks.append(asyncio.create_task(lost._poll()))  # the pause ends: it registers again
-        told = await until(lambda: submitted.id in lost.cancelled, timeout_s=5.0)
+        told = await until(lambda: submitted.id in lost.cancelled, timeout_s=30)
         for a in agents:
             await a.stop()
         return status, told

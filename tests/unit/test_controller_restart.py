@@ -25,7 +25,7 @@ def test_a_restarted_controller_finishes_a_profile_that_was_collecting(home):
         agents[1].behaviour = "stall_upload"
         submitted = await first.submit(request(steps=5, timeout_s=20))
         assert not await stepped.step(submitted.id)  # scheduled: the arms are sent
-        await until(lambda: all(a.window_task for a in agents), timeout_s=2)
+        await until(lambda: all(a.window_task for a in agents), timeout_s=30)
         # Rank 0 is DONE and rank 1 UPLOADING (and stays so), each acknowledged.
         await asyncio.gather(*(a.window_task for a in agents))
         assert not await stepped.step(submitted.id)  # COLLECTING, saved

@@ -109,7 +109,7 @@ def test_a_result_that_cannot_be_saved_is_not_acknowledged(home, tmp_path):
         agents = await start_agents(c, 1)
         agents[0].behaviour = "hang"
         submitted = await c.submit(request(steps=3, timeout_s=20))
-        await status_when(c, submitted.id, lambda s: bool(s.ranks) and s.ranks[0].state == RankState.CAPTURING, timeout_s=4)
+        await status_when(c, submitted.id, lambda s: bool(s.ranks) and s.ranks[0].state == RankState.CAPTURING, timeout_s=30)
         store = Path(home.uri.removeprefix("file://"))
         store.rename(store.with_name("away"))
         store.write_text("outage")

@@ -156,7 +156,7 @@ def test_the_controller_keeps_each_ranks_history_and_serves_it(home):
         # A new controller on the same storage reads it back.
         c2 = make_controller(home, **MONITORED)
         await c2.ping()
-        assert await until(lambda: c2._telemetry.history.runs, timeout_s=5)
+        assert await until(lambda: c2._telemetry.history.runs, timeout_s=30)
         again = await c2.history("run", "job1")
         for before, after in zip(view.ranks, again.ranks, strict=True):
             assert set(before.t[:-1]) <= set(after.t)  # the last point was still being filled
@@ -192,7 +192,7 @@ def test_a_window_that_leaves_a_rank_slower_is_said_in_its_status_and_saved(home
         )
         agents[1].step_s = 0.2
         final, _ = await wait_terminal(c, status.id)
-        assert await until(lambda: c._profiles.get(status.id) is None, timeout_s=5)
+        assert await until(lambda: c._profiles.get(status.id) is None, timeout_s=30)
 
         async def checked():
             s = await c.get(status.id)

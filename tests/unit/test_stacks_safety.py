@@ -200,7 +200,7 @@ def test_each_answer_is_stored_as_it_arrives_not_once_every_rank_answered(home):
         taking = asyncio.create_task(c.stacks("run"))
         storage = open_storage(home)
         stored_early = await until(
-            lambda: any(k.endswith("/stacks/rank0.txt") for k in storage.list("run/")), timeout_s=2.5
+            lambda: any(k.endswith("/stacks/rank0.txt") for k in storage.list("run/")), timeout_s=30
         )
         done_early = taking.done()
         bundle = await taking
