@@ -29,6 +29,7 @@ from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.finding_base import (
+    DEVICE_NAMES,
     REPORT_FRACTION,
     host_fix_bound,
     make_finding,
@@ -180,9 +181,7 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         evidence=(
             f"{calls:.0f} {'wait' if round(calls) == 1 else 'waits'} per step on {ranks_text(hit)} ({names}); {worst.mean_phases.sync:.2f} ms "
             f"({share(worst, worst.mean_phases.sync):.1%}) of the step on rank {worst.rank}."
-            + (_idle_of(worst, "sync", worst.mean_phases.sync) if on_device
-               else " This trace is CPU-only, where it is cheap; on a GPU each read of a device tensor waits for every "
-               "queued kernel (a read of a CPU tensor, such as DDP's map of used parameters, does not).")
+            + (_idle_of(worst, "sync", worst.mean_phases.sync) if on_device else _unmeasured(worst))
             + (" The device idle time counted includes the gaps after each wait while the host launches anew "
                "(the wait emptied the device's queue), up to the device work it waited out." if on_device else "")
             + late
@@ -192,6 +191,14 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         fix=reading_fix(worst),
         ranks=[r.rank for r in hit],
     )
+
+
+def _unmeasured(r: RankSummary) -> str:
+    if r.unrecorded_device:
+        return (f" The trace holds {DEVICE_NAMES[r.unrecorded_device]} runtime calls but no device activity (device tracing "
+                "was off or failed, or CUPTI's range profiler took the kernels): what each wait for queued kernels costs is not measured.")
+    return (" This trace is CPU-only, where it is cheap; on a GPU each read of a device tensor waits for every queued kernel "
+            "(a read of a CPU tensor, such as DDP's map of used parameters, does not).")
 
 
 def _uploads(r: RankSummary) -> list[CopyStats]:

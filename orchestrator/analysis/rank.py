@@ -338,6 +338,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         file=trace.file.path.name,
         device=trace.device,
         accelerator=Accelerator.of(trace.device_properties, trace.device),
+        unrecorded_device=trace.unrecorded,
         window=window_kind,
         steps=steps,
         mean_step_ms=sum(durations) / len(durations) if steps else None,

@@ -257,6 +257,9 @@ class RankSummary(_Model):
     file: str
     device: Literal["cpu", "cuda", "rocm", "mtia"]
     accelerator: Accelerator | None = Field(default=None, description="The device model the trace names, if one.")
+    unrecorded_device: Literal["cuda", "rocm"] | None = Field(
+        default=None, description="device cpu: the GPU runtime whose calls the trace holds without any device activity."
+    )
     window: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = Field(
         default="profiler_steps",
         description="No ProfilerStep#N spans: iterations (the device's active span cut where a top-level pattern of "

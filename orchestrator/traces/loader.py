@@ -117,6 +117,8 @@ class RankTrace:
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     # The accelerator whose work the trace recorded; "cpu" when it holds no device activity.
     device: Device = "cpu"
+    # A "cpu" trace that holds a GPU runtime's calls (CUPTI's range profiler, device tracing off or failed): that runtime.
+    unrecorded: Literal["cuda", "rocm"] | None = None
     # Whether any ProfilerStep#N span exists; without one the trace is a single window.
     has_profiler_steps: bool = False
     # Old category names found and what they were read as, e.g. {"Operator": "cpu_op"}.
@@ -226,9 +228,13 @@ def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) 
     amd = any("AMD" in str(d.get("name", "")) for d in out.device_properties)
     if amd or any(key in out.header for key in _ROCM_HEADER_KEYS):
         return "rocm"
-    if any(name.startswith("hip") and name[3:4].isupper() for name in names):  # hipLaunchKernel, hipMemcpy...
+    if _hip_named(names):
         return "rocm"
     return "cuda"
+
+
+def _hip_named(names: dict[str, str]) -> bool:
+    return any(name.startswith("hip") and name[3:4].isupper() for name in names)  # hipLaunchKernel, hipMemcpy...
 
 
 def _check_spans(spans: list[Span], names: dict[str, str]) -> None:
@@ -326,6 +332,8 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     _check_spans(spans, names)
     out.category_aliases = {old: new for old, new in categories.items() if old != new}
     out.device = _detect_device(out, set(categories.values()), names)
+    if out.device == "cpu" and {"cuda_runtime", "cuda_driver"} & set(categories.values()):
+        out.unrecorded = "rocm" if _hip_named(names) else "cuda"
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)
     # Two stable C-keyed sorts give (ts ascending, end descending): parents before their children.
     spans.sort(key=_END, reverse=True)
