@@ -331,8 +331,9 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
         raise TraceParseError(f"timestamps beyond ±{TIME_RANGE_US:.0e} µs: not a trace any clock wrote")
     _check_spans(spans, names)
     out.category_aliases = {old: new for old, new in categories.items() if old != new}
-    out.device = _detect_device(out, set(categories.values()), names)
-    if out.device == "cpu" and {"cuda_runtime", "cuda_driver"} & set(categories.values()):
+    seen = set(categories.values())
+    out.device = _detect_device(out, seen, names)
+    if out.device == "cpu" and {"cuda_runtime", "cuda_driver"} & seen:
         out.unrecorded = "rocm" if _hip_named(names) else "cuda"
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)
     # Two stable C-keyed sorts give (ts ascending, end descending): parents before their children.
