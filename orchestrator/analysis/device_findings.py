@@ -253,7 +253,11 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         worst,
         min(sum(k.total_ms for k in top) / per_step, worst.gpu.busy_ms_per_step),
         severity="info",
-        title=f"GPU-bound: the device is busy {worst.gpu.utilization:.0%} of the step",
+        # An MTIA is no GPU: the title names the accelerator the trace recorded.
+        title=(
+            f"{'GPU' if worst.device in ('cuda', 'rocm') else DEVICE_NAMES[worst.device]}-bound: the device is busy "
+            f"{worst.gpu.utilization:.0%} of the {step_word(worst)}"
+        ),
         evidence=(
             f"Device work covers {worst.gpu.utilization:.0%} of the step on rank {worst.rank} (at least "
             f"{GPU_BOUND_UTILIZATION:.0%} on {ranks_text(hit)}): host-side fixes cannot win more than its "
