@@ -47,7 +47,10 @@ def walk_thread(
             self_us[at[-1]] -= (end if end < parent else parent) - ts  # min() without a call: once per span
         if track:
             if span.name in wanted:
-                on_span(span, stack)  # type: ignore[misc]
+                # Not an ancestor that ended under a spilled child: the agent's prof.step() runs inside the
+                # optimizer step's annotation, so each ProfilerStep starts just before the previous
+                # Optimizer.step ends, and that step would otherwise enclose the whole next step.
+                on_span(span, [a for a in stack if a.end > ts])  # type: ignore[misc]
             stack.append(span)
         ends.append(end)
         at.append(i)
