@@ -74,12 +74,12 @@ def innermost(spans: Iterable[tuple[float, float, Label]]) -> dict[Label, Interv
 
 
 def nested_phases(
-    main: list[Span], main_kinds: Kinds, skip: frozenset[str], backward_elsewhere: Intervals
+    main: list[Span], main_kinds: Kinds, skip: frozenset[str], backward_elsewhere: Intervals, comm_elsewhere: Intervals
 ) -> dict[Literal["forward", "backward", "optimizer"], Intervals]:
     """The main thread's forward, backward and optimizer intervals (disjoint).
 
     ``main``: its spans in start order; ``skip``: its step span names; ``backward_elsewhere``:
-    when the process's autograd threads run backward.
+    when the process's autograd threads run backward; ``comm_elsewhere``: when its other threads run collectives.
     """
     labelled = [
         (s.ts, s.end, label)
@@ -93,9 +93,13 @@ def nested_phases(
     # An Optimizer.step's own time in which the main thread runs no op while an autograd thread runs backward.
     steps = frozenset(name for (name, _), group in main_kinds.items() if _label(group[0]) == "step")
     deeper = cover(main, skip=skip | steps)
-    waiting = intersect(subtract(step, deeper), backward_elsewhere)
+    idle = subtract(step, deeper)
+    waiting = intersect(idle, backward_elsewhere)
     backward = union(inner.get("backward", []) + waiting)
-    step = subtract(step, waiting)
+    # ... or while another thread runs a collective (gloo's worker: the all-reduce that a closure's backward
+    # started under DDP, which Lightning's optimizer step waits for): no optimizer time, it stays for rank's rule 8
+    # to call communication.
+    step = subtract(step, union(waiting + intersect(subtract(idle, waiting), comm_elsewhere)))
     # The closure's model and loss: an Optimizer.step's own time before the first backward inside it.
     any_backward = union(backward + backward_elsewhere)
     before: Intervals = []

@@ -32,7 +32,8 @@ step time:
  5-7. ``optimizer``, ``backward``, ``forward``: the innermost of these spans open on the
                   main thread decides (:mod:`orchestrator.analysis.phases`), so forward and
                   backward that a closure optimizer runs inside ``Optimizer.step#...`` are
-                  forward and backward. ``optimizer``: ``Optimizer.step#...`` / ``zero_grad#...``;
+                  forward and backward; where it runs no op while another thread runs backward
+                  or a collective, rule 8 decides. ``optimizer``: ``Optimizer.step#...`` / ``zero_grad#...``;
                   ``backward``: autograd nodes (``autograd::engine::evaluate_function: ...``,
                   1.8's ``...Backward``, ``CompiledFunctionBackward``), compiled autograd's regions
                   or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
@@ -225,7 +226,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
 
     step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
     backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
-    nested = nested_phases(main, main_kinds, step_names, backward_elsewhere)
+    comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
+    nested = nested_phases(main, main_kinds, step_names, backward_elsewhere, comm_elsewhere)
     if not device_spans:
         # An item() in the optimizer's own time is torch.optim reading a parameter's step count (Adam, AdamW,
         # fused or not), a CPU tensor even on a GPU unless capturable: on a device trace no sync call lies under
@@ -248,7 +250,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     ]
     any_main_span = cover(main, skip=step_names)
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
-    comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
 
