@@ -131,6 +131,9 @@ DEFAULT_STALL_AUTO_STACKS = 1
 # A rank this many steps behind the leader is named as lagging in `targets`.
 LAG_STEPS_ENV_VAR = "RAYPROF_LAG_STEPS"
 DEFAULT_LAG_STEPS = 3
+# ... and that many steps must come to this much time at the median step: heartbeats are dated on arrival, and
+# two ranks' can arrive tens of milliseconds apart, several steps of a fast job in lockstep.
+LAG_MIN_S = 0.25
 # How often the controller checks health and watches (it reads heartbeats only; no call to any rank).
 MONITOR_INTERVAL_S_ENV_VAR = "RAYPROF_MONITOR_INTERVAL_S"
 DEFAULT_MONITOR_INTERVAL_S = 1.0

@@ -110,7 +110,7 @@ SECTIONS: tuple[Section, ...] = (
         Row((s.STACKS_MAX_RANK_BYTES_ENV_VAR,), "most bytes of one rank's stacks answer: over it the flight recorder dump, then the native frames' tail, other threads and outer frames are cut, and the bundle says so for that rank"),
         Row((s.STALL_MIN_S_ENV_VAR, s.STALL_STEP_FACTOR_ENV_VAR), 'a target is STALLED when no rank advanced for max(this, factor × its median step time)'),
         Row((s.STALL_AUTO_STACKS_ENV_VAR,), "1: on entering STALLED the controller takes every rank's stacks once by itself; 0: off"),
-        Row((s.LAG_STEPS_ENV_VAR,), 'a rank this many steps behind the leader is named as lagging in `targets`'),
+        Row((s.LAG_STEPS_ENV_VAR,), f'a rank this many steps behind the leader, and at least {s.LAG_MIN_S:g} s of the median step (heartbeats are dated on arrival), is named as lagging in `targets`'),
         Row((s.MONITOR_INTERVAL_S_ENV_VAR,), 'how often the controller checks stalls and watches (from heartbeats only)'),
         Row((s.MAX_WATCHES_ENV_VAR,), 'most watches one controller keeps'),
         Row((s.WATCH_MAX_FAILURES_ENV_VAR,), 'a watch whose action failed this many times in a row is PAUSED, its reason shown in `rayprof watches`, until it is deleted and created again'),

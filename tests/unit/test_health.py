@@ -72,6 +72,16 @@ def test_a_rank_three_steps_behind_at_the_same_instant_is_lagging():
     assert h.lagging == [1]
 
 
+def test_a_fast_jobs_ranks_whose_heartbeats_arrive_apart_are_not_taken_for_laggards():
+    # A live two-rank GAN under DDP (5 ms steps, so in lockstep) showed "lagging 0 (-5)" once: heartbeats are
+    # dated on arrival, and rank 0's arrived 25 ms after rank 1's. Five steps of 5 ms is no lag worth naming.
+    r0 = rank(0, [(0.0, 0), (10.025, 2000)], step_time_s=0.005)
+    r1 = rank(1, [(0.0, 0), (10.0, 2000)], step_time_s=0.005)
+    h = health([r0, r1], 10.025)
+    assert h.behind == {0: 5, 1: 0}
+    assert h.lagging == []
+
+
 def test_stalled_once_no_rank_advanced_for_the_threshold():
     ranks = [rank(r, [(0.0, 40), (70.0, 40)], advanced_at=0.0) for r in range(2)]
     assert not health(ranks, 59.0).stalled

@@ -7,7 +7,8 @@ median step time)``, never less than two heartbeats (progress is only seen
 once per heartbeat). Steps behind are read at one common instant, the oldest
 of the ranks' latest heartbeats, by interpolating each rank's recent
 heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
-older is not taken for one that lags.
+older is not taken for one that lags. Nor is one a few steps of a fast job behind:
+heartbeats are dated on arrival, so a lag must also come to ``lag_min_s`` at the median step.
 
 Nothing here reads a clock: ``now`` and the heartbeats' times come from the
 caller's (:mod:`actors.controller.clock`), so a test steps them.
@@ -19,6 +20,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from orchestrator.settings import LAG_MIN_S
 
 __all__ = ["Health", "Progress", "assess", "step_at"]
 
@@ -76,8 +79,10 @@ def assess(
     step_factor: float,
     lag_steps: int,
     heartbeat_s: float,
+    lag_min_s: float = LAG_MIN_S,
 ) -> Health:
-    """Stalled or not, and each rank's steps behind the leader."""
+    """Stalled or not, and each rank's steps behind the leader; lagging: at least ``lag_steps`` and ``lag_min_s``
+    of the median step behind."""
     ranks = list(workers)
     times = [w.step_time_s for w in ranks if w.step_time_s]
     median = statistics.median(times) if times else None
@@ -96,5 +101,5 @@ def assess(
         threshold_s=threshold,
         median_step_s=median,
         behind=behind,
-        lagging=sorted(r for r, b in behind.items() if b >= lag_steps),
+        lagging=sorted(r for r, b in behind.items() if b >= lag_steps and (median is None or b * median >= lag_min_s)),
     )
