@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.auth import check_exposure, is_loopback, read_token
+from orchestrator.build import build_id
 from orchestrator.cli.analyze_command import analyze_dir
 from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_stacks, print_status, table
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
@@ -27,7 +28,7 @@ from orchestrator.errors import (
 )
 from orchestrator.layout import STACKS_NAME
 from orchestrator.models.common import Name
-from orchestrator.models.control import no_targets_note
+from orchestrator.models.control import TargetInfo, no_targets_note
 from orchestrator.models.diagnosis import StacksBundle
 from orchestrator.models.profile import ProfileStatus
 from orchestrator.models.requests import ProfileState
@@ -218,11 +219,19 @@ def targets(args: argparse.Namespace) -> int:
         if t.stall_stacks:
             out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof report {t.stall_stacks})")
         if t.other_build_ranks:
-            out(
-                f"{t.name}: {_which_ranks(t.other_build_ranks, len(t.ranks))} another rayprof build than the controller "
-                "(the job started before an upgrade): restart the job to profile it with this build"
-            )
+            out(f"{t.name}: {_which_ranks(t.other_build_ranks, len(t.ranks))} another rayprof build than the controller {_outdated(t)}")
     return EXIT_OK
+
+
+def _outdated(t: TargetInfo) -> str:
+    """Which side outlived an upgrade: agents that run this rayprof's own build started after the controller did,
+    and restarting their job would change nothing."""
+    if {r.info.build for r in t.ranks if r.info.world_rank in t.other_build_ranks} == {build_id()}:
+        return (
+            "(they run this rayprof's build: the controller started before an upgrade): replace it with "
+            "`rayprof serve --replace-controller` and the --storage it was first started with"
+        )
+    return "(the job started before an upgrade): restart the job to profile it with this build"
 
 
 def _which_ranks(ranks: list[int], of: int, shown: int = 8) -> str:

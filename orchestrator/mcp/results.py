@@ -67,8 +67,8 @@ class TargetBrief(_Result):
     stall_stacks: str | None = Field(description="Stacks bundle taken when it turned STALLED (get_profile reads it).")
     other_build_ranks: list[int] = Field(
         default_factory=list,
-        description="Ranks whose agent runs another rayprof build (the job started before an upgrade): restart the job "
-        "to profile it with this build.",
+        description="Ranks whose agent runs another rayprof build than the controller: restart the job if it started "
+        "before an upgrade, or replace the controller (rayprof serve --replace-controller) if it did.",
     )
     ranks: list[RankNow] = Field(description="Furthest behind first, then slowest.")
 

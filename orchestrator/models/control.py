@@ -83,8 +83,8 @@ class TargetInfo(StrictModel):
     stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
     other_build_ranks: list[int] = Field(
         default_factory=list,
-        description="Ranks whose agent runs another rayprof build than the controller (the job started before an "
-        "upgrade): they keep that code until the job restarts.",
+        description="Ranks whose agent runs another rayprof build than the controller: the job or the controller "
+        "started before an upgrade, and each keeps its code until it restarts.",
     )
 
 

@@ -148,14 +148,29 @@ def test_targets_name_the_ranks_whose_agents_run_another_build(home) -> None:
     [([1], "run: the agents of ranks 1 run another rayprof build"), ([0, 1], "run: every rank's agent runs another rayprof build")],
 )
 def test_rayprof_targets_says_to_restart_a_job_whose_agents_run_another_build(monkeypatch, ranks, said) -> None:
-    ranks_now = [WorkerStatus(info=worker_info(r, 2), step=10, step_time_s=0.1, last_seen_s=0.5) for r in (0, 1)]
+    line = _other_build_line(monkeypatch, ranks, agents_build="0.0.9+0123456789ab")
+    assert line.startswith(said) and line.endswith("restart the job to profile it with this build")
+
+
+def test_rayprof_targets_says_to_replace_a_controller_older_than_the_job(monkeypatch) -> None:
+    # A job started after an upgrade, beside a controller started before it: the agents run this rayprof's build,
+    # and restarting the job (what the line said before) changes nothing.
+    line = _other_build_line(monkeypatch, [0, 1], agents_build=build_id())
+    assert line.startswith("run: every rank's agent runs another rayprof build than the controller (they run this")
+    assert line.endswith("replace it with `rayprof serve --replace-controller` and the --storage it was first started with")
+
+
+def _other_build_line(monkeypatch, ranks: list[int], agents_build: str) -> str:
+    """What `rayprof targets` says of a run whose ``ranks`` run another build than the controller, ``agents_build``."""
+    infos = {r: worker_info(r, 2).model_copy(update={"build": agents_build if r in ranks else build_id()}) for r in (0, 1)}
+    ranks_now = [WorkerStatus(info=infos[r], step=10, step_time_s=0.1, last_seen_s=0.5) for r in (0, 1)]
     target = TargetInfo(name="run", world_size=2, ranks=ranks_now, other_build_ranks=ranks)
     monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"targets": lambda self: [target]})())
 
     status, printed = cli_results(commands.targets, argparse.Namespace(json=False))
     assert status == 0
     (line,) = [line for line in printed.splitlines() if "another rayprof build" in line]
-    assert line.startswith(said) and line.endswith("restart the job to profile it with this build")
+    return line
 
 
 def test_the_mcp_target_list_names_the_ranks_whose_agents_run_another_build() -> None:
