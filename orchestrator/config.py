@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigurationError
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.control import ControllerConfig
 
-__all__ = ["controller_config", "default_storage_spec", "max_merged_bytes", "mcp_read_only"]
+__all__ = ["cache_profiles", "controller_config", "default_storage_spec", "max_merged_bytes", "mcp_read_only", "report_cache"]
 
 
 def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
@@ -61,6 +61,21 @@ def controller_config(storage: StorageSpec | None = None) -> ControllerConfig:
 def max_merged_bytes() -> int:
     """The merged trace's byte cap (``RAYPROF_MAX_MERGED_BYTES``), read where the merge runs."""
     return c.env_int(c.MAX_MERGED_BYTES_ENV_VAR, c.DEFAULT_MAX_MERGED_BYTES)
+
+
+def report_cache() -> Path:
+    """Where `rayprof report ID` downloads profiles: ``RAYPROF_CACHE_DIR``, else the XDG cache folder's ``rayprof``."""
+    if found := os.environ.get(c.CACHE_DIR_ENV_VAR):
+        return Path(found).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rayprof"
+
+
+def cache_profiles() -> int:
+    """How many downloaded profiles the report cache keeps (``RAYPROF_CACHE_PROFILES``, at least 1)."""
+    kept = c.env_int(c.CACHE_PROFILES_ENV_VAR, c.DEFAULT_CACHE_PROFILES)
+    if kept < 1:
+        raise ConfigurationError(f"{c.CACHE_PROFILES_ENV_VAR}={kept} keeps no profile: use 1 or more")
+    return kept
 
 
 def storage_spec(

@@ -198,6 +198,11 @@ DEFAULT_MCP_READ_ONLY = 0
 URL_ENV_VAR = "RAYPROF_URL"
 DEFAULT_URL = "http://127.0.0.1:8000"
 SERVE_APP_NAME = "rayprof"
+# Where `rayprof report ID` keeps the profiles it downloads, so one reported again is not fetched again (default
+# $XDG_CACHE_HOME/rayprof, else ~/.cache/rayprof), and how many of the latest reported it keeps: each can be GBs.
+CACHE_DIR_ENV_VAR = "RAYPROF_CACHE_DIR"
+CACHE_PROFILES_ENV_VAR = "RAYPROF_CACHE_PROFILES"
+DEFAULT_CACHE_PROFILES = 10
 
 # Longest ?wait_s= long-poll over HTTP, kept well under proxy and client idle timeouts.
 MAX_HTTP_WAIT_S = 30.0

@@ -145,6 +145,8 @@ SECTIONS: tuple[Section, ...] = (
         Row((s.ALLOWED_HOSTS_ENV_VAR,), 'comma-separated Host names a service *without* a token also answers (`*` for any); stops DNS rebinding', 'loopback names only'),
         Row((s.MCP_READ_ONLY_ENV_VAR,), "1 or true: the service's `/mcp` leaves out the tools that act (profile, take_stacks, create_watch, delete_watch), as `rayprof mcp --read-only` does; 0 or false: serves them; anything else is a configuration error. The app arg `mcp_read_only` (`rayprof serve --mcp-read-only`) wins over it"),
         Row((s.URL_ENV_VAR,), 'the service the CLI talks to', '`http://127.0.0.1:8000`'),
+        Row((s.CACHE_DIR_ENV_VAR,), '`rayprof report ID` downloads each profile here (under `profiles/TARGET/ID`) and reuses the files whose checksum matches its manifest, so a profile reported again is not fetched again', '`$XDG_CACHE_HOME/rayprof`, else `~/.cache/rayprof`'),
+        Row((s.CACHE_PROFILES_ENV_VAR,), 'how many of the most recently reported profiles the cache keeps; older ones are removed from it (never from storage)'),
         ),
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,8 @@ os.environ.setdefault("RAYPROF_POLL_TIMEOUT_S", "2")
 os.environ.setdefault("RAYPROF_WORKER_EXPIRY_GRACE_S", "4")
 os.environ.setdefault("RAYPROF_DISCOVERY_INTERVAL_S", "0.5")
 os.environ.setdefault("RAYPROF_REQUEST_TIMEOUT_S", "120")
+# `rayprof report ID` keeps what it downloads in a cache (10 profiles at most): not the home of whoever runs the tests.
+os.environ.setdefault("RAYPROF_CACHE_DIR", os.path.join(tempfile.gettempdir(), "rayprof-test-report-cache"))
 # An ended run's gauges leave Ray's endpoint within a test's wait (the recorder is replaced every 20 s).
 os.environ.setdefault("RAYPROF_METRICS_ENDED_KEPT_S", "5")
 os.environ.setdefault("RAYPROF_MAX_TRACE_BYTES", str(MAX_TRACE_BYTES))

@@ -235,7 +235,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("report", cmd.report, "report on a profile id (downloads it), a folder of traces or a trace file", [connection])
     p.add_argument("source", metavar="ID|PATH")
-    p.add_argument("--dest", help="where to download a profile id (default: a new temp folder)")
+    p.add_argument(
+        "--dest", help="where to download a profile id (default: the report cache, RAYPROF_CACHE_DIR; a profile in it is not fetched again)"
+    )
 
     p = command("diff", diff_cmd.diff, "compare two profiles (ids or folders): what changed, and is it noise", [connection])
     diff_cmd.add_arguments(p)

@@ -31,6 +31,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.models.summaries import GcReport, GcRequest, ProfilePage
 from orchestrator.settings import DEFAULT_HISTORY_MAX_POINTS, DEFAULT_HISTORY_SPAN_S, DEFAULT_PAGE_SIZE
 from orchestrator.storage import open_storage
+from orchestrator.storage.base import sha256_file
 
 if TYPE_CHECKING:
     from orchestrator.analysis.diff import ProfileDiff
@@ -128,7 +129,8 @@ class ProfileHandle:
 
 
 def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
-    """Copy a profile's files into ``dest``; raises :class:`IntegrityError` on a checksum mismatch.
+    """Copy a profile's files into ``dest``; raises :class:`IntegrityError` on a checksum mismatch. A file already
+    in ``dest`` with the manifest's checksum is kept as it is.
 
     Files are read from ``spec`` (the storage root the profile's record names: after a
     reconfigure, earlier profiles stay where they were written) under ``{target}/{profile_id}``,
@@ -141,6 +143,8 @@ def download_profile(manifest: Manifest, spec: StorageSpec, dest: Path) -> Path:
     files = [(artifact, _inside(folder, artifact.key)) for artifact in manifest.all_artifacts()]
     folder.mkdir(parents=True, exist_ok=True)
     for artifact, path in files:
+        if path.is_file() and sha256_file(path) == artifact.sha256:
+            continue  # fetched before (a report cache's copy): the same bytes, not fetched again
         try:
             stored.download(artifact.key, path, expected_sha256=artifact.sha256)
         except StorageError as e:

@@ -98,6 +98,29 @@ def test_a_download_keeps_the_stored_manifest_as_written_with_fields_this_releas
     assert json.loads((folder / MANIFEST_NAME).read_text()) == written
 
 
+def test_a_file_already_downloaded_with_the_manifests_checksum_is_not_fetched_again(tmp_path):
+    # `rayprof report ID` reports from its cache: a profile reported again must not be downloaded again.
+    artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    handle = _handle(_Backend(_committed(tmp_path / "store", _manifest([artifact])), StorageSpec(uri=(tmp_path / "store").as_uri())))
+    handle.download(tmp_path / "dl")
+    (tmp_path / "store" / TARGET / PROFILE_ID / "traces" / "r0.json").unlink()  # a second fetch would fail
+
+    folder = handle.download(tmp_path / "dl")
+
+    assert (folder / "traces" / "r0.json").read_bytes() == b"x"
+
+
+def test_a_local_copy_that_differs_from_the_manifest_is_fetched_again(tmp_path):
+    artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
+    handle = _handle(_Backend(_committed(tmp_path / "store", _manifest([artifact])), StorageSpec(uri=(tmp_path / "store").as_uri())))
+    (tmp_path / "dl" / "traces").mkdir(parents=True)
+    (tmp_path / "dl" / "traces" / "r0.json").write_bytes(b"cut short")
+
+    folder = handle.download(tmp_path / "dl")
+
+    assert (folder / "traces" / "r0.json").read_bytes() == b"x"
+
+
 def test_manifest_of_another_profile_is_refused(tmp_path):
     artifact = _stored(tmp_path / "store", "traces/r0.json", b"x")
     backend = _Backend(_manifest([artifact], profile_id="prof-other"), StorageSpec(uri=(tmp_path / "store").as_uri()))

@@ -1,0 +1,34 @@
+"""Where `rayprof report ID` keeps the profiles it downloads: one folder per profile under ``RAYPROF_CACHE_DIR``,
+reused when the same profile is reported again, the latest few kept (a GPU job's profile can be GBs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from orchestrator.config import cache_profiles, report_cache
+
+__all__ = ["cached_folder", "keep_latest"]
+
+
+def cached_folder(target: str, profile_id: str, root: Path | None = None) -> Path:
+    """The cache's folder for one profile (``target`` and ``profile_id`` are names: no separators, no ``..``)."""
+    return (root or report_cache()) / "profiles" / target / profile_id
+
+
+def keep_latest(used: Path, kept: int | None = None) -> list[Path]:
+    """Mark ``used`` (a :func:`cached_folder`) as just used and remove all but the ``kept`` most recently used
+    profile folders beside it; what was removed. A folder that cannot be removed stays: the report goes on."""
+    kept = cache_profiles() if kept is None else kept
+    os.utime(used)
+    profiles = used.parent.parent
+    folders = sorted(
+        (p for target in profiles.iterdir() if target.is_dir() for p in target.iterdir() if p.is_dir()),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    removed = [p for p in folders[kept:] if p != used]
+    for folder in removed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
