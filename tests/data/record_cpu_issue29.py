@@ -29,6 +29,9 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
   ddp          two gloo ranks, an MLP under DDP (its bucket all-reduce runs inside backward's AccumulateGrad node)
   ddp_metrics  the same reducing the loss and 20 one-element metrics with dist.all_reduce each step, one call each
+  lightning_ddp  a Lightning Trainer under DDP on two gloo ranks, prof.step() called where rayprof's agent calls it (a
+               global optimizer step post-hook, inside the Optimizer.step#Adam.step annotation): each step starts
+               inside the last one's optimizer step, and the closure waits there for gloo's all-reduce
 Each recording takes seconds (torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6 when recorded).
 """
 
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth prof.step()
@@ -323,6 +327,46 @@ def case_ddp(out: Path, name: str = "ddp", metrics: int = 0) -> None:
     _two_ranks(_ddp_rank, out, name, metrics)
 
 
+def _lightning_ddp_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import os
+
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+
+    # Set as a launcher outside Lightning sets them (Ray Train's RayDDPStrategy): Lightning starts no processes.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
+                      NODE_RANK="0")
+    torch.manual_seed(0)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters())
+
+    data = torch.utils.data.TensorDataset(torch.randn(2 * 256 * STEPS, 256), torch.randint(0, 10, (2 * 256 * STEPS,)))
+    with recording(out, name, rank) as prof:
+        # The step boundary where rayprof's agent puts it: a global optimizer step post-hook, which torch runs inside
+        # the Optimizer.step#Adam.step annotation (Lightning calls optimizer.step(closure)).
+        hook = register_optimizer_step_post_hook(lambda *_: prof.step())
+        try:
+            L.Trainer(
+                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+                enable_progress_bar=False, logger=False, enable_model_summary=False, enable_checkpointing=False,
+            ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=256))
+        finally:
+            hook.remove()
+
+
+def case_lightning_ddp(out: Path, name: str = "lightning_ddp") -> None:
+    _two_ranks(_lightning_ddp_rank, out, name)
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "hf_trainer": case_hf_trainer, "hf_trainer_stacks": lambda out: case_hf_trainer(out, "hf_trainer_stacks", with_stack=True),
     "hf_trainer_accumulate": lambda out: case_hf_trainer(out, "hf_trainer_accumulate", gradient_accumulation_steps=2),
@@ -337,6 +381,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "lightning_validate": lambda out: case_lightning(out, "lightning_validate", validate=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
     "ddp": case_ddp, "ddp_metrics": lambda out: case_ddp(out, "ddp_metrics", metrics=20),
+    "lightning_ddp": case_lightning_ddp,
 }
 
 
