@@ -19,7 +19,7 @@ step time:
                   ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
                   device trace an ``aten::item`` with no such call reads a CPU scalar (Adam's
                   step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync,
-                  except in the optimizer's own time (that step count again).
+                  except where it reads a CPU tensor on a GPU too (:mod:`orchestrator.analysis.cpu_reads`).
                   A pageable upload's own stream sync is a sync only until the device starts
                   the copy (it waits for earlier queued work), then it is the copy's (rule 4).
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``record_param_comms``), or inside gloo's record
@@ -71,6 +71,7 @@ from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
 from orchestrator.analysis.comm_time import comm_time
+from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
@@ -229,11 +230,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
     nested = nested_phases(main, main_kinds, step_names, backward_elsewhere, comm_elsewhere)
     if not device_spans:
-        # An item() in the optimizer's own time is torch.optim reading a parameter's step count (Adam, AdamW,
-        # fused or not), a CPU tensor even on a GPU unless capturable: on a device trace no sync call lies under
-        # it, so it is no sync there; here it would count once per parameter (issue 29's CPU traces). LBFGS's own
-        # reads (syncs on a GPU) go too: its line search needs them, and no change to the training loop removes them.
-        sync_spans = [w for w in sync_spans if not clip(nested["optimizer"], w[0], w[1])]
+        sync_spans = waits_on_a_device(sync_spans, nested["optimizer"], main, main_kinds)
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for s0, e0, name in sync_spans:
         sync_calls[name][0] += 1

@@ -29,6 +29,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   fsdp2_one_unit  the same model with fully_shard on the root only: one unit, nothing for its all-gather to overlap
   ddp          two gloo ranks, an MLP under DDP (its bucket all-reduce runs inside backward's AccumulateGrad node)
   ddp_metrics  the same reducing the loss and 20 one-element metrics with dist.all_reduce each step, one call each
+  ddp_find_unused  the ddp loop with find_unused_parameters=True (a transformers Trainer's default): after backward
+               DDP reads its CPU map of used parameters once per parameter, before copying its gradient out
   lightning_ddp  a Lightning Trainer under DDP on two gloo ranks, prof.step() called where rayprof's agent calls it (a
                global optimizer step post-hook, inside the Optimizer.step#Adam.step annotation): each step starts
                inside the last one's optimizer step, and the closure waits there for gloo's all-reduce
@@ -297,7 +299,7 @@ def case_fsdp2(out: Path, name: str = "fsdp2", per_block: bool = True) -> None:
     _two_ranks(_fsdp2_rank, out, name, per_block)
 
 
-def _ddp_rank(rank: int, out: Path, name: str, metrics: int, port: int) -> None:
+def _ddp_rank(rank: int, out: Path, name: str, metrics: int, find_unused: bool, port: int) -> None:
     import os
 
     import torch.distributed as dist
@@ -305,7 +307,9 @@ def _ddp_rank(rank: int, out: Path, name: str, metrics: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
-    net = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)))
+    net = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)), find_unused_parameters=find_unused
+    )
     opt = torch.optim.AdamW(net.parameters())
     x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
     with recording(out, name, rank) as prof:
@@ -323,8 +327,8 @@ def _ddp_rank(rank: int, out: Path, name: str, metrics: int, port: int) -> None:
     dist.destroy_process_group()
 
 
-def case_ddp(out: Path, name: str = "ddp", metrics: int = 0) -> None:
-    _two_ranks(_ddp_rank, out, name, metrics)
+def case_ddp(out: Path, name: str = "ddp", metrics: int = 0, find_unused: bool = False) -> None:
+    _two_ranks(_ddp_rank, out, name, metrics, find_unused)
 
 
 def _lightning_ddp_rank(rank: int, out: Path, name: str, port: int) -> None:
@@ -381,7 +385,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "lightning_validate": lambda out: case_lightning(out, "lightning_validate", validate=True),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
     "ddp": case_ddp, "ddp_metrics": lambda out: case_ddp(out, "ddp_metrics", metrics=20),
-    "lightning_ddp": case_lightning_ddp,
+    "ddp_find_unused": lambda out: case_ddp(out, "ddp_find_unused", find_unused=True), "lightning_ddp": case_lightning_ddp,
 }
 
 
