@@ -22,12 +22,15 @@ def keep_latest(used: Path, kept: int | None = None) -> list[Path]:
     profile folders beside it; what was removed. A folder that cannot be removed stays: the report goes on."""
     kept = cache_profiles() if kept is None else kept
     os.utime(used)
-    profiles = used.parent.parent
-    folders = sorted(
-        (p for target in profiles.iterdir() if target.is_dir() for p in target.iterdir() if p.is_dir()),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
+    used_at: dict[Path, float] = {}
+    for target in used.parent.parent.iterdir():
+        try:
+            for folder in target.iterdir():
+                if folder.is_dir():
+                    used_at[folder] = folder.stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not a target's folder, or another `rayprof report` just removed it
+    folders = sorted(used_at, key=used_at.__getitem__, reverse=True)
     removed = [p for p in folders[kept:] if p != used]
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)

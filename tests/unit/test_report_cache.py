@@ -98,3 +98,12 @@ def test_a_cache_that_keeps_no_profile_is_a_configuration_error(tmp_path, monkey
     (folder,) = _aged(tmp_path, ["a"])
     with pytest.raises(ConfigurationError, match="RAYPROF_CACHE_PROFILES=0 keeps no profile: use 1 or more"):
         keep_latest(folder)
+
+
+def test_files_beside_the_cached_profiles_are_left_alone(tmp_path) -> None:
+    (oldest, newest) = _aged(tmp_path, ["a", "b"])
+    (tmp_path / "profiles" / "notes.txt").write_text("mine")
+    (tmp_path / "profiles" / TARGET / "stray").write_text("mine")
+
+    assert keep_latest(newest, kept=1) == [oldest]
+    assert sorted(p.name for p in (tmp_path / "profiles" / TARGET).iterdir()) == ["b", "stray"]
