@@ -14,7 +14,7 @@ from orchestrator.build import build_id
 from orchestrator.cli.analyze_command import analyze_dir
 from orchestrator.cli.output import emit_json, fail, out, print_manifest, print_stacks, print_status, table
 from orchestrator.cli.progress import ProgressPrinter, current_steps_lookup
-from orchestrator.cli.report_cache import cached_folder, keep_latest
+from orchestrator.cli.report_cache import fetched
 from orchestrator.cli.terminal import printable
 from orchestrator.client import ProfileHandle, ProfilingClient
 from orchestrator.config import storage_spec
@@ -359,11 +359,7 @@ def report(args: argparse.Namespace) -> int:
         return analyze_dir(source, args)
     handle = _client(args).get(source)
     manifest = handle.manifest()
-    if args.dest:
-        folder = handle.download(Path(args.dest) / handle.id)
-    else:
-        folder = handle.download(cached_folder(handle.target, handle.id))
-        keep_latest(folder)
+    folder = handle.download(Path(args.dest) / handle.id) if args.dest else fetched(handle)
     if manifest.kind == "stacks":
         return _stacks_report(handle, folder, args)
     # The manifest holds the post-window check as it stood when written; the status has its end.

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from orchestrator.analysis.diff import DiffInput, ProfileDiff, diff_profiles
 from orchestrator.cli import commands
 from orchestrator.cli.output import emit_json, out
+from orchestrator.cli.report_cache import fetched
 from orchestrator.errors import EXIT_OK
 
 __all__ = ["add_arguments", "diff"]
@@ -21,14 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write the comparison as an HTML page")
 
 
-def _side(args: argparse.Namespace, label: str, source: Path | str, tmp: Path) -> DiffInput:
+def _side(args: argparse.Namespace, label: str, source: Path | str) -> DiffInput:
     from orchestrator.analysis.diff_inputs import load_folder
 
     if isinstance(source, Path):
         return load_folder(source, label=label)
-    # One side stored, one local: fetch the stored one (sha256 verified) and read it like a folder.
-    folder = commands._client(args).get(source).download(tmp / source)
-    return load_folder(folder, label=label)
+    # One side stored, one local: read the stored one from the report cache, as `report ID` does.
+    return load_folder(fetched(commands._client(args).get(source)), label=label)
 
 
 def _compute(args: argparse.Namespace) -> ProfileDiff:
@@ -36,8 +35,7 @@ def _compute(args: argparse.Namespace) -> ProfileDiff:
     if isinstance(a, str) and isinstance(b, str):
         # Both stored: the service computes it, so the CLI needs no access to storage.
         return commands._client(args).diff(a, b)
-    with tempfile.TemporaryDirectory(prefix="rayprof-diff-") as tmp:
-        return diff_profiles(_side(args, args.a, a, Path(tmp)), _side(args, args.b, b, Path(tmp)))
+    return diff_profiles(_side(args, args.a, a), _side(args, args.b, b))
 
 
 def diff(args: argparse.Namespace) -> int:

@@ -7,9 +7,18 @@ import os
 import shutil
 from pathlib import Path
 
+from orchestrator.client import ProfileHandle
 from orchestrator.config import cache_profiles, report_cache
 
-__all__ = ["cached_folder", "keep_latest"]
+__all__ = ["cached_folder", "fetched", "keep_latest"]
+
+
+def fetched(handle: ProfileHandle) -> Path:
+    """``handle``'s profile in the cache (what `report ID` and one stored side of `diff` read): the files not there
+    yet downloaded, sha256 verified, and the cache trimmed after."""
+    folder = handle.download(cached_folder(handle.target, handle.id))
+    keep_latest(folder)
+    return folder
 
 
 def cached_folder(target: str, profile_id: str, root: Path | None = None) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import commands
+from orchestrator.cli import commands, diff_command
 from orchestrator.cli.report_cache import cached_folder, keep_latest
 from orchestrator.client.client import ProfileHandle
 from orchestrator.errors import ConfigurationError
@@ -107,3 +107,17 @@ def test_files_beside_the_cached_profiles_are_left_alone(tmp_path) -> None:
 
     assert keep_latest(newest, kept=1) == [oldest]
     assert sorted(p.name for p in (tmp_path / "profiles" / TARGET).iterdir()) == ["b", "stray"]
+
+
+def test_diff_of_a_stored_profile_and_a_folder_reads_the_stored_one_from_the_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RAYPROF_CACHE_DIR", str(tmp_path / "cache"))
+    handle = _profile(tmp_path / "store", tmp_path, "prof-1")
+    monkeypatch.setattr(commands, "_client", lambda args: type("C", (), {"get": lambda self, i: handle})())
+    local = tmp_path / "local"
+    (local / "traces").mkdir(parents=True)
+    (local / "traces" / "rank0.pt.trace.json").write_bytes((tmp_path / "src.pt.trace.json").read_bytes())
+
+    result = diff_command._compute(argparse.Namespace(a="prof-1", b=str(local)))
+
+    assert (result.a.label, result.b.label) == ("prof-1", str(local))
+    assert (tmp_path / "cache" / "profiles" / TARGET / "prof-1" / "traces" / "rank0.pt.trace.json").is_file()
