@@ -33,7 +33,8 @@ Which releases take which path:
   probes for the TTL, and the controller sets its gauges in a process it
   replaces wherever it is missing (``actors/controller/monitoring/recorder.py``).
 - **Internals** (no public call exists in any supported release): the cluster id
-  and the job's submission id from ``ray._private.worker``; Serve's controller
+  and the job's submission id from ``ray._private.worker``; why an actor died, from the GCS's actor table
+  (``ray._private.state``; the state API's ``get_actor`` needs the dashboard, which a cluster may run without); Serve's controller
   from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the
   running clusters on this machine (``ray._private.services``); Ray Train's
   switch (``ray.train.v2._internal.constants``); the metrics agent's gauge TTL
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "actor_death",
     "agent_forgets_idle_gauges",
     "auth_errors",
     "cluster_id",
@@ -88,6 +90,20 @@ def submission_id() -> str | None:
     from ray._private.worker import global_worker
 
     return global_worker.core_worker.get_job_config().metadata.get("job_submission_id")
+
+
+def actor_death(actor_id: str) -> str | None:
+    """Ray's own words for why the actor ``actor_id`` (hex) died (e.g. "The actor is dead because it was killed by
+    `ray.kill`."), "" when it is dead and Ray says no more; None while the GCS does not hold it dead (alive,
+    restarting, or unknown to it). Needs a connected Ray; one GCS call."""
+    from ray._private import state
+
+    info = state.actors(actor_id)
+    if not info or info.get("State") != "DEAD":
+        return None
+    cause = info.get("DeathCause")
+    kind = cause.WhichOneof("context") if cause is not None else None
+    return str(getattr(getattr(cause, kind), "error_message", "")) if kind else ""
 
 
 def serve_controller() -> Any:

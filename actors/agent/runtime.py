@@ -396,4 +396,5 @@ def _worker_info() -> WorkerInfo | None:
         experiment_path=experiment_path,
         torch_version=torch.__version__,
         build=build_id(),
+        actor_id=runtime.get_actor_id(),
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors.controller.agents.agent_side import AgentSide
+from actors.controller.agents.agent_side import ActorDeaths, AgentSide, deaths_in_ray
 from actors.controller.agents.ended_runs import EndedRuns
 from actors.controller.agents.registry import Registry
 from actors.controller.clock import SYSTEM_CLOCK, Clock
@@ -68,9 +68,10 @@ logger = logging.getLogger(__name__)
 class Controller(Startup, AgentSide, ClientSide):
     """Registry of targets and the state machine of every profile request.
 
-    ``postprocess``, ``cluster`` and ``recorder`` are seams for tests that run the
+    ``postprocess``, ``cluster``, ``recorder`` and ``actor_deaths`` are seams for tests that run the
     class without Ray; the actor uses a Ray task, the Ray cluster id (which also
-    names the holder of the cluster name's lease) and what this Ray release needs to set its gauges. ``clock`` is a seam too: a test
+    names the holder of the cluster name's lease), what this Ray release needs to set its gauges and Ray's
+    GCS (why a silent worker's actor ended). ``clock`` is a seam too: a test
     steps one (:mod:`actors.controller.clock`) instead of sleeping.
     """
 
@@ -81,6 +82,7 @@ class Controller(Startup, AgentSide, ClientSide):
         cluster: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
         recorder: Callable[[], Recorder] | None = None,
+        actor_deaths: ActorDeaths = deaths_in_ray,
     ) -> None:
         # The code this process loaded, read before anything can upgrade the files under it.
         self._build = build_id()
@@ -95,6 +97,7 @@ class Controller(Startup, AgentSide, ClientSide):
         # The one holder of the settings in force, which every part reads (configure changes the storage).
         self._settings = LiveConfig(config.model_copy(update={"cluster_name": self._cluster}))
         self._clock = clock
+        self._actor_deaths = actor_deaths
         self._registry = Registry(clock.monotonic)
         self._persistence = Persistence(self._home, self._cluster)
         self._catalog = Catalog(self._persistence)

@@ -49,6 +49,11 @@ class WorkerInfo(StrictModel):
     build: str | None = Field(
         default=None, description="The rayprof build the agent runs (orchestrator.build); None: a release before build ids."
     )
+    actor_id: str | None = Field(
+        default=None,
+        description="The Ray actor the worker runs in (hex): when the worker goes silent the controller asks Ray "
+        "whether, and why, it ended. None: a release before this field, or no actor.",
+    )
 
 
 class Heartbeat(StrictModel):

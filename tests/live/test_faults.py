@@ -255,6 +255,8 @@ def test_job_that_finishes_during_a_window_ends_the_request_with_a_reason(ray_cl
 
     assert manifest.status == ProfileState.FAILED
     assert all(r.state == RankState.FAILED and "stopped responding" in r.reason for r in manifest.ranks)
+    # The run finished and Ray Train killed its workers: said in Ray's words, not as a host cut off.
+    assert all("Ray holds its actor dead" in r.reason and "ray.kill" in r.reason for r in manifest.ranks), manifest.ranks
     assert manifest.all_artifacts() == []
 
 

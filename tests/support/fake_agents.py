@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 
 from actors.controller.actor import Controller
+from actors.controller.agents.agent_side import ActorDeaths
 from actors.controller.clock import SYSTEM_CLOCK, Clock
 from actors.controller.saved.persistence import Persistence
 from orchestrator.build import build_id
@@ -96,16 +97,22 @@ FAKE_RAY_CLUSTER = "fake-ray-cluster"
 
 
 def make_controller(
-    home: StorageSpec, clock: Clock = SYSTEM_CLOCK, recorder: LocalRecorders | None = None, **overrides: object
+    home: StorageSpec,
+    clock: Clock = SYSTEM_CLOCK,
+    recorder: LocalRecorders | None = None,
+    actor_deaths: ActorDeaths | None = None,
+    **overrides: object,
 ) -> Controller:
     """The real controller on ``home`` with fast settings and no postprocess, on ``clock``; its gauges go to
-    local recorders (``recorder``, to read them)."""
+    local recorders (``recorder``, to read them); ``actor_deaths`` stands in for Ray's GCS (default: every actor
+    alive)."""
     return Controller(
         fast_config(home, **overrides),
         postprocess=no_postprocess,
         cluster=FAKE_RAY_CLUSTER,
         clock=clock,
         recorder=recorder or LocalRecorders(),
+        actor_deaths=actor_deaths or (lambda actor_ids: {}),
     )
 
 
@@ -128,6 +135,7 @@ def worker_info(rank: int, world_size: int, target: str = "run", job: str = "job
         ray_job_id=job,
         torch_version=torch.__version__,
         build=build_id(),  # an agent of this build, as the controller's own
+        actor_id=f"actor-of-{agent or f'{target}-{job}-r{rank}'}",
     )
 
 

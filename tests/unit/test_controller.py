@@ -175,6 +175,40 @@ def test_a_worker_that_vanishes_while_its_host_still_answers_is_said_to_have_exi
     assert "other workers on host host1 still answer: its process exited or hung" in status.ranks[1].reason
 
 
+def test_a_worker_whose_actor_ray_killed_is_said_ended_by_ray_not_cut_off_with_its_host(home):
+    # A run that ends has Ray Train kill its workers: every worker of a host goes silent at once, which alone reads
+    # as a host or network down. Ray's GCS knows better, and says so in its own words.
+    killed = "The actor is dead because it was killed by `ray.kill`."
+    asked: list[list[str]] = []
+
+    def gcs(actor_ids: list[str]) -> dict[str, str]:
+        asked.append(actor_ids)
+        return {a: killed for a in actor_ids if a == worker_info(1, 2).actor_id}
+
+    async def go():
+        c = controller(home, actor_deaths=gcs)
+        agents = await start_agents(c, 2)
+        agents[1].behaviour = "vanish"
+        status, _ = await wait_terminal(c, (await c.submit(request())).id)
+        for a in agents:
+            await a.stop()
+        return status
+
+    status = run(go())
+    assert status.ranks[1].state == RankState.FAILED
+    assert status.ranks[1].reason == (
+        "worker stopped responding during the window: Ray holds its actor dead (The actor is dead because it was killed "
+        "by `ray.kill`); Ray Train ends a run's workers so when the run finishes, fails or is stopped"
+    )
+    assert asked and all(ids == [worker_info(1, 2).actor_id] for ids in asked)
+
+
+def test_without_a_connected_ray_no_actor_is_said_dead():
+    from actors.controller.agents.agent_side import deaths_in_ray
+
+    assert deaths_in_ray(["a" * 32, "b" * 32]) == {}
+
+
 @pytest.mark.parametrize("when", [RankState.ARMED, RankState.CAPTURING])
 def test_cancel_ends_the_profile_cancelled_and_tells_every_armed_rank(home, when):
     async def go():

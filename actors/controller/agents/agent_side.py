@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from actors.controller.agents.registry import Registry, Worker
@@ -36,10 +37,32 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
+from orchestrator.ray_compat import actor_death
 
-__all__ = ["AgentSide"]
+__all__ = ["AgentSide", "ActorDeaths", "deaths_in_ray"]
 
 logger = logging.getLogger(__name__)
+
+# How long the reaper waits for Ray's word on the actors of the workers it drops.
+_ASK_RAY_S = 10.0
+
+ActorDeaths = Callable[[list[str]], dict[str, str]]
+"""Ray's words for why each of these actors ended, for those its GCS holds dead (a seam: tests run without Ray)."""
+
+
+def deaths_in_ray(actor_ids: list[str]) -> dict[str, str]:
+    """:data:`ActorDeaths` from the connected cluster's GCS, one call per actor; if the GCS cannot be asked, the
+    rest are left out (their workers are then told silent, as before the GCS was asked)."""
+    found: dict[str, str] = {}
+    for actor_id in actor_ids:
+        try:
+            why = actor_death(actor_id)
+        except Exception as e:
+            logger.info("rayprof controller: cannot ask Ray why actor %s ended (%s: %.200s)", actor_id, type(e).__name__, e)
+            break
+        if why is not None:
+            found[actor_id] = why
+    return found
 
 
 class AgentSide:
@@ -51,6 +74,7 @@ class AgentSide:
     _profiles: dict[str, Profile]
     _stacks: StacksTaker
     _watches: Watches
+    _actor_deaths: ActorDeaths
 
     async def _ensure_started(self) -> None:
         raise NotImplementedError
@@ -227,14 +251,29 @@ class AgentSide:
         while True:
             await asyncio.sleep(min(1.0, expiry / 4))
             expired = self._registry.expired(expiry)
+            if not expired:
+                continue
             silent = {w.info.agent_id for w in expired}
+            deaths = await self._deaths([a for w in expired if (a := w.info.actor_id)])
             for worker in expired:
-                reason = self._silence(worker, silent, expiry)
+                death = deaths.get(worker.info.actor_id or "")
+                reason = _actor_ended(death) if death is not None else self._silence(worker, silent, expiry)
                 self._registry.drop(worker.info.agent_id, reason)
                 self._worker_gone(worker.info.agent_id, reason)
 
+    async def _deaths(self, actor_ids: list[str]) -> dict[str, str]:
+        """Ray's words for those of these actors it holds dead: off the event loop (when a run of a thousand ranks
+        ends, Ray is asked about each), and bounded, so that a GCS that does not answer delays no reaping."""
+        if not actor_ids:
+            return {}
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._actor_deaths, actor_ids), _ASK_RAY_S)
+        except asyncio.TimeoutError:
+            logger.info("rayprof controller: Ray did not say within %gs why %d actors ended", _ASK_RAY_S, len(actor_ids))
+            return {}
+
     def _silence(self, worker: Worker, silent: set[str], expiry: float) -> str:
-        """Why a worker went silent, as far as the controller can tell: a host whose workers all
+        """Why a worker went silent while Ray does not hold its actor dead: a host whose workers all
         stopped at once has most likely dropped off the network (or is down); a worker whose
         neighbours on the same host still answer has exited or hung on its own."""
         node = worker.info.node_id
@@ -248,3 +287,13 @@ class AgentSide:
             f"host {worker.info.host} stopped answering: no heartbeat from it for over {expiry:.0f}s "
             "(the host or its network is down, or its process exited)"
         )
+
+
+def _actor_ended(death: str) -> str:
+    """A silent worker whose actor Ray holds dead, said in Ray's words (killed, exited, crashed, its node died): no
+    host or network is blamed for a run that ended. Ray Train ends a run's workers with ray.kill (Train v2) or by
+    asking them to exit (v1)."""
+    why = death.strip().rstrip(".") or "no cause given"
+    note = "; Ray Train ends a run's workers so when the run finishes, fails or is stopped" if "ray.kill" in death else ""
+    return f"Ray holds its actor dead ({why[:300]}){note}"
+
