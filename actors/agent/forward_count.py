@@ -7,7 +7,8 @@ pre-hook keeps the depth of module calls and counts a call at depth 0 by its cla
 for torch.compile's, DDP's and DataParallel's wrappers), leaving out torch.nn's loss modules as the
 trace does (:mod:`orchestrator.forward_passes`); the post-hook (``always_call``: a forward that raises
 still closes its depth) closes it. Calls from other threads (DataParallel's replicas) are not the
-training loop's. A forward that runs outside ``Module.__call__`` (``model.forward(x)``, a module
+training loop's, nor calls while backward runs: activation checkpointing runs a checkpointed block's forward
+again there (on a CPU on the training thread), which is no pass over a batch. A forward that runs outside ``Module.__call__`` (``model.forward(x)``, a module
 compiled in place with ``model.compile()``, a compiled training step) is not seen: a step that shows
 none says nothing about forward passes rather than claim none.
 
@@ -34,6 +35,7 @@ from contextlib import suppress
 from threading import get_ident
 from typing import Any, cast
 
+import torch
 from torch.compiler import is_compiling
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -53,6 +55,10 @@ _CALLBACK_API = (
     "remove_start_callback",
     "remove_end_callback",
 )
+
+# The autograd graph task this thread runs (-1: none): what torch.utils.checkpoint itself asks. A torch without it
+# counts recomputed forwards as passes, as before.
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 # torch's wrappers by class name, and the attribute that holds the model: named for the model they wrap.
 _WRAPPED = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module"}
@@ -160,6 +166,8 @@ class ForwardCount:
     def _enter(self, module: Any, args: Any) -> None:
         if is_compiling() or get_ident() != self._thread:
             return
+        if not self._depth and _graph_task_id() != -1:
+            return  # a checkpointed block's forward, run again by backward (its inner calls come here too)
         self._depth += 1
         if self._depth == 1:
             name = _name(module)

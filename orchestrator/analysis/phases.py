@@ -11,7 +11,11 @@ forward and backward; only the optimizer's own remainder is optimizer time.
   engine's device thread runs backward (the closure's ``loss.backward()``);
 * forward: a module forward span (:func:`spans.is_forward`), and the time an
   ``Optimizer.step`` spends before the first backward inside it (the closure's
-  model and loss, which need carry no marker);
+  model and loss, which need carry no marker); not a module forward inside a
+  backward span: that is activation checkpointing recomputing the forward for
+  backward (``torch.utils.checkpoint``, a Trainer's ``gradient_checkpointing``),
+  backward's cost, and backward however the trace was recorded (``with_stack``
+  adds the ``nn.Module:`` spans that would otherwise have made it forward);
 * optimizer: ``Optimizer.step`` / ``zero_grad`` where neither of the above holds.
 
 Within the optimizer's own time, the ops it runs say how it updates the parameters (:func:`top_level_ops`,
@@ -81,11 +85,11 @@ def nested_phases(
     ``main``: its spans in start order; ``skip``: its step span names; ``backward_elsewhere``:
     when the process's autograd threads run backward; ``comm_elsewhere``: when its other threads run collectives.
     """
-    labelled = [
+    labelled = _recomputed_as_backward([
         (s.ts, s.end, label)
         for group in main_kinds.values() if (label := _label(group[0])) is not None
         for s in group
-    ]
+    ])
     inner = innermost(labelled)
     step = inner.get("step", [])
     if not step:
@@ -110,6 +114,19 @@ def nested_phases(
     forward = union(inner.get("forward", []) + before)
     optimizer = union(subtract(step, before) + inner.get("optimizer", []))
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
+
+
+def _recomputed_as_backward(labelled: list[tuple[float, float, Label]]) -> list[tuple[float, float, Label]]:
+    """``labelled`` with each forward span that starts inside a backward span labelled backward: a checkpointed
+    module's forward run again by backward (spans of one thread nest, so a start inside is a span inside)."""
+    backward = union((t0, t1) for t0, t1, label in labelled if label == "backward")
+    starts = [t0 for t0, _ in backward]
+
+    def inside(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t < backward[i][1]
+
+    return [(t0, t1, "backward" if label == "forward" and inside(t0) else label) for t0, t1, label in labelled]
 
 
 def _no_op_between(op_starts: Sequence[float], a: float, b: float) -> bool:

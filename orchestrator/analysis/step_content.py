@@ -12,8 +12,10 @@ differs, such as the first one that builds the optimizer's state, does not chang
 * optimizer steps: the outermost ``Optimizer.step#<Class>.step`` spans torch's profiler hook records;
 * forward passes: the outermost forward spans (:func:`spans.is_forward`: ``nn.Module:`` spans,
   ``*.forward`` annotations such as DDP's, ``## forward ##``) by module, leaving out loss modules
-  (``*Loss``): a loss's forward is part of the step, not a pass of the model. A trace without any
-  forward marker says nothing about forward passes.
+  (``*Loss``): a loss's forward is part of the step, not a pass of the model; and those that begin in
+  backward: activation checkpointing runs a checkpointed block's forward again there (on a CPU on the main
+  thread), which is no pass of the model over a batch. A trace without any forward marker says nothing about
+  forward passes.
 
 The agent counts forward passes too (:mod:`actors.agent.forward_count`), worded alike
 (:mod:`orchestrator.forward_passes`): :func:`one_step` compares the counts, not the modules' names.
@@ -36,6 +38,8 @@ __all__ = ["describe_step", "loader_class", "one_step", "optimizer_classes"]
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
+# A span's first instant (µs), to ask whether it begins inside backward's intervals.
+_AN_INSTANT = 1e-3
 
 
 def _module(span: Span) -> str:
@@ -113,7 +117,7 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]], backward: In
     outer_ids = {id(s) for s in steps}
     inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
-    models = [s for s in forwards if not is_loss(_module(s))]
+    models = [s for s in forwards if not is_loss(_module(s)) and not clip(backward, s.ts, s.ts + _AN_INSTANT)]
     optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):

@@ -13,6 +13,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   hf_trainer_save  the same with save_steps=3: the Trainer saves a checkpoint after the third step, before the
                fourth fetches its batch (the middle step of the window)
   hf_trainer_logging  the same with logging_steps=1: it reads the loss and the gradient norm back every step
+  hf_trainer_checkpointing  the same with gradient_checkpointing=True and with_stack=True: each GPT2Block's forward
+               runs again inside backward, its nn.Module spans there too
   mlp          healthy: a plain MLP loop over in-memory tensors
   data_bound   the same loop fed by DataLoader(num_workers=0) whose __getitem__ does heavy numpy work per sample
   optimizer    2,000 tiny Linear layers stepped by Adam(foreach=False): one small op chain per parameter (9 MB)
@@ -376,6 +378,9 @@ CASES: dict[str, Callable[[Path], None]] = {
     "hf_trainer_accumulate": lambda out: case_hf_trainer(out, "hf_trainer_accumulate", gradient_accumulation_steps=2),
     "hf_trainer_save": lambda out: case_hf_trainer(out, "hf_trainer_save", save_strategy="steps", save_steps=3),
     "hf_trainer_logging": lambda out: case_hf_trainer(out, "hf_trainer_logging", logging_strategy="steps", logging_steps=1),
+    "hf_trainer_checkpointing": lambda out: case_hf_trainer(
+        out, "hf_trainer_checkpointing", with_stack=True, gradient_checkpointing=True
+    ),
     "mlp": case_mlp, "data_bound": case_data_bound, "optimizer": case_optimizer,
     "optimizer_small": lambda out: case_optimizer(out, 40, "optimizer_small"),
     "round_trip": case_round_trip, "lightning": case_lightning,

@@ -139,6 +139,22 @@ def test_a_closure_optimizers_forwards_inside_its_step_are_that_steps(cycle):
     assert c.definition == "1 step = LBFGS.step ×1; 3 forward passes (Net)"
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_blocks_forward_run_again_by_backward_is_no_forward_pass(reentrant: bool) -> None:
+    # torch.utils.checkpoint recomputes the block in backward, on a CPU on the training thread: before, a Trainer
+    # with gradient_checkpointing read "9 forward passes (GPT2LMHeadModel ×1, LayerNorm ×4, GPT2Attention ×2, ...)".
+    net, block = Net(), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    count = ForwardCount()
+    count.start()
+    try:
+        x = torch.randn(4, 8, requires_grad=True)
+        y = net(torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant))
+        y.sum().backward()
+    finally:
+        count.stop()
+    assert count.take() == {"Sequential": 1, "Net": 1}
+
+
 def test_no_forward_seen_says_nothing_of_forward_passes(cycle):
     c, _ = cycle
     model = torch.nn.Linear(8, 1)
