@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|accelerate --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -17,6 +17,7 @@
   parameters unused, as Lightning's error says a GAN needs).
 * ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
   GPT-2 built from a config, synthetic token ids (no download), gradient accumulation 2.
+* ``hf_checkpointing``: the same with ``gradient_checkpointing=True``: backward runs each block's forward again.
 * ``accelerate``: a plain loop under Hugging Face Accelerate (2 ranks on Ray Train's group):
   ``accelerator.accumulate`` over 2 micro-batches, bf16 autocast, a shuffled main-process DataLoader;
   Accelerate's optimizer wrapper is called every micro-batch and steps only when gradients sync.
@@ -27,6 +28,7 @@ Run as a script: the train function lives in ``__main__`` and Ray pickles it by 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -220,7 +222,7 @@ def accelerate_loop(config: dict) -> None:
                 return
 
 
-def hf_loop(config: dict) -> None:
+def hf_loop(config: dict, gradient_checkpointing: bool = False) -> None:
     import tempfile
 
     import ray.train.huggingface.transformers as rth
@@ -248,7 +250,7 @@ def hf_loop(config: dict) -> None:
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=2,
         max_steps=1_000_000, logging_strategy="no", save_strategy="no", report_to="none", use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True,
+        dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=gradient_checkpointing,
     )
     trainer = Trainer(model=GPT2LMHeadModel(gpt), args=args, train_dataset=TokenIds(), callbacks=[StopFile()])
     rth.prepare_trainer(trainer).train()
@@ -257,6 +259,7 @@ def hf_loop(config: dict) -> None:
 LOOPS = {
     "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
     "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2), "lightning_gan": (lightning_gan_loop, 2),
+    "hf_checkpointing": (functools.partial(hf_loop, gradient_checkpointing=True), 2),
 }
 
 
