@@ -108,7 +108,7 @@ SECTIONS: tuple[Section, ...] = (
         (
         Row((s.STACKS_TIMEOUT_S_ENV_VAR,), "how long `rayprof stacks` waits for every rank's answer"),
         Row((s.STACKS_MAX_RANK_BYTES_ENV_VAR,), "most bytes of one rank's stacks answer: over it the flight recorder dump, then the native frames' tail, other threads and outer frames are cut, and the bundle says so for that rank"),
-        Row((s.STALL_MIN_S_ENV_VAR, s.STALL_STEP_FACTOR_ENV_VAR), 'a target is STALLED when no rank advanced for max(this, factor × its median step time)'),
+        Row((s.STALL_MIN_S_ENV_VAR, s.STALL_STEP_FACTOR_ENV_VAR), 'a target is STALLED when no rank advanced for max(this, factor × its median step time), while a rank still heartbeats'),
         Row((s.STALL_AUTO_STACKS_ENV_VAR,), "1: on entering STALLED the controller takes every rank's stacks once by itself; 0: off"),
         Row((s.LAG_STEPS_ENV_VAR,), f'a rank this many steps behind the leader, and at least {s.LAG_MIN_S:g} s of the median step (heartbeats are dated on arrival), is named as lagging in `targets`'),
         Row((s.MONITOR_INTERVAL_S_ENV_VAR,), 'how often the controller checks stalls and watches (from heartbeats only)'),

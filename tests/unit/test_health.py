@@ -33,12 +33,19 @@ class _Rank:
     step: int
     step_time_s: float | None
     advanced_at: float
+    heard_at: float
     samples: deque = field(default_factory=deque)
 
 
-def rank(r: int, samples: list[tuple[float, int]], step_time_s: float = 0.1, advanced_at: float | None = None) -> _Rank:
+def rank(
+    r: int, samples: list[tuple[float, int]], step_time_s: float = 0.1, advanced_at: float | None = None,
+    heard_at: float | None = None,
+) -> _Rank:
+    """A rank whose heartbeats are ``samples`` (heard last at the last, unless ``heard_at``)."""
+    last = samples[-1][0]
     return _Rank(
-        _Info(r), samples[-1][1], step_time_s, samples[-1][0] if advanced_at is None else advanced_at, deque(samples)
+        _Info(r), samples[-1][1], step_time_s, last if advanced_at is None else advanced_at,
+        last if heard_at is None else heard_at, deque(samples),
     )
 
 
@@ -93,6 +100,13 @@ def test_slow_steps_raise_the_stall_threshold_to_a_multiple_of_the_median_step()
     ranks = [rank(r, [(0.0, 40)], step_time_s=5.0, advanced_at=0.0) for r in range(3)]
     h = health(ranks, 99.0)
     assert h.threshold_s == 100.0 and not h.stalled
+
+
+def test_ranks_silent_for_two_heartbeats_are_not_stalled_but_one_still_heard_is():
+    # heartbeat_s 10: a live agent polls (and so heartbeats) at least every 10 s, blocked training or not.
+    silent = [rank(r, [(0.0, 40)], advanced_at=0.0, heard_at=40.0) for r in range(2)]
+    assert not health(silent, 61.0).stalled
+    assert health([*silent, rank(2, [(0.0, 40)], advanced_at=0.0, heard_at=41.0)], 61.0).stalled
 
 
 def test_one_rank_advancing_keeps_the_target_training():
@@ -240,3 +254,26 @@ def test_a_rank_that_falls_behind_is_named_in_targets_with_its_steps_behind(home
     assert target.lagging_ranks == [2]
     assert target.ranks[2].steps_behind >= 3 and target.ranks[0].steps_behind <= 1
     assert target.health == "TRAINING"
+
+
+def test_a_run_whose_ranks_all_fell_silent_is_not_stalled_and_takes_no_stacks(home):
+    # A run that ends (Ray Train kills its workers) stops heartbeating: its steps stop too, and until the reaper
+    # drops its workers (poll timeout + grace) it looked stalled, with stacks taken of workers that are gone. A
+    # stalled rank still heartbeats (its agent's own thread polls while training is blocked).
+    async def go():
+        m = stepped(home, worker_expiry_grace_s=60.0)
+        c = m.c
+        agents = await m.start_agents(2)
+        await c.ping()
+        await m.ticks(10)
+        assert (await c.targets())[0].health == "TRAINING"
+        for a in agents:
+            await a.stop()  # the run ended: no step, no heartbeat
+        await m.ticks(40)  # 2 s: four times the stall threshold, before any expiry
+        target = (await c.targets())[0]
+        page = await c.list()
+        return target, page
+
+    target, page = run(go())
+    assert target.health != "STALLED"
+    assert [p for p in page.profiles if p.kind == "stacks"] == []

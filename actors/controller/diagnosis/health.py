@@ -4,7 +4,10 @@ Every agent heartbeats with each long-poll from its own thread, so a rank
 blocked in a collective still reports: its step count simply stops going up.
 A run is STALLED when no rank advanced for ``max(stall_min_s, factor x its
 median step time)``, never less than two heartbeats (progress is only seen
-once per heartbeat). Steps behind are read at one common instant, the oldest
+once per heartbeat), while some rank still heartbeats: a run none of whose
+ranks was heard from for two heartbeats has ended or been cut off (Ray Train
+kills a finished run's workers), which the reaper tells once their expiry
+passes; stacks of it would be of workers that are gone. Steps behind are read at one common instant, the oldest
 of the ranks' latest heartbeats, by interpolating each rank's recent
 heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
 older is not taken for one that lags. Nor is one a few steps of a fast job behind:
@@ -37,6 +40,7 @@ class Progress(Protocol):
     step: int
     step_time_s: float | None
     advanced_at: float
+    heard_at: float
     samples: Sequence[tuple[float, int]]
 
 
@@ -88,6 +92,7 @@ def assess(
     median = statistics.median(times) if times else None
     threshold = max(stall_min_s, step_factor * (median or 0.0), 2 * heartbeat_s)
     stalled_s = now - max((w.advanced_at for w in ranks), default=now)
+    heard = any(now - w.heard_at <= 2 * heartbeat_s for w in ranks)
     sampled = [w for w in ranks if w.samples]
     behind: dict[int, int] = {}
     if sampled:
@@ -96,7 +101,7 @@ def assess(
         lead = max(steps.values())
         behind = {rank: int(round(lead - s)) for rank, s in steps.items()}
     return Health(
-        stalled=bool(ranks) and stalled_s >= threshold,
+        stalled=heard and stalled_s >= threshold,
         stalled_s=stalled_s,
         threshold_s=threshold,
         median_step_s=median,
