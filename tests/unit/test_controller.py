@@ -143,17 +143,23 @@ def test_a_rank_still_waiting_for_its_start_at_the_timeout_is_told_to_drop_the_w
     assert told
 
 
-def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
+def _rank_1_vanishes(home, world_size: int, **controller_args):
+    """The status of a profile in whose window rank 1 stops calling (its agent vanishes once armed)."""
+
     async def go():
-        c = controller(home)
-        agents = await start_agents(c, 2)
+        c = controller(home, **controller_args)
+        agents = await start_agents(c, world_size)
         agents[1].behaviour = "vanish"
         status, _ = await wait_terminal(c, (await c.submit(request())).id)
         for a in agents:
             await a.stop()
         return status
 
-    status = run(go())
+    return run(go())
+
+
+def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
+    status = _rank_1_vanishes(home, 2)
     assert status.ranks[1].state == RankState.FAILED
     assert "worker stopped responding" in status.ranks[1].reason
     # Rank 1 was alone on host1 (tests/support/fake_agents.py): nothing answers from that host any more.
@@ -161,16 +167,7 @@ def test_a_worker_that_vanishes_mid_window_is_failed_with_a_reason(home):
 
 
 def test_a_worker_that_vanishes_while_its_host_still_answers_is_said_to_have_exited(home):
-    async def go():
-        c = controller(home)
-        agents = await start_agents(c, 4)  # ranks 1 and 3 on host1
-        agents[1].behaviour = "vanish"
-        status, _ = await wait_terminal(c, (await c.submit(request())).id)
-        for a in agents:
-            await a.stop()
-        return status
-
-    status = run(go())
+    status = _rank_1_vanishes(home, 4)  # ranks 1 and 3 on host1
     assert [r.state for r in status.ranks] == [RankState.DONE, RankState.FAILED, RankState.DONE, RankState.DONE]
     assert "other workers on host host1 still answer: its process exited or hung" in status.ranks[1].reason
 
@@ -185,16 +182,7 @@ def test_a_worker_whose_actor_ray_killed_is_said_ended_by_ray_not_cut_off_with_i
         asked.append(actor_ids)
         return {a: killed for a in actor_ids if a == worker_info(1, 2).actor_id}
 
-    async def go():
-        c = controller(home, actor_deaths=gcs)
-        agents = await start_agents(c, 2)
-        agents[1].behaviour = "vanish"
-        status, _ = await wait_terminal(c, (await c.submit(request())).id)
-        for a in agents:
-            await a.stop()
-        return status
-
-    status = run(go())
+    status = _rank_1_vanishes(home, 2, actor_deaths=gcs)
     assert status.ranks[1].state == RankState.FAILED
     assert status.ranks[1].reason == (
         "worker stopped responding during the window: Ray holds its actor dead (The actor is dead because it was killed "
