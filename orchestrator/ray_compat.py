@@ -33,9 +33,10 @@ Which releases take which path:
   probes for the TTL, and the controller sets its gauges in a process it
   replaces wherever it is missing (``actors/controller/monitoring/recorder.py``).
 - **Internals** (no public call exists in any supported release): the cluster id
-  and the job's submission id from ``ray._private.worker``; why an actor died, from the GCS's actor table
-  (``ray._private.state``; the state API's ``get_actor`` needs the dashboard, which a cluster may run without); Serve's controller
-  from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the
+  and the job's submission id from ``ray._private.worker``; why an actor died,
+  from the GCS's actor table (``ray._private.state``: the state API's
+  ``get_actor`` needs the dashboard, which a cluster may run without); Serve's
+  controller from ``ray.serve._private.constants``; the GCS client (``ray._raylet``); the
   running clusters on this machine (``ray._private.services``); Ray Train's
   switch (``ray.train.v2._internal.constants``); the metrics agent's gauge TTL
   (``ray._private.telemetry``, present or not). Each is used from here only.

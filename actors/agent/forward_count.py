@@ -7,10 +7,11 @@ pre-hook keeps the depth of module calls and counts a call at depth 0 by its cla
 for torch.compile's, DDP's and DataParallel's wrappers), leaving out torch.nn's loss modules as the
 trace does (:mod:`orchestrator.forward_passes`); the post-hook (``always_call``: a forward that raises
 still closes its depth) closes it. Calls from other threads (DataParallel's replicas) are not the
-training loop's, nor calls while backward runs: activation checkpointing runs a checkpointed block's forward
-again there (on a CPU on the training thread), which is no pass over a batch. A forward that runs outside ``Module.__call__`` (``model.forward(x)``, a module
-compiled in place with ``model.compile()``, a compiled training step) is not seen: a step that shows
-none says nothing about forward passes rather than claim none.
+training loop's, nor calls while backward runs: activation checkpointing runs a checkpointed block's
+forward again there (on a CPU on the training thread), which is no pass over a batch. A forward that
+runs outside ``Module.__call__`` (``model.forward(x)``, a module compiled in place with
+``model.compile()``, a compiled training step) is not seen: a step that shows none says nothing about
+forward passes rather than claim none.
 
 Any global module hook sends every module call of the process through ``Module._call_impl``'s slow
 path, so the hooks are removed once the cycle is learned (:meth:`ForwardCount.stop`): counting steps

@@ -296,4 +296,3 @@ def _actor_ended(death: str) -> str:
     why = death.strip().rstrip(".") or "no cause given"
     note = "; Ray Train ends a run's workers so when the run finishes, fails or is stopped" if "ray.kill" in death else ""
     return f"Ray holds its actor dead ({why[:300]}){note}"
-

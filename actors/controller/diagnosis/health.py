@@ -7,9 +7,9 @@ median step time)``, never less than two heartbeats (progress is only seen
 once per heartbeat), while some rank still heartbeats: a run none of whose
 ranks was heard from for two heartbeats has ended or been cut off (Ray Train
 kills a finished run's workers), which the reaper tells once their expiry
-passes; stacks of it would be of workers that are gone. Steps behind are read at one common instant, the oldest
-of the ranks' latest heartbeats, by interpolating each rank's recent
-heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
+passes; stacks of it would be of workers that are gone. Steps behind are read
+at one common instant, the oldest of the ranks' latest heartbeats, by
+interpolating each rank's recent heartbeats, never by extrapolating: a rank whose heartbeat is a few seconds
 older is not taken for one that lags. Nor is one a few steps of a fast job behind:
 heartbeats are dated on arrival, so a lag must also come to ``lag_min_s`` at the median step.
 
