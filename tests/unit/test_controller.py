@@ -188,7 +188,7 @@ def test_a_worker_whose_actor_ray_killed_is_said_ended_by_ray_not_cut_off_with_i
         "worker stopped responding during the window: Ray holds its actor dead (The actor is dead because it was killed "
         "by `ray.kill`); Ray Train ends a run's workers so when the run finishes, fails or is stopped"
     )
-    assert asked and all(ids == [worker_info(1, 2).actor_id] for ids in asked)
+    assert any(worker_info(1, 2).actor_id in ids for ids in asked)  # Ray was asked about the worker it dropped
 
 
 def test_without_a_connected_ray_no_actor_is_said_dead():
