@@ -23,7 +23,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, membership, subtract, total, union
 from orchestrator.analysis.spans import (
     CopyKind,
     by_kind,
@@ -151,11 +151,7 @@ class DeviceView:
     ) -> float:
         """ms per window of the collective kernels whose launch ``thread`` made inside ``calls`` (sorted, disjoint)
         that no compute kernel overlaps."""
-        starts = [a for a, _ in calls]
-
-        def inside(t: float) -> bool:
-            i = bisect.bisect_right(starts, t) - 1
-            return i >= 0 and t < calls[i][1]
+        inside = membership(calls)
 
         ivs = [
             (s.ts, s.end) for _, s in self.placed(windows)

@@ -7,13 +7,15 @@ with ``start < end``. Every function here returns one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Protocol
 
 from orchestrator.models.analysis import OpStat
 
-__all__ = ["Intervals", "Timed", "by_time", "clip", "cover", "intersect", "name_innermost", "subtract", "total", "union"]
+__all__ = [
+    "Intervals", "Timed", "by_time", "clip", "cover", "intersect", "membership", "name_innermost", "subtract", "total", "union",
+]
 
 Intervals = list[tuple[float, float]]
 _START = itemgetter(0)
@@ -114,6 +116,17 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
         if cur < e:
             out.append((cur, e))
     return out
+
+
+def membership(intervals: Intervals) -> Callable[[float], bool]:
+    """A test of whether a time lies in ``intervals`` (``[start, end)``), by bisection."""
+    starts = [s for s, _ in intervals]
+
+    def inside(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t < intervals[i][1]
+
+    return inside
 
 
 def total(intervals: Intervals) -> float:

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, subtract, union
+from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, membership, subtract, union
 from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optimizer
 from orchestrator.models.analysis import OptimizerImpl
 from orchestrator.traces.loader import Span
@@ -119,14 +119,8 @@ def nested_phases(
 def _recomputed_as_backward(labelled: list[tuple[float, float, Label]]) -> list[tuple[float, float, Label]]:
     """``labelled`` with each forward span that starts inside a backward span labelled backward: a checkpointed
     module's forward run again by backward (spans of one thread nest, so a start inside is a span inside)."""
-    backward = union((t0, t1) for t0, t1, label in labelled if label == "backward")
-    starts = [t0 for t0, _ in backward]
-
-    def inside(t: float) -> bool:
-        i = bisect.bisect_right(starts, t) - 1
-        return i >= 0 and t < backward[i][1]
-
-    return [(t0, t1, "backward" if label == "forward" and inside(t0) else label) for t0, t1, label in labelled]
+    in_backward = membership(union((t0, t1) for t0, t1, label in labelled if label == "backward"))
+    return [(t0, t1, "backward" if label == "forward" and in_backward(t0) else label) for t0, t1, label in labelled]
 
 
 def _no_op_between(op_starts: Sequence[float], a: float, b: float) -> bool:

@@ -27,7 +27,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from orchestrator.analysis.intervals import Intervals, clip
+from orchestrator.analysis.intervals import Intervals, clip, membership
 from orchestrator.analysis.spans import Kinds, is_forward
 from orchestrator.forward_passes import UNNAMED, is_loss, phrase, stated, typical
 from orchestrator.models.analysis import Summary
@@ -38,8 +38,6 @@ __all__ = ["describe_step", "loader_class", "one_step", "optimizer_classes"]
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
-# A span's first instant (µs), to ask whether it begins inside backward's intervals.
-_AN_INSTANT = 1e-3
 
 
 def _module(span: Span) -> str:
@@ -117,7 +115,8 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]], backward: In
     outer_ids = {id(s) for s in steps}
     inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
-    models = [s for s in forwards if not is_loss(_module(s)) and not clip(backward, s.ts, s.ts + _AN_INSTANT)]
+    in_backward = membership(backward)
+    models = [s for s in forwards if not is_loss(_module(s)) and not in_backward(s.ts)]
     optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):
