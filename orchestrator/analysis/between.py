@@ -23,6 +23,8 @@ __all__ = ["BETWEEN_FRACTION", "MOSTLY", "between_note", "between_steps", "perio
 BETWEEN_FRACTION = 0.5
 # A cost is mostly the work before the batch when that work is at least this share of it.
 MOSTLY = 0.5
+# Work before the batch is the host's own (Python, file I/O) where torch ops run less than this share of it.
+OPS_FEW = 0.1
 _KINDS = "a checkpoint save, an evaluation, logging"
 
 
@@ -40,9 +42,30 @@ def periodic_work(r: RankSummary, when: OneStep) -> bool:
     return any(s.step == when.step and s.between_ms >= MOSTLY * when.ms for s in r.steps)
 
 
-def periodic_text(r: RankSummary) -> str:
-    """What such work is, and the settings that say how often it runs in ``r``'s loop."""
-    return f"work the loop does every so many steps ({_KINDS}), not each step's." + in_loop(r.loop, [Change.BETWEEN_STEPS])
+def periodic_text(r: RankSummary, step: int) -> str:
+    """What such work is in ``step`` of ``r``, as far as its trace tells, and the settings that say how often it runs
+    in ``r``'s loop."""
+    return f"work the loop does every so many steps ({_kind(r, step)}), not each step's." + in_loop(
+        r.loop, [Change.BETWEEN_STEPS]
+    )
+
+
+def _kind(r: RankSummary, step: int) -> str:
+    """An evaluation where the work fetches batches of its own; the host's own code (a save's file writes, a
+    logger's network calls) where it runs almost no torch ops; else the kinds it may be."""
+    s = next(s for s in r.steps if s.step == step)
+    if s.between_fetches and s.between_ops_ms is not None:
+        return (
+            f"most likely an evaluation: it reads a DataLoader {s.between_fetches} time{'s' if s.between_fetches > 1 else ''}"
+            f" before the step's own batch and runs {s.between_ops_ms:.1f} ms of torch ops; "
+            f"{s.between_ms - s.between_ops_ms:.1f} ms is Python and I/O"
+        )
+    if s.between_ops_ms is not None and s.between_ops_ms < OPS_FEW * s.between_ms:
+        return (
+            f"most likely a checkpoint save writing its files, or a logger's network calls: torch ops run only "
+            f"{s.between_ops_ms:.1f} ms of it, the rest is Python and I/O"
+        )
+    return _KINDS
 
 
 def between_note(ranks: Sequence[RankSummary]) -> str | None:
@@ -55,7 +78,7 @@ def between_note(ranks: Sequence[RankSummary]) -> str | None:
     return (
         f"{when.label(r)} spends {when.ms:.1f} ms on {ranks_text(alike)} before it fetches its batch (the other "
         f"{when.others} steps {when.others_ms:.1f} ms, median), outside the step's own phases (counted as 'other'): "
-        f"{periodic_text(r)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
+        f"{periodic_text(r, when.step)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
     )
 
 

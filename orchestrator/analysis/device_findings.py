@@ -120,7 +120,7 @@ def _one_off_fix(r: RankSummary, when: OneStep, causes: Sequence[Cause]) -> str:
 def _periodic_fix(r: RankSummary, when: OneStep) -> str:
     return (
         f"The device idles {when.ms:.1f} ms in {when.label(r)} while the host works before fetching that step's batch: "
-        f"{periodic_text(r)}"
+        f"{periodic_text(r, when.step)}"
     )
 
 

@@ -279,7 +279,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         forward = unmarked_forward(t0, t1, remaining, passes, rules[0][1])
         phase_us["forward"] += total(forward)
         phase_us["other"] += total(remaining) - total(forward)
-        between_us = total(clip(remaining, t0, fetch)) if fetch is not None else 0.0
+        head = clip(remaining, t0, fetch) if fetch is not None else []
 
         row = dev.window(t0, t1, kernel_us[index]) if device_spans else None
         if row is not None:
@@ -290,7 +290,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 start_unix_us=base_us + t0,
                 duration_ms=(t1 - t0) / 1000,
                 phases=PhaseTimes(**{p: v / 1000 for p, v in phase_us.items()}),
-                between_ms=between_us / 1000,
+                between_ms=total(head) / 1000,
+                between_ops_ms=total(intersect(head, clip(main_ops, t0, t1))) / 1000,
+                between_fetches=len(clip(rules[0][1], t0, fetch)) if fetch is not None else 0,
                 sync_calls=len(clip(sync_rule, t0, t1)),
                 copy_calls=len(clip(rules[3][1], t0, t1)),
                 gpu_busy_ms=row.busy / 1000 if row else None,

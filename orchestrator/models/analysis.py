@@ -123,6 +123,14 @@ class StepBreakdown(_Model):
         "phases (work the loop does between steps: a checkpoint save, an evaluation, logging). 0 where the step "
         "fetched no batch through a DataLoader.",
     )
+    between_ops_ms: float | None = Field(
+        default=None,
+        description="Of between_ms, the time the main thread ran torch ops; the rest is Python and I/O (a "
+        "checkpoint save writing its files). None in a summary from before it was measured.",
+    )
+    between_fetches: int = Field(
+        default=0, description="DataLoader fetches within between_ms (batches an evaluation runs the model on)."
+    )
     sync_calls: int = 0
     copy_calls: int = 0
     gpu_busy_ms: float | None = None

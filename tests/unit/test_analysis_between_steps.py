@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.between import between_note
 from orchestrator.loops import METADATA_KEY
 from orchestrator.models.analysis import Summary
 from tests.support.realtraces import EXTERNAL_CASES, external, h100
@@ -26,7 +27,13 @@ def test_a_checkpoint_saved_between_steps_is_told_in_a_note_on_its_step() -> Non
     summary = analyze_folder(case("cpu_hf_trainer_save"))
     note = _note(summary)
     assert note is not None and note.startswith("step 3 spends ")
-    assert "work the loop does every so many steps (a checkpoint save, an evaluation, logging), not each step's" in note
+    saved = next(s for s in summary.ranks[0].steps if s.step == 3)
+    assert saved.between_ops_ms is not None and saved.between_ops_ms < 0.01 * saved.between_ms
+    # Before: "(a checkpoint save, an evaluation, logging)", whichever it was.
+    assert (
+        "work the loop does every so many steps (most likely a checkpoint save writing its files, or a logger's network "
+        f"calls: torch ops run only {saved.between_ops_ms:.1f} ms of it, the rest is Python and I/O), not each step's"
+    ) in note
     (rank,) = summary.ranks
     assert f"It lifts the mean step to {rank.mean_step_ms:.1f} ms against a {rank.median_step_ms:.1f} ms median" in note
     # The save is no finding: how often it recurs is the loop's setting, which one window cannot see.
@@ -56,6 +63,48 @@ def test_a_validation_between_steps_is_neither_data_loading_nor_forward() -> Non
     for phase in ("data", "forward"):
         assert validated.phases.get(phase) <= 2 * max(s.phases.get(phase) for s in others)
     assert validated.phases.other >= validated.between_ms > 10 * max(s.between_ms for s in others)
+
+
+def test_a_validation_between_steps_is_told_as_an_evaluation_with_the_batches_it_reads() -> None:
+    summary = analyze_folder(case("cpu_lightning_validate"))
+    validated = next(s for s in summary.ranks[0].steps if s.step == 3)
+    assert validated.between_fetches == 2 and 0 < (validated.between_ops_ms or 0) < validated.between_ms
+    assert (
+        "(most likely an evaluation: it reads a DataLoader 2 times before the step's own batch and runs "
+        f"{validated.between_ops_ms:.1f} ms of torch ops; {validated.between_ms - (validated.between_ops_ms or 0):.1f} "
+        "ms is Python and I/O), not each step's"
+    ) in (_note(summary) or "")
+
+
+def _cpu_steps(tmp_path: Path, head_ops_us: float) -> Summary:
+    """Four 1 ms CPU steps, each a DataLoader fetch and a matmul; step 2 fetches 0.6 ms late, running torch ops for
+    ``head_ops_us`` of that time (metrics it computes) and no op for the rest."""
+    events: list[dict[str, Any]] = []
+    for i in range(4):
+        o = 1000 * i
+        head = 600 if i == 1 else 5
+        events += [x_event(f"ProfilerStep#{i + 1}", o, 1000, cat="user_annotation")]
+        events += [x_event("aten::add", o + 5, head_ops_us)] if i == 1 and head_ops_us else []
+        events += [x_event(_FETCH, o + head, 10, cat="user_annotation"), x_event("aten::mm", o + head + 12, 300)]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return analyze_folder(tmp_path)
+
+
+def test_work_before_the_batch_that_runs_torch_ops_and_reads_no_loader_is_not_named(tmp_path: Path) -> None:
+    summary = _cpu_steps(tmp_path, head_ops_us=300)
+    assert summary.ranks[0].steps[1].between_ops_ms == pytest.approx(0.3)
+    assert "every so many steps (a checkpoint save, an evaluation, logging), not each step's" in (_note(summary) or "")
+
+
+def test_work_before_the_batch_in_no_torch_op_is_told_as_python_and_io(tmp_path: Path) -> None:
+    summary = _cpu_steps(tmp_path, head_ops_us=20)
+    assert "(most likely a checkpoint save writing its files" in (_note(summary) or "")
+
+
+def test_a_summary_from_before_the_ops_were_measured_is_told_the_kinds_it_may_be(tmp_path: Path) -> None:
+    (rank,) = _cpu_steps(tmp_path, head_ops_us=20).ranks
+    older = rank.model_copy(update={"steps": [s.model_copy(update={"between_ops_ms": None}) for s in rank.steps]})
+    assert "every so many steps (a checkpoint save, an evaluation, logging)" in (between_note([older]) or "")
 
 
 @pytest.mark.parametrize("name", ["cpu_hf_trainer", "cpu_hf_trainer_accumulate", "cpu_lightning", "cpu_data_bound"])
