@@ -168,6 +168,8 @@ def print_stacks(bundle: StacksBundle) -> None:
     out(bundle.summary)
     for group in bundle.groups:
         out(f"\n{group.ranks_text}{'' if group.majority or len(bundle.groups) == 1 else '  (differs from the majority)'}:")
+        if group.activity:
+            out(f"  {group.activity}")
         shown = group.frames[-_FRAMES_SHOWN:]
         if len(group.frames) > len(shown):
             out(f"  ... {len(group.frames) - len(shown)} outer frames")

@@ -212,6 +212,7 @@ def stacks_result(bundle: StacksBundle, target: TargetInfo | None) -> StacksResu
             ranks_text=g.ranks_text,
             where=g.where,
             waiting=g.waiting,
+            activity=g.activity,
             majority=g.majority,
             # Frames are outermost first (a traceback); the innermost say where it is.
             frames=[f"{_short(f.filename)}:{f.line} in {f.function}" for f in reversed(g.frames[-FRAMES_PER_GROUP:])],

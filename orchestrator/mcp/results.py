@@ -161,7 +161,11 @@ class ProfileList(_Capped):
 class StackGroupBrief(_Result):
     ranks_text: str
     where: str = Field(description="Where the training thread is, in words.")
-    waiting: bool = Field(description="Inside torch.distributed: waiting on other ranks.")
+    waiting: bool = Field(description="Its innermost frame is torch.distributed's: waiting on other ranks.")
+    activity: str | None = Field(
+        description="What its frames say it is doing: evaluating, saving or loading a checkpoint, compiling, "
+        "fetching a batch (a STALLED run that is evaluating is no hang)."
+    )
     majority: bool
     frames: list[str] = Field(description="Innermost first: 'file:line in function'.")
 

@@ -110,7 +110,15 @@ class StackGroup(StrictModel):
     ranks: list[int]
     ranks_text: str = Field(description="'rank 1', 'ranks 0, 2-7'.")
     where: str = Field(description="Where the training thread is, in words.")
-    waiting: bool = Field(description="Inside torch.distributed (waiting on other ranks).")
+    waiting: bool = Field(
+        description="Its innermost frame is torch.distributed's (a collective, a barrier, a store): waiting on other ranks."
+    )
+    activity: str | None = Field(
+        default=None,
+        description="What its frames say it is doing, where code rayprof knows says so, outermost first, and where the "
+        "innermost begins: 'evaluating (trainer.py:2871 in evaluate)', 'evaluating › saving a checkpoint (...)'; "
+        "evaluating, saving or loading a checkpoint, compiling with torch.compile, fetching a batch from a DataLoader.",
+    )
     majority: bool
     frames: list[Frame]
 

@@ -10,13 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from actors.controller.diagnosis.activities import activity, waiting
 from orchestrator.models.agent_protocol import WorkerInfo
 from orchestrator.models.diagnosis import Frame, MissingRank, RankStacks, StackGroup, ThreadStack
 
 __all__ = ["RankDigest", "collective_notes", "digest", "group_stacks", "rank_text", "ranks_text", "summary_line", "where"]
-
-# A training thread inside torch.distributed waits on other ranks.
-_DISTRIBUTED = "torch/distributed/"
 
 _StackKey = tuple[tuple[str, int, str], ...]
 
@@ -110,17 +108,15 @@ def group_stacks(digests: dict[int, RankDigest]) -> list[StackGroup]:
     if not by_key:
         return []
 
-    def waiting(key: _StackKey) -> bool:
-        return any(_DISTRIBUTED in f[0] for f in key)
-
-    majority = max(by_key, key=lambda k: (len(by_key[k]), waiting(k), -by_key[k][0]))
+    majority = max(by_key, key=lambda k: (len(by_key[k]), waiting(frames_of[k]), -by_key[k][0]))
     others = sorted((k for k in by_key if k != majority), key=lambda k: (len(by_key[k]), by_key[k][0]))
     return [
         StackGroup(
             ranks=by_key[k],
             ranks_text=ranks_text(by_key[k]),
             where=where(list(frames_of[k])),
-            waiting=waiting(k),
+            waiting=waiting(frames_of[k]),
+            activity=activity(frames_of[k]),
             majority=k == majority and len(by_key) > 1,
             frames=list(frames_of[k]),
         )
@@ -129,12 +125,17 @@ def group_stacks(digests: dict[int, RankDigest]) -> list[StackGroup]:
 
 
 def summary_line(groups: list[StackGroup], missing: list[MissingRank]) -> str:
-    """``rank 1 is in train.py:57 in slow_thing; ranks 0, 2–7 wait in all_reduce (...)``."""
+    """``rank 1 is in train.py:57 in slow_thing; ranks 0, 2–7 wait in all_reduce (...)``; a group whose frames
+    say what it does says that first: ``ranks 0–7 are evaluating (trainer.py:2871 in evaluate), in linear (...)``."""
     parts = []
     for g in groups:
         many = len(g.ranks) > 1
-        verb = ("wait" if many else "waits") if g.waiting else ("are" if many else "is")
-        parts.append(f"{g.ranks_text} {verb} in {g.where}")
+        if g.waiting:
+            doing = f" ({g.activity})" if g.activity else ""
+            parts.append(f"{g.ranks_text} {'wait' if many else 'waits'} in {g.where}{doing}")
+        else:
+            doing = f"{g.activity}, in" if g.activity else "in"
+            parts.append(f"{g.ranks_text} {'are' if many else 'is'} {doing} {g.where}")
     if missing:
         parts.append(f"{ranks_text(m.rank for m in missing)} did not answer")
     return "; ".join(parts) or "no rank answered"

@@ -14,6 +14,7 @@ function stackGroup(g, index, alone) {
   return el("section", { class: `stack-group${odd ? " outlier" : ""}`, "aria-labelledby": `group-${index}` },
     el("h3", { id: `group-${index}` }, g.ranks_text, odd ? el("span", { class: "badge bad", text: " differs from the majority" }) : ""),
     el("p", {}, g.waiting ? "waits in " : "is in ", el("strong", { text: g.where })),
+    g.activity ? el("p", { class: "activity" }, "doing: ", el("strong", { text: g.activity })) : "",
     el("details", { open: odd || alone }, el("summary", { text: `${g.frames.length} frames of the training thread, outermost first` }),
       frameList(g.frames)));
 }

@@ -1,0 +1,94 @@
+"""What a training thread is doing, in words, from the frames of code rayprof knows (pure functions).
+
+A run turns STALLED when no rank advances for a minute, and a rank that waits on the others looks the same as one
+that evaluates for ten: the step count stands still in both. Its stacks tell them apart, but the innermost frame of
+an evaluation is some ``linear`` in torch and the job's own innermost frame is the line that called
+``trainer.train()``; neither says "evaluating". The frames between them do: ``Trainer.evaluation_loop``,
+Lightning's ``evaluation_loop.py``, ``torch.serialization.save``, Dynamo's ``convert_frame``. So each group of
+ranks is told the activities its frames hold, outermost first ("evaluating › saving a checkpoint", Lightning's
+ModelCheckpoint saving after validation), with the frame where the innermost one begins.
+
+Waiting on other ranks is the innermost frame's to say: a rank blocked in a collective, a barrier or a store is
+in torch.distributed's Python when it enters the call that blocks. A torch.distributed frame further out says
+nothing of the kind: FSDP's wrapper ``forward`` is on the stack of all the compute it wraps, and
+torch.distributed.checkpoint writes its files from its own frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from orchestrator.models.diagnosis import Frame
+
+__all__ = ["activity", "waiting"]
+
+_DISTRIBUTED = "torch/distributed/"
+# torch.distributed's own work that is no wait on other ranks: checkpoint file I/O.
+_NOT_A_WAIT = ("torch/distributed/checkpoint/filesystem.py",)
+
+EVALUATING = "evaluating"
+SAVING = "saving a checkpoint"
+LOADING = "loading a checkpoint"
+COMPILING = "compiling with torch.compile"
+FETCHING = "fetching a batch from a DataLoader"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    activity: str
+    path: str
+    """A fragment of the frame's file path, from the package on."""
+    functions: frozenset[str] = frozenset()
+    """The functions of that file that mean it; empty: any."""
+
+    def holds(self, frame: Frame) -> bool:
+        return self.path in frame.filename.replace("\\", "/") and (not self.functions or frame.function in self.functions)
+
+
+def _rule(activity: str, path: str, *functions: str) -> _Rule:
+    return _Rule(activity, path, frozenset(functions))
+
+
+# Read from the frames of each library's own code (tests/unit/test_stack_activities.py takes them from real runs).
+_RULES = (
+    _rule(EVALUATING, "transformers/trainer.py", "evaluate", "evaluation_loop", "prediction_loop", "predict"),
+    _rule(EVALUATING, "lightning/pytorch/loops/evaluation_loop.py"),
+    _rule(EVALUATING, "pytorch_lightning/loops/evaluation_loop.py"),
+    _rule(SAVING, "transformers/trainer.py", "_save_checkpoint", "save_model"),
+    _rule(SAVING, "lightning/pytorch/trainer/trainer.py", "save_checkpoint"),
+    _rule(SAVING, "pytorch_lightning/trainer/trainer.py", "save_checkpoint"),
+    _rule(SAVING, "torch/serialization.py", "save"),
+    _rule(SAVING, "torch/distributed/checkpoint/state_dict_saver.py", "save", "async_save"),
+    _rule(SAVING, "safetensors/torch.py", "save_file", "save_model"),
+    _rule(LOADING, "torch/serialization.py", "load"),
+    _rule(LOADING, "torch/distributed/checkpoint/state_dict_loader.py", "load"),
+    _rule(LOADING, "safetensors/torch.py", "load_file", "load_model"),
+    _rule(COMPILING, "torch/_dynamo/convert_frame.py"),
+    _rule(COMPILING, "torch/_inductor/compile_fx.py"),
+    _rule(FETCHING, "torch/utils/data/dataloader.py", "__next__"),
+)
+
+
+def waiting(frames: Sequence[Frame]) -> bool:
+    """Whether the thread waits on other ranks: its innermost frame is torch.distributed's (not its file I/O)."""
+    if not frames:
+        return False
+    inner = frames[-1].filename.replace("\\", "/")
+    return _DISTRIBUTED in inner and not any(p in inner for p in _NOT_A_WAIT)
+
+
+def activity(frames: Sequence[Frame]) -> str | None:
+    """The activities ``frames`` (outermost first) hold, outermost first, and where the innermost begins
+    ("evaluating › fetching a batch from a DataLoader (dataloader.py:725 in __next__)"); None where no known code
+    says."""
+    found: list[tuple[str, Frame]] = []
+    for frame in frames:
+        rule = next((r for r in _RULES if r.holds(frame)), None)
+        if rule is not None and not any(rule.activity == seen for seen, _ in found):
+            found.append((rule.activity, frame))
+    if not found:
+        return None
+    begins = found[-1][1]
+    return " › ".join(a for a, _ in found) + f" ({PurePath(begins.filename).name}:{begins.line} in {begins.function})"
