@@ -218,6 +218,8 @@ def targets(args: argparse.Namespace) -> int:
             out(f"{t.name}: {' | '.join(definitions)}")
         if t.stall_stacks:
             out(f"{t.name}: stacks taken when it stalled: {t.stall_stacks} (rayprof report {t.stall_stacks})")
+            if t.stall_verdict:
+                out(f"{t.name}: they show: {t.stall_verdict}")
         if t.other_build_ranks:
             out(f"{t.name}: {_which_ranks(t.other_build_ranks, len(t.ranks))} another rayprof build than the controller {_outdated(t)}")
     return EXIT_OK

@@ -89,6 +89,7 @@ def target_list(targets: list[TargetInfo]) -> TargetList:
                 active_profile=t.active_profile,
                 queued_profiles=t.queued_profiles,
                 stall_stacks=t.stall_stacks,
+                stall_verdict=t.stall_verdict,
                 other_build_ranks=t.other_build_ranks,
                 ranks=[
                     RankNow(rank=r.info.world_rank, step=r.step, step_time_ms=_ms(r.step_time_s))

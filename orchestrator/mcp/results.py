@@ -65,6 +65,10 @@ class TargetBrief(_Result):
     active_profile: str | None = Field(description="The window running now; a profile without queue=true gets a 409.")
     queued_profiles: list[str]
     stall_stacks: str | None = Field(description="Stacks bundle taken when it turned STALLED (get_profile reads it).")
+    stall_verdict: str | None = Field(
+        description="Those stacks' verdict: ranks waiting in a collective are hung on the others; ranks evaluating or "
+        "saving a checkpoint are slow, not hung."
+    )
     other_build_ranks: list[int] = Field(
         default_factory=list,
         description="Ranks whose agent runs another rayprof build than the controller: restart the job if it started "

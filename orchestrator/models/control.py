@@ -81,6 +81,11 @@ class TargetInfo(StrictModel):
     median_step_time_s: float | None = None
     lagging_ranks: list[int] = Field(default_factory=list, description="Ranks at least RAYPROF_LAG_STEPS behind.")
     stall_stacks: str | None = Field(default=None, description="The stacks taken when it turned STALLED.")
+    stall_verdict: str | None = Field(
+        default=None,
+        description="Those stacks' one-line verdict: where the ranks are, and what their frames say they are doing "
+        "(a run evaluating or saving for longer than the threshold is slow, not hung).",
+    )
     other_build_ranks: list[int] = Field(
         default_factory=list,
         description="Ranks whose agent runs another rayprof build than the controller: the job or the controller "

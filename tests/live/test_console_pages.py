@@ -72,7 +72,10 @@ def test_a_stalled_target_with_a_lagging_rank_says_so_and_how_far_behind(page, s
 
     def stalled(body: dict[str, Any]) -> dict[str, Any]:
         for t in body["targets"]:
-            t.update(health="STALLED", stalled_s=95.0, stall_threshold_s=60.0, lagging_ranks=[1])
+            t.update(
+                health="STALLED", stalled_s=95.0, stall_threshold_s=60.0, lagging_ranks=[1], stall_stacks="stk-test",
+                stall_verdict="ranks 0, 1 are evaluating (trainer.py:2871 in evaluate), in forward (linear.py:134)",
+            )
             for w in t["ranks"]:
                 w["steps_behind"] = 12 if w["info"]["world_rank"] == 1 else 0
         return TargetList.model_validate(body).model_dump(mode="json")
@@ -91,6 +94,9 @@ def test_a_stalled_target_with_a_lagging_rank_says_so_and_how_far_behind(page, s
 
     card = page.locator(f'section[data-target="{LIVE_TARGET}"]')
     expect(card.locator(".health")).to_have_text(re.compile(r"STALLED: no rank advanced for 95 s \(threshold 60 s\)"))
+    expect(card.locator(".stall-verdict")).to_have_text(
+        " · they show: ranks 0, 1 are evaluating (trainer.py:2871 in evaluate), in forward (linear.py:134)"
+    )
     expect(card.locator(".lag")).to_have_text("Lagging: rank 1 (12 steps behind)")
     expect(card.locator('tr[data-rank="1"]')).to_have_class("lagging")
     expect(card.locator('tr[data-rank="0"]')).not_to_have_class("lagging")

@@ -90,6 +90,7 @@ def test_stacks_name_the_hung_rank_and_its_frame_and_the_target_turns_stalled(ra
     automatic = [p for p in client.list(target="hang-run").profiles if p.kind == "stacks" and p.trigger is not None]
     assert [p.id for p in automatic] == [target.stall_stacks]
     assert automatic[0].trigger.kind == "stalled"
+    assert target.stall_verdict is not None and "rank 0 waits in all_reduce (distributed_c10d.py:" in target.stall_verdict
     print(f"stalled: {target.stalled_s:.0f}s (threshold {target.stall_threshold_s:.0f}s); stacks {target.stall_stacks}")
 
 

@@ -11,6 +11,7 @@ from actors.controller.actor import Controller
 from actors.controller.agents.registry import Registry
 from actors.controller.diagnosis.health import assess, step_at
 from orchestrator.models.agent_protocol import StorageSpec
+from orchestrator.models.diagnosis import Frame
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from tests.support.fake_agents import (
     MONITORED,
@@ -166,6 +167,37 @@ def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home)
     assert [p.id for p in stacks] == [target.stall_stacks]
     assert stacks[0].trigger.kind == "stalled" and stacks[0].trigger.watch_id is None
     assert stacks[0].reason is None
+    assert target.stall_verdict is not None and target.stall_verdict.startswith("rank 1 is in train.py:57 in slow_thing; ")
+
+
+def test_a_run_stalled_in_an_evaluation_says_so_with_its_stacks(home):
+    # Every rank in a transformers Trainer's evaluate for longer than the stall threshold: slow, not hung.
+    evaluating = [
+        Frame(filename="/job/train.py", line=12, function="train_func"),
+        Frame(filename="/venv/site-packages/transformers/trainer.py", line=2871, function="evaluate", library=True),
+        Frame(filename="/venv/site-packages/torch/nn/modules/linear.py", line=134, function="forward", library=True),
+    ]
+
+    async def go():
+        m = stepped(home)
+        agents = await m.start_agents(2)
+        for a in agents:
+            a.stack, a.training = list(evaluating), False
+
+        async def stalled_with_stacks():
+            t = (await m.c.targets())[0]
+            return t if t.stall_verdict else None
+
+        target = await m.tick_until(stalled_with_stacks, max_ticks=200)
+        for a in agents:
+            await a.stop()
+        return target
+
+    target = run(go())
+    assert target and target.health == "STALLED"
+    assert target.stall_verdict == (
+        "ranks 0, 1 are evaluating (trainer.py:2871 in evaluate), in forward (linear.py:134) from train.py:12 in train_func"
+    )
 
 
 async def _stalled_without_auto_stacks(home: StorageSpec) -> tuple[SteppedMonitor, list]:

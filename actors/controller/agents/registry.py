@@ -318,7 +318,7 @@ class Registry:
         active: dict[str, str],
         queued: dict[str, list[str]],
         health: Callable[[dict[int, Worker]], Health],
-        stall_stacks: dict[tuple[str, str], str],
+        stall_stacks: dict[tuple[str, str], tuple[str, str]],
     ) -> list[TargetInfo]:
         """Every live run, grouped by target name, newest run first, with its health."""
         now = self._clock()
@@ -327,6 +327,7 @@ class Registry:
             for run, workers in self.runs(name).items():
                 ranks = [workers[r] for r in sorted(workers)]
                 h = health(workers)
+                stall = stall_stacks.get((name, run))
                 found.append(
                     TargetInfo(
                         name=name,
@@ -351,7 +352,8 @@ class Registry:
                         stall_threshold_s=h.threshold_s,
                         median_step_time_s=h.median_step_s,
                         lagging_ranks=h.lagging,
-                        stall_stacks=stall_stacks.get((name, run)),
+                        stall_stacks=stall[0] if stall else None,
+                        stall_verdict=stall[1] if stall else None,
                         other_build_ranks=[w.info.world_rank for w in ranks if w.info.build != build_id()],
                     )
                 )

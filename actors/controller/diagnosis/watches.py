@@ -85,7 +85,8 @@ class Watches:
         self._creating = 0
         self._series: dict[str, deque[tuple[float, float]]] = {}
         self._stalled: set[tuple[str, str]] = set()
-        self.stall_stacks: dict[tuple[str, str], str] = {}
+        # Per stalled run: the stacks bundle taken when it stalled, and its one-line verdict.
+        self.stall_stacks: dict[tuple[str, str], tuple[str, str]] = {}
         self.oom = OomEvents(registry)
         # The registry's clock: firings, cooldowns, caps and schedules are counted on its wall time (they
         # are saved, so a restart counts on from them), holds on its monotonic time; tests step it.
@@ -224,7 +225,7 @@ class Watches:
             bundle = await self._take_stacks(key[0], key[1], False, trigger, False)
             # Shown with the run while it is live; a run that left meanwhile keeps nothing here.
             if self._registry.run_workers(key[0], key[1]):
-                self.stall_stacks[key] = bundle.id
+                self.stall_stacks[key] = (bundle.id, bundle.summary)
         except RayprofError as e:
             logger.warning("rayprof controller: stacks of stalled %s failed: %s", key[0], e)
 

@@ -53,7 +53,8 @@ function stateLine(t) {
     return el("p", { class: "health stalled", role: "alert" }, el("strong", { text: "STALLED" }),
       `: no rank advanced for ${fmtSeconds(t.stalled_s)}`,
       t.stall_threshold_s ? ` (threshold ${fmtSeconds(t.stall_threshold_s)})` : "",
-      t.stall_stacks ? el("span", {}, " · stacks taken then: ", el("a", { href: `#/stacks/${encodeURIComponent(t.stall_stacks)}`, text: t.stall_stacks })) : "");
+      t.stall_stacks ? el("span", {}, " · stacks taken then: ", el("a", { href: `#/stacks/${encodeURIComponent(t.stall_stacks)}`, text: t.stall_stacks })) : "",
+      t.stall_verdict ? el("span", { class: "stall-verdict", text: ` · they show: ${t.stall_verdict}` }) : "");
   }
   return el("p", { class: "health running" }, el("strong", { text: "running" }),
     t.median_step_time_s ? ` · median step ${fmtMs(t.median_step_time_s * 1000)} ms` : "");
