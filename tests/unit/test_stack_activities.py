@@ -239,6 +239,46 @@ def test_a_collective_a_checkpoint_save_waits_in_is_a_wait_inside_the_save() -> 
     group = grouped(frames)
     assert group.waiting
     assert summary_line([group], []) == (
-        "ranks 0, 1 wait in all_gather_object (distributed_c10d.py:3245) from train.py:41 in train_loop "
-        "(saving a checkpoint (state_dict_saver.py:196 in save))"
+        "ranks 0, 1 wait in all_gather_object (distributed_c10d.py:3245) from train.py:41 in train_loop, "
+        "saving a checkpoint (state_dict_saver.py:196 in save)"
     )
+
+
+_RAY = "/venv/site-packages/ray/"
+
+
+def test_a_rank_in_ray_train_report_waits_for_the_others() -> None:
+    # The training thread of rank 0 of a Ray Train v2 run (Ray 2.60) whose rank 1 never reached its
+    # ray.train.report(), as `rayprof stacks` took it. Before: "rank 0 is in get_objects (worker.py:1007) from
+    # loop.py:13 in loop", which said nothing of the wait.
+    frames = [
+        Frame(filename=_RAY + "train/v2/_internal/util.py", line=89, function="train_fn", library=True),
+        Frame(filename="/job/loop.py", line=13, function="loop"),
+        Frame(filename=_RAY + "train/v2/api/train_fn_utils.py", line=125, function="report", library=True),
+        Frame(filename=_RAY + "train/v2/_internal/execution/train_fn_utils.py", line=172, function="report", library=True),
+        Frame(filename=_RAY + "train/v2/_internal/execution/context.py", line=474, function="report", library=True),
+        Frame(
+            filename=_RAY + "train/v2/_internal/execution/context.py", line=254,
+            function="_sync_checkpoint_dir_name_across_ranks", library=True,
+        ),
+        Frame(filename=_RAY + "_private/auto_init_hook.py", line=22, function="auto_init_wrapper", library=True),
+        Frame(filename=_RAY + "_private/client_mode_hook.py", line=134, function="wrapper", library=True),
+        Frame(filename=_RAY + "_private/worker.py", line=3009, function="get", library=True),
+        Frame(filename=_RAY + "_private/worker.py", line=1007, function="get_objects", library=True),
+    ]
+    group = grouped(frames)
+    assert group.waiting
+    assert summary_line([group], []) == (
+        "ranks 0, 1 wait in get_objects (worker.py:1007) from loop.py:13 in loop, in ray.train.report, which waits for "
+        "every rank (context.py:254 in _sync_checkpoint_dir_name_across_ranks)"
+    )
+
+
+def test_a_ray_get_of_the_jobs_own_under_a_report_frame_further_out_is_no_wait() -> None:
+    # Only Ray's own frames inside the synchronisation make it the wait: a callback of the job's own is not.
+    frames = [
+        Frame(filename="/job/loop.py", line=13, function="loop"),
+        Frame(filename=_RAY + "train/v2/_internal/execution/collective_impl.py", line=22, function="barrier", library=True),
+        Frame(filename="/job/callbacks.py", line=7, function="on_barrier"),
+    ]
+    assert not grouped(frames).waiting

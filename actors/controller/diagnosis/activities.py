@@ -8,10 +8,13 @@ Lightning's ``evaluation_loop.py``, ``torch.serialization.save``, Dynamo's ``con
 ranks is told the activities its frames hold, outermost first ("evaluating › saving a checkpoint", Lightning's
 ModelCheckpoint saving after validation), with the frame where the innermost one begins.
 
-Waiting on other ranks is the innermost frame's to say: a rank blocked in a collective, a barrier or a store is
+Waiting on other ranks is the innermost frames' to say: a rank blocked in a collective, a barrier or a store is
 in torch.distributed's Python when it enters the call that blocks. A torch.distributed frame further out says
 nothing of the kind: FSDP's wrapper ``forward`` is on the stack of all the compute it wraps, and
-torch.distributed.checkpoint writes its files from its own frames.
+torch.distributed.checkpoint writes its files from its own frames. Ray Train v2's own synchronisation waits too:
+``ray.train.report`` (it agrees on the checkpoint folder with every rank, checkpoint or not) and
+``ray.train.collective``, where nothing but Ray's own frames lie inside it (its ``ray.get``). Train v1's report
+waits for no other rank.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ SAVING = "saving a checkpoint"
 LOADING = "loading a checkpoint"
 COMPILING = "compiling with torch.compile"
 FETCHING = "fetching a batch from a DataLoader"
+REPORTING = "in ray.train.report, which waits for every rank"
+RAY_COLLECTIVE = "in a ray.train.collective call, which waits for every rank"
+_RAY_SYNCS = (REPORTING, RAY_COLLECTIVE)
+_RAY = "/ray/"
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class _Rule:
     """The functions of that file that mean it; empty: any."""
 
     def holds(self, frame: Frame) -> bool:
-        return self.path in frame.filename.replace("\\", "/") and (not self.functions or frame.function in self.functions)
+        return self.path in _path(frame) and (not self.functions or frame.function in self.functions)
 
 
 def _rule(activity: str, path: str, *functions: str) -> _Rule:
@@ -68,15 +75,29 @@ _RULES = (
     _rule(COMPILING, "torch/_dynamo/convert_frame.py"),
     _rule(COMPILING, "torch/_inductor/compile_fx.py"),
     _rule(FETCHING, "torch/utils/data/dataloader.py", "__next__"),
+    _rule(REPORTING, "ray/train/v2/_internal/execution/context.py", "_sync_checkpoint_dir_name_across_ranks"),
+    _rule(RAY_COLLECTIVE, "ray/train/v2/_internal/execution/collective_impl.py", "barrier", "broadcast_from_rank_zero"),
 )
 
 
 def waiting(frames: Sequence[Frame]) -> bool:
-    """Whether the thread waits on other ranks: its innermost frame is torch.distributed's (not its file I/O)."""
+    """Whether the thread waits on other ranks: its innermost frame is torch.distributed's (not its file I/O), or
+    it is in Ray Train's synchronisation with only Ray's frames inside."""
     if not frames:
         return False
-    inner = frames[-1].filename.replace("\\", "/")
-    return _DISTRIBUTED in inner and not any(p in inner for p in _NOT_A_WAIT)
+    inner = _path(frames[-1])
+    if _DISTRIBUTED in inner and not any(p in inner for p in _NOT_A_WAIT):
+        return True
+    for i in range(len(frames) - 1, -1, -1):
+        if _RAY not in _path(frames[i]):
+            return False
+        if any(r.activity in _RAY_SYNCS and r.holds(frames[i]) for r in _RULES):
+            return True
+    return False
+
+
+def _path(frame: Frame) -> str:
+    return frame.filename.replace("\\", "/")
 
 
 def activity(frames: Sequence[Frame]) -> str | None:

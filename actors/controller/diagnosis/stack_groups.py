@@ -131,7 +131,7 @@ def summary_line(groups: list[StackGroup], missing: list[MissingRank]) -> str:
     for g in groups:
         many = len(g.ranks) > 1
         if g.waiting:
-            doing = f" ({g.activity})" if g.activity else ""
+            doing = f", {g.activity}" if g.activity else ""
             parts.append(f"{g.ranks_text} {'wait' if many else 'waits'} in {g.where}{doing}")
         else:
             doing = f"{g.activity}, in" if g.activity else "in"
