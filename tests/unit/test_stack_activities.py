@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from actors.agent.thread_stacks import take_stacks
@@ -282,3 +284,29 @@ def test_a_ray_get_of_the_jobs_own_under_a_report_frame_further_out_is_no_wait()
         Frame(filename="/job/callbacks.py", line=7, function="on_barrier"),
     ]
     assert not grouped(frames).waiting
+
+
+_NAMES = ["/job/train.py", _TORCH + "distributed/distributed_c10d.py", _TORCH + "utils/data/dataloader.py",
+          _RAY + "_private/worker.py", _RAY + "train/v2/_internal/execution/context.py", "transformers/trainer.py", "", "\\\\"]
+_FUNCTIONS = ["__next__", "evaluate", "_sync_checkpoint_dir_name_across_ranks", "get", "all_reduce", "<module>", ""]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            Frame,
+            filename=st.sampled_from(_NAMES) | st.text(max_size=40),
+            line=st.integers(min_value=0, max_value=10**6),
+            function=st.sampled_from(_FUNCTIONS) | st.text(max_size=20),
+            library=st.booleans(),
+        ),
+        max_size=12,
+    )
+)
+def test_any_frames_an_agent_sends_group_and_read_as_one_line(frames: list[Frame]) -> None:
+    group = grouped(frames)
+    line = summary_line([group], [])
+    assert line.startswith(f"ranks 0, 1 {'wait' if group.waiting else 'are'} ")
+    # What the innermost frame is decides a wait on torch.distributed; frames of the job's own further out do not.
+    assert grouped([Frame(filename="/job/outer.py", line=1, function="main"), *frames]).waiting == group.waiting or not frames
