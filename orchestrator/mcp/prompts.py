@@ -61,11 +61,15 @@ def why_stuck_steps(target: str) -> str:
     """The plan for "why does this run not advance?"."""
     return "\n".join([
         f"Find out why the training run {target} makes no progress, from rayprof's tools:",
-        f"1. `list_targets`: is {target} STALLED, since when, and at which step is each rank?",
+        f"1. `list_targets`: is {target} STALLED, since when, and at which step is each rank? A STALLED run's "
+        "stall_verdict is what the stacks taken when it stalled showed.",
         f"2. `take_stacks` of {target}: every rank's Python stacks, grouped; its verdict names the rank that is "
-        "somewhere else and the collective the others wait in.",
+        "somewhere else and the collective the others wait in, and each group's activity what its frames say it "
+        "is doing.",
         "Answer in a few lines: which rank holds the others back, the file and line it is at, what the others wait "
-        "in, and what to look at in that code. If every rank is in the same place, say that no rank stands out.",
+        "in, and what to look at in that code. Where every rank is evaluating, saving or loading a checkpoint, or "
+        "compiling, the run is slow there, not hung: say so, and that a larger RAYPROF_STALL_MIN_S stops calling such "
+        "a phase a stall. If every rank is in the same place otherwise, say that no rank stands out.",
     ])
 
 

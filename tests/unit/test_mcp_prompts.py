@@ -81,3 +81,9 @@ def test_a_run_name_the_api_would_refuse_is_refused_by_the_prompt_saying_why(tar
 
     assert refused.code == INVALID_PARAMS
     assert "is not a run name" in refused.message and "list_targets" in refused.message
+
+
+def test_why_stuck_tells_a_run_slow_in_an_evaluation_from_a_hung_one():
+    text = _served_sync(False, "why_stuck", {"target": "r"})["text"]
+
+    assert "evaluating, saving or loading a checkpoint, or compiling, the run is slow there, not hung" in text
