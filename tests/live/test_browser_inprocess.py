@@ -11,10 +11,9 @@ import pytest
 import uvicorn
 from playwright.async_api import async_playwright
 
-from orchestrator.models.diagnosis import Frame
 from orchestrator.settings import ALLOWED_HOSTS_ENV_VAR, TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR
 from tests.support.console_fixtures import CHROMIUM, CHROMIUM_ARGS
-from tests.support.fake_agents import FakeAgent, make_controller, run, worker_info
+from tests.support.fake_agents import EVALUATING, FakeAgent, make_controller, run, worker_info
 from tests.support.inprocess_service import install_service
 from tests.support.serve_fixtures import free_port
 
@@ -112,18 +111,12 @@ def test_docs_page_renders_the_api_with_nothing_from_outside_the_service(home, m
 
 
 def test_a_stacks_page_says_what_its_ranks_frames_say_they_are_doing(home, monkeypatch):
-    evaluating = [
-        Frame(filename="/job/train.py", line=12, function="train_func"),
-        Frame(filename="/venv/site-packages/transformers/trainer.py", line=2871, function="evaluate", library=True),
-        Frame(filename="/venv/site-packages/torch/nn/modules/linear.py", line=134, function="forward", library=True),
-    ]
-
     async def go():
         c = make_controller(home)
         agents = [FakeAgent(c, worker_info(r, 2)) for r in range(2)]
         for a in agents:
             await a.start()
-            a.stack = list(evaluating)
+            a.stack = list(EVALUATING)
         bundle = await c.stacks("run")
         async with served(install_service(monkeypatch, c)) as url, tab() as page:
             await page.goto(f"{url}/#/stacks/{bundle.id}")

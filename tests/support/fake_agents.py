@@ -58,6 +58,12 @@ ALL_REDUCE = [
     Frame(filename="/venv/site-packages/torch/distributed/distributed_c10d.py", line=3245, function="all_reduce", library=True),
 ]
 SLOW_THING = [TRAIN_FRAME, Frame(filename="/job/train.py", line=57, function="slow_thing", code="time.sleep(3600)")]
+# In a transformers Trainer's evaluate, as a rank evaluating past the stall threshold is.
+EVALUATING = [
+    Frame(filename="/job/train.py", line=12, function="train_func"),
+    Frame(filename="/venv/site-packages/transformers/trainer.py", line=2871, function="evaluate", library=True),
+    Frame(filename="/venv/site-packages/torch/nn/modules/linear.py", line=134, function="forward", library=True),
+]
 
 
 def fast_config(home: StorageSpec, **overrides: object) -> ControllerConfig:

@@ -11,9 +11,9 @@ from actors.controller.actor import Controller
 from actors.controller.agents.registry import Registry
 from actors.controller.diagnosis.health import assess, step_at
 from orchestrator.models.agent_protocol import StorageSpec
-from orchestrator.models.diagnosis import Frame
 from orchestrator.models.requests import ProfileRequest, ProfileState
 from tests.support.fake_agents import (
+    EVALUATING,
     MONITORED,
     SLOW_THING,
     make_controller,
@@ -172,17 +172,11 @@ def test_a_stuck_target_turns_stalled_takes_stacks_once_and_points_at_them(home)
 
 def test_a_run_stalled_in_an_evaluation_says_so_with_its_stacks(home):
     # Every rank in a transformers Trainer's evaluate for longer than the stall threshold: slow, not hung.
-    evaluating = [
-        Frame(filename="/job/train.py", line=12, function="train_func"),
-        Frame(filename="/venv/site-packages/transformers/trainer.py", line=2871, function="evaluate", library=True),
-        Frame(filename="/venv/site-packages/torch/nn/modules/linear.py", line=134, function="forward", library=True),
-    ]
-
     async def go():
         m = stepped(home)
         agents = await m.start_agents(2)
         for a in agents:
-            a.stack, a.training = list(evaluating), False
+            a.stack, a.training = list(EVALUATING), False
 
         async def stalled_with_stacks():
             t = (await m.c.targets())[0]
