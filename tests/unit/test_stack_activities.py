@@ -232,6 +232,17 @@ def test_compute_inside_an_fsdp_wrappers_forward_is_no_wait() -> None:
     assert summary_line([group], []) == "ranks 0, 1 are in forward (linear.py:134) from train.py:41 in train_loop"
 
 
+def test_a_tensor_parallel_layer_computing_in_dtensors_dispatch_is_no_wait() -> None:
+    # A ColwiseParallel Linear's forward on a DTensor, sampled from another thread (torch 2.13): the local matmul
+    # runs from DTensor's dispatch, the innermost Python frame. Before: told as a wait.
+    frames = [
+        Frame(filename="/job/train.py", line=26, function="train_loop"),
+        Frame(filename=_TORCH + "nn/modules/linear.py", line=134, function="forward", library=True),
+        Frame(filename=_TORCH + "distributed/tensor/_dispatch.py", line=759, function="wrap", library=True),
+    ]
+    assert not grouped(frames).waiting
+
+
 def test_a_collective_a_checkpoint_save_waits_in_is_a_wait_inside_the_save() -> None:
     frames = [
         Frame(filename="/job/train.py", line=41, function="train_loop"),

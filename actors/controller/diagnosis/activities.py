@@ -11,7 +11,8 @@ ModelCheckpoint saving after validation), with the frame where the innermost one
 Waiting on other ranks is the innermost frames' to say: a rank blocked in a collective, a barrier or a store is
 in torch.distributed's Python when it enters the call that blocks. A torch.distributed frame further out says
 nothing of the kind: FSDP's wrapper ``forward`` is on the stack of all the compute it wraps, and
-torch.distributed.checkpoint writes its files from its own frames. Ray Train v2's own synchronisation waits too:
+torch.distributed.checkpoint writes its files from its own frames. Nor does DTensor's dispatch as the innermost
+frame: a tensor-parallel layer's local matmul runs from there (half the samples of a CPU TP job's training thread). Ray Train v2's own synchronisation waits too:
 ``ray.train.report`` (it agrees on the checkpoint folder with every rank, checkpoint or not) and
 ``ray.train.collective``, where nothing but Ray's own frames lie inside it (its ``ray.get``). Train v1's report
 waits for no other rank.
@@ -28,8 +29,9 @@ from orchestrator.models.diagnosis import Frame
 __all__ = ["activity", "waiting"]
 
 _DISTRIBUTED = "torch/distributed/"
-# torch.distributed's own work that is no wait on other ranks: checkpoint file I/O.
-_NOT_A_WAIT = ("torch/distributed/checkpoint/filesystem.py",)
+# torch.distributed's own work that is no wait on other ranks: checkpoint file I/O, and a DTensor op computing on
+# its local shard (its collectives run in funcol's or c10d's frames further in).
+_NOT_A_WAIT = ("torch/distributed/checkpoint/filesystem.py", "torch/distributed/tensor/")
 
 EVALUATING = "evaluating"
 SAVING = "saving a checkpoint"
