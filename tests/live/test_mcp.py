@@ -119,6 +119,7 @@ def test_an_answer_over_the_cap_keeps_its_head_and_says_what_was_cut():
     target = TargetBrief(
         name="run", run=None, world_size=4096, health="TRAINING", stalled_s=None, median_step_time_ms=1.0,
         lagging_ranks=list(range(4096)), active_profile=None, queued_profiles=[], stall_stacks=None,
+        stall_verdict=None,
         ranks=[RankNow(rank=r, step=10, step_time_ms=1.0) for r in range(4096)],
     )
     capped = cap(TargetList(targets=[target]))
