@@ -287,14 +287,29 @@ def test_a_rank_in_ray_train_report_waits_for_the_others() -> None:
     )
 
 
-def test_a_ray_get_of_the_jobs_own_under_a_report_frame_further_out_is_no_wait() -> None:
+# Ray's images run jobs as the user ray: the job's own files and every package live under /home/ray.
+_IMAGE = "/home/ray/anaconda3/lib/python3.11/site-packages/ray/"
+
+
+@pytest.mark.parametrize(("ray", "job"), [(_RAY, "/job/"), (_IMAGE, "/home/ray/job/")])
+def test_a_call_of_the_jobs_own_inside_a_ray_train_barrier_is_no_wait(ray: str, job: str) -> None:
     # Only Ray's own frames inside the synchronisation make it the wait: a callback of the job's own is not.
+    # Before, in Ray's image layout: any path holding "/ray/" was Ray's, /home/ray/job/callbacks.py too.
     frames = [
-        Frame(filename="/job/loop.py", line=13, function="loop"),
-        Frame(filename=_RAY + "train/v2/_internal/execution/collective_impl.py", line=22, function="barrier", library=True),
-        Frame(filename="/job/callbacks.py", line=7, function="on_barrier"),
+        Frame(filename=job + "loop.py", line=13, function="loop"),
+        Frame(filename=ray + "train/v2/_internal/execution/collective_impl.py", line=22, function="barrier", library=True),
+        Frame(filename=job + "callbacks.py", line=7, function="on_barrier"),
     ]
     assert not grouped(frames).waiting
+
+
+def test_in_rays_image_layout_a_rank_in_a_ray_train_barrier_still_waits() -> None:
+    frames = [
+        Frame(filename="/home/ray/job/loop.py", line=13, function="loop"),
+        Frame(filename=_IMAGE + "train/v2/_internal/execution/collective_impl.py", line=22, function="barrier", library=True),
+        Frame(filename=_IMAGE + "_private/worker.py", line=3009, function="get", library=True),
+    ]
+    assert grouped(frames).waiting
 
 
 _NAMES = ["/job/train.py", _TORCH + "distributed/distributed_c10d.py", _TORCH + "utils/data/dataloader.py",

@@ -12,10 +12,11 @@ Waiting on other ranks is the innermost frames' to say: a rank blocked in a coll
 in torch.distributed's Python when it enters the call that blocks. A torch.distributed frame further out says
 nothing of the kind: FSDP's wrapper ``forward`` is on the stack of all the compute it wraps, and
 torch.distributed.checkpoint writes its files from its own frames. Nor does DTensor's dispatch as the innermost
-frame: a tensor-parallel layer's local matmul runs from there (half the samples of a CPU TP job's training thread). Ray Train v2's own synchronisation waits too:
-``ray.train.report`` (it agrees on the checkpoint folder with every rank, checkpoint or not) and
-``ray.train.collective``, where nothing but Ray's own frames lie inside it (its ``ray.get``). Train v1's report
-waits for no other rank.
+frame: a tensor-parallel layer's local matmul runs from there (half the samples of a CPU TP job's training
+thread). Ray Train v2's own synchronisation waits too: ``ray.train.report`` (it agrees on the checkpoint folder
+with every rank, checkpoint or not) and ``ray.train.collective``, where nothing but the installed ``ray``
+package's frames lie inside it (its ``ray.get``; a path merely holding ``/ray/`` is not Ray's: Ray's images keep
+the job and every package under ``/home/ray``). Train v1's report waits for no other rank.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ COMPILING = "compiling with torch.compile"
 FETCHING = "fetching a batch from a DataLoader"
 REPORTING = "in ray.train.report, which waits for every rank"
 RAY_COLLECTIVE = "in a ray.train.collective call, which waits for every rank"
-_RAY_SYNCS = (REPORTING, RAY_COLLECTIVE)
-_RAY = "/ray/"
+# The installed ray package, wherever Python keeps packages.
+_RAY = ("site-packages/ray/", "dist-packages/ray/")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ _RULES = (
     _rule(REPORTING, "ray/train/v2/_internal/execution/context.py", "_sync_checkpoint_dir_name_across_ranks"),
     _rule(RAY_COLLECTIVE, "ray/train/v2/_internal/execution/collective_impl.py", "barrier", "broadcast_from_rank_zero"),
 )
+_RAY_SYNCS = tuple(r for r in _RULES if r.activity in (REPORTING, RAY_COLLECTIVE))
 
 
 def waiting(frames: Sequence[Frame]) -> bool:
@@ -90,10 +92,10 @@ def waiting(frames: Sequence[Frame]) -> bool:
     inner = _path(frames[-1])
     if _DISTRIBUTED in inner and not any(p in inner for p in _NOT_A_WAIT):
         return True
-    for i in range(len(frames) - 1, -1, -1):
-        if _RAY not in _path(frames[i]):
+    for frame in reversed(frames):
+        if not any(p in _path(frame) for p in _RAY):
             return False
-        if any(r.activity in _RAY_SYNCS and r.holds(frames[i]) for r in _RULES):
+        if any(r.holds(frame) for r in _RAY_SYNCS):
             return True
     return False
 
