@@ -15,9 +15,12 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
-from orchestrator.models.analysis import RankSummary
+from orchestrator.models.analysis import RankSummary, StepBreakdown
 
-__all__ = ["BETWEEN_FRACTION", "MOSTLY", "between_note", "between_steps", "periodic_text", "periodic_work"]
+__all__ = [
+    "BETWEEN_FRACTION", "MOSTLY", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "periodic_text", "periodic_work",
+    "restarts_workers",
+]
 
 # One step's work before its batch is told when it reaches this share of the other steps' median step time.
 BETWEEN_FRACTION = 0.5
@@ -26,11 +29,27 @@ MOSTLY = 0.5
 # Work before the batch is the host's own (Python, file I/O) where torch ops run less than this share of it.
 OPS_FEW = 0.1
 _KINDS = "a checkpoint save, an evaluation, logging"
+# The iterator of a DataLoader with worker processes (num_workers > 0), as its reads are named in a trace.
+WORKER_LOADER = "_MultiProcessingDataLoaderIter"
+
+
+def ends_epoch(s: StepBreakdown) -> bool:
+    """Whether ``s`` begins with the read that ends an epoch: one DataLoader read before its own batch (the one that
+    finds the epoch's batches spent) and almost no torch op in that time. An evaluation reads its own batches and
+    runs the model on them; a new epoch's iterator runs none (its seed is one op of microseconds)."""
+    return s.between_fetches == 1 and s.between_ops_ms is not None and s.between_ops_ms < OPS_FEW * s.between_ms
+
+
+def restarts_workers(r: RankSummary, s: StepBreakdown) -> bool:
+    """Whether ``s`` of ``r`` begins an epoch of a DataLoader with worker processes: where persistent_workers is off,
+    the workers of the spent epoch are shut down there and new ones started (:mod:`orchestrator.analysis.epochs`)."""
+    return r.data_loader == WORKER_LOADER and ends_epoch(s)
 
 
 def between_steps(r: RankSummary) -> OneStep | None:
-    """The step of ``r`` that alone does work before fetching its batch, worth telling; else None."""
-    found = one_step(r, [s.between_ms for s in r.steps])
+    """The step of ``r`` that alone does work before fetching its batch, worth telling; else None. A step where a
+    loader's workers start again is the loader-restart finding's, not this note's."""
+    found = one_step(r, [0.0 if restarts_workers(r, s) else s.between_ms for s in r.steps])
     if found is None:
         return None
     others = statistics.median(s.duration_ms for s in r.steps if s.step != found.step)
@@ -54,6 +73,12 @@ def _kind(r: RankSummary, step: int) -> str:
     """An evaluation where the work fetches batches of its own; the host's own code (a save's file writes, a
     logger's network calls) where it runs almost no torch ops; else the kinds it may be."""
     s = next(s for s in r.steps if s.step == step)
+    if ends_epoch(s):
+        return (
+            "most likely the DataLoader starting a new epoch: the one read before the step's own batch is the read "
+            f"that ends an epoch, and torch ops run only {s.between_ops_ms or 0.0:.1f} ms of it (its sampler, its "
+            "dataset's own start)"
+        )
     if s.between_fetches and s.between_ops_ms is not None:
         return (
             f"most likely an evaluation: it reads a DataLoader {s.between_fetches} time{'s' if s.between_fetches > 1 else ''}"

@@ -41,12 +41,15 @@ __all__ = [
     "common_steps",
     "late_arrivers",
     "step_spread",
+    "step_excesses",
     "stragglers",
+    "unheld_step_ms",
+    "wait_ms",
 ]
 
 # A rank is a straggler when its busy time per step exceeds the reference by
 # this share of the step time the others would have without waiting for it
-# (see _unheld_step_ms), and by at least this many milliseconds (so that
+# (see unheld_step_ms), and by at least this many milliseconds (so that
 # microsecond noise on tiny steps is not called out).
 STRAGGLER_MIN_EXCESS_FRACTION = 0.15
 STRAGGLER_MIN_EXCESS_MS = 1.0
@@ -103,12 +106,12 @@ def arrivals(ranks: Sequence[RankSummary]) -> Arrivals | None:
     for step in steps:
         here = {rank: by_step[step] for rank, by_step in by_rank.items()}
         first = min(s.start_unix_us for s in here.values())
-        least = min(_wait_ms(s) for s in here.values())
+        least = min(wait_ms(s) for s in here.values())
         for rank, s in here.items():
             lag = (s.start_unix_us - first) / 1000
             lags[rank].append(lag)
-            waits[rank].append(_wait_ms(s) - least)
-            ready[rank].append(lag + s.duration_ms - _wait_ms(s))
+            waits[rank].append(wait_ms(s) - least)
+            ready[rank].append(lag + s.duration_ms - wait_ms(s))
     median_step = statistics.median(r.median_step_ms for r in timed if r.median_step_ms is not None)
     return Arrivals(
         lag_ms={r: statistics.median(v) for r, v in lags.items()},
@@ -164,7 +167,7 @@ def late_arrivers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     waited = max(arr.extra_wait_ms[w] for w in arr.waiting)
     reference_wait = statistics.median(timed[w].comm_wait_ms for w in arr.waiting)
     out = []
-    bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * _unheld_step_ms(median_step, waited))
+    bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * unheld_step_ms(median_step, waited))
     for rank in arr.late:
         lost = min(arr.lag_ms[rank], waited)
         if lost < bar:
@@ -206,7 +209,7 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     median_step = statistics.median(r.mean_step_ms for r in timed)
     reference = statistics.median_low(excess.values())
     reference_wait = statistics.median_low(r.comm_wait_ms for r in timed if excess[r.rank] <= reference)
-    bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * _unheld_step_ms(median_step, max(excess.values())))
+    bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * unheld_step_ms(median_step, max(excess.values())))
     out: list[Straggler] = []
     for r in timed:
         extra = excess[r.rank]
@@ -249,7 +252,7 @@ def stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     return [found[r] for r in sorted(found)]
 
 
-def _unheld_step_ms(median_step: float, held_ms: float) -> float:
+def unheld_step_ms(median_step: float, held_ms: float) -> float:
     """The median step less the time every rank waited for the slowest: the bar's base.
 
     In lockstep every rank's step grows by what the straggler adds, so a bar
@@ -267,19 +270,24 @@ def _median_step_excess(timed: Sequence[RankSummary]) -> dict[int, float]:
     Ranks whose traces share no step numbers (a trace cut short, say) fall
     back to comparing means.
     """
-    steps = common_steps(timed)
-    if not steps:
+    per_step = step_excesses(timed)
+    if not per_step:
         busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
         return _excess(busy, {r.rank: r.comm_wait_ms for r in timed})
-    wanted = set(steps)
+    return {r.rank: statistics.median(row[r.rank] for row in per_step.values()) for r in timed}
+
+
+def step_excesses(timed: Sequence[RankSummary]) -> dict[int, dict[int, float]]:
+    """For each common step (in order), each rank's extra busy time over the typical rank's, as far as the typical
+    rank waited for it (see busy_time_stragglers); empty where the ranks share no step."""
+    wanted = set(common_steps(timed))
     by_rank = {r.rank: {s.step: s for s in r.steps if s.step in wanted} for r in timed}
-    excesses: dict[int, list[float]] = {r.rank: [] for r in timed}
-    for step in steps:
+    out: dict[int, dict[int, float]] = {}
+    for step in sorted(wanted):
         here = {rank: by_step[step] for rank, by_step in by_rank.items()}
-        busy = {rank: s.duration_ms - _wait_ms(s) for rank, s in here.items()}
-        for rank, value in _excess(busy, {rank: _wait_ms(s) for rank, s in here.items()}).items():
-            excesses[rank].append(value)
-    return {rank: statistics.median(values) for rank, values in excesses.items()}
+        busy = {rank: s.duration_ms - wait_ms(s) for rank, s in here.items()}
+        out[step] = _excess(busy, {rank: wait_ms(s) for rank, s in here.items()})
+    return out
 
 
 def _excess(busy: dict[int, float], wait: dict[int, float]) -> dict[int, float]:
@@ -289,7 +297,7 @@ def _excess(busy: dict[int, float], wait: dict[int, float]) -> dict[int, float]:
     return {rank: min(busy[rank] - reference_busy, reference_wait - wait[rank]) for rank in busy}
 
 
-def _wait_ms(step: StepBreakdown) -> float:
+def wait_ms(step: StepBreakdown) -> float:
     """A step's time waiting in collectives: host-side, plus (on GPU) exposed comm kernels."""
     return step.phases.comm + (step.comm_exposed_ms or 0.0)
 

@@ -28,6 +28,7 @@ from orchestrator.analysis.advice import round_trips
 from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
+from orchestrator.analysis.epochs import loader_restart
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
@@ -40,6 +41,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_link
+from orchestrator.analysis.imbalance import moving_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
 from orchestrator.analysis.precision import half_autocast, half_changes
@@ -379,6 +381,8 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
     straggler,
+    moving_imbalance,
+    loader_restart,
     slow_link,
     dataloader_bound,
     optimizer_host,

@@ -35,6 +35,8 @@ class Change(str, Enum):
     GRADIENT_BUCKETS = "gradient_buckets"
     COMPILE = "compile"
     LOADER_WORKERS = "loader_workers"
+    PERSISTENT_WORKERS = "persistent_workers"
+    BALANCE_LENGTHS = "balance_lengths"
     BETWEEN_STEPS = "between_steps"
     LOG_LESS_OFTEN = "log_less_often"
 
@@ -51,6 +53,9 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.GRADIENT_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
         Change.COMPILE: "TrainingArguments(torch_compile=True), torch_compile_mode='reduce-overhead' for CUDA graphs",
         Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",
+        Change.PERSISTENT_WORKERS: "TrainingArguments(dataloader_persistent_workers=True)",
+        Change.BALANCE_LENGTHS: "TrainingArguments(train_sampling_strategy='batch_rebalance'), which balances the "
+        "padded tokens across the ranks of each step ('group_by_length' puts samples of similar length together)",
         Change.BETWEEN_STEPS: "TrainingArguments(save_steps=..., eval_steps=..., logging_steps=...) say how often it "
         "saves, evaluates and logs after a step",
         Change.LOG_LESS_OFTEN: "TrainingArguments(logging_steps=N): it reads the loss and the gradient norm back when "
@@ -69,6 +74,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.COMPILE: "torch.compile(model) before trainer.fit(model)",
         Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
         "(the LightningModule's or the LightningDataModule's)",
+        Change.PERSISTENT_WORKERS: "persistent_workers=True on the DataLoader train_dataloader() returns (the "
+        "LightningModule's or the LightningDataModule's)",
         Change.BETWEEN_STEPS: "ModelCheckpoint(every_n_train_steps=...) and Trainer(val_check_interval=..., "
         "log_every_n_steps=...) say how often it saves, validates and logs after a step",
         Change.LOG_LESS_OFTEN: "Trainer(log_every_n_steps=N): it reads what self.log collected back when it writes "

@@ -1,0 +1,107 @@
+"""Record CPU-only traces of loops whose steps are not all alike, with plain torch.profiler over eight steps.
+
+    PYTHONPATH=. python tests/data/record_cpu_loops.py OUT [CASE ...]
+
+Each case lands as ``OUT/<case>/traces/rank<N>.pt.trace.json.gz``: CPU activities only, schedule(wait=1, warmup=1,
+active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recurs shows more than once).
+  ddp_varlen   two gloo ranks (one intra-op thread each), a one-layer TransformerEncoder under DDP on batches of 8
+               sequences whose length each rank draws from 16-400 every step (its own seed): a different rank has
+               the longer batch in each step, and the other waits for it in DDP's all-reduce
+  loader_restart  an MLP fed by DataLoader(num_workers=2) over 24 samples in batches of 8: three steps an epoch;
+               without persistent_workers each epoch's end shuts the two workers down and the next starts new ones
+  loader_persistent  the same with persistent_workers=True: the workers live across epochs
+Each recording takes seconds (torch 2.13.0+cpu when recorded).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, schedule
+
+sys.path.insert(0, str(Path(__file__).parent))
+from record_cpu_issue29 import _two_ranks, mlp  # noqa: E402
+
+ACTIVE = 8
+STEPS = ACTIVE + 2
+
+
+@contextmanager
+def recording(out: Path, name: str, rank: int = 0) -> Iterator[Any]:
+    folder = out / name / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / f"rank{rank}.pt.trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
+                 record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+        yield prof
+    with raw.open("rb") as src, gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+
+
+def _varlen_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)  # two ranks on two cores: each its own
+    torch.manual_seed(0)
+    net = nn.parallel.DistributedDataParallel(nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 1))
+    opt = torch.optim.AdamW(net.parameters())
+    lengths = torch.Generator().manual_seed(100 + rank)
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            x = torch.randn(8, int(torch.randint(16, 400, (1,), generator=lengths)), 64)
+            net(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.destroy_process_group()
+
+
+class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.randn(256), i % 10
+
+
+def case_loader(out: Path, name: str, persistent: bool) -> None:
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters())
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2, persistent_workers=persistent)
+    done = 0
+    with recording(out, name) as prof:
+        while done < STEPS:
+            for x, y in loader:
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+                done += 1
+                if done == STEPS:
+                    break
+
+
+CASES: dict[str, Callable[[Path], None]] = {
+    "ddp_varlen": lambda out: _two_ranks(_varlen_rank, out, "ddp_varlen"),
+    "loader_restart": lambda out: case_loader(out, "loader_restart", persistent=False),
+    "loader_persistent": lambda out: case_loader(out, "loader_persistent", persistent=True),
+}
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1])
+    for case in sys.argv[2:] or list(CASES):
+        CASES[case](target)
+        print("recorded", target / case, flush=True)
