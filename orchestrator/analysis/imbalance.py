@@ -4,13 +4,14 @@ A straggler (:func:`~orchestrator.analysis.cross.busy_time_stragglers`) is busie
 median excess. When the work per batch varies (sequence lengths, image sizes, a data-dependent path), a different
 rank is the slowest in each step: at the median no rank stands out, yet in lockstep each step lasts as long as its
 slowest rank's work and the others wait for it in the step's collectives. A two-rank DDP job on batches of 16 to
-400 tokens lost half its step that way (``tests/data/traces/cpu_ddp_varlen``) and no rule said so.
+400 tokens lost 67 ms of its 150 ms step that way (``tests/data/traces/cpu_ddp_varlen``); the straggler rule saw
+at most the rank that drew more long batches in the window (another recording of the same loop: nothing at all).
 
 What it costs is measured per step: the slowest rank's excess over the typical rank, as far as the others waited
 for it (:func:`~orchestrator.analysis.cross.step_excesses`), averaged over the steps. The part of it that *moves*
 is that average less the largest median excess of any rank, the share a straggler is named on: a lasting
 straggler's loss is its own (it moves nothing), a shared host's jitter moves only a few percent of the step (the
-recorded two-rank CPU jobs here, 5% at most; ``benchmarks/culprit.py``'s planted sets of up to 256 ranks, 5% at most).
+recorded two-rank CPU jobs here, 9% at most; ``benchmarks/culprit.py``'s planted sets of up to 256 ranks, 5% at most).
 It is told when the moving part reaches a straggler's bar.
 """
 
