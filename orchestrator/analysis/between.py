@@ -13,13 +13,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from orchestrator.analysis.finding_base import OneStep, one_step, ranks_text
+from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import RankSummary, StepBreakdown
 
 __all__ = [
     "BETWEEN_FRACTION", "MOSTLY", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "periodic_text", "periodic_work",
-    "restarts_workers",
+    "recurring_steps", "restarts_workers",
 ]
 
 # One step's work before its batch is told when it reaches this share of the other steps' median step time.
@@ -93,17 +93,55 @@ def _kind(r: RankSummary, step: int) -> str:
     return _KINDS
 
 
+def recurring_steps(r: RankSummary) -> list[StepBreakdown]:
+    """The steps of ``r`` that do work before fetching their batch where two or more do (at most half the steps):
+    each at least BETWEEN_FRACTION of the median step, the other steps' own such work under
+    ONE_STEP_OTHERS_FRACTION of the least of theirs; else none. Three evaluations in a window are no one step's
+    cost, and were told nowhere. A step where a loader's workers start again is the loader-restart finding's."""
+    if len(r.steps) < 3:
+        return []
+    typical = statistics.median(s.duration_ms for s in r.steps)
+    hits = [s for s in r.steps if s.between_ms >= BETWEEN_FRACTION * typical and not restarts_workers(r, s)]
+    if len(hits) < 2 or 2 * len(hits) > len(r.steps):
+        return []
+    rest = statistics.median(s.between_ms for s in r.steps if s not in hits)
+    return hits if rest <= ONE_STEP_OTHERS_FRACTION * min(s.between_ms for s in hits) else []
+
+
 def between_note(ranks: Sequence[RankSummary]) -> str | None:
-    """A note on the step whose work before its batch stands out, on the ranks where it does; None where none does."""
+    """A note on the step (or the steps) whose work before the batch stands out, on the ranks where it does; None
+    where none does."""
     found = [(r, w) for r in ranks if (w := between_steps(r)) is not None]
-    if not found:
+    if found:
+        r, when = max(found, key=lambda f: f[1].ms)
+        alike = [f[0] for f in found if f[1].step == when.step]
+        return (
+            f"{when.label(r)} spends {when.ms:.1f} ms on {ranks_text(alike)} before it fetches its batch (the other "
+            f"{when.others} steps {when.others_ms:.1f} ms, median), outside the step's own phases (counted as 'other'): "
+            f"{periodic_text(r, when.step)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
+        )
+    many = [(r, hits) for r in ranks if (hits := recurring_steps(r))]
+    if not many:
         return None
-    r, when = max(found, key=lambda f: f[1].ms)
-    alike = [f[0] for f in found if f[1].step == when.step]
+    r, hits = max(many, key=lambda m: sum(s.between_ms for s in m[1]))
+    numbers = [h.step for h in hits]
+    alike = [m[0] for m in many if [h.step for h in m[1]] == numbers]
+    gaps = {b - a for a, b in zip(numbers, numbers[1:])}
+    period = gaps.pop() if len(gaps) == 1 else None
+    rest = [s.between_ms for s in r.steps if s not in hits]
+    heads = [h.between_ms for h in hits]
+    cost = sum(heads) / len(r.steps)
+    named = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+    largest = max(hits, key=lambda h: h.between_ms)
+    rate = (
+        f" Every {period} steps, it costs {cost:.1f} ms a step." if period
+        else f" At this window's rate, it costs {cost:.1f} ms a step."
+    )
     return (
-        f"{when.label(r)} spends {when.ms:.1f} ms on {ranks_text(alike)} before it fetches its batch (the other "
-        f"{when.others} steps {when.others_ms:.1f} ms, median), outside the step's own phases (counted as 'other'): "
-        f"{periodic_text(r, when.step)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
+        f"steps {named}{f' (every {period} steps)' if period else ''} spend "
+        f"{min(heads):.1f}-{max(heads):.1f} ms on {ranks_text(alike)} before they fetch their batch (the other "
+        f"{len(rest)} steps {statistics.median(rest):.1f} ms, median), outside the steps' own phases (counted as "
+        f"'other'): {periodic_text(r, largest.step)}{_lifted(r)}{rate}"
     )
 
 

@@ -10,6 +10,8 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
   loader_restart  an MLP fed by DataLoader(num_workers=2) over 24 samples in batches of 8: three steps an epoch;
                without persistent_workers each epoch's end shuts the two workers down and the next starts new ones
   loader_persistent  the same with persistent_workers=True: the workers live across epochs
+  evaluate_often  an MLP fed by a DataLoader(num_workers=0) that evaluates on four batches of another after every
+               third step, before the next step fetches its batch: three evaluations in the window
 Each recording takes seconds (torch 2.13.0+cpu when recorded).
 """
 
@@ -93,10 +95,30 @@ def case_loader(out: Path, name: str, persistent: bool) -> None:
                     break
 
 
+def case_evaluate_often(out: Path) -> None:
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters())
+    train = torch.utils.data.DataLoader(Samples(), batch_size=8)
+    val = torch.utils.data.DataLoader(Samples(), batch_size=6)
+    batches = iter(())
+    with recording(out, "evaluate_often") as prof:
+        for step in range(STEPS):
+            if step and step % 3 == 0:
+                with torch.no_grad():
+                    for x, y in val:
+                        nn.functional.cross_entropy(net(x), y)
+            x, y = next(batches, None) or next(batches := iter(train))
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "ddp_varlen": lambda out: _two_ranks(_varlen_rank, out, "ddp_varlen"),
     "loader_restart": lambda out: case_loader(out, "loader_restart", persistent=False),
     "loader_persistent": lambda out: case_loader(out, "loader_persistent", persistent=True),
+    "evaluate_often": case_evaluate_often,
 }
 
 

@@ -159,3 +159,36 @@ def test_on_a_device_unnamed_host_time_every_step_spends_before_its_batch_is_tol
     assert idle.fix.startswith("The host runs code the profiler does not name while the device idles")
     assert "most of it before each step fetches its batch (0.6 ms a step after the optimizer step" in idle.fix
     assert _note(summary) is None
+
+
+def _recurring(summary: Summary) -> str | None:
+    return next((i for i in summary.issues if " before they fetch their batch " in i), None)
+
+
+def test_evaluations_every_third_step_are_told_with_their_period_and_what_they_cost() -> None:
+    # tests/data/record_cpu_loops.py, evaluate_often: three evaluations in eight steps are no one step's cost; before,
+    # the window said nothing of them.
+    note = _recurring(analyze_folder(case("cpu_evaluate_often")))
+    assert note is not None and note.startswith("steps 3, 6 and 9 (every 3 steps) spend ")
+    assert "most likely an evaluation: it reads a DataLoader 6 times before the step's own batch" in note
+    assert "Every 3 steps, it costs " in note
+
+
+def _moved(summary: Summary, heads: dict[int, float]) -> list[Any]:
+    (r,) = summary.ranks
+    return [r.model_copy(update={"steps": [
+        s.model_copy(update={"between_ms": heads.get(s.step, s.between_ms)}) for s in r.steps
+    ]})]
+
+
+def test_work_between_steps_at_uneven_intervals_is_costed_at_the_windows_rate() -> None:
+    summary = analyze_folder(case("cpu_evaluate_often"))
+    head = summary.ranks[0].steps[-1].between_ms
+    note = between_note(_moved(summary, {8: head, 9: 0.0}))
+    assert note is not None and note.startswith("steps 3, 6 and 8 spend ") and "At this window's rate" in note
+
+
+def test_work_before_the_batch_in_most_steps_is_no_periodic_work() -> None:
+    summary = analyze_folder(case("cpu_evaluate_often"))
+    head = summary.ranks[0].steps[-1].between_ms
+    assert between_note(_moved(summary, dict.fromkeys([2, 4, 5, 7, 8], head))) is None
