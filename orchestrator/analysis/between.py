@@ -13,12 +13,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, OneStep, one_step, ranks_text
+from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, REPORT_FRACTION, OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import RankSummary, StepBreakdown
 
 __all__ = [
-    "BETWEEN_FRACTION", "MOSTLY", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "periodic_text", "periodic_work",
+    "BETWEEN_FRACTION", "MOSTLY", "RECURRING_FLOOR", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "periodic_text", "periodic_work",
     "recurring_steps", "restarts_workers",
 ]
 
@@ -26,6 +26,9 @@ __all__ = [
 BETWEEN_FRACTION = 0.5
 # A cost is mostly the work before the batch when that work is at least this share of it.
 MOSTLY = 0.5
+# Work before the batch in two or more steps is told from this share of the median step in each step that does
+# it, where the window's total of it is at least REPORT_FRACTION of the median step a step.
+RECURRING_FLOOR = 0.1
 # Work before the batch is the host's own (Python, file I/O) where torch ops run less than this share of it.
 OPS_FEW = 0.1
 _KINDS = "a checkpoint save, an evaluation, logging"
@@ -95,17 +98,20 @@ def _kind(r: RankSummary, step: int) -> str:
 
 def recurring_steps(r: RankSummary) -> list[StepBreakdown]:
     """The steps of ``r`` that do work before fetching their batch where two or more do (at most half the steps):
-    each at least BETWEEN_FRACTION of the median step, the other steps' own such work under
-    ONE_STEP_OTHERS_FRACTION of the least of theirs; else none. Three evaluations in a window are no one step's
-    cost, and were told nowhere. A step where a loader's workers start again is the loader-restart finding's."""
+    each at least RECURRING_FLOOR of the median step, the other steps' own such work under ONE_STEP_OTHERS_FRACTION
+    of the least of theirs, and the window's total at least REPORT_FRACTION of the median step a step; else none.
+    Three evaluations in a window are no one step's cost, and were told nowhere. A step where a loader's workers
+    start again is the loader-restart finding's."""
     if len(r.steps) < 3:
         return []
     typical = statistics.median(s.duration_ms for s in r.steps)
-    hits = [s for s in r.steps if s.between_ms >= BETWEEN_FRACTION * typical and not restarts_workers(r, s)]
+    hits = [s for s in r.steps if s.between_ms >= RECURRING_FLOOR * typical and not restarts_workers(r, s)]
     if len(hits) < 2 or 2 * len(hits) > len(r.steps):
         return []
     rest = statistics.median(s.between_ms for s in r.steps if s not in hits)
-    return hits if rest <= ONE_STEP_OTHERS_FRACTION * min(s.between_ms for s in hits) else []
+    if rest > ONE_STEP_OTHERS_FRACTION * min(s.between_ms for s in hits):
+        return []
+    return hits if sum(s.between_ms for s in hits) / len(r.steps) >= REPORT_FRACTION * typical else []
 
 
 def between_note(ranks: Sequence[RankSummary]) -> str | None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from orchestrator.analysis.between import BETWEEN_FRACTION, restarts_workers
-from orchestrator.analysis.finding_base import OneStep, make_finding
+from orchestrator.analysis.between import RECURRING_FLOOR, restarts_workers
+from orchestrator.analysis.finding_base import REPORT_FRACTION, OneStep, make_finding
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import Finding, RankSummary, StepBreakdown, Straggler
 
@@ -28,14 +28,14 @@ __all__ = ["epoch_starts", "loader_restart"]
 
 
 def epoch_starts(r: RankSummary) -> list[StepBreakdown]:
-    """The steps of ``r`` where its loader's workers start again, as far as they cost at least BETWEEN_FRACTION of
-    the other steps' median step before their own batch; at most half the steps (else no step is typical)."""
+    """The steps of ``r`` where its loader's workers start again, as far as each spends at least RECURRING_FLOOR of
+    the other steps' median step before its own batch (a persistent loader's epoch starts in well under a
+    millisecond); at most half the steps (else no step is typical)."""
     starts = [s for s in r.steps if restarts_workers(r, s)]
-    rest = [s.duration_ms for s in r.steps if s not in starts]
     if not starts or 2 * len(starts) > len(r.steps):
         return []
-    typical = statistics.median(rest)
-    return [s for s in starts if s.between_ms >= BETWEEN_FRACTION * typical]
+    typical = statistics.median(s.duration_ms for s in r.steps if s not in starts)
+    return [s for s in starts if s.between_ms >= RECURRING_FLOOR * typical]
 
 
 def _period(starts: Sequence[StepBreakdown]) -> int | None:
@@ -53,6 +53,8 @@ def loader_restart(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Find
     typical = statistics.median(s.duration_ms for s in r.steps if s not in starts)
     costs = [max(0.0, s.duration_ms - typical) for s in starts]
     per_step = sum(costs) / len(r.steps)
+    if per_step < REPORT_FRACTION * typical:
+        return None
     numbers = [str(s.step) for s in starts]
     labels = numbers[0] if len(numbers) == 1 else ", ".join(numbers[:-1]) + " and " + numbers[-1]
     heads = [s.between_ms for s in starts]
