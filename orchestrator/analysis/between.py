@@ -37,10 +37,14 @@ WORKER_LOADER = "_MultiProcessingDataLoaderIter"
 
 
 def ends_epoch(s: StepBreakdown) -> bool:
-    """Whether ``s`` begins with the read that ends an epoch: one DataLoader read before its own batch (the one that
-    finds the epoch's batches spent) and almost no torch op in that time. An evaluation reads its own batches and
-    runs the model on them; a new epoch's iterator runs none (its seed is one op of microseconds)."""
-    return s.between_fetches == 1 and s.between_ops_ms is not None and s.between_ops_ms < OPS_FEW * s.between_ms
+    """Whether ``s`` begins a new epoch of its DataLoader: almost no torch op before its own batch, a new
+    iterator's seed draw among them, and at most one read (the one that finds the epoch's batches spent; a loop
+    that reads one batch ahead, as Lightning's does, read it in the step before). An evaluation reads its own
+    batches and runs the model on them; a checkpoint save draws no seed. A summary from before seed draws were
+    counted has only the one read to go by."""
+    if s.between_ops_ms is None or s.between_ops_ms >= OPS_FEW * s.between_ms:
+        return False
+    return s.between_fetches <= 1 and s.between_seeds > 0 if s.between_seeds is not None else s.between_fetches == 1
 
 
 def restarts_workers(r: RankSummary, s: StepBreakdown) -> bool:

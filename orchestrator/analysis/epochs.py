@@ -9,8 +9,10 @@ made the epoch's first step 8x the median (``tests/data/traces/cpu_loader_restar
 same loop's epochs begin at the median step's pace (``cpu_loader_persistent``). The transformers Trainer's default
 is ``dataloader_persistent_workers=False``.
 
-Told from the trace alone: the step begins with that one extra read and almost no torch op before its own batch
-(:func:`~orchestrator.analysis.between.ends_epoch`), and the loader's reads are those of worker processes. The cost
+Told from the trace alone: almost no torch op before the step's own batch but the new iterator's seed draw, and at
+most the one read that ends the epoch (:func:`~orchestrator.analysis.between.ends_epoch`; Lightning reads a batch
+ahead, so that read falls in the step before), and the loader's reads are those of worker processes. Lightning's
+loop with two workers on three batches an epoch spent 97-197 ms of such steps before the batch. The cost
 is each such step's excess over the other steps' median; the window's share of it, per step, is the bound.
 """
 
@@ -60,9 +62,9 @@ def loader_restart(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Find
     heads = [s.between_ms for s in starts]
     many = len(starts) > 1
     evidence = (
-        f"Step{'s' if many else ''} {labels} begin{'' if many else 's'} with one more DataLoader read before "
-        f"{'their' if many else 'its'} own batch, the read that ends an epoch, and run almost no torch op in the "
-        f"{_span(heads)} ms before that batch; {'they take' if many else 'it takes'} {_span([s.duration_ms for s in starts])} "
+        f"Step{'s' if many else ''} {labels} begin{'' if many else 's'} a new epoch of the DataLoader: a new "
+        f"iterator's seed draw and almost no other torch op in the {_span(heads)} ms before "
+        f"{'their' if many else 'its'} own batch; {'they take' if many else 'it takes'} {_span([s.duration_ms for s in starts])} "
         f"ms against a {typical:.1f} ms median step. The loader reads through worker processes: without "
         "persistent_workers=True it shuts them down when an epoch ends and starts new ones, which load their first "
         "batches from scratch."

@@ -249,6 +249,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
+    seed_starts = [s.ts for s in main if s.name == "aten::random_"]  # a new DataLoader iterator's seed draw among them
 
     kernel_us = dev.kernel_us_per_window(windows)
     group_ms, groups = dev.groups(windows)
@@ -293,6 +294,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 between_ms=total(head) / 1000,
                 between_ops_ms=total(intersect(head, clip(main_ops, t0, t1))) / 1000,
                 between_fetches=len(clip(rules[0][1], t0, fetch)) if fetch is not None else 0,
+                between_seeds=sum(t0 <= t < fetch for t in seed_starts) if fetch is not None else 0,
                 sync_calls=len(clip(sync_rule, t0, t1)),
                 copy_calls=len(clip(rules[3][1], t0, t1)),
                 gpu_busy_ms=row.busy / 1000 if row else None,

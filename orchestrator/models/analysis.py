@@ -131,6 +131,11 @@ class StepBreakdown(_Model):
     between_fetches: int = Field(
         default=0, description="DataLoader fetches within between_ms (batches an evaluation runs the model on)."
     )
+    between_seeds: int | None = Field(
+        default=None,
+        description="Seed draws (aten::random_) within between_ms: a new DataLoader iterator draws one (and a "
+        "RandomSampler at each epoch). None in a summary from before they were counted.",
+    )
     sync_calls: int = 0
     copy_calls: int = 0
     gpu_busy_ms: float | None = None

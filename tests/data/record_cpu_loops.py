@@ -10,9 +10,12 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
   loader_restart  an MLP fed by DataLoader(num_workers=2) over 24 samples in batches of 8: three steps an epoch;
                without persistent_workers each epoch's end shuts the two workers down and the next starts new ones
   loader_persistent  the same with persistent_workers=True: the workers live across epochs
+  lightning_loader_restart  the loader_restart loader under a Lightning Trainer (CPU, no logger, no checkpoint), a
+               Callback calling prof.step() per batch: Lightning reads a batch ahead, so the read that ends an epoch
+               falls in the step before the new epoch's first
   evaluate_often  an MLP fed by a DataLoader(num_workers=0) that evaluates on four batches of another after every
                third step, before the next step fetches its batch: three evaluations in the window
-Each recording takes seconds (torch 2.13.0+cpu when recorded).
+Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
 """
 
 from __future__ import annotations
@@ -114,11 +117,40 @@ def case_evaluate_often(out: Path) -> None:
             prof.step()
 
 
+def case_lightning_loader_restart(out: Path) -> None:
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters())
+
+    class Step(L.Callback):
+        def __init__(self, prof: Any) -> None:
+            self.prof = prof
+
+        def on_train_batch_end(self, *_: Any, **__: Any) -> None:
+            self.prof.step()
+
+    with recording(out, "lightning_loader_restart") as prof:
+        L.Trainer(
+            max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[Step(prof)],
+        ).fit(Module(), torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2))
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "ddp_varlen": lambda out: _two_ranks(_varlen_rank, out, "ddp_varlen"),
     "loader_restart": lambda out: case_loader(out, "loader_restart", persistent=False),
     "loader_persistent": lambda out: case_loader(out, "loader_persistent", persistent=True),
     "evaluate_often": case_evaluate_often,
+    "lightning_loader_restart": case_lightning_loader_restart,
 }
 
 

@@ -21,7 +21,7 @@ def test_a_loader_that_starts_its_workers_every_epoch_is_told_with_the_epoch_len
     summary = analyze_folder(case("cpu_loader_restart"))
     found = finding(summary, "loader_restart")
     assert found is not None and found.severity == "warning" and summary.findings[0] is found
-    assert found.evidence.startswith("Steps 3, 6 and 9 begin with one more DataLoader read")
+    assert found.evidence.startswith("Steps 3, 6 and 9 begin a new epoch of the DataLoader: a new iterator's seed draw")
     assert "An epoch here is 3 steps" in found.evidence and "persistent_workers=True" in found.fix
 
 
@@ -42,7 +42,7 @@ def test_one_restart_in_the_window_is_an_info_line_that_asks_for_more_steps():
     cut = r.model_copy(update={"steps": [s for s in r.steps if s.step <= 5]})
     found = loader_restart([cut], [])
     assert found is not None and found.severity == "info"
-    assert "Step 3 begins" in found.evidence and "Profile more steps" in found.evidence
+    assert "Step 3 begins a new epoch" in found.evidence and "Profile more steps" in found.evidence
 
 
 def test_a_single_process_loader_starting_an_epoch_is_a_note_that_names_it():
@@ -58,3 +58,30 @@ def test_the_fix_names_the_trainers_setting_in_its_loop():
     (r,) = analyze_folder(case("cpu_loader_restart")).ranks
     found = loader_restart([r.model_copy(update={"loop": Loop.TRANSFORMERS_TRAINER})], [])
     assert found is not None and "TrainingArguments(dataloader_persistent_workers=True)" in found.fix
+
+
+def test_lightning_reading_a_batch_ahead_restarts_are_found_without_the_read_that_ends_the_epoch():
+    # Lightning's fetcher reads the batch after the one it returns: the read that ends an epoch falls in the step
+    # before, so the new epoch's first step reads nothing before its own batch; before, the note called these
+    # steps "most likely a checkpoint save writing its files, or a logger's network calls".
+    summary = analyze_folder(case("cpu_lightning_loader_restart"))
+    (r,) = summary.ranks
+    assert [s.between_fetches for s in epoch_starts(r)] == [0, 0, 0]
+    found = finding(summary, "loader_restart")
+    assert found is not None and found.evidence.startswith("Steps 3, 6 and 9 begin a new epoch")
+    assert between_note(summary.ranks) is None
+
+
+def test_a_checkpoint_save_in_a_job_whose_loader_has_workers_is_no_restart():
+    # A save reads no batch and runs almost no torch op, as a restart does; it draws no seed.
+    (r,) = analyze_folder(case("cpu_hf_trainer_save")).ranks
+    workers = r.model_copy(update={"data_loader": "_MultiProcessingDataLoaderIter"})
+    assert epoch_starts(workers) == [] and loader_restart([workers], []) is None
+    note = between_note([workers])
+    assert note is not None and "most likely a checkpoint save" in note
+
+
+def test_a_summary_from_before_seed_draws_were_counted_goes_by_the_one_read():
+    (r,) = analyze_folder(case("cpu_loader_restart")).ranks
+    old = r.model_copy(update={"steps": [s.model_copy(update={"between_seeds": None}) for s in r.steps]})
+    assert [s.step for s in epoch_starts(old)] == [3, 6, 9]
