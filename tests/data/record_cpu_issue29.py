@@ -215,9 +215,10 @@ def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = Fals
     shutil.rmtree(out / name / "run", ignore_errors=True)
 
 
-def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, validate: bool = False) -> None:
+def lightning_parts(prog_bar: bool = False) -> tuple[Any, Any]:
+    """A LightningModule over mlp() (logging its loss to the progress bar when ``prog_bar``) and the class of a
+    Callback that calls prof.step() at the end of each training batch."""
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -244,6 +245,15 @@ def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, v
         def on_train_batch_end(self, *_: Any, **__: Any) -> None:
             self.prof.step()
 
+    return Module(), Step
+
+
+def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, validate: bool = False) -> None:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    module, Step = lightning_parts(prog_bar)
+
     data = torch.utils.data.TensorDataset(torch.randn(256 * STEPS, 256), torch.randint(0, 10, (256 * STEPS,)))
     held_out = torch.utils.data.TensorDataset(torch.randn(128, 256), torch.randint(0, 10, (128,)))
     # Validation and a checkpoint after the third step (val_check_interval, every_n_train_steps).
@@ -254,7 +264,7 @@ def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, v
             max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
             enable_model_summary=False, callbacks=[Step(prof), *saving], **between,  # type: ignore[arg-type]
         ).fit(
-            Module(), torch.utils.data.DataLoader(data, batch_size=256),
+            module, torch.utils.data.DataLoader(data, batch_size=256),
             torch.utils.data.DataLoader(held_out, batch_size=64) if validate else None,
         )
     shutil.rmtree(out / name / "ckpt", ignore_errors=True)

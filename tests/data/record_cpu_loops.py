@@ -34,7 +34,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_cpu_issue29 import _two_ranks, mlp  # noqa: E402
+from record_cpu_issue29 import _two_ranks, lightning_parts, mlp  # noqa: E402
 
 ACTIVE = 8
 STEPS = ACTIVE + 2
@@ -120,29 +120,12 @@ def case_evaluate_often(out: Path) -> None:
 def case_lightning_loader_restart(out: Path) -> None:
     import lightning as L
 
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = mlp()
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
-            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.Adam(self.parameters())
-
-    class Step(L.Callback):
-        def __init__(self, prof: Any) -> None:
-            self.prof = prof
-
-        def on_train_batch_end(self, *_: Any, **__: Any) -> None:
-            self.prof.step()
-
+    module, Step = lightning_parts()
     with recording(out, "lightning_loader_restart") as prof:
         L.Trainer(
             max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
             enable_model_summary=False, enable_checkpointing=False, callbacks=[Step(prof)],
-        ).fit(Module(), torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2))
+        ).fit(module, torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2))
 
 
 CASES: dict[str, Callable[[Path], None]] = {
