@@ -47,6 +47,12 @@ def ends_epoch(s: StepBreakdown) -> bool:
     return s.between_fetches <= 1 and s.between_seeds > 0 if s.between_seeds is not None else s.between_fetches == 1
 
 
+def _epoch_start(s: StepBreakdown) -> str:
+    """What the trace shows of a new epoch's start before the step's batch, in words."""
+    drawn = "a new iterator's seed draw" if s.between_seeds else "one more read, the one that ends an epoch,"
+    return f"{drawn} and only {s.between_ops_ms or 0.0:.1f} ms of torch ops in the {s.between_ms:.1f} ms before its batch"
+
+
 def restarts_workers(r: RankSummary, s: StepBreakdown) -> bool:
     """Whether ``s`` of ``r`` begins an epoch of a DataLoader with worker processes: where persistent_workers is off,
     the workers of the spent epoch are shut down there and new ones started (:mod:`orchestrator.analysis.epochs`)."""
@@ -81,11 +87,7 @@ def _kind(r: RankSummary, step: int) -> str:
     logger's network calls) where it runs almost no torch ops; else the kinds it may be."""
     s = next(s for s in r.steps if s.step == step)
     if ends_epoch(s):
-        return (
-            "most likely the DataLoader starting a new epoch: the one read before the step's own batch is the read "
-            f"that ends an epoch, and torch ops run only {s.between_ops_ms or 0.0:.1f} ms of it (its sampler, its "
-            "dataset's own start)"
-        )
+        return f"most likely the DataLoader starting a new epoch: {_epoch_start(s)} (its sampler, its dataset's own start)"
     if s.between_fetches and s.between_ops_ms is not None:
         return (
             f"most likely an evaluation: it reads a DataLoader {s.between_fetches} time{'s' if s.between_fetches > 1 else ''}"

@@ -61,9 +61,13 @@ def loader_restart(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Find
     labels = numbers[0] if len(numbers) == 1 else ", ".join(numbers[:-1]) + " and " + numbers[-1]
     heads = [s.between_ms for s in starts]
     many = len(starts) > 1
+    # A summary from before seed draws were counted shows the read that ends the epoch instead.
+    drawn = "a new iterator's seed draw and almost no other torch op" if all(s.between_seeds for s in starts) else (
+        "one more read, the one that ends an epoch, and almost no torch op"
+    )
     evidence = (
-        f"Step{'s' if many else ''} {labels} begin{'' if many else 's'} a new epoch of the DataLoader: a new "
-        f"iterator's seed draw and almost no other torch op in the {_span(heads)} ms before "
+        f"Step{'s' if many else ''} {labels} begin{'' if many else 's'} a new epoch of the DataLoader: {drawn} in the "
+        f"{_span(heads)} ms before "
         f"{'their' if many else 'its'} own batch; {'they take' if many else 'it takes'} {_span([s.duration_ms for s in starts])} "
         f"ms against a {typical:.1f} ms median step. The loader reads through worker processes: without "
         "persistent_workers=True it shuts them down when an epoch ends and starts new ones, which load their first "

@@ -51,7 +51,7 @@ def test_a_single_process_loader_starting_an_epoch_is_a_note_that_names_it():
     single = r.model_copy(update={"data_loader": "_SingleProcessDataLoaderIter", "steps": [s for s in r.steps if s.step <= 5]})
     assert loader_restart([single], []) is None
     note = between_note([single])
-    assert note is not None and "most likely the DataLoader starting a new epoch" in note
+    assert note is not None and "most likely the DataLoader starting a new epoch: a new iterator's seed draw and only" in note
 
 
 def test_the_fix_names_the_trainers_setting_in_its_loop():
@@ -85,3 +85,5 @@ def test_a_summary_from_before_seed_draws_were_counted_goes_by_the_one_read():
     (r,) = analyze_folder(case("cpu_loader_restart")).ranks
     old = r.model_copy(update={"steps": [s.model_copy(update={"between_seeds": None}) for s in r.steps]})
     assert [s.step for s in epoch_starts(old)] == [3, 6, 9]
+    found = loader_restart([old], [])
+    assert found is not None and "begin a new epoch of the DataLoader: one more read, the one that ends an epoch" in found.evidence
