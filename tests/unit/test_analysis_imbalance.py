@@ -10,19 +10,12 @@ import random
 
 import pytest
 
-from benchmarks.culprit import RealStep, Template, build_set
+from benchmarks.culprit import build_set
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.imbalance import IMBALANCE_MIN_STEPS, imbalance, moving_imbalance
 from orchestrator.loops import Loop
 from tests.unit.test_analysis import case
-
-# One real step of PARAM's DLRM on V100 (rank 2 of 8, as rayprof breaks it down), and its all-reduce's transfer.
-DLRM = Template(
-    "dlrm",
-    [RealStep(busy={"data": 1.3, "forward": 4.8, "backward": 4.4, "optimizer": 1.4, "memcpy": 0.2, "sync": 0.4,
-                    "other": 0.1}, transfer_ms=1.9)],
-    median_step_ms=14.5,
-)
+from tests.unit.test_cross_culprit import DLRM
 
 
 def finding(summary, code):
