@@ -17,7 +17,9 @@ A finding is a warning when the named cause its fix removes explains at least
 at most an info line.
 
 The host-side and job-wide rules are here; the device's are in
-:mod:`orchestrator.analysis.device_findings`, the slow link's in :mod:`orchestrator.analysis.groups`.
+:mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
+the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the loader restart's in
+:mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.advice import round_trips
-from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.epochs import loader_restart
@@ -46,6 +47,7 @@ from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
 from orchestrator.analysis.precision import half_autocast, half_changes
 from orchestrator.analysis.readers import readers, reading_fix
+from orchestrator.analysis.straggler_finding import straggler
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
@@ -280,72 +282,6 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         ranks=[r.rank for r in hit],
         # Only the host-blocked part is known step by step; pageable copies' device time is a mean.
         one_off=None if pageable_ms else one_step(worst, per_step_cost(worst, ["copy"], "memcpy")),
-    )
-
-
-# Phases whose excess on a pipeline's rank is its stage's own work: the layers it runs and their parameters.
-_STAGE_PHASES = frozenset({"forward", "backward", "optimizer"})
-
-
-def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
-    """One or more ranks hold the others back: busier each step, or starting it late."""
-    if not stragglers:
-        return None
-    worst = max(stragglers, key=lambda s: s.excess_ms)
-    others = [s for s in stragglers if s is not worst]
-    by_rank = {r.rank: r for r in ranks}
-    fixes = {
-        "data": "its input pipeline is slower: check its data shard, storage locality and loader workers",
-        "forward": "its forward does more work or runs slower: check uneven input sizes per rank, rank-gated extra work "
-        "(logging, eval, checkpoints), and a throttled or shared device on its host",
-        # 'other': outside forward, backward and the optimizer; mostly before the step fetches its batch.
-        "other": "it does more outside the model: rank-gated work between steps (logging, metrics, evaluation, "
-        "checkpoint writes on one rank alone) or a slower host; give every rank the same work between steps or move "
-        "it off the critical path (an asynchronous checkpoint, metrics reduced every N steps)",
-    }
-    if worst.cause == "late_arrival":
-        title = f"Rank {worst.rank} starts its steps late; {'the other rank waits' if len(ranks) == 2 else 'the others wait'} for it"
-        evidence = (
-            f"Rank {worst.rank} starts the step {worst.phase_excess_ms:.1f} ms after the earliest rank and waits only "
-            f"{worst.comm_wait_ms:.1f} ms, while the ranks that started on time wait {worst.reference_comm_wait_ms:.1f} ms "
-            "(in collectives or in cudaStreamSynchronize on them)."
-        )
-        fix = (
-            "Look at what that rank does between steps, outside the profiled step: rank-gated work (logging, metrics, "
-            "evaluation, checkpoint writes), a slower data fetch before the step marker, or a busier host; give every "
-            "rank the same work between steps or move it off the critical path."
-        )
-    elif worst.phase in _STAGE_PHASES and leading_collective(by_rank.get(worst.rank) or ranks[0]) == "send_recv":
-        title = f"Rank {worst.rank}'s pipeline stage is the slowest ({worst.phase})"
-        evidence = (
-            f"Rank {worst.rank} is busy {worst.excess_ms:.1f} ms ({worst.excess_fraction:.0%} of the step) longer per step "
-            f"than the other ranks, {worst.phase_excess_ms:.1f} ms of it in {worst.phase}; sends and receives lead its "
-            f"collectives, as a pipeline stage's do. The others wait for it ({worst.reference_comm_wait_ms:.1f} ms/step) "
-            f"while it waits {worst.comm_wait_ms:.1f} ms."
-        )
-        fix = (
-            f"Each stage waits for the slowest one once per micro-batch, so the pipeline runs at rank {worst.rank}'s pace: "
-            "move layers from its stage to a neighbouring one (the split point: torch.distributed.pipelining's "
-            "split_spec or SplitPoint, or the layers each stage's module is built from) until every stage's forward and "
-            "backward take the same time; a stage that also holds the embeddings or the loss head takes fewer layers."
-        )
-    else:
-        title = f"Rank {worst.rank} is a straggler ({worst.phase})"
-        evidence = (
-            f"Rank {worst.rank} is busy {worst.excess_ms:.1f} ms ({worst.excess_fraction:.0%} of the step) longer per step "
-            f"than the other ranks, {worst.phase_excess_ms:.1f} ms of it in {worst.phase}. The others wait for it in "
-            f"collectives ({worst.reference_comm_wait_ms:.1f} ms/step) while it waits {worst.comm_wait_ms:.1f} ms."
-        )
-        fix = (
-            "Find what differs on that rank: "
-            + fixes.get(worst.phase, f"compare its {worst.phase} spans with another rank's in the merged trace")
-            + ". Every rank runs at the straggler's speed until it is fixed."
-        )
-    if others:
-        evidence += " Also holding the others back: " + ", ".join(f"rank {s.rank} ({s.cause.replace('_', ' ')})" for s in others) + "."
-    anchor = by_rank.get(worst.rank) or ranks[0]
-    return make_finding(
-        "straggler", anchor, worst.excess_ms, title=title, evidence=evidence, fix=fix, ranks=[s.rank for s in stragglers]
     )
 
 

@@ -1,0 +1,77 @@
+"""The straggler finding: a rank that holds the others back (:func:`~orchestrator.analysis.cross.stragglers`), told
+by why: busy longer in one phase, starting its steps late, or, in a pipeline, the slowest stage; each with its fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.analysis.comm_fix import leading_collective
+from orchestrator.analysis.finding_base import make_finding
+from orchestrator.models.analysis import Finding, RankSummary, Straggler
+
+__all__ = ["straggler"]
+
+# Phases whose excess on a pipeline's rank is its stage's own work: the layers it runs and their parameters.
+_STAGE_PHASES = frozenset({"forward", "backward", "optimizer"})
+
+
+def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
+    """One or more ranks hold the others back: busier each step, or starting it late."""
+    if not stragglers:
+        return None
+    worst = max(stragglers, key=lambda s: s.excess_ms)
+    others = [s for s in stragglers if s is not worst]
+    by_rank = {r.rank: r for r in ranks}
+    fixes = {
+        "data": "its input pipeline is slower: check its data shard, storage locality and loader workers",
+        "forward": "its forward does more work or runs slower: check uneven input sizes per rank, rank-gated extra work "
+        "(logging, eval, checkpoints), and a throttled or shared device on its host",
+        # 'other': outside forward, backward and the optimizer; mostly before the step fetches its batch.
+        "other": "it does more outside the model: rank-gated work between steps (logging, metrics, evaluation, "
+        "checkpoint writes on one rank alone) or a slower host; give every rank the same work between steps or move "
+        "it off the critical path (an asynchronous checkpoint, metrics reduced every N steps)",
+    }
+    if worst.cause == "late_arrival":
+        title = f"Rank {worst.rank} starts its steps late; {'the other rank waits' if len(ranks) == 2 else 'the others wait'} for it"
+        evidence = (
+            f"Rank {worst.rank} starts the step {worst.phase_excess_ms:.1f} ms after the earliest rank and waits only "
+            f"{worst.comm_wait_ms:.1f} ms, while the ranks that started on time wait {worst.reference_comm_wait_ms:.1f} ms "
+            "(in collectives or in cudaStreamSynchronize on them)."
+        )
+        fix = (
+            "Look at what that rank does between steps, outside the profiled step: rank-gated work (logging, metrics, "
+            "evaluation, checkpoint writes), a slower data fetch before the step marker, or a busier host; give every "
+            "rank the same work between steps or move it off the critical path."
+        )
+    elif worst.phase in _STAGE_PHASES and leading_collective(by_rank.get(worst.rank) or ranks[0]) == "send_recv":
+        title = f"Rank {worst.rank}'s pipeline stage is the slowest ({worst.phase})"
+        evidence = (
+            f"Rank {worst.rank} is busy {worst.excess_ms:.1f} ms ({worst.excess_fraction:.0%} of the step) longer per step "
+            f"than the other ranks, {worst.phase_excess_ms:.1f} ms of it in {worst.phase}; sends and receives lead its "
+            f"collectives, as a pipeline stage's do. The others wait for it ({worst.reference_comm_wait_ms:.1f} ms/step) "
+            f"while it waits {worst.comm_wait_ms:.1f} ms."
+        )
+        fix = (
+            f"Each stage waits for the slowest one once per micro-batch, so the pipeline runs at rank {worst.rank}'s pace: "
+            "move layers from its stage to a neighbouring one (the split point: torch.distributed.pipelining's "
+            "split_spec or SplitPoint, or the layers each stage's module is built from) until every stage's forward and "
+            "backward take the same time; a stage that also holds the embeddings or the loss head takes fewer layers."
+        )
+    else:
+        title = f"Rank {worst.rank} is a straggler ({worst.phase})"
+        evidence = (
+            f"Rank {worst.rank} is busy {worst.excess_ms:.1f} ms ({worst.excess_fraction:.0%} of the step) longer per step "
+            f"than the other ranks, {worst.phase_excess_ms:.1f} ms of it in {worst.phase}. The others wait for it in "
+            f"collectives ({worst.reference_comm_wait_ms:.1f} ms/step) while it waits {worst.comm_wait_ms:.1f} ms."
+        )
+        fix = (
+            "Find what differs on that rank: "
+            + fixes.get(worst.phase, f"compare its {worst.phase} spans with another rank's in the merged trace")
+            + ". Every rank runs at the straggler's speed until it is fixed."
+        )
+    if others:
+        evidence += " Also holding the others back: " + ", ".join(f"rank {s.rank} ({s.cause.replace('_', ' ')})" for s in others) + "."
+    anchor = by_rank.get(worst.rank) or ranks[0]
+    return make_finding(
+        "straggler", anchor, worst.excess_ms, title=title, evidence=evidence, fix=fix, ranks=[s.rank for s in stragglers]
+    )
