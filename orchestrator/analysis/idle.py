@@ -64,7 +64,19 @@ from orchestrator.analysis.intervals import (
     total,
     union,
 )
-from orchestrator.analysis.spans import is_comm_kernel, is_marker_name
+from orchestrator.analysis.spans import (
+    Kinds,
+    compilations,
+    graph_captures,
+    is_comm,
+    is_comm_kernel,
+    is_data,
+    is_marker_name,
+    is_runtime,
+    is_sync,
+    regions_within,
+    where,
+)
 from orchestrator.models.analysis import (
     IDLE_CAUSES,
     IDLE_LABELS,
@@ -108,6 +120,16 @@ class HostThread:
     # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
     optimizer: Intervals | None = None
     frames: Sequence[Span] = ()  # a with_stack trace's Python frames of the user's code, sorted as ``spans``
+
+    @classmethod
+    def other(cls, spans: list[Span], kinds: Kinds, windows: Sequence[Window]) -> HostThread:
+        """What a thread other than the main one was doing, for the device idle gaps its launches end."""
+        regions, around = regions_within(kinds, windows)
+        return cls(
+            data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
+            runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,
+            capture=graph_captures(kinds), compile=compilations(kinds),
+        )
 
 
 @dataclass

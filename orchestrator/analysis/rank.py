@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
@@ -325,7 +325,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             frames=main_frames,
         )
         idle, idle_rows = attribute(
-            device_spans, windows, launches, lambda key: main_host if key == main_key else _host_thread(threads[key], kinds[key], windows),
+            device_spans, windows, launches, lambda key: main_host if key == main_key else HostThread.other(threads[key], kinds[key], windows),
             main_key, {s.correlation: s.name for _, s in calls if s.correlation is not None},
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
@@ -371,16 +371,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
         optimizer_ops=0.0 if device_spans else top_level_ops(main, own_optimizer) / max(len(windows), 1),
-    )
-
-
-def _host_thread(spans: list[Span], kinds: Kinds, windows: Sequence[tuple[float, float]]) -> HostThread:
-    """What a thread other than the main one was doing, for the device idle gaps its launches end."""
-    regions, around = regions_within(kinds, windows)
-    return HostThread(
-        data=union(where(kinds, is_data)), sync=union(where(kinds, is_sync)), collective=union(where(kinds, is_comm)),
-        runtime=union(where(kinds, is_runtime)), busy=cover(spans), spans=spans, skip=around, regions=regions,
-        capture=graph_captures(kinds), compile=compilations(kinds),
     )
 
 
