@@ -31,6 +31,13 @@ DEFAULT_MAX_WARMUP_STEPS = 10
 MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR = "RAYPROF_MEMORY_SNAPSHOT_MAX_ENTRIES"
 DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES = 100_000
 
+# While a window records, the training thread's Python stack is sampled every this many ms (0: never), so the
+# report can name what the loop runs where no op does: Ray Data's iterator handing over a batch, Ray Train's
+# report() (read in the workers; actors/agent/frame_sampler.py). At most FRAME_SAMPLES_MAX samples a window.
+FRAME_SAMPLE_MS_ENV_VAR = "RAYPROF_FRAME_SAMPLE_MS"
+DEFAULT_FRAME_SAMPLE_MS = 5.0
+FRAME_SAMPLES_MAX = 20_000
+
 # Under an OOM watch, how long the rank that ran out of CUDA memory holds the failing thread,
 # before the exception reaches the job, for its snapshot to be stored (read in the workers).
 OOM_HOLD_S_ENV_VAR = "RAYPROF_OOM_HOLD_S"

@@ -83,6 +83,8 @@ SECTIONS: tuple[Section, ...] = (
         '',
         (
         Row((s.MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR,), 'newest allocator events a `memory_snapshot` keeps per rank (~1 KiB each with its Python stack; read in the workers)'),
+        Row((s.FRAME_SAMPLE_MS_ENV_VAR,), "while a window records, how often the training thread's Python stack is sampled into the trace (`rayprof_frames`), so the report names waits that run no op (Ray Data's next batch, `ray.train.report()`) without `with_stack`; 0: never (read in the workers; at most "
+            f"{s.FRAME_SAMPLES_MAX:,} samples a window)"),
         Row((s.OOM_HOLD_S_ENV_VAR,), 'under an OOM watch, how long the rank that ran out of CUDA memory waits, before the error reaches the job, for its snapshot to be stored (read in the workers)'),
         Row((s.POLL_TIMEOUT_S_ENV_VAR,), 'agent long-poll length; also the heartbeat'),
         Row((s.RELAY_MIN_WORLD_SIZE_ENV_VAR,), 'agents of a job with at least this many ranks poll through one relay per node (read in the workers); 0: never'),

@@ -22,6 +22,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from actors.agent.children import run_child, store_snapshot
 from actors.agent.cuda_memory import Allocator, TorchAllocator
+from actors.agent.frame_sampler import FrameSampler
 from actors.export.contract import (
     EXIT_TOO_LARGE,
     MEMORY_NAME,
@@ -37,10 +38,15 @@ from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
+from orchestrator.models.samples import FRAMES_METADATA_KEY
 from orchestrator.scratch import make_scratch
 from orchestrator.settings import (
+    DEFAULT_FRAME_SAMPLE_MS,
     DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES,
+    FRAME_SAMPLE_MS_ENV_VAR,
+    FRAME_SAMPLES_MAX,
     MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR,
+    env_float,
     env_int,
 )
 from orchestrator.storage import open_storage
@@ -89,6 +95,7 @@ class Capture:
         # The CUDA allocator's history, recorded over the window's steps when memory_snapshot is on.
         self._allocator: Allocator = allocator or TorchAllocator()
         self._recording = False
+        self._sampler: FrameSampler | None = None
         self._snapshot: dict[str, Any] | None = None
         self.cancelled = False
         self.closed = False
@@ -176,7 +183,22 @@ class Capture:
         if self.window.options.memory_snapshot:
             self._allocator.start(env_int(MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR, DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES))
             self._recording = True
+        interval_ms = env_float(FRAME_SAMPLE_MS_ENV_VAR, DEFAULT_FRAME_SAMPLE_MS)
+        if interval_ms > 0:
+            self._sampler = FrameSampler(threading.get_ident(), interval_ms / 1000, FRAME_SAMPLES_MAX)
+            self._sampler.start()
         self._emit_state(RankState.CAPTURING)
+
+    def _end_sampling(self, prof: torch.profiler.profile | None) -> None:
+        """Stop sampling the stack; write what it saw into the trace while ``prof`` still records (None: drop it)."""
+        sampler, self._sampler = self._sampler, None
+        samples = sampler.stop() if sampler is not None else None
+        if samples is None or prof is None:
+            return
+        try:
+            prof.add_metadata_json(FRAMES_METADATA_KEY, samples.model_dump_json())
+        except Exception as e:
+            logger.warning("rayprof: the trace of window %s will not hold its stack samples: %s", self.window.profile_id, e)
 
     def _stop_recording(self) -> None:
         if self._recording:
@@ -186,6 +208,7 @@ class Capture:
     def _stop(self) -> None:
         prof, self._prof = self._prof, None
         assert prof is not None
+        self._end_sampling(prof)
         prof.stop()
         if self._recording:
             # Taken here, on the training thread, so it holds exactly the window's steps; written
@@ -213,6 +236,10 @@ class Capture:
 
     def _abort(self, state: RankState, reason: str, *, missed_start: bool = False) -> None:
         prof, self._prof = self._prof, None
+        try:
+            self._end_sampling(None)
+        except Exception:
+            logger.exception("rayprof: stopping the stack sampler failed")
         if prof is not None:
             try:
                 prof.stop()
