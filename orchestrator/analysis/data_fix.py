@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.loop_settings import Change, in_loop, setting
 from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.analysis.ray_findings import RAY_DATA_FIX
+from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import RankSummary
 
@@ -91,6 +93,8 @@ def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
 
 def data_fix(r: RankSummary) -> str:
     """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes."""
+    if r.data_loader == RAY_DATA_ITERATOR:
+        return RAY_DATA_FIX
     callers = [f.name for f in r.data_callers]
     pipeline = in_pipeline(callers)
     trainer = _any(callers, _TRAINER) or (r.loop is Loop.TRANSFORMERS_TRAINER and not pipeline)

@@ -46,8 +46,10 @@ from orchestrator.analysis.imbalance import moving_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
 from orchestrator.analysis.precision import half_autocast, half_changes
+from orchestrator.analysis.ray_findings import train_report
 from orchestrator.analysis.readers import readers, reading_fix
 from orchestrator.analysis.straggler_finding import straggler
+from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
 
 __all__ = [
@@ -107,7 +109,7 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         title=f"Data loading takes {share(worst, worst.mean_phases.data):.0%} of the {step_word(worst)}"
         + (f", {one_off.fraction:.0%} of it in {one_off.label(worst)}" if one_off is not None else ""),
         evidence=(
-            f"DataLoader next() takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
+            f"{_loader_read(worst)} takes {worst.mean_phases.data:.1f} ms of a {worst.mean_step_ms:.1f} ms {step_word(worst)} on rank {worst.rank}."
             f"{data_where(worst)}{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
             + (" The loader runs in the step's own process (num_workers=0)." if in_process else "")
         ),
@@ -115,6 +117,10 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         ranks=[r.rank for r in hit],
         one_off=one_off,
     )
+
+
+def _loader_read(r: RankSummary) -> str:
+    return "Ray Data's iterator (the next batch)" if r.data_loader == RAY_DATA_ITERATOR else "DataLoader next()"
 
 
 def _us_per_optimizer_op(r: RankSummary) -> float:
@@ -319,6 +325,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     straggler,
     moving_imbalance,
     loader_restart,
+    train_report,
     slow_link,
     dataloader_bound,
     optimizer_host,

@@ -12,8 +12,9 @@ instant, so nested spans are never counted twice and the phases add up to the
 step time:
 
  1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
-                  or ``_next_data``) from the step's batch fetch on: whatever the loader does, the fix is
-                  the loader's. Fetches before it (an evaluation's loader) are the loop's between steps.
+                  or ``_next_data``), or where Ray Data's iterator hands over a batch (its Python frames or
+                  the agent's stack samples: :mod:`orchestrator.analysis.untraced`), from the step's batch fetch
+                  on: the fix is the loader's. Fetches before it (an evaluation's loader) are between steps.
  2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize``
                   or device-to-host copy call, widened to the outermost ``aten::item`` /
                   ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
@@ -38,7 +39,7 @@ step time:
                   1.8's ``...Backward``, ``CompiledFunctionBackward``), compiled autograd's regions
                   or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
                   forward span (``*.forward`` annotations such as ``DistributedDataParallel.forward``,
-                  ``## forward ##``, or ``nn.Module:``).
+                  ``## forward ##``, or ``nn.Module:``). Then ``other`` where the loop is in Ray Train's report().
  8. The main thread runs no op of its own (an untraced gap, or a ``record_function``
     region with no op open in it: DualPipe's ``attn(B)`` waits there while the engine's
     device thread runs the backward chunk). Then the other threads of the process say
@@ -111,6 +112,7 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.analysis.threads import Thread, main_thread, walk_thread
+from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Untraced, read_samples, train_version, untraced_waits
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, Phase, PhaseTimes, RankSummary, StepBreakdown
@@ -236,24 +238,28 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         sync_calls[name][0] += 1
         sync_calls[name][1] += e0 - s0
     sync_rule = union((s0, e0) for s0, e0, _ in sync_spans)
+    main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
+    samples, unread = read_samples(trace.header)
+    issues += [unread] if unread else []
+    base_us = trace.file.base_time_ns / 1000
+    untraced = untraced_waits(frames.get(main_key, ()), samples, base_us, subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
-        ("data", union(where(main_kinds, is_data))),
+        ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
         ("sync", sync_rule),
         ("comm", comm_time(main, main_kinds)),
         ("memcpy", union(upload_spans)),
         ("optimizer", nested["optimizer"]),
         ("backward", nested["backward"]),
         ("forward", nested["forward"]),
+        ("other", untraced[Untraced.TRAIN_REPORT]),  # no forward: the loop's own call, after the step or before the batch
     ]
     any_main_span = cover(main, skip=step_names)
-    main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
     seed_starts = [s.ts for s in main if s.name == "aten::random_"]  # a new DataLoader iterator's seed draw among them
 
     kernel_us = dev.kernel_us_per_window(windows)
     group_ms, groups = dev.groups(windows)
-    base_us = trace.file.base_time_ns / 1000
     steps: list[StepBreakdown] = []
     gpu_rows: list[WindowGpu] = []
     heads: Intervals = []  # each step's time before it fetches its batch: the loop's work between steps
@@ -296,6 +302,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 between_fetches=len(clip(rules[0][1], t0, fetch)) if fetch is not None else 0,
                 between_seeds=sum(t0 <= t < fetch for t in seed_starts) if fetch is not None else 0,
                 sync_calls=len(clip(sync_rule, t0, t1)),
+                report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000,
                 copy_calls=len(clip(rules[3][1], t0, t1)),
                 gpu_busy_ms=row.busy / 1000 if row else None,
                 kernel_ms=row.kernel / 1000 if row else None,
@@ -347,7 +354,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,
-        data_loader=loader_class(main_kinds), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
+        ray_train=train_version(frames.get(main_key, ()), samples),
+        data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
         data_frames=hot_path(main_frames, loading, HOT_SHARE),

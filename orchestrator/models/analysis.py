@@ -98,7 +98,7 @@ class StepBreakdown(_Model):
         default=0.0,
         description="Of phases.other: the time before the step fetched its batch, running none of the step's own "
         "phases (work the loop does between steps: a checkpoint save, an evaluation, logging). 0 where the step "
-        "fetched no batch through a DataLoader.",
+        "fetched no batch through a DataLoader or Ray Data.",
     )
     between_ops_ms: float | None = Field(
         default=None,
@@ -115,6 +115,11 @@ class StepBreakdown(_Model):
     )
     sync_calls: int = 0
     copy_calls: int = 0
+    report_ms: float = Field(
+        default=0.0,
+        description="Time the main thread spent in Ray Train's report() (with_stack frames or the agent's stack "
+        "samples; orchestrator.analysis.untraced), running no op: in Ray Train 2 a barrier of all workers.",
+    )
     gpu_busy_ms: float | None = None
     kernel_ms: float | None = None
     comm_kernel_ms: float | None = None
@@ -213,7 +218,14 @@ class RankSummary(_Model):
         description="Cross-rank: on a rank that waits for late arrivers, its median extra wait per step over the "
         "least-waiting rank (in collectives, or syncs on them); 0 elsewhere.",
     )
-    data_loader: str | None = Field(default=None, description="DataLoader iterator class seen in the trace.")
+    ray_train: Literal[1, 2] | None = Field(
+        default=None, description="Which Ray Train the job's report() calls ran in, by their frames (None: none seen)."
+    )
+    data_loader: str | None = Field(
+        default=None,
+        description="DataLoader iterator class seen in the trace, or 'ray.data.DataIterator' where the batches come "
+        "from Ray Data's iterator (its frames or the agent's stack samples say so).",
+    )
     ddp: bool = Field(default=False, description="DDP's forward ran: its all-reduce runs in buckets during backward.")
     grad_scaler: bool = Field(default=False, description="torch.amp.GradScaler ran (aten::_amp_update_scale_).")
     comm_ops: list[OpStat] = Field(

@@ -1,0 +1,121 @@
+"""What the training thread runs where its trace shows no op: Ray Data's iterator handing over the next batch, or
+Ray Train's ``report()``.
+
+Neither runs a torch op while it waits, so a trace without Python stacks shows an empty stretch of the step, and
+an empty stretch before the backward pass reads as the model's forward (:func:`orchestrator.analysis.phases.
+unmarked_forward`): a job that waits 150 ms a step for Ray Data was told it spends 150 ms in forward, and nothing
+to fix. Two sources say what runs there: a ``with_stack`` trace's Python spans, and the stack samples the agent
+writes into every trace it records (:class:`orchestrator.models.samples.FrameSamples`). A stretch is a sampled
+kind's from its first sample of that kind to its last, widened halfway to the neighbouring samples and out to the
+stretch's ends; a stretch no sample lands in (one shorter than the sampling interval, mostly) stays unnamed.
+
+- Ray Data: any frame of ``ray/data/`` (``DataIterator.iter_torch_batches`` and the generators under it; in a Ray
+  Train worker ``get_dataset_shard``'s iterator is one). Its time is the data phase's, as a DataLoader's is.
+- Ray Train's report: a ``report`` function of ``ray/train/`` or ``ray/air/``. In Ray Train 2 every call agrees on
+  a checkpoint folder with every other worker through the run's synchronization actor, checkpoint or not (a
+  barrier of all workers and a round trip to an actor); in Ray Train 1 it hands the result to the driver and waits.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.analysis.intervals import Intervals, union
+from orchestrator.analysis.python_frames import frame_parts
+from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
+from orchestrator.traces.loader import Span
+
+__all__ = ["RAY_DATA_ITERATOR", "Untraced", "kind_of", "read_samples", "train_version", "untraced_waits"]
+
+# What the analysis calls the loader of a job fed by Ray Data (RankSummary.data_loader): its iterator's class.
+RAY_DATA_ITERATOR = "ray.data.DataIterator"
+
+
+class Untraced(str, Enum):
+    """Code the training thread waits in without running an op, that a report can name."""
+
+    RAY_DATA = "ray_data"
+    TRAIN_REPORT = "train_report"
+
+
+_RAY_DATA = re.compile(r"^ray/data/")
+_RAY_TRAIN = re.compile(r"^ray/(?:train|air)/")
+_TRAIN_V2 = re.compile(r"^ray/train/v2/")
+
+
+def kind_of(frames: Iterable[str]) -> Untraced | None:
+    """The kind of the innermost of ``frames`` (innermost first, as with_stack names them) that is one."""
+    for frame in frames:
+        parts = frame_parts(frame)
+        if parts is None:
+            continue
+        path, func = parts
+        if _RAY_DATA.match(path):
+            return Untraced.RAY_DATA
+        if func == "report" and _RAY_TRAIN.match(path):
+            return Untraced.TRAIN_REPORT
+    return None
+
+
+def train_version(frames: Iterable[Span], samples: FrameSamples | None) -> int | None:
+    """Which Ray Train (1 or 2) the job's report() calls run in, by their frames; None where it calls none."""
+    names = [f.name for f in frames]
+    if samples is not None:
+        names += [frame for stack in samples.stacks if kind_of(stack) is Untraced.TRAIN_REPORT for frame in stack]
+    reports = [parts[0] for name in names if (parts := frame_parts(name)) and parts[1] == "report" and _RAY_TRAIN.match(parts[0])]
+    if not reports:
+        return None
+    return 2 if any(_TRAIN_V2.match(path) for path in reports) else 1
+
+
+def read_samples(header: Mapping[str, Any]) -> tuple[FrameSamples | None, str | None]:
+    """A trace's stack samples (None where it has none), and why they were not read where they are malformed."""
+    raw = header.get(FRAMES_METADATA_KEY)
+    if raw is None:
+        return None, None
+    try:
+        return FrameSamples.model_validate(raw), None
+    except ValidationError as e:
+        why = e.errors()[0]["msg"]
+        return None, f"the trace's stack samples ({FRAMES_METADATA_KEY}) are malformed and were not read: {why}"
+
+
+def untraced_waits(
+    frames: Sequence[Span], samples: FrameSamples | None, base_us: float, gaps: Intervals
+) -> dict[Untraced, Intervals]:
+    """Where the main thread waits in each kind: its with_stack ``frames`` of that kind, and the stretches of
+    ``gaps`` (sorted, apart: where it runs no op) that ``samples`` (unix times; the trace's times count from
+    ``base_us``) name."""
+    found: dict[Untraced, list[tuple[float, float]]] = {kind: [] for kind in Untraced}
+    for span in frames:
+        kind = kind_of([span.name])
+        if kind is not None:
+            found[kind].append((span.ts, span.end))
+    if samples is not None:
+        kinds = [kind_of(stack) for stack in samples.stacks]
+        timed = sorted(((t - base_us, kinds[i]) for t, i in samples.samples), key=lambda x: x[0])
+        times = [t for t, _ in timed]
+        for a, b in gaps:
+            inside = timed[bisect_left(times, a): bisect_left(times, b)]
+            for s0, s1, kind in _stretches(inside, a, b):
+                found[kind].append((s0, s1))
+    return {kind: union(spans) for kind, spans in found.items()}
+
+
+def _stretches(inside: Sequence[tuple[float, Untraced | None]], a: float, b: float) -> list[tuple[float, float, Untraced]]:
+    """The stretches of the gap ``[a, b)`` each kind holds, from the samples ``inside`` it: a boundary between two
+    samples of different kinds (or none) lies halfway between them; the first and last samples reach the gap's ends."""
+    out: list[tuple[float, float, Untraced]] = []
+    for i, (t, kind) in enumerate(inside):
+        if kind is None:
+            continue
+        start = a if i == 0 else (inside[i - 1][0] + t) / 2
+        end = b if i == len(inside) - 1 else (t + inside[i + 1][0]) / 2
+        out.append((start, end, kind))
+    return out

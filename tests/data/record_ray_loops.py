@@ -1,0 +1,142 @@
+"""Record CPU-only traces of Ray Train jobs whose steps wait in Ray's own code, with torch.profiler and the agent's
+stack sampler (actors.agent.frame_sampler) as a rayprof window records them, over eight steps.
+
+    PYTHONPATH=. python tests/data/record_ray_loops.py OUT [CASE ...]
+
+Each case runs a TorchTrainer (Ray Train's default for the installed Ray, on a local two-CPU Ray) and lands as
+``OUT/<case>/traces/rank<N>.pt.trace.json.gz``: CPU activities only, steps 2-9 of 10, the stack samples (every 10 ms)
+in the trace's metadata as the agent writes them; ``with_stack`` where the case says so.
+  ray_data          one worker fed by get_dataset_shard("train").iter_torch_batches(batch_size=64) over a Dataset
+                    whose map_batches spins 100 ms a batch (40 blocks): the step waits for Ray Data
+  ray_data_stack    the same, with_stack=True (the wait in the trace's own Python spans)
+  ray_data_fast     the same Dataset with a map_batches that does no extra work: Ray Data keeps ahead of the step
+  train_report      two workers (DDP, an MLP on fixed tensors) calling ray.train.report({"loss": ...}) every step
+Each recording takes ~20-40 s (torch 2.13.0+cpu, ray 2.60.0 when recorded).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray import train
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from actors.agent.frame_sampler import FrameSampler
+from orchestrator.models.samples import FRAMES_METADATA_KEY
+
+ACTIVE = 8
+STEPS = ACTIVE + 2
+SAMPLE_S = 0.01
+
+
+class Window:
+    """torch.profiler over steps 2-9 of 10 with the agent's sampler running over the recorded steps."""
+
+    def __init__(self, out: Path, stack: bool) -> None:
+        self.folder = out / "traces"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.raw = self.folder / f"rank{train.get_context().get_world_rank()}.pt.trace.json"
+        self.prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
+                            with_stack=stack, on_trace_ready=lambda p: p.export_chrome_trace(str(self.raw)))
+        self.sampler = FrameSampler(threading.get_ident(), SAMPLE_S, 20_000)
+        self.prof.start()
+        self.n = 0
+
+    def step(self) -> None:
+        """The agent's boundary after an optimizer step: the sampler runs from the first recorded step's start to the
+        last one's end, and its samples go into the trace before the step that saves it."""
+        if self.n == 1:
+            self.sampler.start()
+        if self.n == STEPS - 1:
+            samples = self.sampler.stop()
+            assert samples is not None
+            self.prof.add_metadata_json(FRAMES_METADATA_KEY, samples.model_dump_json())
+        self.prof.step()
+        self.n += 1
+
+    def close(self) -> None:
+        self.prof.stop()
+        with self.raw.open("rb") as src, gzip.open(self.raw.with_suffix(".json.gz"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        self.raw.unlink()
+
+
+def _spin(seconds: float) -> Any:
+    def prep(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:  # a CPU-bound transform
+            pass
+        rows = len(batch["id"])
+        batch["x"] = np.random.default_rng(0).random((rows, 256), dtype=np.float32)
+        batch["y"] = np.ones((rows, 1), dtype=np.float32)
+        return batch
+
+    return prep
+
+
+def _fed_by_ray_data(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1))
+    opt = torch.optim.Adam(model.parameters())
+    window = Window(Path(config["out"]), config["stack"])
+    for _, batch in zip(range(STEPS), train.get_dataset_shard("train").iter_torch_batches(batch_size=64)):
+        loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+    window.close()
+
+
+def _reports_every_step(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    window = Window(Path(config["out"]), False)
+    for _ in range(STEPS):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+        train.report({"loss": loss.item()})
+    window.close()
+
+
+def record(out: Path, case: str) -> None:
+    folder = (out / case).resolve()
+    shutil.rmtree(folder, ignore_errors=True)
+    config: dict[str, Any] = {"out": str(folder), "stack": case == "ray_data_stack"}
+    if case.startswith("ray_data"):
+        spin = 0.0 if case == "ray_data_fast" else 0.1
+        ds = ray.data.range(64 * 40, override_num_blocks=40).map_batches(_spin(spin), batch_size=64)
+        trainer = TorchTrainer(_fed_by_ray_data, train_loop_config=config, datasets={"train": ds},
+                               scaling_config=ScalingConfig(num_workers=1), run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
+    elif case == "train_report":
+        trainer = TorchTrainer(_reports_every_step, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
+    else:
+        raise SystemExit(f"unknown case {case!r}")
+    trainer.fit()
+
+
+CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report")
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1])
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    for name in sys.argv[2:] or CASES:
+        record(target, name)
