@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate|ray_data --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -18,6 +18,9 @@
 * ``hf``: Hugging Face ``Trainer`` (through Ray's ``prepare_trainer``, 2 ranks) on a tiny
   GPT-2 built from a config, synthetic token ids (no download), gradient accumulation 2.
 * ``hf_checkpointing``: the same with ``gradient_checkpointing=True``: backward runs each block's forward again.
+* ``ray_data``: a plain loop fed by ``get_dataset_shard("train").iter_torch_batches()`` over a Dataset whose
+  ``map_batches`` spins 30 ms a batch of 32, one task at a time (the step waits for Ray Data); once a file ``report`` lies beside the
+  stop file it also calls ``ray.train.report()`` every step.
 * ``accelerate``: a plain loop under Hugging Face Accelerate (2 ranks on Ray Train's group):
   ``accelerator.accumulate`` over 2 micro-batches, bf16 autocast, a shuffled main-process DataLoader;
   Accelerate's optimizer wrapper is called every micro-batch and steps only when gradients sync.
@@ -256,11 +259,51 @@ def hf_loop(config: dict, gradient_checkpointing: bool = False) -> None:
     rth.prepare_trainer(trainer).train()
 
 
+def ray_data_loop(config: dict) -> None:
+    import ray.train
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    reporting = stop.with_name("report")
+    step = 0
+    for batch in ray.train.get_dataset_shard("train").iter_torch_batches(batch_size=32):
+        opt.zero_grad()
+        F.mse_loss(model(batch["x"]), batch["y"]).backward()
+        opt.step()
+        step += 1
+        if reporting.exists():
+            ray.train.report({"step": step})
+        if (step % 20 == 0 and stop.exists()) or time.monotonic() > deadline:
+            break
+
+
+def _slow_rows(seconds: float) -> object:  # a ray.data.Dataset
+    import numpy as np
+    import ray
+
+    def prep(batch: dict) -> dict:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:  # a CPU-bound transform
+            pass
+        rows = len(batch["id"])
+        return {"x": np.ones((rows, 32), dtype=np.float32), "y": np.zeros((rows, 1), dtype=np.float32)}
+
+    # One batch a block: each batch is ready when its own task ends (a block of many batches comes all at once).
+    return ray.data.range(32 * 10_000, override_num_blocks=10_000).map_batches(prep, batch_size=32, concurrency=1)
+
+
 LOOPS = {
     "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
     "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2), "lightning_gan": (lightning_gan_loop, 2),
-    "hf_checkpointing": (functools.partial(hf_loop, gradient_checkpointing=True), 2),
+    "hf_checkpointing": (functools.partial(hf_loop, gradient_checkpointing=True), 2), "ray_data": (ray_data_loop, 1),
 }
+# loop -> the Ray Datasets its workers read (get_dataset_shard), built in the driver.
+DATASETS = {"ray_data": lambda: {"train": _slow_rows(0.03)}}
 
 
 def main() -> None:
@@ -282,6 +325,7 @@ def main() -> None:
         loop,
         train_loop_config={"stop_file": args.stop_file, "max_seconds": args.max_seconds},
         scaling_config=ScalingConfig(num_workers=workers),
+        datasets=DATASETS[args.loop]() if args.loop in DATASETS else None,
         run_config=RunConfig(name=args.name, storage_path=args.storage_path),
     )
     trainer.fit()

@@ -8,7 +8,8 @@ Face ``Trainer``'s and an Accelerate loop's (gradient accumulation 2 each) and a
 model's their one optimizer's; FSDP2's collective waits are communication, and its fix is
 FSDP's own. The forward passes the agent counts in a step are the trace's too, where the trace
 marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs each start
-alone, before the plain ones (47-56 s each in a CI rehearsal).
+alone, before the plain ones (47-56 s each in a CI rehearsal). A loop fed by Ray Data is told Ray Data's change,
+and once it calls ``ray.train.report()`` every step, that call's cost: the agent's stack samples name both waits.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ JOBS = {
     "hf": (
         "foreign-hf", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)", ["Optimizer.step#AdamW.step"], 2,
     ),
+    "ray_data": ("foreign-ray-data", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
     # Backward runs each GPT2Block's forward again: no forward pass (the agent counted 8 more a step on a CPU).
     "hf_checkpointing": (
         "foreign-hf-checkpointing", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)",
@@ -176,6 +178,28 @@ def test_one_profiled_step_of_a_frameworks_loop_is_what_its_framework_steps(ray_
         # other 5.1 ms in a full run, and passed in 5 reruns): one step clear of it tells the two apart.
         for r in summary.ranks:
             assert any(s.phases.forward >= 2 * s.phases.other for s in r.steps), [s.phases for s in r.steps]
+
+
+def test_a_loop_waiting_for_ray_data_is_told_ray_datas_change_then_reporting_every_step_ray_trains(
+    ray_cluster, client, file_store, tmp_path
+):
+    # The agent's stack samples name the empty stretch of each step: Ray Data's iterator, then ray.train.report()
+    # (which, in Ray Train 2, waits for the controller's poll every 2 s). Without them it read as the forward.
+    with _running(ray_cluster, client, tmp_path, ["ray_data"]):
+        summary = _profile_and_check(file_store, "ray_data")
+        assert summary.findings, [(r.mean_phases, r.data_loader) for r in summary.ranks]
+        found = summary.findings[0]
+        assert found.code == "dataloader_bound" and found.evidence.startswith("Ray Data's iterator"), found
+        assert "map_batches(fn, concurrency=N)" in found.fix and "num_workers" not in found.fix
+        (tmp_path / "report").touch()
+        name = JOBS["ray_data"][0]
+        for _ in range(3):  # the first window may still hold steps from before the job saw the file
+            manifest = file_store.client.profile(name, steps=2).wait(timeout=180)
+            assert manifest.status == ProfileState.DONE, manifest.reason
+            codes = [f.code for f in Summary.model_validate(manifest.summary).findings]
+            if codes[:1] == ["train_report"]:
+                break
+        assert codes[:1] == ["train_report"], codes
 
 
 # The three plain jobs start together (~110 s, then ~40 s of windows): `make test-extended`. Their step counting and
