@@ -49,7 +49,11 @@ def train_report(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     per_step = _per_step(worst)
     calls = sum(1 for s in worst.steps if s.report_ms > 0)
     typical = statistics.median(s.report_ms for s in worst.steps if s.report_ms > 0)
-    every = "every step" if calls == len(worst.steps) else f"{calls} of the {len(worst.steps)} steps"
+    where = (
+        f"in every step on rank {worst.rank}, {typical:.1f} ms a step (median)" if calls == len(worst.steps)
+        else f"in {calls} of the {len(worst.steps)} steps on rank {worst.rank}, {typical:.1f} ms in those (median; a "
+        "wait shorter than the time between two stack samples is caught only now and then, so it may be in more)"
+    )
     how = {2: f" {_V2}", 1: f" {_V1}"}.get(worst.ray_train or 0, "")
     return make_finding(
         "train_report",
@@ -57,8 +61,8 @@ def train_report(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         per_step,
         title=f"ray.train.report() takes {share(worst, per_step):.0%} of the {step_word(worst)}",
         evidence=(
-            f"The loop calls ray.train.report() in {every} on rank {worst.rank}, {typical:.1f} ms a call (median), "
-            f"{per_step:.1f} ms of a {worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on average, running no op."
+            f"The training thread waits in ray.train.report() {where}, {per_step:.1f} ms of a "
+            f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on average, running no op."
             f"{how} Found on {ranks_text(hit)}."
         ),
         fix=(

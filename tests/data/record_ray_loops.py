@@ -11,6 +11,8 @@ in the trace's metadata as the agent writes them; ``with_stack`` where the case 
   ray_data_stack    the same, with_stack=True (the wait in the trace's own Python spans)
   ray_data_fast     the same Dataset with a map_batches that does no extra work: Ray Data keeps ahead of the step
   train_report      two workers (DDP, an MLP on fixed tensors) calling ray.train.report({"loss": ...}) every step
+                    (Ray Train 2, the default of Ray 2.51 on; with RAY_TRAIN_V2_ENABLED=0 in the environment, Train 1:
+                    tests/data/traces/cpu_train_report_v1)
 Each recording takes ~20-40 s (torch 2.13.0+cpu, ray 2.60.0 when recorded).
 """
 
