@@ -20,12 +20,15 @@ compared with the idle steps just before it, so background load drifts out.
 from __future__ import annotations
 
 import gzip
+import os
 import resource
 import shutil
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 
 from benchmarks import LogFn
 from benchmarks._stats import Result, load_train_job, no_gc
+from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS, FRAME_SAMPLE_MS_ENV_VAR
 
 NAME = "window"
 AFTER_TARGET = 1.1
@@ -51,6 +55,25 @@ OPTION_SETS: dict[str, dict[str, bool]] = {
     "all": {"record_shapes": True, "profile_memory": True, "with_stack": True, "with_flops": True,
             "with_modules": True},
 }
+
+# The default window with the agent's stack sampler off (RAYPROF_FRAME_SAMPLE_MS=0), run beside the default (which
+# samples): the two windows' slowdowns, trial by trial, say what sampling costs a profiled step.
+UNSAMPLED = "default_unsampled"
+SAMPLER_TARGET = 1.05
+
+
+@contextmanager
+def _sampler_off(off: bool) -> Iterator[None]:
+    saved = os.environ.get(FRAME_SAMPLE_MS_ENV_VAR)
+    if off:
+        os.environ[FRAME_SAMPLE_MS_ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(FRAME_SAMPLE_MS_ENV_VAR, None)
+        else:
+            os.environ[FRAME_SAMPLE_MS_ENV_VAR] = saved
 
 
 class Trainer:
@@ -145,7 +168,7 @@ def run_window(
 
     events: list[RankEvent] = []
     start = idle_steps + 2  # boundary at which the profiler opens
-    window = _window_spec(store, start, steps, OPTION_SETS[options_name])
+    window = _window_spec(store, start, steps, OPTION_SETS["default" if options_name == UNSAMPLED else options_name])
     capture = Capture(window, _info(), events.append, lambda: None)
     step_ms: dict[int, float] = {}
     boundary_ms: dict[int, float] = {}
@@ -156,7 +179,7 @@ def run_window(
     b = 0
     # The cyclic GC stays off while timing: a collection pause would land in a
     # random iteration. The profiler allocates a lot, so collect between trials.
-    with no_gc():
+    with no_gc(), _sampler_off(options_name == UNSAMPLED):
         # Before and through the window: fixed number of iterations.
         while b < window.stop_step:
             b += 1
@@ -227,7 +250,7 @@ def collect_runs(
     quick: bool, log: LogFn, *, trials: int, steps: int, names: list[str] | None = None
 ) -> list[WindowRun]:
     """``trials`` windows per option set, interleaved round-robin."""
-    names = names or list(OPTION_SETS)
+    names = names or [*OPTION_SETS, UNSAMPLED]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like the example job's workers (--threads 1)
     runs: list[WindowRun] = []
@@ -359,4 +382,12 @@ def run(quick: bool, log: LogFn) -> list[Result]:
             Result.of(bench, "extra time: close + steps until exported", "idle steps", extra),
             Result.of(bench, "export+gzip+upload (thread) wall", "s", export),
         ]
+    slowdown = {name: [statistics.median(r.window_ms) / r.idle_median for r in runs if r.options == name] for name in ("default", UNSAMPLED)}
+    sampled = [a / b for a, b in zip(slowdown["default"], slowdown[UNSAMPLED])]
+    med = statistics.median(sampled) if sampled else float("nan")
+    results.append(Result.of(
+        f"{NAME}[default]", f"profiled step, stack sampled every {DEFAULT_FRAME_SAMPLE_MS:g} ms / not sampled", "x", sampled,
+        target=f"<= {SAMPLER_TARGET}", met=med <= SAMPLER_TARGET,
+        note="each trial's slowdown over its own idle steps, sampled window over the unsampled one run after it",
+    ))
     return results
