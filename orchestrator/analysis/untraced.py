@@ -22,7 +22,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -63,7 +63,7 @@ def kind_of(frames: Iterable[str]) -> Untraced | None:
     return None
 
 
-def train_version(frames: Iterable[Span], samples: FrameSamples | None) -> int | None:
+def train_version(frames: Iterable[Span], samples: FrameSamples | None) -> Literal[1, 2] | None:
     """Which Ray Train (1 or 2) the job's report() calls run in, by their frames; None where it calls none."""
     names = [f.name for f in frames]
     if samples is not None:
