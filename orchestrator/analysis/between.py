@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, REPORT_FRACTION, OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.analysis.python_frames import frame_label, spot_and_caller
 from orchestrator.models.analysis import RankSummary, StepBreakdown
 
 __all__ = [
@@ -83,9 +84,26 @@ def periodic_text(r: RankSummary, step: int) -> str:
 
 
 def _kind(r: RankSummary, step: int) -> str:
+    """What the trace tells of that work, and where the agent's stack samples found it."""
+    s = next(s for s in r.steps if s.step == step)
+    return _guess(s) + _sampled(s)
+
+
+def _sampled(s: StepBreakdown) -> str:
+    """'; the stack samples there: 83% in save_file (safetensors/torch.py:286), called from ...' ('' without)."""
+    found = spot_and_caller(s.between_frames)
+    if found is None:
+        return ""
+    spot, caller = found
+    begins = s.between_frames[0]
+    called = f", called from {frame_label(caller.name)}" if caller is not None else ""
+    under = f", under {frame_label(begins.name)}" if begins not in (spot, caller) else ""
+    return f"; the stack samples there: {spot.calls / s.between_samples:.0%} in {frame_label(spot.name)}{called}{under}"
+
+
+def _guess(s: StepBreakdown) -> str:
     """An evaluation where the work fetches batches of its own; the host's own code (a save's file writes, a
     logger's network calls) where it runs almost no torch ops; else the kinds it may be."""
-    s = next(s for s in r.steps if s.step == step)
     if ends_epoch(s):
         return f"most likely the DataLoader starting a new epoch: {_epoch_start(s)} (its sampler, its dataset's own start)"
     if s.between_fetches and s.between_ops_ms is not None:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from orchestrator.analysis.loop_settings import Change, in_loop, setting
-from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.analysis.python_frames import frame_file, frame_label, spot_and_caller
 from orchestrator.analysis.ray_findings import RAY_DATA_FIX
 from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.loops import Loop
@@ -40,13 +40,8 @@ PIPELINE_WORKERS = (
 )
 
 
-def _file(name: str) -> str:
-    parts = frame_parts(name)
-    return parts[0] if parts else ""
-
-
 def _any(frames: Sequence[str], pattern: re.Pattern[str]) -> bool:
-    return any(pattern.search(_file(f)) for f in frames)
+    return any(pattern.search(frame_file(f)) for f in frames)
 
 
 def in_pipeline(frames: Sequence[str]) -> bool:
@@ -57,11 +52,10 @@ def in_pipeline(frames: Sequence[str]) -> bool:
 def data_where(r: RankSummary) -> str:
     """A sentence naming the deepest frame on the hot path and the nearest caller of it in another file ('' where
     the trace has no frames, or no frame holds half the loading)."""
-    hot = r.data_frames
-    if not hot:
+    found = spot_and_caller(r.data_frames)
+    if found is None:
         return ""
-    spot = hot[-1]
-    caller = next((f for f in reversed(hot[:-1]) if _file(f.name) != _file(spot.name)), None)
+    spot, caller = found
     share = spot.total_ms / (r.mean_phases.data * len(r.steps))
     called = f", called from {frame_label(caller.name)}" if caller is not None else ""
     return f" {min(share, 1.0):.0%} of it is in {frame_label(spot.name)}{called}."

@@ -23,12 +23,16 @@ from orchestrator.analysis.intervals import Intervals, by_time, name_innermost, 
 from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["callers", "enclosing", "frame_label", "frame_parts", "hot_path", "user_frames"]
+__all__ = [
+    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "sampled_path", "spot_and_caller", "user_frames",
+]
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 # Packages whose Python is plumbing around the user's code: their time is their caller's.
 _PLUMBING = frozenset({"torch", "numpy", "typing_extensions", "_pytest", "pluggy"}) | frozenset(sys.stdlib_module_names)
+# A frame holding this share of the time (or of the stack samples) it is asked about or more is on its hot path.
+HOT_SHARE = 0.5
 _INSTALLED = re.compile(r"/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"/lib/python3[.\d]*/")
 
@@ -117,6 +121,45 @@ def hot_path(frames: Sequence[Span], pieces: Intervals, share: float) -> list[Op
         out.append(OpStat(name=name, calls=calls, total_ms=us / 1000))
         at = (*at, name)
     return out
+
+
+def sampled_path(stacks: Sequence[Sequence[str]], share: float, interval_ms: float) -> list[OpStat]:
+    """The hot path of stack samples (``stacks``: one per sample, innermost frame first, taken every
+    ``interval_ms``), through the frames of the user's or a library's code: from the outermost down, at each level
+    the callee most samples hold, while it holds at least ``share`` of them; each with its samples as calls and
+    their time (samples times the interval)."""
+    paths: dict[tuple[str, ...], int] = defaultdict(int)
+    for stack in stacks:
+        path = tuple(f for f in reversed(stack) if _is_users(f))
+        for depth in range(1, len(path) + 1):
+            paths[path[:depth]] += 1
+    floor, out, at = share * len(stacks), [], ()
+    while True:
+        children = [(n, path[-1]) for path, n in paths.items() if len(path) == len(at) + 1 and path[:-1] == at]
+        if not children:
+            break
+        n, name = max(children)
+        if n < floor:
+            break
+        out.append(OpStat(name=name, calls=n, total_ms=n * interval_ms))
+        at = (*at, name)
+    return out
+
+
+def spot_and_caller(hot: Sequence[OpStat]) -> tuple[OpStat, OpStat | None] | None:
+    """The deepest frame of a hot path and its nearest caller in another file (None: no caller there; None for an
+    empty path)."""
+    if not hot:
+        return None
+    spot = hot[-1]
+    file = frame_file(spot.name)
+    return spot, next((f for f in reversed(hot[:-1]) if frame_file(f.name) != file), None)
+
+
+def frame_file(name: str) -> str:
+    """A frame's file (as :func:`frame_parts` gives it; '' for no frame)."""
+    parts = frame_parts(name)
+    return parts[0] if parts else ""
 
 
 def enclosing(frames: Sequence[Span], pieces: Intervals, depth: int) -> list[OpStat]:

@@ -86,7 +86,7 @@ from orchestrator.analysis.phases import (
     top_level_ops,
     unmarked_forward,
 )
-from orchestrator.analysis.python_frames import callers, enclosing, hot_path, user_frames
+from orchestrator.analysis.python_frames import HOT_SHARE, callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DDP_FORWARD,
@@ -112,7 +112,7 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.analysis.threads import Thread, main_thread, walk_thread
-from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Untraced, read_samples, train_version, untraced_waits
+from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Timeline, Untraced, train_version, untraced_waits
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, Phase, PhaseTimes, RankSummary, StepBreakdown
@@ -123,8 +123,6 @@ __all__ = ["TOP_N", "analyze_rank"]
 TOP_N = 10
 # The frames kept around a DataLoader next(): enough to reach a Trainer's loop past accelerate's and the DataLoader's own.
 CALLER_DEPTH = 6
-# A frame inside DataLoader next() holding this share of the loading or more is on its hot path.
-HOT_SHARE = 0.5
 
 _RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
@@ -239,10 +237,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         sync_calls[name][1] += e0 - s0
     sync_rule = union((s0, e0) for s0, e0, _ in sync_spans)
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
-    samples, unread = read_samples(trace.header)
-    issues += [unread] if unread else []
     base_us = trace.file.base_time_ns / 1000
-    untraced = untraced_waits(frames.get(main_key, ()), samples, base_us, subtract(union(windows), main_ops))
+    timeline, unread = Timeline.read(trace.header, base_us)
+    issues += [unread] if unread else []
+    untraced = untraced_waits(frames.get(main_key, ()), timeline, subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
         ("sync", sync_rule),
@@ -262,14 +260,13 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     group_ms, groups = dev.groups(windows)
     steps: list[StepBreakdown] = []
     gpu_rows: list[WindowGpu] = []
-    heads: Intervals = []  # each step's time before it fetches its batch: the loop's work between steps
+    step_heads: list[tuple[float, float] | None] = []  # each step's time before it fetches its batch: work between steps
     for index, (t0, t1) in enumerate(windows):
         remaining: Intervals = [(t0, t1)] if t1 > t0 else []
         phase_us: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
         passes = backward_passes(clip(backward_anywhere, t0, t1), op_starts)
         fetch = batch_fetch(t0, t1, passes, rules[0][1], op_starts)
-        if fetch is not None and fetch > t0:
-            heads.append((t0, fetch))
+        step_heads.append((t0, fetch) if fetch is not None and fetch > t0 else None)
         for phase, intervals in rules:
             # Another loader's fetches before the step's batch (an evaluation's) are that work's, not data.
             start = fetch if phase == "data" and fetch is not None else t0
@@ -312,7 +309,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             )
         )
 
-    training_data = subtract(rules[0][1], union(heads))  # the loads of the batches the steps train on
+    if timeline is not None:
+        paths = timeline.head_paths(step_heads, windows)
+        steps = [s.model_copy(update={"between_samples": n, "between_frames": hot}) for s, (n, hot) in zip(steps, paths)]
+    training_data = subtract(rules[0][1], union(h for h in step_heads if h is not None))  # the loads of the batches the steps train on
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
     calls = [(key, s) for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME for s in group]
@@ -354,7 +354,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases,
         comm_wait_ms=comm_wait,
-        ray_train=train_version(frames.get(main_key, ()), samples),
+        ray_train=train_version(frames.get(main_key, ()), timeline),
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),

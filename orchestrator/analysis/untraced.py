@@ -21,17 +21,19 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from orchestrator.analysis.intervals import Intervals, union
-from orchestrator.analysis.python_frames import frame_parts
+from orchestrator.analysis.intervals import Intervals, subtract, union
+from orchestrator.analysis.python_frames import HOT_SHARE, frame_parts, sampled_path
+from orchestrator.models.analysis import OpStat
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import Span
 
-__all__ = ["RAY_DATA_ITERATOR", "Untraced", "kind_of", "read_samples", "train_version", "untraced_waits"]
+__all__ = ["RAY_DATA_ITERATOR", "Timeline", "Untraced", "kind_of", "read_samples", "train_version", "untraced_waits"]
 
 # What the analysis calls the loader of a job fed by Ray Data (RankSummary.data_loader): its iterator's class.
 RAY_DATA_ITERATOR = "ray.data.DataIterator"
@@ -63,11 +65,11 @@ def kind_of(frames: Iterable[str]) -> Untraced | None:
     return None
 
 
-def train_version(frames: Iterable[Span], samples: FrameSamples | None) -> Literal[1, 2] | None:
+def train_version(frames: Iterable[Span], timeline: Timeline | None) -> Literal[1, 2] | None:
     """Which Ray Train (1 or 2) the job's report() calls run in, by their frames; None where it calls none."""
     names = [f.name for f in frames]
-    if samples is not None:
-        names += [frame for stack in samples.stacks if kind_of(stack) is Untraced.TRAIN_REPORT for frame in stack]
+    if timeline is not None:
+        names += [f for stack, kind in zip(timeline.stacks, timeline.kinds) if kind is Untraced.TRAIN_REPORT for f in stack]
     reports = [parts[0] for name in names if (parts := frame_parts(name)) and parts[1] == "report" and _RAY_TRAIN.match(parts[0])]
     if not reports:
         return None
@@ -86,23 +88,70 @@ def read_samples(header: Mapping[str, Any]) -> tuple[FrameSamples | None, str | 
         return None, f"the trace's stack samples ({FRAMES_METADATA_KEY}) are malformed and were not read: {why}"
 
 
-def untraced_waits(
-    frames: Sequence[Span], samples: FrameSamples | None, base_us: float, gaps: Intervals
-) -> dict[Untraced, Intervals]:
+@dataclass(frozen=True)
+class Timeline:
+    """A trace's stack samples on the trace's own clock, in time order."""
+
+    times: list[float]
+    stacks: list[list[str]]  # each sample's stack, innermost frame first
+    kinds: list[Untraced | None]  # each sample's kind
+    interval_ms: float
+
+    @classmethod
+    def read(cls, header: Mapping[str, Any], base_us: float) -> tuple[Timeline | None, str | None]:
+        """A trace's samples (from its ``header``) on its clock, whose times count from ``base_us`` (None where it
+        has none), and why they were not read where they are malformed."""
+        samples, unread = read_samples(header)
+        return (cls.of(samples, base_us) if samples is not None else None), unread
+
+    @classmethod
+    def of(cls, samples: FrameSamples, base_us: float) -> Timeline:
+        """``samples`` (unix times) on the clock of a trace whose times count from ``base_us``."""
+        kinds = [kind_of(stack) for stack in samples.stacks]
+        ordered = sorted(samples.samples)
+        return cls(
+            times=[t - base_us for t, _ in ordered], stacks=[samples.stacks[i] for _, i in ordered],
+            kinds=[kinds[i] for _, i in ordered], interval_ms=samples.interval_ms,
+        )
+
+    def within(self, a: float, b: float) -> range:
+        """The indices of the samples taken in ``[a, b)``."""
+        return range(bisect_left(self.times, a), bisect_left(self.times, b))
+
+    def head_paths(
+        self, heads: Sequence[tuple[float, float] | None], windows: Sequence[tuple[float, float]]
+    ) -> list[tuple[int, list[OpStat]]]:
+        """For each step's work before its batch (``heads``, None: none), its samples and their hot path
+        (:func:`~orchestrator.analysis.python_frames.sampled_path`) from where it leaves the code the rest of the
+        ``windows`` run: its outer frames are the loop's own (a Trainer's training loop), which every step's samples
+        hold too; the first frame on the path that no sample outside the heads holds is where that work begins."""
+        outside = subtract(union(windows), union(h for h in heads if h is not None))
+        seen = {_key(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
+        out: list[tuple[int, list[OpStat]]] = []
+        for head in heads:
+            stacks = [self.stacks[i] for i in self.within(*head)] if head is not None else []
+            path = sampled_path(stacks, HOT_SHARE, self.interval_ms) if stacks else []
+            begins = next((k for k, f in enumerate(path) if _key(f.name) not in seen), len(path))
+            out.append((len(stacks), path[begins:]))
+        return out
+
+
+def _key(frame: str) -> tuple[str, str] | None:
+    """A frame without its line: the same function wherever in it the sample found it."""
+    return frame_parts(frame)
+
+
+def untraced_waits(frames: Sequence[Span], timeline: Timeline | None, gaps: Intervals) -> dict[Untraced, Intervals]:
     """Where the main thread waits in each kind: its with_stack ``frames`` of that kind, and the stretches of
-    ``gaps`` (sorted, apart: where it runs no op) that ``samples`` (unix times; the trace's times count from
-    ``base_us``) name."""
+    ``gaps`` (sorted, apart: where it runs no op) that the samples of ``timeline`` name."""
     found: dict[Untraced, list[tuple[float, float]]] = {kind: [] for kind in Untraced}
     for span in frames:
         kind = kind_of([span.name])
         if kind is not None:
             found[kind].append((span.ts, span.end))
-    if samples is not None:
-        kinds = [kind_of(stack) for stack in samples.stacks]
-        timed = sorted(((t - base_us, kinds[i]) for t, i in samples.samples), key=lambda x: x[0])
-        times = [t for t, _ in timed]
+    if timeline is not None:
         for a, b in gaps:
-            inside = timed[bisect_left(times, a): bisect_left(times, b)]
+            inside = [(timeline.times[i], timeline.kinds[i]) for i in timeline.within(a, b)]
             for s0, s1, kind in _stretches(inside, a, b):
                 found[kind].append((s0, s1))
     return {kind: union(spans) for kind, spans in found.items()}

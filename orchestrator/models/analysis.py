@@ -113,6 +113,13 @@ class StepBreakdown(_Model):
         description="Seed draws (aten::random_) within between_ms: a new DataLoader iterator draws one (and a "
         "RandomSampler at each epoch). None in a summary from before they were counted.",
     )
+    between_samples: int = Field(default=0, description="The agent's stack samples taken before the step's batch.")
+    between_frames: list[OpStat] = Field(
+        default_factory=list,
+        description="The hot path of between_samples (outermost first, each frame held by at least half of them, its "
+        "samples as calls), from the first frame no other sample of the window holds: what that work runs. Empty "
+        "without samples.",
+    )
     sync_calls: int = 0
     copy_calls: int = 0
     report_ms: float = Field(

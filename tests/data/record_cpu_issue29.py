@@ -24,6 +24,8 @@ hf_trainer_stacks and lightning_prog_bar), so steps 2-4 of 5.
   lightning_prog_bar  the same logging its loss with self.log(..., prog_bar=True), with_stack=True
   lightning_validate  the same validating on two batches and saving a checkpoint after the third step
                (val_check_interval=3, ModelCheckpoint(every_n_train_steps=3)): before the fourth fetches its batch
+  hf_trainer_save_sampled, lightning_validate_sampled  hf_trainer_save and lightning_validate with the agent's stack
+               samples (every 5 ms, tests/data/sampled.py) in the trace, as a rayprof window records them
   grad_scaler  the MLP under autocast with a torch.amp.GradScaler, unscale_ and clip_grad_norm_, AdamW (foreach)
   grad_scaler_fused  the same with AdamW(fused=True)
   fsdp2        two gloo ranks (torch.multiprocessing), an MLP of 6 blocks under FSDP2: fully_shard per block, then
@@ -55,18 +57,23 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS
+from tests.data.sampled import SampledSteps
+
 STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth prof.step()
+SAMPLE_S = DEFAULT_FRAME_SAMPLE_MS / 1000  # the agent's stack sampling, in the *_sampled cases
 
 
 @contextmanager
-def recording(out: Path, name: str, rank: int = 0, with_stack: bool = False) -> Iterator[Any]:
+def recording(out: Path, name: str, rank: int = 0, with_stack: bool = False, sample_s: float | None = None) -> Iterator[Any]:
+    """The profiler to call step() on; with ``sample_s``, the agent's stack sampler runs over the recorded steps."""
     folder = out / name / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     raw = folder / f"rank{rank}.pt.trace.json"
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
                  record_shapes=True, with_stack=with_stack,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
-        yield prof
+        yield SampledSteps(prof, first=2, last=STEPS, interval_s=sample_s) if sample_s else prof
     with raw.open("rb") as src, gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
@@ -189,7 +196,9 @@ def case_grad_scaler(out: Path, name: str, fused: bool) -> None:
     loop(out, name, step)
 
 
-def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = False, **arguments: Any) -> None:
+def case_hf_trainer(
+    out: Path, name: str = "hf_trainer", with_stack: bool = False, sample_s: float | None = None, **arguments: Any
+) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     torch.manual_seed(0)
@@ -210,7 +219,7 @@ def case_hf_trainer(out: Path, name: str = "hf_trainer", with_stack: bool = Fals
         "report_to": "none", "save_strategy": "no", "logging_strategy": "no", "disable_tqdm": True,
         "dataloader_num_workers": 0, **arguments,
     })
-    with recording(out, name, with_stack=with_stack) as prof:
+    with recording(out, name, with_stack=with_stack, sample_s=sample_s) as prof:
         Trainer(model=model, args=args, train_dataset=rows, callbacks=[Step(prof)]).train()
     shutil.rmtree(out / name / "run", ignore_errors=True)
 
@@ -248,7 +257,9 @@ def lightning_parts(prog_bar: bool = False) -> tuple[Any, Any]:
     return Module(), Step
 
 
-def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, validate: bool = False) -> None:
+def case_lightning(
+    out: Path, name: str = "lightning", prog_bar: bool = False, validate: bool = False, sample_s: float | None = None
+) -> None:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -259,7 +270,7 @@ def case_lightning(out: Path, name: str = "lightning", prog_bar: bool = False, v
     # Validation and a checkpoint after the third step (val_check_interval, every_n_train_steps).
     between = dict(val_check_interval=3, num_sanity_val_steps=0) if validate else dict(enable_checkpointing=False)
     saving = [ModelCheckpoint(dirpath=str(out / name / "ckpt"), every_n_train_steps=3)] if validate else []
-    with recording(out, name, with_stack=prog_bar) as prof:
+    with recording(out, name, with_stack=prog_bar, sample_s=sample_s) as prof:
         L.Trainer(
             max_steps=STEPS, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
             enable_model_summary=False, callbacks=[Step(prof), *saving], **between,  # type: ignore[arg-type]
@@ -398,6 +409,10 @@ CASES: dict[str, Callable[[Path], None]] = {
     "grad_scaler_fused": lambda out: case_grad_scaler(out, "grad_scaler_fused", fused=True),
     "lightning_prog_bar": lambda out: case_lightning(out, "lightning_prog_bar", prog_bar=True),
     "lightning_validate": lambda out: case_lightning(out, "lightning_validate", validate=True),
+    "hf_trainer_save_sampled": lambda out: case_hf_trainer(
+        out, "hf_trainer_save_sampled", sample_s=SAMPLE_S, save_strategy="steps", save_steps=3
+    ),
+    "lightning_validate_sampled": lambda out: case_lightning(out, "lightning_validate_sampled", validate=True, sample_s=SAMPLE_S),
     "fsdp2": case_fsdp2, "fsdp2_one_unit": lambda out: case_fsdp2(out, "fsdp2_one_unit", per_block=False),
     "ddp": case_ddp, "ddp_metrics": lambda out: case_ddp(out, "ddp_metrics", metrics=20),
     "ddp_find_unused": lambda out: case_ddp(out, "ddp_find_unused", find_unused=True), "lightning_ddp": case_lightning_ddp,

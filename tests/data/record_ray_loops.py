@@ -21,7 +21,6 @@ from __future__ import annotations
 import gzip
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,7 @@ from ray.train.torch import TorchTrainer
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from actors.agent.frame_sampler import FrameSampler
-from orchestrator.models.samples import FRAMES_METADATA_KEY
+from tests.data.sampled import SampledSteps
 
 ACTIVE = 8
 STEPS = ACTIVE + 2
@@ -52,21 +50,12 @@ class Window:
         self.raw = self.folder / f"rank{train.get_context().get_world_rank()}.pt.trace.json"
         self.prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
                             with_stack=stack, on_trace_ready=lambda p: p.export_chrome_trace(str(self.raw)))
-        self.sampler = FrameSampler(threading.get_ident(), SAMPLE_S, 20_000)
+        self.steps = SampledSteps(self.prof, first=2, last=STEPS, interval_s=SAMPLE_S)
         self.prof.start()
-        self.n = 0
 
     def step(self) -> None:
-        """The agent's boundary after an optimizer step: the sampler runs from the first recorded step's start to the
-        last one's end, and its samples go into the trace before the step that saves it."""
-        if self.n == 1:
-            self.sampler.start()
-        if self.n == STEPS - 1:
-            samples = self.sampler.stop()
-            assert samples is not None
-            self.prof.add_metadata_json(FRAMES_METADATA_KEY, samples.model_dump_json())
-        self.prof.step()
-        self.n += 1
+        """The agent's boundary after an optimizer step."""
+        self.steps.step()
 
     def close(self) -> None:
         self.prof.stop()

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Untraced, kind_of, read_samples, untraced_waits
+from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Timeline, Untraced, kind_of, read_samples, untraced_waits
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from tests.support.tracefiles import case, load_trace
 
@@ -130,7 +130,7 @@ def test_a_gap_is_split_halfway_between_samples_of_different_kinds():
         interval_ms=10, stacks=[REPORT_STACK, RAY_DATA_STACK, ["train.py(50): log"]],
         samples=[(1_000_010, 0), (1_000_020, 0), (1_000_030, 2), (1_000_040, 1), (1_000_050, 1)],
     )
-    waits = untraced_waits([], samples, base_us=1_000_000, gaps=[(5.0, 60.0), (70.0, 90.0)])
+    waits = untraced_waits([], Timeline.of(samples, base_us=1_000_000), gaps=[(5.0, 60.0), (70.0, 90.0)])
     assert waits[Untraced.TRAIN_REPORT] == [(5.0, 25.0)]  # to halfway towards the unnamed sample at 30
     assert waits[Untraced.RAY_DATA] == [(35.0, 60.0)]  # from halfway after it, out to the gap's end
     # A gap no sample lands in stays unnamed.
