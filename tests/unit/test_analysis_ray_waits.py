@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.intervals import intersect, union
 from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Timeline, Untraced, kind_of, read_samples, untraced_waits
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from tests.support.tracefiles import case, load_trace
@@ -135,6 +136,23 @@ def test_a_gap_is_split_halfway_between_samples_of_different_kinds():
     assert waits[Untraced.RAY_DATA] == [(35.0, 60.0)]  # from halfway after it, out to the gap's end
     # A gap no sample lands in stays unnamed.
     assert all(b <= 60.0 for spans in waits.values() for _, b in spans)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 1000), st.sampled_from([0, 1, 2])), max_size=40),
+    st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 200)), max_size=6),
+)
+def test_named_stretches_lie_in_the_gaps_and_cover_every_sample_of_their_kind(points, spans):
+    gaps = union((float(a), float(a + n)) for a, n in spans)
+    samples = FrameSamples(interval_ms=5, stacks=[REPORT_STACK, RAY_DATA_STACK, ["train.py(50): log"]],
+                           samples=[(t, i) for t, i in points])
+    waits = untraced_waits([], Timeline.of(samples, base_us=0), gaps)
+    for kind, index in ((Untraced.TRAIN_REPORT, 0), (Untraced.RAY_DATA, 1)):
+        assert intersect(waits[kind], gaps) == waits[kind]
+        for t, i in points:
+            if i == index and any(a <= t < b for a, b in gaps):
+                assert any(a <= t <= b for a, b in waits[kind]), (t, waits[kind])
+    assert intersect(waits[Untraced.TRAIN_REPORT], waits[Untraced.RAY_DATA]) == []
 
 
 def test_a_trace_without_samples_reads_none_and_says_nothing():
