@@ -71,21 +71,23 @@ class FrameSampler:
                 if len(self._samples) >= self.max_samples:
                     self._truncated = True
                     return
-                self.sample()
+                if not self.sample():
+                    return  # the training thread has ended: a window it never closed
         except Exception:  # A sampler that fails costs the report its samples, never the training.
             logger.exception("rayprof: sampling the training thread's stack failed")
 
-    def sample(self) -> None:
-        """Take one sample now (the sampling thread calls this; a test may too)."""
+    def sample(self) -> bool:
+        """Take one sample now (the sampling thread calls this; a test may too); False where the thread is gone."""
         frame = sys._current_frames().get(self.thread_id)
         if frame is None:
-            return
+            return False
         key = _key(frame)
         index = self._index.get(key)
         if index is None:
             index = self._index[key] = len(self._stacks)
             self._stacks.append([f"{self._short(code.co_filename)}({line}): {code.co_name}" for code, line in key])
         self._samples.append((self._clock_ns() // 1000, index))
+        return True
 
     def _short(self, path: str) -> str:
         """A file's path below the import path that holds it, as torch's with_stack names frames."""

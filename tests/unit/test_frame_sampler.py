@@ -52,6 +52,17 @@ def test_sampling_stops_at_its_cap_and_says_so():
     assert samples is not None and len(samples.samples) == 3 and samples.truncated
 
 
+def test_sampling_ends_with_the_thread_it_samples():
+    # A job that ends inside a window never closes it: the sampler must not outlive the thread.
+    worker = threading.Thread(target=lambda: None)
+    worker.start()
+    worker.join()
+    sampler = FrameSampler(worker.ident, 0.001, 1_000)
+    sampler.start()
+    sampler._thread.join(60)
+    assert not sampler._thread.is_alive() and sampler.stop() is None
+
+
 def test_what_the_sampler_returns_is_the_contract_the_analysis_reads():
     sampler = _sampler()
     _marked_function(sampler)
