@@ -1,7 +1,8 @@
 """The agent's stack samples name the work a loop does between steps, where the trace shows only that it ran.
 
-Recorded: cpu_hf_trainer_save_sampled (tests/data/record_cpu_issue29.py: a transformers Trainer with save_steps=3,
-the agent's samples every 5 ms in the trace). Before the samples were read, the note could only guess ("most
+Recorded (tests/data/record_cpu_issue29.py, the agent's samples every 5 ms in the trace): cpu_hf_trainer_save_sampled
+(a transformers Trainer with save_steps=3) and cpu_lightning_validate_sampled (Lightning validating on two batches
+and saving a checkpoint after the third step). Before the samples were read, the note could only guess ("most
 likely a checkpoint save writing its files, or a logger's network calls").
 """
 
@@ -33,6 +34,14 @@ def test_the_samples_name_where_a_trainers_save_between_steps_runs():
     note = _note(summary)
     assert note is not None and "; the stack samples there: " in note
     assert "under _maybe_log_save_evaluate (transformers/trainer.py:" in note
+
+
+def test_the_samples_find_the_checkpoint_save_beside_a_lightning_validation():
+    # The trace shows two loader reads and torch ops before the batch (an evaluation); the samples find that most
+    # of the time is ModelCheckpoint's save, which runs right after it.
+    note = _note(analyze_folder(case("cpu_lightning_validate_sampled")))
+    assert note is not None and "most likely an evaluation: it reads a DataLoader 2 times" in note
+    assert "in _atomic_save (lightning/fabric/utilities/cloud_io.py:" in note
 
 
 def test_steps_without_work_before_their_batch_carry_no_sampled_path():
