@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from actors.agent import capture as capture_module
@@ -53,11 +54,11 @@ def test_sampling_stops_at_its_cap_and_says_so():
 
 
 def test_sampling_ends_with_the_thread_it_samples():
-    # A job that ends inside a window never closes it: the sampler must not outlive the thread.
-    worker = threading.Thread(target=lambda: None)
-    worker.start()
-    worker.join()
-    sampler = FrameSampler(worker.ident, 0.001, 1_000)
+    # A job that ends inside a window never closes it: the sampler must not outlive the thread. An ended thread's
+    # ident is free for the next thread (the sampler's own, even), so the gone thread is one no thread has: 1 is
+    # no pthread's.
+    assert 1 not in sys._current_frames()
+    sampler = FrameSampler(1, 0.001, 1_000)
     sampler.start()
     sampler._thread.join(60)
     assert not sampler._thread.is_alive() and sampler.stop() is None
