@@ -128,22 +128,31 @@ def sampled_path(stacks: Sequence[Sequence[str]], share: float, interval_ms: flo
     ``interval_ms``), through the frames of the user's or a library's code: from the outermost down, at each level
     the callee most samples hold, while it holds at least ``share`` of them; each with its samples as calls and
     their time (samples times the interval)."""
-    paths: dict[tuple[str, ...], int] = defaultdict(int)
+    root: _Node = _Node()
     for stack in stacks:
-        path = tuple(f for f in reversed(stack) if _is_users(f))
-        for depth in range(1, len(path) + 1):
-            paths[path[:depth]] += 1
-    floor, out, at = share * len(stacks), [], ()
-    while True:
-        children = [(n, path[-1]) for path, n in paths.items() if len(path) == len(at) + 1 and path[:-1] == at]
-        if not children:
+        node = root
+        for frame in reversed(stack):
+            if _is_users(frame):
+                node = node.children.setdefault(frame, _Node())
+                node.samples += 1
+    floor, out, node = share * len(stacks), [], root
+    while node.children:
+        name, child = max(node.children.items(), key=lambda kv: (kv[1].samples, kv[0]))
+        if child.samples < floor:
             break
-        n, name = max(children)
-        if n < floor:
-            break
-        out.append(OpStat(name=name, calls=n, total_ms=n * interval_ms))
-        at = (*at, name)
+        out.append(OpStat(name=name, calls=child.samples, total_ms=child.samples * interval_ms))
+        node = child
     return out
+
+
+class _Node:
+    """A frame on the paths of stack samples: how many hold it there, and the frames they call from it."""
+
+    __slots__ = ("children", "samples")
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.children: dict[str, _Node] = {}
 
 
 def spot_and_caller(hot: Sequence[OpStat]) -> tuple[OpStat, OpStat | None] | None:

@@ -124,21 +124,17 @@ class Timeline:
         """For each step's work before its batch (``heads``, None: none), its samples and their hot path
         (:func:`~orchestrator.analysis.python_frames.sampled_path`) from where it leaves the code the rest of the
         ``windows`` run: its outer frames are the loop's own (a Trainer's training loop), which every step's samples
-        hold too; the first frame on the path that no sample outside the heads holds is where that work begins."""
+        hold too; the first frame on the path whose function (wherever in it) no sample outside the heads holds is
+        where that work begins."""
         outside = subtract(union(windows), union(h for h in heads if h is not None))
-        seen = {_key(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
+        seen = {frame_parts(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
         out: list[tuple[int, list[OpStat]]] = []
         for head in heads:
             stacks = [self.stacks[i] for i in self.within(*head)] if head is not None else []
             path = sampled_path(stacks, HOT_SHARE, self.interval_ms) if stacks else []
-            begins = next((k for k, f in enumerate(path) if _key(f.name) not in seen), len(path))
+            begins = next((k for k, f in enumerate(path) if frame_parts(f.name) not in seen), len(path))
             out.append((len(stacks), path[begins:]))
         return out
-
-
-def _key(frame: str) -> tuple[str, str] | None:
-    """A frame without its line: the same function wherever in it the sample found it."""
-    return frame_parts(frame)
 
 
 def untraced_waits(frames: Sequence[Span], timeline: Timeline | None, gaps: Intervals) -> dict[Untraced, Intervals]:
