@@ -85,7 +85,7 @@ class FrameSampler:
         index = self._index.get(key)
         if index is None:
             index = self._index[key] = len(self._stacks)
-            self._stacks.append([f"{self._short(code.co_filename)}({line}): {code.co_name}" for code, line in key])
+            self._stacks.append([f"{self._short(code.co_filename)}({line}): {_qualname(code)}" for code, line in key])
         self._samples.append((self._clock_ns() // 1000, index))
         return True
 
@@ -99,6 +99,12 @@ def _import_prefixes() -> list[str]:
     (site-packages, the import path, the user's site), so a sampled frame and a traced one read alike."""
     raw = [*site.getsitepackages(), *sys.path, site.getuserbase(), site.getusersitepackages()]
     return sorted({os.path.join(os.path.abspath(p), "") for p in raw if p}, key=len, reverse=True)
+
+
+def _qualname(code: CodeType) -> str:
+    """A function's name with its class (``WeightConverter.__init__``: with_stack's bare ``__init__`` says not whose),
+    on Python 3.11 and later; its bare name before."""
+    return getattr(code, "co_qualname", code.co_name)
 
 
 def _key(frame: FrameType | None) -> _Key:

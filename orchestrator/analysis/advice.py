@@ -36,15 +36,14 @@ what the loop pays once (:func:`paid_once`): no change to the loop saves it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator.analysis.data_fix import PIPELINE_WORKERS, in_pipeline, prep_clause
 from orchestrator.analysis.finding_base import first_use_examples, ms_list
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
+from orchestrator.analysis.python_fix import python_fix, python_kind
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
@@ -156,7 +155,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         name = "Python functions" + (f" ({listed})" if listed else "")
         out.append(
             Cause(
-                _python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",),
+                python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",),
                 lead_ms=frames[0].total_ms / steps, frames=tuple(f.name for f in frames),
             )
         )
@@ -295,7 +294,8 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
             "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind in _PYTHON:
-        return _python_fix(cause, figure)
+        told = f"{cause.name} run outside any op while the device idles ({figure})"
+        return python_fix(cause.kind, cause.frames, told, device=True)
     if cause.kind == "queued" and (graphs := _in_graph_replays(r)) >= cause.ms / 2:
         return (
             f"The device had work queued and still idled ({figure}), {graphs:.1f} ms of it in replays of CUDA/HIP graphs: "
@@ -336,48 +336,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     )
 
 
-# Python the host runs per step that is the data's preparation, or the step's bookkeeping, by its functions' names.
-# Whole words of a name (``_preprocess_image``, ``trainer_callback.py``), not parts of others (``compute_logits``, ``thread_pool``).
-_DATA_PREP = re.compile(
-    r"(?<![a-z])(preprocess\w*|transforms?|normali[sz]e|resize|rescale|crop|decode|read_\w+|load_image|augment\w*|tokeni[sz]\w*|"
-    r"collate\w*|image_processing\w*|feature_extraction\w*|pad)(?![a-z])",
-    re.IGNORECASE,
-)
-_BOOKKEEPING = re.compile(
-    r"(?<![a-z])(log|logger|logging|metrics?|callbacks?|print|tqdm|wandb|mlflow|tensorboard|report|save\w*|checkpoint\w*)(?![a-z])",
-    re.IGNORECASE,
-)
-
-
 def _in_graph_replays(r: RankSummary) -> float:
     """Queued idle ms per step whose waiting work a graph launch started (``cudaGraphLaunch``, ``hipGraphLaunch``)."""
     queued = r.idle.get("queued") if r.idle is not None else None
     return sum(o.total_ms for o in queued.top if "GraphLaunch" in o.name) / max(len(r.steps), 1) if queued else 0.0
-
-
-def _python_kind(frame: str) -> Kind:
-    """What the largest Python function outside any op is, by whole words of its name and file."""
-    return "data_prep" if _DATA_PREP.search(frame) else "bookkeeping" if _BOOKKEEPING.search(frame) else "python"
-
-
-def _python_fix(cause: Cause, figure: str) -> str:
-    told = f"{cause.name} run outside any op while the device idles ({figure})"
-    if cause.kind == "data_prep" and in_pipeline(cause.frames):
-        return f"{told}: a transformers pipeline's preprocessing, in the step's own process: {PIPELINE_WORKERS}." + prep_clause(
-            cause.frames, pipeline=True
-        )
-    if cause.kind == "data_prep":
-        return (
-            f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
-            "so DataLoader workers (num_workers > 0) prepare the next batches while the device computes, or once, "
-            "offline, into a preprocessed dataset." + prep_clause(cause.frames, pipeline=False)
-        )
-    if cause.kind == "bookkeeping":
-        return (
-            f"{told}: the step's bookkeeping (logging, metrics, callbacks, saving), every step: do it every N steps, "
-            "on values kept on the device, or on a background thread."
-        )
-    return (
-        f"{told}: move that work off the step (a background thread, a DataLoader worker, every N steps) or onto the "
-        "device as tensor ops (torch.compile then fuses them)."
-    )

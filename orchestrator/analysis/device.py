@@ -23,7 +23,17 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, membership, subtract, total, union
+from orchestrator.analysis.intervals import (
+    Intervals,
+    by_time,
+    clip,
+    cover,
+    intersect,
+    membership,
+    subtract,
+    total,
+    union,
+)
 from orchestrator.analysis.spans import (
     CopyKind,
     by_kind,
@@ -163,6 +173,15 @@ class DeviceView:
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""
         return [s for _, s in self.placed(windows)]
+
+    def top_kernels(self, windows: Sequence[Window], n: int) -> list[OpStat]:
+        """The ``n`` kernels (by name) that take the most device time in the windows."""
+        named: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for s in self.in_windows(windows):
+            if s.cat in ("kernel", "mtia_ccp_events"):
+                named[s.name][0] += 1
+                named[s.name][1] += s.end - s.ts
+        return by_time(named)[:n]
 
     def groups(self, windows: Sequence[Window]) -> tuple[list[dict[str, float]], list[ProcessGroupComm]]:
         """Collective kernel ms per window by process group (the loader's ``group``, from the kernel's args), and each

@@ -42,6 +42,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.groups import slow_link
+from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
@@ -326,6 +327,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     moving_imbalance,
     loader_restart,
     train_report,
+    host_python,
     slow_link,
     dataloader_bound,
     optimizer_host,

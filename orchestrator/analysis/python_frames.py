@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -29,6 +29,8 @@ __all__ = [
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+# Frames Python gives code inside a function: their time is the function's.
+_ANONYMOUS = re.compile(r"[:.] ?<(?:listcomp|dictcomp|setcomp|genexpr|lambda)>$")
 # Packages whose Python is plumbing around the user's code: their time is their caller's.
 _PLUMBING = frozenset({"torch", "numpy", "typing_extensions", "_pytest", "pluggy"}) | frozenset(sys.stdlib_module_names)
 # A frame holding this share of the time (or of the stack samples) it is asked about or more is on its hot path.
@@ -56,9 +58,10 @@ def _is_users(name: str) -> bool:
 @lru_cache(maxsize=4096)
 def frame_label(name: str) -> str:
     """``_preprocess_image (transformers/.../image_processing_videomae.py:178)``: the function first, so a cut
-    keeps it."""
+    keeps it; a function defined inside another by its own qualified name (``Module.validation_step``, not
+    ``build.<locals>.Module.validation_step``)."""
     match = _FRAME.match(name)
-    return f"{match['func']} ({match['path']}:{match['line']})" if match else name
+    return f"{match['func'].rsplit('<locals>.', 1)[-1]} ({match['path']}:{match['line']})" if match else name
 
 
 @lru_cache(maxsize=4096)
@@ -126,43 +129,53 @@ def hot_path(frames: Sequence[Span], pieces: Intervals, share: float) -> list[Op
 def sampled_path(stacks: Sequence[Sequence[str]], share: float, interval_ms: float) -> list[OpStat]:
     """The hot path of stack samples (``stacks``: one per sample, innermost frame first, taken every
     ``interval_ms``), through the frames of the user's or a library's code: from the outermost down, at each level
-    the callee most samples hold, while it holds at least ``share`` of them; each with its samples as calls and
-    their time (samples times the interval)."""
+    the function most samples hold (whichever of its lines they are at: a loop's samples spread over its lines),
+    while it holds at least ``share`` of them; each named at its line most of them are at, with its samples as
+    calls and their time (samples times the interval)."""
     root: _Node = _Node()
     for stack in stacks:
         node = root
         for frame in reversed(stack):
             if _is_users(frame):
-                node = node.children.setdefault(frame, _Node())
+                node = node.children.setdefault(frame_parts(frame) or ("", frame), _Node())
                 node.samples += 1
+                node.lines[frame] += 1
     floor, out, node = share * len(stacks), [], root
     while node.children:
-        name, child = max(node.children.items(), key=lambda kv: (kv[1].samples, kv[0]))
+        child = max(node.children.values(), key=lambda c: (c.samples, c.name()))
         if child.samples < floor:
             break
-        out.append(OpStat(name=name, calls=child.samples, total_ms=child.samples * interval_ms))
+        out.append(OpStat(name=child.name(), calls=child.samples, total_ms=child.samples * interval_ms))
         node = child
     return out
 
 
 class _Node:
-    """A frame on the paths of stack samples: how many hold it there, and the frames they call from it."""
+    """A function on the paths of stack samples: how many hold it there, at which of its lines, and the functions
+    they call from it."""
 
-    __slots__ = ("children", "samples")
+    __slots__ = ("children", "lines", "samples")
 
     def __init__(self) -> None:
         self.samples = 0
-        self.children: dict[str, _Node] = {}
+        self.lines: Counter[str] = Counter()
+        self.children: dict[tuple[str, str], _Node] = {}
+
+    def name(self) -> str:
+        """The frame (with its line) most of the samples holding this function are at; the first by name of a tie."""
+        return min(self.lines.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
 def spot_and_caller(hot: Sequence[OpStat]) -> tuple[OpStat, OpStat | None] | None:
-    """The deepest frame of a hot path and its nearest caller in another file (None: no caller there; None for an
-    empty path)."""
-    if not hot:
+    """The deepest named frame of a hot path (a comprehension, generator expression or lambda is its function's:
+    Python 3.11 gives each a frame of its own) and its nearest caller in another file (None: no caller there; None
+    for an empty path)."""
+    named = [f for f in hot if not _ANONYMOUS.search(f.name)] or list(hot)
+    if not named:
         return None
-    spot = hot[-1]
+    spot = named[-1]
     file = frame_file(spot.name)
-    return spot, next((f for f in reversed(hot[:-1]) if frame_file(f.name) != file), None)
+    return spot, next((f for f in reversed(named[:-1]) if frame_file(f.name) != file), None)
 
 
 def frame_file(name: str) -> str:

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Literal
 
 from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
@@ -115,7 +114,7 @@ from orchestrator.analysis.threads import Thread, main_thread, walk_thread
 from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Timeline, Untraced, train_version, untraced_waits
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
-from orchestrator.models.analysis import PHASES, Phase, PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
 from orchestrator.traces.loader import PYTHON_FRAME, RankTrace, Span
 
 __all__ = ["TOP_N", "analyze_rank"]
@@ -250,6 +249,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ("backward", nested["backward"]),
         ("forward", nested["forward"]),
         ("other", untraced[Untraced.TRAIN_REPORT]),  # no forward: the loop's own call, after the step or before the batch
+        ("other", untraced[Untraced.PYTHON]),  # the loop's own Python outside torch: last, as its time is read below
     ]
     any_main_span = cover(main, skip=step_names)
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
@@ -261,6 +261,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     steps: list[StepBreakdown] = []
     gpu_rows: list[WindowGpu] = []
     step_heads: list[tuple[float, float] | None] = []  # each step's time before it fetches its batch: work between steps
+    python_taken: Intervals = []  # where the steps ran the loop's own Python (the last rule's take)
     for index, (t0, t1) in enumerate(windows):
         remaining: Intervals = [(t0, t1)] if t1 > t0 else []
         phase_us: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
@@ -268,11 +269,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         fetch = batch_fetch(t0, t1, passes, rules[0][1], op_starts)
         step_heads.append((t0, fetch) if fetch is not None and fetch > t0 else None)
         for phase, intervals in rules:
-            # Another loader's fetches before the step's batch (an evaluation's) are that work's, not data.
-            start = fetch if phase == "data" and fetch is not None else t0
+            # Another loader's fetches before the step's batch (an evaluation's) are that work's, not data; the rest
+            # before it is the work between steps (other, whichever rule takes it), told on its own.
+            start = fetch if phase in ("data", "other") and fetch is not None else t0
             taken = intersect(clip(intervals, start, t1), remaining)
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
+        python = taken  # the last rule's: the loop's own Python
+        python_taken += python
         # Rule 8: the main thread runs no op of its own.
         idle = subtract(remaining, clip(main_ops, t0, t1))
         for phase, intervals in (("backward", backward_elsewhere), ("comm", comm_elsewhere)):
@@ -300,6 +304,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 between_seeds=sum(t0 <= t < fetch for t in seed_starts) if fetch is not None else 0,
                 sync_calls=len(clip(sync_rule, t0, t1)),
                 report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000,
+                python_ms=total(python) / 1000,
                 copy_calls=len(clip(rules[3][1], t0, t1)),
                 gpu_busy_ms=row.busy / 1000 if row else None,
                 kernel_ms=row.kernel / 1000 if row else None,
@@ -309,8 +314,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             )
         )
 
+    python_path: tuple[int, list[OpStat]] = (0, [])
     if timeline is not None:
-        paths = timeline.head_paths(step_heads, windows)
+        paths = timeline.paths([[h] if h else [] for h in step_heads], windows)
+        python_path = timeline.paths([python_taken], windows)[0]
         steps = [s.model_copy(update={"between_samples": n, "between_frames": hot}) for s, (n, hot) in zip(steps, paths)]
     training_data = subtract(rules[0][1], union(h for h in step_heads if h is not None))  # the loads of the batches the steps train on
     durations = [s.duration_ms for s in steps]
@@ -359,6 +366,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         sync_ops=by_time(sync_calls),
         sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
         data_frames=hot_path(main_frames, loading, HOT_SHARE),
+        python_samples=python_path[0], python_frames=python_path[1],
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         comm_ops=collectives,
         own_comm=own_comm(
@@ -371,7 +379,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],
         process_groups=groups,
         top_ops=by_time(op_self)[:top_n],
-        top_kernels=by_time(_sum_by_name(s for s in dev.in_windows(windows) if s.cat in ("kernel", "mtia_ccp_events")))[:top_n],
+        top_kernels=dev.top_kernels(windows, top_n),
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
@@ -388,10 +396,3 @@ def _issuer(ancestors: list[Span], around: frozenset[str]) -> str:
     op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
     return site(region, op) or "(no op)"
 
-
-def _sum_by_name(spans: Iterable[Span]) -> dict[str, list[float]]:
-    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for s in spans:
-        acc[s.name][0] += 1
-        acc[s.name][1] += s.end - s.ts
-    return acc

@@ -1,5 +1,5 @@
-"""What the training thread runs where its trace shows no op: Ray Data's iterator handing over the next batch, or
-Ray Train's ``report()``.
+"""What the training thread runs where its trace shows no op: Ray Data's iterator handing over the next batch, Ray
+Train's ``report()``, or Python of its own.
 
 Neither runs a torch op while it waits, so a trace without Python stacks shows an empty stretch of the step, and
 an empty stretch before the backward pass reads as the model's forward (:func:`orchestrator.analysis.phases.
@@ -14,6 +14,10 @@ stretch's ends; a stretch no sample lands in (one shorter than the sampling inte
 - Ray Train's report: a ``report`` function of ``ray/train/`` or ``ray/air/``. In Ray Train 2 every call agrees on
   a checkpoint folder with every other worker through the run's synchronization actor, checkpoint or not (a
   barrier of all workers and a round trip to an actor); in Ray Train 1 it hands the result to the driver and waits.
+- Python of the loop's own, outside torch: a sample none of whose frames is torch's (the model's call, autograd, the
+  optimizer, the DataLoader and the profiler all run under torch's frames): the user's code or a library's
+  (a per-sample loop, a tokenizer, numpy, a logger), named by stack samples only (a with_stack span holds no
+  callers to tell). Not the model's forward, whatever it precedes.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from orchestrator.models.analysis import OpStat
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import Span
 
-__all__ = ["RAY_DATA_ITERATOR", "Timeline", "Untraced", "kind_of", "read_samples", "train_version", "untraced_waits"]
+__all__ = [
+    "RAY_DATA_ITERATOR", "Timeline", "Untraced", "kind_of", "read_samples", "sample_kind", "train_version", "untraced_waits",
+]
 
 # What the analysis calls the loader of a job fed by Ray Data (RankSummary.data_loader): its iterator's class.
 RAY_DATA_ITERATOR = "ray.data.DataIterator"
@@ -44,11 +50,13 @@ class Untraced(str, Enum):
 
     RAY_DATA = "ray_data"
     TRAIN_REPORT = "train_report"
+    PYTHON = "python"
 
 
 _RAY_DATA = re.compile(r"^ray/data/")
 _RAY_TRAIN = re.compile(r"^ray/(?:train|air)/")
 _TRAIN_V2 = re.compile(r"^ray/train/v2/")
+_TORCH = re.compile(r"^torch/")
 
 
 def kind_of(frames: Iterable[str]) -> Untraced | None:
@@ -60,9 +68,19 @@ def kind_of(frames: Iterable[str]) -> Untraced | None:
         path, func = parts
         if _RAY_DATA.match(path):
             return Untraced.RAY_DATA
-        if func == "report" and _RAY_TRAIN.match(path):
+        if func.rsplit(".", 1)[-1] == "report" and _RAY_TRAIN.match(path):  # a sample names a method with its class
             return Untraced.TRAIN_REPORT
     return None
+
+
+def sample_kind(stack: Sequence[str]) -> Untraced | None:
+    """The kind of a stack sample (innermost frame first): a Ray kind of :func:`kind_of`, else Python of the loop's
+    own where no frame is torch's."""
+    kind = kind_of(stack)
+    if kind is not None or not stack:
+        return kind
+    in_torch = any(_TORCH.match(parts[0]) for f in stack if (parts := frame_parts(f)) is not None)
+    return None if in_torch else Untraced.PYTHON
 
 
 def train_version(frames: Iterable[Span], timeline: Timeline | None) -> Literal[1, 2] | None:
@@ -70,7 +88,7 @@ def train_version(frames: Iterable[Span], timeline: Timeline | None) -> Literal[
     names = [f.name for f in frames]
     if timeline is not None:
         names += [f for stack, kind in zip(timeline.stacks, timeline.kinds) if kind is Untraced.TRAIN_REPORT for f in stack]
-    reports = [parts[0] for name in names if (parts := frame_parts(name)) and parts[1] == "report" and _RAY_TRAIN.match(parts[0])]
+    reports = [parts[0] for name in names if (parts := frame_parts(name)) and kind_of([name]) is Untraced.TRAIN_REPORT]
     if not reports:
         return None
     return 2 if any(_TRAIN_V2.match(path) for path in reports) else 1
@@ -107,7 +125,7 @@ class Timeline:
     @classmethod
     def of(cls, samples: FrameSamples, base_us: float) -> Timeline:
         """``samples`` (unix times) on the clock of a trace whose times count from ``base_us``."""
-        kinds = [kind_of(stack) for stack in samples.stacks]
+        kinds = [sample_kind(stack) for stack in samples.stacks]
         ordered = sorted(samples.samples)
         return cls(
             times=[t - base_us for t, _ in ordered], stacks=[samples.stacks[i] for _, i in ordered],
@@ -118,19 +136,17 @@ class Timeline:
         """The indices of the samples taken in ``[a, b)``."""
         return range(bisect_left(self.times, a), bisect_left(self.times, b))
 
-    def head_paths(
-        self, heads: Sequence[tuple[float, float] | None], windows: Sequence[tuple[float, float]]
-    ) -> list[tuple[int, list[OpStat]]]:
-        """For each step's work before its batch (``heads``, None: none), its samples and their hot path
-        (:func:`~orchestrator.analysis.python_frames.sampled_path`) from where it leaves the code the rest of the
-        ``windows`` run: its outer frames are the loop's own (a Trainer's training loop), which every step's samples
-        hold too; the first frame on the path whose function (wherever in it) no sample outside the heads holds is
-        where that work begins."""
-        outside = subtract(union(windows), union(h for h in heads if h is not None))
+    def paths(self, groups: Sequence[Intervals], windows: Sequence[tuple[float, float]]) -> list[tuple[int, list[OpStat]]]:
+        """For each group of stretches (a step's work before its batch, the loop's own Python), its samples and their
+        hot path (:func:`~orchestrator.analysis.python_frames.sampled_path`) from where it leaves the code the rest
+        of the ``windows`` run: its outer frames are the loop's own (a Trainer's training loop), which every step's
+        samples hold too; the first frame on the path whose function (wherever in it) no sample outside the groups
+        holds is where that work begins."""
+        outside = subtract(union(windows), union(iv for group in groups for iv in group))
         seen = {frame_parts(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
         out: list[tuple[int, list[OpStat]]] = []
-        for head in heads:
-            stacks = [self.stacks[i] for i in self.within(*head)] if head is not None else []
+        for group in groups:
+            stacks = [self.stacks[i] for a, b in group for i in self.within(a, b)]
             path = sampled_path(stacks, HOT_SHARE, self.interval_ms) if stacks else []
             begins = next((k for k, f in enumerate(path) if frame_parts(f.name) not in seen), len(path))
             out.append((len(stacks), path[begins:]))

@@ -127,6 +127,11 @@ class StepBreakdown(_Model):
         description="Time the main thread spent in Ray Train's report() (with_stack frames or the agent's stack "
         "samples; orchestrator.analysis.untraced), running no op: in Ray Train 2 a barrier of all workers.",
     )
+    python_ms: float = Field(
+        default=0.0,
+        description="Of phases.other, from the step's batch on: the main thread running Python of the loop's own "
+        "outside torch (a sample none of whose frames is torch's), running no op; stack samples only.",
+    )
     gpu_busy_ms: float | None = None
     kernel_ms: float | None = None
     comm_kernel_ms: float | None = None
@@ -267,6 +272,14 @@ class RankSummary(_Model):
         default_factory=list,
         description="with_stack traces: the innermost frames around DataLoader next() (who iterates the loader: a "
         "transformers Trainer or pipeline, the user's loop), most time first, innermost first where equal.",
+    )
+    python_samples: int = Field(
+        default=0, description="The agent's stack samples taken where the steps ran the loop's own Python (python_ms)."
+    )
+    python_frames: list[OpStat] = Field(
+        default_factory=list,
+        description="The hot path of python_samples (outermost first, each function held by at least half of them, "
+        "its samples as calls), from the first frame no other sample of the window holds. Empty without samples.",
     )
     gpu: GpuStats | None = None
     idle: IdleAttribution | None = Field(default=None, description="Device idle time per step by cause (device traces).")

@@ -26,7 +26,8 @@ class FrameSamples(StrictModel):
     interval_ms: float = Field(gt=0, allow_inf_nan=False, description="How often the stack was sampled.")
     stacks: list[list[str]] = Field(
         description="Each distinct stack, innermost frame first, each frame named as a with_stack trace names it "
-        "('ray/data/iterator.py(293): _create_iterator': its file below the import path, line, function)."
+        "('ray/data/iterator.py(293): _create_iterator': its file below the import path, line, function), a method "
+        "with its class where Python knows it (3.11 on: 'ray/data/iterator.py(293): DataIterator._create_iterator')."
     )
     samples: list[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]] = Field(
         description="(unix time in microseconds, index into stacks), in time order."

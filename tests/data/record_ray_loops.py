@@ -13,6 +13,10 @@ in the trace's metadata as the agent writes them; ``with_stack`` where the case 
   train_report      two workers (DDP, an MLP on fixed tensors) calling ray.train.report({"loss": ...}) every step
                     (Ray Train 2, the default of Ray 2.51 on; with RAY_TRAIN_V2_ENABLED=0 in the environment, Train 1:
                     tests/data/traces/cpu_train_report_v1)
+  python_weights    two workers (DDP, the same MLP) computing per-sample loss weights in a Python loop over the
+                    batch's values every step, before the forward: the loop's own Python outside torch
+  python_tokenize   one worker reading batches of strings from a DataLoader and tokenizing them in the step with a
+                    tokenizer written in Python: the data's preparation, in the step's own process
 Each recording takes ~20-40 s (torch 2.13.0+cpu, ray 2.60.0 when recorded).
 """
 
@@ -107,6 +111,58 @@ def _reports_every_step(config: dict[str, Any]) -> None:
     window.close()
 
 
+def _sample_weights(rows: list[list[float]]) -> list[float]:
+    """Per-sample loss weights computed in Python, element by element: what the user's loop runs outside torch."""
+    weights = []
+    for row in rows:
+        norm = 0.0
+        for value in row:
+            norm += value * value
+        weights.append(1.0 / (1.0 + norm**0.5))
+    return weights
+
+
+def _weights_in_python(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    rows = x.tolist() * 40
+    window = Window(Path(config["out"]), False)
+    for _ in range(STEPS):
+        weights = torch.tensor(_sample_weights(rows)[:64]).unsqueeze(1)
+        loss = (weights * (model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+    window.close()
+
+
+def _tokenize(texts: list[str], length: int = 32) -> torch.Tensor:
+    """Word ids by hashing each word, padded: a tokenizer written in Python, called on each batch in the step."""
+    ids = [[sum(ord(c) * 31**i for i, c in enumerate(word)) % 5000 for word in text.split()][:length] for text in texts]
+    return torch.tensor([row + [0] * (length - len(row)) for row in ids])
+
+
+def _tokenizes_in_the_step(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    words = [f"w{i}x{i * 7 % 13}" for i in range(400)]
+    texts = [" ".join(words[(j * 13 + k) % 400] for k in range(32)) for j in range(64 * STEPS)]
+    loader = torch.utils.data.DataLoader(texts, batch_size=64)  # a list of strings a batch
+    model = nn.Sequential(nn.EmbeddingBag(5000, 64), nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters())
+    window = Window(Path(config["out"]), False)
+    for texts_batch in loader:
+        ids = _tokenize(list(texts_batch) * 6)[:64]
+        loss = model(ids).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+    window.close()
+
+
 def record(out: Path, case: str) -> None:
     folder = (out / case).resolve()
     shutil.rmtree(folder, ignore_errors=True)
@@ -119,12 +175,16 @@ def record(out: Path, case: str) -> None:
     elif case == "train_report":
         trainer = TorchTrainer(_reports_every_step, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
+    elif case in ("python_weights", "python_tokenize"):
+        loop = _weights_in_python if case == "python_weights" else _tokenizes_in_the_step
+        trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2 if case == "python_weights" else 1),
+                               run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
     else:
         raise SystemExit(f"unknown case {case!r}")
     trainer.fit()
 
 
-CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report")
+CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "python_tokenize")
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

@@ -15,12 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.python_frames import frame_label, user_frames
-from orchestrator.models.analysis import Finding, RankSummary
+from orchestrator.analysis.python_frames import frame_label, sampled_path, spot_and_caller, user_frames
+from orchestrator.models.analysis import Finding, OpStat, RankSummary
 from orchestrator.traces.loader import PYTHON_FRAME, Span
 from tests.support.realtraces import finding
 from tests.support.tracefiles import write_trace, x_event
 from tests.unit.test_analysis_idle_causes import kernel, launch
+
+SAMPLED_LOOP = "train.py(5): loop"
 
 
 def _frame(name: str, ts: float, dur: float) -> dict[str, Any]:
@@ -183,3 +185,19 @@ def test_idle_time_other_findings_claim_leaves_no_fix_for_what_is_spread_thin(tm
     assert summary.findings[0].code == "dataloader_bound"
     low = finding(summary, "low_gpu_utilization")
     assert low.severity == "info" and low.fix.startswith("The idle time no other finding claims is spread over small causes")
+
+def test_a_functions_samples_at_different_lines_are_one_step_of_the_hot_path():
+    stacks = [[f"train.py({line}): weights", "train.py(30): step", SAMPLED_LOOP] for line in (11, 12, 12, 13)]
+    path = sampled_path(stacks, share=0.5, interval_ms=5)
+    assert [(f.name, f.calls) for f in path] == [(SAMPLED_LOOP, 4), ("train.py(30): step", 4), ("train.py(12): weights", 4)]
+
+
+def test_a_comprehension_is_named_by_its_function():
+    path = [OpStat(name=n, calls=4, total_ms=20.0) for n in (SAMPLED_LOOP, "tok.py(2): tokenize", "tok.py(3): <listcomp>")]
+    spot, caller = spot_and_caller(path)
+    assert spot.name == "tok.py(2): tokenize" and caller is not None and caller.name == SAMPLED_LOOP
+
+
+def test_a_method_defined_inside_a_function_is_labelled_by_its_class_and_name():
+    label = frame_label("record.py(245): lightning_parts.<locals>.Module.validation_step")
+    assert label == "Module.validation_step (record.py:245)"

@@ -66,5 +66,5 @@ def test_the_path_begins_at_the_first_frame_the_steps_own_samples_do_not_hold():
         # One step of 0-100 µs whose head (0-40) saves; its own work after the head runs `step`.
         samples=[(1_000_010, 1), (1_000_020, 1), (1_000_030, 1), (1_000_060, 0), (1_000_080, 0)],
     )
-    ((n, path),) = Timeline.of(samples, base_us=1_000_000).head_paths([(0.0, 40.0)], [(0.0, 100.0)])
+    ((n, path),) = Timeline.of(samples, base_us=1_000_000).paths([[(0.0, 40.0)]], [(0.0, 100.0)])
     assert n == 3 and [f.name for f in path] == ["train.py(20): save", "mylib/ckpt.py(30): write"]

@@ -29,7 +29,7 @@ def test_a_sample_names_the_threads_stack_innermost_first_as_with_stack_names_fr
     samples = sampler.stop()
     assert samples is not None and samples.samples == [(NOW_NS // 1000, 0)]
     innermost, caller = samples.stacks[0][:2]
-    assert innermost.startswith("actors/agent/frame_sampler.py(") and innermost.endswith("): sample")
+    assert innermost.startswith("actors/agent/frame_sampler.py(") and innermost.endswith("): FrameSampler.sample")
     assert caller.startswith("tests/unit/test_frame_sampler.py(") and caller.endswith("): _marked_function")
 
 

@@ -1,0 +1,63 @@
+"""A CPU-only step that spends its time in the training loop's own Python, outside torch: a per-sample loop, a
+tokenizer run in the step, numpy work, a logger.
+
+:mod:`orchestrator.analysis.untraced` names that time from the agent's stack samples, from the step's batch on
+(before it, it is the work between steps, told on its own). Without the samples it read as the model's forward (an
+empty stretch before the backward pass) or the step's tail: a loop that spent 24 ms of a 27 ms step scoring tokens
+in Python was told "forward 25 ms, no findings". On a device the same Python is told by the device idle time it
+leaves (:mod:`orchestrator.analysis.advice`); here the host's time is the step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.analysis.finding_base import REPORT_FRACTION, make_finding, ranks_text, share, step_word
+from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
+from orchestrator.analysis.python_frames import frame_label, spot_and_caller
+from orchestrator.models.analysis import Finding, OpStat, RankSummary, Straggler
+
+__all__ = ["host_python"]
+
+
+def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
+    """On a CPU-only trace, the loop's own Python takes REPORT_FRACTION of the step or more."""
+    hit = [r for r in ranks if r.steps and r.gpu is None and r.idle is None and share(r, _per_step(r)) >= REPORT_FRACTION]
+    if not hit:
+        return None
+    worst = max(hit, key=lambda r: share(r, _per_step(r)))
+    per_step = _per_step(worst)
+    steps = sum(1 for s in worst.steps if s.python_ms > 0)
+    when = "in every step" if steps == len(worst.steps) else f"in {steps} of the {len(worst.steps)} steps"
+    found = spot_and_caller(worst.python_frames)
+    named = ""
+    if found is not None:
+        spot, caller = found
+        called = f", called from {frame_label(caller.name)}" if caller is not None else ""
+        named = f" The stack samples there: {spot.calls / worst.python_samples:.0%} in {frame_label(spot.name)}{called}."
+    figure = f"{per_step:.1f} ms a {step_word(worst)}"
+    fetched = " after its batch is fetched" if worst.data_loader else ""
+    told = f"{frame_label(found[0].name)} runs {when} ({figure})" if found else f"The loop's own Python runs {when} ({figure})"
+    return make_finding(
+        "host_python",
+        worst,
+        per_step,
+        title=f"The loop's own Python takes {share(worst, per_step):.0%} of the {step_word(worst)}, outside torch",
+        evidence=(
+            f"The training thread runs Python outside any torch op (no frame of the model, autograd, the optimizer "
+            f"or the DataLoader) {when} on rank {worst.rank}{fetched}, {per_step:.1f} ms of a "
+            f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on average.{named} Found on {ranks_text(hit)}."
+        ),
+        fix=python_fix(_kind(worst.python_frames), [f.name for f in worst.python_frames], told, device=False),
+        ranks=[r.rank for r in hit],
+    )
+
+
+def _kind(path: Sequence[OpStat]) -> PythonKind:
+    """What the Python is, by the innermost frame of its hot path that says (a tokenizer's list comprehension is the
+    tokenizer's)."""
+    return next((kind for f in reversed(path) if (kind := python_kind(f.name)) != "python"), "python")
+
+
+def _per_step(r: RankSummary) -> float:
+    return sum(s.python_ms for s in r.steps) / len(r.steps)

@@ -1,0 +1,73 @@
+"""A CPU-only step that spends its time in the training loop's own Python, outside torch, named from the agent's
+stack samples.
+
+Recorded by tests/data/record_ray_loops.py (Ray Train on a local Ray, the agent's sampler in each trace):
+cpu_python_weights (two DDP workers computing per-sample loss weights in a Python loop, ~23 ms of a 30 ms step)
+and cpu_python_tokenize (one worker tokenizing each batch of strings in the step with a tokenizer written in Python).
+Before this rule the Python read as the model's forward, and the report said "No findings".
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.untraced import Untraced, sample_kind
+from tests.support.tracefiles import case
+
+LOOP = "train.py(5): loop"
+
+
+def finding(summary, code):
+    return next((f for f in summary.findings if f.code == code), None)
+
+
+def test_a_python_loop_in_the_step_is_the_first_finding_named_by_its_function():
+    summary = analyze_folder(case("cpu_python_weights"))
+    found = summary.findings[0]
+    assert found.code == "host_python" and found.severity == "warning"
+    assert found.ranks == [0, 1]
+    assert "in _sample_weights (record_ray_loops.py:" in found.evidence
+
+
+def test_the_loops_own_python_is_not_the_models_forward():
+    summary = analyze_folder(case("cpu_python_weights"))
+    for r in summary.ranks:
+        python = sum(s.python_ms for s in r.steps) / len(r.steps)
+        assert python > 0.5 * r.mean_step_ms
+        assert r.mean_phases.forward < 0.2 * r.mean_step_ms and r.mean_phases.other >= python
+        assert r.mean_phases.total() == pytest.approx(r.mean_step_ms, rel=1e-6)
+
+
+def test_python_that_visits_elements_one_by_one_is_told_to_become_tensor_ops():
+    found = finding(analyze_folder(case("cpu_python_weights")), "host_python")
+    assert "as tensor ops over the whole batch" in found.fix
+    assert "Dataset's __getitem__" not in found.fix
+
+
+def test_a_tokenizer_run_in_the_step_is_told_to_move_into_dataloader_workers():
+    found = finding(analyze_folder(case("cpu_python_tokenize")), "host_python")
+    assert found.severity == "warning"
+    assert "in _tokenize (record_ray_loops.py:" in found.evidence and "after its batch is fetched" in found.evidence
+    assert "<listcomp>" not in found.evidence + found.fix
+    assert "Dataset's __getitem__ so DataLoader workers (num_workers > 0)" in found.fix
+
+
+@pytest.mark.parametrize("folder", ["cpu_ray_data_fast", "cpu_hf_trainer_save_sampled", "cpu_lightning_validate_sampled"])
+def test_frameworks_own_loops_with_samples_get_no_python_finding(folder):
+    # A Trainer's and Lightning's own Python between the batch and the backward is a few percent of their steps.
+    assert finding(analyze_folder(case(folder)), "host_python") is None
+
+
+def test_a_sample_under_no_torch_frame_is_the_loops_own_python():
+    assert sample_kind(["tok.py(3): <listcomp>", "tok.py(2): tokenize", LOOP]) is Untraced.PYTHON
+    assert sample_kind(["numpy/core/fromnumeric.py(59): _wrapfunc", "train.py(9): weights", LOOP]) is Untraced.PYTHON
+
+
+def test_a_sample_under_a_torch_frame_is_torchs_not_the_loops():
+    assert sample_kind(["torch/nn/modules/module.py(1789): _call_impl", LOOP]) is None
+    assert sample_kind(["mylib/loss.py(4): hook", "torch/autograd/__init__.py(395): backward", LOOP]) is None
+
+
+def test_a_sample_in_ray_data_is_ray_datas_not_the_loops():
+    assert sample_kind(["ray/data/iterator.py(293): _create_iterator", LOOP]) is Untraced.RAY_DATA
