@@ -19,7 +19,8 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
-* ``data_prep``, ``bookkeeping``, ``python``: in a ``with_stack`` trace, the Python functions the host runs outside
+* ``data_prep``, ``bookkeeping``, ``python``: in a ``with_stack`` trace or one with the agent's stack samples
+  (:meth:`~orchestrator.analysis.untraced.Timeline.frames`), the Python functions the host runs outside
   any op (innermost frame of the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), by what
   the largest is: the data's preparation into DataLoader workers, logging every N steps, the rest off the step or
   onto the device;

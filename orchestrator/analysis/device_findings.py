@@ -77,7 +77,7 @@ def _unnamed_ms(r: RankSummary) -> float:
 def _unnamed_fix(r: RankSummary, ms: float) -> str:
     """How to find out what the host does while the device idles (``ms`` per step), where no cause names it."""
     cpu = r.idle.get("cpu") if r.idle is not None else None
-    stacks = cpu is not None and bool(cpu.python_frames)  # with_stack was on: its frames named what they could
+    stacks = cpu is not None and bool(cpu.python_frames)  # with_stack or the stack samples named what they could
     how = "wrap" if stacks else "profile with with_stack=True or wrap"
     # Where the steps spend that long before fetching their batch, the code runs there: the loop's own between steps.
     between = statistics.mean(s.between_ms for s in r.steps) if r.steps else 0.0

@@ -20,7 +20,8 @@ same correlation id). That launch says who the device waited for:
   in any other profiled span (``cpu``; named by the innermost span, and by the
   optimizer step or ``record_function`` region around it), in a ``ProfilerStep``
   but in no op (``cpu``, "Python outside any op"; named by its innermost Python frame of the user's code
-  in a ``with_stack`` trace: :mod:`~orchestrator.analysis.python_frames`), else ``untraced``. From the launch
+  in a ``with_stack`` trace, or from the agent's stack samples: :mod:`~orchestrator.analysis.python_frames`),
+  else ``untraced``. From the launch
   call on, the gap is the launch's (``launch``; up to :data:`LAUNCH_GAP_US` after the call returns, then
   ``queued``: a kernel the device starts later waited on a dependency) unless the call itself is slower than
   :data:`LAUNCH_GAP_US` (the runtime loads modules or allocates: host time, named by
@@ -119,7 +120,8 @@ class HostThread:
     compile: Intervals = field(default_factory=list)  # torch.compile compiling (spans.compilations)
     # The optimizer's own time: its steps less the forward and backward a closure runs inside them (None: all of it).
     optimizer: Intervals | None = None
-    frames: Sequence[Span] = ()  # a with_stack trace's Python frames of the user's code, sorted as ``spans``
+    # Python frames of the user's code (a with_stack trace's, or the stack samples' where it runs no op), sorted as ``spans``
+    frames: Sequence[Span] = ()
 
     @classmethod
     def other(cls, spans: list[Span], kinds: Kinds, windows: Sequence[Window]) -> HostThread:

@@ -239,7 +239,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     base_us = trace.file.base_time_ns / 1000
     timeline, unread = Timeline.read(trace.header, base_us)
     issues += [unread] if unread else []
-    untraced = untraced_waits(frames.get(main_key, ()), timeline, subtract(union(windows), main_ops))
+    untraced = untraced_waits(frames.get(main_key, ()), timeline, gaps := subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
         ("sync", sync_rule),
@@ -336,7 +336,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
-            frames=main_frames,
+            frames=main_frames or (user_frames(timeline.frames(gaps)) if timeline else []),  # samples stand in for stacks
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else HostThread.other(threads[key], kinds[key], windows),

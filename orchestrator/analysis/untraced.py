@@ -153,6 +153,18 @@ class Timeline:
         return out
 
 
+    def frames(self, gaps: Intervals) -> list[Span]:
+        """Python frames as a with_stack trace would show them where the main thread runs no op (``gaps``: sorted,
+        apart): each sample's frames, outermost first, over its stretch of a gap (:func:`_stretches`' boundaries):
+        what names the Python outside any op that leaves a device idle in a trace without stacks."""
+        out: list[Span] = []
+        for a, b in gaps:
+            inside = self.within(a, b)
+            for (start, end), i in zip(_reach([self.times[i] for i in inside], a, b), inside):
+                out += [Span(ts=start, end=end, name=f, cat="python_function", pid=0, tid=0) for f in reversed(self.stacks[i])]
+        return out
+
+
 def untraced_waits(frames: Sequence[Span], timeline: Timeline | None, gaps: Intervals) -> dict[Untraced, Intervals]:
     """Where the main thread waits in each kind: its with_stack ``frames`` of that kind, and the stretches of
     ``gaps`` (sorted, apart: where it runs no op) that the samples of ``timeline`` name."""
@@ -170,13 +182,13 @@ def untraced_waits(frames: Sequence[Span], timeline: Timeline | None, gaps: Inte
 
 
 def _stretches(inside: Sequence[tuple[float, Untraced | None]], a: float, b: float) -> list[tuple[float, float, Untraced]]:
-    """The stretches of the gap ``[a, b)`` each kind holds, from the samples ``inside`` it: a boundary between two
-    samples of different kinds (or none) lies halfway between them; the first and last samples reach the gap's ends."""
-    out: list[tuple[float, float, Untraced]] = []
-    for i, (t, kind) in enumerate(inside):
-        if kind is None:
-            continue
-        start = a if i == 0 else (inside[i - 1][0] + t) / 2
-        end = b if i == len(inside) - 1 else (t + inside[i + 1][0]) / 2
-        out.append((start, end, kind))
-    return out
+    """The stretches of the gap ``[a, b)`` each kind holds, from the samples ``inside`` it (:func:`_reach`)."""
+    reach = _reach([t for t, _ in inside], a, b)
+    return [(start, end, kind) for (start, end), (_, kind) in zip(reach, inside) if kind is not None]
+
+
+def _reach(times: Sequence[float], a: float, b: float) -> list[tuple[float, float]]:
+    """The stretch of the gap ``[a, b)`` each sample taken in it (at ``times``, in order) stands for: a boundary
+    between two samples lies halfway between them; the first and last samples reach the gap's ends."""
+    last = len(times) - 1
+    return [(a if i == 0 else (times[i - 1] + t) / 2, b if i == last else (t + times[i + 1]) / 2) for i, t in enumerate(times)]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.python_frames import frame_label, sampled_path, spot_and_caller, user_frames
 from orchestrator.models.analysis import Finding, OpStat, RankSummary
+from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import PYTHON_FRAME, Span
 from tests.support.realtraces import finding
 from tests.support.tracefiles import write_trace, x_event
@@ -201,3 +202,35 @@ def test_a_comprehension_is_named_by_its_function():
 def test_a_method_defined_inside_a_function_is_labelled_by_its_class_and_name():
     label = frame_label("record.py(245): lightning_parts.<locals>.Module.validation_step")
     assert label == "Module.validation_step (record.py:245)"
+
+
+def _sampled_step(tmp_path: Path, stacks: list[list[str]]) -> tuple[RankSummary, Finding]:
+    """A 20 ms step whose device runs 2 kernels and idles from 1.01 ms to 19 ms while the host is in no op (but for the 5 µs launch), with one
+    stack sample in ``stacks`` every 5 ms from 3 ms, as the agent writes them (no with_stack)."""
+    base_us = 1_700_000_000_000_000
+    events = [
+        x_event("ProfilerStep#1", 0, 20_000, cat="user_annotation"),
+        launch(0, 1, dur=5), kernel(10, 1_000, 1),
+        launch(18_995, 2, dur=5), kernel(19_000, 900, 2),
+    ]
+    samples = FrameSamples(
+        interval_ms=5, stacks=stacks, samples=[(base_us + 3_000 + 5_000 * k, k % len(stacks)) for k in range(4)]
+    )
+    write_trace(
+        tmp_path / "rank0.pt.trace.json", events, world_size=1, baseTimeNanoseconds=base_us * 1000,
+        **{FRAMES_METADATA_KEY: samples.model_dump(mode="json")},
+    )
+    summary = analyze_folder(tmp_path)
+    return summary.ranks[0], finding(summary, "low_gpu_utilization")
+
+
+def test_the_stack_samples_name_the_python_that_leaves_the_device_idle_without_with_stack(tmp_path: Path) -> None:
+    rank, found = _sampled_step(tmp_path, [["data/augment.py(30): random_crop", "train.py(12): train_step", "train.py(40): main"]])
+    assert _python(rank) == {"data/augment.py(30): random_crop": 17_985}
+    assert "random_crop (data/augment.py:30)" in found.fix and "with_stack=True" not in found.fix
+
+
+def test_samples_under_torch_name_their_nearest_frame_of_the_users_code(tmp_path: Path) -> None:
+    stacks = [["torch/nn/functional.py(4500): pad", "data/augment.py(30): random_crop", "train.py(12): train_step"]]
+    rank, _ = _sampled_step(tmp_path, stacks)
+    assert _python(rank) == {"data/augment.py(30): random_crop": 17_985}
