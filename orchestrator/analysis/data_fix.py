@@ -33,7 +33,9 @@ _IMAGE_PROCESSOR = re.compile(r"^transformers/(models/[^/]+/)?image_processing_"
 _OFF_TORCH = re.compile(r"^(scipy|PIL|skimage)/|/image_processing_pil_")
 _NUMPY_TRANSFORMS = re.compile(r"^transformers/image_transforms\.py$")
 _PIL = re.compile(r"^PIL/")
-_TOKENIZER = re.compile(r"^(transformers/tokenization_utils|tokenizers/)")
+_TOKENIZER = re.compile(r"^(transformers/tokenization_|tokenizers/)")
+# A fast (Rust) tokenizer's own files: transformers 4's *_fast, 5's TokenizersBackend, the tokenizers package.
+_FAST_TOKENIZER = re.compile(r"^(transformers/tokenization_utils_(fast|tokenizers)\.py|tokenizers/)")
 PIPELINE_WORKERS = (
     "call the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, "
     "batch_size=16)): its DataLoader workers then prepare the inputs"
@@ -78,9 +80,10 @@ def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
             "size the model takes."
         )
     if _any(frames, _TOKENIZER):
+        fast = "" if _any(frames, _FAST_TOKENIZER) else ", with the fast (Rust) tokenizer (AutoTokenizer.from_pretrained(name, use_fast=True))"
         return (
             " Much of that time is tokenizing each batch: tokenize once, ahead (datasets' map(tokenize, batched=True, "
-            "num_proc=N)), with the fast (Rust) tokenizer."
+            f"num_proc=N)){fast}."
         )
     return ""
 

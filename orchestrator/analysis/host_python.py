@@ -28,7 +28,10 @@ def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
     worst = max(hit, key=lambda r: share(r, _per_step(r)))
     per_step = _per_step(worst)
     steps = sum(1 for s in worst.steps if s.python_ms > 0)
-    when = "in every step" if steps == len(worst.steps) else f"in {steps} of the {len(worst.steps)} steps"
+    when = "in every step" if steps == len(worst.steps) else (
+        f"in {steps} of the {len(worst.steps)} steps (a stack sample catches work shorter than the time between two "
+        "samples only now and then: it may run in more)"
+    )
     found = spot_and_caller(worst.python_frames)
     named = ""
     if found is not None:
@@ -37,7 +40,8 @@ def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
         named = f" The stack samples there: {spot.calls / worst.python_samples:.0%} in {frame_label(spot.name)}{called}."
     figure = f"{per_step:.1f} ms a {step_word(worst)}"
     fetched = " after its batch is fetched" if worst.data_loader else ""
-    told = f"{frame_label(found[0].name)} runs {when} ({figure})" if found else f"The loop's own Python runs {when} ({figure})"
+    who = frame_label(found[0].name) if found else "The loop's own Python"
+    told = f"{who} runs in the step ({figure})"
     return make_finding(
         "host_python",
         worst,

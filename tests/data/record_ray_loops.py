@@ -17,6 +17,8 @@ in the trace's metadata as the agent writes them; ``with_stack`` where the case 
                     batch's values every step, before the forward: the loop's own Python outside torch
   python_tokenize   one worker reading batches of strings from a DataLoader and tokenizing them in the step with a
                     tokenizer written in Python: the data's preparation, in the step's own process
+  hf_tokenize       the same with a transformers fast tokenizer (PreTrainedTokenizerFast over a WordLevel vocabulary
+                    built in memory) called on each batch in the step
 Each recording takes ~20-40 s (torch 2.13.0+cpu, ray 2.60.0 when recorded).
 """
 
@@ -145,16 +147,30 @@ def _tokenize(texts: list[str], length: int = 32) -> torch.Tensor:
     return torch.tensor([row + [0] * (length - len(row)) for row in ids])
 
 
+def _hf_tokenizer(words: list[str]) -> Any:
+    """A transformers fast tokenizer over ``words`` (a tokenizers WordLevel model built in memory: no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(words)}}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]")
+
+
 def _tokenizes_in_the_step(config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    words = [f"w{i}x{i * 7 % 13}" for i in range(400)]
-    texts = [" ".join(words[(j * 13 + k) % 400] for k in range(32)) for j in range(64 * STEPS)]
+    words = [f"w{i}x{i * 7 % 13}" for i in range(4000)]
+    texts = [" ".join(words[(j * 13 + k) % 4000] for k in range(128 if config["hf"] else 32)) for j in range(64 * STEPS)]
     loader = torch.utils.data.DataLoader(texts, batch_size=64)  # a list of strings a batch
     model = nn.Sequential(nn.EmbeddingBag(5000, 64), nn.Linear(64, 1))
     opt = torch.optim.Adam(model.parameters())
+    tokenizer = _hf_tokenizer(words) if config["hf"] else None
     window = Window(Path(config["out"]), False)
     for texts_batch in loader:
-        ids = _tokenize(list(texts_batch) * 6)[:64]
+        if tokenizer is not None:
+            ids = tokenizer(list(texts_batch), padding=True, truncation=True, max_length=128, return_tensors="pt")["input_ids"] % 5000
+        else:
+            ids = _tokenize(list(texts_batch) * 6)[:64]
         loss = model(ids).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -166,7 +182,7 @@ def _tokenizes_in_the_step(config: dict[str, Any]) -> None:
 def record(out: Path, case: str) -> None:
     folder = (out / case).resolve()
     shutil.rmtree(folder, ignore_errors=True)
-    config: dict[str, Any] = {"out": str(folder), "stack": case == "ray_data_stack"}
+    config: dict[str, Any] = {"out": str(folder), "stack": case == "ray_data_stack", "hf": case == "hf_tokenize"}
     if case.startswith("ray_data"):
         spin = 0.0 if case == "ray_data_fast" else 0.1
         ds = ray.data.range(64 * 40, override_num_blocks=40).map_batches(_spin(spin), batch_size=64)
@@ -175,7 +191,7 @@ def record(out: Path, case: str) -> None:
     elif case == "train_report":
         trainer = TorchTrainer(_reports_every_step, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
-    elif case in ("python_weights", "python_tokenize"):
+    elif case in ("python_weights", "python_tokenize", "hf_tokenize"):
         loop = _weights_in_python if case == "python_weights" else _tokenizes_in_the_step
         trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2 if case == "python_weights" else 1),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
@@ -184,7 +200,7 @@ def record(out: Path, case: str) -> None:
     trainer.fit()
 
 
-CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "python_tokenize")
+CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "python_tokenize", "hf_tokenize")
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

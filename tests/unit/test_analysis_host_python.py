@@ -3,7 +3,8 @@ stack samples.
 
 Recorded by tests/data/record_ray_loops.py (Ray Train on a local Ray, the agent's sampler in each trace):
 cpu_python_weights (two DDP workers computing per-sample loss weights in a Python loop, ~23 ms of a 30 ms step)
-and cpu_python_tokenize (one worker tokenizing each batch of strings in the step with a tokenizer written in Python).
+cpu_python_tokenize (one worker tokenizing each batch of strings in the step with a tokenizer written in Python) and
+cpu_hf_tokenize (the same with a transformers fast tokenizer).
 Before this rule the Python read as the model's forward, and the report said "No findings".
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.data_fix import prep_clause
 from orchestrator.analysis.untraced import Untraced, sample_kind
 from tests.support.tracefiles import case
 
@@ -51,6 +53,19 @@ def test_a_tokenizer_run_in_the_step_is_told_to_move_into_dataloader_workers():
     assert "in _tokenize (record_ray_loops.py:" in found.evidence and "after its batch is fetched" in found.evidence
     assert "<listcomp>" not in found.evidence + found.fix
     assert "Dataset's __getitem__ so DataLoader workers (num_workers > 0)" in found.fix
+
+
+def test_a_transformers_tokenizer_run_in_the_step_is_told_to_tokenize_once_ahead():
+    found = finding(analyze_folder(case("cpu_hf_tokenize")), "host_python")
+    assert found.severity == "warning"
+    assert "TokenizersBackend._encode_plus (transformers/tokenization_utils_tokenizers.py:" in found.evidence
+    assert "tokenize once, ahead (datasets' map(tokenize, batched=True, num_proc=N))" in found.fix
+    assert "use_fast=True" not in found.fix  # it is the fast tokenizer already
+
+
+def test_a_slow_tokenizer_is_told_to_use_the_fast_one():
+    clause = prep_clause(["transformers/tokenization_python.py(700): PythonBackend._tokenize"], pipeline=False)
+    assert "tokenize once, ahead" in clause and "use_fast=True" in clause
 
 
 @pytest.mark.parametrize("folder", ["cpu_ray_data_fast", "cpu_hf_trainer_save_sampled", "cpu_lightning_validate_sampled"])
