@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import ONE_STEP_OTHERS_FRACTION, REPORT_FRACTION, OneStep, one_step, ranks_text
 from orchestrator.analysis.loop_settings import Change, in_loop
-from orchestrator.analysis.python_frames import frame_label, spot_and_caller
+from orchestrator.analysis.python_frames import sampled_spot
 from orchestrator.models.analysis import RankSummary, StepBreakdown
 
 __all__ = [
@@ -91,14 +91,8 @@ def _kind(r: RankSummary, step: int) -> str:
 
 def _sampled(s: StepBreakdown) -> str:
     """'; the stack samples there: 83% in save_file (safetensors/torch.py:286), called from ...' ('' without)."""
-    found = spot_and_caller(s.between_frames)
-    if found is None:
-        return ""
-    spot, caller = found
-    begins = s.between_frames[0]
-    called = f", called from {frame_label(caller.name)}" if caller is not None else ""
-    under = f", under {frame_label(begins.name)}" if begins not in (spot, caller) else ""
-    return f"; the stack samples there: {spot.calls / s.between_samples:.0%} in {frame_label(spot.name)}{called}{under}"
+    where = sampled_spot(s.between_frames, s.between_samples)
+    return f"; the stack samples there: {where}" if where else ""
 
 
 def _guess(s: StepBreakdown) -> str:

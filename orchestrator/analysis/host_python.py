@@ -14,32 +14,29 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import REPORT_FRACTION, make_finding, ranks_text, share, step_word
 from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
-from orchestrator.analysis.python_frames import frame_label, spot_and_caller
+from orchestrator.analysis.python_frames import frame_label, sampled_spot, spot_and_caller
 from orchestrator.models.analysis import Finding, OpStat, RankSummary, Straggler
 
-__all__ = ["host_python"]
+__all__ = ["host_python", "python_per_step"]
 
 
 def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
     """On a CPU-only trace, the loop's own Python takes REPORT_FRACTION of the step or more."""
-    hit = [r for r in ranks if r.steps and r.gpu is None and r.idle is None and share(r, _per_step(r)) >= REPORT_FRACTION]
+    hit = [r for r in ranks if r.steps and r.gpu is None and r.idle is None and share(r, python_per_step(r)) >= REPORT_FRACTION]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: share(r, _per_step(r)))
-    per_step = _per_step(worst)
+    worst = max(hit, key=lambda r: share(r, python_per_step(r)))
+    per_step = python_per_step(worst)
     steps = sum(1 for s in worst.steps if s.python_ms > 0)
     when = "in every step" if steps == len(worst.steps) else (
         f"in {steps} of the {len(worst.steps)} steps (a stack sample catches work shorter than the time between two "
         "samples only now and then: it may run in more)"
     )
-    found = spot_and_caller(worst.python_frames)
-    named = ""
-    if found is not None:
-        spot, caller = found
-        called = f", called from {frame_label(caller.name)}" if caller is not None else ""
-        named = f" The stack samples there: {spot.calls / worst.python_samples:.0%} in {frame_label(spot.name)}{called}."
+    where = sampled_spot(worst.python_frames, worst.python_samples)
+    named = f" The stack samples there: {where}." if where else ""
     figure = f"{per_step:.1f} ms a {step_word(worst)}"
     fetched = " after its batch is fetched" if worst.data_loader else ""
+    found = spot_and_caller(worst.python_frames)
     who = frame_label(found[0].name) if found else "The loop's own Python"
     told = f"{who} runs in the step ({figure})"
     return make_finding(
@@ -63,5 +60,6 @@ def _kind(path: Sequence[OpStat]) -> PythonKind:
     return next((kind for f in reversed(path) if (kind := python_kind(f.name)) != "python"), "python")
 
 
-def _per_step(r: RankSummary) -> float:
-    return sum(s.python_ms for s in r.steps) / len(r.steps)
+def python_per_step(r: RankSummary) -> float:
+    """The loop's own Python, ms per step (StepBreakdown.python_ms)."""
+    return sum(s.python_ms for s in r.steps) / len(r.steps) if r.steps else 0.0

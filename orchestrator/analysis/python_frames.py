@@ -24,7 +24,8 @@ from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
 __all__ = [
-    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "sampled_path", "spot_and_caller", "user_frames",
+    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "sampled_path", "sampled_spot",
+    "spot_and_caller", "user_frames",
 ]
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
@@ -176,6 +177,19 @@ def spot_and_caller(hot: Sequence[OpStat]) -> tuple[OpStat, OpStat | None] | Non
     spot = named[-1]
     file = frame_file(spot.name)
     return spot, next((f for f in reversed(named[:-1]) if frame_file(f.name) != file), None)
+
+
+def sampled_spot(path: Sequence[OpStat], samples: int) -> str:
+    """Where a hot path of ``samples`` stack samples leads: '75% in save_file (safetensors/torch.py:286), called from
+    save_model (...), under _save_checkpoint (...)': its deepest frame, the nearest caller in another file, and the
+    path's first frame, where the work begins ('' for no path)."""
+    found = spot_and_caller(path)
+    if found is None or samples <= 0:
+        return ""
+    spot, caller = found
+    called = f", called from {frame_label(caller.name)}" if caller is not None else ""
+    under = f", under {frame_label(path[0].name)}" if path[0] not in (spot, caller) else ""
+    return f"{spot.calls / samples:.0%} in {frame_label(spot.name)}{called}{under}"
 
 
 def frame_file(name: str) -> str:

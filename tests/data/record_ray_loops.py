@@ -15,6 +15,8 @@ in the trace's metadata as the agent writes them; ``with_stack`` where the case 
                     tests/data/traces/cpu_train_report_v1)
   python_weights    two workers (DDP, the same MLP) computing per-sample loss weights in a Python loop over the
                     batch's values every step, before the forward: the loop's own Python outside torch
+  rank0_metrics     the same two workers, rank 0 alone computing statistics for a log line in Python after each
+                    optimizer step (the rank-gated work that makes every other rank wait in the next all-reduce)
   python_tokenize   one worker reading batches of strings from a DataLoader and tokenizing them in the step with a
                     tokenizer written in Python: the data's preparation, in the step's own process
   hf_tokenize       the same with a transformers fast tokenizer (PreTrainedTokenizerFast over a WordLevel vocabulary
@@ -141,6 +143,29 @@ def _weights_in_python(config: dict[str, Any]) -> None:
     window.close()
 
 
+def _log_metrics(rows: list[list[float]]) -> float:
+    """Per-sample statistics for a log line, in Python over every value: the work a loop gates on rank 0."""
+    return sum(_sample_weights(rows)) / len(rows)
+
+
+def _rank0_logs_in_python(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    rows = x.tolist() * 40
+    window = Window(Path(config["out"]), False)
+    for _ in range(STEPS):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+        if train.get_context().get_world_rank() == 0:
+            _log_metrics(rows)
+    window.close()
+
+
 def _tokenize(texts: list[str], length: int = 32) -> torch.Tensor:
     """Word ids by hashing each word, padded: a tokenizer written in Python, called on each batch in the step."""
     ids = [[sum(ord(c) * 31**i for i, c in enumerate(word)) % 5000 for word in text.split()][:length] for text in texts]
@@ -191,16 +216,18 @@ def record(out: Path, case: str) -> None:
     elif case == "train_report":
         trainer = TorchTrainer(_reports_every_step, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
-    elif case in ("python_weights", "python_tokenize", "hf_tokenize"):
-        loop = _weights_in_python if case == "python_weights" else _tokenizes_in_the_step
-        trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2 if case == "python_weights" else 1),
+    elif case in ("python_weights", "rank0_metrics", "python_tokenize", "hf_tokenize"):
+        loop = {"python_weights": _weights_in_python, "rank0_metrics": _rank0_logs_in_python}.get(case, _tokenizes_in_the_step)
+        workers = 2 if case in ("python_weights", "rank0_metrics") else 1
+        trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=workers),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
     else:
         raise SystemExit(f"unknown case {case!r}")
     trainer.fit()
 
 
-CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "python_tokenize", "hf_tokenize")
+CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "rank0_metrics", "python_tokenize",
+         "hf_tokenize")
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

@@ -4,7 +4,8 @@ stack samples.
 Recorded by tests/data/record_ray_loops.py (Ray Train on a local Ray, the agent's sampler in each trace):
 cpu_python_weights (two DDP workers computing per-sample loss weights in a Python loop, ~23 ms of a 30 ms step)
 cpu_python_tokenize (one worker tokenizing each batch of strings in the step with a tokenizer written in Python) and
-cpu_hf_tokenize (the same with a transformers fast tokenizer).
+cpu_hf_tokenize (the same with a transformers fast tokenizer); cpu_rank0_metrics (two DDP workers, rank 0 alone
+computing statistics for a log line in Python after each step, the other waiting in the next all-reduce).
 Before this rule the Python read as the model's forward, and the report said "No findings".
 """
 
@@ -53,6 +54,19 @@ def test_a_tokenizer_run_in_the_step_is_told_to_move_into_dataloader_workers():
     assert "in _tokenize (record_ray_loops.py:" in found.evidence and "after its batch is fetched" in found.evidence
     assert "<listcomp>" not in found.evidence + found.fix
     assert "Dataset's __getitem__ so DataLoader workers (num_workers > 0)" in found.fix
+
+
+def test_a_straggler_running_python_the_others_do_not_is_told_which_function():
+    found = finding(analyze_folder(case("cpu_rank0_metrics")), "straggler")
+    assert found.ranks == [0] and found.title == "Rank 0 is a straggler (other)"
+    assert "in the loop's own Python, which the other ranks do not run: 100% in _sample_weights" in found.evidence
+    assert "under _log_metrics (record_ray_loops.py:" in found.evidence
+    assert found.fix.startswith("_sample_weights (record_ray_loops.py:") and "runs on rank 0 alone" in found.fix
+
+
+def test_rank_gated_python_is_bookkeeping_by_the_function_it_begins_in():
+    found = finding(analyze_folder(case("cpu_rank0_metrics")), "host_python")
+    assert found.ranks == [0] and "the step's bookkeeping (logging, metrics, callbacks, saving)" in found.fix
 
 
 def test_a_transformers_tokenizer_run_in_the_step_is_told_to_tokenize_once_ahead():
