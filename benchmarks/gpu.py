@@ -19,7 +19,9 @@ Checks, each recorded with its numbers in the JSON it writes:
   exception reaches the job, holds the ``oom`` event, and training goes on;
 - ``warm_up``: a torch.compile(mode="reduce-overhead") transformer's first compiled steps are told warm-up
   (compiling, recording CUDA graphs), and 20 steps later no step compiles or records;
-- ``verdicts``: ``analyze`` on the fresh traces of a healthy loop and a DataLoader-bound one;
+- ``verdicts``: ``analyze`` on the fresh traces of a healthy loop, a DataLoader-bound one, and one that runs a
+  Python loop on the training thread each step (the device idle finding names its function from the agent's stack
+  samples, with no with_stack; on CPU the host_python finding does);
 - ``export_peak_rss``: the export children's peak memory and the largest raw trace.
 """
 
@@ -132,6 +134,7 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
                 "window": driver.window(models["transformer"], "tf-snapshot", memory_snapshot=True)})
         section("dataloader_window", lambda: (driver.train(models["dataloader_bound"], 3),
                                               driver.window(models["dataloader_bound"], "dl-bound"))[1])
+        section("python_window", lambda: driver.window(models["python_bound"], "py-bound"))
         if cuda:
             section("oom", lambda: oom_check(driver, models["cnn"]))
         section("warm_up", lambda: warm_up_check(driver, quick))
@@ -142,7 +145,8 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     result["stderr_head"] = stderr[:40]
     section("verdicts", lambda: {"healthy_cnn": _verdict(work / "store", "cnn-w0"),
                                  "healthy_transformer": _verdict(work / "store", "transformer-w0"),
-                                 "dataloader_bound": _verdict(work / "store", "dl-bound")})
+                                 "dataloader_bound": _verdict(work / "store", "dl-bound"),
+                                 "python_bound": _verdict(work / "store", "py-bound")})
     section("export_child", lambda: _export_peak(work / "store"))
     section("memory_devices", lambda: _memory_devices(work / "store"))
     result["errors"] = errors
@@ -205,6 +209,10 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
         out.append("the healthy CNN was called DataLoader-bound")
     if verdicts and verdicts["dataloader_bound"]["first_finding"] != "dataloader_bound":
         out.append(f"the DataLoader-bound loop's first finding: {verdicts['dataloader_bound']['first_finding']}")
+    python = verdicts.get("python_bound")
+    expected = "low_gpu_utilization" if cuda else "host_python"
+    if python and (python["first_finding"] != expected or "_score_labels" not in (python["first_fix"] or "")):
+        out.append(f"the Python-bound loop: {python['first_finding']} ({python['first_fix']}), not {expected} naming _score_labels")
     return out
 
 

@@ -78,7 +78,28 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
         "transformer": Loop("transformer", SmallTransformer(dim=64 if quick else 256), lambda: (ids, ids), device),
         # The same CNN fed by a DataLoader whose per-sample transform runs on the training thread.
         "dataloader_bound": Loop("dataloader_bound", SmallCNN(16 if quick else 64), lambda: next(loader), device),
+        # The same CNN with a Python loop over a million values on the training thread before each step (~30 ms).
+        "python_bound": Loop("python_bound", SmallCNN(16 if quick else 64), _after_python((images, labels)), device),
     }
+
+
+def _score_labels(rows: list[list[float]]) -> float:
+    """A per-value Python loop, no torch op in it: what only the agent's stack samples can name."""
+    total = 0.0
+    for row in rows:
+        for value in row:
+            total += value * value
+    return total
+
+
+def _after_python(batch: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    rows = torch.rand(1024, 1024).tolist()
+
+    def fetch() -> tuple[torch.Tensor, torch.Tensor]:
+        _score_labels(rows)
+        return batch
+
+    return fetch
 
 
 class _CostlyImages(torch.utils.data.Dataset):

@@ -27,6 +27,8 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     assert "memory_timeline" in result["profile_memory"]["artifacts"]
     assert result["verdicts"]["dataloader_bound"]["first_finding"] == "dataloader_bound"
     assert "dataloader_bound" not in result["verdicts"]["healthy_cnn"]["warnings"]
+    python = result["verdicts"]["python_bound"]
+    assert python["first_finding"] == "host_python" and "_score_labels" in python["first_fix"]
     assert result["export_child"]["peak_rss_mib"] > 0
     # The compiled model's first window holds its compilation, the later one none (what the trace records, not
     # step times: beside other work on two cores a steady step took 1.5 s, twice the compiling one).
