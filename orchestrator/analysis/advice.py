@@ -19,11 +19,11 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
-* ``data_prep``, ``bookkeeping``, ``python``: in a ``with_stack`` trace or one with the agent's stack samples
+* ``data_prep``, ``bookkeeping``, ``ray_call``, ``python``: in a ``with_stack`` trace or one with the agent's stack samples
   (:meth:`~orchestrator.analysis.untraced.Timeline.frames`), the Python functions the host runs outside
   any op (innermost frame of the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), by what
-  the largest is: the data's preparation into DataLoader workers, logging every N steps, the rest off the step or
-  onto the device;
+  the largest is (:mod:`~orchestrator.analysis.python_fix`): the data's preparation into DataLoader workers, logging
+  every N steps, a Ray call a step ahead, the rest off the step or onto the device;
 * ``queued``: work already launched that waits on a stream or event dependency (in a replayed graph, most
   likely nodes the profiler missed: a graph captured before its first use);
 * ``capture``: recording CUDA/HIP graphs (their kernels run only at replay), and ``compile``: torch.compile
@@ -53,9 +53,9 @@ __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_
 
 Kind = Literal[
     "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "data_prep",
-    "bookkeeping", "python", "queued", "capture", "compile",
+    "bookkeeping", "ray_call", "python", "queued", "capture", "compile",
 ]
-_PYTHON: tuple[Kind, ...] = ("data_prep", "bookkeeping", "python")
+_PYTHON: tuple[Kind, ...] = ("data_prep", "bookkeeping", "ray_call", "python")
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc

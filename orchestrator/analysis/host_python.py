@@ -39,17 +39,22 @@ def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
     found = spot_and_caller(worst.python_frames)
     who = frame_label(found[0].name) if found else "The loop's own Python"
     told = f"{who} runs in the step ({figure})"
+    kind = _kind(worst.python_frames)
+    what, runs = (
+        ("Waiting for Ray calls", "waits in Ray's own Python (ray.get, an actor call), running no torch op,")
+        if kind == "ray_call" else
+        ("The loop's own Python", "runs Python outside any torch op (no frame of the model, autograd, the optimizer or the DataLoader)")
+    )
     return make_finding(
         "host_python",
         worst,
         per_step,
-        title=f"The loop's own Python takes {share(worst, per_step):.0%} of the {step_word(worst)}, outside torch",
+        title=f"{what} takes {share(worst, per_step):.0%} of the {step_word(worst)}, outside torch",
         evidence=(
-            f"The training thread runs Python outside any torch op (no frame of the model, autograd, the optimizer "
-            f"or the DataLoader) {when} on rank {worst.rank}{fetched}, {per_step:.1f} ms of a "
+            f"The training thread {runs} {when} on rank {worst.rank}{fetched}, {per_step:.1f} ms of a "
             f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on average.{named} Found on {ranks_text(hit)}."
         ),
-        fix=python_fix(_kind(worst.python_frames), [f.name for f in worst.python_frames], told, device=False),
+        fix=python_fix(kind, [f.name for f in worst.python_frames], told, device=False),
         ranks=[r.rank for r in hit],
     )
 

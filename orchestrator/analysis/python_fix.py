@@ -1,6 +1,6 @@
 """The change for Python the training thread runs outside any op, by what its largest function does (by whole words
-of its name and file): the data's preparation belongs in DataLoader workers, the step's bookkeeping every N steps,
-the rest off the step or in tensor ops. One text for the device idle it leaves (:mod:`orchestrator.analysis.advice`)
+of its name and file): the data's preparation belongs in DataLoader workers, the step's bookkeeping every N steps, a
+wait for a Ray call's result a step ahead, the rest off the step or in tensor ops. One text for the device idle it leaves (:mod:`orchestrator.analysis.advice`)
 and for the host time it takes on a CPU-only job (:mod:`orchestrator.analysis.host_python`)."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from orchestrator.analysis.data_fix import PIPELINE_WORKERS, in_pipeline, prep_clause
+from orchestrator.analysis.python_frames import frame_parts
 
 __all__ = ["PythonKind", "python_fix", "python_kind"]
 
-PythonKind = Literal["data_prep", "bookkeeping", "python"]
+PythonKind = Literal["data_prep", "bookkeeping", "ray_call", "python"]
 
 # Whole words of a name (``_preprocess_image``, ``trainer_callback.py``), not parts of others (``compute_logits``, ``thread_pool``).
 _DATA_PREP = re.compile(
@@ -21,6 +22,9 @@ _DATA_PREP = re.compile(
     r"collate\w*|image_processing\w*|feature_extraction\w*|pad)(?![a-z])",
     re.IGNORECASE,
 )
+# Ray's own Python (ray.get, ray.wait, an actor call, a Ray queue): Ray Data's iterator and Ray Train's report() are
+# told on their own (orchestrator.analysis.untraced) and never reach here.
+_RAY = re.compile(r"^ray/")
 _BOOKKEEPING = re.compile(
     r"(?<![a-z])(log|logger|logging|metrics?|callbacks?|print|tqdm|wandb|mlflow|tensorboard|report|save\w*|checkpoint\w*)(?![a-z])",
     re.IGNORECASE,
@@ -28,7 +32,10 @@ _BOOKKEEPING = re.compile(
 
 
 def python_kind(frame: str) -> PythonKind:
-    """What a Python function is, by whole words of its frame's name and file."""
+    """What a Python function is, by its file (Ray's) or whole words of its frame's name and file."""
+    parts = frame_parts(frame)
+    if parts is not None and _RAY.match(parts[0]):
+        return "ray_call"
     return "data_prep" if _DATA_PREP.search(frame) else "bookkeeping" if _BOOKKEEPING.search(frame) else "python"
 
 
@@ -45,6 +52,12 @@ def python_fix(kind: PythonKind, frames: Sequence[str], told: str, device: bool)
             f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
             f"so DataLoader workers (num_workers > 0) prepare the next batches while {computes}, or once, offline, "
             "into a preprocessed dataset." + prep_clause(frames, pipeline=False)
+        )
+    if kind == "ray_call":
+        return (
+            f"{told}: the step waits for a Ray call's result (ray.get on a task's or an actor's result, ray.wait, a Ray "
+            "queue): submit it a step ahead and get the previous call's result, so it runs while the step computes; "
+            "batch several calls into one, or call every N steps."
         )
     if kind == "bookkeeping":
         return (

@@ -317,7 +317,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     python_path: tuple[int, list[OpStat]] = (0, [])
     if timeline is not None:
         paths = timeline.paths([[h] if h else [] for h in step_heads], windows)
-        python_path = timeline.paths([python_taken], windows)[0]
+        python_path = timeline.paths([python_taken], windows, at_line=True)[0]
         steps = [s.model_copy(update={"between_samples": n, "between_frames": hot}) for s, (n, hot) in zip(steps, paths)]
     training_data = subtract(rules[0][1], union(h for h in step_heads if h is not None))  # the loads of the batches the steps train on
     durations = [s.duration_ms for s in steps]

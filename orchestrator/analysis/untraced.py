@@ -136,19 +136,23 @@ class Timeline:
         """The indices of the samples taken in ``[a, b)``."""
         return range(bisect_left(self.times, a), bisect_left(self.times, b))
 
-    def paths(self, groups: Sequence[Intervals], windows: Sequence[tuple[float, float]]) -> list[tuple[int, list[OpStat]]]:
+    def paths(
+        self, groups: Sequence[Intervals], windows: Sequence[tuple[float, float]], at_line: bool = False
+    ) -> list[tuple[int, list[OpStat]]]:
         """For each group of stretches (a step's work before its batch, the loop's own Python), its samples and their
         hot path (:func:`~orchestrator.analysis.python_frames.sampled_path`) from where it leaves the code the rest
         of the ``windows`` run: its outer frames are the loop's own (a Trainer's training loop), which every step's
-        samples hold too; the first frame on the path whose function (wherever in it) no sample outside the groups
-        holds is where that work begins."""
+        samples hold too; the first frame on the path whose function (wherever in it; ``at_line``: at the line the
+        path names, so the loop's own line that calls the work begins it) no sample outside the groups holds is
+        where that work begins."""
         outside = subtract(union(windows), union(iv for group in groups for iv in group))
-        seen = {frame_parts(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
+        key = (lambda f: f) if at_line else frame_parts
+        seen = {key(f) for a, b in outside for i in self.within(a, b) for f in self.stacks[i]}
         out: list[tuple[int, list[OpStat]]] = []
         for group in groups:
             stacks = [self.stacks[i] for a, b in group for i in self.within(a, b)]
             path = sampled_path(stacks, HOT_SHARE, self.interval_ms) if stacks else []
-            begins = next((k for k, f in enumerate(path) if frame_parts(f.name) not in seen), len(path))
+            begins = next((k for k, f in enumerate(path) if key(f.name) not in seen), len(path))
             out.append((len(stacks), path[begins:]))
         return out
 

@@ -21,6 +21,8 @@ in the trace's metadata as the agent writes them; ``with_stack`` where the case 
                     tokenizer written in Python: the data's preparation, in the step's own process
   hf_tokenize       the same with a transformers fast tokenizer (PreTrainedTokenizerFast over a WordLevel vocabulary
                     built in memory) called on each batch in the step
+  ray_get           one worker setting its learning rate from ray.get(actor.lr.remote()) every step, an actor
+                    that takes 20 ms to answer
 Each recording takes ~20-40 s (torch 2.13.0+cpu, ray 2.60.0 when recorded).
 """
 
@@ -166,6 +168,32 @@ def _rank0_logs_in_python(config: dict[str, Any]) -> None:
     window.close()
 
 
+@ray.remote
+class _Schedule:
+    """An actor the loop asks for its learning rate every step, as a parameter server or a shared schedule is asked."""
+
+    def lr(self) -> float:
+        time.sleep(0.02)  # the actor's own work and the round trip
+        return 1e-3
+
+
+def _asks_an_actor_every_step(config: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    window = Window(Path(config["out"]), False)
+    for _ in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = ray.get(config["schedule"].lr.remote())
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.step()
+    window.close()
+
+
 def _tokenize(texts: list[str], length: int = 32) -> torch.Tensor:
     """Word ids by hashing each word, padded: a tokenizer written in Python, called on each batch in the step."""
     ids = [[sum(ord(c) * 31**i for i, c in enumerate(word)) % 5000 for word in text.split()][:length] for text in texts]
@@ -221,13 +249,17 @@ def record(out: Path, case: str) -> None:
         workers = 2 if case in ("python_weights", "rank0_metrics") else 1
         trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=workers),
                                run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
+    elif case == "ray_get":
+        config["schedule"] = _Schedule.remote()
+        trainer = TorchTrainer(_asks_an_actor_every_step, train_loop_config=config, scaling_config=ScalingConfig(num_workers=1),
+                               run_config=RunConfig(storage_path="/tmp/rayprof-rec"))
     else:
         raise SystemExit(f"unknown case {case!r}")
     trainer.fit()
 
 
 CASES = ("ray_data", "ray_data_stack", "ray_data_fast", "train_report", "python_weights", "rank0_metrics", "python_tokenize",
-         "hf_tokenize")
+         "hf_tokenize", "ray_get")
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

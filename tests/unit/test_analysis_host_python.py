@@ -5,7 +5,8 @@ Recorded by tests/data/record_ray_loops.py (Ray Train on a local Ray, the agent'
 cpu_python_weights (two DDP workers computing per-sample loss weights in a Python loop, ~23 ms of a 30 ms step)
 cpu_python_tokenize (one worker tokenizing each batch of strings in the step with a tokenizer written in Python) and
 cpu_hf_tokenize (the same with a transformers fast tokenizer); cpu_rank0_metrics (two DDP workers, rank 0 alone
-computing statistics for a log line in Python after each step, the other waiting in the next all-reduce).
+computing statistics for a log line in Python after each step, the other waiting in the next all-reduce); cpu_ray_get
+(one worker calling ray.get on an actor every step, the actor taking 20 ms).
 Before this rule the Python read as the model's forward, and the report said "No findings".
 """
 
@@ -56,11 +57,24 @@ def test_a_tokenizer_run_in_the_step_is_told_to_move_into_dataloader_workers():
     assert "Dataset's __getitem__ so DataLoader workers (num_workers > 0)" in found.fix
 
 
+def test_a_wait_for_a_ray_call_is_told_to_start_the_call_a_step_ahead():
+    found = finding(analyze_folder(case("cpu_ray_get")), "host_python")
+    assert found.title.startswith("Waiting for Ray calls takes") and found.severity == "warning"
+    assert "in Worker.get_objects (ray/_private/worker.py:" in found.evidence
+    assert "submit it a step ahead and get the previous call's result" in found.fix and "tensor ops" not in found.fix
+
+
+def test_the_samples_path_begins_at_the_loops_line_that_calls_the_work():
+    # The loop's own frame is in every sample; its line that calls ray.get is in these alone.
+    found = finding(analyze_folder(case("cpu_ray_get")), "host_python")
+    assert "under _asks_an_actor_every_step (record_ray_loops.py:" in found.evidence
+
+
 def test_a_straggler_running_python_the_others_do_not_is_told_which_function():
     found = finding(analyze_folder(case("cpu_rank0_metrics")), "straggler")
     assert found.ranks == [0] and found.title == "Rank 0 is a straggler (other)"
     assert "in the loop's own Python, which the other ranks do not run: 100% in _sample_weights" in found.evidence
-    assert "under _log_metrics (record_ray_loops.py:" in found.evidence
+    assert "under _rank0_logs_in_python (record_ray_loops.py:" in found.evidence  # the line that calls it
     assert found.fix.startswith("_sample_weights (record_ray_loops.py:") and "runs on rank 0 alone" in found.fix
 
 

@@ -68,3 +68,16 @@ def test_the_path_begins_at_the_first_frame_the_steps_own_samples_do_not_hold():
     )
     ((n, path),) = Timeline.of(samples, base_us=1_000_000).paths([[(0.0, 40.0)]], [(0.0, 100.0)])
     assert n == 3 and [f.name for f in path] == ["train.py(20): save", "mylib/ckpt.py(30): write"]
+
+
+def test_at_line_the_path_begins_at_the_loops_own_line_that_calls_the_work():
+    inline = ["mylib/ckpt.py(30): write", "train.py(7): loop"]  # the loop calls write itself, at its line 7
+    samples = FrameSamples(
+        interval_ms=5, stacks=[STEP, inline],
+        samples=[(1_000_010, 1), (1_000_020, 1), (1_000_030, 1), (1_000_060, 0), (1_000_080, 0)],
+    )
+    timeline = Timeline.of(samples, base_us=1_000_000)
+    ((_, by_function),) = timeline.paths([[(0.0, 40.0)]], [(0.0, 100.0)])
+    ((_, by_line),) = timeline.paths([[(0.0, 40.0)]], [(0.0, 100.0)], at_line=True)
+    assert [f.name for f in by_function] == ["mylib/ckpt.py(30): write"]
+    assert [f.name for f in by_line] == ["train.py(7): loop", "mylib/ckpt.py(30): write"]
