@@ -32,6 +32,7 @@ import gzip
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +102,29 @@ def _fed_by_ray_data(config: dict[str, Any]) -> None:
     window.close()
 
 
-def _reports_every_step(config: dict[str, Any]) -> None:
+def _mlp(config: dict[str, Any], ddp: bool) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor, Window]:
+    """An MLP on fixed tensors (under DDP where ``ddp``), its optimizer, and the window that records it."""
     torch.set_num_threads(1)
-    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
-    opt = torch.optim.Adam(model.parameters())
-    x, y = torch.randn(64, 256), torch.randn(64, 1)
-    window = Window(Path(config["out"]), False)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1))
+    model = train.torch.prepare_model(model) if ddp else model
+    return model, torch.optim.Adam(model.parameters()), torch.randn(64, 256), torch.randn(64, 1), Window(Path(config["out"]), False)
+
+
+def _then_each_step(config: dict[str, Any], after: Callable[[torch.Tensor], object]) -> None:
+    """The MLP under DDP, calling ``after`` with the loss after each step's boundary (where a loop logs)."""
+    model, opt, x, y, window = _mlp(config, ddp=True)
     for _ in range(STEPS):
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         window.step()
-        train.report({"loss": loss.item()})
+        after(loss)
     window.close()
+
+
+def _reports_every_step(config: dict[str, Any]) -> None:
+    _then_each_step(config, lambda loss: train.report({"loss": loss.item()}))
 
 
 def _sample_weights(rows: list[list[float]]) -> list[float]:
@@ -129,12 +139,8 @@ def _sample_weights(rows: list[list[float]]) -> list[float]:
 
 
 def _weights_in_python(config: dict[str, Any]) -> None:
-    torch.set_num_threads(1)
-    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
-    opt = torch.optim.Adam(model.parameters())
-    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    model, opt, x, y, window = _mlp(config, ddp=True)
     rows = x.tolist() * 40
-    window = Window(Path(config["out"]), False)
     for _ in range(STEPS):
         weights = torch.tensor(_sample_weights(rows)[:64]).unsqueeze(1)
         loss = (weights * (model(x) - y) ** 2).mean()
@@ -151,21 +157,8 @@ def _log_metrics(rows: list[list[float]]) -> float:
 
 
 def _rank0_logs_in_python(config: dict[str, Any]) -> None:
-    torch.set_num_threads(1)
-    model = train.torch.prepare_model(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1)))
-    opt = torch.optim.Adam(model.parameters())
-    x, y = torch.randn(64, 256), torch.randn(64, 1)
-    rows = x.tolist() * 40
-    window = Window(Path(config["out"]), False)
-    for _ in range(STEPS):
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        window.step()
-        if train.get_context().get_world_rank() == 0:
-            _log_metrics(rows)
-    window.close()
+    rows = torch.randn(64, 256).tolist() * 40
+    _then_each_step(config, lambda _: _log_metrics(rows) if train.get_context().get_world_rank() == 0 else None)
 
 
 @ray.remote
@@ -178,11 +171,7 @@ class _Schedule:
 
 
 def _asks_an_actor_every_step(config: dict[str, Any]) -> None:
-    torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 1))
-    opt = torch.optim.Adam(model.parameters())
-    x, y = torch.randn(64, 256), torch.randn(64, 1)
-    window = Window(Path(config["out"]), False)
+    model, opt, x, y, window = _mlp(config, ddp=False)
     for _ in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = ray.get(config["schedule"].lr.remote())
