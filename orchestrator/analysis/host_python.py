@@ -10,6 +10,7 @@ leaves (:mod:`orchestrator.analysis.advice`); here the host's time is the step's
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.finding_base import REPORT_FRACTION, make_finding, ranks_text, share, step_word
@@ -20,9 +21,15 @@ from orchestrator.models.analysis import Finding, OpStat, RankSummary, Straggler
 __all__ = ["host_python", "python_per_step"]
 
 
-def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """On a CPU-only trace, the loop's own Python takes REPORT_FRACTION of the step or more."""
-    hit = [r for r in ranks if r.steps and r.gpu is None and r.idle is None and share(r, python_per_step(r)) >= REPORT_FRACTION]
+def host_python(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
+    """On a CPU-only trace, the loop's own Python takes REPORT_FRACTION of the step or more, on ranks where it is no
+    straggler's own work (that the straggler finding names, with what it costs every rank)."""
+    slow = {s.rank for s in stragglers}
+    by_straggler = {s.rank for s in stragglers if own_python(s, ranks, slow) is not None}
+    hit = [
+        r for r in ranks
+        if r.steps and r.gpu is None and r.idle is None and r.rank not in by_straggler and share(r, python_per_step(r)) >= REPORT_FRACTION
+    ]
     if not hit:
         return None
     worst = max(hit, key=lambda r: share(r, python_per_step(r)))
@@ -61,10 +68,31 @@ def host_python(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 
 def _kind(path: Sequence[OpStat]) -> PythonKind:
     """What the Python is, by the innermost frame of its hot path that says (a tokenizer's list comprehension is the
-    tokenizer's)."""
-    return next((kind for f in reversed(path) if (kind := python_kind(f.name)) != "python"), "python")
+    tokenizer's); a path of one frame is a line of the loop itself, whose callee the samples cannot see (a sleep, I/O,
+    a C extension) or Python written inline in the loop."""
+    kind = next((kind for f in reversed(path) if (kind := python_kind(f.name)) != "python"), "python")
+    return "loop_line" if kind == "python" and len(path) == 1 else kind
 
 
 def python_per_step(r: RankSummary) -> float:
     """The loop's own Python, ms per step (StepBreakdown.python_ms)."""
     return sum(s.python_ms for s in r.steps) / len(r.steps) if r.steps else 0.0
+
+
+def own_python(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> tuple[float, str, str] | None:
+    """Where the stack samples put a straggler's extra 'other' time: the loop's own Python it runs beyond the other
+    ranks' (``slow``: the stragglers) (ms per step; at least half that phase's excess), where its samples go, and
+    the function there; None where they do not say. The straggler finding tells that Python, not this module's."""
+    if worst.phase != "other" or worst.cause != "busy":
+        return None
+    r = next((x for x in ranks if x.rank == worst.rank), None)
+    others = [python_per_step(x) for x in ranks if x.rank not in slow]
+    if r is None or not others:
+        return None
+    extra = python_per_step(r) - statistics.median(others)
+    where = sampled_spot(r.python_frames, r.python_samples)
+    found = spot_and_caller(r.python_frames)
+    if extra < worst.phase_excess_ms / 2 or not where or found is None:
+        return None
+    return extra, where, frame_label(found[0].name)
+

@@ -1,6 +1,7 @@
 """The change for Python the training thread runs outside any op, by what its largest function does (by whole words
 of its name and file): the data's preparation belongs in DataLoader workers, the step's bookkeeping every N steps, a
-wait for a Ray call's result a step ahead, the rest off the step or in tensor ops. One text for the device idle it leaves (:mod:`orchestrator.analysis.advice`)
+wait for a Ray call's result a step ahead, a line of the loop itself (a sleep, I/O, a C call) off the step, the rest
+off the step or in tensor ops. One text for the device idle it leaves (:mod:`orchestrator.analysis.advice`)
 and for the host time it takes on a CPU-only job (:mod:`orchestrator.analysis.host_python`)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from orchestrator.analysis.python_frames import frame_parts
 
 __all__ = ["PythonKind", "python_fix", "python_kind"]
 
-PythonKind = Literal["data_prep", "bookkeeping", "ray_call", "python"]
+PythonKind = Literal["data_prep", "bookkeeping", "ray_call", "loop_line", "python"]
 
 # Whole words of a name (``_preprocess_image``, ``trainer_callback.py``), not parts of others (``compute_logits``, ``thread_pool``).
 _DATA_PREP = re.compile(
@@ -58,6 +59,12 @@ def python_fix(kind: PythonKind, frames: Sequence[str], told: str, device: bool)
             f"{told}: the step waits for a Ray call's result (ray.get on a task's or an actor's result, ray.wait, a Ray "
             "queue): submit it a step ahead and get the previous call's result, so it runs while the step computes; "
             "batch several calls into one, or call every N steps."
+        )
+    if kind == "loop_line":
+        return (
+            f"{told}: a line of the loop itself, running no torch op: what it calls there (a sleep, a file or network "
+            "call, a C extension) or computes inline is the cost; take it off the step (every N steps, a background "
+            "thread), or where it computes, do it as tensor ops over the whole batch."
         )
     if kind == "bookkeeping":
         return (

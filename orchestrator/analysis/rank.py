@@ -39,7 +39,8 @@ step time:
                   1.8's ``...Backward``, ``CompiledFunctionBackward``), compiled autograd's regions
                   or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
                   forward span (``*.forward`` annotations such as ``DistributedDataParallel.forward``,
-                  ``## forward ##``, or ``nn.Module:``). Then ``other`` where the loop is in Ray Train's report().
+                  ``## forward ##``, or ``nn.Module:``). Then ``other`` where the loop is in Ray Train's report()
+                  or runs Python of its own outside torch (stack samples: never the unmarked forward of rule 9).
  8. The main thread runs no op of its own (an untraced gap, or a ``record_function``
     region with no op open in it: DualPipe's ``attn(B)`` waits there while the engine's
     device thread runs the backward chunk). Then the other threads of the process say

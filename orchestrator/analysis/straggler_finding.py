@@ -3,13 +3,11 @@ by why: busy longer in one phase, starting its steps late, or, in a pipeline, th
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.finding_base import make_finding
-from orchestrator.analysis.host_python import python_per_step
-from orchestrator.analysis.python_frames import frame_label, sampled_spot, spot_and_caller
+from orchestrator.analysis.host_python import own_python
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = ["straggler"]
@@ -72,7 +70,7 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
             + fixes.get(worst.phase, f"compare its {worst.phase} spans with another rank's in the merged trace")
             + ". Every rank runs at the straggler's speed until it is fixed."
         )
-        own = _own_python(worst, ranks, {s.rank for s in stragglers}) if worst.phase == "other" else None
+        own = own_python(worst, ranks, {s.rank for s in stragglers})
         if own is not None:
             extra, where, who = own
             evidence += f" The stack samples put {extra:.1f} ms a step of it in the loop's own Python, which the other ranks do not run: {where}."
@@ -87,20 +85,4 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
     return make_finding(
         "straggler", anchor, worst.excess_ms, title=title, evidence=evidence, fix=fix, ranks=[s.rank for s in stragglers]
     )
-
-
-def _own_python(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> tuple[float, str, str] | None:
-    """Where the stack samples put a straggler's extra 'other' time: the loop's own Python it runs beyond the other
-    ranks' (ms per step; at least half that phase's excess), where its samples go, and the function there; None
-    where they do not say."""
-    r = next((x for x in ranks if x.rank == worst.rank), None)
-    others = [python_per_step(x) for x in ranks if x.rank not in slow]
-    if r is None or not others:
-        return None
-    extra = python_per_step(r) - statistics.median(others)
-    where = sampled_spot(r.python_frames, r.python_samples)
-    found = spot_and_caller(r.python_frames)
-    if extra < worst.phase_excess_ms / 2 or not where or found is None:
-        return None
-    return extra, where, frame_label(found[0].name)
 

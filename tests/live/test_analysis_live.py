@@ -89,10 +89,14 @@ def test_dataloader_bound_job_is_named(planted_jobs, file_store):
     assert "num_workers" in codes["dataloader_bound"].fix
 
 
-def test_straggler_rank_and_phase_are_named(planted_jobs, file_store):
+def test_straggler_rank_and_what_it_runs_are_named(planted_jobs, file_store):
+    # Rank 1 sleeps in its training loop after the forward: the loop's own code, which the stack samples name (it
+    # read as a slow forward before the samples were read).
     summary = _summary(file_store, "straggler")
 
     assert [s.rank for s in summary.stragglers] == [1]
-    assert summary.stragglers[0].phase == "forward"
+    assert summary.stragglers[0].phase == "other"
     (finding,) = [f for f in summary.findings if f.code == "straggler"]
     assert finding.ranks == [1]
+    assert "in the loop's own Python, which the other ranks do not run:" in finding.evidence
+    assert "in train_loop (train_job.py:" in finding.evidence and "runs on rank 1 alone" in finding.fix

@@ -17,7 +17,8 @@ import pytest
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.data_fix import prep_clause
 from orchestrator.analysis.untraced import Untraced, sample_kind
-from tests.support.tracefiles import case
+from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
+from tests.support.tracefiles import case, write_trace, x_event
 
 LOOP = "train.py(5): loop"
 
@@ -78,9 +79,16 @@ def test_a_straggler_running_python_the_others_do_not_is_told_which_function():
     assert found.fix.startswith("_sample_weights (record_ray_loops.py:") and "runs on rank 0 alone" in found.fix
 
 
-def test_rank_gated_python_is_bookkeeping_by_the_function_it_begins_in():
-    found = finding(analyze_folder(case("cpu_rank0_metrics")), "host_python")
-    assert found.ranks == [0] and "the step's bookkeeping (logging, metrics, callbacks, saving)" in found.fix
+def test_a_stragglers_own_python_is_told_by_the_straggler_finding_alone():
+    summary = analyze_folder(case("cpu_rank0_metrics"))
+    assert finding(summary, "straggler") is not None and finding(summary, "host_python") is None
+
+
+def test_a_line_of_the_loop_itself_is_not_told_to_become_tensor_ops_alone(tmp_path):
+    # 80 ms of each 100 ms step at the loop's own line 40 (a sleep, a C call): no deeper frame to name.
+    found = finding(_loop_line_trace(tmp_path), "host_python")
+    assert "The stack samples there: 100% in train_loop (train.py:40)" in found.evidence
+    assert "a line of the loop itself, running no torch op: what it calls there (a sleep" in found.fix
 
 
 def test_a_transformers_tokenizer_run_in_the_step_is_told_to_tokenize_once_ahead():
@@ -114,3 +122,21 @@ def test_a_sample_under_a_torch_frame_is_torchs_not_the_loops():
 
 def test_a_sample_in_ray_data_is_ray_datas_not_the_loops():
     assert sample_kind(["ray/data/iterator.py(293): _create_iterator", LOOP]) is Untraced.RAY_DATA
+
+
+def _loop_line_trace(tmp_path):
+    """Two 100 ms steps on one rank: torch ops from 0 to 10 and 90 to 100 ms of each, the loop at its line 40 between
+    them (a stack sample every 5 ms there, and at line 38 in the ops)."""
+    base_us = 1_700_000_000_000_000
+    events, samples = [], []
+    for k in range(2):
+        t = k * 100_000
+        events += [
+            x_event(f"ProfilerStep#{k + 1}", t, 100_000, cat="user_annotation"),
+            x_event("aten::mm", t, 10_000), x_event("aten::mm", t + 90_000, 10_000),
+        ]
+        samples += [(base_us + t + 5_000, 1)] + [(base_us + t + ms * 1_000, 0) for ms in range(12, 90, 5)]
+    stacks = [["train.py(40): train_loop", "train.py(60): <module>"], ["torch/nn/functional.py(9): linear", "train.py(38): train_loop", "train.py(60): <module>"]]
+    header = {FRAMES_METADATA_KEY: FrameSamples(interval_ms=5, stacks=stacks, samples=samples).model_dump(mode="json")}
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1, baseTimeNanoseconds=base_us * 1000, **header)
+    return analyze_folder(tmp_path)
