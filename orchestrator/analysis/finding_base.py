@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.models.analysis import Finding, IdleCause, RankSummary, Summary
+from orchestrator.models.analysis import Finding, IdleCause, RankSummary, Straggler, Summary
 
 __all__ = [
     "DEVICE_NAMES",
@@ -28,6 +28,7 @@ __all__ = [
     "share",
     "step_word",
     "verdict",
+    "worst_straggler",
 ]
 
 # When a finding warns (docs/results.md, "When a finding warns"): the one named cause its fix removes (the DataLoader
@@ -57,6 +58,11 @@ def first_use_examples(device: str) -> str:
     context, convolution = _FIRST_USES.get(device, ("creating the device's runtime context", None))
     examples = [context, "loading a module's kernels at their first launch", convolution, "the caching allocator's first blocks"]
     return ", ".join(e for e in examples if e)
+
+
+def worst_straggler(stragglers: Sequence[Straggler]) -> Straggler | None:
+    """The straggler the straggler finding tells (the others it lists): the one that holds the others back longest."""
+    return max(stragglers, key=lambda s: s.excess_ms) if stragglers else None
 
 
 def ranks_text(ranks: Sequence[RankSummary]) -> str:

@@ -13,7 +13,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from orchestrator.analysis.finding_base import REPORT_FRACTION, make_finding, ranks_text, share, step_word
+from orchestrator.analysis.finding_base import (
+    REPORT_FRACTION,
+    make_finding,
+    ranks_text,
+    share,
+    step_word,
+    worst_straggler,
+)
 from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
 from orchestrator.analysis.python_frames import frame_label, sampled_spot, spot_and_caller
 from orchestrator.models.analysis import Finding, OpStat, RankSummary, Straggler
@@ -24,8 +31,8 @@ __all__ = ["host_python", "python_per_step"]
 def host_python(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
     """On a CPU-only trace, the loop's own Python takes REPORT_FRACTION of the step or more, on ranks where it is no
     straggler's own work (that the straggler finding names, with what it costs every rank)."""
-    slow = {s.rank for s in stragglers}
-    by_straggler = {s.rank for s in stragglers if own_python(s, ranks, slow) is not None}
+    first = worst_straggler(stragglers)
+    by_straggler = {first.rank} if first and own_python(first, ranks, {s.rank for s in stragglers}) else set()
     hit = [
         r for r in ranks
         if r.steps and r.gpu is None and r.idle is None and r.rank not in by_straggler and share(r, python_per_step(r)) >= REPORT_FRACTION
@@ -70,8 +77,10 @@ def _kind(path: Sequence[OpStat]) -> PythonKind:
     """What the Python is, by the innermost frame of its hot path that says (a tokenizer's list comprehension is the
     tokenizer's); a path of one frame is a line of the loop itself, whose callee the samples cannot see (a sleep, I/O,
     a C extension) or Python written inline in the loop."""
-    kind = next((kind for f in reversed(path) if (kind := python_kind(f.name)) != "python"), "python")
-    return "loop_line" if kind == "python" and len(path) == 1 else kind
+    for f in reversed(path):
+        if (kind := python_kind(f.name)) != "python":
+            return kind
+    return "loop_line" if len(path) == 1 else "python"
 
 
 def python_per_step(r: RankSummary) -> float:

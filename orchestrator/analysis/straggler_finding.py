@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.analysis.comm_fix import leading_collective
-from orchestrator.analysis.finding_base import make_finding
+from orchestrator.analysis.finding_base import make_finding, worst_straggler
 from orchestrator.analysis.host_python import own_python
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -18,9 +18,9 @@ _STAGE_PHASES = frozenset({"forward", "backward", "optimizer"})
 
 def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
     """One or more ranks hold the others back: busier each step, or starting it late."""
-    if not stragglers:
+    worst = worst_straggler(stragglers)
+    if worst is None:
         return None
-    worst = max(stragglers, key=lambda s: s.excess_ms)
     others = [s for s in stragglers if s is not worst]
     by_rank = {r.rank: r for r in ranks}
     fixes = {
