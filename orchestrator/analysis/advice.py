@@ -39,23 +39,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from orchestrator.analysis.finding_base import first_use_examples, ms_list
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
-from orchestrator.analysis.python_fix import python_fix, python_kind
+from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
 
-Kind = Literal[
-    "optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "data_prep",
-    "bookkeeping", "ray_call", "python", "queued", "capture", "compile",
-]
-_PYTHON: tuple[Kind, ...] = ("data_prep", "bookkeeping", "ray_call", "python")
+Kind = (
+    Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture", "compile"]
+    | PythonKind
+)
+_PYTHON: tuple[PythonKind, ...] = get_args(PythonKind)
 _ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
