@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
-from orchestrator.analysis.spans import is_data, is_sync
+from orchestrator.analysis.spans import OPTIMIZER_STEP, is_data, is_sync
 from orchestrator.traces.loader import Span
 
 __all__ = ["MIN_AGREEMENT", "MIN_COVER", "MIN_REPEATS", "WindowKind", "device_window", "find_iterations", "unscheduled_windows"]
@@ -39,7 +39,6 @@ MIN_COVER = 0.5
 _WRAPPER_SHARE = 0.5
 _MAX_DEPTH = 8
 _CATEGORIES = frozenset({"cpu_op", "user_annotation"})
-_STEP = "Optimizer.step#"
 
 Window = tuple[float, float]
 WindowKind = Literal["iterations", "device_span", "whole_trace"]
@@ -92,7 +91,7 @@ def find_iterations(main: Sequence[Span], window: Window) -> tuple[list[Window],
     if len(top) - at[-1] >= period / 2:  # a marker late in the period leaves the last iteration a stub
         bounds.append((starts[-1], max(s.end for s in top[at[-1] : at[-1] + period])))
     windows = [(max(a, t0), min(b, t1)) for a, b in bounds if min(b, t1) > max(a, t0)]
-    whole = any(is_data(s) or s.name.startswith(_STEP) for s in top[at[0] : at[0] + period])
+    whole = any(is_data(s) or s.name.startswith(OPTIMIZER_STEP) for s in top[at[0] : at[0] + period])
     if not whole and sum(b - a for a, b in windows) < MIN_COVER * (t1 - t0):
         return [], ""  # a pattern inside one part of the run (a layer's ops), not the run's iterations
     return windows, marker
@@ -120,9 +119,9 @@ def _follows_step(top: Sequence[Span], cycle: dict[str, tuple[list[int], int]], 
         return False
     j = (at[1] if len(at) > 1 and at[0] == 0 else at[0]) - 1
     stop = max(j - period, -1)
-    while j > stop and not top[j].name.startswith(_STEP) and (top[j].name not in cycle or is_sync(top[j])):
+    while j > stop and not top[j].name.startswith(OPTIMIZER_STEP) and (top[j].name not in cycle or is_sync(top[j])):
         j -= 1
-    return j > stop and top[j].name.startswith(_STEP)
+    return j > stop and top[j].name.startswith(OPTIMIZER_STEP)
 
 
 def unscheduled_windows(main: Sequence[Span], device_spans: Sequence[Span]) -> tuple[list[Window], WindowKind, str]:

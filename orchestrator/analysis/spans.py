@@ -24,6 +24,7 @@ __all__ = [
     "DDP_FORWARD",
     "GRAD_SCALER_UPDATE",
     "HOST_CATEGORIES",
+    "OPTIMIZER_STEP",
     "CopyDirection",
     "CopyKind",
     "HostMemory",
@@ -86,6 +87,8 @@ _COMM_PREFIXES = (
     "FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait",
 )
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+# torch.optim's profiling hook names each step "Optimizer.step#<Class>.step".
+OPTIMIZER_STEP = "Optimizer.step#"
 # Device-side work: CUDA/ROCm kernels, copies and memsets, MTIA's command processor events.
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
 # MTIA's command processor also records a stream waiting for another's event, and the records it waits for: a
@@ -140,7 +143,7 @@ def is_data(span: Span) -> bool:
 
 def is_optimizer(span: Span) -> bool:
     """``Optimizer.step`` / ``zero_grad``, as the optimizer's profiling hook names them."""
-    return span.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+    return span.name.startswith((OPTIMIZER_STEP, "Optimizer.zero_grad#"))
 
 
 def is_backward(span: Span) -> bool:

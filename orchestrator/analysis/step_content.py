@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from orchestrator.analysis.intervals import Intervals, clip, membership
-from orchestrator.analysis.spans import Kinds, is_forward
+from orchestrator.analysis.spans import OPTIMIZER_STEP, Kinds, is_forward
 from orchestrator.forward_passes import UNNAMED, is_loss, phrase, stated, typical
 from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
@@ -36,7 +36,6 @@ from orchestrator.traces.loader import Span
 
 __all__ = ["describe_step", "loader_class", "one_step", "optimizer_classes"]
 
-_OPTIMIZER_STEP = "Optimizer.step#"
 _ONE_STEP = "1 step = "
 
 
@@ -78,7 +77,7 @@ def _optimizers(steps: list[Span], counts: list[Counter[str]], backward: list[bo
     stepped = [c for c in counts if c]
     partial = len(counts) >= 3 and 3 * (len(counts) - len(stepped)) > len(counts) and bool(stepped)
     most = typical(stepped if partial else counts)
-    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(_OPTIMIZER_STEP)) in most)
+    order = dict.fromkeys(name for s in steps if (name := s.name.removeprefix(OPTIMIZER_STEP)) in most)
     listed = " + ".join(f"{name} ×{most[name]}" for name in order)
     if not partial:
         return listed
@@ -110,21 +109,21 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]], backward: In
     forward marker. ``windows`` are sorted and do not overlap; ``backward``: backward's time on any thread."""
     # A wrapping optimizer (TorchRec's CombinedOptimizer) steps the ones it holds inside its own step: they
     # are what runs inside it, as the agent says of them.
-    every = [s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group]
+    every = [s for (name, _), group in kinds.items() if name.startswith(OPTIMIZER_STEP) for s in group]
     steps = _outermost(every)
     outer_ids = {id(s) for s in steps}
     inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
     in_backward = membership(backward)
     models = [s for s in forwards if not is_loss(_module(s)) and not in_backward(s.ts)]
-    optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP))
+    optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):
         return None
     backward_in = [bool(clip(backward, t0, t1)) for t0, t1 in windows]
     parts = [_optimizers(steps, optimizer_counts, backward_in) or "no optimizer step"]
     if inner:
-        held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(_OPTIMIZER_STEP)), backward_in)
+        held = _optimizers(inner, _per_window(inner, windows, lambda s: s.name.removeprefix(OPTIMIZER_STEP)), backward_in)
         parts[0] += f" (inside: {held})" if held else ""
     if any(model_counts):
         parts.append(phrase(typical(model_counts)))
@@ -135,9 +134,9 @@ def optimizer_classes(kinds: Kinds, windows: list[tuple[float, float]]) -> list[
     """The optimizer classes stepped in ``windows`` (``Adam`` of ``Optimizer.step#Adam.step``), wrapped ones included
     (TorchRec's ``CombinedOptimizer`` steps an ``Adam``), in the order of their first step: what the optimizer's
     fix is chosen by."""
-    steps = sorted((s for (name, _), group in kinds.items() if name.startswith(_OPTIMIZER_STEP) for s in group), key=lambda s: s.ts)
+    steps = sorted((s for (name, _), group in kinds.items() if name.startswith(OPTIMIZER_STEP) for s in group), key=lambda s: s.ts)
     inside = (s for s in steps if any(t0 <= s.ts < t1 for t0, t1 in windows))
-    return list(dict.fromkeys(s.name.removeprefix(_OPTIMIZER_STEP).removesuffix(".step") for s in inside))
+    return list(dict.fromkeys(s.name.removeprefix(OPTIMIZER_STEP).removesuffix(".step") for s in inside))
 
 
 def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
