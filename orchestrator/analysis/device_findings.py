@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from orchestrator.analysis.accumulation import early_ms
 from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
 from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix, leading_collective
@@ -13,6 +14,7 @@ from orchestrator.analysis.finding_base import (
     REPORT_FRACTION,
     OneStep,
     claimed_causes,
+    comm_cost,
     first_use_examples,
     idle_text,
     make_finding,
@@ -283,21 +285,14 @@ def _comm_beside(r: RankSummary) -> str:
     )
 
 
-def _comm_cost(r: RankSummary) -> float:
-    """What overlapping collectives could win per step: on a device, collective kernel time no compute kernel hides
-    and idle time the host spends in collectives (not the host's wait while the device computes); else the host's wait."""
-    if r.gpu is None or r.idle is None:
-        return r.comm_wait_ms
-    return r.gpu.comm_exposed_ms_per_step + r.idle.ms("collective")
-
-
 def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
     """Collectives do not overlap compute: even the least-waiting rank waits.
 
     The least-waiting rank is used because the others' wait includes waiting
     for stragglers, which the straggler finding reports instead. Likewise the
     wait a slow link adds (its group's excess over its peers', which every rank
-    waits out in lockstep) is the slow_link finding's: no overlap removes it.
+    waits out in lockstep) is the slow_link finding's: no overlap removes it;
+    and the all-reduces of micro-batches before the last are the accumulation's.
     """
     timed = [r for r in ranks if r.mean_step_ms]
     if not timed:
@@ -306,7 +301,7 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     link_ms = slow[0].excess_ms if slow else 0.0
 
     def cost(r: RankSummary) -> float:
-        return max(0.0, _comm_cost(r) - link_ms)
+        return max(0.0, comm_cost(r) - link_ms - early_ms(r))
 
     least = min(timed, key=lambda r: share(r, cost(r)))
     if share(least, cost(least)) < COMM_EXPOSED_FRACTION:
@@ -319,6 +314,8 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         overlap += " Only this rank's trace was analysed: part of the wait may be for slower ranks; analyse all ranks to tell."
     if slow:
         overlap += f" Not counted: {link_ms:.1f} ms per step that the slow link in process group {slow[0].name} adds (its own finding)."
+    if early_ms(least):
+        overlap += f" Not counted: {early_ms(least):.1f} ms per step in all-reduces of micro-batches before the last (their own finding)."
     return make_finding(
         "comm_exposed",
         least,
@@ -346,7 +343,7 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
 
 
 def _comm_per_step(r: RankSummary) -> list[float]:
-    """:func:`_comm_cost` step by step."""
+    """:func:`comm_cost` step by step."""
     if r.gpu is None or r.idle is None:
         return per_step_cost(r, [], "comm")
     return [(s.comm_exposed_ms or 0.0) + s.idle_ms.get("collective", 0.0) for s in r.steps]

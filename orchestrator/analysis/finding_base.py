@@ -17,6 +17,7 @@ __all__ = [
     "WARNING_FRACTION",
     "OneStep",
     "claimed_causes",
+    "comm_cost",
     "first_use_examples",
     "host_fix_bound",
     "idle_text",
@@ -78,6 +79,14 @@ def step_word(r: RankSummary) -> str:
     return {"whole_trace": "trace (no ProfilerStep)", "device_span": "device's active span (no ProfilerStep)"}.get(
         r.window, "iteration (no ProfilerStep)" if r.window == "iterations" else "step"
     )
+
+
+def comm_cost(r: RankSummary) -> float:
+    """What overlapping collectives could win per step: on a device, collective kernel time no compute kernel hides
+    and idle time the host spends in collectives (not the host's wait while the device computes); else the host's wait."""
+    if r.gpu is None or r.idle is None:
+        return r.comm_wait_ms
+    return r.gpu.comm_exposed_ms_per_step + r.idle.ms("collective")
 
 
 def host_fix_bound(r: RankSummary, ms: float, *causes: IdleCause) -> float:

@@ -18,7 +18,8 @@ at most an info line.
 
 The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
-the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the loader restart's in
+the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early all-reduces in
+:mod:`orchestrator.analysis.accumulation`, the loader restart's in
 :mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from orchestrator.analysis.accumulation import accumulation_sync
 from orchestrator.analysis.advice import round_trips
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
@@ -331,6 +333,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     slow_link,
     dataloader_bound,
     optimizer_host,
+    accumulation_sync,
     comm_exposed,
     gpu_bound,
     low_gpu_utilization,

@@ -30,11 +30,20 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, membership, subtract, union
-from orchestrator.analysis.spans import Kinds, is_backward, is_forward, is_optimizer
-from orchestrator.models.analysis import OptimizerImpl
+from orchestrator.analysis.spans import (
+    OPTIMIZER_STEP,
+    Kinds,
+    collective_of,
+    is_backward,
+    is_comm,
+    is_forward,
+    is_optimizer,
+    where,
+)
+from orchestrator.models.analysis import BackwardPasses, OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["backward_passes", "batch_fetch", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
+__all__ = ["Reductions", "backward_passes", "batch_fetch", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -42,7 +51,7 @@ Label = Literal["forward", "backward", "optimizer", "step"]
 
 def _label(span: Span) -> Label | None:
     if is_optimizer(span):
-        return "step" if span.name.startswith("Optimizer.step#") else "optimizer"
+        return "step" if span.name.startswith(OPTIMIZER_STEP) else "optimizer"
     if is_backward(span):
         return "backward"
     if is_forward(span):
@@ -124,7 +133,7 @@ def _recomputed_as_backward(labelled: list[tuple[float, float, Label]]) -> list[
 
 
 def _no_op_between(op_starts: Sequence[float], a: float, b: float) -> bool:
-    """Whether no op of the main thread starts in ``[a, b)`` (``op_starts`` sorted)."""
+    """Whether none of ``op_starts`` (sorted: the main thread's ops, or the optimizer's steps) is in ``[a, b)``."""
     return bisect.bisect_left(op_starts, a) == bisect.bisect_left(op_starts, b)
 
 
@@ -139,6 +148,31 @@ def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Interval
         else:
             passes.append((b0, b1))
     return passes
+
+
+class Reductions:
+    """Where a rank's all-reduces start (on any thread: DDP launches a bucket's from inside backward, on whichever
+    thread runs it) and where its optimizer steps run: what a step's backward passes are counted against."""
+
+    def __init__(self, threads: Iterable[Kinds], main: Kinds) -> None:
+        self.starts = sorted(
+            s.ts for kinds in threads for (name, _), group in kinds.items()
+            if is_comm(group[0]) and collective_of(name) == "all_reduce" for s in group
+        )
+        self.steps = union(where(main, lambda s: s.name.startswith(OPTIMIZER_STEP)))
+
+    def of(self, passes: Intervals) -> BackwardPasses:
+        """A step's backward ``passes`` (:func:`backward_passes`) and the all-reduces they start. A pass inside an
+        optimizer step is a closure's (LBFGS evaluating the loss again), which needs its gradients whole: not
+        counted. A reducing pass is early when the next reducing pass comes before any optimizer step: the gradients
+        were all-reduced, then added to, and only the last sum is used."""
+        inside = membership(self.steps)
+        outer = [(b0, b1) for b0, b1 in passes if not inside(b0)]
+        starts = self.starts
+        reducing = [(b0, b1) for b0, b1 in outer if bisect.bisect_left(starts, b0) < bisect.bisect_right(starts, b1)]
+        step_starts = [t0 for t0, _ in self.steps]
+        early = sum(_no_op_between(step_starts, a1, b0) for (_, a1), (b0, _) in zip(reducing, reducing[1:]))
+        return BackwardPasses(passes=len(outer), reducing=len(reducing), early=early)
 
 
 def batch_fetch(t0: float, t1: float, passes: Intervals, fetches: Intervals, op_starts: Sequence[float]) -> float | None:

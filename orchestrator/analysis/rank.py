@@ -79,6 +79,7 @@ from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, int
 from orchestrator.analysis.iterations import unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
 from orchestrator.analysis.phases import (
+    Reductions,
     backward_passes,
     batch_fetch,
     nested_phases,
@@ -124,7 +125,6 @@ TOP_N = 10
 # The frames kept around a DataLoader next(): enough to reach a Trainer's loop past accelerate's and the DataLoader's own.
 CALLER_DEPTH = 6
 
-_RUNTIME = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 
 
@@ -164,8 +164,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     autograd = [k for k in other_keys if any(is_backward(x[0]) for x in kinds[k].values())]
     main_kinds: Kinds = kinds.get(main_key, {}) if main_key is not None else {}
 
-    # Host-side walk over every thread: operator self times, and on the main
-    # thread the copy intervals (split by direction) and the outermost sync calls.
+    # Walk every thread: the ops' self times; on the main thread, the copies (by direction) and the outermost syncs.
     op_self: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     upload_spans: list[tuple[float, float]] = []
     sync_spans: list[tuple[float, float, str]] = []  # each wait: start, end, the op that waited
@@ -255,6 +254,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     any_main_span = cover(main, skip=step_names)
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
+    reduced = Reductions(kinds.values(), main_kinds)  # what each step's backward passes all-reduce
     seed_starts = [s.ts for s in main if s.name == "aten::random_"]  # a new DataLoader iterator's seed draw among them
 
     kernel_us = dev.kernel_us_per_window(windows)
@@ -307,6 +307,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000,
                 python_ms=total(python) / 1000,
                 copy_calls=len(clip(rules[3][1], t0, t1)),
+                backward=reduced.of(passes),
                 gpu_busy_ms=row.busy / 1000 if row else None,
                 kernel_ms=row.kernel / 1000 if row else None,
                 comm_kernel_ms=row.comm / 1000 if row else None,
@@ -323,7 +324,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     training_data = subtract(rules[0][1], union(h for h in step_heads if h is not None))  # the loads of the batches the steps train on
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
-    calls = [(key, s) for key, by_name in kinds.items() for (_, cat), group in by_name.items() if cat in _RUNTIME for s in group]
+    calls = [(key, s) for key, by_name in kinds.items() for group in by_name.values() if is_runtime(group[0]) for s in group]
     launches = {s.correlation: (s.ts, s.end, key) for key, s in calls if s.correlation is not None}
     whole = window_kind != "profiler_steps"  # HTA's active span is then the whole trace, however it is cut
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}

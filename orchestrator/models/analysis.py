@@ -14,6 +14,7 @@ from orchestrator.models.verdicts import Finding, SlowGroup, StepSpread
 
 __all__ = [
     "PHASES",
+    "BackwardPasses",
     "Finding",
     "CopyStats",
     "COLLECTIVE_LABELS",
@@ -84,6 +85,17 @@ class PhaseTimes(_Model):
         return sum(self.get(p) for p in PHASES)
 
 
+class BackwardPasses(_Model):
+    """One step's backward passes and the gradient all-reduces they start: DDP's buckets, during each pass."""
+
+    passes: int = Field(description="Backward passes outside any optimizer step (a closure's are the step's own).")
+    reducing: int = Field(description="Of them, the passes that start an all-reduce.")
+    early: int = Field(
+        description="Reducing passes followed by another reducing pass before any optimizer step: their all-reduce "
+        "summed gradients the next micro-batch adds to before anything reads them (accumulation without no_sync())."
+    )
+
+
 class StepBreakdown(_Model):
     """One ``ProfilerStep#N`` on one rank."""
 
@@ -122,6 +134,7 @@ class StepBreakdown(_Model):
     )
     sync_calls: int = 0
     copy_calls: int = 0
+    backward: BackwardPasses | None = Field(default=None, description="None in a summary from before they were counted.")
     report_ms: float = Field(
         default=0.0,
         description="Time the main thread spent in Ray Train's report() (with_stack frames or the agent's stack "

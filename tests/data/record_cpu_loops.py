@@ -15,6 +15,11 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
                falls in the step before the new epoch's first
   evaluate_often  an MLP fed by a DataLoader(num_workers=0) that evaluates on four batches of another after every
                third step, before the next step fetches its batch: three evaluations in the window
+  ddp_accumulate  two gloo ranks (one intra-op thread each), an MLP of 1.3 M parameters under DDP accumulating the
+               gradients of four micro-batches of 32 a step, each backward all-reducing them (no no_sync())
+  ddp_no_sync  the same with the first three micro-batches under DDP's no_sync(): one all-reduce a step
+  lightning_ddp_accumulate  a Lightning Trainer under DDP on two gloo ranks with accumulate_grad_batches=4, the step
+               boundary a global optimizer step post-hook (as rayprof's agent has it): Lightning skips DDP's sync itself
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
 """
 
@@ -25,7 +30,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ from record_cpu_issue29 import _two_ranks, lightning_parts, mlp  # noqa: E402
 
 ACTIVE = 8
 STEPS = ACTIVE + 2
+MICRO_BATCHES = 4
 
 
 @contextmanager
@@ -71,6 +77,53 @@ def _varlen_rank(rank: int, out: Path, name: str, port: int) -> None:
             opt.zero_grad()
             prof.step()
     dist.destroy_process_group()
+
+
+def _accumulate_rank(rank: int, out: Path, name: str, no_sync: bool, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    # 1.3 M parameters on batches of 32: the gradients' all-reduce outweighs a micro-batch's compute, as it does for
+    # a large model on a fast device.
+    net = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)))
+    opt = torch.optim.AdamW(net.parameters())
+    micro = [(torch.randn(32, 256), torch.randint(0, 10, (32,))) for _ in range(MICRO_BATCHES)]
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            for i, (x, y) in enumerate(micro):
+                with net.no_sync() if no_sync and i < len(micro) - 1 else nullcontext():
+                    (nn.functional.cross_entropy(net(x), y) / len(micro)).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.destroy_process_group()
+
+
+def _lightning_accumulate_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    # Set as a launcher outside Lightning sets them (Ray Train's RayDDPStrategy): Lightning starts no processes.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
+                      NODE_RANK="0")
+    torch.manual_seed(0)
+    module, _ = lightning_parts()
+    data = torch.utils.data.TensorDataset(torch.randn(2 * 64 * MICRO_BATCHES * STEPS, 256),
+                                          torch.randint(0, 10, (2 * 64 * MICRO_BATCHES * STEPS,)))
+    with recording(out, name, rank) as prof:
+        hook = register_optimizer_step_post_hook(lambda *_: prof.step())  # the agent's step boundary
+        try:
+            L.Trainer(
+                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+                accumulate_grad_batches=MICRO_BATCHES, enable_progress_bar=False, logger=False,
+                enable_model_summary=False, enable_checkpointing=False,
+            ).fit(module, torch.utils.data.DataLoader(data, batch_size=64))
+        finally:
+            hook.remove()
 
 
 class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -134,6 +187,9 @@ CASES: dict[str, Callable[[Path], None]] = {
     "loader_persistent": lambda out: case_loader(out, "loader_persistent", persistent=True),
     "evaluate_often": case_evaluate_often,
     "lightning_loader_restart": case_lightning_loader_restart,
+    "ddp_accumulate": lambda out: _two_ranks(_accumulate_rank, out, "ddp_accumulate", False),
+    "ddp_no_sync": lambda out: _two_ranks(_accumulate_rank, out, "ddp_no_sync", True),
+    "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
 }
 
 
