@@ -10,12 +10,14 @@ with a smaller bucket_cap_mb as its first fix.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.accumulation import Rounds, accumulation_sync, early_rounds
 from orchestrator.analysis.phases import Reductions
 from orchestrator.loops import Loop
 from orchestrator.traces.loader import Span
-from tests.support.tracefiles import case
+from tests.support.tracefiles import case, write_trace, x_event
 
 
 def finding(summary, code):
@@ -101,3 +103,21 @@ def test_a_closure_optimizers_passes_inside_its_step_are_the_steps_own():
 def test_a_pass_that_starts_no_all_reduce_is_not_a_round():
     counted = reductions([25], [(32, 35)]).of([(0, 10), (20, 30)])
     assert (counted.passes, counted.reducing, counted.early) == (2, 1, 0)
+
+
+def test_all_reduces_the_autograd_thread_launches_count_for_its_passes(tmp_path: Path):
+    # GPU-shaped: the main thread runs two micro-batches' forward ops, and between them waits in backward while the
+    # autograd engine's device thread runs the nodes, DDP's bucket all-reduce launched from inside one of them.
+    events = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation")]
+    for start in (0, 400):
+        events += [
+            x_event("DistributedDataParallel.forward", start + 10, 100, cat="user_annotation"),
+            x_event("aten::linear", start + 20, 80),
+            x_event("autograd::engine::evaluate_function: AddmmBackward0", start + 150, 200, tid=2),
+            x_event("c10d::allreduce_", start + 300, 20, tid=2),
+        ]
+    events.append(x_event("Optimizer.step#AdamW.step", 850, 100, cat="user_annotation"))
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    (rank,) = analyze_folder(tmp_path).ranks
+    counted = rank.steps[0].backward
+    assert (counted.passes, counted.reducing, counted.early) == (2, 2, 1)
