@@ -1,13 +1,15 @@
-"""Gradient accumulation that all-reduces every micro-batch.
+"""Gradient accumulation that reduces the gradients every micro-batch.
 
 DDP all-reduces the gradients during each backward pass unless the pass runs under ``no_sync()``; a loop that
 accumulates N micro-batches without it sends the gradients N times a step where once would do, the first N-1 times
 as partial sums the next micro-batch adds to. The same loop under ``no_sync()`` trains to the same weights. Two gloo
-ranks accumulating four micro-batches took 83 ms a step, and 49 ms under ``no_sync()``; told before only as
-"communication does not overlap computation", with bucket sizes first.
+ranks accumulating four micro-batches took 82 ms a step, and 52 ms under ``no_sync()``; told before only as
+"communication does not overlap computation", with bucket sizes first. FSDP reduce-scatters likewise unless told
+not to (FSDP2's ``set_requires_gradient_sync(False)``), at the cost of unsharded gradients in memory; its parameter
+gathers happen for every micro-batch either way, so only its reductions count (:func:`_reduction_share`).
 
 Counted per step in the trace (:class:`orchestrator.analysis.phases.Reductions`): the backward passes, those that
-start an all-reduce, and the early ones (another reducing pass follows before any optimizer step). A GAN's two
+start a reduction, and the early ones (another reducing pass follows before any optimizer step). A GAN's two
 models, each stepped after its own backward, and a closure optimizer's passes inside its step are not early. A
 framework's accumulation (Lightning's ``accumulate_grad_batches``, the transformers Trainer's
 ``gradient_accumulation_steps``, Accelerate's ``accumulate``) skips the early syncs itself, and is not told.
@@ -19,6 +21,7 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from orchestrator.analysis.comm_fix import collective_ms
 from orchestrator.analysis.finding_base import REPORT_FRACTION, comm_cost, make_finding, ranks_text, share, step_word
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
@@ -43,10 +46,33 @@ def early_rounds(r: RankSummary) -> Rounds | None:
 
 
 def early_ms(r: RankSummary) -> float:
-    """The rank's collective cost per step that its early rounds carry: each round sends the same gradients, so
-    their share of the rounds (:func:`~orchestrator.analysis.finding_base.comm_cost`: the exposed part)."""
+    """The rank's collective cost per step that its early rounds carry: its gradient reductions' share of it
+    (:func:`~orchestrator.analysis.finding_base.comm_cost`: the exposed part), each round sending the same gradients."""
     rounds = early_rounds(r)
-    return comm_cost(r) * rounds.early / rounds.reducing if rounds else 0.0
+    return comm_cost(r) * _reduction_share(r) * rounds.early / rounds.reducing if rounds else 0.0
+
+
+def _fsdp(r: RankSummary) -> bool:
+    """FSDP's own collective regions ran (FSDP2), or reduce-scatters where DDP did not (FSDP1)."""
+    return any(op.name.startswith("FSDP::") for op in r.comm_ops) or (not r.ddp and "reduce_scatter" in collective_ms(r))
+
+
+def _reduction_share(r: RankSummary) -> float:
+    """The share of the rank's collective cost that reduces gradients: FSDP gathers its parameters for every
+    micro-batch too, and no accumulation setting removes that. By collective where the device's kernels say
+    (all-reduce and reduce-scatter against the rest), by FSDP2's regions on a CPU (its reduce against its gathers);
+    else all of it, less the job's own collectives outside forward and backward."""
+    cost = comm_cost(r)
+    if cost <= 0:
+        return 0.0
+    by_collective = r.gpu.comm_exposed_by_collective if r.gpu is not None else {}
+    if by_collective and sum(by_collective.values()) > 0:
+        return sum(ms for kind, ms in by_collective.items() if kind in ("all_reduce", "reduce_scatter")) / sum(by_collective.values())
+    fsdp = [op for op in r.comm_ops if op.name.startswith("FSDP::")]
+    if fsdp:
+        return sum(op.total_ms for op in fsdp if op.name.startswith("FSDP::post_backward")) / sum(op.total_ms for op in fsdp)
+    own = r.own_comm.total_ms if r.own_comm is not None else 0.0
+    return max(0.0, cost - own) / cost
 
 
 def accumulation_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
@@ -61,19 +87,19 @@ def accumulation_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> F
     rounds = early_rounds(least)
     if rounds is None or share(least, cost) < REPORT_FRACTION:
         return None
-    who = "DDP" if least.ddp else "The job"
+    who, verb = ("FSDP", "reduce-scatter") if not least.ddp and _fsdp(least) else ("DDP" if least.ddp else "The job", "all-reduce")
     step = step_word(least)
     return make_finding(
         "accumulation_sync",
         least,
         cost,
-        title=f"{who} all-reduces the gradients after every micro-batch: {rounds.reducing} rounds a {step} where one would do",
+        title=f"{who} {verb}s the gradients after every micro-batch: {rounds.reducing} rounds a {step} where one would do",
         evidence=(
             f"Each {step} on rank {least.rank} runs {rounds.passes} backward passes before its optimizer step, and "
-            f"{rounds.reducing} of them all-reduce the gradients during backward: {rounds.early} of those rounds send "
-            "partial sums that the next micro-batch adds to before any optimizer step reads them. The rank loses "
-            f"{comm_cost(least):.1f} ms a {step} to collectives, {cost:.1f} ms of it in the early rounds. Found on "
-            f"{ranks_text(hit)}."
+            f"{rounds.reducing} of them {verb} the gradients during backward: {rounds.early} of those "
+            "rounds send partial sums that the next micro-batch adds to before any optimizer step reads them. The rank "
+            f"loses {comm_cost(least):.1f} ms a {step} to collectives, about {cost:.1f} ms of it in the early rounds. "
+            f"Found on {ranks_text(hit)}."
         ),
         fix=_fix(least, rounds) + in_loop(least.loop, [Change.ACCUMULATE]),
         ranks=[r.rank for r in hit],
@@ -81,6 +107,14 @@ def accumulation_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> F
 
 
 def _fix(r: RankSummary, rounds: Rounds) -> str:
+    if not r.ddp and _fsdp(r):
+        return (
+            f"Skip the reduction in the first {rounds.passes - 1} micro-batches: FSDP2's "
+            "model.set_requires_gradient_sync(False) before their backward and True before the last one's (FSDP1: "
+            "their forward and backward under model.no_sync()). The gradients then stay unsharded between "
+            "micro-batches, a whole copy of the model's gradients on every rank: only where memory allows; otherwise "
+            "fewer, larger micro-batches reduce less often."
+        )
     if r.ddp:
         return (
             f"Run the forward and backward of the first {rounds.passes - 1} micro-batches under DDP's no_sync() (with "

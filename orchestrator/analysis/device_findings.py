@@ -315,7 +315,7 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     if slow:
         overlap += f" Not counted: {link_ms:.1f} ms per step that the slow link in process group {slow[0].name} adds (its own finding)."
     if early_ms(least):
-        overlap += f" Not counted: {early_ms(least):.1f} ms per step in all-reduces of micro-batches before the last (their own finding)."
+        overlap += f" Not counted: {early_ms(least):.1f} ms per step in gradient reductions of micro-batches before the last (their own finding)."
     return make_finding(
         "comm_exposed",
         least,

@@ -47,6 +47,8 @@ __all__ = ["Reductions", "backward_passes", "batch_fetch", "nested_phases", "opt
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
+# The collectives that reduce gradients: DDP's all-reduce, FSDP's reduce-scatter (an all-reduce on gloo).
+_REDUCTIONS = frozenset({"all_reduce", "reduce_scatter"})
 
 
 def _label(span: Span) -> Label | None:
@@ -151,18 +153,18 @@ def backward_passes(backward: Intervals, op_starts: Sequence[float]) -> Interval
 
 
 class Reductions:
-    """Where a rank's all-reduces start (on any thread: DDP launches a bucket's from inside backward, on whichever
-    thread runs it) and where its optimizer steps run: what a step's backward passes are counted against."""
+    """Where a rank's gradient reductions start (on any thread: DDP and FSDP launch them from inside backward, on
+    whichever thread runs it) and where its optimizer steps run: what a step's backward passes are counted against."""
 
     def __init__(self, threads: Iterable[Kinds], main: Kinds) -> None:
         self.starts = sorted(
             s.ts for kinds in threads for (name, _), group in kinds.items()
-            if is_comm(group[0]) and collective_of(name) == "all_reduce" for s in group
+            if is_comm(group[0]) and collective_of(name) in _REDUCTIONS for s in group
         )
         self.steps = union(where(main, lambda s: s.name.startswith(OPTIMIZER_STEP)))
 
     def of(self, passes: Intervals) -> BackwardPasses:
-        """A step's backward ``passes`` (:func:`backward_passes`) and the all-reduces they start. A pass inside an
+        """A step's backward ``passes`` (:func:`backward_passes`) and the reductions they start. A pass inside an
         optimizer step is a closure's (LBFGS evaluating the loss again), which needs its gradients whole: not
         counted. A reducing pass is early when the next reducing pass comes before any optimizer step: the gradients
         were all-reduced, then added to, and only the last sum is used."""

@@ -86,13 +86,13 @@ class PhaseTimes(_Model):
 
 
 class BackwardPasses(_Model):
-    """One step's backward passes and the gradient all-reduces they start: DDP's buckets, during each pass."""
+    """One step's backward passes and the gradient reductions they start: DDP's all-reduces, FSDP's reduce-scatters."""
 
     passes: int = Field(description="Backward passes outside any optimizer step (a closure's are the step's own).")
-    reducing: int = Field(description="Of them, the passes that start an all-reduce.")
+    reducing: int = Field(description="Of them, the passes that start an all-reduce or a reduce-scatter.")
     early: int = Field(
-        description="Reducing passes followed by another reducing pass before any optimizer step: their all-reduce "
-        "summed gradients the next micro-batch adds to before anything reads them (accumulation without no_sync())."
+        description="Reducing passes followed by another reducing pass before any optimizer step: they reduced "
+        "gradients the next micro-batch adds to before anything reads them (accumulation without no_sync())."
     )
 
 

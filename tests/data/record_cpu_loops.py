@@ -18,6 +18,8 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
   ddp_accumulate  two gloo ranks (one intra-op thread each), an MLP of 1.3 M parameters under DDP accumulating the
                gradients of four micro-batches of 32 a step, each backward all-reducing them (no no_sync())
   ddp_no_sync  the same with the first three micro-batches under DDP's no_sync(): one all-reduce a step
+  fsdp2_accumulate  two gloo ranks of a three-unit FSDP2 MLP (fully_shard on two blocks and the root) accumulating
+               four micro-batches of 32 a step, each backward reducing the gradients (gloo all-reduces them)
   lightning_ddp_accumulate  a Lightning Trainer under DDP on two gloo ranks with accumulate_grad_batches=4, the step
                boundary a global optimizer step post-hook (as rayprof's agent has it): Lightning skips DDP's sync itself
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
@@ -96,6 +98,30 @@ def _accumulate_rank(rank: int, out: Path, name: str, no_sync: bool, port: int) 
             for i, (x, y) in enumerate(micro):
                 with net.no_sync() if no_sync and i < len(micro) - 1 else nullcontext():
                     (nn.functional.cross_entropy(net(x), y) / len(micro)).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.destroy_process_group()
+
+
+def _fsdp2_accumulate_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(2)], nn.Linear(512, 10))
+    for block in net[:-1]:
+        fully_shard(block)
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters())
+    micro = [(torch.randn(32, 512), torch.randint(0, 10, (32,))) for _ in range(MICRO_BATCHES)]
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            for x, y in micro:
+                (nn.functional.cross_entropy(net(x), y) / len(micro)).backward()
             opt.step()
             opt.zero_grad()
             prof.step()
@@ -190,6 +216,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "ddp_accumulate": lambda out: _two_ranks(_accumulate_rank, out, "ddp_accumulate", False),
     "ddp_no_sync": lambda out: _two_ranks(_accumulate_rank, out, "ddp_no_sync", True),
     "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
+    "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
 }
 
 

@@ -3,8 +3,8 @@ no_sync(), and a framework's accumulation, told nothing.
 
 Recorded by tests/data/record_cpu_loops.py: two gloo ranks of an MLP under DDP accumulating four micro-batches a step
 (cpu_ddp_accumulate: every backward all-reduces; cpu_ddp_no_sync: the first three under no_sync(), one all-reduce a
-step, 52 ms a step against 82 ms), and a Lightning Trainer under DDP with accumulate_grad_batches=4
-(cpu_lightning_ddp_accumulate). Before this rule the first was told "Communication does not overlap computation"
+step, 52 ms a step against 82 ms), the same under FSDP2 (cpu_fsdp2_accumulate), and a Lightning Trainer under DDP
+with accumulate_grad_batches=4 (cpu_lightning_ddp_accumulate). Before this rule the first was told "Communication does not overlap computation"
 with a smaller bucket_cap_mb as its first fix.
 """
 
@@ -68,6 +68,21 @@ def test_lightnings_accumulation_skips_the_sync_itself_and_is_told_nothing():
     summary = analyze_folder(case("cpu_lightning_ddp_accumulate"))
     assert finding(summary, "accumulation_sync") is None
     assert all(s.backward.early == 0 for r in summary.ranks for s in r.steps)
+
+
+def test_fsdp_reducing_every_micro_batch_is_told_its_own_switch_and_what_it_costs_in_memory():
+    summary = analyze_folder(case("cpu_fsdp2_accumulate"))
+    found = finding(summary, "accumulation_sync")
+    assert found is not None and found.title.startswith("FSDP reduce-scatters the gradients after every micro-batch")
+    assert "set_requires_gradient_sync(False)" in found.fix and "only where memory allows" in found.fix
+
+
+def test_fsdps_gathers_are_no_part_of_what_its_early_reductions_cost():
+    # FSDP gathers its parameters for every micro-batch whatever the accumulation does: only its reduce counts.
+    summary = analyze_folder(case("cpu_fsdp2_accumulate"))
+    found = finding(summary, "accumulation_sync")
+    # Three of four rounds of all its collectives would be over 0.75 of the wait; its reduce is under half of it.
+    assert found.max_saving_ms < 0.5 * min(r.comm_wait_ms for r in summary.ranks)
 
 
 def test_in_accelerates_loop_the_fix_names_its_accumulate_context():
