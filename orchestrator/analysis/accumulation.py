@@ -24,6 +24,7 @@ from typing import NamedTuple
 from orchestrator.analysis.comm_fix import collective_ms
 from orchestrator.analysis.finding_base import REPORT_FRACTION, comm_cost, make_finding, ranks_text, share, step_word
 from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.loops import Loop
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
 __all__ = ["Rounds", "accumulation_sync", "early_ms", "early_rounds"]
@@ -114,6 +115,13 @@ def _fix(r: RankSummary, rounds: Rounds) -> str:
             "their forward and backward under model.no_sync()). The gradients then stay unsharded between "
             "micro-batches, a whole copy of the model's gradients on every rank: only where memory allows; otherwise "
             "fewer, larger micro-batches reduce less often."
+        )
+    if r.loop is Loop.DEEPSPEED:
+        # Its engine reduces in every backward it takes for the last of an accumulation (ZeRO-2's hooks during it).
+        return (
+            f"DeepSpeed's engine takes each of the {rounds.passes} backward passes for the end of an accumulation and "
+            "reduces the gradients in it: tell it how many micro-batches make a step, and call engine.step() after "
+            "every backward (it steps the optimizer on the last one only)."
         )
     if r.ddp:
         return (

@@ -91,6 +91,13 @@ def test_in_accelerates_loop_the_fix_names_its_accumulate_context():
     assert found is not None and "accelerator.accumulate(model)" in found.fix
 
 
+def test_deepspeeds_engine_is_told_its_accumulation_key_not_another_librarys():
+    ranks = [r.model_copy(update={"ddp": False, "loop": Loop.DEEPSPEED}) for r in analyze_folder(case("cpu_ddp_accumulate")).ranks]
+    found = accumulation_sync(ranks, [])
+    assert found is not None and '"gradient_accumulation_steps": N' in found.fix and "engine.step()" in found.fix
+    assert "Horovod" not in found.fix
+
+
 def test_all_reduces_from_gradient_hooks_without_ddp_are_told_the_hooks_change():
     ranks = [r.model_copy(update={"ddp": False}) for r in analyze_folder(case("cpu_ddp_accumulate")).ranks]
     found = accumulation_sync(ranks, [])
