@@ -23,6 +23,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from actors.agent.children import run_child, store_snapshot
 from actors.agent.cuda_memory import Allocator, TorchAllocator
 from actors.agent.frame_sampler import FrameSampler
+from actors.agent.thread_clock import ThreadClock
 from actors.export.contract import (
     EXIT_TOO_LARGE,
     MEMORY_NAME,
@@ -39,6 +40,7 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.models.samples import FRAMES_METADATA_KEY
+from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY
 from orchestrator.scratch import make_scratch
 from orchestrator.settings import (
     DEFAULT_FRAME_SAMPLE_MS,
@@ -96,6 +98,7 @@ class Capture:
         self._allocator: Allocator = allocator or TorchAllocator()
         self._recording = False
         self._sampler: FrameSampler | None = None
+        self._clock: ThreadClock | None = None  # the training thread's CPU time over the window's steps
         self._snapshot: dict[str, Any] | None = None
         self.cancelled = False
         self.closed = False
@@ -187,18 +190,24 @@ class Capture:
         if interval_ms > 0:
             self._sampler = FrameSampler(threading.get_ident(), interval_ms / 1000, FRAME_SAMPLES_MAX)
             self._sampler.start()
+        self._clock = ThreadClock()
         self._emit_state(RankState.CAPTURING)
 
     def _end_sampling(self, prof: torch.profiler.profile | None) -> None:
-        """Stop sampling the stack; write what it saw into the trace while ``prof`` still records (None: drop it)."""
+        """Stop sampling the stack and timing the thread; write what they saw into the trace while ``prof`` still
+        records (None: drop it)."""
         sampler, self._sampler = self._sampler, None
+        clock, self._clock = self._clock, None
         samples = sampler.stop() if sampler is not None else None
-        if samples is None or prof is None:
+        if prof is None:
             return
-        try:
-            prof.add_metadata_json(FRAMES_METADATA_KEY, samples.model_dump_json())
-        except Exception as e:
-            logger.warning("rayprof: the trace of window %s will not hold its stack samples: %s", self.window.profile_id, e)
+        for key, seen in ((FRAMES_METADATA_KEY, samples), (THREAD_TIME_METADATA_KEY, clock.stop() if clock else None)):
+            if seen is None:
+                continue
+            try:
+                prof.add_metadata_json(key, seen.model_dump_json())
+            except Exception as e:
+                logger.warning("rayprof: the trace of window %s will not hold its %s: %s", self.window.profile_id, key, e)
 
     def _stop_recording(self) -> None:
         if self._recording:

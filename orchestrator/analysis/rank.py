@@ -44,11 +44,9 @@ step time:
  8. The main thread runs no op of its own (an untraced gap, or a ``record_function``
     region with no op open in it: DualPipe's ``attn(B)`` waits there while the engine's
     device thread runs the backward chunk). Then the other threads of the process say
-    what it waits for:
-    ``backward`` while an autograd thread (a thread that runs backward spans)
-    is busy (GPU backward),
-    else ``comm`` while a collective runs on another thread (gloo's worker
-    thread: this is the allreduce wait of synchronous data parallelism).
+    what it waits for: ``backward`` while an autograd thread (a thread that runs backward
+    spans) is busy (GPU backward), else ``comm`` while a collective runs on another thread
+    (gloo's worker thread: this is the allreduce wait of synchronous data parallelism).
  9. ``forward``   before each backward pass, from the batch's fetch (DataLoader next()) before it, else from the
                   step's start or the previous pass's end: the model and loss, which need not carry any marker
                   (:func:`orchestrator.analysis.phases.unmarked_forward`); a gradient-accumulation step runs one
@@ -59,9 +57,8 @@ step time:
 Rules 2-4 come before 5-7 because a sync, collective or copy is what costs time
 wherever it is called from (``loss.item()`` inside the forward is a sync).
 
-A rank's *communication wait* per step is its ``comm`` phase plus, on GPU, the
-collective kernel time not overlapped by compute kernels; in a synchronous
-allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
+A rank's *communication wait* per step is its ``comm`` phase plus, on GPU, the collective kernel time not overlapped
+by compute kernels; in a synchronous allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
 """
 
 from __future__ import annotations
@@ -73,6 +70,7 @@ from typing import Literal
 from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
 from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.cpu_reads import waits_on_a_device
+from orchestrator.analysis.cpu_wait import read_thread_time
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
@@ -238,7 +236,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     base_us = trace.file.base_time_ns / 1000
     timeline, unread = Timeline.read(trace.header, base_us)
-    issues += [unread] if unread else []
+    thread_time, unread_time = read_thread_time(trace.header)
+    issues += [why for why in (unread, unread_time) if why]
     untraced = untraced_waits(frames.get(main_key, ()), timeline, gaps := subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
@@ -385,6 +384,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
+        thread_time=thread_time,
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.analysis.comm_fix import leading_collective
+from orchestrator.analysis.cpu_wait import starved
 from orchestrator.analysis.finding_base import make_finding, worst_straggler
 from orchestrator.analysis.host_python import own_python
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
@@ -71,6 +72,16 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
             + ". Every rank runs at the straggler's speed until it is fixed."
         )
         own = own_python(worst, ranks, {s.rank for s in stragglers})
+        waited = starved(worst, ranks, {s.rank for s in stragglers}) if own is None else None
+        if waited is not None:
+            title = f"Rank {worst.rank} is a straggler: its training thread waits for a CPU"
+            evidence += (
+                f" Its training thread was off a CPU {waited.off_cpu_ms:.1f} ms a step while its trace has it working "
+                f"(the waits the trace names left out), against {waited.others_off_cpu_ms:.1f} ms on the other ranks, and "
+                f"the scheduler took its core {waited.preemptions:.0f} times a step (theirs: {waited.others_preemptions:.0f}): "
+                "the same work as theirs, waiting for a core."
+            )
+            fix = _cpu_fix(by_rank[worst.rank], ranks)
         if own is not None:
             extra, where, who = own
             evidence += f" The stack samples put {extra:.1f} ms a step of it in the loop's own Python, which the other ranks do not run: {where}."
@@ -86,3 +97,20 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
         "straggler", anchor, worst.excess_ms, title=title, evidence=evidence, fix=fix, ranks=[s.rank for s in stragglers]
     )
 
+
+
+def _cpu_fix(r: RankSummary, ranks: Sequence[RankSummary]) -> str:
+    """Give the rank cores of its own, with what its agent saw of its host."""
+    t = r.thread_time
+    assert t is not None  # starved() reads it
+    beside = [x.rank for x in ranks if x.host is not None and x.host == r.host and x.rank != r.rank]
+    seen = [f"{t.usable_cores} usable core{'' if t.usable_cores == 1 else 's'}" if t.usable_cores else None,
+            f"{t.intra_op_threads} intra-op thread{'' if t.intra_op_threads == 1 else 's'} a rank"]
+    shared = f", beside rank{'s' if len(beside) > 1 else ''} {', '.join(map(str, beside))}" if beside else ""
+    return (
+        f"Rank {r.rank}'s host{f' ({r.host})' if r.host else ''} runs more threads than it has cores{shared} "
+        f"({'; '.join(x for x in seen if x)}). Give every rank cores of its own: reserve them in Ray "
+        "(ScalingConfig(resources_per_worker={'CPU': N}), so no more ranks and tasks land on a host than it has cores "
+        "for), set torch.set_num_threads (OMP_NUM_THREADS) to the cores each rank has, keep DataLoader workers within "
+        "the cores left, and move other jobs off the host. Every rank runs at the straggler's speed until it is fixed."
+    )

@@ -10,6 +10,7 @@ from orchestrator.loops import Loop
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.models.thread_time import ThreadTime
 from orchestrator.models.verdicts import Finding, SlowGroup, StepSpread
 
 __all__ = [
@@ -309,6 +310,9 @@ class RankSummary(_Model):
         default=None,
         description="The framework whose training loop the job runs, as the agent wrote it into the trace or a "
         "with_stack trace's frames show it (None: the job's own loop, or not known): the fixes name its settings.",
+    )
+    thread_time: ThreadTime | None = Field(
+        default=None, description="The training thread's CPU time over the window, as the agent wrote it (None: not written)."
     )
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(

@@ -20,6 +20,9 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
   ddp_no_sync  the same with the first three micro-batches under DDP's no_sync(): one all-reduce a step
   fsdp2_accumulate  two gloo ranks of a three-unit FSDP2 MLP (fully_shard on two blocks and the root) accumulating
                four micro-batches of 32 a step, each backward reducing the gradients (gloo all-reduces them)
+  ddp_contended  two gloo ranks of an MLP under DDP, each pinned to a core of its own, and a process spinning on rank
+               0's core beside it; the agent's stack sampler and thread clock over the recorded steps
+  ddp_own_cores  the same without the spinning process
   lightning_ddp_accumulate  a Lightning Trainer under DDP on two gloo ranks with accumulate_grad_batches=4, the step
                boundary a global optimizer step post-hook (as rayprof's agent has it): Lightning skips DDP's sync itself
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
@@ -42,6 +45,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
 from record_cpu_issue29 import _two_ranks, lightning_parts, mlp  # noqa: E402
+
+from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
+from tests.data.sampled import SampledSteps  # noqa: E402
 
 ACTIVE = 8
 STEPS = ACTIVE + 2
@@ -126,6 +132,38 @@ def _fsdp2_accumulate_rank(rank: int, out: Path, name: str, port: int) -> None:
             opt.zero_grad()
             prof.step()
     dist.destroy_process_group()
+
+
+def _contended_rank(rank: int, out: Path, name: str, burner: bool, port: int) -> None:
+    import subprocess
+
+    import torch.distributed as dist
+
+    # Each rank on a core of its own (its gloo threads, started below, inherit it); where ``burner``, a process
+    # spinning on rank 0's core beside it for at most two minutes.
+    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    spin = "import os, time\nos.sched_setaffinity(0, {0})\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass"
+    other = subprocess.Popen([sys.executable, "-c", spin]) if burner and rank == 0 else None
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        net = nn.parallel.DistributedDataParallel(mlp())
+        opt = torch.optim.AdamW(net.parameters())
+        x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+        with recording(out, name, rank) as prof:
+            steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+            for _ in range(STEPS):
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                steps.step()
+        dist.destroy_process_group()
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
 
 
 def _lightning_accumulate_rank(rank: int, out: Path, name: str, port: int) -> None:
@@ -217,6 +255,8 @@ CASES: dict[str, Callable[[Path], None]] = {
     "ddp_no_sync": lambda out: _two_ranks(_accumulate_rank, out, "ddp_no_sync", True),
     "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
     "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
+    "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
+    "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),
 }
 
 

@@ -1,0 +1,79 @@
+"""A straggler whose training thread waits for a core: the same work as the other ranks', run slower because the
+scheduler keeps taking its CPU away (more ranks, DataLoader workers, intra-op threads or other jobs on its host than
+it has cores).
+
+Its trace cannot tell: a preempted forward reads as a longer forward, as one given more data would. The agent times
+the training thread over the window (:class:`~orchestrator.models.thread_time.ThreadTime`): its time off a CPU,
+less the waits the trace names (data, collectives, syncs, copies), is time the trace has it working while it was not
+running; involuntary context switches say the scheduler took the core. The rayprof demo's two ranks on a two-core
+machine beside Ray's own processes: told before "Rank 0 is a straggler (forward): check uneven input sizes".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+
+from orchestrator.models.analysis import RankSummary, Straggler
+from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
+
+__all__ = ["Starved", "read_thread_time", "starved"]
+
+class Starved(NamedTuple):
+    """What the straggler's thread lost to waiting for a core, per step, against the other ranks (their median)."""
+
+    off_cpu_ms: float
+    others_off_cpu_ms: float
+    preemptions: float
+    others_preemptions: float
+
+
+class _Seen(NamedTuple):
+    """One rank's thread per step: off a CPU while working (ms), preempted, and gave up its core (counts)."""
+
+    off_cpu_ms: float
+    involuntary: float
+    voluntary: float
+
+
+def read_thread_time(header: Mapping[str, Any]) -> tuple[ThreadTime | None, str | None]:
+    """A trace's thread time (None where the agent wrote none), and why it was not read where it is malformed."""
+    raw = header.get(THREAD_TIME_METADATA_KEY)
+    if raw is None:
+        return None, None
+    try:
+        return ThreadTime.model_validate(raw), None
+    except ValidationError as e:
+        return None, f"the trace's thread time ({THREAD_TIME_METADATA_KEY}) is malformed and was not read: {e.errors()[0]['msg']}"
+
+
+def _seen(r: RankSummary) -> _Seen | None:
+    """Per step, the time the training thread was off a CPU less the waits its trace names, and its context switches
+    (None: no thread time, or no switches counted)."""
+    t = r.thread_time
+    if t is None or t.involuntary_switches is None or t.voluntary_switches is None or not r.steps:
+        return None
+    p, n = r.mean_phases, len(r.steps)
+    off = max(0.0, (t.wall_s - t.cpu_s) * 1000 / n - (p.data + p.comm + p.sync + p.memcpy))
+    return _Seen(off, t.involuntary_switches / n, t.voluntary_switches / n)
+
+
+def starved(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> Starved | None:
+    """Where a busy straggler's extra time is its thread waiting for a core: off a CPU while working at least half
+    its excess longer than the other ranks' (their median; ``slow``: the stragglers, left out), and preempted more
+    often than they are by more than it gives its core up more often (a sleep, I/O, a lock or the GIL give it up:
+    the thread waits for something else than a core). None where the agent timed no thread."""
+    r = next((x for x in ranks if x.rank == worst.rank), None)
+    if worst.cause != "busy" or r is None or (mine := _seen(r)) is None:
+        return None
+    others = [seen for x in ranks if x.rank not in slow and (seen := _seen(x)) is not None]
+    if not others:
+        return None
+    off, involuntary, voluntary = (statistics.median(getattr(o, f) for o in others) for f in _Seen._fields)
+    more_preempted = mine.involuntary - involuntary
+    if mine.off_cpu_ms - off < worst.excess_ms / 2 or more_preempted <= max(0.0, mine.voluntary - voluntary):
+        return None
+    return Starved(mine.off_cpu_ms, off, mine.involuntary, involuntary)
