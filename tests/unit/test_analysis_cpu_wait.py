@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.cpu_wait import starved
+from orchestrator.analysis.cpu_wait import read_thread_time, starved
 from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY
 from tests.support.tracefiles import case, write_trace, x_event
 
@@ -69,3 +72,22 @@ def test_a_malformed_thread_time_is_said_and_left_unread(tmp_path: Path):
     (rank,) = analyze_folder(tmp_path).ranks
     assert rank.thread_time is None
     assert any("thread time (rayprof_thread_time) is malformed" in issue for issue in rank.issues)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=20,
+)
+THREAD_FIELDS = st.fixed_dictionaries(
+    {"wall_s": JSON | st.floats(), "cpu_s": JSON | st.floats(), "intra_op_threads": JSON | st.integers()},
+    optional={"involuntary_switches": JSON | st.integers(), "voluntary_switches": JSON | st.integers(), "usable_cores": JSON},
+)
+
+
+@given(JSON.filter(lambda raw: raw is not None) | THREAD_FIELDS)
+def test_any_json_under_the_thread_time_key_reads_or_is_refused_with_a_reason(raw):
+    seen, why = read_thread_time({THREAD_TIME_METADATA_KEY: raw})
+    assert (seen is None) != (why is None)
+    if seen is not None:
+        assert seen.wall_s >= 0 and seen.cpu_s >= 0 and seen.intra_op_threads >= 1
