@@ -15,8 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
-
+from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import RankSummary, Straggler
 from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
 
@@ -41,13 +40,7 @@ class _Seen(NamedTuple):
 
 def read_thread_time(header: Mapping[str, Any]) -> tuple[ThreadTime | None, str | None]:
     """A trace's thread time (None where the agent wrote none), and why it was not read where it is malformed."""
-    raw = header.get(THREAD_TIME_METADATA_KEY)
-    if raw is None:
-        return None, None
-    try:
-        return ThreadTime.model_validate(raw), None
-    except ValidationError as e:
-        return None, f"the trace's thread time ({THREAD_TIME_METADATA_KEY}) is malformed and was not read: {e.errors()[0]['msg']}"
+    return read_metadata(header, THREAD_TIME_METADATA_KEY, ThreadTime, "thread time")
 
 
 def _seen(r: RankSummary) -> _Seen | None:

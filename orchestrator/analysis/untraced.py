@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
 from orchestrator.analysis.intervals import Intervals, subtract, union
 from orchestrator.analysis.python_frames import HOT_SHARE, frame_parts, sampled_path
+from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import OpStat
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import Span
@@ -96,14 +95,7 @@ def train_version(frames: Iterable[Span], timeline: Timeline | None) -> Literal[
 
 def read_samples(header: Mapping[str, Any]) -> tuple[FrameSamples | None, str | None]:
     """A trace's stack samples (None where it has none), and why they were not read where they are malformed."""
-    raw = header.get(FRAMES_METADATA_KEY)
-    if raw is None:
-        return None, None
-    try:
-        return FrameSamples.model_validate(raw), None
-    except ValidationError as e:
-        why = e.errors()[0]["msg"]
-        return None, f"the trace's stack samples ({FRAMES_METADATA_KEY}) are malformed and were not read: {why}"
+    return read_metadata(header, FRAMES_METADATA_KEY, FrameSamples, "stack samples")
 
 
 @dataclass(frozen=True)

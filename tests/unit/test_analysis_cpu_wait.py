@@ -71,7 +71,7 @@ def test_a_malformed_thread_time_is_said_and_left_unread(tmp_path: Path):
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1, **{THREAD_TIME_METADATA_KEY: {"wall_s": -1}})
     (rank,) = analyze_folder(tmp_path).ranks
     assert rank.thread_time is None
-    assert any("thread time (rayprof_thread_time) is malformed" in issue for issue in rank.issues)
+    assert any("thread time (rayprof_thread_time): malformed" in issue for issue in rank.issues)
 
 
 JSON = st.recursive(

@@ -162,7 +162,7 @@ def test_a_trace_without_samples_reads_none_and_says_nothing():
 
 def test_malformed_samples_are_skipped_with_a_reason():
     samples, why = read_samples({FRAMES_METADATA_KEY: {"interval_ms": 10, "stacks": [["a.py(1): f"]], "samples": [[5, 3]]}})
-    assert samples is None and "stack samples (rayprof_frames) are malformed" in why and "past the 1 given" in why
+    assert samples is None and "stack samples (rayprof_frames): malformed" in why and "past the 1 given" in why
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
@@ -177,7 +177,7 @@ def test_a_malformed_sample_record_costs_the_trace_its_names_not_its_analysis(tm
     folder = _without_samples(case("cpu_ray_data"), tmp_path, replace={"interval_ms": -1})
     summary = analyze_folder(folder)
     (r,) = summary.ranks
-    assert r.mean_step_ms > 0 and any("stack samples (rayprof_frames) are malformed" in i for i in r.issues)
+    assert r.mean_step_ms > 0 and any("stack samples (rayprof_frames): malformed" in i for i in r.issues)
 
 
 def _without_samples(folder: Path, tmp_path: Path, replace: object | None = None) -> Path:
