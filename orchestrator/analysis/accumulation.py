@@ -31,7 +31,7 @@ __all__ = ["Rounds", "accumulation_sync", "early_ms", "early_rounds"]
 
 
 class Rounds(NamedTuple):
-    """A rank's typical step: its backward passes, those that all-reduce, and the early ones among them."""
+    """A rank's typical step: its backward passes, those that reduce the gradients, and the early ones among them."""
 
     passes: int
     reducing: int
@@ -39,7 +39,7 @@ class Rounds(NamedTuple):
 
 
 def early_rounds(r: RankSummary) -> Rounds | None:
-    """The rank's typical step where most of its steps all-reduce before their last micro-batch (else None)."""
+    """The rank's typical step where most of its steps reduce the gradients before their last micro-batch (else None)."""
     counted = [s.backward for s in r.steps if s.backward is not None]
     if not counted or 2 * sum(b.early > 0 for b in counted) <= len(counted):
         return None
@@ -77,7 +77,7 @@ def _reduction_share(r: RankSummary) -> float:
 
 
 def accumulation_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """Most steps all-reduce the gradients of a micro-batch that another one then adds to, and those rounds cost
+    """Most steps reduce the gradients of a micro-batch that another one then adds to, and those rounds cost
     REPORT_FRACTION of the step or more, on the rank that loses least to them (the others' waits may include
     waiting for slower ranks, which the straggler finding tells)."""
     hit = [r for r in ranks if r.steps and early_rounds(r) is not None]

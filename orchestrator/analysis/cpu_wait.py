@@ -21,6 +21,7 @@ from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
 
 __all__ = ["Starved", "read_thread_time", "starved"]
 
+
 class Starved(NamedTuple):
     """What the straggler's thread lost to waiting for a core, per step, against the other ranks (their median)."""
 

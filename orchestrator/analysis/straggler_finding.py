@@ -98,7 +98,6 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
     )
 
 
-
 def _cpu_fix(r: RankSummary, ranks: Sequence[RankSummary]) -> str:
     """Give the rank cores of its own, with what its agent saw of its host."""
     t = r.thread_time
