@@ -161,19 +161,19 @@ class Reductions:
             s.ts for kinds in threads for (name, _), group in kinds.items()
             if is_comm(group[0]) and collective_of(name) in _REDUCTIONS for s in group
         )
-        self.steps = union(where(main, lambda s: s.name.startswith(OPTIMIZER_STEP)))
+        steps = union(where(main, lambda s: s.name.startswith(OPTIMIZER_STEP)))
+        self._in_step = membership(steps)
+        self._step_starts = [t0 for t0, _ in steps]
 
     def of(self, passes: Intervals) -> BackwardPasses:
         """A step's backward ``passes`` (:func:`backward_passes`) and the reductions they start. A pass inside an
         optimizer step is a closure's (LBFGS evaluating the loss again), which needs its gradients whole: not
         counted. A reducing pass is early when the next reducing pass comes before any optimizer step: the gradients
         were all-reduced, then added to, and only the last sum is used."""
-        inside = membership(self.steps)
-        outer = [(b0, b1) for b0, b1 in passes if not inside(b0)]
+        outer = [(b0, b1) for b0, b1 in passes if not self._in_step(b0)]
         starts = self.starts
         reducing = [(b0, b1) for b0, b1 in outer if bisect.bisect_left(starts, b0) < bisect.bisect_right(starts, b1)]
-        step_starts = [t0 for t0, _ in self.steps]
-        early = sum(_no_op_between(step_starts, a1, b0) for (_, a1), (b0, _) in zip(reducing, reducing[1:]))
+        early = sum(_no_op_between(self._step_starts, a1, b0) for (_, a1), (b0, _) in zip(reducing, reducing[1:]))
         return BackwardPasses(passes=len(outer), reducing=len(reducing), early=early)
 
 
