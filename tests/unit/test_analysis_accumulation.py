@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.accumulation import Rounds, accumulation_sync, early_rounds
 from orchestrator.analysis.phases import Reductions
@@ -143,3 +146,19 @@ def test_all_reduces_the_autograd_thread_launches_count_for_its_passes(tmp_path:
     (rank,) = analyze_folder(tmp_path).ranks
     counted = rank.steps[0].backward
     assert (counted.passes, counted.reducing, counted.early) == (2, 2, 1)
+
+
+@given(
+    st.lists(st.integers(0, 99), max_size=12, unique=True),
+    st.lists(st.integers(0, 1000), max_size=20),
+    st.lists(st.integers(0, 99), max_size=4, unique=True),
+)
+def test_counts_hold_together_for_any_passes_reductions_and_steps(pass_slots, reduce_at, step_slots):
+    # Passes and optimizer steps in disjoint 10 µs slots of a 1 ms step: early rounds are reducing passes, one fewer
+    # at most; reducing passes are passes; nothing inside an optimizer step counts.
+    steps = [(10.0 * i, 10.0 * i + 5) for i in sorted(step_slots)]
+    passes = [(10.0 * i, 10.0 * i + 5) for i in sorted(set(pass_slots) - set(step_slots))]
+    counted = reductions(sorted(float(t) for t in reduce_at), steps).of(passes)
+    assert 0 <= counted.early <= max(0, counted.reducing - 1) and counted.reducing <= counted.passes == len(passes)
+    if not steps:
+        assert counted.early == max(0, counted.reducing - 1)
