@@ -7,6 +7,7 @@ the training thread over the window (:class:`~orchestrator.models.thread_time.Th
 less the waits the trace names (data, collectives, syncs, copies), is time the trace has it working while it was not
 running; involuntary context switches say the scheduler took the core. The rayprof demo's two ranks on a two-core
 machine beside Ray's own processes: told before "Rank 0 is a straggler (forward): check uneven input sizes".
+Where every rank waits for cores alike (no straggler), a note says so: their phases then read longer than their work.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import RankSummary, Straggler
 from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
 
-__all__ = ["Starved", "read_thread_time", "starved"]
+__all__ = ["SHARED_CORES_FRACTION", "Starved", "read_thread_time", "shared_cores_note", "starved"]
+
+# Share of a step a rank's thread spends off a CPU while working, preempted more than it yields, from which the
+# analysis notes that its cores are shared: every phase then reads longer than its work. The two pinned ranks on
+# cores of their own (cpu_ddp_own_cores) lose 5% to their own gloo and sampler threads; the demo's, beside Ray's
+# processes on two cores, 15-17%.
+SHARED_CORES_FRACTION = 0.1
 
 
 class Starved(NamedTuple):
@@ -71,3 +78,25 @@ def starved(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> S
     if mine.off_cpu_ms - off < worst.excess_ms / 2 or more_preempted <= max(0.0, mine.voluntary - voluntary):
         return None
     return Starved(mine.off_cpu_ms, off, mine.involuntary, involuntary)
+
+
+def shared_cores_note(ranks: Sequence[RankSummary]) -> str | None:
+    """A note where ranks' training threads spent SHARED_CORES_FRACTION of their steps or more off a CPU while
+    working and were preempted more often than they yielded: their timings hold waits for a core (None: none did)."""
+    hit = [(r, seen) for r in ranks if (seen := _seen(r)) is not None and r.mean_step_ms
+           and seen.off_cpu_ms >= SHARED_CORES_FRACTION * r.mean_step_ms and seen.involuntary > seen.voluntary]
+    if not hit:
+        return None
+    shares = [seen.off_cpu_ms / (r.mean_step_ms or 1) for r, seen in hit]
+    preempted = [seen.involuntary for _, seen in hit]
+    span = f"{min(shares):.0%}" if len(hit) == 1 else f"{min(shares):.0%}-{max(shares):.0%}"
+    times = f"{min(preempted):.0f}" if len(hit) == 1 else f"{min(preempted):.0f}-{max(preempted):.0f}"
+    one = len(hit) == 1
+    who = f"rank {hit[0][0].rank}'s training thread was" if one else (
+        "the training threads of ranks " + ", ".join(str(r.rank) for r, _ in hit) + " were")
+    return (
+        f"{who} off a CPU {span} of each step while {'its trace has it' if one else 'their traces have them'} working, "
+        f"preempted {times} times a step: {'its' if one else 'their'} cores are shared with other threads or "
+        "processes, and every phase above reads longer than the work it holds (cores of its own for each rank take "
+        "that back: Ray's resources_per_worker, torch.set_num_threads)"
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.between import between_note
+from orchestrator.analysis.cpu_wait import shared_cores_note
 from orchestrator.analysis.cross import StragglerImpl, arrivals, blame_late_ranks, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.groups import held_back, slow_groups
@@ -142,6 +143,8 @@ def _join(
         )
     if (between := between_note(ranks)) is not None:
         issues.append(between)
+    if (cores := shared_cores_note(ranks)) is not None:
+        issues.append(cores)
     if len({len(r.steps) for r in ranks if r.steps}) > 1:
         issues.append("ranks recorded different steps: " + ", ".join(f"rank {r.rank}: {len(r.steps)}" for r in ranks))
     definitions = Counter(r.step_definition for r in ranks if r.step_definition)

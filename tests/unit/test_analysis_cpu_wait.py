@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.cpu_wait import read_thread_time, starved
+from orchestrator.analysis.cpu_wait import read_thread_time, shared_cores_note, starved
 from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY
 from tests.support.tracefiles import case, write_trace, x_event
 
@@ -60,9 +60,27 @@ def test_a_thread_that_gave_its_core_up_itself_waits_for_something_else():
     assert starved(worst, ranks, {0}) is None
 
 
+def test_a_rank_that_lost_a_third_of_its_steps_to_waiting_for_a_core_is_noted():
+    summary = analyze_folder(case("cpu_ddp_contended"))
+    assert any(i.startswith("rank 0's training thread was off a CPU 33% of each step") for i in summary.issues)
+
+
+def test_ranks_on_cores_of_their_own_get_no_note_of_shared_cores():
+    summary = analyze_folder(case("cpu_ddp_own_cores"))
+    assert not any("off a CPU" in i for i in summary.issues)
+
+
+def test_threads_that_give_their_cores_up_themselves_get_no_note_of_shared_cores():
+    ranks = [
+        r.model_copy(update={"thread_time": r.thread_time.model_copy(update={"voluntary_switches": 100 * len(r.steps)})})
+        for r in analyze_folder(case("cpu_ddp_contended")).ranks
+    ]
+    assert shared_cores_note(ranks) is None
+
+
 def test_a_trace_without_the_agents_clock_says_nothing_of_cpus():
     summary = analyze_folder(case("cpu_ddp_varlen"))
-    assert all(r.thread_time is None for r in summary.ranks)
+    assert all(r.thread_time is None for r in summary.ranks) and shared_cores_note(summary.ranks) is None
     assert all(starved(s, summary.ranks, {s.rank}) is None for s in summary.stragglers)
 
 
