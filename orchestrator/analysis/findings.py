@@ -18,7 +18,7 @@ at most an info line.
 
 The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
-the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early all-reduces in
+the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early reductions in
 :mod:`orchestrator.analysis.accumulation`, the loader restart's in
 :mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
