@@ -37,6 +37,9 @@ DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES = 100_000
 FRAME_SAMPLE_MS_ENV_VAR = "RAYPROF_FRAME_SAMPLE_MS"
 DEFAULT_FRAME_SAMPLE_MS = 5.0
 FRAME_SAMPLES_MAX = 20_000
+# A window also times the process's garbage collections (actors/agent/gc_watch.py), keeping at most this many of
+# those long enough to record one by one (each ~150 bytes in the trace).
+GC_RECORDS_MAX = 2_000
 
 # Under an OOM watch, how long the rank that ran out of CUDA memory holds the failing thread,
 # before the exception reaches the job, for its snapshot to be stored (read in the workers).

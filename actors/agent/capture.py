@@ -23,6 +23,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from actors.agent.children import run_child, store_snapshot
 from actors.agent.cuda_memory import Allocator, TorchAllocator
 from actors.agent.frame_sampler import FrameSampler
+from actors.agent.gc_watch import GcWatch
 from actors.agent.thread_clock import ThreadClock
 from actors.export.contract import (
     EXIT_TOO_LARGE,
@@ -37,6 +38,7 @@ from orchestrator.layout import rank_artifact_keys
 from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
+from orchestrator.models.gc_pauses import GC_METADATA_KEY
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.models.samples import FRAMES_METADATA_KEY
@@ -47,6 +49,7 @@ from orchestrator.settings import (
     DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES,
     FRAME_SAMPLE_MS_ENV_VAR,
     FRAME_SAMPLES_MAX,
+    GC_RECORDS_MAX,
     MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR,
     env_float,
     env_int,
@@ -99,6 +102,7 @@ class Capture:
         self._recording = False
         self._sampler: FrameSampler | None = None
         self._clock: ThreadClock | None = None  # the training thread's CPU time over the window's steps
+        self._gc: GcWatch | None = None  # the process's garbage collections over the window's steps
         self._snapshot: dict[str, Any] | None = None
         self.cancelled = False
         self.closed = False
@@ -191,17 +195,24 @@ class Capture:
             self._sampler = FrameSampler(threading.get_ident(), interval_ms / 1000, FRAME_SAMPLES_MAX)
             self._sampler.start()
         self._clock = ThreadClock()
+        self._gc = GcWatch(threading.get_ident(), GC_RECORDS_MAX)
+        self._gc.start()
         self._emit_state(RankState.CAPTURING)
 
     def _end_sampling(self, prof: torch.profiler.profile | None) -> None:
-        """Stop sampling the stack and timing the thread; write what they saw into the trace while ``prof`` still
-        records (None: drop it)."""
+        """Stop sampling the stack and timing the thread and the collector; write what they saw into the trace while
+        ``prof`` still records (None: drop it)."""
         sampler, self._sampler = self._sampler, None
         clock, self._clock = self._clock, None
+        watch, self._gc = self._gc, None
         samples = sampler.stop() if sampler is not None else None
+        collections = watch.stop() if watch is not None else None
         if prof is None:
             return
-        for key, seen in ((FRAMES_METADATA_KEY, samples), (THREAD_TIME_METADATA_KEY, clock.stop() if clock else None)):
+        for key, seen in (
+            (FRAMES_METADATA_KEY, samples), (THREAD_TIME_METADATA_KEY, clock.stop() if clock else None),
+            (GC_METADATA_KEY, collections),
+        ):
             if seen is None:
                 continue
             try:

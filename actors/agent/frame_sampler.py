@@ -19,7 +19,7 @@ from types import CodeType, FrameType
 
 from orchestrator.models.samples import FrameSamples
 
-__all__ = ["FrameSampler"]
+__all__ = ["FrameSampler", "frame_name", "import_prefixes"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class FrameSampler:
         self._truncated = False
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rayprof-frames", daemon=True)
-        self._prefixes = _import_prefixes()
+        self._prefixes = import_prefixes()
 
     def start(self) -> None:
         self._thread.start()
@@ -85,16 +85,21 @@ class FrameSampler:
         index = self._index.get(key)
         if index is None:
             index = self._index[key] = len(self._stacks)
-            self._stacks.append([f"{self._short(code.co_filename)}({line}): {_qualname(code)}" for code, line in key])
+            self._stacks.append([frame_name(code, line, self._prefixes) for code, line in key])
         self._samples.append((self._clock_ns() // 1000, index))
         return True
 
-    def _short(self, path: str) -> str:
-        """A file's path below the import path that holds it, as torch's with_stack names frames."""
-        return next((path[len(p):] for p in self._prefixes if path.startswith(p)), path)
 
 
-def _import_prefixes() -> list[str]:
+def frame_name(code: CodeType, line: int, prefixes: list[str]) -> str:
+    """A frame as torch's with_stack names it: its file below the import path that holds it (one of ``prefixes``,
+    :func:`import_prefixes`), its line and its function ('train.py(88): train_step')."""
+    path = code.co_filename
+    short = next((path[len(p):] for p in prefixes if path.startswith(p)), path)
+    return f"{short}({line}): {_qualname(code)}"
+
+
+def import_prefixes() -> list[str]:
     """The folders a file's name is shortened below, longest first: those torch's with_stack tracer shortens below
     (site-packages, the import path, the user's site), so a sampled frame and a traced one read alike."""
     raw = [*site.getsitepackages(), *sys.path, site.getuserbase(), site.getusersitepackages()]
