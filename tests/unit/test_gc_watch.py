@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from actors.agent.capture import Capture
 from actors.agent import gc_watch
+from actors.agent.capture import Capture
 from actors.agent.gc_watch import GcWatch
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcPauses
 from tests.support.tracefiles import load_trace
