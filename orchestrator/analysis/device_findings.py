@@ -25,6 +25,7 @@ from orchestrator.analysis.finding_base import (
     share,
     step_word,
 )
+from orchestrator.analysis.gc_finding import gc_wait_ms
 from orchestrator.analysis.groups import slow_groups
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
 from orchestrator.analysis.kernel_kinds import device_work_fix, kinds, short_name
@@ -292,7 +293,8 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     for stragglers, which the straggler finding reports instead. Likewise the
     wait a slow link adds (its group's excess over its peers', which every rank
     waits out in lockstep) is the slow_link finding's: no overlap removes it;
-    and the all-reduces of micro-batches before the last are the accumulation's.
+    the all-reduces of micro-batches before the last are the accumulation's, and
+    the wait for other ranks' garbage collections is the collector's.
     """
     timed = [r for r in ranks if r.mean_step_ms]
     if not timed:
@@ -300,8 +302,11 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
     slow = slow_groups(ranks)
     link_ms = slow[0].excess_ms if slow else 0.0
 
-    def cost(r: RankSummary) -> float:
+    def rest(r: RankSummary) -> float:
         return max(0.0, comm_cost(r) - link_ms - early_ms(r))
+
+    def cost(r: RankSummary) -> float:
+        return rest(r) - gc_wait_ms(r, ranks, rest(r))
 
     least = min(timed, key=lambda r: share(r, cost(r)))
     if share(least, cost(least)) < COMM_EXPOSED_FRACTION:
@@ -316,6 +321,8 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         overlap += f" Not counted: {link_ms:.1f} ms per step that the slow link in process group {slow[0].name} adds (its own finding)."
     if early_ms(least):
         overlap += f" Not counted: {early_ms(least):.1f} ms per step in gradient reductions of micro-batches before the last (their own finding)."
+    if gc_waited := gc_wait_ms(least, ranks, rest(least)):
+        overlap += f" Not counted: {gc_waited:.1f} ms per step waiting for other ranks' garbage collections (their own finding)."
     return make_finding(
         "comm_exposed",
         least,

@@ -19,7 +19,7 @@ at most an info line.
 The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
 the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early reductions in
-:mod:`orchestrator.analysis.accumulation`, the loader restart's in
+:mod:`orchestrator.analysis.accumulation`, the garbage collector's pauses in :mod:`orchestrator.analysis.gc_finding`, the loader restart's in
 :mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
@@ -43,6 +43,7 @@ from orchestrator.analysis.finding_base import (
     share,
     step_word,
 )
+from orchestrator.analysis.gc_finding import gc_pause
 from orchestrator.analysis.groups import slow_link
 from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
@@ -325,6 +326,7 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 
 
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
+    gc_pause,
     straggler,
     moving_imbalance,
     loader_restart,

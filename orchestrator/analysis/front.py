@@ -12,6 +12,8 @@ each rank scan it for the merge (:func:`~orchestrator.traces.merge.merge_traces`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from orchestrator.analysis.groups import held_back, slow_groups
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.models.analysis import Finding, RankSummary, Summary
 from orchestrator.models.merge_stats import RejectedTrace
-from orchestrator.traces.clocks import align, wall_clock_note
+from orchestrator.traces.clocks import RankAlignment, align, wall_clock_note
 from orchestrator.traces.discover import TraceFile, TraceSet, discover_traces
 from orchestrator.traces.fanout import RankMap, serial
 from orchestrator.traces.gcpause import gc_paused
@@ -94,8 +96,8 @@ def analyze_for_merge(
 
 
 def _on_merged_clock(ranks: list[RankSummary], scans: dict[int, RankScan]) -> tuple[list[RankSummary], str | None]:
-    """The ranks with their step starts moved onto the merged trace's clock (the merge's alignment, from
-    the same scans), so that which rank starts late does not depend on how far apart their clocks were;
+    """The ranks with their step starts and timed collections moved onto the merged trace's clock (the merge's
+    alignment, from the same scans), so that which rank starts late does not depend on how far apart their clocks were;
     and the note on ranks placed by wall clock only."""
     sources = [scans[r.rank] for r in ranks if r.rank in scans]
     if len(sources) < 2:
@@ -106,11 +108,23 @@ def _on_merged_clock(ranks: list[RankSummary], scans: dict[int, RankScan]) -> tu
     for r in ranks:
         a = alignment.get(r.rank)
         if a is not None:
-            own_base_us = scans[r.rank].base_time_ns / 1000
-            steps = [s.model_copy(update={"start_unix_us": reference_us + a.merged_us(s.start_unix_us - own_base_us)}) for s in r.steps]
-            r = r.model_copy(update={"steps": steps})
+            r = _moved(r, partial(_merged_us, a, scans[r.rank].base_time_ns / 1000, reference_us))
         out.append(r)
     return out, wall_clock_note(list(alignment.values()))
+
+
+def _merged_us(a: RankAlignment, own_base_us: float, reference_us: float, unix_us: float) -> float:
+    """A time of a rank's own clock (unix µs) on the merged trace's."""
+    return reference_us + a.merged_us(unix_us - own_base_us)
+
+
+def _moved(r: RankSummary, clock: Callable[[float], float]) -> RankSummary:
+    """``r`` with its step starts and the garbage collections its agent timed (unix µs) on ``clock``."""
+    steps = [s.model_copy(update={"start_unix_us": clock(s.start_unix_us)}) for s in r.steps]
+    gc = r.gc and r.gc.model_copy(
+        update={"collections": [c.model_copy(update={"start_us": round(clock(c.start_us))}) for c in r.gc.collections]}
+    )
+    return r.model_copy(update={"steps": steps, "gc": gc})
 
 
 def _join(

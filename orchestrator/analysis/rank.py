@@ -72,6 +72,7 @@ from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.cpu_wait import read_thread_time
 from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
+from orchestrator.analysis.gc_finding import read_gc
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import unscheduled_windows
@@ -236,8 +237,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     base_us = trace.file.base_time_ns / 1000
     timeline, unread = Timeline.read(trace.header, base_us)
-    thread_time, unread_time = read_thread_time(trace.header)
-    issues += [why for why in (unread, unread_time) if why]
+    (thread_time, unread_time), (gc_pauses, unread_gc) = read_thread_time(trace.header), read_gc(trace.header)
+    issues += [why for why in (unread, unread_time, unread_gc) if why]
     untraced = untraced_waits(frames.get(main_key, ()), timeline, gaps := subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
@@ -384,7 +385,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
-        thread_time=thread_time,
+        thread_time=thread_time, gc=gc_pauses,
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.cpu_wait import starved
 from orchestrator.analysis.finding_base import make_finding, worst_straggler
+from orchestrator.analysis.gc_finding import explains_straggler
 from orchestrator.analysis.host_python import own_python
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -20,8 +21,8 @@ _STAGE_PHASES = frozenset({"forward", "backward", "optimizer"})
 def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
     """One or more ranks hold the others back: busier each step, or starting it late."""
     worst = worst_straggler(stragglers)
-    if worst is None:
-        return None
+    if worst is None or explains_straggler(worst, ranks):
+        return None  # none, or the garbage collector's pauses, which their own finding tells
     others = [s for s in stragglers if s is not worst]
     by_rank = {r.rank: r for r in ranks}
     fixes = {

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.loops import Loop
 from orchestrator.models.accelerator import Accelerator
+from orchestrator.models.gc_pauses import GcPauses
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.models.thread_time import ThreadTime
@@ -313,6 +314,9 @@ class RankSummary(_Model):
     )
     thread_time: ThreadTime | None = Field(
         default=None, description="The training thread's CPU time over the window, as the agent wrote it (None: not written)."
+    )
+    gc: GcPauses | None = Field(
+        default=None, description="The process's garbage collections over the window, as the agent timed them (None: not timed)."
     )
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(

@@ -1,0 +1,135 @@
+"""Python's garbage collector pausing the training thread, told from the collections the agent timed.
+
+Recorded by tests/data/record_cpu_gc.py: two gloo ranks of an MLP under DDP, each holding its shard of a corpus as
+Python dicts. cpu_gc_collect_every_step calls gc.collect() after every step (before the watch: "No findings", 207 ms
+of a 235 ms step in "other"); cpu_gc_automatic keeps 15,000 records a step, and the collector's own full collections
+fall in different steps on the two ranks (before: "Communication does not overlap computation", bucket advice);
+cpu_gc_frozen is the same after gc.freeze() (before: "Rank 1 is a straggler (other)").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.gc_finding import read_gc
+from orchestrator.models.gc_pauses import GC_METADATA_KEY
+from tests.support.tracefiles import case, write_trace, x_event
+
+
+def finding(summary, code):
+    return next((f for f in summary.findings if f.code == code), None)
+
+
+def test_a_gc_collect_in_every_step_is_the_first_finding_with_its_calling_line():
+    found = analyze_folder(case("cpu_gc_collect_every_step")).findings[0]
+    assert found.code == "gc_pause" and found.severity == "warning" and found.ranks == [0, 1]
+    assert found.title.startswith("The loop calls gc.collect() every step, up to ")
+    assert "record_cpu_gc.py(62): _gc_rank calls gc.collect() every step" in found.evidence
+    assert found.fix.startswith("Take gc.collect() out of the step") and "gc.freeze()" in found.fix
+    assert found.max_saving_fraction > 0.5
+
+
+def test_the_collectors_own_full_collections_name_where_each_rank_paused():
+    found = analyze_folder(case("cpu_gc_automatic")).findings[0]
+    assert found.code == "gc_pause" and found.severity == "warning"
+    assert "full collections in 3 of 8 steps" in found.title
+    assert "rank 0 in steps 2, 6" in found.evidence and "rank 1 in step 4" in found.evidence
+
+
+def test_ranks_that_collect_in_different_steps_are_told_to_collect_together():
+    found = analyze_folder(case("cpu_gc_automatic")).findings[0]
+    assert "Call gc.freeze() once the model, optimizer and data are built" in found.fix
+    assert "gc.disable() after set-up and gc.collect(1) every N steps" in found.fix
+    assert "--manual-gc" in found.fix and "training.gc_freq" in found.fix
+
+
+def test_the_wait_for_another_ranks_pauses_is_not_told_as_exposed_communication():
+    summary = analyze_folder(case("cpu_gc_automatic"))
+    assert finding(summary, "comm_exposed") is None
+
+
+def test_after_gc_freeze_the_fix_says_what_the_walk_still_holds():
+    found = analyze_folder(case("cpu_gc_frozen")).findings[0]
+    assert found.code == "gc_pause"
+    assert "gc.freeze() already keeps" in found.fix and "keep less" in found.fix
+    assert "Call gc.freeze()" not in found.fix
+
+
+def test_a_rank_slower_for_its_collections_is_not_told_as_a_straggler_of_its_own():
+    summary = analyze_folder(case("cpu_gc_frozen"))
+    assert summary.stragglers and finding(summary, "straggler") is None
+
+
+def test_gc_freeze_shortens_the_pauses_the_finding_bounds():
+    before = finding(analyze_folder(case("cpu_gc_automatic")), "gc_pause")
+    after = finding(analyze_folder(case("cpu_gc_frozen")), "gc_pause")
+    assert before is not None and after is not None
+    assert after.max_saving_ms < before.max_saving_ms / 4
+
+
+def test_a_trace_without_the_agents_watch_says_nothing_of_collections():
+    summary = analyze_folder(case("cpu_ddp_varlen"))
+    assert all(r.gc is None for r in summary.ranks) and finding(summary, "gc_pause") is None
+
+
+def _one_rank(tmp_path: Path, pause_ms: float, *, explicit: bool = False, generation: int = 2) -> Path:
+    """One rank of four 100 ms steps from unix time 1,000 s on, a collection of ``pause_ms`` in its second step."""
+    base_ns = 1_000_000_000_000
+    events = [x_event(f"ProfilerStep#{i}", i * 100_000, 100_000, cat="user_annotation") for i in range(4)]
+    events += [x_event("aten::mm", i * 100_000 + 10, 90_000) for i in range(4)]
+    collection = {
+        "start_us": base_ns // 1000 + 120_000, "ms": pause_ms, "generation": generation, "explicit": explicit,
+        "caller": "train.py(9): step" if explicit else None, "training_thread": True,
+    }
+    gc_seen = {
+        "enabled": True, "thresholds": [700, 10, 10], "frozen": 0, "min_recorded_ms": 0.5,
+        "collections": [collection], "totals": [{"generation": generation, "count": 1, "ms": pause_ms}],
+    }
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1, baseTimeNanoseconds=base_ns, **{GC_METADATA_KEY: gc_seen})
+    return tmp_path
+
+
+def test_pauses_under_the_report_share_are_not_a_finding(tmp_path: Path):
+    summary = analyze_folder(_one_rank(tmp_path, 15.0))  # 15 ms over four 100 ms steps: under 5%
+    assert summary.ranks[0].gc is not None and finding(summary, "gc_pause") is None
+
+
+def test_one_long_pause_in_a_window_is_said_as_one_steps_and_does_not_warn(tmp_path: Path):
+    found = finding(analyze_folder(_one_rank(tmp_path, 60.0)), "gc_pause")
+    assert found is not None and found.severity == "info"
+    assert "of it is one step's" in found.evidence
+
+
+def test_a_malformed_record_is_said_and_left_unread(tmp_path: Path):
+    events = [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), x_event("aten::mm", 10, 900)]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1, **{GC_METADATA_KEY: {"collections": "x"}})
+    (rank,) = analyze_folder(tmp_path).ranks
+    assert rank.gc is None
+    assert any("garbage collections (rayprof_gc): malformed" in issue for issue in rank.issues)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=20,
+)
+COLLECTION = st.fixed_dictionaries({
+    "start_us": JSON | st.integers(), "ms": JSON | st.floats(), "generation": JSON | st.integers(),
+    "explicit": JSON | st.booleans(), "training_thread": JSON | st.booleans(),
+}, optional={"caller": JSON | st.text(max_size=20)})
+RECORD = st.fixed_dictionaries({
+    "enabled": JSON | st.booleans(), "thresholds": JSON | st.tuples(st.integers(), st.integers(), st.integers()),
+    "frozen": JSON | st.integers(), "min_recorded_ms": JSON | st.floats(), "collections": st.lists(COLLECTION, max_size=3),
+})
+
+
+@given(JSON.filter(lambda raw: raw is not None) | RECORD)
+def test_any_json_under_the_gc_key_reads_or_is_refused_with_a_reason(raw):
+    seen, why = read_gc({GC_METADATA_KEY: raw})
+    assert (seen is None) != (why is None)
+    if seen is not None:
+        assert all(c.ms >= 0 and 0 <= c.generation <= 2 and c.start_us >= 0 for c in seen.collections)
