@@ -50,9 +50,11 @@ def test_demo_profiles_the_example_job_over_http_and_shuts_down(tmp_path):
     findings = manifest.summary.findings
     assert all(f.title in result.stdout for f in findings)
     assert f"verdict: {verdict(manifest.summary)}" in result.stdout
-    # Each rank's agent timed its training thread over the window, under Ray Train, for the straggler finding.
+    # Each rank's agent timed its training thread (for the straggler finding) and its process's garbage collections
+    # (for the collector's) over the window, under Ray Train.
     for rank in manifest.summary.ranks:
         assert rank.thread_time is not None and 0 < rank.thread_time.cpu_s <= rank.thread_time.wall_s
+        assert rank.gc is not None and rank.gc.enabled and rank.gc.thresholds[0] > 0
     # Shut down cleanly: the training driver is gone, and Ray says nothing failed on the way out (serve.shutdown()
     # before ray.shutdown() made the raylet print a failed ServeController.graceful_shutdown, "killed by ray.kill").
     assert (tmp_path / "demo" / "train.stop").exists()
