@@ -7,6 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import strategies as st
+
+# Any JSON value, for what a trace's metadata key may hold when another tool (or a damaged file) wrote it.
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=20,
+)
 
 def load_trace(path: Path) -> dict[str, Any]:
     """A Chrome trace, gzipped or not."""

@@ -25,8 +25,8 @@ def heap() -> Iterator[list[dict[str, list[int]]]]:
     del objects
 
 
-def _watched(work) -> GcPauses:
-    watch = GcWatch(threading.get_ident(), 100)
+def _watched(work, watch: GcWatch | None = None) -> GcPauses:
+    watch = watch or GcWatch(threading.get_ident(), 100)
     watch.start()
     try:
         work()
@@ -77,13 +77,7 @@ def test_a_collection_on_another_thread_is_not_the_training_threads(heap):
 
 
 def test_it_records_at_most_its_cap_and_says_so_while_the_totals_go_on(heap):
-    watch = GcWatch(threading.get_ident(), 1)
-    watch.start()
-    try:
-        gc.collect()
-        gc.collect()
-    finally:
-        seen = watch.stop()
+    seen = _watched(lambda: [gc.collect() for _ in range(2)], GcWatch(threading.get_ident(), 1))
     assert len(seen.collections) == 1 and seen.truncated
     assert next(t for t in seen.totals if t.generation == 2).count == 2
 
@@ -104,13 +98,7 @@ def test_a_watch_whose_clock_fails_stops_recording_and_never_raises_into_the_job
         calls.append(1)
         raise RuntimeError("clock gone")
 
-    watch = GcWatch(threading.get_ident(), 10, clock_ns=broken_clock)
-    watch.start()
-    try:
-        gc.collect()
-        gc.collect()
-    finally:
-        seen = watch.stop()
+    seen = _watched(lambda: [gc.collect() for _ in range(2)], GcWatch(threading.get_ident(), 10, clock_ns=broken_clock))
     assert len(calls) == 1 and seen.collections == [] and seen.totals == []
 
 
