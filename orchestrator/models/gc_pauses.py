@@ -27,7 +27,7 @@ class GcCollection(StrictModel):
     generation: int = Field(ge=0, le=2, description="The oldest generation it collected (2: a full collection).")
     explicit: bool = Field(
         description="Called by code (gc.collect()) rather than started by the collector's thresholds: read from the "
-        "collector's allocation count as it starts (CPython 3.11-3.13), or any collection while automatic collection is off."
+        "collector's allocation count as it starts (checked on CPython 3.11), or any collection while automatic collection is off."
     )
     caller: str | None = Field(
         default=None,
