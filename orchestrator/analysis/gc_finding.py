@@ -8,7 +8,9 @@ collective. Two gloo ranks calling ``gc.collect()`` after every step beside a co
 207 ms of a 235 ms step in it, and were told "No findings"; the collector's own full collections (~250 ms each, in
 different steps on the two ranks) were told "Communication does not overlap computation".
 
-A step's cost is the collections on the training thread that start in it; across ranks, a step costs the longest
+A step's cost is the process's collections that start in it, on any thread: a collection holds the GIL, so the
+training thread runs no Python meanwhile (a DataLoader's pin-memory thread collects as often as the loop does, in
+turn with it, by the objects either allocates); across ranks, a step costs the longest
 of the ranks' (the others wait for it at the next collective, and ranks that collect in the same step pay once).
 On a device trace a step's cost is at most its idle time: a pause while the device runs queued work costs nothing.
 """
@@ -35,13 +37,11 @@ def read_gc(header: Mapping[str, Any]) -> tuple[GcPauses | None, str | None]:
 
 
 def _in_steps(r: RankSummary) -> list[list[GcCollection]]:
-    """The training thread's recorded collections that start in each of ``r``'s steps."""
+    """The recorded collections (any thread's) that start in each of ``r``'s steps."""
     out: list[list[GcCollection]] = [[] for _ in r.steps]
     if r.gc is None:
         return out
     for c in r.gc.collections:
-        if not c.training_thread:
-            continue
         for i, s in enumerate(r.steps):
             if s.start_unix_us is not None and s.start_unix_us <= c.start_us < s.start_unix_us + 1000 * s.duration_ms:
                 out[i].append(c)
@@ -89,7 +89,7 @@ def _job_cost(ranks: Sequence[RankSummary]) -> tuple[list[float], RankSummary | 
 
 
 def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """Collections on the training threads cost REPORT_FRACTION of the step or more."""
+    """Collections cost REPORT_FRACTION of the step or more."""
     cost, anchor = _job_cost(ranks)
     if anchor is None:
         return None
@@ -129,6 +129,12 @@ def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | 
             "epoch's end, a history list) brings the pauses on."
         )
         fix = _automatic_fix(timed, found)
+    elsewhere = [c for c in every if not c.training_thread]
+    if elsewhere:
+        evidence += (
+            f" {len(elsewhere)} of them ran on other threads of the process ({sum(c.ms for c in elsewhere):.0f} ms), "
+            "holding the GIL the training thread needs."
+        )
     return make_finding(
         "gc_pause", anchor, bound, title=title, evidence=evidence, fix=fix, ranks=[r.rank for r in timed],
         one_off=one_step(anchor, cost),

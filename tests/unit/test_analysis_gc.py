@@ -76,14 +76,14 @@ def test_a_trace_without_the_agents_watch_says_nothing_of_collections():
     assert all(r.gc is None for r in summary.ranks) and finding(summary, "gc_pause") is None
 
 
-def _one_rank(tmp_path: Path, pause_ms: float, *, explicit: bool = False, generation: int = 2) -> Path:
+def _one_rank(tmp_path: Path, pause_ms: float, *, explicit: bool = False, generation: int = 2, training_thread: bool = True) -> Path:
     """One rank of four 100 ms steps from unix time 1,000 s on, a collection of ``pause_ms`` in its second step."""
     base_ns = 1_000_000_000_000
     events = [x_event(f"ProfilerStep#{i}", i * 100_000, 100_000, cat="user_annotation") for i in range(4)]
     events += [x_event("aten::mm", i * 100_000 + 10, 90_000) for i in range(4)]
     collection = {
         "start_us": base_ns // 1000 + 120_000, "ms": pause_ms, "generation": generation, "explicit": explicit,
-        "caller": "train.py(9): step" if explicit else None, "training_thread": True,
+        "caller": "train.py(9): step" if explicit else None, "training_thread": training_thread,
     }
     gc_seen = {
         "enabled": True, "thresholds": [700, 10, 10], "frozen": 0, "min_recorded_ms": 0.5,
@@ -128,3 +128,8 @@ def test_any_json_under_the_gc_key_reads_or_is_refused_with_a_reason(raw):
     assert (seen is None) != (why is None)
     if seen is not None:
         assert all(c.ms >= 0 and 0 <= c.generation <= 2 and c.start_us >= 0 for c in seen.collections)
+
+
+def test_a_collection_on_another_thread_pauses_the_loop_too_and_is_said(tmp_path: Path):
+    found = finding(analyze_folder(_one_rank(tmp_path, 60.0, training_thread=False)), "gc_pause")
+    assert found is not None and "1 of them ran on other threads of the process (60 ms)" in found.evidence
