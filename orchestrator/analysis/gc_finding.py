@@ -26,14 +26,24 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
 
-__all__ = ["explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc"]
+__all__ = ["SUMMARY_COLLECTIONS", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc"]
 
 FULL = 2  # the oldest generation: a collection of it walks every object the collector tracks
 
 
+# Collections a rank's summary keeps, the longest (a trace holds up to GC_RECORDS_MAX): the pauses that cost the
+# steps, in a summary that the manifest holds for every rank.
+SUMMARY_COLLECTIONS = 64
+
+
 def read_gc(header: Mapping[str, Any]) -> tuple[GcPauses | None, str | None]:
-    """A trace's garbage collections (None where the agent timed none), and why they were not read where malformed."""
-    return read_metadata(header, GC_METADATA_KEY, GcPauses, "garbage collections")
+    """A trace's garbage collections (None where the agent timed none; the SUMMARY_COLLECTIONS longest, in time order),
+    and why they were not read where malformed."""
+    seen, why = read_metadata(header, GC_METADATA_KEY, GcPauses, "garbage collections")
+    if seen is None or len(seen.collections) <= SUMMARY_COLLECTIONS:
+        return seen, why
+    longest = sorted(seen.collections, key=lambda c: c.ms, reverse=True)[:SUMMARY_COLLECTIONS]
+    return seen.model_copy(update={"collections": sorted(longest, key=lambda c: c.start_us), "truncated": True}), why
 
 
 def _in_steps(r: RankSummary) -> list[list[GcCollection]]:

@@ -316,7 +316,9 @@ class RankSummary(_Model):
         default=None, description="The training thread's CPU time over the window, as the agent wrote it (None: not written)."
     )
     gc: GcPauses | None = Field(
-        default=None, description="The process's garbage collections over the window, as the agent timed them (None: not timed)."
+        default=None,
+        description="The process's garbage collections over the window, as the agent timed them, on the merged trace's "
+        "clock: the 64 longest (truncated says more were kept in the trace; None: not timed).",
     )
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(

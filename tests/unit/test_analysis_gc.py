@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.gc_finding import read_gc
+from orchestrator.analysis.gc_finding import SUMMARY_COLLECTIONS, read_gc
 from orchestrator.models.gc_pauses import GC_METADATA_KEY
 from tests.support.tracefiles import ANY_JSON, case, write_trace, x_event
 
@@ -133,3 +133,14 @@ def test_any_json_under_the_gc_key_reads_or_is_refused_with_a_reason(raw):
 def test_a_collection_on_another_thread_pauses_the_loop_too_and_is_said(tmp_path: Path):
     found = finding(analyze_folder(_one_rank(tmp_path, 60.0, training_thread=False)), "gc_pause")
     assert found is not None and "1 of them ran on other threads of the process (60 ms)" in found.evidence
+
+
+def test_a_summary_keeps_a_ranks_longest_collections_in_time_order_and_says_it_kept_them():
+    short = [{"start_us": 1000 + i, "ms": 0.6, "generation": 0, "explicit": False, "training_thread": True} for i in range(300)]
+    long = [{"start_us": 5000 + i, "ms": 50.0 + i, "generation": 2, "explicit": False, "training_thread": True} for i in range(3)]
+    record = {"enabled": True, "thresholds": [700, 10, 10], "frozen": 0, "min_recorded_ms": 0.5, "collections": short + long}
+    seen, why = read_gc({GC_METADATA_KEY: record})
+    assert why is None and seen is not None and seen.truncated
+    assert len(seen.collections) == SUMMARY_COLLECTIONS
+    assert [c.ms for c in seen.collections[-3:]] == [50.0, 51.0, 52.0]
+    assert [c.start_us for c in seen.collections] == sorted(c.start_us for c in seen.collections)
