@@ -318,7 +318,7 @@ class RankSummary(_Model):
     gc: GcPauses | None = Field(
         default=None,
         description="The process's garbage collections over the window, as the agent timed them, on the merged trace's "
-        "clock: the 64 longest (truncated says more were kept in the trace; None: not timed).",
+        "clock: the longest (gc_finding.SUMMARY_COLLECTIONS; truncated says the trace holds more; None: not timed).",
     )
     issues: list[str] = Field(default_factory=list)
     process_groups: list[ProcessGroupComm] = Field(
