@@ -26,7 +26,7 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
 
-__all__ = ["SUMMARY_COLLECTIONS", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc"]
+__all__ = ["SUMMARY_COLLECTIONS", "explains_imbalance", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc"]
 
 FULL = 2  # the oldest generation: a collection of it walks every object the collector tracks
 
@@ -74,6 +74,14 @@ def explains_straggler(worst: Straggler, ranks: Sequence[RankSummary]) -> bool:
     if r is None or r.gc is None or not r.steps:
         return False
     return statistics.fmean(pauses_per_step(r)) >= worst.excess_ms / 2 and _job_cost(ranks)[1] is not None
+
+
+def explains_imbalance(lost_ms: float, ranks: Sequence[RankSummary]) -> bool:
+    """Whether the job's pauses (each step's longest, :func:`_job_cost`) account for half or more of what the ranks
+    lose a step waiting for each step's slowest rank (``lost_ms``): a rank that collects is that step's slowest, a
+    different one each step where the ranks collect apart; :func:`gc_pause` tells it."""
+    cost, anchor = _job_cost(ranks)
+    return anchor is not None and statistics.fmean(cost) >= lost_ms / 2
 
 
 def gc_wait_ms(r: RankSummary, ranks: Sequence[RankSummary], wait_ms: float) -> float:

@@ -30,6 +30,7 @@ from orchestrator.analysis.cross import (
     wait_ms,
 )
 from orchestrator.analysis.finding_base import make_finding
+from orchestrator.analysis.gc_finding import explains_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.models.analysis import PHASES, Finding, RankSummary, Straggler
 
@@ -121,8 +122,8 @@ def moving_imbalance(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
     if found is None:
         return None
     bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * unheld_step_ms(found.median_step_ms, found.lost_ms))
-    if found.moving_ms < bar or len(found.slowest) < 2:
-        return None
+    if found.moving_ms < bar or len(found.slowest) < 2 or explains_imbalance(found.lost_ms, ranks):
+        return None  # nothing moves, or the garbage collector's pauses move (their own finding)
     turns = ", ".join(f"rank {k} in {n}" for k, n in found.slowest.items())
     kind = "model" if found.phase in ("forward", "backward") else found.phase
     fix = _FIXES.get(

@@ -9,15 +9,21 @@ cpu_gc_frozen is the same after gc.freeze() (before: "Rank 1 is a straggler (oth
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks.culprit import build_set
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.gc_finding import SUMMARY_COLLECTIONS, read_gc
-from orchestrator.models.gc_pauses import GC_METADATA_KEY
+from orchestrator.analysis.cross import stragglers as cross_stragglers
+from orchestrator.analysis.gc_finding import SUMMARY_COLLECTIONS, gc_pause, read_gc
+from orchestrator.analysis.imbalance import moving_imbalance
+from orchestrator.analysis.straggler_finding import straggler
+from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
 from tests.support.tracefiles import ANY_JSON, case, write_trace, x_event
+from tests.unit.test_cross_culprit import DLRM
 
 
 def finding(summary, code):
@@ -144,3 +150,47 @@ def test_a_summary_keeps_a_ranks_longest_collections_in_time_order_and_says_it_k
     assert len(seen.collections) == SUMMARY_COLLECTIONS
     assert [c.ms for c in seen.collections[-3:]] == [50.0, 51.0, 52.0]
     assert [c.start_us for c in seen.collections] == sorted(c.start_us for c in seen.collections)
+
+
+def _pausing(ranks, pause_ms):
+    """``ranks`` with the agent's record of a collection of ``pause_ms(rank, step) `` ms (0: none) early in each step."""
+    out = []
+    for r in ranks:
+        collections = [
+            GcCollection(start_us=int(s.start_unix_us) + 100, ms=ms, generation=2, explicit=False, training_thread=True)
+            for s in r.steps if (ms := pause_ms(r, s)) > 0
+        ]
+        record = GcPauses(enabled=True, thresholds=(700, 10, 10), frozen=0, min_recorded_ms=0.5, collections=collections)
+        out.append(r.model_copy(update={"gc": record}))
+    return out
+
+
+def test_pauses_that_move_from_rank_to_rank_are_the_collectors_not_uneven_batches():
+    # Each step a random rank's forward grows by half a step (benchmarks/culprit.py's planted "moving" set), here
+    # because that rank collected then: the agent's record holds a pause of that size on it in that step.
+    extra = 0.5 * DLRM.median_step_ms
+    ranks, _ = build_set(DLRM, 8, "moving", 0.5, random.Random(3))
+    assert moving_imbalance(ranks, []) is not None
+    slowest = {s.step: max(ranks, key=lambda r: next(x.phases.forward for x in r.steps if x.step == s.step)).rank for s in ranks[0].steps}
+    paused = _pausing(ranks, lambda r, s: extra if slowest[s.step] == r.rank else 0.0)
+    assert moving_imbalance(paused, []) is None
+    found = gc_pause(paused, [])
+    assert found is not None and found.severity == "warning"
+
+
+def test_a_straggler_whose_own_pauses_are_its_excess_is_the_collectors():
+    extra = 0.5 * DLRM.median_step_ms
+    ranks, culprits = build_set(DLRM, 8, "forward", 0.5, random.Random(4))
+    stragglers = cross_stragglers(ranks)
+    assert straggler(ranks, stragglers) is not None
+    paused = _pausing(ranks, lambda r, s: extra if r.rank in culprits else 0.0)
+    assert straggler(paused, stragglers) is None and gc_pause(paused, stragglers) is not None
+
+
+def test_a_straggler_slower_for_more_than_its_pauses_is_still_a_straggler():
+    small = 0.05 * DLRM.median_step_ms  # a tenth of its excess
+    ranks, culprits = build_set(DLRM, 8, "forward", 0.5, random.Random(4))
+    stragglers = cross_stragglers(ranks)
+    paused = _pausing(ranks, lambda r, s: small if r.rank in culprits else 0.0)
+    found = straggler(paused, stragglers)
+    assert found is not None and found.ranks == sorted(culprits)
