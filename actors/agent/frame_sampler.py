@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 64
 
 _Key = tuple[tuple[CodeType, int], ...]
+_AGENT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 class FrameSampler:
@@ -81,6 +82,10 @@ class FrameSampler:
         frame = sys._current_frames().get(self.thread_id)
         if frame is None:
             return False
+        # The agent's own frames on top (the garbage-collection watch's callback, where a sample waits for the GIL
+        # through a collection and lands as it ends) are not the loop's: the sample names the line they run under.
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_AGENT_DIR):
+            frame = frame.f_back
         key = _key(frame)
         index = self._index.get(key)
         if index is None:

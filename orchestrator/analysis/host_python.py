@@ -21,6 +21,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
     worst_straggler,
 )
+from orchestrator.analysis.gc_finding import pauses_per_step
 from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
 from orchestrator.analysis.python_frames import frame_label, sampled_spot, spot_and_caller
 from orchestrator.models.analysis import Finding, OpStat, RankSummary, Straggler
@@ -41,7 +42,7 @@ def host_python(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -
         return None
     worst = max(hit, key=lambda r: share(r, python_per_step(r)))
     per_step = python_per_step(worst)
-    steps = sum(1 for s in worst.steps if s.python_ms > 0)
+    steps = sum(1 for ms in _python_ms(worst) if ms > 0)
     when = "in every step" if steps == len(worst.steps) else (
         f"in {steps} of the {len(worst.steps)} steps (a stack sample catches work shorter than the time between two "
         "samples only now and then: it may run in more)"
@@ -83,9 +84,16 @@ def _kind(path: Sequence[OpStat]) -> PythonKind:
     return "loop_line" if len(path) == 1 else "python"
 
 
+def _python_ms(r: RankSummary) -> list[float]:
+    """The loop's own Python in each step (StepBreakdown.python_ms) less the garbage collector's pauses in it: a
+    collection called from the loop's line, or started by one of its allocations, is the collector's finding's, and
+    a stack sample taken as the pause ends names the loop's line (or, in a Ray worker, the watch's callback)."""
+    return [max(0.0, s.python_ms - pause) for s, pause in zip(r.steps, pauses_per_step(r))]
+
+
 def python_per_step(r: RankSummary) -> float:
-    """The loop's own Python, ms per step (StepBreakdown.python_ms)."""
-    return sum(s.python_ms for s in r.steps) / len(r.steps) if r.steps else 0.0
+    """The loop's own Python, ms per step, less the collector's pauses (:func:`_python_ms`)."""
+    return sum(_python_ms(r)) / len(r.steps) if r.steps else 0.0
 
 
 def own_python(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> tuple[float, str, str] | None:

@@ -19,6 +19,7 @@ from benchmarks.culprit import build_set
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.cross import stragglers as cross_stragglers
 from orchestrator.analysis.gc_finding import SUMMARY_COLLECTIONS, gc_pause, read_gc
+from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
 from orchestrator.analysis.straggler_finding import straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
@@ -194,3 +195,12 @@ def test_a_straggler_slower_for_more_than_its_pauses_is_still_a_straggler():
     paused = _pausing(ranks, lambda r, s: small if r.rank in culprits else 0.0)
     found = straggler(paused, stragglers)
     assert found is not None and found.ranks == sorted(culprits)
+
+
+def test_the_loops_python_under_a_collectors_pause_is_the_collectors_not_the_loops():
+    # In a Ray worker a stack sample lands as a collection ends and names the line that called gc.collect(): the
+    # loop's own Python by its frames, the collector's by the agent's record.
+    ranks = analyze_folder(case("cpu_python_tokenize")).ranks
+    assert host_python(ranks, []) is not None
+    paused = _pausing(ranks, lambda r, s: s.python_ms)
+    assert host_python(paused, []) is None and gc_pause(paused, []) is not None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 
 from actors.agent import gc_watch
 from actors.agent.capture import Capture
+from actors.agent.frame_sampler import FrameSampler
 from actors.agent.gc_watch import GcWatch
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcPauses
 from tests.support.tracefiles import load_trace
@@ -123,3 +126,21 @@ def test_the_window_writes_its_collections_into_the_trace(tmp_path):
     trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
     seen = GcPauses.model_validate(trace[GC_METADATA_KEY])
     assert next(t for t in seen.totals if t.generation == 2).count >= 2
+
+
+def test_a_stack_sample_taken_in_the_watchs_callback_names_the_line_that_collected(heap):
+    # In a Ray worker the sampler waits for the GIL through a collection and lands in the callback as it ends. Here
+    # the callback's clock is a C-level sleep (no Python frame of its own), so samples land in the callback itself.
+    sampler = FrameSampler(threading.get_ident(), 0.01, 100)
+    watch = GcWatch(threading.get_ident(), 10, clock_ns=functools.partial(time.sleep, 0.2))  # type: ignore[arg-type]
+    sampler.start()
+    watch.start()
+    try:
+        _collect_in_the_loop()
+    finally:
+        watch.stop()
+        samples = sampler.stop()
+    assert samples is not None
+    innermost = {samples.stacks[i][0] for _, i in samples.samples}
+    assert all(not name.startswith("actors/agent/") for name in innermost), innermost
+    assert any(name.endswith("): _collect_in_the_loop") for name in innermost), innermost
