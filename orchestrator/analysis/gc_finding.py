@@ -8,9 +8,8 @@ collective. Two gloo ranks calling ``gc.collect()`` after every step beside a co
 207 ms of a 235 ms step in it, and were told "No findings"; the collector's own full collections (~250 ms each, in
 different steps on the two ranks) were told "Communication does not overlap computation".
 
-A step's cost is the process's collections that start in it, on any thread: a collection holds the GIL, so the
-training thread runs no Python meanwhile (a DataLoader's pin-memory thread collects as often as the loop does, in
-turn with it, by the objects either allocates); across ranks, a step costs the longest
+A step's cost is the process's collections that start in it, on any thread (a DataLoader's pin-memory thread, say):
+a collection holds the GIL, so the training thread runs no Python meanwhile. Across ranks, a step costs the longest
 of the ranks' (the others wait for it at the next collective, and ranks that collect in the same step pay once).
 On a device trace a step's cost is at most its idle time: a pause while the device runs queued work costs nothing.
 """
@@ -26,7 +25,9 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
 
-__all__ = ["SUMMARY_COLLECTIONS", "explains_imbalance", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc"]
+__all__ = [
+    "SUMMARY_COLLECTIONS", "explains_imbalance", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc",
+]
 
 FULL = 2  # the oldest generation: a collection of it walks every object the collector tracks
 
@@ -53,7 +54,7 @@ def _in_steps(r: RankSummary) -> list[list[GcCollection]]:
         return out
     for c in r.gc.collections:
         for i, s in enumerate(r.steps):
-            if s.start_unix_us is not None and s.start_unix_us <= c.start_us < s.start_unix_us + 1000 * s.duration_ms:
+            if s.start_unix_us <= c.start_us < s.start_unix_us + 1000 * s.duration_ms:
                 out[i].append(c)
                 break
     return out
