@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 64
 
 _Key = tuple[tuple[CodeType, int], ...]
+# The agent's own files (this folder), whose frames a sample leaves out where they are innermost.
 _AGENT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
@@ -93,7 +94,6 @@ class FrameSampler:
             self._stacks.append([frame_name(code, line, self._prefixes) for code, line in key])
         self._samples.append((self._clock_ns() // 1000, index))
         return True
-
 
 
 def frame_name(code: CodeType, line: int, prefixes: list[str]) -> str:
