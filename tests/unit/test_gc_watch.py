@@ -132,7 +132,7 @@ def test_a_stack_sample_taken_in_the_watchs_callback_names_the_line_that_collect
     # In a Ray worker the sampler waits for the GIL through a collection and lands in the callback as it ends. Here
     # the callback's clock is a C-level sleep (no Python frame of its own), so samples land in the callback itself.
     sampler = FrameSampler(threading.get_ident(), 0.01, 100)
-    watch = GcWatch(threading.get_ident(), 10, clock_ns=functools.partial(time.sleep, 0.2))  # type: ignore[arg-type]
+    watch = GcWatch(threading.get_ident(), 10, clock_ns=functools.partial(time.sleep, 0.5))  # type: ignore[arg-type]
     sampler.start()
     watch.start()
     try:
