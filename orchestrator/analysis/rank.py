@@ -49,8 +49,7 @@ step time:
     (gloo's worker thread: this is the allreduce wait of synchronous data parallelism).
  9. ``forward``   before each backward pass, from the batch's fetch (DataLoader next()) before it, else from the
                   step's start or the previous pass's end: the model and loss, which need not carry any marker
-                  (:func:`orchestrator.analysis.phases.unmarked_forward`); a gradient-accumulation step runs one
-                  per micro-batch.
+                  (:func:`orchestrator.analysis.phases.unmarked_forward`); accumulation runs one per micro-batch.
 10. ``other``     the rest: a checkpoint save, an evaluation or logging before the step's batch is fetched,
                   clipping and metrics after its last backward, Python between optimizer and next step.
 
