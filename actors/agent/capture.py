@@ -127,9 +127,11 @@ class Capture:
                         missed_start=True,
                     )
             elif step < self.window.stop_step:
-                self._prof.step()
                 if step == self.window.start_step:
                     self._window_begins()
+                self._prof.step()
+                if step == self.window.start_step:
+                    self._emit_state(RankState.CAPTURING)
             else:
                 self._stop()
         except Exception as e:  # Training must survive any profiler failure.
@@ -170,11 +172,13 @@ class Capture:
         prof.current_action = action
         if hasattr(prof, "_prev_schedule_action"):
             prof._prev_schedule_action = action
+        if step == w.start_step:
+            self._window_begins()
         prof.start()
         self._prof = prof
         self._mark_loop(prof)
         if step == w.start_step:
-            self._window_begins()
+            self._emit_state(RankState.CAPTURING)
 
     def _mark_loop(self, prof: torch.profiler.profile) -> None:
         """Write whose loop this is into the trace's metadata; a profiler that cannot costs the trace only that line."""
@@ -186,7 +190,9 @@ class Capture:
             logger.warning("rayprof: the trace of window %s will not say whose loop it is: %s", self.window.profile_id, e)
 
     def _window_begins(self) -> None:
-        """The boundary before the window's first step: record the allocator from here on, say CAPTURING."""
+        """The boundary before the window's first step: record the allocator, sample the stack, time the thread and
+        watch the collector from here on. Called before the profiler opens the first step's span, so that starting
+        them (a thread's start, ~1-2 ms on a busy host) is not read as the loop's own work in that step."""
         if self.window.options.memory_snapshot:
             self._allocator.start(env_int(MEMORY_SNAPSHOT_MAX_ENTRIES_ENV_VAR, DEFAULT_MEMORY_SNAPSHOT_MAX_ENTRIES))
             self._recording = True
@@ -197,7 +203,6 @@ class Capture:
         self._clock = ThreadClock()
         self._gc = GcWatch(threading.get_ident(), GC_RECORDS_MAX)
         self._gc.start()
-        self._emit_state(RankState.CAPTURING)
 
     def _end_sampling(self, prof: torch.profiler.profile | None) -> None:
         """Stop sampling the stack and timing the thread and the collector; write what they saw into the trace while

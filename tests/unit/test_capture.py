@@ -65,6 +65,21 @@ def test_warmup_steps_are_not_in_the_window(tmp_path):
     assert (events[-1].first_step, events[-1].last_step) == (6, 7)
 
 
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_the_agent_s_own_start_of_the_window_is_outside_its_first_step(tmp_path, warmup):
+    # Starting the stack sampler's thread, the thread clock and the collector's watch took 1-2 ms of a busy host's
+    # first step, which the report then read as the loop's own work before its batch (a checkpoint, an evaluation).
+    events = _run(tmp_path, _window(tmp_path, start=3, steps=2, warmup=warmup, with_stack=True), range(1, 8))
+
+    trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    agent_calls = [e["name"] for e in spans if "actors/agent/" in e["name"]]
+    assert [e.state for e in events] == [RankState.CAPTURING, RankState.UPLOADING, RankState.DONE]
+    assert profiler_steps(trace) == [3, 4]
+    assert any(e.get("cat") == "python_function" for e in spans)  # the Python calls are in the trace
+    assert not [n for n in agent_calls if n.endswith((": _window_begins", ": start"))], agent_calls
+
+
 def test_memory_timeline_is_written_when_memory_is_profiled(tmp_path):
     events = _run(tmp_path, _window(tmp_path, start=2, steps=2, profile_memory=True), range(1, 6))
 
