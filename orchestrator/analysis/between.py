@@ -151,7 +151,8 @@ def between_note(ranks: Sequence[RankSummary]) -> str | None:
     numbers = [h.step for h in hits]
     alike = [m[0] for m in many if [h.step for h in m[1]] == numbers]
     gaps = {b - a for a, b in zip(numbers, numbers[1:])}
-    period = gaps.pop() if len(gaps) == 1 else None
+    # Steps one after the other are a run of slow steps, no period ("every 1 steps" beside steps that do no such work).
+    period = gaps.pop() if len(gaps) == 1 and min(gaps) > 1 else None
     rest = [s.between_ms for s in r.steps if s not in hits]
     heads = [h.between_ms for h in hits]
     cost = sum(heads) / len(r.steps)

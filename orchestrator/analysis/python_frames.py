@@ -36,6 +36,9 @@ _ANONYMOUS = re.compile(r"[:.] ?<(?:listcomp|dictcomp|setcomp|genexpr|lambda)>$"
 _PLUMBING = frozenset({"torch", "numpy", "typing_extensions", "_pytest", "pluggy"}) | frozenset(sys.stdlib_module_names)
 # A frame holding this share of the time (or of the stack samples) it is asked about or more is on its hot path.
 HOT_SHARE = 0.5
+# Under this many stack samples a share is said as a count ("1 of 1", not "100%"): a 5 ms sampler's one sample of a
+# 3 ms span is no proportion.
+FEW_SAMPLES = 5
 _INSTALLED = re.compile(r"/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"/lib/python3[.\d]*/")
 
@@ -189,7 +192,8 @@ def sampled_spot(path: Sequence[OpStat], samples: int) -> str:
     spot, caller = found
     called = f", called from {frame_label(caller.name)}" if caller is not None else ""
     under = f", under {frame_label(path[0].name)}" if path[0] not in (spot, caller) else ""
-    return f"{spot.calls / samples:.0%} in {frame_label(spot.name)}{called}{under}"
+    share = f"{spot.calls / samples:.0%}" if samples >= FEW_SAMPLES else f"{spot.calls} of {samples}"
+    return f"{share} in {frame_label(spot.name)}{called}{under}"
 
 
 def frame_file(name: str) -> str:

@@ -192,3 +192,12 @@ def test_work_before_the_batch_in_most_steps_is_no_periodic_work() -> None:
     summary = analyze_folder(case("cpu_evaluate_often"))
     head = summary.ranks[0].steps[-1].between_ms
     assert between_note(_moved(summary, dict.fromkeys([2, 4, 5, 7, 8], head))) is None
+
+
+def test_two_slow_steps_one_after_the_other_are_given_no_period() -> None:
+    # A live Ignite window on a busy host: its first two steps read "(every 1 steps)" beside six steps without such work.
+    summary = analyze_folder(case("cpu_evaluate_often"))
+    head = summary.ranks[0].steps[-1].between_ms
+    note = between_note(_moved(summary, {3: head, 4: head, 6: 0.0, 9: 0.0}))
+    assert note is not None and note.startswith("steps 3 and 4 spend ")
+    assert "every 1 steps" not in note.lower() and "At this window's rate, it costs " in note

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.python_frames import frame_label, sampled_path, spot_and_caller, user_frames
+from orchestrator.analysis.python_frames import frame_label, sampled_path, sampled_spot, spot_and_caller, user_frames
 from orchestrator.models.analysis import Finding, OpStat, RankSummary
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import PYTHON_FRAME, Span
@@ -197,6 +197,14 @@ def test_a_comprehension_is_named_by_its_function():
     path = [OpStat(name=n, calls=4, total_ms=20.0) for n in (SAMPLED_LOOP, "tok.py(2): tokenize", "tok.py(3): <listcomp>")]
     spot, caller = spot_and_caller(path)
     assert spot.name == "tok.py(2): tokenize" and caller is not None and caller.name == SAMPLED_LOOP
+
+
+def test_a_share_of_a_few_stack_samples_is_said_as_a_count():
+    # One 5 ms sample in a 3 ms span read "100% in _do_all_reduce": no proportion of anything.
+    path = [OpStat(name=n, calls=1, total_ms=5.0) for n in (SAMPLED_LOOP, "dist.py(9): _do_all_reduce")]
+    assert sampled_spot(path, 1).startswith("1 of 1 in _do_all_reduce (dist.py:9)")
+    many = [f.model_copy(update={"calls": 4}) for f in path]
+    assert sampled_spot(many, 5).startswith("80% in _do_all_reduce (dist.py:9)")
 
 
 def test_a_method_defined_inside_a_function_is_labelled_by_its_class_and_name():
