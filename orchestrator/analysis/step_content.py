@@ -159,7 +159,10 @@ def _one_step(summary: Summary, manifest: Manifest | None) -> str | None:
         # A trace without forward markers (no Python stacks recorded) agrees on what it shows.
         return f"One step (as the agent counted it, the trace showing the same optimizer steps): {agent}."
     if traced:
-        return f"One step ({'as the agent counted it and ' if agent else 'as '}the trace shows): {traced}."
+        # Agreeing, the agent's words name the model by its class (PeftModel, Generator ×1) where the trace names
+        # instances and wrappers (Sequential_1, DistributedDataParallel_0).
+        shown = agent if agent and stated(agent) is not None else traced
+        return f"One step ({'as the agent counted it and ' if agent else 'as '}the trace shows): {shown}."
     if agent:
         return f"One step (as the agent counted it): {agent}."
     return None

@@ -214,11 +214,12 @@ def test_the_agent_and_the_trace_counting_different_forward_passes_are_both_said
     )
 
 
-def test_the_same_forward_count_under_other_module_names_agrees() -> None:
-    # The agent names classes, the trace instances: only the counts are compared.
+def test_the_same_forward_count_under_other_module_names_agrees_in_the_agents_words() -> None:
+    # The agent names classes, the trace instances: only the counts are compared, and the classes are said (before:
+    # "Sequential_1 ×3, Sequential_0 ×1"; a live Ignite job's "DistributedDataParallel_0" for its model).
     summary = analyze_folder(case("gan"))
     agent = GAN + "; 4 forward passes (Discriminator ×3, Generator ×1)"
     assert one_step(summary, _manifest(None, agent)) == (
         "One step (as the agent counted it and the trace shows): "
-        "SGD.step ×1 + Adam.step ×1; 4 forward passes (Sequential_1 ×3, Sequential_0 ×1)."
+        "SGD.step ×1 + Adam.step ×1; 4 forward passes (Discriminator ×3, Generator ×1)."
     )
