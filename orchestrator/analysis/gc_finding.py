@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.analysis.finding_base import REPORT_FRACTION, make_finding, one_step, ranks_text, share, step_word
+from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
@@ -121,7 +122,7 @@ def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | 
     where = f"in {hit_steps} of {len(cost)} {step_word(anchor)}s" if hit_steps < len(cost) else f"every {step_word(anchor)}"
     longest = max(c.ms for c in every)
     if sum(c.ms for c in explicit) >= sum(c.ms for c in every) / 2:
-        callers = sorted({c.caller for c in explicit if c.caller})
+        callers = sorted({frame_label(c.caller) for c in explicit if c.caller})
         title = f"The loop calls gc.collect() {where}, up to {longest:.0f} ms each"
         evidence = (
             f"{' and '.join(callers) or 'Code'} calls gc.collect() {where} on {ranks_text(timed)}: "
