@@ -13,6 +13,9 @@ Planted faults (for rayprof's own tests of stacks, stall and watches):
                                    --slow-rank falls steps behind instead of slowing everyone
   --flight-recorder N              keep torch's flight recorder (TORCH_FR_BUFFER_SIZE=N)
   --relay                          agents poll through a relay per node even at 2 ranks
+  --gc-collect-objects N           each rank holds N Python records (a dict and a list each) and calls
+                                   gc.collect() after every optimizer step, a habit against memory growth:
+                                   a full collection walks all of them every step
 
 How rayprof gets in (``--instrument``):
   setup-hook  ray.init(runtime_env={"worker_process_setup_hook": "actors.agent.install"}); no code change
@@ -23,6 +26,7 @@ How rayprof gets in (``--instrument``):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -128,6 +132,8 @@ def train_loop(config: dict) -> None:
     # Mean step time over the steps before slow_from, measured here so the slowdown is a true factor.
     before: list[float] = []
     extra_s = 0.0
+    collect = config["gc_collect_objects"] > 0
+    _records = [{"id": i, "tokens": [i, i + 1]} for i in range(config["gc_collect_objects"])]  # for the collector to walk
 
     step, loss = 0, torch.tensor(0.0)
     while True:
@@ -141,6 +147,8 @@ def train_loop(config: dict) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if collect:
+                gc.collect()
             if config["instrument"] == "attach" and config["step_mode"] == "explicit":
                 agent.step()
             step += 1
@@ -190,6 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-ddp", action="store_true", help="each rank trains its own model (ranks not coupled)")
     p.add_argument("--flight-recorder", type=int, default=0, help="TORCH_FR_BUFFER_SIZE for the workers (0: off)")
     p.add_argument("--relay", action="store_true", help="agents poll through a relay per node at any world size")
+    p.add_argument("--gc-collect-objects", type=int, default=0, help="records to hold; gc.collect() every step (0: off)")
     p.add_argument("--max-failures", type=int, default=0, help="worker group restarts Ray Train allows")
     p.add_argument("--storage-path", default=os.environ.get("RAYPROF_TRAIN_STORAGE", "/tmp/rayprof-train"))
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto/local)")
@@ -238,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
             "hang_at_step": args.hang_at_step,
             "slow_from_step": args.slow_from_step,
             "slowdown": args.slowdown,
+            "gc_collect_objects": args.gc_collect_objects,
             "no_ddp": args.no_ddp,
         },
         scaling_config=ScalingConfig(
