@@ -49,23 +49,47 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
 def own_comm(
     main: Kinds, windows: Sequence[Window], model: Intervals, waits: Intervals, launched: Callable[[Intervals], float]
 ) -> OpStat | None:
-    """The main thread's all-reduce and barrier calls that overlap no forward or backward (``model``) time: not DDP's
-    buckets (launched in backward) but the job's own, a metric or the loss reduced for logging, one round trip across the
-    ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one). Their names and count
-    over ``windows``, and as ``total_ms`` their cost per window: the main thread's communication time outside
-    ``model`` (``waits``: its collective calls and its idle time while another thread communicates: gloo's), plus
-    ``launched(calls)``, the ms per window of device collective kernels launched inside those calls that no
-    compute overlaps (NCCL's). None where no all-reduce is outside ``model``, or ``model`` is empty: a trace that
-    shows no backward cannot tell a gradient all-reduce from the job's own."""
+    """The main thread's all-reduce and barrier calls that are the job's own, not DDP's buckets (launched in
+    backward): those that overlap no forward or backward (``model``) time, a metric or the loss reduced for logging,
+    one round trip across the ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one);
+    and, inside the model's time too, a barrier and the all-reduce right after one: a logged value's sync (Lightning's
+    ``self.log(..., sync_dist=True)`` runs both for each value inside training_step, which DDP's forward holds;
+    neither DDP nor FSDP calls a barrier). Their names and count over ``windows``, and as ``total_ms`` their cost per
+    window: the main thread's communication time outside ``model`` and in the waits those inside it begin (``waits``:
+    its collective calls and its idle time while another thread communicates: gloo's), plus ``launched(calls)``, the
+    ms per window of device collective kernels launched inside those calls that no compute overlaps (NCCL's). None
+    where no such call is found, or ``model`` is empty: a trace that shows no backward cannot tell a gradient
+    all-reduce from the job's own."""
     if not model:
         return None
-    calls = [s for s in _outermost(main, windows) if _own_kind(s.name) and not clip(model, s.ts, s.end)]
+    ordered = list(_outermost(main, windows))
+    calls = [s for i, s in enumerate(ordered) if _own_kind(s.name) and (not clip(model, s.ts, s.end) or _logged(ordered, i))]
     if not calls:
         return None
-    outside = subtract(waits, model)
-    host_ms = sum(total(clip(outside, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
+    inside = [s for s in calls if clip(model, s.ts, s.end)]
+    own = union([*subtract(waits, model), *_touching(waits, inside)])
+    host_ms = sum(total(clip(own, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
     names = dict.fromkeys(_MODULE_SUFFIX.sub("", s.name) for s in calls)
     return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls)))
+
+
+def _logged(ordered: Sequence[Span], i: int) -> bool:
+    """Whether the ``i``-th of the main thread's outermost collectives is a logged value's sync: a barrier, or the
+    all-reduce that follows one."""
+    return ordered[i].name.endswith("barrier") or (i > 0 and ordered[i - 1].name.endswith("barrier"))
+
+
+def _touching(waits: Intervals, spans: Sequence[Span]) -> Intervals:
+    """The pieces of ``waits`` (sorted, apart) that overlap one of ``spans``: a call and the wait it begins."""
+    starts = [a for a, _ in waits]
+    out: Intervals = []
+    for span in spans:
+        i = max(bisect.bisect_right(starts, span.ts) - 1, 0)
+        while i < len(waits) and waits[i][0] < span.end:
+            if waits[i][1] > span.ts:
+                out.append(waits[i])
+            i += 1
+    return out
 
 
 def _own_kind(name: str) -> bool:

@@ -19,7 +19,7 @@ from orchestrator.analysis.spans import collective_of
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
 
-__all__ = ["by_collective_text", "comm_fix", "fsdp_fix"]
+__all__ = ["by_collective_text", "comm_fix", "fsdp_fix", "own_fix", "surely_own"]
 
 _ALL_REDUCE = (
     "Let gradient communication run during backward: use DDP/FSDP rather than an all_reduce after backward, "
@@ -139,10 +139,18 @@ def comm_fix(r: RankSummary) -> str:
 
 
 def _own_fix(r: RankSummary) -> str | None:
-    """The job's own collectives (:attr:`RankSummary.own_comm`), when they hold at least half of the rank's collective
-    wait: each is a round trip across every rank that the step waits for, and no DDP or FSDP setting moves it."""
+    """:func:`own_fix`, when the job's own collectives hold at least half of the rank's collective wait."""
     own = r.own_comm
     if own is None or 2 * own.total_ms < r.comm_wait_ms or own.total_ms <= 0:
+        return None
+    return own_fix(r)
+
+
+def own_fix(r: RankSummary) -> str | None:
+    """The fix for the job's own collectives (:attr:`RankSummary.own_comm`; None without): each is a round trip across
+    every rank that the step waits for, and no DDP or FSDP setting moves it."""
+    own = r.own_comm
+    if own is None:
         return None
     per_step = own.calls / max(len(r.steps), 1)
     one = round(per_step) == 1
@@ -157,6 +165,23 @@ def _own_fix(r: RankSummary) -> str | None:
         f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}) run{'s' if one else ''} outside forward "
         f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
     )
+    if _logged_syncs(own.name):
+        # A barrier, then an all-reduce: Lightning's sync of each value self.log(..., sync_dist=True) logs on the step,
+        # inside training_step (DDP's forward holds it).
+        pairs = per_step / 2
+        return (
+            f"{pairs:.0f} barrier{'' if round(pairs) == 1 else 's'} a step, each followed by an all-reduce ({own.name}), hold "
+            f"{own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: a value reduced across the "
+            "ranks every step, two round trips that every rank waits for. "
+            + (
+                "Lightning's self.log(..., sync_dist=True) runs both for each value it logs on the step: log per-step "
+                "values without sync_dist (each rank's own; the logger writes rank 0's), or with on_step=False, "
+                "on_epoch=True, reduced once at the epoch's end."
+                if r.loop is Loop.LIGHTNING
+                else "Reduce the values together (torch.stack them, one all_reduce, no barrier), every N steps rather "
+                "than every step."
+            )
+        )
     if r.loop is Loop.DEEPSPEED:
         # Not the job's own values: DeepSpeed's engine all-reduces the gradients after backward at ZeRO stages 0 and 1.
         return (
@@ -166,7 +191,7 @@ def _own_fix(r: RankSummary) -> str | None:
         )
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
-        if r.ddp or any(op.name.startswith("FSDP::") for op in r.comm_ops)
+        if _reduces_in_backward(r)
         else "if they average the gradients, DDP or FSDP reduces them in buckets during backward instead; if they are "
         "the job's own values"
     )
@@ -175,6 +200,27 @@ def _own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
+
+
+def surely_own(r: RankSummary) -> bool:
+    """Whether the job's own collectives of ``r`` cannot be its gradients' reduction: DDP or FSDP reduces those during
+    backward, or they are a logged value's barrier and all-reduce. Without either (DeepSpeed's engine at ZeRO stages 0
+    and 1, a hand-written loop) an all-reduce after backward may be the gradients'."""
+    own = r.own_comm
+    if own is None or r.loop is Loop.DEEPSPEED:
+        return False
+    return _reduces_in_backward(r) or _logged_syncs(own.name)
+
+
+def _reduces_in_backward(r: RankSummary) -> bool:
+    return r.ddp or any(op.name.startswith("FSDP::") for op in r.comm_ops)
+
+
+def _logged_syncs(names: str) -> bool:
+    """The job's own collectives are barriers and all-reduces (:func:`orchestrator.analysis.collectives.own_comm` takes
+    an all-reduce inside the model's time only after a barrier)."""
+    parts = set(names.split(" + "))
+    return any(p.endswith("barrier") for p in parts) and any(collective_of(p) == "all_reduce" for p in parts)
 
 
 def _ddp_changes(r: RankSummary) -> list[Change]:

@@ -29,6 +29,7 @@ from orchestrator.analysis.gc_finding import gc_wait_ms
 from orchestrator.analysis.groups import slow_groups
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
 from orchestrator.analysis.kernel_kinds import device_work_fix, kinds, short_name
+from orchestrator.analysis.own_collectives import own_collectives
 from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -310,7 +311,7 @@ def comm_exposed(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
 
     least = min(timed, key=lambda r: share(r, cost(r)))
     if share(least, cost(least)) < COMM_EXPOSED_FRACTION:
-        return None
+        return own_collectives(timed)
     overlap = ""
     if least.gpu and least.gpu.comm_overlap is not None:
         overlap = f" Only {least.gpu.comm_overlap:.0%} of collective kernel time overlaps compute kernels."

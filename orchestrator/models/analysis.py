@@ -261,8 +261,9 @@ class RankSummary(_Model):
     )
     own_comm: OpStat | None = Field(
         default=None,
-        description="The main thread's collective calls outside forward and backward (the job's own: metrics, a logged "
-        "loss), their count over the steps, and total_ms: its communication time outside forward and backward, per step.",
+        description="The main thread's collective calls outside forward and backward, and barriers with the all-reduce "
+        "right after each anywhere (the job's own: metrics, a logged loss, Lightning's sync_dist), their count over the "
+        "steps, and total_ms: its communication time outside forward and backward and in the waits those inside begin, per step.",
     )
     regathers_per_step: float = Field(
         default=0.0,

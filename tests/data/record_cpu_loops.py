@@ -25,6 +25,10 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
   ddp_own_cores  the same without the spinning process
   lightning_ddp_accumulate  a Lightning Trainer under DDP on two gloo ranks with accumulate_grad_batches=4, the step
                boundary a global optimizer step post-hook (as rayprof's agent has it): Lightning skips DDP's sync itself
+  lightning_sync_dist  a Lightning Trainer under DDP on two gloo ranks (batches of 64) whose training_step logs its
+               loss and three metrics with self.log(..., sync_dist=True) (each value all-reduced every step), the step boundary a
+               global optimizer step post-hook with the agent's stack sampler, thread clock and gc watch, and the
+               trace saying whose loop it is, as the agent writes it
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
 """
 
@@ -190,6 +194,55 @@ def _lightning_accumulate_rank(rank: int, out: Path, name: str, port: int) -> No
             hook.remove()
 
 
+def _lightning_sync_dist_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from orchestrator.loops import METADATA_KEY, Loop
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
+                      NODE_RANK="0")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            x, y = batch
+            logits = self.net(x)
+            loss = nn.functional.cross_entropy(logits, y)
+            self.log("loss", loss, sync_dist=True)
+            self.log("accuracy", (logits.argmax(1) == y).float().mean(), sync_dist=True)
+            self.log("logit_norm", logits.norm(), sync_dist=True)
+            self.log("confidence", logits.softmax(1).amax(1).mean(), sync_dist=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters())
+
+    data = torch.utils.data.TensorDataset(torch.randn(2 * 64 * STEPS, 256), torch.randint(0, 10, (2 * 64 * STEPS,)))
+    with recording(out, name, rank) as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+
+        def boundary(*_: Any) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
+            steps.step()
+            if steps.calls == 2:
+                prof.add_metadata(METADATA_KEY, Loop.LIGHTNING.value)
+
+        hook = register_optimizer_step_post_hook(boundary)
+        try:
+            L.Trainer(
+                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+                enable_progress_bar=False, logger=False, enable_model_summary=False, enable_checkpointing=False,
+            ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=64))
+        finally:
+            hook.remove()
+
+
 class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return 24
@@ -254,6 +307,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "ddp_accumulate": lambda out: _two_ranks(_accumulate_rank, out, "ddp_accumulate", False),
     "ddp_no_sync": lambda out: _two_ranks(_accumulate_rank, out, "ddp_no_sync", True),
     "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
+    "lightning_sync_dist": lambda out: _two_ranks(_lightning_sync_dist_rank, out, "lightning_sync_dist"),
     "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
     "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
     "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),
