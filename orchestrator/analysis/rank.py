@@ -331,6 +331,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     idle = None
     main_frames = user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are the main thread's
     loading = [iv for t0, t1 in windows for iv in clip(training_data, t0, t1)]
+    reads = [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]  # each read's wait
     if device_spans and windows:
         main_host = HostThread(
             data=training_data, sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
@@ -360,12 +361,11 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         steps=steps,
         mean_step_ms=sum(durations) / len(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
-        mean_phases=mean_phases,
-        comm_wait_ms=comm_wait,
+        mean_phases=mean_phases, comm_wait_ms=comm_wait,
         ray_train=train_version(frames.get(main_key, ()), timeline),
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
-        sync_callers=callers(main_frames, [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]),
+        sync_callers=callers(main_frames or (user_frames(timeline.frames(reads)) if timeline else []), reads),  # or the samples'
         data_frames=hot_path(main_frames, loading, HOT_SHARE),
         python_samples=python_path[0], python_frames=python_path[1],
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),

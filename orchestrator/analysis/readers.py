@@ -1,11 +1,11 @@
 """Who reads device values back to the host every step, as the host_sync finding names them.
 
 A read (``loss.item()``, ``.cpu()``, ``if tensor:``) is named by the user's ``record_function`` region that holds
-most of them, else by the op that reads by its nature (``x[mask]``, ``if t:``) and, in a ``with_stack`` trace, by
-the innermost Python function of the user's or a library's code around each
-(:func:`~orchestrator.analysis.python_frames.callers`). A library's own reads get the setting that
-spares them where one is known (torch.amp.GradScaler's, told from its ops, with stacks or without); without stacks
-the fix says how to find the line.
+most of them, else by the op that reads by its nature (``x[mask]``, ``if t:``) and by the innermost Python function
+of the user's or a library's code around each (:func:`~orchestrator.analysis.python_frames.callers`): a ``with_stack``
+trace's frames, else the agent's stack samples taken while it waited (a read long enough to be sampled: on a device,
+one that waits for queued work). A library's own reads get the setting that spares them where one is known
+(torch.amp.GradScaler's, told from its ops, with stacks or without); without either the fix says how to find the line.
 """
 
 from __future__ import annotations
@@ -39,11 +39,31 @@ _LIGHTNING_METRICS = [
     ((f"{package}/trainer/connectors/logger_connector/{module}.py", "metrics"), _LIGHTNING_PROGRESS_BAR)
     for package in ("lightning/pytorch", "pytorch_lightning") for module in ("result", "logger_connector")
 ]
+# Lightning 2.6 broadcasts a SIGTERM flag from rank 0 at the start of every training step and reads it back
+# (_TrainingEpochLoop._broadcast_sigterm_tensor, recorded on 2.6.6): on a GPU the read waits for the broadcast and for
+# every kernel queued before it. Lightning has no setting that skips it; upstream: issue 21487, PR 21640.
+_LIGHTNING_SIGTERM = (
+    "Lightning's Trainer broadcasts a SIGTERM flag from rank 0 at the start of every training step and reads it back "
+    "(on a GPU the read waits for every kernel queued before it: Lightning-AI/pytorch-lightning issue 21487). No "
+    "Trainer setting skips it in Lightning 2.6 (Trainer(broadcast_sigterm_every_n_steps=N) is proposed upstream, "
+    "PR 21640); where the job needs no SIGTERM handling across its ranks, "
+    "trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None before trainer.fit() removes it (a private "
+    "method: check it on upgrades). "
+)
 _KNOWN = {
     ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,
     ("transformers/trainer.py", "_inner_training_loop"): _TRAINER_NAN_FILTER,
     **dict(_LIGHTNING_METRICS),
+    **{(f"{package}/loops/training_epoch_loop.py", "_broadcast_sigterm_tensor"): _LIGHTNING_SIGTERM
+       for package in ("lightning/pytorch", "pytorch_lightning")},
 }
+
+
+def _known(name: str) -> str:
+    """A library's known setting for the reads of the frame ``name`` ('' for none). The agent's stack samples name a
+    method with its class (``Trainer._run_epoch``), a with_stack trace without it."""
+    parts = frame_parts(name)
+    return _KNOWN.get((parts[0], parts[1].rsplit(".", 1)[-1]), "") if parts else ""
 
 
 def readers(r: RankSummary) -> str:
@@ -187,4 +207,4 @@ def _function(r: RankSummary) -> tuple[str, str]:
     if top is None or 2 * weight(top) <= sum(weight(c) for c in r.sync_callers):
         return "", ""
     where = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
-    return where, _KNOWN.get(frame_parts(top.name) or ("", ""), "")
+    return where, _known(top.name)
