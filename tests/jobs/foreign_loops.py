@@ -10,7 +10,8 @@
   Ray Train's gloo group): parameters all-gathered per block in forward and again in backward,
   gradients reduce-scattered.
 * ``lightning``: a LightningModule under Ray's ``RayDDPStrategy`` (2 ranks):
-  Lightning calls ``optimizer.step(closure)``, forward and backward run inside it.
+  Lightning calls ``optimizer.step(closure)``, forward and backward run inside it; it logs its loss with
+  ``self.log(..., sync_dist=True)``.
 * ``lightning_gan``: a GAN as a LightningModule with manual optimization (``automatic_optimization = False``,
   ``manual_backward``, the discriminator's SGD then the generator's Adam stepped through Lightning's optimizer
   wrappers), under ``RayDDPStrategy(find_unused_parameters=True)`` (2 ranks: each backward leaves one model's
@@ -148,7 +149,9 @@ def lightning_loop(config: dict) -> None:
 
         def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
             x, y = batch
-            return F.cross_entropy(self.net(x), y)
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("loss", loss, sync_dist=True)  # reduced across the ranks every step: a barrier and an all-reduce
+            return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters(), lr=1e-3)
