@@ -224,8 +224,9 @@ def case_hf_trainer(
     shutil.rmtree(out / name / "run", ignore_errors=True)
 
 
-def lightning_parts(prog_bar: bool = False) -> tuple[Any, Any]:
-    """A LightningModule over mlp() (logging its loss to the progress bar when ``prog_bar``) and the class of a
+def lightning_parts(prog_bar: bool = False, sync_dist: bool = False) -> tuple[Any, Any]:
+    """A LightningModule over mlp() (logging its loss to the progress bar when ``prog_bar``; with ``sync_dist``, its
+    loss and three metrics with self.log(..., sync_dist=True), reduced across the ranks every step) and the class of a
     Callback that calls prof.step() at the end of each training batch."""
     import lightning as L
 
@@ -236,9 +237,15 @@ def lightning_parts(prog_bar: bool = False) -> tuple[Any, Any]:
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
             x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
+            logits = self.net(x)
+            loss = nn.functional.cross_entropy(logits, y)
             if prog_bar:
                 self.log("loss", loss, prog_bar=True)
+            if sync_dist:
+                self.log("loss", loss, sync_dist=True)
+                self.log("accuracy", (logits.argmax(1) == y).float().mean(), sync_dist=True)
+                self.log("logit_norm", logits.norm(), sync_dist=True)
+                self.log("confidence", logits.softmax(1).amax(1).mean(), sync_dist=True)
             return loss
 
         def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
@@ -354,40 +361,39 @@ def case_ddp(out: Path, name: str = "ddp", metrics: int = 0, find_unused: bool =
     _two_ranks(_ddp_rank, out, name, metrics, find_unused)
 
 
-def _lightning_ddp_rank(rank: int, out: Path, name: str, port: int) -> None:
+def lightning_rank_env(rank: int, port: int) -> None:
+    """Rank ``rank`` of two, set as a launcher outside Lightning sets them (Ray Train's RayDDPStrategy): Lightning
+    starts no processes."""
     import os
 
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
+                      NODE_RANK="0")
+
+
+def fit_on_two_ranks(module: Any, data: Any, batch_size: int, steps: int, boundary: Callable[..., None], **trainer: Any) -> None:
+    """Fit ``module`` on ``data`` under Lightning's DDP on this gloo rank of two for ``steps`` steps, ``boundary`` called
+    where rayprof's agent puts the step boundary: a global optimizer step post-hook, which torch runs inside the
+    Optimizer.step#... annotation (Lightning calls optimizer.step(closure))."""
     import lightning as L
     from lightning.pytorch.strategies import DDPStrategy
 
-    # Set as a launcher outside Lightning sets them (Ray Train's RayDDPStrategy): Lightning starts no processes.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
-                      NODE_RANK="0")
+    hook = register_optimizer_step_post_hook(boundary)
+    try:
+        L.Trainer(
+            max_steps=steps, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+            enable_progress_bar=False, logger=False, enable_model_summary=False, enable_checkpointing=False, **trainer,
+        ).fit(module, torch.utils.data.DataLoader(data, batch_size=batch_size))
+    finally:
+        hook.remove()
+
+
+def _lightning_ddp_rank(rank: int, out: Path, name: str, port: int) -> None:
+    lightning_rank_env(rank, port)
     torch.manual_seed(0)
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = mlp()
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
-            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.Adam(self.parameters())
-
+    module, _ = lightning_parts()
     data = torch.utils.data.TensorDataset(torch.randn(2 * 256 * STEPS, 256), torch.randint(0, 10, (2 * 256 * STEPS,)))
     with recording(out, name, rank) as prof:
-        # The step boundary where rayprof's agent puts it: a global optimizer step post-hook, which torch runs inside
-        # the Optimizer.step#Adam.step annotation (Lightning calls optimizer.step(closure)).
-        hook = register_optimizer_step_post_hook(lambda *_: prof.step())
-        try:
-            L.Trainer(
-                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
-                enable_progress_bar=False, logger=False, enable_model_summary=False, enable_checkpointing=False,
-            ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=256))
-        finally:
-            hook.remove()
+        fit_on_two_ranks(module, data, 256, STEPS, lambda *_: prof.step())
 
 
 def case_lightning_ddp(out: Path, name: str = "lightning_ddp") -> None:

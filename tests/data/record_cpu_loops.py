@@ -48,7 +48,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_cpu_issue29 import _two_ranks, lightning_parts, mlp  # noqa: E402
+from record_cpu_issue29 import _two_ranks, fit_on_two_ranks, lightning_parts, lightning_rank_env, mlp  # noqa: E402
 
 from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
 from tests.data.sampled import SampledSteps  # noqa: E402
@@ -171,59 +171,22 @@ def _contended_rank(rank: int, out: Path, name: str, burner: bool, port: int) ->
 
 
 def _lightning_accumulate_rank(rank: int, out: Path, name: str, port: int) -> None:
-    import lightning as L
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    # Set as a launcher outside Lightning sets them (Ray Train's RayDDPStrategy): Lightning starts no processes.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
-                      NODE_RANK="0")
+    lightning_rank_env(rank, port)
     torch.manual_seed(0)
     module, _ = lightning_parts()
     data = torch.utils.data.TensorDataset(torch.randn(2 * 64 * MICRO_BATCHES * STEPS, 256),
                                           torch.randint(0, 10, (2 * 64 * MICRO_BATCHES * STEPS,)))
     with recording(out, name, rank) as prof:
-        hook = register_optimizer_step_post_hook(lambda *_: prof.step())  # the agent's step boundary
-        try:
-            L.Trainer(
-                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
-                accumulate_grad_batches=MICRO_BATCHES, enable_progress_bar=False, logger=False,
-                enable_model_summary=False, enable_checkpointing=False,
-            ).fit(module, torch.utils.data.DataLoader(data, batch_size=64))
-        finally:
-            hook.remove()
+        fit_on_two_ranks(module, data, 64, STEPS, lambda *_: prof.step(), accumulate_grad_batches=MICRO_BATCHES)
 
 
 def _lightning_sync_dist_rank(rank: int, out: Path, name: str, port: int) -> None:
-    import lightning as L
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     from orchestrator.loops import METADATA_KEY, Loop
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
-                      NODE_RANK="0")
+    lightning_rank_env(rank, port)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = mlp()
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
-            x, y = batch
-            logits = self.net(x)
-            loss = nn.functional.cross_entropy(logits, y)
-            self.log("loss", loss, sync_dist=True)
-            self.log("accuracy", (logits.argmax(1) == y).float().mean(), sync_dist=True)
-            self.log("logit_norm", logits.norm(), sync_dist=True)
-            self.log("confidence", logits.softmax(1).amax(1).mean(), sync_dist=True)
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.Adam(self.parameters())
-
+    module, _ = lightning_parts(sync_dist=True)
     data = torch.utils.data.TensorDataset(torch.randn(2 * 64 * STEPS, 256), torch.randint(0, 10, (2 * 64 * STEPS,)))
     with recording(out, name, rank) as prof:
         steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
@@ -233,14 +196,7 @@ def _lightning_sync_dist_rank(rank: int, out: Path, name: str, port: int) -> Non
             if steps.calls == 2:
                 prof.add_metadata(METADATA_KEY, Loop.LIGHTNING.value)
 
-        hook = register_optimizer_step_post_hook(boundary)
-        try:
-            L.Trainer(
-                max_steps=STEPS, accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
-                enable_progress_bar=False, logger=False, enable_model_summary=False, enable_checkpointing=False,
-            ).fit(Module(), torch.utils.data.DataLoader(data, batch_size=64))
-        finally:
-            hook.remove()
+        fit_on_two_ranks(module, data, 64, STEPS, boundary)
 
 
 class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
