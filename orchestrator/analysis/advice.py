@@ -152,7 +152,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
     if "cpu" in shares and shares["cpu"].python_frames:
         frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
-        listed = ms_list((frame_label(f.name)[:90], f.total_ms / steps) for f in frames)
+        listed = ms_list((frame_label(f.name, 90), f.total_ms / steps) for f in frames)
         name = "Python functions" + (f" ({listed})" if listed else "")
         out.append(
             Cause(

@@ -60,12 +60,22 @@ def _is_users(name: str) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def frame_label(name: str) -> str:
-    """``_preprocess_image (transformers/.../image_processing_videomae.py:178)``: the function first, so a cut
-    keeps it; a function defined inside another by its own qualified name (``Module.validation_step``, not
-    ``build.<locals>.Module.validation_step``)."""
+def frame_label(name: str, width: int | None = None) -> str:
+    """``_preprocess_image (transformers/models/videomae/image_processing_videomae.py:178)``: the function first, so a
+    cut keeps it; a function defined inside another by its own qualified name (``Module.validation_step``, not
+    ``build.<locals>.Module.validation_step``). Over ``width`` characters, the path's middle folders are left out
+    (``transformers/.../image_processing_videomae.py:178``), then the end is cut: never a file's name cut in two."""
     match = _FRAME.match(name)
-    return f"{match['func'].rsplit('<locals>.', 1)[-1]} ({match['path']}:{match['line']})" if match else name
+    if match is None:
+        return name if width is None else name[:width]
+    func = match["func"].rsplit("<locals>.", 1)[-1]
+    label = f"{func} ({match['path']}:{match['line']})"
+    if width is None or len(label) <= width:
+        return label
+    folders = match["path"].split("/")
+    if len(folders) > 2:
+        label = f"{func} ({folders[0]}/.../{folders[-1]}:{match['line']})"
+    return label[:width]
 
 
 @lru_cache(maxsize=4096)

@@ -70,7 +70,7 @@ def readers(r: RankSummary) -> str:
     """The Python functions that make the reads (a with_stack trace's), with how often: "f (a.py:3) 2 a step, ..."."""
     steps = max(len(r.steps), 1)
     return ", ".join(
-        f"{frame_label(c.name)[:90]} " + (f"{c.calls / steps:.0f} a step" if c.calls >= steps else f"{c.calls} in {steps} steps")
+        f"{frame_label(c.name, 90)} " + (f"{c.calls / steps:.0f} a step" if c.calls >= steps else f"{c.calls} in {steps} steps")
         for c in r.sync_callers[:3]
     )
 

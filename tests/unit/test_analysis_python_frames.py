@@ -207,6 +207,18 @@ def test_a_share_of_a_few_stack_samples_is_said_as_a_count():
     assert sampled_spot(many, 5).startswith("80% in _do_all_reduce (dist.py:9)")
 
 
+def test_a_long_label_leaves_out_the_paths_middle_folders_not_the_files_name():
+    # Cut at 90 characters, the reader of Lightning's SIGTERM broadcast read "(lightning/pytorch/loops/training_epoch_loop."
+    name = "lightning/pytorch/loops/training_epoch_loop.py(269): _TrainingEpochLoop._broadcast_sigterm_tensor"
+    assert frame_label(name, 90) == "_TrainingEpochLoop._broadcast_sigterm_tensor (lightning/.../training_epoch_loop.py:269)"
+    assert frame_label("train.py(5): loop", 90) == "loop (train.py:5)"
+
+
+@given(st.text(max_size=300), st.integers(min_value=1, max_value=200))
+def test_a_label_never_exceeds_its_width(name: str, width: int):
+    assert len(frame_label(name, width)) <= width
+
+
 def test_a_method_defined_inside_a_function_is_labelled_by_its_class_and_name():
     label = frame_label("record.py(245): lightning_parts.<locals>.Module.validation_step")
     assert label == "Module.validation_step (record.py:245)"

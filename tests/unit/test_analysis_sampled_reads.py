@@ -62,6 +62,6 @@ def test_a_read_that_waits_is_named_by_the_stack_samples_taken_while_it_waits(tm
 
 def test_lightnings_sigterm_broadcast_read_back_every_step_is_told_as_lightnings(tmp_path: Path) -> None:
     found = _reads(tmp_path, SIGTERM)
-    assert "code): _TrainingEpochLoop._broadcast_sigterm_tensor (lightning/pytorch/loops/" in found.evidence
+    assert "code): _TrainingEpochLoop._broadcast_sigterm_tensor (lightning/.../training_epoch_loop.py:269) 1 a step" in found.evidence
     assert "Lightning's Trainer broadcasts a SIGTERM flag from rank 0 at the start of every training step" in found.fix
     assert "trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None" in found.fix
