@@ -48,18 +48,19 @@ def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
 
 def own_comm(
     main: Kinds, windows: Sequence[Window], model: Intervals, waits: Intervals, launched: Callable[[Intervals], float]
-) -> OpStat | None:
+) -> tuple[OpStat, Intervals] | None:
     """The main thread's all-reduce and barrier calls that are the job's own, not DDP's buckets (launched in
     backward): those that overlap no forward or backward (``model``) time, a metric or the loss reduced for logging,
     one round trip across the ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one);
     and, inside the model's time too, a barrier and the all-reduce right after one: a logged value's sync (Lightning's
     ``self.log(..., sync_dist=True)`` runs both for each value inside training_step, which DDP's forward holds;
     neither DDP nor FSDP calls a barrier). Their names and count over ``windows``, and as ``total_ms`` their cost per
-    window: the main thread's communication time outside ``model`` and in the waits those inside it begin (``waits``:
+    window: the main thread's communication time outside ``model`` but for the waits other collectives begin there, and
+    in the waits those inside it begin (``waits``:
     its collective calls and its idle time while another thread communicates: gloo's), plus ``launched(calls)``, the
-    ms per window of device collective kernels launched inside those calls that no compute overlaps (NCCL's). None
-    where no such call is found, or ``model`` is empty: a trace that shows no backward cannot tell a gradient
-    all-reduce from the job's own."""
+    ms per window of device collective kernels launched inside those calls that no compute overlaps (NCCL's); and the
+    main thread's waits in them, inside ``windows`` (who makes them is who holds those). None where no such call is
+    found, or ``model`` is empty: a trace that shows no backward cannot tell a gradient all-reduce from the job's own."""
     if not model:
         return None
     ordered = list(_outermost(main, windows))
@@ -67,10 +68,15 @@ def own_comm(
     if not calls:
         return None
     inside = [s for s in calls if clip(model, s.ts, s.end)]
-    own = union([*subtract(waits, model), *_touching(waits, inside)])
-    host_ms = sum(total(clip(own, t0, t1)) for t0, t1 in windows) / max(len(windows), 1) / 1000
+    # Outside the model, the waits other collectives begin are theirs (Lightning's per-step broadcast of its SIGTERM
+    # flag, a TorchRec pipeline's input all-to-all), not the job's own.
+    others = [s for s in ordered if not clip(model, s.ts, s.end) and not _own_kind(s.name)]
+    starts = sorted(s.ts for group in main.values() for s in group)
+    own = union([*subtract(subtract(waits, model), _begun(waits, others, starts)), *_begun(waits, inside, starts)])
+    held = [iv for t0, t1 in windows for iv in clip(own, t0, t1)]
     names = dict.fromkeys(_MODULE_SUFFIX.sub("", s.name) for s in calls)
-    return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls)))
+    host_ms = total(held) / max(len(windows), 1) / 1000
+    return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls))), held
 
 
 def _logged(ordered: Sequence[Span], i: int) -> bool:
@@ -79,17 +85,15 @@ def _logged(ordered: Sequence[Span], i: int) -> bool:
     return ordered[i].name.endswith("barrier") or (i > 0 and ordered[i - 1].name.endswith("barrier"))
 
 
-def _touching(waits: Intervals, spans: Sequence[Span]) -> Intervals:
-    """The pieces of ``waits`` (sorted, apart) that overlap one of ``spans``: a call and the wait it begins."""
-    starts = [a for a, _ in waits]
+def _begun(waits: Intervals, calls: Sequence[Span], starts: Sequence[float]) -> Intervals:
+    """The parts of ``waits`` that ``calls`` begin: from each call's start to the next span the main thread opens after
+    it ends (``starts``: sorted), where it waits for that call (gloo's thread picks a collective up a moment after
+    the call returns)."""
     out: Intervals = []
-    for span in spans:
-        i = max(bisect.bisect_right(starts, span.ts) - 1, 0)
-        while i < len(waits) and waits[i][0] < span.end:
-            if waits[i][1] > span.ts:
-                out.append(waits[i])
-            i += 1
-    return out
+    for call in calls:
+        i = bisect.bisect_right(starts, call.end)
+        out += clip(waits, call.ts, starts[i] if i < len(starts) else float("inf"))
+    return union(out)
 
 
 def _own_kind(name: str) -> bool:

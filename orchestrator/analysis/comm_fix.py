@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.loop_settings import Change, in_loop
+from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import collective_of
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
@@ -156,13 +157,13 @@ def own_fix(r: RankSummary) -> str | None:
     one = round(per_step) == 1
     if all(name.endswith("barrier") for name in own.name.split(" + ")):
         return (
-            f"{per_step:.0f} barrier{'' if one else 's'} a step ({own.name}) outside forward and backward "
+            f"{per_step:.0f} barrier{'' if one else 's'} a step ({own.name}{_made_in(r)}) outside forward and backward "
             f"hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: a barrier moves no "
             "data and only makes every rank wait for the slowest; the gradients' all-reduce lines the ranks up each step "
             "already: drop it from the loop (keep one before saving a checkpoint or timing a phase, if any)."
         )
     calls = (
-        f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}) run{'s' if one else ''} outside forward "
+        f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}{_made_in(r)}) run{'s' if one else ''} outside forward "
         f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
     )
     if _logged_syncs(own.name):
@@ -170,7 +171,7 @@ def own_fix(r: RankSummary) -> str | None:
         # inside training_step (DDP's forward holds it).
         pairs = per_step / 2
         return (
-            f"{pairs:.0f} barrier{'' if round(pairs) == 1 else 's'} a step, each followed by an all-reduce ({own.name}), hold "
+            f"{pairs:.0f} barrier{'' if round(pairs) == 1 else 's'} a step, each followed by an all-reduce ({own.name}{_made_in(r)}), hold "
             f"{own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives: a value reduced across the "
             "ranks every step, two round trips that every rank waits for. "
             + (
@@ -200,6 +201,15 @@ def own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
+
+
+def _made_in(r: RankSummary) -> str:
+    """', made in f (file:line)': the frame of the user's or a library's code around more than half of the waits in the
+    job's own collectives (a with_stack trace's, else the agent's stack samples'); '' without one."""
+    top = max(r.own_comm_callers, key=lambda c: c.total_ms, default=None)
+    if top is None or 2 * top.total_ms <= sum(c.total_ms for c in r.own_comm_callers):
+        return ""
+    return f", made in {frame_label(top.name, 90)}"
 
 
 def surely_own(r: RankSummary) -> bool:

@@ -350,10 +350,13 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), any_main_span)))
     model_time = union(nested["forward"] + backward_anywhere) if backward_anywhere else []
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
+    sampled = lambda pieces: main_frames or (user_frames(timeline.frames(pieces)) if timeline else [])  # noqa: E731 (or the samples')
+    own, own_waits = own_comm(
+        main_kinds, windows, model_time, waits, lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
+    ) or (None, [])
     return RankSummary(
         rank=trace.file.rank,
-        host=trace.file.host,
-        file=trace.file.path.name,
+        host=trace.file.host, file=trace.file.path.name,
         device=trace.device,
         accelerator=Accelerator.of(trace.device_properties, trace.device),
         unrecorded_device=trace.unrecorded,
@@ -365,15 +368,12 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ray_train=train_version(frames.get(main_key, ()), timeline),
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
-        sync_callers=callers(main_frames or (user_frames(timeline.frames(reads)) if timeline else []), reads),  # or the samples'
+        sync_callers=callers(sampled(reads), reads),
         data_frames=hot_path(main_frames, loading, HOT_SHARE),
         python_samples=python_path[0], python_frames=python_path[1],
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         comm_ops=collectives,
-        own_comm=own_comm(
-            main_kinds, windows, model_time, waits,
-            lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0,
-        ),
+        own_comm=own, own_comm_callers=callers(sampled(own_waits), own_waits),
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

@@ -265,6 +265,11 @@ class RankSummary(_Model):
         "right after each anywhere (the job's own: metrics, a logged loss, Lightning's sync_dist), their count over the "
         "steps, and total_ms: its communication time outside forward and backward and in the waits those inside begin, per step.",
     )
+    own_comm_callers: list[OpStat] = Field(
+        default_factory=list,
+        description="The innermost frame of the user's or a library's code around the main thread's waits in own_comm "
+        "(a with_stack trace's, else the agent's stack samples'), with their time, most time first.",
+    )
     regathers_per_step: float = Field(
         default=0.0,
         description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "
