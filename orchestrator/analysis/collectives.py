@@ -8,7 +8,7 @@ import bisect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from orchestrator.analysis.intervals import Intervals, by_time, clip, subtract, total, union
+from orchestrator.analysis.intervals import Intervals, by_time, clip, total, union
 from orchestrator.analysis.spans import Kinds, collective_of, is_comm
 from orchestrator.models.analysis import CollectiveKind, OpStat
 from orchestrator.traces.loader import Span
@@ -55,9 +55,8 @@ def own_comm(
     and, inside the model's time too, a barrier and the all-reduce right after one: a logged value's sync (Lightning's
     ``self.log(..., sync_dist=True)`` runs both for each value inside training_step, which DDP's forward holds;
     neither DDP nor FSDP calls a barrier). Their names and count over ``windows``, and as ``total_ms`` their cost per
-    window: the main thread's communication time outside ``model`` but for the waits other collectives begin there, and
-    in the waits those inside it begin (``waits``:
-    its collective calls and its idle time while another thread communicates: gloo's), plus ``launched(calls)``, the
+    window: the main thread's waits they begin (:func:`_begun`; ``waits``: its collective calls and its idle time while
+    another thread communicates: gloo's), plus ``launched(calls)``, the
     ms per window of device collective kernels launched inside those calls that no compute overlaps (NCCL's); and the
     main thread's waits in them, inside ``windows`` (who makes them is who holds those). None where no such call is
     found, or ``model`` is empty: a trace that shows no backward cannot tell a gradient all-reduce from the job's own."""
@@ -67,13 +66,11 @@ def own_comm(
     calls = [s for i, s in enumerate(ordered) if _own_kind(s.name) and (not clip(model, s.ts, s.end) or _logged(ordered, i))]
     if not calls:
         return None
-    inside = [s for s in calls if clip(model, s.ts, s.end)]
-    # Outside the model, the waits other collectives begin are theirs (Lightning's per-step broadcast of its SIGTERM
-    # flag, a TorchRec pipeline's input all-to-all), not the job's own.
-    others = [s for s in ordered if not clip(model, s.ts, s.end) and not _own_kind(s.name)]
+    # The waits these calls begin, and no other: not those other collectives begin outside the model (Lightning's
+    # per-step broadcast of its SIGTERM flag, a TorchRec pipeline's input all-to-all), nor the wait for DDP's last
+    # buckets at backward's end, where the main thread runs no node of backward.
     starts = sorted(s.ts for group in main.values() for s in group)
-    own = union([*subtract(subtract(waits, model), _begun(waits, others, starts)), *_begun(waits, inside, starts)])
-    held = [iv for t0, t1 in windows for iv in clip(own, t0, t1)]
+    held = [iv for t0, t1 in windows for iv in clip(_begun(waits, calls, starts), t0, t1)]
     names = dict.fromkeys(_MODULE_SUFFIX.sub("", s.name) for s in calls)
     host_ms = total(held) / max(len(windows), 1) / 1000
     return OpStat(name=" + ".join(names), calls=len(calls), total_ms=host_ms + launched(union((s.ts, s.end) for s in calls))), held
