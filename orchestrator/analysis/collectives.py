@@ -56,10 +56,10 @@ def own_comm(
     ``self.log(..., sync_dist=True)`` runs both for each value inside training_step, which DDP's forward holds;
     neither DDP nor FSDP calls a barrier). Their names and count over ``windows``, and as ``total_ms`` their cost per
     window: the main thread's waits they begin (:func:`_begun`; ``waits``: its collective calls and its idle time while
-    another thread communicates: gloo's), plus ``launched(calls)``, the
-    ms per window of device collective kernels launched inside those calls that no compute overlaps (NCCL's); and the
-    main thread's waits in them, inside ``windows`` (who makes them is who holds those). None where no such call is
-    found, or ``model`` is empty: a trace that shows no backward cannot tell a gradient all-reduce from the job's own."""
+    another thread communicates: gloo's), plus ``launched(calls)``, the ms per window of device collective kernels
+    launched inside those calls that no compute overlaps (NCCL's); with those waits themselves, inside ``windows``
+    (whoever holds them makes the calls). None where no such call is found, or ``model`` is empty: a trace that shows
+    no backward cannot tell a gradient all-reduce from the job's own."""
     if not model:
         return None
     ordered = list(_outermost(main, windows))
