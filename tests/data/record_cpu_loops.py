@@ -29,6 +29,10 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
                loss and three metrics with self.log(..., sync_dist=True) (each value all-reduced every step), the step boundary a
                global optimizer step post-hook with the agent's stack sampler, thread clock and gc watch, and the
                trace saying whose loop it is, as the agent writes it
+  ignite       two gloo ranks (one intra-op thread each) of an MLP under DDP trained by PyTorch Ignite's
+               create_supervised_trainer with a RunningAverage of the loss (which all-reduces it every iteration),
+               the step boundary a global optimizer step post-hook with the agent's stack sampler, thread clock and gc
+               watch (pytorch-ignite 0.5.5 is no dependency: install it beside the recorder to record)
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
 """
 
@@ -199,6 +203,31 @@ def _lightning_sync_dist_rank(rank: int, out: Path, name: str, port: int) -> Non
         fit_on_two_ranks(module, data, 64, STEPS, boundary)
 
 
+def _ignite_rank(rank: int, out: Path, name: str, port: int) -> None:
+    import torch.distributed as dist
+    from ignite.engine import Events, create_supervised_trainer
+    from ignite.metrics import RunningAverage
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = nn.parallel.DistributedDataParallel(mlp())
+    data = torch.utils.data.TensorDataset(torch.randn(64 * STEPS, 256), torch.randint(0, 10, (64 * STEPS,)))
+    trainer = create_supervised_trainer(net, torch.optim.AdamW(net.parameters()), nn.CrossEntropyLoss())
+    RunningAverage(output_transform=lambda loss: loss).attach(trainer, "loss")
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STEPS + 1), lambda engine: engine.terminate())
+    with recording(out, name, rank) as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+        hook = register_optimizer_step_post_hook(lambda *_: steps.step())  # the agent's step boundary
+        try:
+            trainer.run(torch.utils.data.DataLoader(data, batch_size=64), max_epochs=2)
+        finally:
+            hook.remove()
+    dist.destroy_process_group()
+
+
 class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return 24
@@ -264,6 +293,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "ddp_no_sync": lambda out: _two_ranks(_accumulate_rank, out, "ddp_no_sync", True),
     "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
     "lightning_sync_dist": lambda out: _two_ranks(_lightning_sync_dist_rank, out, "lightning_sync_dist"),
+    "ignite": lambda out: _two_ranks(_ignite_rank, out, "ignite"),
     "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
     "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
     "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),

@@ -92,3 +92,17 @@ def test_ddps_wait_for_its_last_buckets_at_backwards_end_is_not_the_jobs_own() -
     rank = analyze_folder(case("cpu_ddp_metrics")).ranks[1]
     assert rank.own_comm is not None and rank.own_comm.calls == 21 * len(rank.steps)
     assert 15.0 < rank.own_comm.total_ms < 16.6 and rank.comm_wait_ms > 30.0
+
+
+def test_an_ignite_metrics_all_reduce_is_its_own_and_ddps_wait_leads_the_fix() -> None:
+    # tests/data/traces/cpu_ignite (recorded): Ignite's RunningAverage all-reduces the loss once an iteration, after
+    # the optimizer step; DDP's bucket all-reduce and its wait at backward's end hold the rest. Before, that wait was
+    # the metric's: "1 collective call a step (c10d::allreduce_) ... holds 3.2 ms of the 3.3 ms ... the job's own values".
+    summary = analyze_folder(case("cpu_ignite"))
+    for r in summary.ranks:
+        assert r.own_comm is not None and r.own_comm.name == "c10d::allreduce_" and r.own_comm.calls == len(r.steps)
+        assert 2 * r.own_comm.total_ms < r.comm_wait_ms
+        assert r.own_comm_callers[0].name.endswith("_NativeDistModel._do_all_reduce")  # from the agent's samples
+    found = summary.findings[0]
+    assert found.code == "comm_exposed" and found.fix.startswith("DDP already all-reduces the gradients in buckets")
+    assert summary.step_definition == "1 step = AdamW.step ×1; 1 forward pass (DistributedDataParallel)"
