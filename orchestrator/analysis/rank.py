@@ -2,27 +2,23 @@
 
 How a step's time is split into phases
 --------------------------------------
-A step is the ``ProfilerStep#N`` span on the *main thread* (the thread that
-carries those spans). A trace without such spans (the profiler ran without a
-schedule) is analysed as the device's active span, cut into iterations where its
-main thread repeats (then the busiest thread running the model's forward or an
-optimizer step); ``RankSummary.window`` and an issue say so. Every instant of a
-step is given to exactly one phase, by the first rule below that holds at that
-instant, so nested spans are never counted twice and the phases add up to the
-step time:
+A step is the ``ProfilerStep#N`` span on the *main thread* (the thread that carries those spans). A trace without such
+spans (the profiler ran without a schedule) is analysed as the device's active span, cut into iterations where its main
+thread repeats (then the busiest thread running the model's forward or an optimizer step); ``RankSummary.window`` and an
+issue say so. Every instant of a step is given to exactly one phase, by the first rule below that holds at that instant,
+so nested spans are never counted twice and the phases add up to the step time:
 
  1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
                   or ``_next_data``), or where Ray Data's iterator hands over a batch (its Python frames or
                   the agent's stack samples: :mod:`orchestrator.analysis.untraced`), from the step's batch fetch
                   on: the fix is the loader's. Fetches before it (an evaluation's loader) are between steps.
- 2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize``
-                  or device-to-host copy call, widened to the outermost ``aten::item`` /
-                  ``aten::_local_scalar_dense`` / ``aten::to`` / ``aten::copy_`` around it. On a
-                  device trace an ``aten::item`` with no such call reads a CPU scalar (Adam's
-                  step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync,
-                  except where it reads a CPU tensor on a GPU too (:mod:`orchestrator.analysis.cpu_reads`).
-                  A pageable upload's own stream sync is a sync only until the device starts
-                  the copy (it waits for earlier queued work), then it is the copy's (rule 4).
+ 2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize`` or device-to-host copy
+                  call, widened to the outermost ``aten::item`` / ``aten::_local_scalar_dense`` / ``aten::to`` /
+                  ``aten::copy_`` around it. On a device trace an ``aten::item`` with no such call reads a CPU scalar
+                  (Adam's step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync, except where it
+                  reads a CPU tensor on a GPU too (:mod:`orchestrator.analysis.cpu_reads`). A pageable upload's own
+                  stream sync is a sync only until the device starts the copy (it waits for earlier queued work), then
+                  it is the copy's (rule 4).
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``record_param_comms``), or inside gloo's record
                   of a collective's work (``gloo:*``) where the host runs no op of its own: an asynchronous
                   send's record lasts across the next ops (:mod:`orchestrator.analysis.comm_time`).
@@ -30,23 +26,21 @@ step time:
                   copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
                   ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
                   Device-to-device copies never block the host for long and get no phase of their own.
- 5-7. ``optimizer``, ``backward``, ``forward``: the innermost of these spans open on the
-                  main thread decides (:mod:`orchestrator.analysis.phases`), so forward and
-                  backward that a closure optimizer runs inside ``Optimizer.step#...`` are
-                  forward and backward; where it runs no op while another thread runs backward
-                  or a collective, rule 8 decides. ``optimizer``: ``Optimizer.step#...`` / ``zero_grad#...``;
-                  ``backward``: autograd nodes (``autograd::engine::evaluate_function: ...``,
-                  1.8's ``...Backward``, ``CompiledFunctionBackward``), compiled autograd's regions
-                  or a ``record_function`` such as HTA's ``## backward ##``; ``forward``: a module
-                  forward span (``*.forward`` annotations such as ``DistributedDataParallel.forward``,
-                  ``## forward ##``, or ``nn.Module:``). Then ``other`` where the loop is in Ray Train's report()
-                  or runs Python of its own outside torch (stack samples: never the unmarked forward of rule 9).
- 8. The main thread runs no op of its own (an untraced gap, or a ``record_function``
-    region with no op open in it: DualPipe's ``attn(B)`` waits there while the engine's
-    device thread runs the backward chunk). Then the other threads of the process say
-    what it waits for: ``backward`` while an autograd thread (a thread that runs backward
-    spans) is busy (GPU backward), else ``comm`` while a collective runs on another thread
-    (gloo's worker thread: this is the allreduce wait of synchronous data parallelism).
+ 5-7. ``optimizer``, ``backward``, ``forward``: the innermost of these spans open on the main thread decides
+                  (:mod:`orchestrator.analysis.phases`), so forward and backward that a closure optimizer runs inside
+                  ``Optimizer.step#...`` are forward and backward; where it runs no op while another thread runs
+                  backward or a collective, rule 8 decides. ``optimizer``: ``Optimizer.step#...`` / ``zero_grad#...``;
+                  ``backward``: autograd nodes (``autograd::engine::evaluate_function: ...``, 1.8's ``...Backward``,
+                  ``CompiledFunctionBackward``), compiled autograd's regions or a ``record_function`` such as HTA's
+                  ``## backward ##``; ``forward``: a module forward span (``*.forward`` annotations such as
+                  ``DistributedDataParallel.forward``, ``## forward ##``, or ``nn.Module:``). Then ``other`` where the
+                  loop is in Ray Train's report() or runs Python of its own outside torch (stack samples: never the
+                  unmarked forward of rule 9).
+ 8. The main thread runs no op of its own (an untraced gap, or a ``record_function`` region with no op open in it:
+    DualPipe's ``attn(B)`` waits there while the engine's device thread runs the backward chunk). Then the other threads
+    of the process say what it waits for: ``backward`` while an autograd thread (a thread that runs backward spans) is
+    busy (GPU backward), else ``comm`` while a collective runs on another thread (gloo's worker thread: this is the
+    allreduce wait of synchronous data parallelism).
  9. ``forward``   before each backward pass, from the batch's fetch (DataLoader next()) before it, else from the
                   step's start or the previous pass's end: the model and loss, which need not carry any marker
                   (:func:`orchestrator.analysis.phases.unmarked_forward`); accumulation runs one per micro-batch.
@@ -111,7 +105,14 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.analysis.step_content import describe_step, loader_class, optimizer_classes
 from orchestrator.analysis.threads import Thread, main_thread, walk_thread
-from orchestrator.analysis.untraced import RAY_DATA_ITERATOR, Timeline, Untraced, train_version, untraced_waits
+from orchestrator.analysis.untraced import (
+    RAY_DATA_ITERATOR,
+    Timeline,
+    Untraced,
+    frames_or_samples,
+    train_version,
+    untraced_waits,
+)
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
@@ -338,7 +339,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
-            frames=main_frames or (user_frames(timeline.frames(gaps)) if timeline else []),  # samples stand in for stacks
+            frames=frames_or_samples(main_frames, timeline, gaps),  # samples stand in for stacks
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else HostThread.other(threads[key], kinds[key], windows),
@@ -350,7 +351,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), any_main_span)))
     model_time = union(nested["forward"] + backward_anywhere) if backward_anywhere else []
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
-    sampled = lambda pieces: main_frames or (user_frames(timeline.frames(pieces)) if timeline else [])  # noqa: E731 (or the samples')
     own, own_waits = own_comm(
         main_kinds, windows, model_time, waits, lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
     ) or (None, [])
@@ -368,12 +368,12 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         ray_train=train_version(frames.get(main_key, ()), timeline),
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
-        sync_callers=callers(sampled(reads), reads),
+        sync_callers=callers(frames_or_samples(main_frames, timeline, reads), reads),
         data_frames=hot_path(main_frames, loading, HOT_SHARE),
         python_samples=python_path[0], python_frames=python_path[1],
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         comm_ops=collectives,
-        own_comm=own, own_comm_callers=callers(sampled(own_waits), own_waits),
+        own_comm=own, own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

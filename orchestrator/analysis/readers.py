@@ -67,7 +67,8 @@ def _known(name: str) -> str:
 
 
 def readers(r: RankSummary) -> str:
-    """The Python functions that make the reads (a with_stack trace's), with how often: "f (a.py:3) 2 a step, ..."."""
+    """The Python functions that make the reads (a with_stack trace's, else the stack samples'), with how often:
+    "f (a.py:3) 2 a step, ..."."""
     steps = max(len(r.steps), 1)
     return ", ".join(
         f"{frame_label(c.name, 90)} " + (f"{c.calls / steps:.0f} a step" if c.calls >= steps else f"{c.calls} in {steps} steps")

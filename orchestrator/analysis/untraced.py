@@ -30,14 +30,14 @@ from enum import Enum
 from typing import Any, Literal
 
 from orchestrator.analysis.intervals import Intervals, subtract, union
-from orchestrator.analysis.python_frames import HOT_SHARE, frame_parts, sampled_path
+from orchestrator.analysis.python_frames import HOT_SHARE, frame_parts, sampled_path, user_frames
 from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import OpStat
 from orchestrator.models.samples import FRAMES_METADATA_KEY, FrameSamples
 from orchestrator.traces.loader import Span
 
 __all__ = [
-    "RAY_DATA_ITERATOR", "Timeline", "Untraced", "kind_of", "read_samples", "sample_kind", "train_version", "untraced_waits",
+    "RAY_DATA_ITERATOR", "Timeline", "Untraced", "frames_or_samples", "kind_of", "read_samples", "sample_kind", "train_version", "untraced_waits",
 ]
 
 # What the analysis calls the loader of a job fed by Ray Data (RankSummary.data_loader): its iterator's class.
@@ -159,6 +159,12 @@ class Timeline:
             for (start, end), i in zip(_reach([self.times[i] for i in inside], a, b), inside):
                 out += [Span(ts=start, end=end, name=f, cat="python_function", pid=0, tid=0) for f in reversed(self.stacks[i])]
         return out
+
+
+def frames_or_samples(frames: Sequence[Span], timeline: Timeline | None, pieces: Intervals) -> Sequence[Span]:
+    """The user's or a library's Python frames over ``pieces`` (sorted, apart): a with_stack trace's ``frames``, else
+    the stack samples of ``timeline`` taken there, as frames (:meth:`Timeline.frames`); none without either."""
+    return frames or (user_frames(timeline.frames(pieces)) if timeline else [])
 
 
 def untraced_waits(frames: Sequence[Span], timeline: Timeline | None, gaps: Intervals) -> dict[Untraced, Intervals]:
