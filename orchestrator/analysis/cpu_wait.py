@@ -20,7 +20,7 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import RankSummary, Straggler
 from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
 
-__all__ = ["SHARED_CORES_FRACTION", "Starved", "read_thread_time", "shared_cores_note", "starved"]
+__all__ = ["SHARED_CORES_FRACTION", "Starved", "core_wait_ms", "read_thread_time", "shared_cores_note", "starved"]
 
 # Share of a step a rank's thread spends off a CPU while working, preempted more than it yields, from which the
 # analysis notes that its cores are shared: every phase then reads longer than its work. The two pinned ranks on
@@ -78,6 +78,19 @@ def starved(worst: Straggler, ranks: Sequence[RankSummary], slow: set[int]) -> S
     if mine.off_cpu_ms - off < worst.excess_ms / 2 or more_preempted <= max(0.0, mine.voluntary - voluntary):
         return None
     return Starved(mine.off_cpu_ms, off, mine.involuntary, involuntary)
+
+
+def core_wait_ms(ranks: Sequence[RankSummary]) -> float:
+    """What a rank's training thread typically waits for a core per step while its trace has it working: the median
+    over the ranks whose agent timed their thread, counting a rank's wait where it was preempted more often than it
+    gave its core up (else it waits for something else than a core), 0 where none was timed.
+
+    The scheduler hands that wait to whichever rank it holds back, a different one from step to step, so a step's
+    slowest rank can be slower by as much with the same work as the others."""
+    seen = [x for r in ranks if (x := _seen(r)) is not None]
+    if not seen:
+        return 0.0
+    return statistics.median(x.off_cpu_ms if x.involuntary > x.voluntary else 0.0 for x in seen)
 
 
 def shared_cores_note(ranks: Sequence[RankSummary]) -> str | None:

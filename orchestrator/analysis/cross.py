@@ -34,6 +34,7 @@ __all__ = [
     "ARRIVAL_MIN_MS",
     "STRAGGLER_MIN_EXCESS_FRACTION",
     "STRAGGLER_MIN_EXCESS_MS",
+    "STRAGGLER_MIN_SLOWER_SHARE",
     "StragglerImpl",
     "busy_time_stragglers",
     "arrivals",
@@ -53,6 +54,11 @@ __all__ = [
 # microsecond noise on tiny steps is not called out).
 STRAGGLER_MIN_EXCESS_FRACTION = 0.15
 STRAGGLER_MIN_EXCESS_MS = 1.0
+# ...and is busier than the reference in at least this share of the common steps. Two ranks beside other processes
+# on two cores trade places: the rank on the core the other process takes is slower while it stays there, for half a
+# window or more (the live healthy job: one rank slower by 5-15 ms in steps 10-20 of 20, faster in 8 of the others,
+# a median excess at the bar). A rank that holds the others back is slower step after step.
+STRAGGLER_MIN_SLOWER_SHARE = 0.75
 # A rank waits, or arrives late, when it does so by more than this share of the
 # median step time and at least this many milliseconds (clock offsets between hosts are ~1 ms).
 ARRIVAL_MIN_FRACTION = 0.05
@@ -198,14 +204,16 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     they wait as long as the straggler is late, so a rank whose extra busy
     time nobody waited for (step boundaries jittering on a shared host) is
     not holding anyone back. A rank is a straggler on its *median* per-step
-    excess: one step stretched by the OS scheduler is noise, a rank that is
+    excess, and only where it is busier in STRAGGLER_MIN_SLOWER_SHARE of the
+    steps: one step stretched by the OS scheduler is noise, and so is a rank
+    slowed for half the window by a process on its core; a rank that is
     slower step after step is not. The phase named is the non-comm phase
     whose mean exceeds the same phase's low median across ranks by the most.
     """
     timed = [r for r in ranks if r.mean_step_ms is not None and r.window == "profiler_steps"]
     if len(timed) < 2:
         return []
-    excess = _median_step_excess(timed)
+    excess, slower = _median_step_excess(timed)
     median_step = statistics.median(r.mean_step_ms for r in timed)
     reference = statistics.median_low(excess.values())
     reference_wait = statistics.median_low(r.comm_wait_ms for r in timed if excess[r.rank] <= reference)
@@ -213,7 +221,7 @@ def busy_time_stragglers(ranks: Sequence[RankSummary]) -> list[Straggler]:
     out: list[Straggler] = []
     for r in timed:
         extra = excess[r.rank]
-        if extra < bar:
+        if extra < bar or slower[r.rank] < STRAGGLER_MIN_SLOWER_SHARE:
             continue
         phase_excess = {
             p: r.mean_phases.get(p) - statistics.median_low(o.mean_phases.get(p) for o in timed)
@@ -264,17 +272,22 @@ def unheld_step_ms(median_step: float, held_ms: float) -> float:
     return median_step - max(0.0, min(held_ms, median_step / 2))
 
 
-def _median_step_excess(timed: Sequence[RankSummary]) -> dict[int, float]:
-    """Per rank, the median over common steps of its excess (see busy_time_stragglers).
+def _median_step_excess(timed: Sequence[RankSummary]) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank, the median over common steps of its excess (see busy_time_stragglers), and the share of those steps
+    in which it had any.
 
     Ranks whose traces share no step numbers (a trace cut short, say) fall
-    back to comparing means.
+    back to comparing means (one comparison: the share is 1 where it had any).
     """
     per_step = step_excesses(timed)
     if not per_step:
         busy = {r.rank: r.mean_step_ms - r.comm_wait_ms for r in timed}
-        return _excess(busy, {r.rank: r.comm_wait_ms for r in timed})
-    return {r.rank: statistics.median(row[r.rank] for row in per_step.values()) for r in timed}
+        per_step = {0: _excess(busy, {r.rank: r.comm_wait_ms for r in timed})}
+    rows = per_step.values()
+    return (
+        {r.rank: statistics.median(row[r.rank] for row in rows) for r in timed},
+        {r.rank: sum(row[r.rank] > 0 for row in rows) / len(rows) for r in timed},
+    )
 
 
 def step_excesses(timed: Sequence[RankSummary]) -> dict[int, dict[int, float]]:

@@ -60,18 +60,20 @@ def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
 
 # Before the planted jobs start (their module fixture starts at first use):
 # two extra jobs on 2 cores would make any job look unhealthy.
-def test_healthy_job_has_no_findings(live_job, file_store):
+def test_healthy_job_gets_no_warning(live_job, file_store):
     # Past start-up, and over enough steps that a few descheduled ones stay noise.
     live_job.wait_until_training(file_store.client, min_step=100, timeout=120)
-    # Two ranks on two shared cores: another process can hold one rank back
-    # for seconds, a real straggler while it lasts. Healthy means that not
-    # every window finds something, so allow up to three.
+    # Two ranks on two shared cores: what the scheduler moves between them is told as neither a straggler nor an
+    # imbalance (tests/unit/test_analysis_scheduler_noise.py), but another process can still hold one rank back for
+    # a whole window, a real straggler while it lasts, so allow up to three. Info lines are allowed: the policy in
+    # docs/results.md keeps a one-step cause (a collector's pause) below a warning.
     for _ in range(3):
         summary = _summary(file_store, LIVE_TARGET, steps=20)
-        if not summary.findings:
+        warnings = [f"{f.code}: {f.evidence}" for f in summary.findings if f.severity == "warning"]
+        if not warnings:
             break
 
-    assert summary.findings == [], [f"{f.code}: {f.evidence}" for f in summary.findings]
+    assert warnings == []
     assert summary.stragglers == []
 
 
