@@ -44,7 +44,7 @@ def read_gc(header: Mapping[str, Any]) -> tuple[GcPauses | None, str | None]:
     seen, why = read_metadata(header, GC_METADATA_KEY, GcPauses, "garbage collections")
     if seen is None or len(seen.collections) <= SUMMARY_COLLECTIONS:
         return seen, why
-    longest = sorted(seen.collections, key=lambda c: c.ms, reverse=True)[:SUMMARY_COLLECTIONS]
+    longest = sorted(seen.collections, key=lambda c: c.pause_ms, reverse=True)[:SUMMARY_COLLECTIONS]
     return seen.model_copy(update={"collections": sorted(longest, key=lambda c: c.start_us), "truncated": True}), why
 
 
@@ -63,7 +63,7 @@ def _in_steps(r: RankSummary) -> list[list[GcCollection]]:
 
 def pauses_per_step(r: RankSummary) -> list[float]:
     """What the collections cost each of ``r``'s steps, ms: their time, at most the step's device idle time on a device."""
-    cost = [sum(c.ms for c in found) for found in _in_steps(r)]
+    cost = [sum(c.pause_ms for c in found) for found in _in_steps(r)]
     if r.idle is None:
         return cost
     return [min(ms, sum(s.idle_ms.values())) for ms, s in zip(cost, r.steps)]
@@ -120,8 +120,8 @@ def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | 
     bound = statistics.fmean(cost)
     hit_steps = sum(ms > 0 for ms in cost)
     where = f"in {hit_steps} of {len(cost)} {step_word(anchor)}s" if hit_steps < len(cost) else f"every {step_word(anchor)}"
-    longest = max(c.ms for c in every)
-    if sum(c.ms for c in explicit) >= sum(c.ms for c in every) / 2:
+    longest = max(c.pause_ms for c in every)
+    if sum(c.pause_ms for c in explicit) >= sum(c.pause_ms for c in every) / 2:
         callers = sorted({frame_label(c.caller) for c in explicit if c.caller})
         title = f"The loop calls gc.collect() {where}, up to {longest:.0f} ms each"
         evidence = (
@@ -152,7 +152,7 @@ def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | 
     elsewhere = [c for c in every if not c.training_thread]
     if elsewhere:
         evidence += (
-            f" {len(elsewhere)} of them ran on other threads of the process ({sum(c.ms for c in elsewhere):.0f} ms), "
+            f" {len(elsewhere)} of them ran on other threads of the process ({sum(c.pause_ms for c in elsewhere):.0f} ms), "
             "holding the GIL the training thread needs."
         )
     return make_finding(
@@ -162,7 +162,7 @@ def gc_pause(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | 
 
 
 def _span(collections: Sequence[GcCollection]) -> str:
-    low, high = min(c.ms for c in collections), max(c.ms for c in collections)
+    low, high = min(c.pause_ms for c in collections), max(c.pause_ms for c in collections)
     return f"{high:.0f} ms" if round(low) == round(high) else f"{low:.0f}-{high:.0f} ms"
 
 
@@ -178,7 +178,7 @@ def _per_rank(timed: Sequence[RankSummary], found: Mapping[int, list[list[GcColl
     generations of 0.5 ms or longer: 51, 0.9 ms on average': where the full ones fell, and what the younger ones are."""
     full, young = [], []
     for r in timed:
-        hits = [(s.step, sum(c.ms for c in step if c.generation == FULL)) for s, step in zip(r.steps, found[r.rank])]
+        hits = [(s.step, sum(c.pause_ms for c in step if c.generation == FULL)) for s, step in zip(r.steps, found[r.rank])]
         hits = [(n, ms) for n, ms in hits if ms]
         young += [c for step in found[r.rank] for c in step if c.generation != FULL]
         if hits:
@@ -189,7 +189,7 @@ def _per_rank(timed: Sequence[RankSummary], found: Mapping[int, list[list[GcColl
         shortest = min(r.gc.min_recorded_ms for r in timed if r.gc is not None)
         parts.append(
             f"collections of younger generations of {shortest:g} ms or longer: {len(young)}, "
-            f"{statistics.fmean(c.ms for c in young):.1f} ms on average"
+            f"{statistics.fmean(c.pause_ms for c in young):.1f} ms on average"
         )
     return "; ".join(parts)
 

@@ -84,14 +84,19 @@ def test_a_trace_without_the_agents_watch_says_nothing_of_collections():
     assert all(r.gc is None for r in summary.ranks) and finding(summary, "gc_pause") is None
 
 
-def _one_rank(tmp_path: Path, pause_ms: float, *, explicit: bool = False, generation: int = 2, training_thread: bool = True) -> Path:
-    """One rank of four 100 ms steps from unix time 1,000 s on, a collection of ``pause_ms`` in its second step."""
+def _one_rank(
+    tmp_path: Path, pause_ms: float, *, explicit: bool = False, generation: int = 2, training_thread: bool = True,
+    cpu_ms: float | None = None,
+) -> Path:
+    """One rank of four 100 ms steps from unix time 1,000 s on, a collection of ``pause_ms`` by the clock in its second
+    step (``cpu_ms`` of work; None: an agent before it timed that)."""
     base_ns = 1_000_000_000_000
     events = [x_event(f"ProfilerStep#{i}", i * 100_000, 100_000, cat="user_annotation") for i in range(4)]
     events += [x_event("aten::mm", i * 100_000 + 10, 90_000) for i in range(4)]
     collection = {
         "start_us": base_ns // 1000 + 120_000, "ms": pause_ms, "generation": generation, "explicit": explicit,
         "caller": "train.py(9): step" if explicit else None, "training_thread": training_thread,
+        **({} if cpu_ms is None else {"cpu_ms": cpu_ms}),
     }
     gc_seen = {
         "enabled": True, "thresholds": [700, 10, 10], "frozen": 0, "min_recorded_ms": 0.5,
@@ -110,6 +115,23 @@ def test_one_long_pause_in_a_window_is_said_as_one_steps_and_does_not_warn(tmp_p
     found = finding(analyze_folder(_one_rank(tmp_path, 60.0)), "gc_pause")
     assert found is not None and found.severity == "info"
     assert "of it is one step's" in found.evidence
+
+
+def test_a_collection_that_waited_for_a_core_costs_its_work_not_its_wait(tmp_path: Path):
+    # A young collection on two shared cores: 40 ms by the clock, 0.2 ms of CPU (told before as a 10% pause).
+    summary = analyze_folder(_one_rank(tmp_path, 40.0, generation=0, cpu_ms=0.2))
+    assert summary.ranks[0].gc is not None and summary.ranks[0].gc.collections[0].pause_ms == 0.2
+    assert finding(summary, "gc_pause") is None
+
+
+def test_a_collection_that_worked_its_whole_time_is_told_by_it(tmp_path: Path):
+    found = finding(analyze_folder(_one_rank(tmp_path, 60.0, cpu_ms=58.0)), "gc_pause")
+    assert found is not None and "full collections: rank 0 in step 1 (58 ms)" in found.evidence
+
+
+def test_a_collection_recorded_without_its_cpu_time_is_told_by_the_clock(tmp_path: Path):
+    found = finding(analyze_folder(_one_rank(tmp_path, 60.0)), "gc_pause")
+    assert found is not None and "(60 ms)" in found.evidence
 
 
 def test_a_malformed_record_is_said_and_left_unread(tmp_path: Path):

@@ -50,6 +50,20 @@ def test_a_gc_collect_call_is_recorded_as_explicit_with_its_calling_line(heap):
     assert "test_gc_watch.py(" in full.caller
 
 
+def test_a_collection_records_its_time_by_the_clock_and_its_threads_cpu_time():
+    # Each callback reads both clocks once: start, then stop. 40 ms went by, 0.25 ms of them on a CPU.
+    wall, cpu = iter([0, 40_000_000]), iter([1_000_000, 1_250_000])
+    watch = GcWatch(threading.get_ident(), 100, clock_ns=lambda: next(wall), cpu_clock_ns=lambda: next(cpu))
+    seen = _watched(functools.partial(gc.collect, 0), watch)
+    (collection,) = seen.collections
+    assert (collection.ms, collection.cpu_ms, collection.pause_ms) == (40.0, 0.25, 0.25)
+
+
+def test_a_real_full_collection_records_a_cpu_time_within_its_clock_time(heap):
+    (full,) = [c for c in _watched(_collect_in_the_loop).collections if c.generation == 2]
+    assert full.cpu_ms is not None and 0 < full.cpu_ms <= full.ms
+
+
 def test_the_collectors_own_collections_are_not_explicit_and_name_no_line(monkeypatch):
     monkeypatch.setattr(gc_watch, "MIN_RECORDED_MS", 0.0)  # record the young generation's short ones too
     gc.collect()  # from a known state: the young generation empty
