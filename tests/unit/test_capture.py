@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,29 @@ def test_trace_over_the_byte_cap_keeps_the_steps_that_fit_and_says_so(tmp_path):
     assert done.trace_bytes > cap
     trace_path = tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz"
     assert profiler_steps(load_trace(trace_path)) == list(range(2, done.last_step + 1))
+
+
+def _profiler_of(capture: Capture, boundaries: range) -> weakref.ref:
+    """Run ``boundaries`` with the cyclic collector off; the window's profiler, weakly."""
+    _train(capture, boundaries[:1])
+    assert capture._prof is not None
+    return weakref.ref(capture._prof)
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["done", "cancelled"])
+def test_the_windows_profiler_is_freed_at_its_close_without_the_cyclic_collector(tmp_path, cancel):
+    # torch's profile is a reference cycle: left to the collector, its events were freed in a later step's
+    # collection, read as the job's own pause.
+    capture = Capture(_window(tmp_path, start=2, steps=2), INFO, lambda _: None, lambda: None)
+    gc.collect()
+    gc.disable()
+    try:
+        prof = _profiler_of(capture, range(2, 6))
+        capture.cancelled = cancel
+        _train(capture, range(3, 6))
+        assert capture.closed and prof() is None
+    finally:
+        gc.enable()
 
 
 def test_cancel_mid_window_stops_the_profiler_without_upload(tmp_path):
