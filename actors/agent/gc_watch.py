@@ -2,7 +2,7 @@
 (:class:`orchestrator.models.gc_pauses.GcPauses`), for the report to name the pauses no trace shows.
 
 The callback is registered at the window's first boundary and removed at its close: outside a window a collection
-pays nothing for it. In a window each collection pays two calls of it (~1-2 µs with the thread's CPU clock, against
+pays nothing for it. In a window each collection pays two calls of it (~3 µs with the thread's CPU clock, against
 a collection's tens of microseconds at the least); a collection long enough to record is kept with its time by the
 clock and in CPU (a young collection of 0.1 ms of work reads 2-12 ms by the clock where its thread waits for a core
 meanwhile), its generation, whether code called it (and from which line) and on which thread it ran.
@@ -98,7 +98,7 @@ class GcWatch:
                 return
             caller = frame_name(*self._caller, self._prefixes) if self._caller is not None else None
             self._records.append(GcCollection.model_construct(
-                start_us=self._began // 1000, ms=ns / 1e6, cpu_ms=max(0, cpu - self._cpu_began) / 1e6,
+                start_us=self._began // 1000, ms=ns / 1e6, cpu_ms=min(max(0, cpu - self._cpu_began), ns) / 1e6,  # no faster than time
                 generation=generation, explicit=self._explicit,
                 caller=caller, training_thread=self._thread == self.training_thread,
             ))

@@ -56,7 +56,7 @@ STRAGGLER_MIN_EXCESS_FRACTION = 0.15
 STRAGGLER_MIN_EXCESS_MS = 1.0
 # ...and is busier than the reference in at least this share of the common steps. Two ranks beside other processes
 # on two cores trade places: the rank on the core the other process takes is slower while it stays there, for half a
-# window or more (the live healthy job: one rank slower by 5-15 ms in steps 10-20 of 20, faster in 8 of the others,
+# window or more (the live healthy job: one rank slower by 5-15 ms in steps 11-20 of 20, faster in 8 of the others,
 # a median excess at the bar). A rank that holds the others back is slower step after step.
 STRAGGLER_MIN_SLOWER_SHARE = 0.75
 # A rank waits, or arrives late, when it does so by more than this share of the

@@ -62,7 +62,8 @@ def _in_steps(r: RankSummary) -> list[list[GcCollection]]:
 
 
 def pauses_per_step(r: RankSummary) -> list[float]:
-    """What the collections cost each of ``r``'s steps, ms: their time, at most the step's device idle time on a device."""
+    """What the collections cost each of ``r``'s steps, ms: their pauses (:attr:`GcCollection.pause_ms`), at most the
+    step's device idle time on a device."""
     cost = [sum(c.pause_ms for c in found) for found in _in_steps(r)]
     if r.idle is None:
         return cost

@@ -263,7 +263,7 @@ class RankSummary(_Model):
         default=None,
         description="The main thread's collective calls outside forward and backward, and barriers with the all-reduce "
         "right after each anywhere (the job's own: metrics, a logged loss, Lightning's sync_dist), their count over the "
-        "steps, and total_ms: its communication time outside forward and backward and in the waits those inside begin, per step.",
+        "steps, and total_ms: the main thread's waits those calls begin, per step.",
     )
     own_comm_callers: list[OpStat] = Field(
         default_factory=list,

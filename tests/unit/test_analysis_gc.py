@@ -129,6 +129,11 @@ def test_a_collection_that_worked_its_whole_time_is_told_by_it(tmp_path: Path):
     assert found is not None and "full collections: rank 0 in step 1 (58 ms)" in found.evidence
 
 
+def test_a_collection_on_another_thread_costs_its_clock_time_for_it_holds_the_gil_throughout(tmp_path: Path):
+    found = finding(analyze_folder(_one_rank(tmp_path, 60.0, training_thread=False, cpu_ms=5.0)), "gc_pause")
+    assert found is not None and "1 of them ran on other threads of the process (60 ms)" in found.evidence
+
+
 def test_a_collection_recorded_without_its_cpu_time_is_told_by_the_clock(tmp_path: Path):
     found = finding(analyze_folder(_one_rank(tmp_path, 60.0)), "gc_pause")
     assert found is not None and "(60 ms)" in found.evidence
