@@ -1,6 +1,12 @@
-"""The analysed window of a trace without ``ProfilerStep`` spans (the profiler ran without a schedule).
+"""The analysed windows of a trace: its ``ProfilerStep`` spans where it has them, else (the profiler ran without a
+schedule) the device's active span or the iterations found in it.
 
-The window is the device's active span (first device event to last): before
+A step is analysed only where the profiler recorded (its own ``PyTorch Profiler (N)`` span): a trace captured on
+demand stops recording mid-step and Kineto still writes the open step to its end, seconds later (HTA's Triton
+example: a 13.3 s step of which 1.7 ms was recorded), and the unrecorded rest would read as the host running
+untraced Python while the device idles.
+
+Without ``ProfilerStep`` spans, the window is the device's active span (first device event to last): before
 and after it the host sets up and tears down, which no step pays for. It is
 cut into iterations where the main thread's top-level spans repeat: a span
 name that recurs at least :data:`MIN_REPEATS` times with the same sequence of
@@ -27,9 +33,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 from orchestrator.analysis.spans import OPTIMIZER_STEP, is_data, is_sync
+from orchestrator.layout import parse_profiler_step
 from orchestrator.traces.loader import Span
 
-__all__ = ["MIN_AGREEMENT", "MIN_COVER", "MIN_REPEATS", "WindowKind", "device_window", "find_iterations", "unscheduled_windows"]
+__all__ = [
+    "MIN_AGREEMENT", "MIN_COVER", "MIN_REPEATS", "WindowKind", "device_window", "find_iterations", "recorded_steps",
+    "unscheduled_windows",
+]
 
 MIN_REPEATS = 3
 MIN_AGREEMENT = 0.75
@@ -38,6 +48,8 @@ MIN_COVER = 0.5
 # A top-level span covering this share of the window is a wrapper: its children are the top level.
 _WRAPPER_SHARE = 0.5
 _MAX_DEPTH = 8
+# A step that lasts this much longer than the profiler recorded of it is said to be cut (rounding aside).
+_CUT_US = 1.0
 _CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 
 Window = tuple[float, float]
@@ -142,3 +154,26 @@ def unscheduled_windows(main: Sequence[Span], device_spans: Sequence[Span]) -> t
         lead + f"no repeating iteration found, so the device's active span, {span_ms:.1f} ms, is analysed as one window; "
         "no saving is claimed from it (its idle time may be one-off work: initialisation, warm-up)"
     )
+
+
+def recorded_steps(steps: Sequence[Span], recorded: Window | None) -> tuple[list[Window], list[int], str | None]:
+    """The ProfilerStep spans' windows and step numbers, each cut to ``recorded`` (when the profiler recorded; None:
+    not known, nothing cut), and an issue where a step ran past it: a step with nothing recorded is left out."""
+    windows: list[Window] = []
+    numbers: list[int] = []
+    cut: list[str] = []
+    for s in steps:
+        t0, t1 = (s.ts, s.end) if recorded is None else (max(s.ts, recorded[0]), min(s.end, recorded[1]))
+        number = parse_profiler_step(s.name) or 0
+        if (s.end - s.ts) - (t1 - t0) >= _CUT_US:
+            kept = f"{(t1 - t0) / 1000:.1f} ms recorded" if t1 > t0 else "nothing recorded: left out"
+            cut.append(f"step {number} has {(s.end - s.ts - max(t1 - t0, 0.0)) / 1000:.1f} ms outside the recording ({kept})")
+        if t1 > t0:
+            windows.append((t0, t1))
+            numbers.append(number)
+    issue = (
+        "the profiler recorded only part of a step (on-demand tracing starts and stops mid-step), and only that part "
+        "is analysed: "
+        + "; ".join(cut[:3]) + (f"; {len(cut) - 3} more" if len(cut) > 3 else "")
+    ) if cut else None
+    return windows, numbers, issue

@@ -68,7 +68,7 @@ from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
 from orchestrator.analysis.gc_finding import read_gc
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
-from orchestrator.analysis.iterations import unscheduled_windows
+from orchestrator.analysis.iterations import recorded_steps, unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
 from orchestrator.analysis.phases import (
     Reductions,
@@ -148,8 +148,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     issues: list[str] = []
     window_kind: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = "profiler_steps"
     if step_spans:
-        windows = [(s.ts, s.end) for s in step_spans]
-        numbers = [parse_profiler_step(s.name) or 0 for s in step_spans]
+        windows, numbers, cut = recorded_steps(step_spans, trace.recorded)
+        issues += [cut] if cut else []
     elif main:
         windows, window_kind, issue = unscheduled_windows(main, device_spans)
         numbers = list(range(len(windows)))
@@ -337,7 +337,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         main_host = HostThread(
             data=training_data, sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
-            steps=[(s.ts, s.end) for s in step_spans], spans=main, skip=step_names | around, regions=regions,
+            steps=windows if step_spans else [], spans=main, skip=step_names | around, regions=regions,
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
             frames=frames_or_samples(main_frames, timeline, gaps),  # samples stand in for stacks
         )

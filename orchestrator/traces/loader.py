@@ -121,6 +121,9 @@ class RankTrace:
     unrecorded: Literal["cuda", "rocm"] | None = None
     # Whether any ProfilerStep#N span exists; without one the trace is a single window.
     has_profiler_steps: bool = False
+    # When the profiler recorded: its own ``PyTorch Profiler (N)`` spans (category ``Trace``), first start to last end;
+    # None where the trace has none.
+    recorded: tuple[float, float] | None = None
     # Old category names found and what they were read as, e.g. {"Operator": "cpu_op"}.
     category_aliases: dict[str, str] = field(default_factory=dict)
     # Top-level keys other than traceEvents and deviceProperties (distributedInfo, versions...).
@@ -252,6 +255,11 @@ def _check_spans(spans: list[Span], names: dict[str, str]) -> None:
             raise TraceParseError(f"ProfilerStep#<{len(digits)} digits>: not a step number")
 
 
+def _recorded(out: RankTrace, ts: float, end: float) -> None:
+    """Widen the trace's recorded span by one of the profiler's own spans."""
+    out.recorded = (ts, end) if out.recorded is None else (min(out.recorded[0], ts), max(out.recorded[1], end))
+
+
 def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     """Stream one rank's trace and keep spans, memory peaks, device properties and its kind.
 
@@ -288,6 +296,8 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
                     cat = categories[event.cat] = sys.intern(canonical_category(event.cat))
                 name = event.name
                 if cat not in _KEPT_CATEGORIES:
+                    if cat == "Trace" and event.ts is not None and name.startswith("PyTorch Profiler"):
+                        _recorded(out, event.ts, event.ts + event.dur)
                     if cat != "python_function":
                         continue
                     if not (name.startswith(_KEPT_PYTHON) or "_next_data" in name):

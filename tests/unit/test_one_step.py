@@ -64,7 +64,7 @@ def _steps_trace(tmp_path: Path, n: int) -> list[str]:
 
 
 def test_a_window_of_one_step_says_a_one_off_reads_the_same(tmp_path: Path) -> None:
-    # TraceLens' H100/MI300 recordings hold ProfilerStep#6 alone; HTA's Triton example ProfilerStep#1 (13 s, compiling).
+    # TraceLens' H100/MI300 recordings hold ProfilerStep#6 alone; HTA's Triton example ProfilerStep#1.
     assert any(i.startswith("one step analysed (step 6): a one-off") for i in _steps_trace(tmp_path, 1))
 
 
