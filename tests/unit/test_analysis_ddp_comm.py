@@ -150,3 +150,31 @@ def test_a_barrier_every_step_is_told_to_go(tmp_path: Path) -> None:
     fix = finding(analyze_folder(tmp_path), "comm_exposed").fix
     assert fix.startswith("1 barrier a step (c10d::barrier) outside forward and backward holds 0.5 ms of the 0.5 ms")
     assert "drop it from the loop" in fix
+
+
+def test_a_device_busy_mostly_in_collectives_nothing_overlaps_is_not_called_gpu_bound() -> None:
+    # TraceLens' MI300 ResNet rank: busy 95% of the step, 66% of it in collectives no compute overlaps. Before, a
+    # second finding called it "GPU-bound: the device is busy 95%" under "Communication does not overlap computation".
+    codes = [f.code for f in external("tracelens_mi300_resnet_ckpt_r0of8").findings]
+    assert codes == ["comm_exposed"]
+
+
+def test_a_busy_device_that_computes_over_half_the_step_stays_gpu_bound_beside_its_exposed_collective(tmp_path: Path) -> None:
+    # Compute 5-600 µs and an all-reduce nothing overlaps 600-950 µs: busy 95%, computing 60%.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        launch(0, 1, dur=2), kernel(5, 595, 1), launch(3, 2, dur=2), _all_reduce(600, 350, 2),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    assert "gpu_bound" in [f.code for f in analyze_folder(tmp_path).findings]
+
+
+def test_a_busy_device_that_computes_under_half_the_step_is_not_gpu_bound(tmp_path: Path) -> None:
+    # Compute 5-400 µs and an all-reduce nothing overlaps 400-950 µs: busy 95%, computing 40%.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        launch(0, 1, dur=2), kernel(5, 395, 1), launch(3, 2, dur=2), _all_reduce(400, 550, 2),
+    ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    codes = [f.code for f in analyze_folder(tmp_path).findings]
+    assert "gpu_bound" not in codes and "comm_exposed" in codes
