@@ -19,6 +19,8 @@ causes a fix can point at, each with its idle ms per step:
   context, loading a module at its first launch, a first large allocation): paid once, no loop fix;
 * ``ops``: the model's own host ops the device waits for (outside the optimizer and the regions), one cause
   for all of them, as one fix serves them all (fewer, bigger ops), the largest named; ``op`` where it is one op;
+  where their largest launches no device work and holds half their time, it computes on CPU tensors: its input
+  on the device, or the op off the step (:func:`host_op`);
 * ``data_prep``, ``bookkeeping``, ``ray_call``, ``python``: in a ``with_stack`` trace or one with the agent's stack samples
   (:meth:`~orchestrator.analysis.untraced.Timeline.frames`), the Python functions the host runs outside
   any op (innermost frame of the user's or a library's code, :mod:`~orchestrator.analysis.python_frames`), by what
@@ -49,7 +51,7 @@ from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
-__all__ = ["Cause", "fix_for", "named_causes", "once_note", "paid_once", "round_trips"]
+__all__ = ["Cause", "fix_for", "host_op", "named_causes", "once_note", "paid_once", "round_trips"]
 
 Kind = (
     Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture", "compile"]
@@ -66,6 +68,8 @@ FIRST_USE_CALL_MS = 5.0
 # driver only for new segments (the H100 recording that calls empty_cache() every step: 11 calls a step); with it
 # off, for every tensor (TraceLens' MI300 ResNet-18 trace "no_pool": 437 hipFree / hipMalloc calls a step).
 UNCACHED_CALLS_PER_STEP = 50
+# Share of the model ops' idle time from which an op that launches no device work leads their advice (host_op).
+HOST_OP_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,16 @@ def round_trips(r: RankSummary) -> dict[str, float]:
 def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     """The concrete change that removes ``cause``, with its figure (``after``: the cause whose fix is told before it)."""
     figure = f"{cause.ms:.1f} ms per step"
-    if after is not None and {cause.kind, after.kind} == {"ops", "launch"}:
+    if (host := host_op(cause, r)) is not None:
+        steps = max(len(r.steps), 1)
+        calls = host.calls / steps
+        return (
+            f"{host.name} runs on the host and launches no kernel while the device idles ({host.total_ms / steps:.1f} ms "
+            f"per step in {calls:g} call{'' if calls == 1 else 's'}): it computes on CPU tensors. Keep its input on the device (move "
+            "the .cpu(), .numpy() or .tolist() after it; create tensors with device=), or move it off the step (a "
+            "DataLoader worker, a background thread, or every N steps)."
+        )
+    if after is not None and {cause.kind, after.kind} == {"ops", "launch"} and host_op(after, r) is None:
         # Launch pace and the model's per-op host cost are cut by the same change (fewer, bigger kernels), just told.
         if cause.kind == "launch":
             return f"Kernels are launched no faster than they run ({figure} of launch-bound idle): the same changes cut it."
@@ -335,6 +348,20 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         f"The host op {cause.name} leaves the device idle {figure}: cut the host's per-op overhead on the step "
         "(torch.compile, fewer small ops, no Python loops over tensors) or make the op run on the device."
     )
+
+
+def host_op(cause: Cause, r: RankSummary) -> OpStat | None:
+    """The op that leads the model's ops (``cause``: op or ops) where it launched no device work and holds
+    HOST_OP_SHARE of their idle time or more: it computes on the host, and per-op overhead is not its story (TraceLens'
+    MI300 OWLv2 pipeline: torch.max over CPU scores, 40.4 of 46.1 ms a step). A CUDA or ROCm trace's only: they tie
+    each launch to its call."""
+    cpu = r.idle.get("cpu") if r.idle is not None else None
+    if cause.kind not in ("op", "ops") or r.device not in ("cuda", "rocm") or cpu is None or not cpu.model_ops:
+        return None
+    lead = cpu.model_ops[0]
+    if lead.name not in cpu.host_only_ops or lead.total_ms / max(len(r.steps), 1) < HOST_OP_SHARE * cause.ms:
+        return None
+    return lead
 
 
 def _in_graph_replays(r: RankSummary) -> float:

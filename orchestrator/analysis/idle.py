@@ -95,6 +95,14 @@ LAUNCH_GAP_US = 50.0
 # How many host ops the cpu cause names.
 TOP_CPU_OPS = 5
 PYTHON_OUTSIDE_OPS = "Python outside any op"
+# Ops that allocate, alias or reshape a tensor: no call launches device work, and none computes on the host either.
+_COMPUTE_NOTHING = (
+    "aten::empty", "aten::view", "aten::_unsafe_view", "aten::as_strided", "aten::reshape", "aten::_reshape_alias",
+    "aten::resize_", "aten::set_", "aten::detach", "aten::alias", "aten::lift", "aten::t", "aten::transpose",
+    "aten::permute", "aten::expand", "aten::slice", "aten::select", "aten::squeeze", "aten::unsqueeze", "aten::split",
+    "aten::chunk", "aten::narrow", "aten::unbind", "aten::flatten", "aten::unflatten", "aten::record_stream",
+    "aten::_has_compatible_shallow_copy_type",
+)
 
 Thread = tuple[object, object]
 Window = tuple[float, float]
@@ -307,8 +315,10 @@ def attribute(
         names[cause]["regions"] = _top(by_name)
     ops = {name: entry for name, entry in model_named.items() if name != PYTHON_OUTSIDE_OPS and not is_marker_name(name)}
     python_named.pop(PYTHON_OUTSIDE_OPS, None)  # in no frame of the user's code
+    top_ops = _top(ops)
     names["cpu"].update(
-        model_ops=_top(ops), model_ops_ms=sum(us for _, us in ops.values()) / 1000,
+        model_ops=top_ops, model_ops_ms=sum(us for _, us in ops.values()) / 1000,
+        host_only_ops=_host_only({o.name for o in top_ops}, hosts, launches),
         python_frames=_top(python_named), python_frames_ms=sum(us for _, us in python_named.values()) / 1000,
     )
     return summarize(per_window, names, step_ms), per_window
@@ -323,7 +333,7 @@ def _queue(out: dict[IdleCause, Intervals], by: dict[str, list[float]], launcher
 
 
 # What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.
-NAMING_FIELDS = ("top", "regions", "model_ops", "model_ops_ms", "python_frames", "python_frames_ms")
+NAMING_FIELDS = ("top", "regions", "model_ops", "model_ops_ms", "host_only_ops", "python_frames", "python_frames_ms")
 
 
 def summarize(
@@ -349,6 +359,29 @@ def summarize(
         if ms > 0
     ]
     return IdleAttribution(idle_ms_per_step=idle, causes=causes)
+
+
+def _host_only(
+    names: set[str], hosts: Mapping[Thread | None, HostThread], launches: Mapping[int, tuple[float, float, Thread]]
+) -> list[str]:
+    """Of the ATen ops ``names``, those called on a thread that launches device work and never holding a launch:
+    they compute on CPU tensors (TraceLens' MI300 OWLv2 pipeline: torch.max over its detections' scores, 8.8 ms a
+    call). Allocation and view ops launch nothing and compute nothing: they are not named; nor is an op seen only on
+    threads whose launches the trace does not tie to their work (an MTIA's)."""
+    names = {n for n in names if n.startswith("aten::") and not n.startswith(_COMPUTE_NOTHING)}
+    seen: set[str] = set()
+    launching: set[str] = set()
+    for thread, h in hosts.items():
+        starts = sorted(t0 for t0, _, who in launches.values() if who == thread)
+        if not starts:
+            continue
+        for span in h.spans:
+            if span.name in names and span.name not in launching:
+                seen.add(span.name)
+                i = bisect.bisect_left(starts, span.ts)
+                if i < len(starts) and starts[i] < span.end:
+                    launching.add(span.name)
+    return sorted(seen - launching)
 
 
 def _top(named: dict[str, list[float]]) -> list[OpStat]:

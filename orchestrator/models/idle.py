@@ -68,6 +68,11 @@ class IdleShare(_Model):
         "region (the model's own ops), the largest, summed over the steps.",
     )
     model_ops_ms: float = Field(0.0, description="cpu: the time of all those ops, summed over the steps.")
+    host_only_ops: list[str] = Field(
+        default_factory=list,
+        description="cpu: those of model_ops no call of which launched device work (a kernel, copy or memset): they "
+        "compute on CPU tensors while the device idles. Allocation and view ops, which compute nothing, are left out.",
+    )
     python_frames: list[OpStat] = Field(
         default_factory=list,
         description="cpu, in a with_stack trace: the Python functions (innermost frame of the user's or a library's code, not "

@@ -61,7 +61,9 @@ def test_many_small_ops_of_an_eager_model_make_no_warning(tmp_path: Path) -> Non
 
 
 def test_one_op_that_holds_a_share_of_the_step_warns(tmp_path: Path) -> None:
-    found = ten_ms_step(tmp_path, [x_event("aten::nonzero_static", 1000, 2500)], gap_end=3500)
+    # The op launches its kernel at its end: a device op whose host time is the cost.
+    op = [x_event("aten::nonzero_static", 1000, 2500), launch(3450, 9, dur=2), kernel(3455, 2, 9)]
+    found = ten_ms_step(tmp_path, op, gap_end=3500)
     low = next(f for f in found if f.code == "low_gpu_utilization")
     assert low.severity == "warning" and low.fix.startswith("The host op aten::nonzero_static leaves the device idle 2.5 ms")
 

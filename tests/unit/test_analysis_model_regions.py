@@ -24,7 +24,7 @@ def diffusion_step(*, forward: bool) -> list[dict[str, Any]]:
     events = [
         x_event("execute_diffusion_1_256x256", 1, 998, cat="user_annotation"),
         launch(2, 1), kernel(2, 100, 1),
-        x_event("aten::nonzero", 110, 500),
+        x_event("aten::nonzero", 110, 500), launch(600, 3, dur=2), kernel(605, 2, 3),  # its own kernel, launched last
         launch(640, 2), kernel(650, 300, 2),
     ]
     if forward:
