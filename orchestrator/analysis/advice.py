@@ -221,9 +221,11 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     if (host := host_op(cause, r)) is not None:
         steps = max(len(r.steps), 1)
         calls = host.calls / steps
+        cpu = r.idle.get("cpu") if r.idle is not None else None
+        where = f", called in {frame_label(cpu.host_op_callers[0].name, 90)}" if cpu is not None and cpu.host_op_callers else ""
         return (
             f"{host.name} runs on the host and launches no kernel while the device idles ({host.total_ms / steps:.1f} ms "
-            f"per step in {calls:g} call{'' if calls == 1 else 's'}): it computes on CPU tensors. Keep its input on the device (move "
+            f"per step in {calls:g} call{'' if calls == 1 else 's'}{where}): it computes on CPU tensors. Keep its input on the device (move "
             "the .cpu(), .numpy() or .tolist() after it; create tensors with device=), or move it off the step (a "
             "DataLoader worker, a background thread, or every N steps)."
         )

@@ -65,6 +65,7 @@ from orchestrator.analysis.intervals import (
     total,
     union,
 )
+from orchestrator.analysis.python_frames import callers
 from orchestrator.analysis.spans import (
     Kinds,
     compilations,
@@ -318,7 +319,8 @@ def attribute(
     top_ops = _top(ops)
     names["cpu"].update(
         model_ops=top_ops, model_ops_ms=sum(us for _, us in ops.values()) / 1000,
-        host_only_ops=_host_only({o.name for o in top_ops}, hosts, launches),
+        host_only_ops=(host_only := _host_only({o.name for o in top_ops}, hosts, launches)),
+        host_op_callers=_callers_of(next((o.name for o in top_ops if o.name in host_only), None), host(main), windows),
         python_frames=_top(python_named), python_frames_ms=sum(us for _, us in python_named.values()) / 1000,
     )
     return summarize(per_window, names, step_ms), per_window
@@ -333,7 +335,9 @@ def _queue(out: dict[IdleCause, Intervals], by: dict[str, list[float]], launcher
 
 
 # What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.
-NAMING_FIELDS = ("top", "regions", "model_ops", "model_ops_ms", "host_only_ops", "python_frames", "python_frames_ms")
+NAMING_FIELDS = (
+    "top", "regions", "model_ops", "model_ops_ms", "host_only_ops", "host_op_callers", "python_frames", "python_frames_ms",
+)
 
 
 def summarize(
@@ -382,6 +386,14 @@ def _host_only(
                 if i < len(starts) and starts[i] < span.end:
                     launching.add(span.name)
     return sorted(seen - launching)
+
+
+def _callers_of(op: str | None, h: HostThread, windows: Sequence[Window]) -> list[OpStat]:
+    """The innermost frames of the user's or a library's code around ``op``'s calls on ``h`` in ``windows``."""
+    if op is None or not h.frames:
+        return []
+    calls = union(iv for s in h.spans if s.name == op for t0, t1 in windows for iv in clip([(s.ts, s.end)], t0, t1))
+    return callers(h.frames, calls)[:TOP_CPU_OPS]
 
 
 def _top(named: dict[str, list[float]]) -> list[OpStat]:

@@ -73,6 +73,11 @@ class IdleShare(_Model):
         description="cpu: those of model_ops no call of which launched device work (a kernel, copy or memset): they "
         "compute on CPU tensors while the device idles. Allocation and view ops, which compute nothing, are left out.",
     )
+    host_op_callers: list[OpStat] = Field(
+        default_factory=list,
+        description="cpu, in a with_stack trace: the innermost frames of the user's or a library's code around the calls "
+        "of the largest of host_only_ops, with their time, summed over the steps.",
+    )
     python_frames: list[OpStat] = Field(
         default_factory=list,
         description="cpu, in a with_stack trace: the Python functions (innermost frame of the user's or a library's code, not "

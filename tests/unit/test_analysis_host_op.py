@@ -17,14 +17,15 @@ from tests.unit.test_analysis_idle_causes import kernel, launch
 HOST = "aten::max runs on the host and launches no kernel while the device idles"
 
 
-def _steps(tmp_path: Path, op: str, launches_inside: bool) -> Summary:
+def _steps(tmp_path: Path, op: str, launches_inside: bool, frame: str | None = None) -> Summary:
     """Three 10 ms steps: a kernel to 1 ms, ``op`` 1-4 ms (holding a launch of a short kernel where
-    ``launches_inside``), a small op, and a kernel from 4.5 ms on."""
+    ``launches_inside``; called in the Python ``frame`` where given), a small op, and a kernel from 4.5 ms on."""
     events: list[dict[str, Any]] = []
     for i in range(3):
         o, c = 10_000 * i, 10 * i
         events += [
             x_event(f"ProfilerStep#{i + 1}", o, 10_000, cat="user_annotation"),
+            *([x_event(frame, o + 990, 3005, cat="python_function")] if frame else []),
             launch(o, c + 1), kernel(o, 1000, c + 1),
             x_event(op, o + 1000, 3000),
             *([launch(o + 3900, c + 2), kernel(o + 3950, 20, c + 2)] if launches_inside else []),
@@ -53,3 +54,8 @@ def test_the_same_op_launching_its_kernel_is_told_the_per_op_overhead(tmp_path: 
 def test_an_allocation_that_launches_nothing_is_not_told_it_computes_on_the_host(tmp_path: Path) -> None:
     fix = _fix(_steps(tmp_path, "aten::empty", launches_inside=False))
     assert "runs on the host and launches no kernel" not in fix
+
+
+def test_a_with_stack_trace_names_the_python_function_that_calls_the_host_op(tmp_path: Path) -> None:
+    fix = _fix(_steps(tmp_path, "aten::max", launches_inside=False, frame="detect/postprocess.py(503): post_process"))
+    assert fix.startswith(HOST + " (3.0 ms per step in 1 call, called in post_process (detect/postprocess.py:503)):")
