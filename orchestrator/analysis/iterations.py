@@ -158,7 +158,10 @@ def unscheduled_windows(main: Sequence[Span], device_spans: Sequence[Span]) -> t
 
 def recorded_steps(steps: Sequence[Span], recorded: Window | None) -> tuple[list[Window], list[int], str | None]:
     """The ProfilerStep spans' windows and step numbers, each cut to ``recorded`` (when the profiler recorded; None:
-    not known, nothing cut), and an issue where a step ran past it: a step with nothing recorded is left out."""
+    not known, nothing cut), and an issue where a step ran past it: a step with nothing recorded is left out. A
+    recording that holds no step at all is no clock of these steps (a damaged or foreign span): nothing is cut."""
+    if recorded is not None and not any(min(s.end, recorded[1]) > max(s.ts, recorded[0]) for s in steps):
+        recorded = None
     windows: list[Window] = []
     numbers: list[int] = []
     cut: list[str] = []
