@@ -16,6 +16,7 @@ It is told when the moving part reaches a straggler's bar beyond what the ranks'
 (:func:`~orchestrator.analysis.cpu_wait.core_wait_ms`): the scheduler holds a different rank back each step with the
 same work on every rank (the live healthy job beside Ray's processes on two cores: 4-7 ms of a 28-35 ms step moved,
 its threads off a core 3.7-4.1 ms a step while working; 31-96 ms moved beside a test run, off a core 116-450 ms).
+On CPU ranks a step's excess must also be the work's: its forward and backward grow together (:func:`_confirmed`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from orchestrator.analysis.cross import (
 from orchestrator.analysis.finding_base import make_finding
 from orchestrator.analysis.gc_finding import explains_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
-from orchestrator.models.analysis import PHASES, Finding, RankSummary, Straggler
+from orchestrator.models.analysis import PHASES, Finding, RankSummary, StepBreakdown, Straggler
 
 __all__ = ["IMBALANCE_MIN_STEPS", "Imbalance", "imbalance", "moving_imbalance"]
 
@@ -66,6 +67,10 @@ class Imbalance:
     median_step_ms: float
     steps: int
 
+    work_moving_ms: float
+    """What moves of the ranks' work: the same, counting a rank's excess in a step as far as both its forward and its
+    backward grew (and its data loading), on ranks that compute on the CPU; ``moving_ms`` elsewhere."""
+
     @property
     def moving_ms(self) -> float:
         return self.lost_ms - self.lasting_ms
@@ -93,19 +98,54 @@ def imbalance(ranks: Sequence[RankSummary]) -> Imbalance | None:
     phase = max((p for p in PHASES if p != "comm"), key=phase_ms.__getitem__)
     busy = {step: [b[step].duration_ms - wait_ms(b[step]) for b in by_rank.values()] for step in excess}
     n = len(excess)
+    lost, lasting = _lost_and_lasting(excess, timed)
+    confirmed = _confirmed(excess, by_rank) if all(r.device == "cpu" for r in timed) else None
+    worked = _lost_and_lasting(confirmed, timed) if confirmed is not None else (lost, lasting)
     return Imbalance(
-        lost_ms=sum(max(0.0, max(row.values())) for row in excess.values()) / n,
+        lost_ms=lost,
         balanced_ms=sum(
             max(0.0, min(max(row.values()), max(busy[step]) - statistics.fmean(busy[step]))) for step, row in excess.items()
         ) / n,
-        lasting_ms=max(statistics.median(max(0.0, row[r.rank]) for row in excess.values()) for r in timed),
+        lasting_ms=lasting,
         slowest=dict(sorted(slowest.items(), key=lambda kv: (-kv[1], kv[0]))),
         phase=phase,
         phase_ms=phase_ms[phase] / n,
         busy_ms=(min(min(b) for b in busy.values()), max(max(b) for b in busy.values())),
         median_step_ms=statistics.median(r.median_step_ms for r in timed if r.median_step_ms is not None),
         steps=n,
+        work_moving_ms=worked[0] - worked[1],
     )
+
+
+def _lost_and_lasting(excess: dict[int, dict[int, float]], timed: Sequence[RankSummary]) -> tuple[float, float]:
+    """The mean over the steps of the slowest rank's excess, and the largest median excess of any rank."""
+    return (
+        sum(max(0.0, max(row.values())) for row in excess.values()) / len(excess),
+        max(statistics.median(max(0.0, row[r.rank]) for row in excess.values()) for r in timed),
+    )
+
+
+def _confirmed(
+    excess: dict[int, dict[int, float]], by_rank: dict[int, dict[int, StepBreakdown]]
+) -> dict[int, dict[int, float]]:
+    """Each rank's excess in each step as far as its work grew: a larger batch grows the forward and the backward
+    together (the backward differentiates the ops the forward ran), so the part of the compute excess both confirm,
+    their smaller growth over the typical rank's, plus any extra time loading its batch. On a CPU rank a step's
+    phases are its work; a hiccup lands in one of them (one convolution 10 ms slower than its 0.9 ms in every other
+    call, on the healthy example job beside bursts of other processes). A step without both phases counts in full."""
+    out: dict[int, dict[int, float]] = {}
+    for step, row in excess.items():
+        typical = {p: statistics.median_low(b[step].phases.get(p) for b in by_rank.values()) for p in PHASES}
+        out[step] = {}
+        for rank, ms in row.items():
+            phases = by_rank[rank][step].phases
+            if ms <= 0 or typical["forward"] <= 0 or typical["backward"] <= 0:
+                out[step][rank] = ms
+                continue
+            growth = min(phases.forward / typical["forward"], phases.backward / typical["backward"]) - 1
+            grew = max(0.0, growth) * (typical["forward"] + typical["backward"]) + max(0.0, phases.data - typical["data"])
+            out[step][rank] = min(ms, grew)
+    return out
 
 
 _FIXES = {
@@ -126,8 +166,8 @@ def moving_imbalance(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
     if found is None:
         return None
     bar = max(STRAGGLER_MIN_EXCESS_MS, STRAGGLER_MIN_EXCESS_FRACTION * unheld_step_ms(found.median_step_ms, found.lost_ms))
-    if found.moving_ms - core_wait_ms(ranks) < bar or len(found.slowest) < 2 or explains_imbalance(found.lost_ms, ranks):
-        return None  # nothing moves, or no more than the scheduler moves, or the collector's pauses (their own finding)
+    if min(found.moving_ms, found.work_moving_ms) - core_wait_ms(ranks) < bar or len(found.slowest) < 2 or explains_imbalance(found.lost_ms, ranks):
+        return None  # nothing moves, or no more than the scheduler or a hiccup moves, or the collector's pauses (their own finding)
     turns = ", ".join(f"rank {k} in {n}" for k, n in found.slowest.items())
     kind = "model" if found.phase in ("forward", "backward") else found.phase
     fix = _FIXES.get(

@@ -7,7 +7,11 @@ cpu_ddp_cores_traded a test run beside it took one core, then the other: rank 1 
 by 5-15 ms in the second; it was told "Rank 0 is a straggler (forward)" at 15% of the step (and so failed a CI run's
 healthy-job test, the same 15% on rank 1). In cpu_ddp_scheduler_jitter nothing else ran: a different rank was
 slower each step, by as much as the threads waited for a core, and it was told as an imbalance of the work, a
-warning at 10%.
+warning at 10%. In cpu_ddp_op_hiccups processes beside it ran in bursts (spin 30-120 ms, sleep 100-400 ms): in a
+different step each time one forward convolution of one rank took ~11 ms against its 0.9 ms in every other call, and
+it was told "the work differs from batch to batch", a warning at 10% (1 window of 28 such; 0 of 15 quiet or under
+steady load). Its agent also timed each step (a change measured and not kept: a step's wait for a core did not
+explain what moved); that key of the thread time is removed, the rest is as recorded.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from orchestrator.analysis.cross import (
     step_excesses,
     unheld_step_ms,
 )
-from orchestrator.analysis.imbalance import imbalance
+from orchestrator.analysis.imbalance import imbalance, moving_imbalance
 from tests.support.tracefiles import case
 
 
@@ -73,3 +77,56 @@ def test_a_thread_that_waits_for_a_core_counts_its_wait_and_one_that_gives_its_c
 
 def test_ranks_without_the_thread_clock_wait_for_no_core():
     assert core_wait_ms(analyze_folder(case("cpu_ddp_varlen")).ranks) == 0.0
+
+
+def test_a_hiccup_of_one_op_in_a_different_rank_each_step_is_not_told_as_an_imbalance():
+    summary = analyze_folder(case("cpu_ddp_op_hiccups"))
+    found = imbalance(summary.ranks)
+    assert found is not None
+    bar = STRAGGLER_MIN_EXCESS_FRACTION * unheld_step_ms(found.median_step_ms, found.lost_ms)
+    assert found.moving_ms - core_wait_ms(summary.ranks) >= bar  # told before, by its moving part
+    assert found.work_moving_ms < min(bar, found.moving_ms / 3)  # the backward confirms under a third of it
+    assert "imbalance" not in [f.code for f in summary.findings]
+
+
+def test_the_hiccups_land_in_the_forward_alone():
+    # What the rule reads: the slowest rank's forward grows, its backward does not.
+    ranks = analyze_folder(case("cpu_ddp_op_hiccups")).ranks
+    by_rank = {r.rank: {s.step: s for s in r.steps} for r in ranks}
+    forward = backward = 0.0
+    for step, row in step_excesses(ranks).items():
+        slow = max(row, key=row.__getitem__)
+        other = next(k for k in row if k != slow)
+        forward += by_rank[slow][step].phases.forward - by_rank[other][step].phases.forward
+        backward += by_rank[slow][step].phases.backward - by_rank[other][step].phases.backward
+    assert forward > 3 * backward
+
+
+def test_batches_of_uneven_work_grow_forward_and_backward_together_and_keep_their_imbalance():
+    found = imbalance(analyze_folder(case("cpu_ddp_varlen")).ranks)
+    assert found is not None and found.work_moving_ms >= 0.85 * found.moving_ms
+
+
+def test_a_forward_that_grew_alone_in_a_step_confirms_none_of_its_excess():
+    ranks = analyze_folder(case("cpu_ddp_varlen")).ranks
+    backward = {}
+    for r in ranks:
+        for s in r.steps:
+            backward[s.step] = min(backward.get(s.step, s.phases.backward), s.phases.backward)
+    flat = [
+        r.model_copy(update={"steps": [
+            s.model_copy(update={"phases": s.phases.model_copy(update={"backward": backward[s.step]})})
+            for s in r.steps
+        ]})
+        for r in ranks
+    ]
+    found = imbalance(flat)
+    assert found is not None and found.moving_ms > 0 and found.work_moving_ms == 0.0
+    assert moving_imbalance(flat, []) is None
+
+
+def test_ranks_on_a_device_are_judged_on_their_whole_excess():
+    # On a GPU rank the host's phases are launches, not the work: the device's imbalance lands wherever the host waits.
+    ranks = [r.model_copy(update={"device": "cuda"}) for r in analyze_folder(case("cpu_ddp_op_hiccups")).ranks]
+    found = imbalance(ranks)
+    assert found is not None and found.work_moving_ms == found.moving_ms
