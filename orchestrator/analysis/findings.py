@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.accumulation import accumulation_sync
 from orchestrator.analysis.advice import round_trips
+from orchestrator.analysis.cores_finding import cores_shared
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.epochs import loader_restart
@@ -328,6 +329,7 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
     gc_pause,
     straggler,
+    cores_shared,
     moving_imbalance,
     loader_restart,
     train_report,

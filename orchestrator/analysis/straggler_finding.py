@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.analysis.comm_fix import leading_collective
-from orchestrator.analysis.cpu_wait import starved
+from orchestrator.analysis.cpu_wait import cores_fix, starved
 from orchestrator.analysis.finding_base import make_finding, worst_straggler
 from orchestrator.analysis.gc_finding import explains_straggler
 from orchestrator.analysis.host_python import own_python
@@ -82,7 +82,7 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
                 f"the scheduler took its core {waited.preemptions:.0f} times a step (theirs: {waited.others_preemptions:.0f}): "
                 "the same work as theirs, waiting for a core."
             )
-            fix = _cpu_fix(by_rank[worst.rank], ranks)
+            fix = cores_fix([by_rank[worst.rank]], ranks) + " Every rank runs at the straggler's speed until it is fixed."
         if own is not None:
             extra, where, who = own
             evidence += f" The stack samples put {extra:.1f} ms a step of it in the loop's own Python, which the other ranks do not run: {where}."
@@ -98,19 +98,3 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
         "straggler", anchor, worst.excess_ms, title=title, evidence=evidence, fix=fix, ranks=[s.rank for s in stragglers]
     )
 
-
-def _cpu_fix(r: RankSummary, ranks: Sequence[RankSummary]) -> str:
-    """Give the rank cores of its own, with what its agent saw of its host."""
-    t = r.thread_time
-    assert t is not None  # starved() reads it
-    beside = [x.rank for x in ranks if x.host is not None and x.host == r.host and x.rank != r.rank]
-    seen = [f"{t.usable_cores} usable core{'' if t.usable_cores == 1 else 's'}" if t.usable_cores else None,
-            f"{t.intra_op_threads} intra-op thread{'' if t.intra_op_threads == 1 else 's'} a rank"]
-    shared = f", beside rank{'s' if len(beside) > 1 else ''} {', '.join(map(str, beside))}" if beside else ""
-    return (
-        f"Rank {r.rank}'s host{f' ({r.host})' if r.host else ''} runs more threads than it has cores{shared} "
-        f"({'; '.join(x for x in seen if x)}). Give every rank cores of its own: reserve them in Ray "
-        "(ScalingConfig(resources_per_worker={'CPU': N}), so no more ranks and tasks land on a host than it has cores "
-        "for), set torch.set_num_threads (OMP_NUM_THREADS) to the cores each rank has, keep DataLoader workers within "
-        "the cores left, and move other jobs off the host. Every rank runs at the straggler's speed until it is fixed."
-    )

@@ -54,7 +54,7 @@ class Finding(_Model):
     code: Literal[
         "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
         "optimizer_host", "slow_link", "imbalance", "loader_restart", "train_report", "host_python",
-        "accumulation_sync", "gc_pause",
+        "accumulation_sync", "gc_pause", "cores_shared",
     ]
     severity: Literal["warning", "info"]
     max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")
