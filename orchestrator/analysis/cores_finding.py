@@ -22,11 +22,12 @@ __all__ = ["cores_shared"]
 
 def cores_shared(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
     """Where a rank's training thread (a straggler's left to its own finding) was off a CPU while working for
-    CORES_SHARED_WARNING of its steps or more, preempted more often than it yielded: it and every other rank whose
+    CORES_SHARED_WARNING of its steps or more beside its loop's own Python and work between steps, preempted more often
+    than it yielded: it and every other rank whose
     thread waits for a core (:func:`~orchestrator.analysis.cpu_wait.shared_waits`); its bound is their median wait."""
     slow = {s.rank for s in stragglers}
     hit = [(r, seen, f) for r, seen, f in shared_waits(ranks) if r.rank not in slow]
-    if not hit or max(f for _, _, f in hit) < CORES_SHARED_WARNING:
+    if not hit or max((seen.off_cpu_ms - _own_ms(r)) / (r.mean_step_ms or 1) for r, seen, _ in hit) < CORES_SHARED_WARNING:
         return None
     shares = [f for _, _, f in hit]
     span = f"{min(shares):.0%}" if len(hit) == 1 else f"{min(shares):.0%}-{max(shares):.0%}"
@@ -53,3 +54,11 @@ def cores_shared(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) 
         ranks=[r.rank for r, _, _ in hit],
     )
 
+
+
+def _own_ms(r: RankSummary) -> float:
+    """What a step of ``r`` spends, by its stack samples, in the loop's own Python and in work before its batch: where
+    a loop sleeps, reads files or waits on a socket of its own, its thread is off a CPU without waiting for a core.
+    Left out of the wait that makes this finding (its count of switches cannot tell one long sleep from many
+    preemptions)."""
+    return sum(s.python_ms + s.between_ms for s in r.steps) / len(r.steps) if r.steps else 0.0

@@ -62,13 +62,14 @@ def read_thread_time(header: Mapping[str, Any]) -> tuple[ThreadTime | None, str 
 
 
 def waiting(r: RankSummary) -> Waiting | None:
-    """Per step, the time the training thread was off a CPU less the waits its trace names, and its context switches
-    (None: no thread time, or no switches counted)."""
+    """Per step, the time the training thread was off a CPU less the waits its trace names (and Ray Train's report(),
+    which its stack samples name), and its context switches (None: no thread time, or no switches counted)."""
     t = r.thread_time
     if t is None or t.involuntary_switches is None or t.voluntary_switches is None or not r.steps:
         return None
     p, n = r.mean_phases, len(r.steps)
-    off = max(0.0, (t.wall_s - t.cpu_s) * 1000 / n - (p.data + p.comm + p.sync + p.memcpy))
+    named = p.data + p.comm + p.sync + p.memcpy + sum(s.report_ms for s in r.steps) / n
+    off = max(0.0, (t.wall_s - t.cpu_s) * 1000 / n - named)
     return Waiting(off, t.involuntary_switches / n, t.voluntary_switches / n)
 
 

@@ -8,6 +8,8 @@ the report said "No findings" (no rank stood out, and the wait was a note).
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.analysis import analyze_folder
 from orchestrator.analysis.cores_finding import cores_shared
 from orchestrator.analysis.cpu_wait import CORES_SHARED_WARNING, shared_cores_note, waiting
@@ -75,3 +77,23 @@ def _yielding(r: RankSummary) -> RankSummary:
     t = r.thread_time
     assert t is not None
     return r.model_copy(update={"thread_time": t.model_copy(update={"voluntary_switches": 100 * len(r.steps)})})
+
+
+def _steps_with(r: RankSummary, **fields: float) -> RankSummary:
+    return r.model_copy(update={"steps": [s.model_copy(update=fields) for s in r.steps]})
+
+
+def test_a_loop_whose_own_python_holds_the_wait_is_not_told():
+    # A loop that sleeps or reads files of its own is off a CPU there without waiting for a core; one long sleep is
+    # one switch among the preemptions, so the counts cannot tell.
+    ranks = [_steps_with(r, python_ms=0.6 * (r.mean_step_ms or 0)) for r in analyze_folder(case("cpu_ddp_oversubscribed")).ranks]
+    assert cores_shared(ranks, []) is None
+
+
+def test_ray_trains_report_is_a_wait_the_thread_clock_leaves_out():
+    ranks = analyze_folder(case("cpu_ddp_oversubscribed")).ranks
+    before = [waiting(r).off_cpu_ms for r in ranks]
+    reporting = [_steps_with(r, report_ms=500.0) for r in ranks]
+    after = [waiting(r).off_cpu_ms for r in reporting]
+    assert after == pytest.approx([max(0.0, b - 500.0) for b in before])
+    assert cores_shared(reporting, []) is None
