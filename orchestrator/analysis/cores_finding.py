@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from orchestrator.analysis.cpu_wait import CORES_SHARED_WARNING, cores_fix, count_range, shared_waits
+from orchestrator.analysis.cpu_wait import cores_fix, count_range, oversubscribed, shared_waits
 from orchestrator.analysis.finding_base import make_finding, ranks_text
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -21,13 +21,12 @@ __all__ = ["cores_shared"]
 
 
 def cores_shared(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> Finding | None:
-    """Where a rank's training thread (a straggler's left to its own finding) was off a CPU while working for
-    CORES_SHARED_WARNING of its steps or more beside its loop's own Python and work between steps, preempted more often
-    than it yielded: it and every other rank whose
-    thread waits for a core (:func:`~orchestrator.analysis.cpu_wait.shared_waits`); its bound is their median wait."""
+    """Where the ranks are oversubscribed (:func:`~orchestrator.analysis.cpu_wait.oversubscribed`: a thread waited
+    for a core half its step; a straggler's is left to its own finding): every rank whose thread waits for a core
+    (:func:`~orchestrator.analysis.cpu_wait.shared_waits`), bound by their median wait."""
     slow = {s.rank for s in stragglers}
     hit = [(r, seen, f) for r, seen, f in shared_waits(ranks) if r.rank not in slow]
-    if not hit or max((seen.off_cpu_ms - _own_ms(r)) / (r.mean_step_ms or 1) for r, seen, _ in hit) < CORES_SHARED_WARNING:
+    if not hit or not oversubscribed(hit):
         return None
     shares = [f for _, _, f in hit]
     span = f"{min(shares):.0%}" if len(hit) == 1 else f"{min(shares):.0%}-{max(shares):.0%}"
@@ -53,12 +52,3 @@ def cores_shared(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) 
         fix=cores_fix([r for r, _, _ in hit], ranks),
         ranks=[r.rank for r, _, _ in hit],
     )
-
-
-
-def _own_ms(r: RankSummary) -> float:
-    """What a step of ``r`` spends, by its stack samples, in the loop's own Python and in work before its batch: where
-    a loop sleeps, reads files or waits on a socket of its own, its thread is off a CPU without waiting for a core.
-    Left out of the wait that makes this finding (its count of switches cannot tell one long sleep from many
-    preemptions)."""
-    return sum(s.python_ms + s.between_ms for s in r.steps) / len(r.steps) if r.steps else 0.0

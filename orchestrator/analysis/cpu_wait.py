@@ -23,7 +23,7 @@ from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY, ThreadTime
 
 __all__ = [
     "CORES_SHARED_WARNING", "SHARED_CORES_FRACTION", "Starved", "Waiting", "core_wait_ms", "cores_fix", "count_range", "read_thread_time",
-    "shared_cores_note", "shared_waits", "starved", "waiting",
+    "oversubscribed", "shared_cores_note", "shared_waits", "starved", "waiting",
 ]
 
 # Share of a step a rank's thread spends off a CPU while working, preempted more than it yields, from which the
@@ -120,11 +120,22 @@ def shared_waits(ranks: Sequence[RankSummary]) -> list[tuple[RankSummary, Waitin
     ]
 
 
+def oversubscribed(hit: Sequence[tuple[RankSummary, Waiting, float]]) -> bool:
+    """Whether a rank of ``hit`` (:func:`shared_waits`) waited for a core CORES_SHARED_WARNING of its step beside what
+    its stack samples put in the loop's own Python and in work before its batch: where a loop sleeps, reads files or
+    waits on a socket of its own, its thread is off a CPU without waiting for a core, and its count of switches cannot
+    tell one long sleep from many preemptions."""
+    return any(
+        seen.off_cpu_ms - sum(s.python_ms + s.between_ms for s in r.steps) / len(r.steps) >= CORES_SHARED_WARNING * step_ms
+        for r, seen, _ in hit if (step_ms := r.mean_step_ms or 0.0) > 0
+    )
+
+
 def shared_cores_note(ranks: Sequence[RankSummary]) -> str | None:
     """A note where ranks' training threads wait for a core (:func:`shared_waits`): their timings hold those waits.
-    None where none did, or where one waited CORES_SHARED_WARNING of its step: a finding tells it then."""
+    None where none did, or where they are oversubscribed: a finding (or a straggler's) tells it then."""
     hit = shared_waits(ranks)
-    if not hit or max(f for _, _, f in hit) >= CORES_SHARED_WARNING:
+    if not hit or oversubscribed(hit):
         return None
     shares = [f for _, _, f in hit]
     span = f"{min(shares):.0%}" if len(hit) == 1 else f"{min(shares):.0%}-{max(shares):.0%}"

@@ -66,10 +66,13 @@ def test_healthy_job_gets_no_warning(live_job, file_store):
     # Two ranks on two shared cores: what the scheduler moves between them is told as neither a straggler nor an
     # imbalance (tests/unit/test_analysis_scheduler_noise.py), but another process can still hold one rank back for
     # a whole window, a real straggler while it lasts, so allow up to three. Info lines are allowed: the policy in
-    # docs/results.md keeps a one-step cause (a collector's pause) below a warning.
+    # docs/results.md keeps a one-step cause (a collector's pause) below a warning. A CI machine whose other work
+    # holds the ranks off their cores half the step is told so (cores_shared): true of the host, not of the job.
     for _ in range(3):
         summary = _summary(file_store, LIVE_TARGET, steps=20)
-        warnings = [f"{f.code}: {f.evidence}" for f in summary.findings if f.severity == "warning"]
+        warnings = [
+            f"{f.code}: {f.evidence}" for f in summary.findings if f.severity == "warning" and f.code != "cores_shared"
+        ]
         if not warnings:
             break
 

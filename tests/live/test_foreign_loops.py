@@ -193,8 +193,9 @@ def test_a_loop_waiting_for_ray_data_is_told_ray_datas_change_then_reporting_eve
     # (which, in Ray Train 2, waits for the controller's poll every 2 s). Without them it read as the forward.
     with _running(ray_cluster, client, tmp_path, ["ray_data"]):
         summary = _profile_and_check(file_store, "ray_data")
-        assert summary.findings, [(r.mean_phases, r.data_loader) for r in summary.ranks]
-        found = summary.findings[0]
+        loops = [f for f in summary.findings if f.code != "cores_shared"]  # the host's load is told on its own
+        assert loops, [(r.mean_phases, r.data_loader) for r in summary.ranks]
+        found = loops[0]
         assert found.code == "dataloader_bound" and found.evidence.startswith("Ray Data's iterator"), found
         assert "map_batches(fn, concurrency=N)" in found.fix and "num_workers" not in found.fix
         (tmp_path / "report").touch()
@@ -202,7 +203,8 @@ def test_a_loop_waiting_for_ray_data_is_told_ray_datas_change_then_reporting_eve
         for _ in range(3):  # the first window may still hold steps from before the job saw the file
             manifest = file_store.client.profile(name, steps=2).wait(timeout=180)
             assert manifest.status == ProfileState.DONE, manifest.reason
-            codes = [f.code for f in Summary.model_validate(manifest.summary).findings]
+            # The host's load, told on its own (the live job trains beside it on two cores), does not lead the loop's.
+            codes = [f.code for f in Summary.model_validate(manifest.summary).findings if f.code != "cores_shared"]
             if codes[:1] == ["train_report"]:
                 break
         assert codes[:1] == ["train_report"], codes

@@ -88,6 +88,7 @@ def test_a_loop_whose_own_python_holds_the_wait_is_not_told():
     # one switch among the preemptions, so the counts cannot tell.
     ranks = [_steps_with(r, python_ms=0.6 * (r.mean_step_ms or 0)) for r in analyze_folder(case("cpu_ddp_oversubscribed")).ranks]
     assert cores_shared(ranks, []) is None
+    assert shared_cores_note(ranks) is not None  # what the thread clock saw is still said
 
 
 def test_ray_trains_report_is_a_wait_the_thread_clock_leaves_out():
