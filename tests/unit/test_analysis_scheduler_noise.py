@@ -9,7 +9,7 @@ healthy-job test, the same 15% on rank 1). In cpu_ddp_scheduler_jitter nothing e
 slower each step, by as much as the threads waited for a core, and it was told as an imbalance of the work, a
 warning at 10%. In cpu_ddp_op_hiccups processes beside it ran in bursts (spin 30-120 ms, sleep 100-400 ms): in a
 different step each time one forward convolution of one rank took ~11 ms against its 0.9 ms in every other call, and
-it was told "the work differs from batch to batch", a warning at 10% (1 window of 28 such; 0 of 15 quiet or under
+it was told "the work differs from batch to batch", a warning at 10% (1 window of 60 such; 0 of 15 quiet or under
 steady load). Its agent also timed each step (a change measured and not kept: a step's wait for a core did not
 explain what moved); that key of the thread time is removed, the rest is as recorded.
 """
