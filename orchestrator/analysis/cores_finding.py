@@ -4,7 +4,7 @@ The trace cannot show it: a preempted forward reads as a longer forward. The age
 (:mod:`~orchestrator.analysis.cpu_wait`) can: its time off a CPU while the trace has it working, preempted more often
 than it gives its core up. Where one rank waits more than the others it is a straggler (told there); where every
 rank waits alike no rank stands out, and before this finding the report said "No findings" of a job whose two ranks
-each waited 86-90% of an 800 ms step (two processes spinning beside rayprof's example job on two cores; 25 ms a step
+each waited 83-89% of an 800-990 ms step (two processes spinning beside rayprof's example job on two cores; 25 ms a step
 without them). Under half the step the wait is a note (:data:`~orchestrator.analysis.cpu_wait.CORES_SHARED_WARNING`).
 """
 

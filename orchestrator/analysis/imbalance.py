@@ -135,7 +135,9 @@ def _confirmed(
     call, on the healthy example job beside bursts of other processes). A step without both phases counts in full."""
     out: dict[int, dict[int, float]] = {}
     for step, row in excess.items():
-        typical = {p: statistics.median_low(b[step].phases.get(p) for b in by_rank.values()) for p in PHASES}
+        typical = {
+            p: statistics.median_low(b[step].phases.get(p) for b in by_rank.values()) for p in ("data", "forward", "backward")
+        }
         out[step] = {}
         for rank, ms in row.items():
             phases = by_rank[rank][step].phases
