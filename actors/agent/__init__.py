@@ -20,13 +20,14 @@ _RUNTIME_NAMES = ("Agent", "attach", "step")
 
 
 def install() -> None:
-    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker.
+    """``worker_process_setup_hook``: attach lazily at the first optimizer step of a Train worker (or, in a loop
+    that steps no ``torch.optim`` optimizer, after its first backward passes: :mod:`actors.agent.hook`).
 
     Use with ``runtime_env={"worker_process_setup_hook": "actors.agent.install"}``.
     In processes that are not Ray Train workers the hook removes itself at their
     first optimizer step (most never take one).
     """
-    hook.install(_adopt)
+    hook.install(_adopt, _adopt_backward)
 
 
 def _adopt(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -35,6 +36,13 @@ def _adopt(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None:
     from actors.agent import runtime
 
     runtime.adopt_lazy_hook(handle, optimizer, args, kwargs)
+
+
+def _adopt_backward() -> None:
+    """Backward passes and no optimizer step: the same, the agent counting backward passes."""
+    from actors.agent import runtime
+
+    runtime.adopt_backward_passes()
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,20 @@ small job; far more oversubscription on a large node). So this module imports
 only the standard library, and registers the optimizer hook the moment the
 worker's own code finishes importing ``torch.optim.optimizer``.
 
+Not every training loop steps a ``torch.optim`` optimizer: Keras 3 on its torch
+backend (``model.fit``: its own optimizers update the weights with torch ops),
+fastai's ``Learner`` (its own ``Optimizer`` class) and a hand-written update
+(``p -= lr * p.grad``) call ``loss.backward()`` and never
+``optimizer.step()``, so the agent never attached to them and their runs never
+appeared. So, until the first optimizer step, the hook also counts backward
+passes: it wraps ``torch.autograd.backward``, which ``Tensor.backward`` looks up
+at each call. After ``BACKWARDS_WITHOUT_OPTIMIZER`` backward passes with no
+optimizer step it hands over to the agent, which then counts one step per
+backward pass (:func:`count_backward_passes`) until an optimizer step shows up
+(gradient accumulation over more micro-batches than that: the optimizer hook
+then takes over, as it does at a first step). A loop that steps an optimizer
+pays for the wrapper only until its first step, when the original comes back.
+
 It knows nothing of the agent: :func:`install` is given what to call at the
 first step (``actors.agent.install`` hands it the runtime's attach), so the
 runtime may import this module without an import circle.
@@ -17,6 +31,7 @@ runtime may import this module without an import circle.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import logging
@@ -26,19 +41,71 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["FirstStep", "discard", "install"]
+__all__ = ["BACKWARDS_WITHOUT_OPTIMIZER", "FirstStep", "NoOptimizer", "count_backward_passes", "discard", "install"]
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZER_MODULE = "torch.optim.optimizer"
+AUTOGRAD_MODULE = "torch.autograd"
+# Backward passes with no optimizer step after which the loop is taken to step none. Above the gradient
+# accumulation most loops use (1 to 8 micro-batches; beyond it the optimizer hook takes over at the first
+# step, the count going on), and few enough that a loop without one is seen within its first minute.
+BACKWARDS_WITHOUT_OPTIMIZER = 16
 
 FirstStep = Callable[[Any, Any, Any, Any], None]
 """Called at the first optimizer step with the hook's handle (to remove it), the optimizer, args, kwargs."""
+NoOptimizer = Callable[[], None]
+"""Called once, at the ``BACKWARDS_WITHOUT_OPTIMIZER``-th backward pass when no optimizer has stepped."""
 
 _lock = threading.Lock()
 _handle: Any = None
 _finder: _AfterImport | None = None
 _then: FirstStep | None = None
+_then_backward: NoOptimizer | None = None
+_backwards: _BackwardWatch | None = None
+
+
+def _nothing() -> None:
+    pass
+
+
+class _BackwardWatch:
+    """Wraps ``torch.autograd.backward`` to call ``on_backward`` after each backward pass that returns.
+
+    ``Tensor.backward`` calls ``torch.autograd.backward`` by that name at each call, so replacing the module's
+    attribute sees every ``loss.backward()``; :meth:`remove` puts the original back (where nobody replaced
+    ours since). A backward inside another is part of it: reentrant activation checkpointing
+    (``checkpoint(..., use_reentrant=True)``) calls ``torch.autograd.backward`` once per segment inside the
+    loop's own, on the engine's threads, while the loop's is still open.
+    """
+
+    def __init__(self, autograd: ModuleType, on_backward: Callable[[], None]) -> None:
+        self._autograd = autograd
+        self._original = original = autograd.backward
+        self.on_backward = on_backward
+        self.calls = 0
+        self._open = 0
+        watch = self
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            watch._open += 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                watch._open -= 1
+            if watch._open == 0:
+                watch.calls += 1
+                watch.on_backward()
+            return result
+
+        self._wrapper = backward
+        autograd.backward = backward
+
+    def remove(self) -> None:
+        self.on_backward = _nothing
+        if self._autograd.backward is self._wrapper:
+            self._autograd.backward = self._original
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -85,17 +152,18 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             pass
 
 
-def install(then: FirstStep) -> None:
-    """Call ``then`` at this process's first optimizer step (``actors.agent.install`` is the setup hook).
+def install(then: FirstStep, then_backward: NoOptimizer) -> None:
+    """Call ``then`` at this process's first optimizer step, or ``then_backward`` when its backward passes come
+    with no optimizer step (``actors.agent.install`` is the setup hook).
 
     Imports nothing beyond the standard library here: torch is imported by the
     training code, and the hook is registered when it is. Never raises: Ray kills
     a worker whose setup hook fails.
     """
-    global _finder, _then
+    global _finder, _then, _then_backward
     try:
         with _lock:
-            _then = then
+            _then, _then_backward = then, then_backward
             module = sys.modules.get(OPTIMIZER_MODULE)
             if module is not None and hasattr(module, "register_optimizer_step_post_hook"):
                 _register(module)
@@ -107,7 +175,8 @@ def install(then: FirstStep) -> None:
 
 
 def discard() -> None:
-    """The agent attached explicitly: the first-step hook and the import watch are not needed."""
+    """The agent attached explicitly, or this is no Ray Train worker: the first-step hook, the backward watch and
+    the import watch are not needed."""
     global _handle, _finder
     with _lock:
         handle, _handle = _handle, None
@@ -116,21 +185,61 @@ def discard() -> None:
             _finder = None
     if handle is not None:
         handle.remove()
+    _unwatch_backward()
+
+
+def count_backward_passes(on_step: Callable[[], None]) -> bool:
+    """Call ``on_step`` after every backward pass from now on, until an optimizer step or :func:`discard`; False
+    where the backward watch is gone (an optimizer stepped meanwhile). Training thread only."""
+    watch = _backwards
+    if watch is None:
+        return False
+    watch.on_backward = on_step
+    return True
 
 
 def _register(module: ModuleType) -> None:
-    """Register the first-step hook once; runs inside torch's own import, so it imports nothing."""
-    global _handle
+    """Register the first-step hook and the backward watch once; runs inside torch's own import (which has
+    imported ``torch.autograd`` by then), so it imports nothing."""
+    global _handle, _backwards
     try:
         if _handle is None:
             _handle = module.register_optimizer_step_post_hook(_first_step)
+        autograd = sys.modules.get(AUTOGRAD_MODULE)
+        if _backwards is None and _then_backward is not None and autograd is not None:
+            _backwards = _BackwardWatch(autograd, _count_backward)
     except Exception:
         logger.exception("rayprof: registering the optimizer hook failed; this worker runs without an agent")
 
 
+def _unwatch_backward() -> None:
+    global _backwards
+    watch, _backwards = _backwards, None
+    if watch is not None:
+        watch.remove()
+
+
+def _count_backward() -> None:
+    """After a backward pass, before any optimizer step: at the ``BACKWARDS_WITHOUT_OPTIMIZER``-th, hand over once.
+    Runs inside the training code's ``backward()``: never raises."""
+    watch = _backwards
+    if watch is None or watch.calls < BACKWARDS_WITHOUT_OPTIMIZER:
+        return
+    watch.on_backward = _nothing
+    try:
+        if _then_backward is None:
+            raise RuntimeError("the backward watch fired without install()")
+        _then_backward()
+    except Exception:
+        logger.exception("rayprof: attaching the agent failed; this worker runs without one")
+        discard()
+
+
 def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """The first optimizer step of this process: hand over to what :func:`install` was given."""
+    """The first optimizer step of this process: hand over to what :func:`install` was given. Steps are counted
+    by optimizer steps from here on: the backward watch goes."""
     global _handle
+    _unwatch_backward()
     handle, _handle = _handle, None
     try:
         if _then is None:

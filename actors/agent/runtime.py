@@ -2,7 +2,8 @@
 
 Public surface: :func:`attach` (call it in the train function) and :func:`step`
 (an explicit step boundary); the setup hook (:func:`actors.agent.install`) calls
-:func:`adopt_lazy_hook` at a worker's first optimizer step.
+:func:`adopt_lazy_hook` at a worker's first optimizer step, or
+:func:`adopt_backward_passes` where its loop runs backward passes and steps no optimizer.
 
 Hot path: a step boundary increments a counter and checks one attribute. Only
 when a window is armed does it do more. All talking to the controller happens
@@ -14,26 +15,21 @@ this node, which speaks the same calls for all the node's ranks.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
 from actors.agent.cuda_memory import TorchAllocator
 from actors.agent.memory_watch import MemoryWatch
-from actors.agent.step_cycle import EXPLICIT_STEP, StepCycle
+from actors.agent.step_cycle import BACKWARD_STEP, EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
+from actors.agent.worker_info import worker_info
 from actors.upstream import AgentUpstreamRpc
-from orchestrator.build import build_id
 from orchestrator.loops import loop_of_stack
 from orchestrator.models.agent_protocol import (
     ArmCommand,
@@ -48,7 +44,7 @@ from orchestrator.models.agent_protocol import (
     WindowSpec,
     WorkerInfo,
 )
-from orchestrator.models.common import to_name, utcnow
+from orchestrator.models.common import utcnow
 from orchestrator.models.diagnosis import RankStacks
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState
@@ -67,7 +63,7 @@ from orchestrator.settings import (
 if TYPE_CHECKING:
     from ray import ObjectRef
 
-__all__ = ["Agent", "adopt_lazy_hook", "attach", "step"]
+__all__ = ["Agent", "adopt_backward_passes", "adopt_lazy_hook", "attach", "step"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +84,10 @@ class Agent:
         # The one attribute the step path checks; set by the poll thread, cleared
         # by the training thread when the window closes.
         self.capture: Capture | None = None
-        # What one step is, while the optimizer hook counts steps; None: explicit agent.step() calls.
+        # What one step is, while the optimizer hook counts steps; None: ``counted`` says.
         self.step_cycle: StepCycle | None = None
+        # What one step is without a step cycle: explicit agent.step() calls, or backward passes (no optimizer).
+        self.counted = EXPLICIT_STEP
         self._poll_timeout_s = env_float(POLL_TIMEOUT_S_ENV_VAR, DEFAULT_POLL_TIMEOUT_S)
         self._discovery_s = env_float(DISCOVERY_INTERVAL_S_ENV_VAR, DEFAULT_DISCOVERY_INTERVAL_S)
         relay_min = env_int(RELAY_MIN_WORLD_SIZE_ENV_VAR, DEFAULT_RELAY_MIN_WORLD_SIZE)
@@ -132,7 +130,7 @@ class Agent:
                 self._step_time_s = (now - last[1]) / (count - last[0])
             self._last_sample = (count, now)
         cycle = self.step_cycle
-        definition = cycle.definition if cycle is not None else EXPLICIT_STEP
+        definition = cycle.definition if cycle is not None else self.counted
         return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s, step_definition=definition)
 
     def _handle(self, command: Command) -> None:
@@ -288,9 +286,11 @@ def step() -> None:
     agent = _agent
     if agent is None:
         return
-    if _hook_handle is not None:
+    if _hook_handle is not None or agent.counted is not EXPLICIT_STEP:
         _remove_hook()
+        setup_hook.discard()
         agent.step_cycle = None
+        agent.counted = EXPLICIT_STEP
     agent.step()
 
 
@@ -301,22 +301,31 @@ def attach(*, use_optimizer_hook: bool = True) -> Agent | None:
     optimizer steps (one ``optimizer.step()``, or G's and D's in a GAN: see
     :mod:`actors.agent.step_cycle`); otherwise call :func:`step` once per training step.
     """
+    return _attach("optimizer" if use_optimizer_hook else "explicit")
+
+
+def _attach(counting: Literal["optimizer", "explicit", "backward"]) -> Agent | None:
     global _agent
     with _attach_lock:
         if _agent is not None:
             return _agent
-        info = _worker_info()
+        info = worker_info()
         if info is None:
             return None
         agent = Agent(info)
-        agent.start()
-        setup_hook.discard()
-        _agent = agent
-        if use_optimizer_hook:
-            _set_hook(agent)
+        if counting == "backward":
+            # The setup hook's first-step hook stays: an optimizer step later hands counting to the step cycle.
+            agent.counted = BACKWARD_STEP
+            setup_hook.count_backward_passes(agent.step)
         else:
+            setup_hook.discard()
+        agent.start()
+        _agent = agent
+        if counting == "optimizer":
+            _set_hook(agent)
+        elif counting == "explicit":
             _remove_hook()
-        logger.info("rayprof agent attached: target=%s rank=%d", info.target, info.world_rank)
+        logger.info("rayprof agent attached: target=%s rank=%d (%s)", info.target, info.world_rank, agent.counted)
         return agent
 
 
@@ -326,7 +335,14 @@ def adopt_lazy_hook(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None
     if handle is not None:
         handle.remove()
     if _agent is not None:
-        return  # attached explicitly already: it counts steps its own way
+        if _agent.counted is BACKWARD_STEP:
+            # It counted backward passes, and an optimizer steps at last (gradient accumulation over more micro-batches
+            # than the setup hook waited for): from here one step is a cycle of optimizer steps, the count going on.
+            _agent.counted = EXPLICIT_STEP
+            _set_hook(_agent)
+            if _hook_handle is not None:
+                _hook_handle.feed(optimizer, args, kwargs)
+        return  # else attached explicitly already: it counts steps its own way
     try:
         agent = attach()
     except Exception:
@@ -335,6 +351,14 @@ def adopt_lazy_hook(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None
     if agent is not None and _hook_handle is not None:
         # This optimizer step is the first the agent's step cycle sees.
         _hook_handle.feed(optimizer, args, kwargs)
+
+
+def adopt_backward_passes() -> None:
+    """The setup hook saw backward passes and no optimizer step (:mod:`actors.agent.hook`): attach here, one step
+    per backward pass, or stay out of a process that is no Ray Train worker. Raises where attaching fails (the
+    setup hook logs it and lets go)."""
+    if _agent is None and _attach("backward") is None:
+        setup_hook.discard()
 
 
 def _set_hook(agent: Agent) -> None:
@@ -349,52 +373,3 @@ def _remove_hook() -> None:
     if _hook_handle is not None:
         _hook_handle.remove()
         _hook_handle = None
-
-
-def _worker_info() -> WorkerInfo | None:
-    try:
-        import ray
-        import ray.train
-
-        ctx = ray.train.get_context()
-        run_name = ctx.get_experiment_name()
-    except Exception:
-        return None
-    runtime = ray.get_runtime_context()
-    device = "cpu"
-    try:
-        import ray.train.torch
-
-        device = str(ray.train.torch.get_device())
-    except Exception:
-        pass
-    experiment_path = None
-    try:
-        experiment_path = ctx.get_storage().experiment_fs_path
-    except Exception:
-        pass
-    submission_id = None
-    try:
-        from orchestrator.ray_compat import submission_id as job_submission_id
-
-        submission_id = job_submission_id()
-    except Exception:
-        pass
-    return WorkerInfo(
-        agent_id=uuid.uuid4().hex,
-        target=to_name(run_name),
-        world_rank=ctx.get_world_rank(),
-        world_size=ctx.get_world_size(),
-        local_rank=ctx.get_local_rank(),
-        node_rank=ctx.get_node_rank(),
-        node_id=runtime.get_node_id(),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        device=device,
-        ray_job_id=runtime.get_job_id(),
-        submission_id=submission_id,
-        experiment_path=experiment_path,
-        torch_version=torch.__version__,
-        build=build_id(),
-        actor_id=runtime.get_actor_id(),
-    )

@@ -73,7 +73,7 @@ from actors.agent.forward_count import ForwardCount
 from orchestrator.forward_passes import phrase, typical
 from orchestrator.loops import Loop, loop_of_stack
 
-__all__ = ["EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
+__all__ = ["BACKWARD_STEP", "EXPLICIT_STEP", "LEARN_MAX_CALLS", "LEARN_MIN_CALLS", "REPEATS", "StepCycle", "describe", "period"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ LEARN_MIN_CALLS = 8
 REPEATS = 3
 LEARN_MAX_CALLS = 48
 EXPLICIT_STEP = "1 step = 1 actors.agent.step() call"
+BACKWARD_STEP = "1 step = 1 backward pass (no torch.optim optimizer steps)"
 
 Key = tuple[str, int]
 Hook = Callable[[Any, Any, Any], None]

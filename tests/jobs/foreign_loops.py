@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate|ray_data --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate|ray_data|keras --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -25,6 +25,8 @@
 * ``accelerate``: a plain loop under Hugging Face Accelerate (2 ranks on Ray Train's group):
   ``accelerator.accumulate`` over 2 micro-batches, bf16 autocast, a shuffled main-process DataLoader;
   Accelerate's optimizer wrapper is called every micro-batch and steps only when gradients sync.
+* ``keras``: Keras 3 on its torch backend, ``model.fit`` on synthetic arrays (1 rank): Keras's own Adam updates
+  the weights with torch ops after ``loss.backward()``; no ``torch.optim`` optimizer ever steps.
 
 Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
 """
@@ -285,6 +287,29 @@ def ray_data_loop(config: dict) -> None:
             break
 
 
+def keras_loop(config: dict) -> None:
+    import os
+
+    os.environ["KERAS_BACKEND"] = "torch"  # read at Keras's import
+    import keras
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+
+    class StopFile(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+            if batch % 20 == 0 and (stop.exists() or time.monotonic() > deadline):
+                self.model.stop_training = True
+
+    model = keras.Sequential([keras.layers.Input((32,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4096, 32), dtype=np.float32), rng.integers(0, 10, 4096)
+    model.fit(x, y, batch_size=32, epochs=100_000, verbose=0, callbacks=[StopFile()])
+
+
 def _slow_rows(seconds: float) -> object:  # a ray.data.Dataset
     import numpy as np
     import ray
@@ -304,6 +329,7 @@ LOOPS = {
     "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
     "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2), "lightning_gan": (lightning_gan_loop, 2),
     "hf_checkpointing": (functools.partial(hf_loop, gradient_checkpointing=True), 2), "ray_data": (ray_data_loop, 1),
+    "keras": (keras_loop, 1),
 }
 # loop -> the Ray Datasets its workers read (get_dataset_shard), built in the driver.
 DATASETS = {"ray_data": lambda: {"train": _slow_rows(0.03)}}

@@ -10,10 +10,12 @@ FSDP's own. The forward passes the agent counts in a step are the trace's too, w
 marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs each start
 alone, before the plain ones (47-56 s each in a CI rehearsal). A loop fed by Ray Data is told Ray Data's change,
 and once it calls ``ray.train.report()`` every step, that call's cost: the agent's stack samples name both waits.
+Keras 3 on its torch backend steps no ``torch.optim`` optimizer at all: its step is one backward pass.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.agent.step_cycle import BACKWARD_STEP
 from orchestrator.forward_passes import stated
 from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.analysis import Summary
@@ -53,6 +56,7 @@ JOBS = {
         "foreign-hf", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)", ["Optimizer.step#AdamW.step"], 2,
     ),
     "ray_data": ("foreign-ray-data", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
+    "keras": ("foreign-keras", 1, BACKWARD_STEP, [], None),
     # Backward runs each GPT2Block's forward again: no forward pass (the agent counted 8 more a step on a CPU).
     "hf_checkpointing": (
         "foreign-hf-checkpointing", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)",
@@ -208,6 +212,28 @@ def test_a_loop_waiting_for_ray_data_is_told_ray_datas_change_then_reporting_eve
             if codes[:1] == ["train_report"]:
                 break
         assert codes[:1] == ["train_report"], codes
+
+
+def test_a_keras_loop_that_steps_no_torch_optimizer_is_profiled_one_backward_pass_a_step(
+    ray_cluster, client, file_store, tmp_path
+):
+    # Keras's own Adam updates the weights with torch ops: before, no optimizer step ever came, the agent never
+    # attached and the run never appeared. Now the setup hook hands over after the first backward passes.
+    if importlib.util.find_spec("keras") is None:  # not imported here: Keras reads its backend at import
+        pytest.skip("keras is not installed (pyproject's dev extra pins it)")
+    name, ranks, definition, _, _ = JOBS["keras"]
+    with _running(ray_cluster, client, tmp_path, ["keras"]):
+        manifest = file_store.client.profile(name, steps=3).wait(timeout=180)
+    assert manifest.status == ProfileState.DONE, manifest.reason
+    assert [r.step_definition for r in manifest.ranks] == [definition]
+    (trace_path,) = sorted((Path(file_store.root) / name / manifest.profile_id / "traces").glob("rank*.pt.trace.json.gz"))
+    assert _optimizer_steps_per_profiler_step(load_trace(trace_path)) == [[]] * 3
+    summary = Summary.model_validate(manifest.summary)
+    (rank,) = summary.ranks
+    assert len(rank.steps) == 3
+    # Each step is one iteration of model.fit: its backward, and phases that add up to the step.
+    assert all(s.phases.backward > 0 and s.phases.forward > 0 for s in rank.steps), [s.phases for s in rank.steps]
+    assert rank.mean_phases.total() == pytest.approx(rank.mean_step_ms, rel=0.02)
 
 
 # The three plain jobs start together (~110 s, then ~40 s of windows): `make test-extended`. Their step counting and
