@@ -36,6 +36,7 @@ class Loop(str, Enum):
     LIGHTNING_FABRIC = "lightning_fabric"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
+    KERAS = "keras"
 
     @property
     def label(self) -> str:
@@ -48,6 +49,7 @@ _LABELS = {
     Loop.LIGHTNING_FABRIC: "Lightning Fabric",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
+    Loop.KERAS: "Keras's fit()",
 }
 # A file of the framework's, by its path below site-packages (or the source tree a package was installed from).
 _OWNERS = (
@@ -56,6 +58,8 @@ _OWNERS = (
     (Loop.LIGHTNING_FABRIC, re.compile(r"(?:^|/)(?:lightning/fabric|lightning_fabric)/wrappers\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
+    # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().
+    (Loop.KERAS, re.compile(r"(?:^|/)keras/src/backend/torch/trainer\.py$")),
 )
 
 

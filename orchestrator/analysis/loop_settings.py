@@ -5,7 +5,8 @@ A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``f
 the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
-stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), Accelerate 1 and DeepSpeed 0.19.
+stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), Accelerate 1, DeepSpeed 0.19 and
+Keras 3 (on its torch backend).
 """
 
 from __future__ import annotations
@@ -115,6 +116,17 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.GRADIENT_BUCKETS: '"zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}, '
         "which reduces the gradients in buckets during backward (stages 0 and 1 reduce them after it)",
         Change.COMPILE: "engine.compile() on the engine deepspeed.initialize returns",
+    },
+    Loop.KERAS: {
+        Change.BF16: "keras.mixed_precision.set_dtype_policy('mixed_bfloat16') before the model is built",
+        Change.FP16: "keras.mixed_precision.set_dtype_policy('mixed_float16') before the model is built (compile() then "
+        "wraps the optimizer in a LossScaleOptimizer)",
+        Change.COMPILE: "model.compile(..., jit_compile=True), which runs the train step through torch.compile",
+        Change.LOADER_WORKERS: "fit() on a keras.utils.PyDataset(workers=N, use_multiprocessing=True), or on a torch "
+        "DataLoader(num_workers=N, persistent_workers=True)",
+        Change.PERSISTENT_WORKERS: "persistent_workers=True on the torch DataLoader given to fit()",
+        Change.BETWEEN_STEPS: "ModelCheckpoint(save_freq=...) and fit(validation_freq=...) say how often it saves and "
+        "validates",
     },
 }
 

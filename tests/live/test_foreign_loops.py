@@ -227,8 +227,12 @@ def test_a_keras_loop_that_steps_no_torch_optimizer_is_profiled_one_backward_pas
     assert manifest.status == ProfileState.DONE, manifest.reason
     assert [r.step_definition for r in manifest.ranks] == [definition]
     (trace_path,) = sorted((Path(file_store.root) / name / manifest.profile_id / "traces").glob("rank*.pt.trace.json.gz"))
-    assert _optimizer_steps_per_profiler_step(load_trace(trace_path)) == [[]] * 3
+    trace = load_trace(trace_path)
+    assert _optimizer_steps_per_profiler_step(trace) == [[]] * 3
+    # Whose loop it is, read from the training thread's stack when the window was armed: a fix names Keras's settings.
+    assert trace.get(METADATA_KEY) == Loop.KERAS.value
     summary = Summary.model_validate(manifest.summary)
+    assert summary.loop is Loop.KERAS
     (rank,) = summary.ranks
     assert len(rank.steps) == 3
     # Each step is one iteration of model.fit: its backward, and phases that add up to the step.

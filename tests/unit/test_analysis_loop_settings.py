@@ -35,7 +35,7 @@ def test_the_loop_the_agent_wrote_into_the_trace_is_the_ranks_and_the_profiles(t
 
 def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
     # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
-    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "keras"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "fastai"}))
     assert summary.loop is None
 
 
@@ -133,6 +133,19 @@ def test_a_lightning_job_waiting_for_its_loader_is_told_its_dataloaders_workers(
         "In Lightning's Trainer: num_workers=N, persistent_workers=True on the DataLoader train_dataloader() returns "
         "(the LightningModule's or the LightningDataModule's)."
     )
+
+
+def test_a_keras_fit_waiting_for_its_data_is_told_keras_own_workers():
+    fix = _as_if(external("tbplugin_resnet50_nw0_a"), Loop.KERAS, "dataloader_bound").fix
+    assert fix.endswith(
+        "In Keras's fit(): fit() on a keras.utils.PyDataset(workers=N, use_multiprocessing=True), or on a torch "
+        "DataLoader(num_workers=N, persistent_workers=True)."
+    )
+
+
+def test_fp32_matmuls_in_a_keras_fit_are_told_its_dtype_policy():
+    fix = _as_if(external("hta_ns_resolution_v100_1rank"), Loop.KERAS, "gpu_bound").fix
+    assert "In Keras's fit(): keras.mixed_precision.set_dtype_policy('mixed_float16') before the model is built" in fix
 
 
 def test_a_trainers_loader_is_the_trainers_by_the_agents_word_without_stacks():

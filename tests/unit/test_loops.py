@@ -44,6 +44,12 @@ def test_a_deepspeed_engine_stepped_by_the_jobs_own_loop_is_deepspeeds():
     assert loop_of(engine + [SITE + "transformers/trainer.py"]) is Loop.TRANSFORMERS_TRAINER
 
 
+def test_keras_owns_the_loop_its_fit_runs_on_the_torch_backend():
+    fit = ["train.py", SITE + "keras/src/backend/torch/trainer.py", SITE + "keras/src/utils/traceback_utils.py"]
+    assert loop_of(fit) is Loop.KERAS
+    assert loop_of(["train.py", SITE + "keras/src/layers/core/dense.py"]) is None  # its layers in the job's own loop
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 
