@@ -7,6 +7,10 @@
     registers it.
 (b) A real small training step (SmallResNet from the example job, batch 32,
     one thread, SGD) with the hook installed and idle vs not installed.
+(c) The extra cost of ``loss.backward()`` where a loop steps no torch optimizer
+    and the agent counts backward passes (the setup hook's wrapper of
+    ``torch.autograd.backward`` calling ``Agent.step()``), on a one-element
+    backward pass so that the wrapper's share is as visible as it can be.
 
 Both parts alternate A and B blocks in ABBA order and report the median of
 per-pair ratios/differences: the machine is shared, and neighbouring blocks see
@@ -174,6 +178,40 @@ def _hook_path(quick: bool, log: LogFn) -> list[Result]:
     ]
 
 
+def _backward_path(quick: bool, log: LogFn) -> list[Result]:
+    """A tiny backward pass with vs without the backward count (actors/agent/hook.py), thread CPU, ABBA pairs."""
+    from actors.agent.hook import _BackwardWatch
+    from actors.agent.runtime import Agent
+
+    agent = Agent(_worker_info())
+    p = torch.zeros(1, requires_grad=True)
+    pairs, n = (30, 300) if quick else (300, 1_000)
+    delta: list[float] = []
+
+    def block(counted: bool) -> float:
+        watch = _BackwardWatch(torch.autograd, agent.step) if counted else None
+        try:
+            t0 = time.thread_time_ns()
+            for _ in itertools.repeat(None, n):
+                (p * 2.0).sum().backward()
+            return (time.thread_time_ns() - t0) / n
+        finally:
+            if watch is not None:
+                watch.remove()
+
+    with no_gc():
+        for i in range(pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            t = {c: block(c) for c in order}
+            delta.append(t[True] - t[False])
+    log(f"idle: backward pass counted - plain +{sorted(delta)[len(delta) // 2]:.0f} ns")
+    return [
+        Result.of(NAME, "loss.backward() counted as the step - plain (thread CPU)", "ns", delta,
+                  note=f"{pairs} ABBA pairs x {n:,} backward passes of a 1-element product: the wrapper of "
+                  "torch.autograd.backward + Agent.step(), what a loop without a torch optimizer pays per step"),
+    ]
+
+
 def _train_step_ratio(quick: bool, log: LogFn) -> list[Result]:
     """A real small training step with the agent hook idle vs not installed."""
     from actors.agent import runtime as agent_mod
@@ -242,6 +280,7 @@ def run(quick: bool, log: LogFn) -> list[Result]:
     """All idle-overhead measurements."""
     fast = _fast_path(quick, log)
     hook = _hook_path(quick, log)
+    backward = _backward_path(quick, log)
     train = _train_step_ratio(quick, log)
     # The measured train-step ratio is bounded by noise (~+-3% per pair here);
     # the hook's exact cost over the measured step time gives the ratio with
@@ -254,4 +293,8 @@ def run(quick: bool, log: LogFn) -> list[Result]:
         implied.append(Result(NAME, "train step ratio implied by hook cost", "x", ratio, n=1,
                               target=f"<= {TRAIN_RATIO_TARGET}", met=ratio <= TRAIN_RATIO_TARGET,
                               note="1 + (direct hook ns) / (median plain train step ns)"))
-    return fast + hook + train + implied
+        ratio = 1.0 + (backward[0].median or 0.0) / (step_ms * 1e6)
+        implied.append(Result(NAME, "train step ratio implied by the backward count", "x", ratio, n=1,
+                              target=f"<= {TRAIN_RATIO_TARGET}", met=ratio <= TRAIN_RATIO_TARGET,
+                              note="1 + (backward counted - plain ns) / (median plain train step ns)"))
+    return fast + hook + backward + train + implied
