@@ -7,8 +7,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from orchestrator.analysis.intervals import Intervals, clip
-from orchestrator.analysis.spans import Kinds, site_parts, where
+from orchestrator.analysis.intervals import Intervals, clip, union
+from orchestrator.analysis.spans import Kinds, is_data, site_parts, where
 from orchestrator.traces.loader import Span
 
 __all__ = ["DDP_BUCKET_COPY", "waits_on_a_device"]
@@ -27,9 +27,13 @@ def waits_on_a_device(waits: list[Wait], optimizer: Intervals, main: Sequence[Sp
       search needs them, and no change to the training loop removes them;
     * right before a ``copy_bucket_to_grad`` with no op between: DDP with ``find_unused_parameters`` (a transformers
       Trainer's default) reading its CPU map of used parameters, once per parameter (28 a step in a live Trainer
-      job: "34 waits per step" where 6 were reads of device values).
+      job: "34 waits per step" where 6 were reads of device values);
+    * in the DataLoader's fetch: a Dataset's ``__getitem__`` or collate reading the CPU tensors it builds (a
+      ``torch.randint(...).item()`` per sample: "32 waits per step" in a Keras fit() on a DataLoader); the batch
+      goes to the device after, and a worker process cannot touch the device at all.
     """
     copies = sorted(t0 for t0, _ in where(kinds, lambda s: s.name == DDP_BUCKET_COPY))
+    loading = union(where(kinds, is_data))
     starts = [s.ts for s in main]
 
     def before_bucket_copy(end: float) -> bool:
@@ -38,5 +42,6 @@ def waits_on_a_device(waits: list[Wait], optimizer: Intervals, main: Sequence[Sp
 
     return [
         w for w in waits
-        if not clip(optimizer, w[0], w[1]) and not (site_parts(w[2])[1] == "aten::item" and before_bucket_copy(w[1]))
+        if not clip(optimizer, w[0], w[1]) and not clip(loading, w[0], w[1])
+        and not (site_parts(w[2])[1] == "aten::item" and before_bucket_copy(w[1]))
     ]

@@ -33,6 +33,10 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
                create_supervised_trainer with a RunningAverage of the loss (which all-reduces it every iteration),
                the step boundary a global optimizer step post-hook with the agent's stack sampler, thread clock and gc
                watch (pytorch-ignite 0.5.5 is no dependency: install it beside the recorder to record)
+  keras_loader Keras 3's fit() on its torch backend over a DataLoader(num_workers=0) whose __getitem__ decodes each
+               sample (0.5 ms) and reads its label with .item(); Keras steps no torch optimizer, so the step boundary
+               is the agent's backward count (actors/agent/hook.py), with its stack sampler, thread clock and gc watch
+               and the trace saying whose loop it is (keras 3.15.1)
 Each recording takes seconds (torch 2.13.0+cpu, lightning 2.6.6 when recorded).
 """
 
@@ -283,6 +287,43 @@ def case_lightning_loader_restart(out: Path) -> None:
         ).fit(module, torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2))
 
 
+def case_keras_loader(out: Path) -> None:
+    import time
+
+    os.environ["KERAS_BACKEND"] = "torch"  # read at Keras's import
+    import keras
+
+    from actors.agent.hook import _BackwardWatch
+    from orchestrator.loops import METADATA_KEY, Loop
+
+    class Decoded(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+        def __len__(self) -> int:
+            return 32 * STEPS
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.0005:  # decoding the sample
+                pass
+            return torch.randn(32), torch.randint(0, 10, ()).item()
+
+    torch.set_num_threads(1)
+    model = keras.Sequential([keras.layers.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with recording(out, "keras_loader") as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+
+        def boundary() -> None:  # the agent's step boundary, and whose loop it is once the profiler records
+            steps.step()
+            if steps.calls == 2:
+                prof.add_metadata(METADATA_KEY, Loop.KERAS.value)
+
+        watch = _BackwardWatch(torch.autograd, boundary)
+        try:
+            model.fit(torch.utils.data.DataLoader(Decoded(), batch_size=32), epochs=1, verbose=0)
+        finally:
+            watch.remove()
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "ddp_varlen": lambda out: _two_ranks(_varlen_rank, out, "ddp_varlen"),
     "loader_restart": lambda out: case_loader(out, "loader_restart", persistent=False),
@@ -297,6 +338,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
     "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
     "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),
+    "keras_loader": case_keras_loader,
 }
 
 

@@ -1,6 +1,6 @@
 """Issue 29 on CPU-only traces of training code rayprof did not write (plain torch.profiler, no rayprof in the job):
 tests/data/record_cpu_issue29.py recorded them (torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6; FSDP2, DDP and
-Lightning under DDP on two gloo ranks). With no
+Lightning under DDP on two gloo ranks), and tests/data/record_cpu_loops.py the Keras one (keras 3.15.1). With no
 device, a verdict is the host's phase split and a finding only where there is something to change."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.device_findings import comm_exposed
+from orchestrator.loops import Loop
 from tests.support.realtraces import codes, only_rank
 from tests.support.tracefiles import case
 
@@ -253,3 +254,23 @@ def test_ddps_reads_of_its_map_of_used_parameters_are_no_waits() -> None:
     summary = cpu_case("ddp_find_unused")
     assert [r.sync_ops for r in summary.ranks] == [[], []]
     assert "host_sync" not in codes(summary)
+
+
+def test_a_keras_fit_waiting_for_its_loader_is_told_keras_own_workers_by_the_agents_word() -> None:
+    # Keras 3's fit() on a DataLoader(num_workers=0) decoding each sample (0.5 ms); Keras steps no torch optimizer, so
+    # the step is the agent's backward count, and the agent's word names the loop (no with_stack).
+    summary = cpu_case("keras_loader")
+    assert summary.loop is Loop.KERAS
+    [found] = summary.findings
+    assert found.code == "dataloader_bound" and "(num_workers=0)" in found.evidence
+    assert found.fix.endswith(
+        "In Keras's fit(): fit() on a keras.utils.PyDataset(workers=N, use_multiprocessing=True), or on a torch "
+        "DataLoader(num_workers=N, persistent_workers=True)."
+    )
+
+
+def test_a_datasets_reads_of_the_cpu_tensors_it_builds_are_no_wait_for_a_device() -> None:
+    # Its __getitem__ reads each label with .item(): 32 reads a step of CPU tensors the batch is built from. Before:
+    # "32 waits per step on rank 0 (aten::item)", told to keep loss.item() off the step.
+    rank = only_rank(cpu_case("keras_loader"))
+    assert rank.sync_ops == [] and all(s.sync_calls == 0 for s in rank.steps)
