@@ -5,6 +5,11 @@ pipelines have them) the frames around the loader say whose loop it is, and thos
 transformers pipeline's own DataLoader takes ``num_workers`` in the pipeline's call and a Trainer's in its
 TrainingArguments, not in a DataLoader the user builds; a model's slow image processor (numpy, scipy, PIL per
 image) has a torchvision one; PIL's decoding moves to the GPU; a tokenizer run per batch runs once, ahead.
+
+Without frames the ops tell one case apart: a loader in the step's own process that runs many cheap ops a batch
+(:data:`PER_SAMPLE_OPS` or more, :data:`CHEAP_OP_US` or less each) and stacks what they fetched fetches samples
+already in memory one by one: its time is the DataLoader's per-sample overhead. Fetching each batch with one index removes it, where
+a worker process would add its own transfer per batch (:func:`per_sample_fetch`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import RankSummary
 
-__all__ = ["PIPELINE_WORKERS", "data_fix", "data_where", "in_pipeline", "prep_clause"]
+__all__ = ["CHEAP_OP_US", "PER_SAMPLE_OPS", "PIPELINE_WORKERS", "data_fix", "data_where", "in_pipeline", "per_sample_fetch", "prep_clause"]
 
 _WORKERS = (
     "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and pin_memory=True"
@@ -36,6 +41,15 @@ _PIL = re.compile(r"^PIL/")
 _TOKENIZER = re.compile(r"^(transformers/tokenization_|tokenizers/)")
 # A fast (Rust) tokenizer's own files: transformers 4's *_fast, 5's TokenizersBackend, the tokenizers package.
 _FAST_TOKENIZER = re.compile(r"^(transformers/tokenization_utils_(fast|tokenizers)\.py|tokenizers/)")
+# A loader's own time is per-sample overhead from this many top-level ops a step, each this cheap on average, where it
+# stacks samples (RankSummary.data_ops). In the real traces at hand, loaders over tensors or arrays in memory
+# (TensorDataset, skorch's numpy Dataset, a Lightning module's) run 66-514 ops a call at 2.0-11 µs each; loaders that
+# decode or transform each sample (the profiler tutorial's CNN, numpy work in __getitem__, a Keras fit() decoding per
+# sample) 98-170 µs an op, and a loader with workers 4 ops a call; PARAM's DLRM generator 159 at 8.2 µs, building
+# whole batches (no stack). Measured by hand (a 64-sample batch of a 64-float TensorDataset, 2-core box): 148 µs a batch
+# fetched per sample, 41 µs with one index, 892 µs from one worker process.
+PER_SAMPLE_OPS = 32
+CHEAP_OP_US = 20.0
 PIPELINE_WORKERS = (
     "call the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, "
     "batch_size=16)): its DataLoader workers then prepare the inputs"
@@ -88,8 +102,25 @@ def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
     return ""
 
 
-def data_fix(r: RankSummary) -> str:
-    """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes."""
+def per_sample_fetch(r: RankSummary) -> str:
+    """The change for a loader whose own time is fetching in-memory samples one by one ('' where its ops say
+    otherwise: few of them a step, or costly ones)."""
+    if r.data_ops < PER_SAMPLE_OPS or r.mean_phases.data * 1000 / r.data_ops > CHEAP_OP_US:
+        return ""
+    return (
+        f"The loader's time is its per-sample overhead ({r.data_ops:.0f} ops a step at "
+        f"{r.mean_phases.data * 1000 / r.data_ops:.1f} µs each: samples already in memory, fetched and collated one by "
+        "one): fetch each batch with one index (a Dataset whose __getitem__ takes a list of indices, as TensorDataset's "
+        "does, given to "
+        "DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False), batch_size=None)), or "
+        "slice the tensors directly, on the device where they fit; a worker process (num_workers) adds a transfer per "
+        "batch that costs as much as such a fetch."
+    )
+
+
+def data_fix(r: RankSummary, steady: bool = True) -> str:
+    """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes; ``steady``:
+    its time is the steps' alike (not one step's), so what its ops cost a step is what a step pays."""
     if r.data_loader == RAY_DATA_ITERATOR:
         return RAY_DATA_FIX
     callers = [f.name for f in r.data_callers]
@@ -107,6 +138,8 @@ def data_fix(r: RankSummary) -> str:
     what = prep_clause([f.name for f in r.data_frames], pipeline)
     if what or pipeline or trainer:
         return f"{first}.{what}"
+    if steady and (fetch := per_sample_fetch(r)):
+        return fetch
     return (
         f"{first}, and move per-item work (decoding, augmentation) out of __getitem__ or into a preprocessed dataset."
         + in_loop(r.loop, [Change.LOADER_WORKERS])

@@ -118,7 +118,7 @@ def dataloader_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
             f"{data_where(worst)}{_idle_of(worst, 'data', worst.mean_phases.data)} Found on {ranks_text(hit)}."
             + (" The loader runs in the step's own process (num_workers=0)." if in_process else "")
         ),
-        fix=data_fix(worst),
+        fix=data_fix(worst, steady=one_off is None),
         ranks=[r.rank for r in hit],
         one_off=one_off,
     )

@@ -345,6 +345,11 @@ class RankSummary(_Model):
         description="CPU-only traces (0 elsewhere): mean per step of the ops the optimizer (step, zero_grad) runs at its "
         "own top level: several per parameter for a per-parameter optimizer, a few in all for a foreach or fused one.",
     )
+    data_ops: float = Field(
+        default=0.0,
+        description="Mean per step of the ops DataLoader next() runs at its own top level on the main thread where it "
+        "stacks samples it fetched one by one (default_collate), one or more per sample; 0 where it stacks none.",
+    )
 
 
 class Straggler(_Model):

@@ -33,6 +33,8 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
                create_supervised_trainer with a RunningAverage of the loss (which all-reduces it every iteration),
                the step boundary a global optimizer step post-hook with the agent's stack sampler, thread clock and gc
                watch (pytorch-ignite 0.5.5 is no dependency: install it beside the recorder to record)
+  tensor_dataset  a small MLP (one intra-op thread) fed by DataLoader(TensorDataset, batch_size=256, shuffle=True,
+               num_workers=0) over tensors in memory: the loader fetches and stacks 256 samples one by one each step
   keras_loader Keras 3's fit() on its torch backend over a DataLoader(num_workers=0) whose __getitem__ decodes each
                sample (0.5 ms) and reads its label with .item(); Keras steps no torch optimizer, so the step boundary
                is the agent's backward count (actors/agent/hook.py), with its stack sampler, thread clock and gc watch
@@ -287,6 +289,20 @@ def case_lightning_loader_restart(out: Path) -> None:
         ).fit(module, torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=2))
 
 
+def case_tensor_dataset(out: Path) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(256 * STEPS, 64), torch.randint(0, 10, (256 * STEPS,)))
+    with recording(out, "tensor_dataset") as prof:
+        for x, y in torch.utils.data.DataLoader(data, batch_size=256, shuffle=True):
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+
+
 def case_keras_loader(out: Path) -> None:
     import time
 
@@ -339,6 +355,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
     "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),
     "keras_loader": case_keras_loader,
+    "tensor_dataset": case_tensor_dataset,
 }
 
 
