@@ -112,9 +112,9 @@ def per_sample_fetch(r: RankSummary) -> str:
         f"{r.mean_phases.data * 1000 / r.data_ops:.1f} µs each: samples already in memory, fetched and collated one by "
         "one): fetch each batch with one index (a Dataset whose __getitem__ takes a list of indices, as TensorDataset's "
         "does, given to "
-        "DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False), batch_size=None)), or "
-        "slice the tensors directly, on the device where they fit; a worker process (num_workers) adds a transfer per "
-        "batch that costs as much as such a fetch."
+        "DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False), batch_size=None); an "
+        "IterableDataset yields whole batches, with batch_size=None), or slice the tensors directly, on the device "
+        "where they fit; a worker process (num_workers) adds a transfer per batch that costs as much as such a fetch."
     )
 
 
