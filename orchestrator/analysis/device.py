@@ -41,12 +41,15 @@ from orchestrator.analysis.spans import (
     copy_kind,
     is_comm_kernel,
     is_compute_kernel,
+    is_region,
+    site,
     where,
 )
+from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import CollectiveKind, CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
 from orchestrator.traces.loader import RankTrace, Span
 
-__all__ = ["DeviceView", "WindowGpu", "memory_peaks"]
+__all__ = ["DeviceView", "WindowGpu", "copy_issuer", "memory_peaks"]
 
 Window = tuple[float, float]
 
@@ -264,3 +267,11 @@ def memory_peaks(trace: RankTrace) -> list[MemoryPeak]:
         else:
             peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else f"type{dev_type}:{dev_id}", peak_bytes=peak))
     return peaks
+
+
+def copy_issuer(ancestors: list[Span], around: frozenset[str]) -> str:
+    """Who issued a copy: the innermost region (``record_function``, optimizer step; none ``around`` a step) and the outermost op around it."""
+    region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)
+    op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
+    return site(region, op) or "(no op)"
+

@@ -64,7 +64,7 @@ from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, r
 from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.cpu_wait import read_thread_time
-from orchestrator.analysis.device import DeviceView, WindowGpu, memory_peaks
+from orchestrator.analysis.device import DeviceView, WindowGpu, copy_issuer, memory_peaks
 from orchestrator.analysis.gc_finding import read_gc
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
@@ -181,7 +181,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         if is_copy_call(span):
             copy_calls.append(span)
             if span.correlation is not None:
-                issuers[span.correlation] = _issuer(ancestors, around)
+                issuers[span.correlation] = copy_issuer(ancestors, around)
             direction = dev.copy_by_correlation.get(span.correlation, ("other", None))[0]
             if direction == "DtoH":
                 waits = True
@@ -392,11 +392,3 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
         optimizer_ops=0.0 if device_spans else top_level_ops(main, own_optimizer) / max(len(windows), 1),
     )
-
-
-def _issuer(ancestors: list[Span], around: frozenset[str]) -> str:
-    """Who issued a copy: the innermost region (``record_function``, optimizer step; none ``around`` a step) and the outermost op around it."""
-    region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)
-    op = next((a.name for a in ancestors if a.cat == "cpu_op" and parse_profiler_step(a.name) is None), None)
-    return site(region, op) or "(no op)"
-
