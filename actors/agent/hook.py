@@ -188,14 +188,12 @@ def discard() -> None:
     _unwatch_backward()
 
 
-def count_backward_passes(on_step: Callable[[], None]) -> bool:
-    """Call ``on_step`` after every backward pass from now on, until an optimizer step or :func:`discard`; False
-    where the backward watch is gone (an optimizer stepped meanwhile). Training thread only."""
+def count_backward_passes(on_step: Callable[[], None]) -> None:
+    """Call ``on_step`` after every backward pass from now on, until an optimizer step or :func:`discard` (called by
+    the watch itself, in the training thread, so it is still there)."""
     watch = _backwards
-    if watch is None:
-        return False
-    watch.on_backward = on_step
-    return True
+    if watch is not None:
+        watch.on_backward = on_step
 
 
 def _register(module: ModuleType) -> None:

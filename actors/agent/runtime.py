@@ -339,9 +339,7 @@ def adopt_lazy_hook(handle: Any, optimizer: Any, args: Any, kwargs: Any) -> None
             # It counted backward passes, and an optimizer steps at last (gradient accumulation over more micro-batches
             # than the setup hook waited for): from here one step is a cycle of optimizer steps, the count going on.
             _agent.counted = EXPLICIT_STEP
-            _set_hook(_agent)
-            if _hook_handle is not None:
-                _hook_handle.feed(optimizer, args, kwargs)
+            _set_hook(_agent).feed(optimizer, args, kwargs)
         return  # else attached explicitly already: it counts steps its own way
     try:
         agent = attach()
@@ -361,11 +359,12 @@ def adopt_backward_passes() -> None:
         setup_hook.discard()
 
 
-def _set_hook(agent: Agent) -> None:
+def _set_hook(agent: Agent) -> StepCycle:
     """Count steps through torch's optimizer post-step hook, one per learned cycle of optimizer steps."""
     global _hook_handle
     _remove_hook()
     _hook_handle = agent.step_cycle = StepCycle(agent.step)
+    return _hook_handle
 
 
 def _remove_hook() -> None:

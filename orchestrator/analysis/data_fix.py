@@ -8,8 +8,8 @@ image) has a torchvision one; PIL's decoding moves to the GPU; a tokenizer run p
 
 Without frames the ops tell one case apart: a loader in the step's own process that runs many cheap ops a batch
 (:data:`PER_SAMPLE_OPS` or more, :data:`CHEAP_OP_US` or less each) and stacks what they fetched fetches samples
-already in memory one by one: its time is the DataLoader's per-sample overhead. Fetching each batch with one index removes it, where
-a worker process would add its own transfer per batch (:func:`per_sample_fetch`).
+already in memory one by one: its time is the DataLoader's per-sample overhead. Fetching each batch with one index
+removes it, where a worker process would add its own transfer per batch (:func:`per_sample_fetch`).
 """
 
 from __future__ import annotations
@@ -105,12 +105,12 @@ def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
 def per_sample_fetch(r: RankSummary) -> str:
     """The change for a loader whose own time is fetching in-memory samples one by one ('' where its ops say
     otherwise: few of them a step, or costly ones)."""
-    if r.data_ops < PER_SAMPLE_OPS or r.mean_phases.data * 1000 / r.data_ops > CHEAP_OP_US:
+    op_us = r.mean_phases.data * 1000 / r.data_ops if r.data_ops >= PER_SAMPLE_OPS else None
+    if op_us is None or op_us > CHEAP_OP_US:
         return ""
     return (
-        f"The loader's time is its per-sample overhead ({r.data_ops:.0f} ops a step at "
-        f"{r.mean_phases.data * 1000 / r.data_ops:.1f} µs each: samples already in memory, fetched and collated one by "
-        "one): fetch each batch with one index (a Dataset whose __getitem__ takes a list of indices, as TensorDataset's "
+        f"The loader's time is its per-sample overhead ({r.data_ops:.0f} ops a step at {op_us:.1f} µs each: samples "
+        "already in memory, fetched and collated one by one): fetch each batch with one index (a Dataset whose __getitem__ takes a list of indices, as TensorDataset's "
         "does, given to "
         "DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False), batch_size=None); an "
         "IterableDataset yields whole batches, with batch_size=None), or slice the tensors directly, on the device "
