@@ -5,6 +5,7 @@ the ops traced at compile time were "the model's ops" and the fix was to torch.c
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,25 @@ def test_a_real_torch_compile_records_its_compilation_as_dynamo_timed_spans(tmp_
     model = torch.nn.Linear(8, 4)
     compiled = torch.compile(model, backend="eager")
     out = tmp_path / "rank0.pt.trace.json"
-    with profile(
-        activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
-    ) as prof:
-        for i in range(3):  # the warm-up step runs the model eagerly: the first compiled call is the first step recorded
-            (compiled if i else model)(torch.randn(4, 8)).sum().backward()
-            prof.step()
+    # What the first compiled step holds besides the compilation is kept out of it (a CI rehearsal once saw 426 ms of a
+    # 531 ms step outside the compilation, in a test worker that had run hundreds of tests): Kineto's switch from
+    # warm-up to recording, which lands in the first recorded step, gets an eager step of its own, and the collector,
+    # which can stop a step for as long in a long-lived worker's heap, is off while the steps run.
+    gc.collect()
+    gc.disable()
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
+        ) as prof:
+            for i in range(4):  # warm-up and the first recorded step run the model eagerly, then compiled twice
+                (compiled if i >= 2 else model)(torch.randn(4, 8)).sum().backward()
+                prof.step()
+    finally:
+        gc.enable()
     spans = load_rank(discover_traces(tmp_path).files[0]).spans
     steps = sorted((s for s in spans if s.name.startswith("ProfilerStep#")), key=lambda s: s.ts)
     compiling = compilations(by_kind(spans))
-    first, second = ((s.ts, s.end) for s in steps)
+    first, second = ((s.ts, s.end) for s in steps[1:])
     assert total(clip(compiling, *first)) >= 0.5 * (first[1] - first[0])
     assert clip(compiling, *second) == []
