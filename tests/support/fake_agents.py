@@ -184,6 +184,8 @@ class FakeAgent:
     _carry_s: float = 0.0
     # The long-poll loop (a test cancels it to pause the agent).
     poll_task: asyncio.Task | None = None
+    # What one step is, said in every heartbeat (None: nothing, as an agent that has seen no step).
+    step_definition: str | None = None
 
     async def register(self) -> str | None:
         self.secret = await self.controller.register(self.info, secret=self.secret)
@@ -220,7 +222,8 @@ class FakeAgent:
     async def _poll(self) -> None:
         while not self.stopped:
             command: Command | None = await self.controller.poll(
-                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s if self.reports_step_time else None),
+                Heartbeat(agent_id=self.info.agent_id, step=self.step, step_time_s=self.step_s if self.reports_step_time else None,
+                          step_definition=self.step_definition),
                 self.secret,
             )
             match command:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from actors.controller.agents.registry import Registry
+from orchestrator.manifest import read_manifest
 from orchestrator.models.agent_protocol import Heartbeat
 from orchestrator.models.control import HOW_A_RUN_APPEARS
 from orchestrator.models.profile import RankResult
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.storage import open_storage
 from tests.support.common import cli_results
-from tests.support.fake_agents import FakeAgent, make_controller, run, worker_info
+from tests.support.fake_agents import FakeAgent, make_controller, run, start_agents, until, wait_terminal, worker_info
 from tests.support.inprocess_service import service_client
 
 GAN = "1 step = SGD.step ×1 + Adam.step ×1"
@@ -42,6 +47,35 @@ def test_a_manifest_rank_says_what_one_step_was_when_the_window_was_planned():
     result = RankResult.waiting(worker_info(0, 1), GAN)
     assert result.step_definition == GAN
     assert result.model_copy(update={"first_step": 5}).step_definition == GAN
+
+
+def test_a_manifest_rank_says_what_one_step_was_once_its_window_ran(home):
+    # Before: a window planned while the agent was still learning the cycle kept "(learning the cycle ...)" in the
+    # manifest, though its steps ran once the agent knew (a DeepSpeed job profiled as soon as it appeared).
+    learning = "1 step = AdamW.step ×1 (learning the cycle of optimizer steps)"
+    learned = "1 step = AdamW.step ×1; 2 forward passes (DeepSpeedEngine)"
+
+    async def go():
+        c = make_controller(home)
+        gate = asyncio.Event()
+        (agent,) = await start_agents(c, 1, step_definition=learning, arm_ack_gate=gate)
+        submitted = await c.submit(ProfileRequest(target="run", steps=3))
+        assert await until(lambda: bool(agent.windows), timeout_s=5)
+        planned = (await c.wait(submitted.id, 0)).ranks[0].step_definition
+        agent.step_definition = learned
+        for _ in range(100):  # the next heartbeats say it (bounded: 100 polls of 0.2 s at most)
+            if [r.step_definition for t in await c.targets() for r in t.ranks] == [learned]:
+                break
+            await asyncio.sleep(0.05)
+        gate.set()
+        status, _ = await wait_terminal(c, submitted.id)
+        await agent.stop()
+        return planned, status
+
+    planned, status = run(go())
+    assert planned == learning
+    assert status.state == ProfileState.DONE
+    assert [r.step_definition for r in read_manifest(open_storage(home), "run", status.id).ranks] == [learned]
 
 
 def test_rayprof_targets_says_what_one_step_is(monkeypatch):

@@ -209,6 +209,9 @@ class AgentSide:
             update["capture_ended_at"] = at
         if event.state.is_terminal:
             update.update(event.outcome(), finished_at=at)
+            # What one step is, as the rank says it now: a window planned while its agent was still learning the
+            # cycle of optimizer steps ("... (learning the cycle ...)") ran its steps once it knew.
+            update["step_definition"] = worker.step_definition or current.step_definition
         profile.ranks[rank] = current.model_copy(update=update)
         if event.state in (RankState.FAILED, RankState.CANCELLED):
             logger.info("rayprof controller: %s rank %d %s: %s", profile.id, rank, event.state.value, event.reason)
