@@ -27,7 +27,7 @@ from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
-__all__ = ["Rounds", "accumulation_sync", "early_ms", "early_rounds"]
+__all__ = ["Rounds", "accumulation_fix", "accumulation_sync", "early_ms", "early_rounds"]
 
 
 class Rounds(NamedTuple):
@@ -102,12 +102,13 @@ def accumulation_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> F
             f"loses {comm_cost(least):.1f} ms a {step} to collectives, about {cost:.1f} ms of it in the early rounds. "
             f"Found on {ranks_text(hit)}."
         ),
-        fix=_fix(least, rounds) + in_loop(least.loop, [Change.ACCUMULATE]),
+        fix=accumulation_fix(least, rounds) + in_loop(least.loop, [Change.ACCUMULATE]),
         ranks=[r.rank for r in hit],
     )
 
 
-def _fix(r: RankSummary, rounds: Rounds) -> str:
+def accumulation_fix(r: RankSummary, rounds: Rounds) -> str:
+    """The change that reduces the gradients once per step, for the rank's early ``rounds`` (by who reduces them)."""
     if not r.ddp and _fsdp(r):
         return (
             f"Skip the reduction in the first {rounds.passes - 1} micro-batches: FSDP2's "
@@ -115,6 +116,13 @@ def _fix(r: RankSummary, rounds: Rounds) -> str:
             "their forward and backward under model.no_sync()). The gradients then stay unsharded between "
             "micro-batches, a whole copy of the model's gradients on every rank: only where memory allows; otherwise "
             "fewer, larger micro-batches reduce less often."
+        )
+    if r.loop is Loop.DEEPSPEED and r.zero_stage == 2:
+        # No miscount: the engine reduces every micro-batch's gradients at stage 2 by design.
+        return (
+            f"ZeRO stage 2 reduces the gradients of each of the {rounds.passes} micro-batches: each rank keeps only its "
+            "partition of them, so it cannot add them up locally. Stage 1 reduces once per accumulated step where a "
+            "whole copy of the gradients fits on every rank; otherwise fewer, larger micro-batches reduce less often."
         )
     if r.loop is Loop.DEEPSPEED:
         # Its engine reduces in every backward it takes for the last of an accumulation (ZeRO-2's hooks during it).

@@ -4,7 +4,7 @@ prefetching is the lever for all-gathers.
 
 A job that runs DDP already (its forward marks itself) is told DDP's own settings, or, where its collectives outlast
 the compute that could hide them, to send fewer bytes per sample. A DeepSpeed engine's own all-reduce after backward
-(ZeRO stages 0 and 1) is told its config's keys, not DDP's.
+is told its config's keys for the ZeRO stage its frames show (:mod:`orchestrator.analysis.zero_stage`), not DDP's.
 
 The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
 a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
@@ -133,7 +133,7 @@ def comm_fix(r: RankSummary) -> str:
     if lead == "send_recv":
         return _SEND_RECV
     if lead in ("all_gather", "reduce_scatter"):
-        return _GATHER
+        return _GATHER + in_loop(r.loop, [Change.PREFETCH_PARAMETERS])
     if lead == "broadcast":
         return _BROADCAST
     return (_ddp(r) if r.ddp else _ALL_REDUCE) + in_loop(r.loop, _ddp_changes(r))
@@ -183,13 +183,8 @@ def own_fix(r: RankSummary) -> str | None:
                 "than every step."
             )
         )
-    if r.loop is Loop.DEEPSPEED:
-        # Not the job's own values: DeepSpeed's engine all-reduces the gradients after backward at ZeRO stages 0 and 1.
-        return (
-            f"{calls}: DeepSpeed's engine makes them itself once backward is done, reducing the gradients (ZeRO "
-            "stages 0 and 1 reduce them after backward, not during it)."
-            + in_loop(r.loop, [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS])
-        )
+    if r.loop is Loop.DEEPSPEED:  # not the job's own values: the engine's reduction, as its ZeRO stage does it
+        return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {_deepspeed_reduction(r.zero_stage)}"
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
         if _reduces_in_backward(r)
@@ -201,6 +196,32 @@ def own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
+
+
+# The stages (None: the frames did not tell) at which the engine reduces after backward, and why.
+_AFTER_BACKWARD = {
+    0: "reducing the gradients (without ZeRO it always reduces them after backward).",
+    1: "reducing the gradients once per step at ZeRO stage 1: a bucket is reduced during backward only with "
+    '"overlap_comm" and once it fills, and the default "reduce_bucket_size" (5e8 elements) holds every gradient of '
+    "a smaller model until backward ends.",
+    2: "reducing the gradients of every micro-batch at ZeRO stage 2: a bucket is reduced during backward only once it "
+    'fills, and the default "reduce_bucket_size" (5e8 elements) holds every gradient of a smaller model until backward '
+    "ends. Stage 1 reduces once per accumulated step where the memory for whole gradients on each rank allows.",
+    None: "reducing the gradients: at ZeRO stage 0 always, and at stages 1 and 2 while a bucket of "
+    '"reduce_bucket_size" elements (5e8 by default) holds every gradient of the model, so none fills during backward.',
+}
+
+
+def _deepspeed_reduction(stage: int | None) -> str:
+    """Why the engine reduces after backward at ZeRO ``stage``, and its config's keys that move the reduction into
+    backward; at stage 3 (the gradients reduce-scattered during backward) what it reduces after."""
+    if stage == 3:
+        return (
+            "all-reducing what it computes over the gradients (their norm, an overflow check) once ZeRO stage 3 has "
+            "reduce-scattered them during backward: one round trip across the ranks per optimizer step."
+            + in_loop(Loop.DEEPSPEED, [Change.ACCUMULATE])
+        )
+    return _AFTER_BACKWARD[stage] + in_loop(Loop.DEEPSPEED, [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS])
 
 
 def _made_in(r: RankSummary) -> str:

@@ -34,6 +34,7 @@ class Change(str, Enum):
     CHECKPOINT_ACTIVATIONS = "checkpoint_activations"
     COMPRESS_GRADIENTS = "compress_gradients"
     GRADIENT_BUCKETS = "gradient_buckets"
+    PREFETCH_PARAMETERS = "prefetch_parameters"
     COMPILE = "compile"
     LOADER_WORKERS = "loader_workers"
     PERSISTENT_WORKERS = "persistent_workers"
@@ -111,11 +112,18 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         "given to deepspeed.initialize, or fused=True on that one",
         Change.FUSED_OPTIMIZER: "fused=True on the torch optimizer given to deepspeed.initialize, or DeepSpeed's own "
         '"optimizer" in the config',
-        Change.ACCUMULATE: '"gradient_accumulation_steps": N, which reduces the gradients once per N micro-batches',
+        Change.ACCUMULATE: '"gradient_accumulation_steps": N, which reduces the gradients once per N micro-batches (at '
+        "ZeRO stages 0 and 1; stage 2 reduces them on every micro-batch)",
         Change.COMPRESS_GRADIENTS: '"communication_data_type": "bf16"',
-        Change.GRADIENT_BUCKETS: '"zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}, '
-        "which reduces the gradients in buckets during backward (stages 0 and 1 reduce them after it)",
+        # Measured on DeepSpeed 0.19.8 (two gloo ranks, a 22k-parameter MLP): overlap_comm alone reduces nothing during
+        # backward at stages 1 and 2; a reduce_bucket_size below the parameter count does.
+        Change.GRADIENT_BUCKETS: '"zero_optimization": {"stage": 1, "overlap_comm": true, "reduce_bucket_size": N} (or '
+        "stage 2) with N well below the model's parameter count: a bucket is reduced during backward once it fills, on "
+        "a stream of its own",
         Change.COMPILE: "engine.compile() on the engine deepspeed.initialize returns",
+        Change.PREFETCH_PARAMETERS: '"zero_optimization": {"stage3_prefetch_bucket_size": N, '
+        '"stage3_param_persistence_threshold": N}: the parameters of the next modules gathered during the current '
+        "ones' compute, and those smaller than the threshold kept whole on every rank (no gather at all)",
     },
     Loop.KERAS: {
         Change.BF16: "keras.mixed_precision.set_dtype_policy('mixed_bfloat16') before the model is built",

@@ -5,8 +5,8 @@ Without stacks, host time in a step but in no op is "Python outside any op" and 
 out. With them (``with_stack=True``; TraceLens' and many HF recordings have them) the innermost frame open at each
 moment says which function it is. Only frames that name code a fix can change are kept: not the interpreter's
 builtins (dropped at load), not torch's own Python (``module.py: _call_impl``, ``_device.py: __torch_function__``:
-its overhead is its caller's), not numpy's or the standard library's (threading, multiprocessing, contextlib):
-their time is named by the nearest frame of the user's code or of a library above them (``transformers``,
+its overhead is its caller's), not numpy's or the standard library's (threading, multiprocessing, contextlib), nor
+DeepSpeed's wrappers of torch.distributed: their time is named by the nearest frame of the user's code or of a library above them (``transformers``,
 ``PIL``).
 """
 
@@ -34,6 +34,9 @@ _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 _ANONYMOUS = re.compile(r"[:.] ?<(?:listcomp|dictcomp|setcomp|genexpr|lambda)>$")
 # Packages whose Python is plumbing around the user's code: their time is their caller's.
 _PLUMBING = frozenset({"torch", "numpy", "typing_extensions", "_pytest", "pluggy"}) | frozenset(sys.stdlib_module_names)
+# Files of a library that wrap torch.distributed as torch's own Python does: DeepSpeed's collectives and its NVTX
+# decorator. A collective's caller is the frame that asked for it (``DeepSpeedZeroOptimizer.allreduce_bucket``).
+_PLUMBING_FILES = ("deepspeed/comm/", "deepspeed/utils/nvtx.py")
 # A frame holding this share of the time (or of the stack samples) it is asked about or more is on its hot path.
 HOT_SHARE = 0.5
 # Under this many stack samples a share is said as a count ("1 of 1", not "100%"): a 5 ms sampler's one sample of a
@@ -44,13 +47,14 @@ _STDLIB = re.compile(r"/lib/python3[.\d]*/")
 
 
 def _plumbing(path: str) -> bool:
-    """A frame's file is torch's, numpy's or the standard library's (by its package, or where it lives)."""
+    """A frame's file is torch's, numpy's or the standard library's (by its package, or where it lives), or a library's
+    wrapper of torch.distributed."""
     if path.startswith("/"):
         installed = _INSTALLED.split(path, maxsplit=1)
         if len(installed) == 1:
             return _STDLIB.search(path) is not None  # else a file of the user's own
         path = installed[1]
-    return path.split("/", 1)[0].removesuffix(".py") in _PLUMBING
+    return path.split("/", 1)[0].removesuffix(".py") in _PLUMBING or path.startswith(_PLUMBING_FILES)
 
 
 @lru_cache(maxsize=4096)

@@ -114,6 +114,7 @@ from orchestrator.analysis.untraced import (
     train_version,
     untraced_waits,
 )
+from orchestrator.analysis.zero_stage import zero_stage
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
@@ -376,6 +377,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_ops=collated_ops(main, loading) / max(len(windows), 1),
         comm_ops=collectives,
         own_comm=own, own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
+        zero_stage=zero_stage(frames_or_samples(main_frames, timeline, list(windows))),
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

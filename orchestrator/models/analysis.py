@@ -270,6 +270,10 @@ class RankSummary(_Model):
         description="The innermost frame of the user's or a library's code around the main thread's waits in own_comm "
         "(a with_stack trace's, else the agent's stack samples'), with their time, most time first.",
     )
+    zero_stage: int | None = Field(
+        default=None, ge=0, le=3, description="The ZeRO stage of a DeepSpeed engine, from the frames of its gradients' "
+        "reduction (orchestrator.analysis.zero_stage); None where none tell.",
+    )
     regathers_per_step: float = Field(
         default=0.0,
         description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "
