@@ -1,6 +1,6 @@
 """Training loops rayprof did not write, run hook-only (the setup hook; no rayprof import in the loop).
 
-``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate|ray_data|keras --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/foreign_loops.py --loop gan|compiled|fsdp2|lightning|lightning_gan|hf|hf_checkpointing|accelerate|ray_data|keras|deepspeed --name N --address A --stop-file F --storage-path P``
 
 * ``gan``: a generator (Adam) and a discriminator (SGD) stepped once each per
   iteration, the DCGAN example's order (D first), both DDP-wrapped.
@@ -27,6 +27,9 @@
   Accelerate's optimizer wrapper is called every micro-batch and steps only when gradients sync.
 * ``keras``: Keras 3 on its torch backend, ``model.fit`` on synthetic arrays (1 rank): Keras's own Adam updates
   the weights with torch ops after ``loss.backward()``; no ``torch.optim`` optimizer ever steps.
+* ``deepspeed``: a plain loop over a DeepSpeed engine (2 ranks on Ray Train's gloo group, DeepSpeed's CPU
+  accelerator): ZeRO stage 2, gradient accumulation 2, torch's AdamW given to ``deepspeed.initialize``;
+  ``engine.backward(loss)`` and ``engine.step()`` every micro-batch, the optimizer stepped on the last of each two.
 
 Run as a script: the train function lives in ``__main__`` and Ray pickles it by value.
 """
@@ -310,6 +313,34 @@ def keras_loop(config: dict) -> None:
     model.fit(x, y, batch_size=32, epochs=100_000, verbose=0, callbacks=[StopFile()])
 
 
+def deepspeed_loop(config: dict) -> None:
+    import deepspeed
+    import ray.train
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2, "steps_per_print": 1_000_000,
+        "zero_optimization": {"stage": 2},
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=ds_config)
+    data = DataLoader(TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,))), batch_size=16, shuffle=True)
+    micro = 0
+    while True:  # epochs, until the stop file or the deadline (checked on whole steps)
+        for x, y in data:
+            engine.backward(F.cross_entropy(engine(x), y))
+            engine.step()  # steps the optimizer on the last micro-batch of each accumulation only
+            micro += 1
+            if micro % 40 == 0 and (stop.exists() or time.monotonic() > deadline):
+                ray.train.report({"step": micro // 2})
+                return
+
+
 def _slow_rows(seconds: float) -> object:  # a ray.data.Dataset
     import numpy as np
     import ray
@@ -329,7 +360,7 @@ LOOPS = {
     "gan": (gan_loop, 2), "compiled": (compiled_loop, 1), "fsdp2": (fsdp2_loop, 2), "lightning": (lightning_loop, 2),
     "hf": (hf_loop, 2), "accelerate": (accelerate_loop, 2), "lightning_gan": (lightning_gan_loop, 2),
     "hf_checkpointing": (functools.partial(hf_loop, gradient_checkpointing=True), 2), "ray_data": (ray_data_loop, 1),
-    "keras": (keras_loop, 1),
+    "keras": (keras_loop, 1), "deepspeed": (deepspeed_loop, 2),
 }
 # loop -> the Ray Datasets its workers read (get_dataset_shard), built in the driver.
 DATASETS = {"ray_data": lambda: {"train": _slow_rows(0.03)}}

@@ -10,12 +10,14 @@ FSDP's own. The forward passes the agent counts in a step are the trace's too, w
 marks them (DDP's forward annotation). The Lightning, Trainer and Accelerate jobs each start
 alone, before the plain ones (47-56 s each in a CI rehearsal). A loop fed by Ray Data is told Ray Data's change,
 and once it calls ``ray.train.report()`` every step, that call's cost: the agent's stack samples name both waits.
-Keras 3 on its torch backend steps no ``torch.optim`` optimizer at all: its step is one backward pass.
+Keras 3 on its torch backend steps no ``torch.optim`` optimizer at all: its step is one backward pass. A DeepSpeed
+engine's step is its accumulated optimizer step, and its ZeRO stage is read from the frames of its reduction.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -57,6 +59,9 @@ JOBS = {
     ),
     "ray_data": ("foreign-ray-data", 1, "1 step = Adam.step ×1; 1 forward pass (Sequential)", [ADAM], None),
     "keras": ("foreign-keras", 1, BACKWARD_STEP, [], None),
+    "deepspeed": (
+        "foreign-deepspeed", 2, "1 step = AdamW.step ×1; 2 forward passes (DeepSpeedEngine)", ["Optimizer.step#AdamW.step"], None,
+    ),
     # Backward runs each GPT2Block's forward again: no forward pass (the agent counted 8 more a step on a CPU).
     "hf_checkpointing": (
         "foreign-hf-checkpointing", 2, "1 step = AdamW.step ×1; 2 forward passes (GPT2LMHeadModel)",
@@ -238,6 +243,34 @@ def test_a_keras_loop_that_steps_no_torch_optimizer_is_profiled_one_backward_pas
     # Each step is one iteration of model.fit: its backward, and phases that add up to the step.
     assert all(s.phases.backward > 0 and s.phases.forward > 0 for s in rank.steps), [s.phases for s in rank.steps]
     assert rank.mean_phases.total() == pytest.approx(rank.mean_step_ms, rel=0.02)
+
+
+def test_a_deepspeed_engines_step_is_its_accumulated_optimizer_step_and_its_zero_stage_is_read(ray_cluster, client, file_store, tmp_path):
+    # DeepSpeed's engine steps the torch optimizer on the last of each accumulation's micro-batches; it reduces the
+    # gradients itself, where its ZeRO stage says (stage 2: after backward on every micro-batch, with the default
+    # reduce_bucket_size), and a fix names its config's keys for that stage.
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pyproject's dev extra pins it)")
+    if shutil.which("c++") is None:
+        pytest.skip("DeepSpeed's CPU accelerator builds its shared-memory op with the system's C++ compiler: none here")
+    name, ranks, definition, optimizer_steps, _ = JOBS["deepspeed"]
+    with _running(ray_cluster, client, tmp_path, ["deepspeed"]):
+        # Python stacks: the frames that say the stage are in every step (a 5 ms stack sample may miss them).
+        manifest = file_store.client.profile(name, steps=3, with_stack=True).wait(timeout=240)
+    assert manifest.status == ProfileState.DONE, manifest.reason
+    assert [r.step_definition for r in manifest.ranks] == [definition] * ranks
+    summary = Summary.model_validate(manifest.summary)
+    assert summary.loop is Loop.DEEPSPEED
+    for trace_path in sorted((Path(file_store.root) / name / manifest.profile_id / "traces").glob("rank*.pt.trace.json.gz")):
+        assert _optimizer_steps_per_profiler_step(load_trace(trace_path)) == [optimizer_steps] * 3
+    for r in summary.ranks:
+        assert r.zero_stage == 2
+        # Both micro-batches' forward and backward in each step, and phases that add up to it.
+        assert all(s.phases.backward > 0 and s.phases.forward > 0 for s in r.steps), [s.phases for s in r.steps]
+        assert r.mean_phases.total() == pytest.approx(r.mean_step_ms, rel=0.02)
+        # Who makes the engine's all-reduces: its optimizer's frames, not DeepSpeed's wrappers of torch.distributed.
+        callers = [c.name for c in r.own_comm_callers]
+        assert any(c.endswith("allreduce_bucket") for c in callers) and not any("deepspeed/comm/" in c for c in callers), callers
 
 
 # The three plain jobs start together (~110 s, then ~40 s of windows): `make test-extended`. Their step counting and
