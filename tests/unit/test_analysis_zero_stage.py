@@ -89,6 +89,14 @@ def test_a_zero_2_engine_that_reduces_in_backward_is_not_told_to_accumulate_what
         assert "tell it how many micro-batches make a step" not in fix
 
 
+def test_a_zero_3_engines_all_reduces_after_backward_are_told_as_what_it_computes_over_the_gradients(tmp_path):
+    # They stay under the communication finding's bar here (its gathers lead): the fix they would be told.
+    for r in analyze_folder(with_header(tmp_path, "cpu_deepspeed_zero3", **{METADATA_KEY: "deepspeed"})).ranks:
+        fix = own_fix(r)
+        assert fix is not None and "once ZeRO stage 3 has reduce-scattered them during backward" in fix
+        assert "reduce_bucket_size" not in fix
+
+
 def test_a_zero_3_engines_gathers_are_told_its_prefetch_settings(tmp_path):
     fix = _comm_fix(tmp_path, "cpu_deepspeed_zero3")
     assert fix.startswith("Parameters are gathered and gradients reduce-scattered (FSDP, ZeRO-3)")
