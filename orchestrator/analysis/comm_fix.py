@@ -184,7 +184,7 @@ def own_fix(r: RankSummary) -> str | None:
             )
         )
     if r.loop is Loop.DEEPSPEED:  # not the job's own values: the engine's reduction, as its ZeRO stage does it
-        return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {_deepspeed_reduction(r.zero_stage)}"
+        return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {_deepspeed_reduction(r)}"
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
         if _reduces_in_backward(r)
@@ -212,9 +212,18 @@ _AFTER_BACKWARD = {
 }
 
 
-def _deepspeed_reduction(stage: int | None) -> str:
-    """Why the engine reduces after backward at ZeRO ``stage``, and its config's keys that move the reduction into
-    backward; at stage 3 (the gradients reduce-scattered during backward) what it reduces after."""
+def _deepspeed_reduction(r: RankSummary) -> str:
+    """Why the engine reduces after backward at the rank's ZeRO stage, and its config's keys that move the reduction
+    into backward; at stage 3 (the gradients reduce-scattered during backward) what it reduces after."""
+    stage = r.zero_stage
+    if r.zero_bf16_optimizer:
+        return (
+            "reducing the gradients through its BF16_Optimizer (bf16 weights with fp32 gradient accumulation), which "
+            'reduces them after backward whatever "overlap_comm" and "reduce_bucket_size" say. Where the job runs no '
+            'pipeline parallelism, ZeRO stage 2 reduces buckets during backward as they fill: "zero_optimization": '
+            '{"stage": 2, "overlap_comm": true, "reduce_bucket_size": N} with N well below the model\'s parameter '
+            "count (it reduces on every micro-batch of an accumulation)." + in_loop(Loop.DEEPSPEED, [Change.COMPRESS_GRADIENTS])
+        )
     if stage == 3:
         return (
             "all-reducing what it computes over the gradients (their norm, an overflow check) once ZeRO stage 3 has "

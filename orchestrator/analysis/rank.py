@@ -114,7 +114,7 @@ from orchestrator.analysis.untraced import (
     train_version,
     untraced_waits,
 )
-from orchestrator.analysis.zero_stage import zero_stage
+from orchestrator.analysis.zero_stage import zero_of
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.analysis import PHASES, OpStat, Phase, PhaseTimes, RankSummary, StepBreakdown
@@ -356,6 +356,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     own, own_waits = own_comm(
         main_kinds, windows, model_time, waits, lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
     ) or (None, [])
+    zero = zero_of(frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
     return RankSummary(
         rank=trace.file.rank,
         host=trace.file.host, file=trace.file.path.name,
@@ -377,7 +378,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_ops=collated_ops(main, loading) / max(len(windows), 1),
         comm_ops=collectives,
         own_comm=own, own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
-        zero_stage=zero_stage(frames_or_samples(main_frames, timeline, list(windows))),
+        zero_stage=zero.stage, zero_bf16_optimizer=zero.bf16_optimizer,
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,
         idle=idle,

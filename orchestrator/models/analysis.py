@@ -274,6 +274,10 @@ class RankSummary(_Model):
         default=None, ge=0, le=3, description="The ZeRO stage of a DeepSpeed engine, from the frames of its gradients' "
         "reduction (orchestrator.analysis.zero_stage); None where none tell.",
     )
+    zero_bf16_optimizer: bool = Field(
+        default=False, description="A DeepSpeed engine reduces through BF16_Optimizer (bf16 weights, fp32 gradient "
+        "accumulation): after backward, whatever its buckets.",
+    )
     regathers_per_step: float = Field(
         default=0.0,
         description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "

@@ -16,6 +16,7 @@ ninja and the system compiler on first use. Layout and schedule are those of
                parameters in forward and backward
   deepspeed_zero2_buckets  deepspeed_zero2 with the fix it is told: "overlap_comm": true, "reduce_bucket_size": 2e6
                (a quarter of the gradients), so its buckets but the last are reduced during each backward
+  deepspeed_zero1_bf16  deepspeed_zero1 with bf16 weights and fp32 gradient accumulation: BF16_Optimizer
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.data.record_cpu_issue29 import STEPS, _two_ranks, recording
 
 def _deepspeed_rank(
     rank: int, out: Path, name: str, batch: int, width: int, fused: bool, stage: int, micro: int, sampled: bool,
-    bucket: int | None, blocks: int, port: int
+    bucket: int | None, blocks: int, bf16: bool, port: int
 ) -> None:
     import deepspeed
 
@@ -43,8 +44,10 @@ def _deepspeed_rank(
     net = nn.Sequential(nn.Linear(512, width), nn.ReLU(), *hidden, nn.Linear(width, 10))
     zero = {"stage": stage} | ({"overlap_comm": True, "reduce_bucket_size": bucket} if bucket else {})
     config = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": micro, "zero_optimization": zero}
+    if bf16:  # bf16 weights, fp32 gradient accumulation: BF16_Optimizer at stage 1
+        config |= {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}
     engine, _, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), fused=fused), config=config)
-    x, y = torch.randn(batch, 512), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(batch, 512, dtype=torch.bfloat16 if bf16 else None), torch.randint(0, 10, (batch,))
     with recording(out, name, rank, sample_s=0.001 if sampled else None) as prof:
         for _ in range(STEPS):
             for _ in range(micro):  # engine.step() steps the optimizer on the last micro-batch only
@@ -57,9 +60,9 @@ def _deepspeed_rank(
 
 def _case(
     name: str, batch: int, width: int, fused: bool, stage: int = 0, micro: int = 1, sampled: bool = False,
-    bucket: int | None = None, blocks: int = 0,
+    bucket: int | None = None, blocks: int = 0, bf16: bool = False,
 ) -> Callable[[Path], None]:
-    return lambda out: _two_ranks(_deepspeed_rank, out, name, batch, width, fused, stage, micro, sampled, bucket, blocks)
+    return lambda out: _two_ranks(_deepspeed_rank, out, name, batch, width, fused, stage, micro, sampled, bucket, blocks, bf16)
 
 
 CASES = {
@@ -67,6 +70,7 @@ CASES = {
     "deepspeed_comm": _case("deepspeed_comm", 2, 8192, True),
     **{f"deepspeed_zero{s}": _case(f"deepspeed_zero{s}", 2, 1024, True, s, 2, sampled=True, blocks=7) for s in (0, 1, 2, 3)},
     "deepspeed_zero2_buckets": _case("deepspeed_zero2_buckets", 2, 1024, True, 2, 2, sampled=True, bucket=2_000_000, blocks=7),
+    "deepspeed_zero1_bf16": _case("deepspeed_zero1_bf16", 2, 1024, True, 1, 2, sampled=True, blocks=7, bf16=True),
 }
 
 

@@ -28,7 +28,24 @@ def _comm_fix(tmp_path: Path, name: str) -> str:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_the_zero_stage_is_read_from_the_frames_of_the_engines_reduction(stage):
     summary = analyze_folder(case(f"cpu_deepspeed_zero{stage}"))
-    assert [r.zero_stage for r in summary.ranks] == [stage, stage]
+    assert [(r.zero_stage, r.zero_bf16_optimizer) for r in summary.ranks] == [(stage, False)] * 2
+
+
+def test_bf16_with_fp32_gradient_accumulation_is_read_as_bf16_optimizer_not_as_no_zero():
+    # Stage 1 with bf16 weights and fp32 gradient accumulation runs BF16_Optimizer, which reduces through the engine's
+    # own all-reduce: read by that call alone, it was stage 0 ("without ZeRO").
+    summary = analyze_folder(case("cpu_deepspeed_zero1_bf16"))
+    assert [(r.zero_stage, r.zero_bf16_optimizer) for r in summary.ranks] == [(None, True)] * 2
+
+
+def test_bf16_optimizer_is_told_that_its_buckets_change_nothing_and_stage_2_does(tmp_path):
+    # Measured on DeepSpeed 0.19.8: BF16_Optimizer reduces after backward with overlap_comm and a 5,000-element bucket
+    # alike; stage 2 with them reduces during backward.
+    for r in analyze_folder(with_header(tmp_path, "cpu_deepspeed_zero1_bf16", **{METADATA_KEY: "deepspeed"})).ranks:
+        fix = own_fix(r)
+        assert fix is not None and "through its BF16_Optimizer" in fix
+        assert '"zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": N}' in fix
+        assert "without ZeRO" not in fix and '"stage": 1' not in fix
 
 
 def test_a_trace_without_stacks_tells_no_stage():
