@@ -117,8 +117,8 @@ def accumulation_fix(r: RankSummary, rounds: Rounds) -> str:
             "micro-batches, a whole copy of the model's gradients on every rank: only where memory allows; otherwise "
             "fewer, larger micro-batches reduce less often."
         )
-    if r.loop is Loop.DEEPSPEED and r.zero_stage == 2:
-        # No miscount: the engine reduces every micro-batch's gradients at stage 2 by design.
+    if r.zero_stage == 2:
+        # No miscount: a DeepSpeed engine reduces every micro-batch's gradients at stage 2 by design, whoever runs it.
         return (
             f"ZeRO stage 2 reduces the gradients of each of the {rounds.passes} micro-batches: each rank keeps only its "
             "partition of them, so it cannot add them up locally. Stage 1 reduces once per accumulated step where a "

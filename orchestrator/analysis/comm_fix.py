@@ -183,7 +183,7 @@ def own_fix(r: RankSummary) -> str | None:
                 "than every step."
             )
         )
-    if r.loop is Loop.DEEPSPEED:  # not the job's own values: the engine's reduction, as its ZeRO stage does it
+    if _deepspeed(r):  # not the job's own values: the engine's reduction, as its ZeRO stage does it
         return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {_deepspeed_reduction(r)}"
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
@@ -233,6 +233,12 @@ def _deepspeed_reduction(r: RankSummary) -> str:
     return _AFTER_BACKWARD[stage] + in_loop(Loop.DEEPSPEED, [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS])
 
 
+def _deepspeed(r: RankSummary) -> bool:
+    """A DeepSpeed engine reduces the rank's gradients: its loop is DeepSpeed's, or its frames show the engine's
+    reduction under another owner (a transformers Trainer given a DeepSpeed config), whose keys are DeepSpeed's."""
+    return r.loop is Loop.DEEPSPEED or r.zero_stage is not None or r.zero_bf16_optimizer
+
+
 def _made_in(r: RankSummary) -> str:
     """', made in f (file:line)': the frame of the user's or a library's code around more than half of the waits in the
     job's own collectives (a with_stack trace's, else the agent's stack samples'); '' without one."""
@@ -244,10 +250,10 @@ def _made_in(r: RankSummary) -> str:
 
 def surely_own(r: RankSummary) -> bool:
     """Whether the job's own collectives of ``r`` cannot be its gradients' reduction: DDP or FSDP reduces those during
-    backward, or they are a logged value's barrier and all-reduce. Without either (DeepSpeed's engine at ZeRO stages 0
-    and 1, a hand-written loop) an all-reduce after backward may be the gradients'."""
+    backward, or they are a logged value's barrier and all-reduce. Without either (a DeepSpeed engine reducing after
+    backward, a hand-written loop) an all-reduce after backward may be the gradients'."""
     own = r.own_comm
-    if own is None or r.loop is Loop.DEEPSPEED:
+    if own is None or _deepspeed(r):
         return False
     return _reduces_in_backward(r) or _logged_syncs(own.name)
 

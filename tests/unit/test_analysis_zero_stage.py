@@ -123,3 +123,11 @@ def test_a_zero_3_engines_gathers_are_told_its_prefetch_settings(tmp_path):
         "threshold kept whole on every rank (no gather at all)."
     )
 
+
+
+def test_a_deepspeed_engine_under_a_transformers_trainer_is_told_deepspeeds_keys(tmp_path):
+    # The Trainer owns the loop (given a DeepSpeed config), the engine reduces: its frames show it, its keys apply.
+    summary = analyze_folder(with_header(tmp_path, "cpu_deepspeed_zero2", **{METADATA_KEY: "transformers_trainer"}))
+    (found,) = [f for f in summary.findings if f.code == "comm_exposed"]
+    assert "reducing the gradients of every micro-batch at ZeRO stage 2" in found.fix
+    assert "DDP or FSDP" not in found.fix and "ddp_bucket_cap_mb" not in found.fix
