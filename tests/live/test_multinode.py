@@ -157,13 +157,15 @@ class RayNode:
     def __init__(self, name: str, env: dict[str, str], logs: Path, *args: str) -> None:
         self.name = name
         self.log = logs / f"{name}.log"
-        ports = [str(x) for flag in AGENT_PORT_FLAGS for x in (flag, free_port())]
-        self.command = ["ray", "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-        self.command += [*args, *ports]
+        self.args = args
         self.env = env
         self._launch()
 
     def _launch(self) -> None:
+        # Agent ports chosen at each start: one free a moment ago may since be another node's (Ray gives its own
+        # processes ports at random; two nodes start together), and a start that failed on it would fail on it again.
+        ports = [str(x) for flag in AGENT_PORT_FLAGS for x in (flag, free_port())]
+        self.command = ["ray", "start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *self.args, *ports]
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(
                 self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True
@@ -172,7 +174,8 @@ class RayNode:
     def wait_started(self) -> None:
         """Wait for the node to be up. A raylet gives its agents 15 s to report their ports and
         aborts after that; their imports alone can take longer on a loaded 2-core machine, and
-        take less the next time (the page cache is warm), so a node that timed out is started again."""
+        take less the next time (the page cache is warm), and an agent whose port another node took
+        exits at once: a node that timed out is started again, on fresh ports."""
         for attempt in range(1, NODE_START_ATTEMPTS + 1):
             deadline = time.monotonic() + NODE_START_TIMEOUT_S
             while time.monotonic() < deadline and self.proc.poll() is None:
