@@ -1,5 +1,5 @@
-"""Which ZeRO stage a DeepSpeed engine runs (and whether through ``BF16_Optimizer``), read from the Python frames of the steps (a ``with_stack`` trace's, or the
-agent's stack samples).
+"""Which ZeRO stage a DeepSpeed engine runs (and whether through ``BF16_Optimizer``), read from the Python frames of
+the steps (a ``with_stack`` trace's, or the agent's stack samples).
 
 The stage decides where the gradients are reduced, so it decides the fix. DeepSpeed 0.19 reduces them after backward
 at stage 0 (``DeepSpeedEngine.buffered_allreduce_fallback``) and at stage 1 (``DeepSpeedZeroOptimizer.reduce_gradients``,
@@ -9,7 +9,8 @@ called by the engine itself, not by ``reduce_gradients``). Stage 3 runs ``DeepSp
 
 A sample holds a whole stack, so a stage-1 sample inside the epilogue holds ``reduce_gradients`` too; a ``with_stack``
 trace holds every frame: a ``reduce_gradients`` frame anywhere means stage 1 in both. None where no frame tells (no
-stacks, or no sample landed in the engine's reduction).
+stacks, or no sample landed in the engine's reduction); sparse samples that miss ``BF16_Optimizer``'s own frames read
+its reduction as stage 0's.
 
 bf16 weights with fp32 gradient accumulation (``"data_types": {"grad_accum_dtype": "fp32"}``) at stage 1, or under
 pipeline parallelism at stage 0, run ``BF16_Optimizer``: it reduces through the engine's
