@@ -6,8 +6,8 @@ out. With them (``with_stack=True``; TraceLens' and many HF recordings have them
 moment says which function it is. Only frames that name code a fix can change are kept: not the interpreter's
 builtins (dropped at load), not torch's own Python (``module.py: _call_impl``, ``_device.py: __torch_function__``:
 its overhead is its caller's), not numpy's or the standard library's (threading, multiprocessing, contextlib), nor
-DeepSpeed's wrappers of torch.distributed: their time is named by the nearest frame of the user's code or of a library above them (``transformers``,
-``PIL``).
+DeepSpeed's wrappers of torch.distributed: their time is named by the nearest frame of the user's code or of a library
+above them (``transformers``, ``PIL``).
 """
 
 from __future__ import annotations
