@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 from pydantic import TypeAdapter
-from torch.profiler import ProfilerAction, ProfilerActivity
+from torch.profiler import ProfilerAction
 
 from actors.agent.children import run_child, store_snapshot
 from actors.agent.cuda_memory import Allocator, TorchAllocator
+from actors.agent.devices import profiler_activities
 from actors.agent.frame_sampler import FrameSampler
 from actors.agent.gc_watch import GcWatch
 from actors.agent.thread_clock import ThreadClock
@@ -148,20 +149,12 @@ class Capture:
             return ProfilerAction.RECORD_AND_SAVE
         return ProfilerAction.NONE
 
-    def _activities(self) -> list[ProfilerActivity]:
-        names = self.window.options.activities
-        if names is None:
-            names = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-        if "cuda" in names and not torch.cuda.is_available():
-            raise RuntimeError("cuda activity requested but this worker has no CUDA device")
-        return [ProfilerActivity.CPU if n == "cpu" else ProfilerActivity.CUDA for n in names]
-
     def _start(self, step: int) -> None:
         w = self.window
         if w.options.memory_snapshot and (why := self._allocator.unavailable()):
             raise RuntimeError(f"memory_snapshot asked for, but {why}")
         prof = torch.profiler.profile(
-            activities=self._activities(),
+            activities=profiler_activities(self.window.options.activities),
             schedule=self._schedule,
             **w.options.profiler_kwargs(),
         )

@@ -172,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         help="server side: give up on ranks that have not reported after this many seconds",
     )
     p.add_argument("--warmup", type=int, default=0, help="profiler warmup steps before the window")
-    p.add_argument("--activities", help="cpu,cuda (default: cpu, plus cuda on GPU workers)")
+    p.add_argument("--activities", help="cpu,cuda or cpu,xpu (default: cpu, plus the worker's GPU: cuda on NVIDIA and AMD, xpu on Intel)")
     p.add_argument("--ranks", help="comma-separated world ranks, e.g. 0,1 (default: all)")
     p.add_argument("--queue", action="store_true", help="wait behind a running window instead of failing")
     p.add_argument(

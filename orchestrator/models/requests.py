@@ -9,6 +9,11 @@ from pydantic import Field
 
 from orchestrator.models.common import Name, StrictModel
 
+# torch.profiler's activities a window may ask for by name: the CPU, and the accelerators (cuda: NVIDIA's and AMD's
+# GPUs, as torch's HIP build keeps CUDA's names; xpu: Intel's).
+Activity = Literal["cpu", "cuda", "xpu"]
+ACCELERATOR_ACTIVITIES: tuple[Activity, ...] = ("cuda", "xpu")
+
 
 class ProfileState(str, enum.Enum):
     """Life of a profile request: PENDING -> SCHEDULED -> CAPTURING -> COLLECTING -> terminal."""
@@ -52,8 +57,9 @@ class TorchOptions(StrictModel):
     """What a window records: ``torch.profiler.profile``'s arguments (one field per argument of
     the same name), and the CUDA caching allocator's history (``memory_snapshot``)."""
 
-    activities: list[Literal["cpu", "cuda"]] | None = Field(
-        default=None, description="Default: cpu, plus cuda where the worker has a GPU."
+    activities: list[Activity] | None = Field(
+        default=None,
+        description="Default: cpu, plus the worker's accelerator: cuda (NVIDIA or AMD) or xpu (Intel).",
     )
     record_shapes: bool = False
     profile_memory: bool = False

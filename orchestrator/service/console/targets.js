@@ -27,7 +27,7 @@ function profileForm(target) {
         el("label", { for: id("activities"), text: "Activities" }),
         el("select", { id: id("activities"), name: "activities" },
           el("option", { value: "", text: "default" }), el("option", { value: "cpu", text: "cpu" }),
-          el("option", { value: "cpu,cuda", text: "cpu, cuda" })),
+          el("option", { value: "cpu,cuda", text: "cpu, cuda" }), el("option", { value: "cpu,xpu", text: "cpu, xpu" })),
         el("span", {}, el("input", { type: "checkbox", id: id("queue"), name: "queue" }), " ",
           el("label", { for: id("queue"), text: "queue behind a running window" }))),
       el("div", { class: "row" }, checks),
