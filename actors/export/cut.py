@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from actors.export.reader import EVENTS_KEY, Event
-from actors.export.tables import DEVICE_CATEGORIES, RUNTIME_CATEGORIES, number
+from actors.export.tables import DEVICE_CATEGORIES, number
 from orchestrator.layout import parse_profiler_step
+from orchestrator.traces.categories import RUNTIME_CATEGORIES
 
 __all__ = ["EVENT_SEPARATOR", "Cut", "plan_cut", "trace_head", "write_kept"]
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from orchestrator.layout import parse_profiler_step
 
-__all__ = ["DEVICE_CATEGORIES", "OP_COLUMNS", "RUNTIME_CATEGORIES", "MemoryTimeline", "OpTable", "StepSpans", "number"]
+__all__ = ["DEVICE_CATEGORIES", "OP_COLUMNS", "MemoryTimeline", "OpTable", "StepSpans", "number"]
 
 OP_COLUMNS = [
     "name",
@@ -31,7 +31,6 @@ OP_COLUMNS = [
 ]
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # Operators and record_function ranges, as key_averages() counts them.
 _HOST_CATEGORIES = ("cpu_op", "user_annotation")
 # An External id that is not an integer links nothing.

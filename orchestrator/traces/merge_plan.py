@@ -26,6 +26,7 @@ import msgspec
 
 from orchestrator import settings
 from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
+from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES
 from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.fanout import RankMap
 from orchestrator.traces.gcpause import gc_paused
@@ -40,7 +41,7 @@ __all__ = [
 MARKER, COMM, SPAN, OTHER = range(4)
 TIER_NAMES = ("markers", "collectives and copies", "ops and kernels", "flows, instants and counters")
 _PROCESS_METADATA = frozenset({"process_name", "process_labels", "process_sort_index"})
-_HOST_COMM_PREFIXES = ("nccl:", "gloo:", "c10d::", "record_param_comms")
+_HOST_COMM_PREFIXES = (*HOST_COLLECTIVE_PREFIXES, "record_param_comms")
 _POINT_TO_POINT = ("gloo:send", "gloo:recv")
 _MAX_COLLECTIVES = 4096  # per rank: plenty for a median, bounded memory
 _SAFETY = 0.95  # the estimate runs above the written size; this covers the rest
@@ -69,7 +70,7 @@ def bucket_floor_us(b: int) -> float:
 def classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
     """(tier, whether it is a collective that ends together on every rank, whether it is a device event).
 
-    NCCL kernels and gloo's worker-thread ops end together on all ranks;
+    NCCL's (and oneCCL's) kernels and gloo's worker-thread ops end together on all ranks;
     ``c10d::``, ``nccl:`` and ``record_param_comms`` host ops only enqueue the
     work, so their ends drift and are not used to align clocks. Neither are gloo's
     sends and receives: one ends with its peer's opposite op alone, and the k-th
@@ -81,11 +82,11 @@ def classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
         return MARKER, False, False
     if ph != "X":
         return OTHER, False, False
-    device_comm = cat == "kernel" and "nccl" in name.lower()
+    device_comm = cat == "kernel" and ("nccl" in (low := name.lower()) or low.startswith("oneccl_"))
     if device_comm or name.startswith(_HOST_COMM_PREFIXES):
         together = device_comm or (name.startswith("gloo:") and not name.startswith(_POINT_TO_POINT))
         return COMM, together, cat == "kernel"
-    if cat == "gpu_memcpy" or (cat in ("cuda_runtime", "cuda_driver") and "Memcpy" in name):
+    if cat == "gpu_memcpy" or (cat in RUNTIME_CATEGORIES and "Memcpy" in name):
         return COMM, False, False
     return SPAN, False, False
 

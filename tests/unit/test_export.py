@@ -135,9 +135,9 @@ def _step(n: int, ts: float) -> dict:
     return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts, "dur": 100}
 
 
-def _gpu_trace() -> dict:
+def _gpu_trace(launch_cat: str = "cuda_runtime", launch_name: str = "cudaLaunchKernel") -> dict:
     """Two steps; step 7's kernel runs on into step 8's time, with its launch flow arrow."""
-    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 90, "dur": 5}
+    launch = {"ph": "X", "cat": launch_cat, "name": launch_name, "pid": 1, "tid": 1, "ts": 90, "dur": 5}
     launch["args"] = {"correlation": 42}
     kernel = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 120, "dur": 50}
     kernel["args"] = {"correlation": 42}
@@ -172,14 +172,18 @@ def _cut(tmp_path, trace: dict, cap: int) -> dict | None:
     return written
 
 
-def test_gpu_work_stays_with_the_step_that_launched_it(tmp_path):
-    trace = _gpu_trace()
+@pytest.mark.parametrize(
+    ("launch_cat", "launch_name"),
+    [("cuda_runtime", "cudaLaunchKernel"), ("xpu_runtime", "urEnqueueKernelLaunch")],  # an NVIDIA/AMD GPU's, an Intel GPU's
+)
+def test_gpu_work_stays_with_the_step_that_launched_it(tmp_path, launch_cat, launch_name):
+    trace = _gpu_trace(launch_cat, launch_name)
     full = len(json.dumps(trace, separators=(",", ":")))
 
     cut = _cut(tmp_path, trace, full - 300)
 
     names = [e["name"] for e in cut["traceEvents"]]
-    assert names == ["process_name", "ProfilerStep#7", "cudaLaunchKernel", "ac2g", "gemm", "ac2g"]
+    assert names == ["process_name", "ProfilerStep#7", launch_name, "ac2g", "gemm", "ac2g"]
     assert cut["schemaVersion"] == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.traces.discover import discover_traces
 from orchestrator.traces.merge import ID_STRIDE, merge_folder, merge_traces
+from orchestrator.traces.merge_plan import COMM, SPAN, classify
 from tests.support.tracefiles import case, shared, write_trace, x_event
 
 
@@ -262,3 +263,20 @@ def test_repeated_thread_names_are_written_once(tmp_path: Path) -> None:
     write_trace(tmp_path / "rank0.pt.trace.json", [meta] * 500 + [x_event("a", 1, 1)], rank=0)
     merge_folder(tmp_path, tmp_path / "m.json.gz")
     assert sum(e.get("name") == "thread_name" for e in load(tmp_path / "m.json.gz")["traceEvents"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("cat", "name", "read_as"),
+    [
+        ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", (COMM, True, True)),
+        # An Intel GPU's all-reduce over oneCCL (torch-xpu-ops#5384 quotes its kernel's name from a Max 1550's trace).
+        ("kernel", "oneccl_reduce_base<float, 2, 16, 1, 1, 2>", (COMM, True, True)),
+        ("user_annotation", "xccl:all_reduce", (COMM, False, False)),
+        ("xpu_runtime", "urEnqueueUSMMemcpy", (COMM, False, False)),
+        ("xpu_runtime", "urEnqueueKernelLaunch", (SPAN, False, False)),
+    ],
+)
+def test_collectives_and_copies_of_every_device_s_library_are_kept_first_and_kernels_that_end_together_align_clocks(
+    cat, name, read_as
+):
+    assert classify("X", cat, name) == read_as
