@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from orchestrator.analysis.finding_base import first_use_examples, ms_list
+from orchestrator.analysis.finding_base import first_use_examples, ms_list, runtime_of
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
@@ -58,7 +58,8 @@ Kind = (
     | PythonKind
 )
 _PYTHON: tuple[PythonKind, ...] = get_args(PythonKind)
-_ALLOCATOR = ("Malloc", "Free", "HostAlloc", "HostRegister")
+# cudaMalloc, cudaFree, cudaHostAlloc, cudaHostRegister; hipMalloc...; an Intel GPU's urUSMDeviceAlloc, urUSMFree.
+_ALLOCATOR = ("Malloc", "Free", "Alloc", "HostRegister")
 # Idle ms per call from which a runtime call is a first use, not the loop's pace. In every real trace at hand the
 # calls a loop repeats leave the device idle at most 1.3 ms a call (launches 4-55 µs, events 2 µs, cudaMalloc
 # 0.2-0.7 ms, one cudaMemsetAsync 1.3 ms), while first uses take 6.5 ms (a hipLaunchKernel loading its module) to
@@ -218,6 +219,9 @@ def round_trips(r: RankSummary) -> dict[str, float]:
 def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     """The concrete change that removes ``cause``, with its figure (``after``: the cause whose fix is told before it)."""
     figure = f"{cause.ms:.1f} ms per step"
+    words = runtime_of(r.device)
+    torch_ = words.module
+    graphs = "CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), " if words.graphs else ""
     if (host := host_op(cause, r)) is not None:
         steps = max(len(r.steps), 1)
         calls = host.calls / steps
@@ -252,14 +256,14 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         return (
             f"{cause.name} {cause.verb('leaves', 'leave')} the device idle {figure} in {cause.calls:.0f} calls a step, about one per tensor: the "
             "caching allocator looks switched off: unset PYTORCH_NO_CUDA_MEMORY_CACHING (PYTORCH_NO_HIP_MEMORY_CACHING on "
-            "ROCm), or drop torch.cuda.caching_allocator_enable(False), so freed memory is reused instead of going back to "
-            "the driver; if it is on, no torch.cuda.empty_cache() in the loop."
+            f"ROCm), or drop {torch_}.caching_allocator_enable(False), so freed memory is reused instead of going back to "
+            f"the driver; if it is on, no {torch_}.empty_cache() in the loop."
         )
     if cause.kind == "allocator":
         return (
             f"{cause.name} {cause.verb('leaves', 'leave')} the device idle {figure}: let PyTorch's caching allocator reuse memory: no "
-            "torch.cuda.empty_cache() in the loop, no tensors allocated anew each iteration (preallocate and reuse "
-            "buffers), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation."
+            f"{torch_}.empty_cache() in the loop, no tensors allocated anew each iteration (preallocate and reuse "
+            "buffers)" + (f", {words.expandable_segments} against fragmentation." if words.expandable_segments else ".")
         )
     if cause.kind == "runtime_calls":
         return (
@@ -302,12 +306,12 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     if cause.kind == "launch_calls":
         return (
             f"Launch calls ({cause.name}) take the runtime's own time while the device idles ({figure}): launch fewer, "
-            "bigger kernels: CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
+            f"bigger kernels: {graphs}torch.compile to fuse small kernels, a larger batch."
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind == "launch":
         return (
             f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
-            "per launch: CUDA graphs (torch.compile(mode='reduce-overhead')), torch.compile to fuse small kernels, a larger batch."
+            f"per launch: {graphs.replace('CUDA/HIP', 'CUDA')}torch.compile to fuse small kernels, a larger batch."
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind in _PYTHON:
         told = f"{cause.name} run outside any op while the device idles ({figure})"
@@ -337,14 +341,16 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     if cause.kind in ("op", "ops") and is_compiled_name(cause.name):
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: the model is compiled, and the host "
-            "runs its graphs no faster than the device: replay them as CUDA graphs (torch.compile(mode='reduce-overhead')), "
-            "cut graph breaks (torch._dynamo.explain) so fewer graphs run, or a larger batch per step."
+            "runs its graphs no faster than the device: "
+            + ("replay them as CUDA graphs (torch.compile(mode='reduce-overhead')), " if words.graphs else "")
+            + "cut graph breaks (torch._dynamo.explain) so fewer graphs run, or a larger batch per step."
         )
     if cause.kind == "ops":
         return (
             f"The host's own time in {cause.name} leaves the device idle {figure}: each op costs the host more than "
-            "its kernels take on the device: torch.compile the model (fewer, fused kernels; mode='reduce-overhead' "
-            "replays them as a CUDA graph), a larger batch per step, no Python loops over tensors."
+            "its kernels take on the device: torch.compile the model (fewer, fused kernels"
+            + ("; mode='reduce-overhead' replays them as a CUDA graph" if words.graphs else "")
+            + "), a larger batch per step, no Python loops over tensors."
         ) + in_loop(r.loop, [Change.COMPILE])
     return (
         f"The host op {cause.name} leaves the device idle {figure}: cut the host's per-op overhead on the step "
@@ -358,7 +364,7 @@ def host_op(cause: Cause, r: RankSummary) -> OpStat | None:
     MI300 OWLv2 pipeline: torch.max over CPU scores, 40.4 of 46.1 ms a step). A CUDA or ROCm trace's only: they tie
     each launch to its call."""
     cpu = r.idle.get("cpu") if r.idle is not None else None
-    if cause.kind not in ("op", "ops") or r.device not in ("cuda", "rocm") or cpu is None or not cpu.model_ops:
+    if cause.kind not in ("op", "ops") or r.device not in ("cuda", "rocm", "xpu") or cpu is None or not cpu.model_ops:
         return None
     lead = cpu.model_ops[0]
     if lead.name not in cpu.host_only_ops or lead.total_ms / max(len(r.steps), 1) < HOST_OP_SHARE * cause.ms:

@@ -23,6 +23,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
+from orchestrator.analysis.copies import CopyKind, copy_kind
 from orchestrator.analysis.intervals import (
     Intervals,
     by_time,
@@ -35,10 +36,8 @@ from orchestrator.analysis.intervals import (
     union,
 )
 from orchestrator.analysis.spans import (
-    CopyKind,
     by_kind,
     collective_kind,
-    copy_kind,
     is_comm_kernel,
     is_compute_kernel,
     is_region,

@@ -268,7 +268,7 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
         severity="info",
         # An MTIA is no GPU: the title names the accelerator the trace recorded.
         title=(
-            f"{'GPU' if worst.device in ('cuda', 'rocm') else DEVICE_NAMES[worst.device]}-bound: the device is busy "
+            f"{'GPU' if worst.device in ('cuda', 'rocm', 'xpu') else DEVICE_NAMES[worst.device]}-bound: the device is busy "
             f"{worst.gpu.utilization:.0%} of the {step_word(worst)}"
         ),
         evidence=(

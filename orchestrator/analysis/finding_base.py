@@ -16,6 +16,7 @@ __all__ = [
     "REPORT_FRACTION",
     "WARNING_FRACTION",
     "OneStep",
+    "Runtime",
     "claimed_causes",
     "comm_cost",
     "first_use_examples",
@@ -26,6 +27,7 @@ __all__ = [
     "one_step",
     "per_step_cost",
     "ranks_text",
+    "runtime_of",
     "share",
     "step_word",
     "verdict",
@@ -43,12 +45,40 @@ WARNING_FRACTION = 0.08
 REPORT_FRACTION = 0.05
 # A figure that rounds to "0.0 ms" names nothing worth reading: lists of named figures leave those out.
 SHOWN_MS = 0.05
-DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "cpu": "CPU"}
+DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "mtia": "MTIA", "xpu": "XPU", "cpu": "CPU"}
 # What a device's first use pays, in its own runtime's words: a ROCm trace has a HIP context and MIOpen, no cuDNN.
 _FIRST_USES = {
     "cuda": ("creating the CUDA context", "cuDNN's first convolution and its autotuning"),
     "rocm": ("creating the HIP context", "MIOpen's first convolution and its tuning"),
+    "xpu": ("creating the Level Zero context", "oneDNN's first convolution and its kernel generation"),
 }
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a fix names what the device's runtime offers: torch's module for it (``torch.cuda.empty_cache()``), and
+    what one runtime has that another lacks."""
+
+    module: str
+    event: str  # what the host waits on for a copy's end without stalling the device: torch.cuda.Event's name
+    # Whether torch.compile(mode='reduce-overhead') replays the model's kernels as graphs (CUDA's and HIP's graphs).
+    graphs: bool
+    # The allocator's setting against fragmentation, where the runtime's caching allocator has one.
+    expandable_segments: str | None
+
+
+_CUDA_RUNTIME = Runtime("torch.cuda", "CUDA event", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+# An Intel GPU's (torch.xpu): Inductor's graph replay (cudagraph trees) and the allocator's expandable segments are
+# CUDA's, not promised there.
+_RUNTIMES = {"xpu": Runtime("torch.xpu", "XPU event (torch.xpu.Event)", False, None)}
+
+
+def runtime_of(device: str) -> Runtime:
+    """The runtime a fix names for ``device`` (a RankSummary's: cuda, rocm, xpu...); CUDA's where torch names
+    the device so (ROCm's HIP build keeps torch.cuda) or where the trace does not say."""
+    return _RUNTIMES.get(device, _CUDA_RUNTIME)
+
+
 # Idle causes with a finding of their own (DataLoader, sync, copy, collectives, late ranks), each when its idle
 # time reaches REPORT_FRACTION of the step; the device-utilization finding counts the rest.
 OWN_FINDING_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank")

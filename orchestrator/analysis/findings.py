@@ -41,6 +41,7 @@ from orchestrator.analysis.finding_base import (
     one_step,
     per_step_cost,
     ranks_text,
+    runtime_of,
     share,
     step_word,
 )
@@ -210,8 +211,9 @@ def host_sync(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
 
 def _unmeasured(r: RankSummary) -> str:
     if r.unrecorded_device:
+        cupti = ", or CUPTI's range profiler took the kernels" if r.unrecorded_device == "cuda" else ""
         return (f" The trace holds {DEVICE_NAMES[r.unrecorded_device]} runtime calls but no device activity (device tracing "
-                "was off or failed, or CUPTI's range profiler took the kernels): what each wait for queued kernels costs is not measured.")
+                f"was off or failed{cupti}): what each wait for queued kernels costs is not measured.")
     return (" This trace is CPU-only, where it is cheap; on a GPU each read of a device tensor waits for every queued kernel "
             "(a read of a CPU tensor, such as DDP's map of used parameters, does not).")
 
@@ -270,7 +272,7 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     else:
         fix = (
             "Keep the values on the device; where the host needs them, copy them with non_blocking=True into a pinned "
-            "buffer and read it after a CUDA event has completed."
+            f"buffer and read it after a {runtime_of(worst.device).event} has completed."
         )
     title = (
         f"Copies to and from pageable memory cost {share(worst, _copy_cost(worst)):.0%} of the step" if pageable_ms
@@ -317,8 +319,9 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
         ),
         fix=(
             "One larger batch or sequence from an OOM: use activation checkpointing or a smaller micro-batch with "
-            f"gradient accumulation, {half_autocast(r.accelerator)}, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "against fragmentation." + in_loop(
+            f"gradient accumulation, {half_autocast(r.accelerator)}"
+            + (f", and {segments} against fragmentation." if (segments := runtime_of(r.device).expandable_segments) else ".")
+            + in_loop(
                 r.loop, [Change.CHECKPOINT_ACTIVATIONS, Change.ACCUMULATE, *half_changes(r.accelerator)]
             )
         ),

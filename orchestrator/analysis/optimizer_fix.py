@@ -15,7 +15,7 @@ __all__ = ["optimizer_changes", "optimizer_fix"]
 # ROCm and, since PyTorch 2.4, on CPU), and those with foreach only (a few multi-tensor ops for all parameters).
 _FUSED = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 _FOREACH = frozenset({"Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"})
-_FUSED_ON = frozenset({"cuda", "rocm", "cpu"})
+_FUSED_ON = frozenset({"cuda", "rocm", "xpu", "cpu"})
 
 
 def _listed(names: list[str]) -> str:

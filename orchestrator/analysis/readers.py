@@ -10,6 +10,7 @@ one that waits for queued work). A library's own reads get the setting that spar
 
 from __future__ import annotations
 
+from orchestrator.analysis.finding_base import runtime_of
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.precision import half_format
 from orchestrator.analysis.python_frames import frame_label, frame_parts
@@ -76,16 +77,18 @@ def readers(r: RankSummary) -> str:
     )
 
 
-_VALUE_READS = (
-    "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the device "
-    "and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after a CUDA event "
-    "has completed. Pinning memory does not help here: the wait is for the kernels queued before the read."
-)
+def _value_reads_text(r: RankSummary) -> str:
+    return (
+        "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
+        "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after a "
+        f"{runtime_of(r.device).event} has completed. Pinning memory does not help here: the wait is for the kernels "
+        "queued before the read."
+    )
 
 
 def _value_reads(r: RankSummary) -> str:
     """The advice for reading values back, and the setting of ``r``'s loop that reads them less often."""
-    return _VALUE_READS + in_loop(r.loop, [Change.LOG_LESS_OFTEN])
+    return _value_reads_text(r) + in_loop(r.loop, [Change.LOG_LESS_OFTEN])
 
 
 def reading_fix(r: RankSummary) -> str:
@@ -141,8 +144,9 @@ def _ops(r: RankSummary, *, every_step: bool = True) -> str:
         )
     if synchronize := listed(SYNCHRONIZE_CALLS):
         said += (
-            f"{synchronize}: the loop waits for the device itself (torch.cuda.synchronize(), a stream's or event's "
-            ".synchronize()), most often left from timing code: drop it, or time with CUDA events read every N steps. "
+            f"{synchronize}: the loop waits for the device itself ({runtime_of(r.device).module}.synchronize(), a "
+            "stream's or event's .synchronize()), most often left from timing code: drop it, or time with "
+            f"{'XPU' if r.device == 'xpu' else 'CUDA'} events read every N steps. "
         )
     if conditions := listed(TENSOR_CONDITIONS):
         said += (

@@ -13,10 +13,10 @@ import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal
 
 from orchestrator.analysis.intervals import Intervals, union
 from orchestrator.models.analysis import CollectiveKind
+from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES
 from orchestrator.traces.loader import Span
 
 __all__ = [
@@ -25,9 +25,6 @@ __all__ = [
     "GRAD_SCALER_UPDATE",
     "HOST_CATEGORIES",
     "OPTIMIZER_STEP",
-    "CopyDirection",
-    "CopyKind",
-    "HostMemory",
     "READING_OPS",
     "SIZED_BY_DATA",
     "SYNCHRONIZE_CALLS",
@@ -39,7 +36,6 @@ __all__ = [
     "Kinds",
     "by_kind",
     "compilations",
-    "copy_kind",
     "graph_captures",
     "is_backward",
     "is_comm",
@@ -62,9 +58,6 @@ __all__ = [
 
 # Spans by (name, category): what every rule here reads, so a rule is asked once per group, not once per span.
 Kinds = dict[tuple[str, str], list[Span]]
-CopyDirection = Literal["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"]
-HostMemory = Literal["pageable", "pinned"]
-CopyKind = tuple[CopyDirection, HostMemory | None]
 
 # The runtime's own waits: named as a read when no op makes them (torch.cuda.synchronize(), a stream's or event's).
 SYNCHRONIZE_CALLS = frozenset(
@@ -75,11 +68,21 @@ SYNCHRONIZE_CALLS = frozenset(
         "hipStreamSynchronize",
         "hipDeviceSynchronize",
         "hipEventSynchronize",
+        # Intel GPUs: torch.xpu.synchronize() and a stream's wait finish the SYCL queue, an event's wait waits for it
+        # (Unified Runtime's names, recorded by PTI 0.11 and later; SYCL's PI names before; Level Zero's below them).
+        "urQueueFinish",
+        "urEventWait",
+        "piQueueFinish",
+        "piEventsWait",
+        "zeCommandQueueSynchronize",
+        "zeCommandListHostSynchronize",
+        "zeEventHostSynchronize",
+        "zeFenceHostSynchronize",
     }
 )
 _SYNC_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"}) | SYNCHRONIZE_CALLS
 _COMM_PREFIXES = (
-    "c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:",
+    *HOST_COLLECTIVE_PREFIXES,
     # FSDP2's own collective regions (fully_shard): issuing the all-gather and the reduce-scatter, copying their
     # buffers in and out, and waiting for them. On a CPU (gloo) the host blocks in them while a gloo thread moves
     # the data; without these names that wait read as forward and backward (a 97 ms CPU step: backward 59 ms,
@@ -95,9 +98,9 @@ _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_
 # stream standing still, as CUDA's device-side syncs (category cuda_sync, never device work) are.
 _MTIA_STREAM_SYNC = frozenset({"event_wait", "event_record"})
 HOST_CATEGORIES = frozenset(
-    {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "mtia_runtime"}
+    {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "mtia_runtime", "xpu_runtime",
+     "xpu_driver"}
 )
-_RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"})
 # A record_function or autograd node that names backward: "## backward ##",
 # "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
 _BACKWARD = re.compile(r"backward|autograd::engine::evaluate_function", re.IGNORECASE)
@@ -109,7 +112,7 @@ _COMPILED_HOST = ("CompiledFunction", "CompiledFxGraph", "Torch-Compiled Region"
 _DEEP_EP = r"(\b|_)ep::(intra|inter)node(_ll)?::"  # DeepEP's expert-parallel dispatch/combine (deep_ep::internode::combine)
 _CUSTOM_ALL_REDUCE = r"cross_device_reduce"  # vLLM's and SGLang's
 _COMM_KERNEL = re.compile(
-    rf"^(nccl|rccl)|{_DEEP_EP}|{_CUSTOM_ALL_REDUCE}"
+    rf"^(nccl|rccl|oneccl_)|{_DEEP_EP}|{_CUSTOM_ALL_REDUCE}"  # oneCCL's kernels: oneccl_reduce_base<float, ...>
     r"|\bmultimem_|\b(one|two)_shot_all_reduce|symmetric_memory::"  # torch's symmetric-memory collectives
     r"|userbuffers|nvshmem|mscclpp",  # Transformer Engine's comm/GEMM overlap, NVSHMEM, MSCCL++
     re.IGNORECASE,
@@ -118,7 +121,7 @@ _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # torch.cuda.graph's own set-up and tear-down around a capture (a sync, gc.collect, empty_cache), when stacks are recorded.
 _CAPTURE_FRAMES = re.compile(r"^torch/cuda/graphs\.py\(\d+\): __(enter|exit)__$")
-_COPY_NAME = re.compile(r"Memcpy (?P<dir>HtoD|DtoH|DtoD|HtoH|PtoP)\b(?: \((?P<src>\w+) -> (?P<dst>\w+)\))?")
+
 
 
 def is_sync(span: Span) -> bool:
@@ -133,7 +136,7 @@ def is_comm(span: Span) -> bool:
 
 def is_copy_call(span: Span) -> bool:
     """A host-side runtime call that starts a copy (``cudaMemcpyAsync``, ``hipMemcpyWithStream``...)."""
-    return span.cat in _RUNTIME_CATEGORIES and "Memcpy" in span.name
+    return span.cat in RUNTIME_CATEGORIES and "Memcpy" in span.name
 
 
 def is_data(span: Span) -> bool:
@@ -189,7 +192,7 @@ def is_forward(span: Span) -> bool:
 
 def is_runtime(span: Span) -> bool:
     """A CUDA/HIP runtime or driver call (``cudaMalloc``, ``cudaFree``, ``cudaLaunchKernel``, ``cudaEventRecord``...)."""
-    return span.cat in _RUNTIME_CATEGORIES
+    return span.cat in RUNTIME_CATEGORIES
 
 
 def is_region(span: Span) -> bool:
@@ -247,7 +250,7 @@ def graph_captures(groups: Kinds) -> Intervals:
     ends: list[float] = []
     out: list[tuple[float, float]] = []
     for (name, cat), spans in groups.items():
-        runtime = cat in _RUNTIME_CATEGORIES
+        runtime = cat in RUNTIME_CATEGORIES
         if runtime and "StreamBeginCapture" in name:
             begins += (s.ts for s in spans)
         elif runtime and "StreamEndCapture" in name:
@@ -330,23 +333,6 @@ def is_compute_kernel(span: Span) -> bool:
         and _NOT_COMPUTE.match(span.name) is None
         and not is_comm_kernel_name(span.name)
     )
-
-
-def copy_kind(span: Span) -> CopyKind:
-    """Direction and host memory kind of a device copy, from its name.
-
-    Kineto names copies ``Memcpy HtoD (Pageable -> Device)``; PyTorch 1.8 wrote
-    ``Memcpy HtoD`` alone, and MTIA's DMA has no direction (``other``).
-    """
-    m = _COPY_NAME.search(span.name)
-    if m is None:
-        return ("other", None)
-    direction: CopyDirection = m["dir"]  # type: ignore[assignment]
-    host_side = m["src"] if direction == "HtoD" else m["dst"] if direction == "DtoH" else None
-    memory: HostMemory | None = None
-    if host_side in ("Pageable", "Pinned"):
-        memory = "pageable" if host_side == "Pageable" else "pinned"
-    return (direction, memory)
 
 
 def by_kind(spans: Iterable[Span]) -> Kinds:

@@ -38,7 +38,7 @@ class Accelerator(BaseModel):
     capability: tuple[int, int] = Field(description="Compute capability (major, minor); ROCm's is its gfx architecture's.")
 
     @classmethod
-    def of(cls, properties: list[dict[str, Any]], runtime: Literal["cuda", "rocm", "mtia", "cpu"]) -> Accelerator | None:
+    def of(cls, properties: list[dict[str, Any]], runtime: Literal["cuda", "rocm", "mtia", "xpu", "cpu"]) -> Accelerator | None:
         """The model of a CUDA or ROCm trace's devices; None when the trace names none, names two different ones,
         or names one with a capability no device has (``deviceProperties`` is whatever the file holds)."""
         if runtime != "cuda" and runtime != "rocm":

@@ -224,9 +224,9 @@ class RankSummary(_Model):
     rank: int
     host: str | None
     file: str
-    device: Literal["cpu", "cuda", "rocm", "mtia"]
+    device: Literal["cpu", "cuda", "rocm", "mtia", "xpu"]
     accelerator: Accelerator | None = Field(default=None, description="The device model the trace names, if one.")
-    unrecorded_device: Literal["cuda", "rocm"] | None = Field(
+    unrecorded_device: Literal["cuda", "rocm", "xpu"] | None = Field(
         default=None, description="device cpu: the GPU runtime whose calls the trace holds without any device activity."
     )
     window: Literal["profiler_steps", "iterations", "device_span", "whole_trace"] = Field(

@@ -36,7 +36,7 @@ __all__ = [
     "parse_group_ranks",
 ]
 
-Device = Literal["cuda", "rocm", "mtia", "cpu"]
+Device = Literal["cuda", "rocm", "mtia", "xpu", "cpu"]
 # The largest process group a collective's args may name (the largest training jobs have ~10^5 ranks).
 MAX_GROUP_SIZE = 1 << 20
 
@@ -56,7 +56,7 @@ LEGACY_CATEGORIES = {
 _KEPT_CATEGORIES = frozenset(
     {
         "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "cuda_sync", "kernel", "gpu_memcpy", "gpu_memset",
-        "gpu_user_annotation", "mtia_runtime", "mtia_ccp_events",
+        "gpu_user_annotation", "mtia_runtime", "mtia_ccp_events", "xpu_runtime", "xpu_driver",
     }
 )
 # Python frames kept all the same: module forwards, and torch.cuda.graph's set-up around a capture (its sync,
@@ -74,6 +74,9 @@ _TS, _END = attrgetter("ts"), attrgetter("end")
 TIME_RANGE_US = 1e17
 # No span of a profiling window lasts a week; a longer one (or a negative one) is not a measurement.
 MAX_SPAN_US = 7 * 86_400e6
+# Kineto's XPU plugin (Intel GPUs, over PTI) records the SYCL/Unified Runtime's calls and Level Zero's; its kernels,
+# copies and fills are CUDA's categories (kernel, gpu_memcpy, gpu_memset).
+_XPU_CATEGORIES = frozenset({"xpu_runtime", "xpu_driver"})
 _ROCM_HEADER_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version", "rocprofiler_version")
 
 
@@ -118,7 +121,7 @@ class RankTrace:
     # The accelerator whose work the trace recorded; "cpu" when it holds no device activity.
     device: Device = "cpu"
     # A "cpu" trace that holds a GPU runtime's calls (CUPTI's range profiler, device tracing off or failed): that runtime.
-    unrecorded: Literal["cuda", "rocm"] | None = None
+    unrecorded: Literal["cuda", "rocm", "xpu"] | None = None
     # Whether any ProfilerStep#N span exists; without one the trace is a single window.
     has_profiler_steps: bool = False
     # When the profiler recorded: its own ``PyTorch Profiler (N)`` spans (category ``Trace``), first start to last end;
@@ -228,6 +231,8 @@ def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) 
         return "mtia"
     if not categories & _DEVICE_CATEGORIES:
         return "cpu"
+    if categories & _XPU_CATEGORIES:
+        return "xpu"
     amd = any("AMD" in str(d.get("name", "")) for d in out.device_properties)
     if amd or any(key in out.header for key in _ROCM_HEADER_KEYS):
         return "rocm"
@@ -345,6 +350,8 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     out.device = _detect_device(out, seen, names)
     if out.device == "cpu" and {"cuda_runtime", "cuda_driver"} & seen:
         out.unrecorded = "rocm" if _hip_named(names) else "cuda"
+    elif out.device == "cpu" and _XPU_CATEGORIES & seen:
+        out.unrecorded = "xpu"
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)
     # Two stable C-keyed sorts give (ts ascending, end descending): parents before their children.
     spans.sort(key=_END, reverse=True)

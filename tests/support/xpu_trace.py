@@ -1,0 +1,86 @@
+"""A real CUDA recording rewritten in the words Kineto's XPU plugin writes, to judge rayprof on Intel GPUs.
+
+No public Kineto trace of an Intel GPU could be found to test against (only hand-made ones in other projects' tests),
+so the tests take real H100 recordings and change what the device's runtime calls itself, as Kineto's XPU plugin
+(``libkineto/src/plugin/xpupti``) records it over Intel's PTI: the runtime's calls are category ``xpu_runtime`` and
+named by the Unified Runtime (``urEnqueueKernelLaunch``, ``urEnqueueUSMMemcpy``, ``urQueueFinish``...); copies are
+named by PTI's kinds of memory at each end (``Memcpy M2D (MEMORY(Unknown) -> DEVICE)``: M is malloc'd, pageable,
+memory, H the runtime's pinned host memory, D the device's); device work carries no ``stream`` (its ``tid`` is the
+SYCL queue) and CUPTI's fields (``cuda_sync`` events, occupancy, the CUDA versions, the device's properties) are gone.
+Timings, ops, correlations and kernels' names are the recording's: what rayprof says of the one should be what it
+says of the other, in the device's own words.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CUDA_TO_UR", "as_xpu_trace"]
+
+# The Unified Runtime's call for each CUDA runtime or driver call the recordings hold (the rest are queries, whose
+# nearest UR call is a device query).
+CUDA_TO_UR = {
+    "cudaLaunchKernel": "urEnqueueKernelLaunch",
+    "cudaLaunchKernelExC": "urEnqueueKernelLaunch",
+    "cuLaunchKernel": "urEnqueueKernelLaunch",
+    "cuLaunchKernelEx": "urEnqueueKernelLaunch",
+    "cudaMemcpyAsync": "urEnqueueUSMMemcpy",
+    "cudaMemcpy": "urEnqueueUSMMemcpy",
+    "cudaMemsetAsync": "urEnqueueUSMFill",
+    "cudaStreamSynchronize": "urQueueFinish",
+    "cudaDeviceSynchronize": "urQueueFinish",
+    "cudaEventSynchronize": "urEventWait",
+    "cudaMalloc": "urUSMDeviceAlloc",
+    "cudaFree": "urUSMFree",
+    "cudaHostAlloc": "urUSMHostAlloc",
+    "cudaFreeHost": "urUSMFree",
+    "cudaEventRecord": "urEnqueueEventsWaitWithBarrier",
+    "cudaEventRecordWithFlags": "urEnqueueEventsWaitWithBarrier",
+    "cudaStreamWaitEvent": "urEnqueueEventsWait",
+    "cudaEventQuery": "urEventGetInfo",
+}
+_QUERY = "urDeviceGetInfo"
+_MEMORY = {"Pageable": ("M", "MEMORY(Unknown)"), "Pinned": ("H", "HOST"), "Device": ("D", "DEVICE")}
+_CUPTI_ARGS = ("stream", "context", "queued", "registers per thread", "shared memory", "blocks per SM",
+               "warps per SM", "grid", "block", "est. achieved occupancy %")
+_CUPTI_HEADER = ("deviceProperties", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
+
+
+def _copy_name(name: str) -> str:
+    """``Memcpy HtoD (Pageable -> Device)`` -> ``Memcpy M2D (MEMORY(Unknown) -> DEVICE)``."""
+    src, _, dst = name.partition("(")[2].rstrip(")").partition(" -> ")
+    (s, s_word), (d, d_word) = _MEMORY[src], _MEMORY[dst]
+    return f"Memcpy {s}2{d} ({s_word} -> {d_word})"
+
+
+def _event(e: dict[str, Any]) -> dict[str, Any] | None:
+    cat = e.get("cat")
+    if cat == "cuda_sync":
+        return None
+    e = dict(e)
+    if cat in ("cuda_runtime", "cuda_driver"):
+        e["cat"], e["name"] = "xpu_runtime", CUDA_TO_UR.get(e["name"], _QUERY)
+    elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+        args = {k: v for k, v in e.get("args", {}).items() if k not in _CUPTI_ARGS}
+        e["args"] = {**args, "sycl queue": e.get("tid"), "l0 queue": "0x000055d08b8fc138"}
+        if cat == "gpu_memcpy":
+            e["name"] = _copy_name(e["name"])
+        elif cat == "gpu_memset":
+            e["name"] = "Memset (DEVICE)"
+    return e
+
+
+def as_xpu_trace(cuda_trace: Path, out_dir: Path) -> Path:
+    """Write ``cuda_trace`` (a Kineto JSON, gzipped or not) into ``out_dir`` as the XPU plugin would have; its path."""
+    opener = gzip.open if cuda_trace.suffix == ".gz" else open
+    with opener(cuda_trace, "rt") as f:
+        trace = json.load(f)
+    events = [x for x in map(_event, trace["traceEvents"]) if x is not None]
+    header = {k: v for k, v in trace.items() if k != "traceEvents" and k not in _CUPTI_HEADER}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / cuda_trace.name.removesuffix(".gz")
+    out.write_text(json.dumps({**header, "traceEvents": events}))
+    return out

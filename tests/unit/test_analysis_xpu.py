@@ -1,0 +1,132 @@
+"""Intel GPUs (torch.xpu): a trace from Kineto's XPU plugin is judged as its CUDA twin is, in its own runtime's words.
+
+The twins are real H100 recordings rewritten as the XPU plugin writes (``tests/support/xpu_trace.py`` says what
+changes and why): the DataLoader-bound step and its fix (``../shared/gpu-traces``), the profiler tutorial's
+``MASK INDICES`` round trip and a loop that frees and allocates device memory every step (``tests/data/traces``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import Summary, analyze_folder
+from orchestrator.analysis.copies import copy_kind
+from orchestrator.analysis.spans import is_comm, is_comm_kernel_name, is_runtime, is_sync
+from orchestrator.traces.loader import Span
+from tests.support.realtraces import finding, h100
+from tests.support.tracefiles import shared, write_trace
+from tests.support.xpu_trace import as_xpu_trace
+
+_DATA = Path(__file__).parents[1] / "data" / "traces"
+_RECORDINGS = {
+    "seed003_before": lambda: shared("gpu-traces", "seed003_before") / "rank0.pt.trace.json.gz",
+    "seed003_after": lambda: shared("gpu-traces", "seed003_after") / "rank0.pt.trace.json.gz",
+    "h100_mask_indices": lambda: _DATA / "h100_mask_indices" / "traces" / "rank0.pt.trace.json.gz",
+    "h100_allocator": lambda: _DATA / "h100_allocator" / "traces" / "rank0.pt.trace.json.gz",
+}
+# What only CUDA has, or names: its runtime's calls and module, its allocator's setting, CUPTI, its graphs.
+_CUDA_WORDS = re.compile(r"torch\.cuda|CUDA|cuda[A-Z]|cu[A-Z][a-z]+\(|PYTORCH_CUDA|CUPTI|cuDNN")
+
+
+def _twins(case: str, tmp_path: Path) -> tuple[Summary, Summary]:
+    recording = _RECORDINGS[case]()
+    cuda = h100(case) if case.startswith("seed") else analyze_folder(recording.parent)
+    return cuda, analyze_folder(as_xpu_trace(recording, tmp_path / case).parent)
+
+
+@pytest.mark.parametrize("case", list(_RECORDINGS))
+def test_an_intel_gpu_recording_is_read_as_an_xpu_device(case, tmp_path):
+    _, xpu = _twins(case, tmp_path)
+    assert [r.device for r in xpu.ranks] == ["xpu"]
+
+
+@pytest.mark.parametrize("case", list(_RECORDINGS))
+def test_an_intel_gpu_recording_gets_the_findings_its_cuda_twin_gets_with_the_same_savings(case, tmp_path):
+    cuda, xpu = _twins(case, tmp_path)
+    assert [(f.code, f.severity) for f in xpu.findings] == [(f.code, f.severity) for f in cuda.findings]
+    assert [f.max_saving_ms for f in xpu.findings] == pytest.approx([f.max_saving_ms for f in cuda.findings], rel=1e-6)
+
+
+@pytest.mark.parametrize("case", list(_RECORDINGS))
+def test_an_intel_gpu_recording_splits_its_idle_time_by_cause_as_its_cuda_twin(case, tmp_path):
+    cuda, xpu = _twins(case, tmp_path)
+    (c,), (x,) = cuda.ranks, xpu.ranks
+    assert [s.idle_ms for s in x.steps] == [pytest.approx(s.idle_ms, rel=1e-6) for s in c.steps]
+
+
+@pytest.mark.parametrize("case", list(_RECORDINGS))
+def test_what_rayprof_tells_of_an_intel_gpu_names_nothing_only_cuda_has(case, tmp_path):
+    _, xpu = _twins(case, tmp_path)
+    said = [text for f in xpu.findings for text in (f.title, f.evidence, f.fix)]
+    assert [m.group() for text in said for m in _CUDA_WORDS.finditer(text)] == []
+
+
+def test_the_allocator_s_calls_on_an_intel_gpu_are_named_and_its_fix_is_torch_xpu_s(tmp_path):
+    _, xpu = _twins("h100_allocator", tmp_path)
+    fix = finding(xpu, "low_gpu_utilization").fix
+    assert fix.startswith("urUSMFree, urUSMDeviceAlloc leave the device idle 1.9 ms per step")
+    assert "no torch.xpu.empty_cache() in the loop" in fix
+
+
+def test_pageable_copies_on_an_intel_gpu_are_told_as_the_round_trip_they_are(tmp_path):
+    _, xpu = _twins("h100_mask_indices", tmp_path)
+    copies = finding(xpu, "htod_copy")
+    assert copies.title == "Copies to and from pageable memory cost 26% of the step"
+    assert copies.fix.startswith("The region 'MASK INDICES' copies to the host and back (87.7 ms of pageable copies")
+
+
+def test_the_fused_optimizer_is_told_on_an_intel_gpu_which_has_fused_kernels(tmp_path):
+    _, xpu = _twins("seed003_after", tmp_path)
+    fix = finding(xpu, "low_gpu_utilization").fix
+    assert "torch.optim.Adam(params, fused=True)): one kernel launch per parameter group in place of its foreach ops;" in fix
+
+
+def test_a_trace_of_xpu_runtime_calls_without_device_activity_says_the_device_went_unrecorded(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#3", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 100, "dur": 500, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "xpu_runtime", "name": "urEventWait", "ts": 110, "dur": 480, "pid": 1, "tid": 1},
+    ]
+    summary = analyze_folder(write_trace(tmp_path / "rank0.pt.trace.json", events, rank=0, world_size=1).parent)
+    (rank,) = summary.ranks
+    assert (rank.device, rank.unrecorded_device) == ("cpu", "xpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("Memcpy M2D (MEMORY(Unknown) -> DEVICE)", ("HtoD", "pageable")),
+        ("Memcpy H2D (HOST -> DEVICE)", ("HtoD", "pinned")),
+        ("Memcpy D2M (DEVICE -> MEMORY(Unknown))", ("DtoH", "pageable")),
+        ("Memcpy D2H (DEVICE -> HOST)", ("DtoH", "pinned")),
+        ("Memcpy D2D (DEVICE -> DEVICE)", ("DtoD", None)),
+        ("Memcpy M2H (MEMORY(Unknown) -> HOST)", ("HtoH", None)),
+        ("Memcpy S2D (SHARED -> DEVICE)", ("other", None)),
+    ],
+)
+def test_an_xpu_copy_s_direction_and_host_memory_are_read_from_pti_s_kinds_of_memory(name, kind):
+    assert copy_kind(Span(0.0, 1.0, name, "gpu_memcpy", 0, 0)) == kind
+
+
+@given(st.text(max_size=60))
+def test_any_copy_name_reads_as_a_direction_or_other_and_never_fails(name):
+    direction, memory = copy_kind(Span(0.0, 1.0, name, "gpu_memcpy", 0, 0))
+    assert direction in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other")
+    assert memory in ("pageable", "pinned", None)
+
+
+def test_an_intel_gpu_s_collectives_are_collectives_on_the_host_and_on_the_device():
+    # The host's record is XCCL's profiling title; the kernel's name is oneCCL's (torch-xpu-ops#5384, a Max 1550's).
+    assert is_comm(Span(0.0, 1.0, "xccl:all_reduce", "user_annotation", 1, 1))
+    assert is_comm_kernel_name("oneccl_reduce_base<float, 2, 16, 1, 1, 2>")
+
+
+@pytest.mark.parametrize("name", ["urQueueFinish", "urEventWait", "zeEventHostSynchronize", "piQueueFinish"])
+def test_the_sycl_runtime_s_waits_are_waits_and_its_calls_are_runtime_calls(name):
+    span = Span(0.0, 1.0, name, "xpu_runtime", 1, 1)
+    assert is_sync(span) and is_runtime(span)
