@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from orchestrator.analysis.intervals import Intervals, union
 from orchestrator.models.analysis import CollectiveKind
-from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES
+from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES, starts_copy
 from orchestrator.traces.loader import Span
 
 __all__ = [
@@ -136,7 +136,7 @@ def is_comm(span: Span) -> bool:
 
 def is_copy_call(span: Span) -> bool:
     """A host-side runtime call that starts a copy (``cudaMemcpyAsync``, ``hipMemcpyWithStream``...)."""
-    return span.cat in RUNTIME_CATEGORIES and "Memcpy" in span.name
+    return starts_copy(span.cat, span.name)
 
 
 def is_data(span: Span) -> bool:

@@ -26,7 +26,7 @@ import msgspec
 
 from orchestrator import settings
 from orchestrator.models.merge_stats import DroppedEvents, MergeStats, RankAlignment
-from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES
+from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, starts_copy
 from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.fanout import RankMap
 from orchestrator.traces.gcpause import gc_paused
@@ -86,7 +86,7 @@ def classify(ph: str, raw_cat: str, name: str) -> tuple[int, bool, bool]:
     if device_comm or name.startswith(_HOST_COMM_PREFIXES):
         together = device_comm or (name.startswith("gloo:") and not name.startswith(_POINT_TO_POINT))
         return COMM, together, cat == "kernel"
-    if cat == "gpu_memcpy" or (cat in RUNTIME_CATEGORIES and "Memcpy" in name):
+    if cat == "gpu_memcpy" or starts_copy(cat, name):
         return COMM, False, False
     return SPAN, False, False
 

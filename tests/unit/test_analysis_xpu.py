@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.copies import copy_kind
-from orchestrator.analysis.spans import is_comm, is_comm_kernel_name, is_runtime, is_sync
+from orchestrator.analysis.spans import is_comm, is_comm_kernel_name, is_copy_call, is_runtime, is_sync
 from orchestrator.traces.loader import Span
 from tests.support.realtraces import finding, h100
 from tests.support.tracefiles import shared, write_trace
@@ -130,3 +130,10 @@ def test_an_intel_gpu_s_collectives_are_collectives_on_the_host_and_on_the_devic
 def test_the_sycl_runtime_s_waits_are_waits_and_its_calls_are_runtime_calls(name):
     span = Span(0.0, 1.0, name, "xpu_runtime", 1, 1)
     assert is_sync(span) and is_runtime(span)
+
+
+@pytest.mark.parametrize(
+    ("cat", "name"), [("xpu_runtime", "urEnqueueUSMMemcpy"), ("xpu_driver", "zeCommandListAppendMemoryCopy")]
+)
+def test_the_sycl_runtime_s_and_level_zero_s_copy_calls_start_copies(cat, name):
+    assert is_copy_call(Span(0.0, 1.0, name, cat, 1, 1))

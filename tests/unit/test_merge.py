@@ -273,6 +273,7 @@ def test_repeated_thread_names_are_written_once(tmp_path: Path) -> None:
         ("kernel", "oneccl_reduce_base<float, 2, 16, 1, 1, 2>", (COMM, True, True)),
         ("user_annotation", "xccl:all_reduce", (COMM, False, False)),
         ("xpu_runtime", "urEnqueueUSMMemcpy", (COMM, False, False)),
+        ("xpu_driver", "zeCommandListAppendMemoryCopy", (COMM, False, False)),
         ("xpu_runtime", "urEnqueueKernelLaunch", (SPAN, False, False)),
     ],
 )
