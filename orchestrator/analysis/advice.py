@@ -315,7 +315,7 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind in _PYTHON:
         told = f"{cause.name} run outside any op while the device idles ({figure})"
-        return python_fix(cause.kind, cause.frames, told, device=True)
+        return python_fix(cause.kind, cause.frames, told, r.device, idles=True)
     if cause.kind == "queued" and (graphs := _in_graph_replays(r)) >= cause.ms / 2:
         return (
             f"The device had work queued and still idled ({figure}), {graphs:.1f} ms of it in replays of CUDA/HIP graphs: "

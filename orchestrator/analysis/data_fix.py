@@ -77,22 +77,26 @@ def data_where(r: RankSummary) -> str:
     return f" {min(share, 1.0):.0%} of it is in {frame_label(spot.name)}{called}."
 
 
-def prep_clause(frames: Sequence[str], pipeline: bool) -> str:
+def prep_clause(frames: Sequence[str], pipeline: bool, device: str) -> str:
     """What the frames of a data preparation compute, and the change for it: ' Much of that time is ...' ('' for code
-    rayprof knows nothing of); ``pipeline``: a transformers pipeline runs it."""
+    rayprof knows nothing of); ``pipeline``: a transformers pipeline runs it; ``device``: the rank's (an Intel GPU's
+    torch.xpu has no JPEG decoder: torchvision's decodes on CUDA only)."""
+    on = "xpu" if device == "xpu" else "cuda"
     if (_any(frames, _IMAGE_PROCESSOR) and _any(frames, _OFF_TORCH)) or _any(frames, _NUMPY_TRANSFORMS):
         given = ", given to the pipeline as image_processor=" if pipeline else ""
         return (
             " Much of that time is the model's image processor, image by image off torch: load its torchvision one "
             "(AutoImageProcessor.from_pretrained(name, backend='torchvision'); use_fast=True before transformers 5"
-            f"{given}), which works on batches of tensors, and on the GPU with device='cuda' in its call."
+            f"{given}), which works on batches of tensors, and on the GPU with device='{on}' in its call."
         )
     if _any(frames, _PIL):
-        return (
-            " Much of that time is PIL decoding and resizing images: decode on the GPU (torchvision.io.decode_jpeg(data, "
-            "device='cuda')) and transform tensors there (torchvision.transforms.v2), or store the images decoded at the "
-            "size the model takes."
+        decode = (
+            "decode with torchvision.io.decode_jpeg and transform the tensors on the XPU (torchvision.transforms.v2)"
+            if on == "xpu"
+            else "decode on the GPU (torchvision.io.decode_jpeg(data, device='cuda')) and transform tensors there "
+            "(torchvision.transforms.v2)"
         )
+        return f" Much of that time is PIL decoding and resizing images: {decode}, or store the images decoded at the size the model takes."
     if _any(frames, _TOKENIZER):
         fast = "" if _any(frames, _FAST_TOKENIZER) else ", with the fast (Rust) tokenizer (AutoTokenizer.from_pretrained(name, use_fast=True))"
         return (
@@ -135,7 +139,7 @@ def data_fix(r: RankSummary, steady: bool = True) -> str:
         )
     else:
         first = f"Load batches in parallel with the step: {_WORKERS}"
-    what = prep_clause([f.name for f in r.data_frames], pipeline)
+    what = prep_clause([f.name for f in r.data_frames], pipeline, r.device)
     if what or pipeline or trainer:
         return f"{first}.{what}"
     if steady and (fetch := per_sample_fetch(r)):

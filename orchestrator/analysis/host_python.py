@@ -69,7 +69,7 @@ def host_python(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -
             f"The training thread {runs} {when} on rank {worst.rank}{fetched}, {per_step:.1f} ms of a "
             f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on average.{named} Found on {ranks_text(hit)}."
         ),
-        fix=python_fix(kind, [f.name for f in worst.python_frames], told, device=False),
+        fix=python_fix(kind, [f.name for f in worst.python_frames], told, worst.device, idles=False),
         ranks=[r.rank for r in hit],
     )
 

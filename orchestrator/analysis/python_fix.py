@@ -40,19 +40,19 @@ def python_kind(frame: str) -> PythonKind:
     return "data_prep" if _DATA_PREP.search(frame) else "bookkeeping" if _BOOKKEEPING.search(frame) else "python"
 
 
-def python_fix(kind: PythonKind, frames: Sequence[str], told: str, device: bool) -> str:
-    """The fix for Python of ``kind`` (its ``frames``, largest first), after ``told`` (what runs, and its figure);
-    ``device``: the job computes on a device, which idles meanwhile."""
-    computes = "the device computes" if device else "the step computes"
+def python_fix(kind: PythonKind, frames: Sequence[str], told: str, device: str, idles: bool) -> str:
+    """The fix for Python of ``kind`` (its ``frames``, largest first), after ``told`` (what runs, and its figure), on
+    a rank of ``device`` (cuda, xpu, cpu...); ``idles``: the job computes on a device, which idles meanwhile."""
+    computes = "the device computes" if idles else "the step computes"
     if kind == "data_prep" and in_pipeline(frames):
         return f"{told}: a transformers pipeline's preprocessing, in the step's own process: {PIPELINE_WORKERS}." + prep_clause(
-            frames, pipeline=True
+            frames, pipeline=True, device=device
         )
     if kind == "data_prep":
         return (
             f"{told}: the data's preparation, in the step's own process: do it per sample in the Dataset's __getitem__ "
             f"so DataLoader workers (num_workers > 0) prepare the next batches while {computes}, or once, offline, "
-            "into a preprocessed dataset." + prep_clause(frames, pipeline=False)
+            "into a preprocessed dataset." + prep_clause(frames, pipeline=False, device=device)
         )
     if kind == "ray_call":
         return (
@@ -71,7 +71,7 @@ def python_fix(kind: PythonKind, frames: Sequence[str], told: str, device: bool)
             f"{told}: the step's bookkeeping (logging, metrics, callbacks, saving), every step: do it every N steps, "
             "on values kept on the device, or on a background thread."
         )
-    if device:
+    if idles:
         return (
             f"{told}: move that work off the step (a background thread, a DataLoader worker, every N steps) or onto the "
             "device as tensor ops (torch.compile then fuses them)."

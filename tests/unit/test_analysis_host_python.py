@@ -100,8 +100,23 @@ def test_a_transformers_tokenizer_run_in_the_step_is_told_to_tokenize_once_ahead
 
 
 def test_a_slow_tokenizer_is_told_to_use_the_fast_one():
-    clause = prep_clause(["transformers/tokenization_python.py(700): PythonBackend._tokenize"], pipeline=False)
+    clause = prep_clause(["transformers/tokenization_python.py(700): PythonBackend._tokenize"], pipeline=False, device="cpu")
     assert "tokenize once, ahead" in clause and "use_fast=True" in clause
+
+
+_PIL_DECODE = ["PIL/ImageFile.py(300): ImageFile.load", "torchvision/datasets/folder.py(260): pil_loader"]
+
+
+def test_pil_decoding_on_a_cuda_rank_is_told_to_decode_on_the_gpu():
+    clause = prep_clause(_PIL_DECODE, pipeline=False, device="cuda")
+    assert "decode on the GPU (torchvision.io.decode_jpeg(data, device='cuda'))" in clause
+
+
+def test_pil_decoding_on_an_intel_gpu_is_told_to_transform_there_not_to_decode_on_cuda():
+    # torchvision decodes JPEGs on CUDA devices only; its tensor transforms run on any.
+    clause = prep_clause(_PIL_DECODE, pipeline=False, device="xpu")
+    assert "transform the tensors on the XPU (torchvision.transforms.v2)" in clause
+    assert "cuda" not in clause
 
 
 @pytest.mark.parametrize("folder", ["cpu_ray_data_fast", "cpu_hf_trainer_save_sampled", "cpu_lightning_validate_sampled"])
