@@ -16,6 +16,7 @@ from collections import defaultdict
 from typing import IO, Any
 
 from orchestrator.layout import parse_profiler_step
+from orchestrator.traces.categories import device_label
 
 __all__ = ["DEVICE_CATEGORIES", "OP_COLUMNS", "MemoryTimeline", "OpTable", "StepSpans", "number"]
 
@@ -81,7 +82,7 @@ class MemoryTimeline:
         if ev.get("name") != "[memory]":
             return
         args = _args(ev)
-        device = f"{'cuda' if args.get('Device Type') == 1 else 'cpu'}:{_device_id(args.get('Device Id', -1))}"
+        device = device_label(args.get("Device Type"), _device_id(args.get("Device Id", -1)))
         series = self._series.get(device)
         if series is None:
             series = self._series[device] = (array("d"), array("d"), array("d"))

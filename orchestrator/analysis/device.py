@@ -46,6 +46,7 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import CollectiveKind, CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
+from orchestrator.traces.categories import device_label
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["DeviceView", "WindowGpu", "copy_issuer", "memory_peaks"]
@@ -259,12 +260,11 @@ def memory_peaks(trace: RankTrace) -> list[MemoryPeak]:
     capacity = {d.get("id"): d.get("totalGlobalMem") for d in trace.device_properties}
     peaks = []
     for (dev_type, dev_id), peak in sorted(trace.memory_peaks.items()):
-        # c10::DeviceType: 0 is CPU, 1 is CUDA.
-        if dev_type == 1:
+        if dev_type == 1:  # c10::DeviceType's CUDA, whose devices deviceProperties lists
             cap = capacity.get(dev_id)
             peaks.append(MemoryPeak(device=f"cuda:{dev_id}", peak_bytes=peak, capacity_bytes=cap if isinstance(cap, int) else None))
         else:
-            peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else f"type{dev_type}:{dev_id}", peak_bytes=peak))
+            peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else device_label(dev_type, dev_id), peak_bytes=peak))
     return peaks
 
 

@@ -1,9 +1,9 @@
-"""Kineto's names that every reader of a trace agrees on: the device runtime's call categories and the host's
-collective calls (the analysis, the merge and the export child's cut read them alike)."""
+"""Kineto's names that every reader of a trace agrees on: the device runtime's call categories, the host's collective
+calls and the devices' types (the analysis, the merge and the export child read them alike)."""
 
 from __future__ import annotations
 
-__all__ = ["HOST_COLLECTIVE_PREFIXES", "RUNTIME_CATEGORIES", "starts_copy"]
+__all__ = ["HOST_COLLECTIVE_PREFIXES", "RUNTIME_CATEGORIES", "device_label", "starts_copy"]
 
 # A device runtime's or driver's calls (a launch, a copy, a sync, the allocator), whose correlation id ties each to the
 # device work it started: CUDA's and HIP's (HIP keeps CUDA's categories), MTIA's, and an Intel GPU's (Kineto's XPU
@@ -18,3 +18,15 @@ def starts_copy(cat: str, name: str) -> bool:
     """A runtime call that starts a copy: ``cudaMemcpyAsync``, ``hipMemcpyWithStream``, an Intel GPU's
     ``urEnqueueUSMMemcpy`` or Level Zero's ``zeCommandListAppendMemoryCopy``."""
     return cat in RUNTIME_CATEGORIES and ("Memcpy" in name or "MemoryCopy" in name)
+
+
+# c10::DeviceType's numbers, as a [memory] event's "Device Type" carries them, by torch's names (ROCm's HIP devices
+# report CUDA's).
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 15: "hpu", 19: "mtia"}
+
+
+def device_label(device_type: object, device_id: int) -> str:
+    """A [memory] event's device as torch names it: ``cuda:0``, ``xpu:0``, ``cpu:-1``; ``type20:0`` for a type
+    torch has no common name for, and the CPU for a type that is no number."""
+    kind = _DEVICE_TYPES.get(device_type) if device_type.__class__ is int else "cpu"
+    return f"{kind or f'type{device_type}'}:{device_id}"

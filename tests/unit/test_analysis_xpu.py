@@ -7,6 +7,8 @@ changes and why): the DataLoader-bound step and its fix (``../shared/gpu-traces`
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from pathlib import Path
 
@@ -14,9 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.export.tables import MemoryTimeline
 from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.copies import copy_kind
 from orchestrator.analysis.spans import is_comm, is_comm_kernel_name, is_copy_call, is_runtime, is_sync
+from orchestrator.traces.categories import device_label
 from orchestrator.traces.loader import Span
 from tests.support.realtraces import finding, h100
 from tests.support.tracefiles import shared, write_trace
@@ -137,3 +141,42 @@ def test_the_sycl_runtime_s_waits_are_waits_and_its_calls_are_runtime_calls(name
 )
 def test_the_sycl_runtime_s_and_level_zero_s_copy_calls_start_copies(cat, name):
     assert is_copy_call(Span(0.0, 1.0, name, cat, 1, 1))
+
+
+def _memory_event(ts: float, device_type: int, device_id: int, allocated: int) -> dict:
+    return {"ph": "i", "s": "t", "name": "[memory]", "ts": ts, "pid": 1, "tid": 1,
+            "args": {"Device Type": device_type, "Device Id": device_id, "Total Allocated": allocated,
+                     "Total Reserved": 2 * allocated, "Bytes": allocated}}
+
+
+_MEMORY_EVENTS = [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+    _memory_event(10, 0, -1, 4096),  # the host's
+    _memory_event(20, 12, 0, 1 << 20),  # c10::DeviceType's XPU, device 0
+    _memory_event(30, 12, 0, 1 << 21),
+]
+
+
+def test_an_intel_gpu_s_memory_peak_is_its_own_device_not_the_host_s(tmp_path):
+    summary = analyze_folder(write_trace(tmp_path / "rank0.pt.trace.json", _MEMORY_EVENTS, rank=0, world_size=1).parent)
+    (rank,) = summary.ranks
+    assert {m.device: m.peak_bytes for m in rank.memory} == {"cpu": 4096, "xpu:0": 1 << 21}
+
+
+def test_an_intel_gpu_s_memory_timeline_is_a_series_of_its_own():
+    timeline = MemoryTimeline()
+    for event in _MEMORY_EVENTS:
+        timeline.add(event)
+    out = io.StringIO()
+    timeline.write(out, None)
+    devices = json.loads(out.getvalue())["devices"]
+    assert sorted(devices) == ["cpu:-1", "xpu:0"]
+    assert devices["xpu:0"]["peak_allocated_bytes"] == 1 << 21
+
+
+@pytest.mark.parametrize(
+    ("device_type", "device_id", "label"),
+    [(0, -1, "cpu:-1"), (1, 0, "cuda:0"), (12, 1, "xpu:1"), (19, 0, "mtia:0"), (20, 0, "type20:0"), ("cuda", 0, "cpu:0")],
+)
+def test_a_memory_event_s_device_is_named_as_torch_names_it(device_type, device_id, label):
+    assert device_label(device_type, device_id) == label
