@@ -46,7 +46,7 @@ from orchestrator.analysis.spans import (
 )
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import CollectiveKind, CopyStats, GpuStats, MemoryPeak, OpStat, ProcessGroupComm
-from orchestrator.traces.categories import device_label
+from orchestrator.traces.categories import CPU_DEVICE_TYPE, CUDA_DEVICE_TYPE, XPU_DEVICE_TYPE, device_label
 from orchestrator.traces.loader import RankTrace, Span
 
 __all__ = ["DeviceView", "WindowGpu", "copy_issuer", "memory_peaks"]
@@ -256,15 +256,19 @@ def _window_finder(windows: Sequence[Window]) -> Callable[[float], int | None]:
 
 
 def memory_peaks(trace: RankTrace) -> list[MemoryPeak]:
-    """Each device's peak allocated memory in the trace, with the CUDA devices' capacity where the trace gives it."""
+    """Each device's peak allocated memory in the trace, with the GPUs' capacity where the trace gives it."""
     capacity = {d.get("id"): d.get("totalGlobalMem") for d in trace.device_properties}
     peaks = []
     for (dev_type, dev_id), peak in sorted(trace.memory_peaks.items()):
-        if dev_type == 1:  # c10::DeviceType's CUDA, whose devices deviceProperties lists
-            cap = capacity.get(dev_id)
-            peaks.append(MemoryPeak(device=f"cuda:{dev_id}", peak_bytes=peak, capacity_bytes=cap if isinstance(cap, int) else None))
-        else:
-            peaks.append(MemoryPeak(device="cpu" if dev_type == 0 else device_label(dev_type, dev_id), peak_bytes=peak))
+        if dev_type == CPU_DEVICE_TYPE:
+            peaks.append(MemoryPeak(device="cpu", peak_bytes=peak))
+            continue
+        # deviceProperties lists the CUDA (or HIP) devices, or an Intel GPU's (Kineto's XPU plugin: Level Zero's).
+        listed = dev_type == CUDA_DEVICE_TYPE or (dev_type == XPU_DEVICE_TYPE and trace.device == "xpu")
+        cap = capacity.get(dev_id) if listed else None
+        peaks.append(
+            MemoryPeak(device=device_label(dev_type, dev_id), peak_bytes=peak, capacity_bytes=cap if isinstance(cap, int) else None)
+        )
     return peaks
 
 

@@ -3,7 +3,15 @@ calls and the devices' types (the analysis, the merge and the export child read 
 
 from __future__ import annotations
 
-__all__ = ["HOST_COLLECTIVE_PREFIXES", "RUNTIME_CATEGORIES", "device_label", "starts_copy"]
+__all__ = [
+    "CPU_DEVICE_TYPE",
+    "CUDA_DEVICE_TYPE",
+    "HOST_COLLECTIVE_PREFIXES",
+    "RUNTIME_CATEGORIES",
+    "XPU_DEVICE_TYPE",
+    "device_label",
+    "starts_copy",
+]
 
 # A device runtime's or driver's calls (a launch, a copy, a sync, the allocator), whose correlation id ties each to the
 # device work it started: CUDA's and HIP's (HIP keeps CUDA's categories), MTIA's, and an Intel GPU's (Kineto's XPU
@@ -22,7 +30,8 @@ def starts_copy(cat: str, name: str) -> bool:
 
 # c10::DeviceType's numbers, as a [memory] event's "Device Type" carries them, by torch's names (ROCm's HIP devices
 # report CUDA's).
-_DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 15: "hpu", 19: "mtia"}
+CPU_DEVICE_TYPE, CUDA_DEVICE_TYPE, XPU_DEVICE_TYPE = 0, 1, 12
+_DEVICE_TYPES = {CPU_DEVICE_TYPE: "cpu", CUDA_DEVICE_TYPE: "cuda", XPU_DEVICE_TYPE: "xpu", 15: "hpu", 19: "mtia"}
 
 
 def device_label(device_type: object, device_id: int) -> str:

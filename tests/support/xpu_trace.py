@@ -6,7 +6,8 @@ so the tests take real H100 recordings and change what the device's runtime call
 named by the Unified Runtime (``urEnqueueKernelLaunch``, ``urEnqueueUSMMemcpy``, ``urQueueFinish``...); copies are
 named by PTI's kinds of memory at each end (``Memcpy M2D (MEMORY(Unknown) -> DEVICE)``: M is malloc'd, pageable,
 memory, H the runtime's pinned host memory, D the device's); device work carries no ``stream`` (its ``tid`` is the
-SYCL queue) and CUPTI's fields (``cuda_sync`` events, occupancy, the CUDA versions, the device's properties) are gone.
+SYCL queue), CUPTI's fields (``cuda_sync`` events, occupancy, the CUDA versions) are gone, the device is listed as the
+plugin lists it (a name and its memory, no compute capability) and its [memory] events carry XPU's device type.
 Timings, ops, correlations and kernels' names are the recording's: what rayprof says of the one should be what it
 says of the other, in the device's own words.
 """
@@ -18,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_TO_UR", "as_xpu_trace"]
+__all__ = ["CUDA_TO_UR", "as_xpu_trace", "xpu_properties"]
 
 # The Unified Runtime's call for each CUDA runtime or driver call the recordings hold (the rest are queries, whose
 # nearest UR call is a device query).
@@ -47,6 +48,16 @@ _MEMORY = {"Pageable": ("M", "MEMORY(Unknown)"), "Pinned": ("H", "HOST"), "Devic
 _CUPTI_ARGS = ("stream", "context", "queued", "registers per thread", "shared memory", "blocks per SM",
                "warps per SM", "grid", "block", "est. achieved occupancy %")
 _CUPTI_HEADER = ("deviceProperties", "cuda_driver_version", "cuda_runtime_version", "cupti_version")
+_XPU = 12  # c10::DeviceType's XPU, as [memory] events carry it (CUDA's is 1)
+
+
+def xpu_properties(device_id: int, total_bytes: int) -> dict[str, Any]:
+    """One device as the XPU plugin lists it (``getXpuDeviceProperties``: SYCL's device info, no compute capability)."""
+    return {
+        "id": device_id, "name": "Intel(R) Data Center GPU Max 1550", "totalGlobalMem": total_bytes,
+        "maxComputeUnits": 448, "maxWorkGroupSize": 1024, "maxClockFrequency": 1600, "maxMemAllocSize": total_bytes,
+        "localMemSize": 131072, "vendor": "Intel(R) Corporation", "driverVersion": "1.6.31294",
+    }
 
 
 def _copy_name(name: str) -> str:
@@ -61,6 +72,8 @@ def _event(e: dict[str, Any]) -> dict[str, Any] | None:
     if cat == "cuda_sync":
         return None
     e = dict(e)
+    if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 1:
+        e["args"] = {**e["args"], "Device Type": _XPU}
     if cat in ("cuda_runtime", "cuda_driver"):
         e["cat"], e["name"] = "xpu_runtime", CUDA_TO_UR.get(e["name"], _QUERY)
     elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -80,6 +93,7 @@ def as_xpu_trace(cuda_trace: Path, out_dir: Path) -> Path:
         trace = json.load(f)
     events = [x for x in map(_event, trace["traceEvents"]) if x is not None]
     header = {k: v for k, v in trace.items() if k != "traceEvents" and k not in _CUPTI_HEADER}
+    header["deviceProperties"] = [xpu_properties(d["id"], d["totalGlobalMem"]) for d in trace.get("deviceProperties", [])]
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / cuda_trace.name.removesuffix(".gz")
     out.write_text(json.dumps({**header, "traceEvents": events}))

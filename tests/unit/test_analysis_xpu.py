@@ -24,7 +24,7 @@ from orchestrator.traces.categories import device_label
 from orchestrator.traces.loader import Span
 from tests.support.realtraces import finding, h100
 from tests.support.tracefiles import shared, write_trace
-from tests.support.xpu_trace import as_xpu_trace
+from tests.support.xpu_trace import as_xpu_trace, xpu_properties
 
 _DATA = Path(__file__).parents[1] / "data" / "traces"
 _RECORDINGS = {
@@ -180,3 +180,18 @@ def test_an_intel_gpu_s_memory_timeline_is_a_series_of_its_own():
 )
 def test_a_memory_event_s_device_is_named_as_torch_names_it(device_type, device_id, label):
     assert device_label(device_type, device_id) == label
+
+
+def test_an_intel_gpu_near_its_memory_is_warned_of_in_torch_xpu_s_words(tmp_path):
+    total = 1 << 22  # the device as the XPU plugin lists it: 4 MiB, 2 MiB of it allocated at the peak
+    launch = {"ph": "X", "cat": "xpu_runtime", "name": "urEnqueueKernelLaunch", "ts": 45, "dur": 2, "pid": 1, "tid": 1,
+              "args": {"correlation": 7}}
+    kernel = {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "ts": 50, "dur": 10, "pid": 0, "tid": 0,
+              "args": {"correlation": 7, "device": 0, "sycl queue": 0}}
+    events = [*_MEMORY_EVENTS, _memory_event(40, 12, 0, int(0.95 * total)), launch, kernel]
+    folder = write_trace(
+        tmp_path / "rank0.pt.trace.json", events, rank=0, world_size=1, deviceProperties=[xpu_properties(0, total)]
+    ).parent
+    found = finding(analyze_folder(folder), "memory_peak")
+    assert found.title == "Memory peaks at 95% of xpu:0"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in found.fix
