@@ -327,9 +327,9 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         )
     if cause.kind == "queued":
         return (
-            f"The device had work queued and still idled ({figure}): look for cross-stream waits (cudaStreamWaitEvent, "
-            "record_stream), CUDA-graph nodes that wait on the host, and work the profiler did not record (other "
-            "processes on the device)."
+            f"The device had work queued and still idled ({figure}): look for cross-stream waits ({words.stream_wait}, "
+            "record_stream), " + ("CUDA-graph nodes that wait on the host, " if words.graphs else "")
+            + "and work the profiler did not record (other processes on the device)."
         )
     if cause.kind in ("op", "ops") and is_compiled_name(cause.name) and r.idle is not None and r.idle.get("capture"):
         return (

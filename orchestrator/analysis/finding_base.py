@@ -59,18 +59,28 @@ class Runtime:
     """How a fix names what the device's runtime offers: torch's module for it (``torch.cuda.empty_cache()``), and
     what one runtime has that another lacks."""
 
+    name: str  # the runtime's own name: CUDA (HIP keeps torch.cuda's), XPU
     module: str
-    event: str  # what the host waits on for a copy's end without stalling the device: torch.cuda.Event's name
+    event: str  # what the host waits on for a copy's end without stalling the device, with its article
+    synchronize: str  # the runtime's call in which the host waits for a stream
+    stream_wait: str  # the runtime's call by which one stream waits for another's event
     # Whether torch.compile(mode='reduce-overhead') replays the model's kernels as graphs (CUDA's and HIP's graphs).
     graphs: bool
     # The allocator's setting against fragmentation, where the runtime's caching allocator has one.
     expandable_segments: str | None
 
 
-_CUDA_RUNTIME = Runtime("torch.cuda", "CUDA event", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+_CUDA_RUNTIME = Runtime(
+    "CUDA", "torch.cuda", "a CUDA event", "cudaStreamSynchronize", "cudaStreamWaitEvent", True,
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+)
 # An Intel GPU's (torch.xpu): Inductor's graph replay (cudagraph trees) and the allocator's expandable segments are
 # CUDA's, not promised there.
-_RUNTIMES = {"xpu": Runtime("torch.xpu", "XPU event (torch.xpu.Event)", False, None)}
+_RUNTIMES = {
+    "xpu": Runtime(
+        "XPU", "torch.xpu", "an XPU event (torch.xpu.Event)", "urQueueFinish", "urEnqueueEventsWait", False, None
+    )
+}
 
 
 def runtime_of(device: str) -> Runtime:

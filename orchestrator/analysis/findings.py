@@ -272,7 +272,7 @@ def htod_copy(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
     else:
         fix = (
             "Keep the values on the device; where the host needs them, copy them with non_blocking=True into a pinned "
-            f"buffer and read it after a {runtime_of(worst.device).event} has completed."
+            f"buffer and read it after {runtime_of(worst.device).event} has completed."
         )
     title = (
         f"Copies to and from pageable memory cost {share(worst, _copy_cost(worst)):.0%} of the step" if pageable_ms

@@ -12,7 +12,7 @@ so nested spans are never counted twice and the phases add up to the step time:
                   or ``_next_data``), or where Ray Data's iterator hands over a batch (its Python frames or
                   the agent's stack samples: :mod:`orchestrator.analysis.untraced`), from the step's batch fetch
                   on: the fix is the loader's. Fetches before it (an evaluation's loader) are between steps.
- 2. ``sync``      the host waits for the device: a ``{cuda,hip}{Stream,Device,Event}Synchronize`` or device-to-host copy
+ 2. ``sync``      the host waits for the device: a runtime's ``*Synchronize`` (SYCL's ``urQueueFinish``...) or device-to-host copy
                   call, widened to the outermost ``aten::item`` / ``aten::_local_scalar_dense`` / ``aten::to`` /
                   ``aten::copy_`` around it. On a device trace an ``aten::item`` with no such call reads a CPU scalar
                   (Adam's step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync, except where it
@@ -178,7 +178,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         # On a device, a sync is a runtime call that waits for it (a *Synchronize,
         # or a device-to-host copy) widened to the aten::item / .to() that made it;
         # an aten::item without one reads a CPU scalar. On a CPU trace item() is the sync.
-        waits = is_sync(span) and (not device_spans or span.cat in ("cuda_runtime", "cuda_driver"))
+        waits = is_sync(span) and (not device_spans or is_runtime(span))
         if is_copy_call(span):
             copy_calls.append(span)
             if span.correlation is not None:

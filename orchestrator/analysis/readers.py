@@ -80,7 +80,7 @@ def readers(r: RankSummary) -> str:
 def _value_reads_text(r: RankSummary) -> str:
     return (
         "Keep loss.item(), .cpu(), .tolist() and printing tensors off the per-step path: accumulate the loss on the "
-        "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after a "
+        "device and read it every N steps, or copy it with non_blocking=True into a pinned buffer and read it after "
         f"{runtime_of(r.device).event} has completed. Pinning memory does not help here: the wait is for the kernels "
         "queued before the read."
     )
@@ -146,7 +146,7 @@ def _ops(r: RankSummary, *, every_step: bool = True) -> str:
         said += (
             f"{synchronize}: the loop waits for the device itself ({runtime_of(r.device).module}.synchronize(), a "
             "stream's or event's .synchronize()), most often left from timing code: drop it, or time with "
-            f"{'XPU' if r.device == 'xpu' else 'CUDA'} events read every N steps. "
+            f"{runtime_of(r.device).name} events read every N steps. "
         )
     if conditions := listed(TENSOR_CONDITIONS):
         said += (

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.cpu_wait import cores_fix, starved
-from orchestrator.analysis.finding_base import make_finding, worst_straggler
+from orchestrator.analysis.finding_base import make_finding, runtime_of, worst_straggler
 from orchestrator.analysis.gc_finding import explains_straggler
 from orchestrator.analysis.host_python import own_python
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
@@ -39,7 +39,7 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
         evidence = (
             f"Rank {worst.rank} starts the step {worst.phase_excess_ms:.1f} ms after the earliest rank and waits only "
             f"{worst.comm_wait_ms:.1f} ms, while the ranks that started on time wait {worst.reference_comm_wait_ms:.1f} ms "
-            "(in collectives or in cudaStreamSynchronize on them)."
+            f"(in collectives or in {runtime_of((by_rank.get(worst.rank) or ranks[0]).device).synchronize} on them)."
         )
         fix = (
             "Look at what that rank does between steps, outside the profiled step: rank-gated work (logging, metrics, "
