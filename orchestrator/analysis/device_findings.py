@@ -278,7 +278,8 @@ def gpu_bound(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding |
             + overlapping
         ),
         fix=device_work_fix(
-            found, worst.mean_step_ms or 0.0, REPORT_FRACTION, worst.accelerator, worst.mean_phases.backward > 0, worst.loop
+            found, worst.mean_step_ms or 0.0, REPORT_FRACTION, worst.accelerator, worst.mean_phases.backward > 0, worst.loop,
+            worst.device,
         ),
         ranks=[r.rank for r in hit],
     )

@@ -162,13 +162,15 @@ def _softmax_leads(t: KindTime) -> bool:
     return 2 * ms >= sum(k.total_ms for k in t.kernels)
 
 
-def _fix(t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator | None, trains: bool, loop: Loop | None) -> str:
+def _fix(
+    t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator | None, trains: bool, loop: Loop | None, on: str
+) -> str:
     names = ", ".join(dict.fromkeys(short_name(k.name) for k in t.kernels[:3]))
     label = "matrix multiplies" if t.kind == "matmul" and not t.convolutions else _LABELS[t.kind]
     figure = f"{label.capitalize()} take {t.ms:.1f} ms a step ({t.ms / step_ms:.0%} of it; {names})"
     if t.kind == "matmul" and t.fp32:
         return (
-            f"{figure}, in fp32 by their names: {fp32_matmul_fix(device, trains)}{_CHANNELS_LAST if t.convolutions else ''}."
+            f"{figure}, in fp32 by their names: {fp32_matmul_fix(device, trains, on)}{_CHANNELS_LAST if t.convolutions else ''}."
             + in_loop(loop, half_changes(device, tf32=True))
         )
     if t.kind == "matmul" and t.low_precision:
@@ -218,15 +220,15 @@ def _fix(t: KindTime, step_ms: float, fused_attention: bool, device: Accelerator
 
 def device_work_fix(
     found: list[KindTime], step_ms: float, runner_up_fraction: float, device: Accelerator | None, trains: bool,
-    loop: Loop | None = None,
+    loop: Loop | None = None, on: str = "cuda",
 ) -> str:
     """The fix for the kind of kernel (``found``: :func:`kinds`) that takes most of the busy device's time, and for
     the runner-up when it takes at least ``runner_up_fraction`` of the ``step_ms`` step, in precisions ``device`` has
     and with tools for training or, where the steps run no backward (``trains`` False), for inference; as ``loop``'s
-    settings too where a framework runs it."""
+    settings too where a framework runs it; ``on``: the rank's device (cuda, rocm, xpu...)."""
     if not found or step_ms <= 0:
         return "Make the device work cheaper: bf16/fp8 autocast, torch.compile to fuse small kernels, SDPA for attention."
     # A runner-up the names do not place has no fix of its own to add.
     told = [found[0], *(t for t in found[1:2] if t.ms >= runner_up_fraction * step_ms and t.kind != "other")]
     fused_attention = any(t.kind == "attention" for t in found)
-    return " ".join(_fix(t, step_ms, fused_attention, device, trains, loop) for t in told)
+    return " ".join(_fix(t, step_ms, fused_attention, device, trains, loop, on) for t in told)

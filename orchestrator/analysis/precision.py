@@ -12,30 +12,36 @@ from orchestrator.models.accelerator import Accelerator
 
 __all__ = ["fp8_clause", "fp32_matmul_fix", "half_autocast", "half_changes", "half_format"]
 
-_AUTOCAST = "torch.autocast(device_type='cuda', dtype=torch.{dtype})"
+_AUTOCAST = "torch.autocast(device_type='{device}', dtype=torch.{dtype})"
 
 
 def _fp16_only(a: Accelerator | None) -> bool:
     return a is not None and a.has("fp16") and not a.has("bf16")
 
 
-def fp32_matmul_fix(a: Accelerator | None, trains: bool) -> str:
-    """How fp32 matrix math gets cheaper on ``a``: the clause after "in fp32 by their names: "."""
+def fp32_matmul_fix(a: Accelerator | None, trains: bool, device: str = "cuda") -> str:
+    """How fp32 matrix math gets cheaper on ``a``: the clause after "in fp32 by their names: "; ``device``: the rank's
+    (an Intel GPU's autocast is torch.xpu's, and NVIDIA's generations name none of its)."""
     scaler = " with a torch.amp.GradScaler" if trains else ""
+    if device == "xpu":
+        return (
+            f"run them in bf16 under {_AUTOCAST.format(device='xpu', dtype='bfloat16')}, or at least TF32 where the "
+            "device has it (torch.set_float32_matmul_precision('high'))"
+        )
     if a is not None and a.has("bf16") and a.has("tf32"):
         return (
-            f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}, or at least TF32 "
+            f"run them in bf16 under {_AUTOCAST.format(device='cuda', dtype='bfloat16')}, or at least TF32 "
             f"(torch.set_float32_matmul_precision('high')): the {a.label} has tensor cores for both"
         )
     if a is not None and a.has("bf16"):
-        return f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')}: the {a.label} has matrix cores for it"
+        return f"run them in bf16 under {_AUTOCAST.format(device='cuda', dtype='bfloat16')}: the {a.label} has matrix cores for it"
     if a is not None and a.has("fp16"):
         return (
-            f"run them in float16 under {_AUTOCAST.format(dtype='float16')}{scaler}: the "
+            f"run them in float16 under {_AUTOCAST.format(device='cuda', dtype='float16')}{scaler}: the "
             f"{a.label} has tensor cores for fp16 but none for bf16 or TF32, so bf16 gains nothing there"
         )
     return (
-        f"run them in bf16 under {_AUTOCAST.format(dtype='bfloat16')} (float16{scaler} before Ampere), "
+        f"run them in bf16 under {_AUTOCAST.format(device='cuda', dtype='bfloat16')} (float16{scaler} before Ampere), "
         "or at least TF32 on Ampere and later (torch.set_float32_matmul_precision('high'))"
     )
 

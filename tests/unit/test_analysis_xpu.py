@@ -36,9 +36,11 @@ _FOLDERS = {
     # One of 16 A100 ranks whose queued work waits on other streams (HTA's), and PARAM's 8 V100 ranks, one late.
     "hta_negative_queue_a100_r0of16": lambda: shared("external-traces", "hta_negative_queue_a100_r0of16", "traces"),
     "param_dlrm_v100_8ranks": lambda: shared("external-traces", "param_dlrm_v100_8ranks", "traces"),
+    # A V100 busy 80% of its step, most of it in fp32 matrix math by the kernels' names (HTA's).
+    "hta_ns_resolution_v100_1rank": lambda: shared("external-traces", "hta_ns_resolution_v100_1rank", "traces"),
 }
 # What only CUDA has, or names: its runtime's calls and module, its allocator's setting, CUPTI, its graphs.
-_CUDA_WORDS = re.compile(r"torch\.cuda|CUDA|cuda[A-Z]|cu[A-Z][a-z]+\(|PYTORCH_CUDA|CUPTI|cuDNN")
+_CUDA_WORDS = re.compile(r"torch\.cuda|CUDA|cuda[A-Z]|'cuda'|cu[A-Z][a-z]+\(|PYTORCH_CUDA|CUPTI|cuDNN|Ampere")
 _TWINS: dict[str, tuple[Summary, Summary]] = {}
 
 
