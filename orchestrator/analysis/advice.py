@@ -221,7 +221,6 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     figure = f"{cause.ms:.1f} ms per step"
     words = runtime_of(r.device)
     torch_ = words.module
-    graphs = "CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), " if words.graphs else ""
     if (host := host_op(cause, r)) is not None:
         steps = max(len(r.steps), 1)
         calls = host.calls / steps
@@ -306,12 +305,14 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
     if cause.kind == "launch_calls":
         return (
             f"Launch calls ({cause.name}) take the runtime's own time while the device idles ({figure}): launch fewer, "
-            f"bigger kernels: {graphs}torch.compile to fuse small kernels, a larger batch."
+            "bigger kernels: " + ("CUDA/HIP graphs (torch.compile(mode='reduce-overhead')), " if words.graphs else "")
+            + "torch.compile to fuse small kernels, a larger batch."
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind == "launch":
         return (
             f"Kernels are launched no faster than they run ({figure} of launch-bound idle): give the device more work "
-            f"per launch: {graphs.replace('CUDA/HIP', 'CUDA')}torch.compile to fuse small kernels, a larger batch."
+            "per launch: " + ("CUDA graphs (torch.compile(mode='reduce-overhead')), " if words.graphs else "")
+            + "torch.compile to fuse small kernels, a larger batch."
         ) + in_loop(r.loop, [Change.COMPILE])
     if cause.kind in _PYTHON:
         told = f"{cause.name} run outside any op while the device idles ({figure})"
