@@ -74,9 +74,14 @@ _CUDA_RUNTIME = Runtime(
     "CUDA", "torch.cuda", "a CUDA event", "cudaStreamSynchronize", "cudaStreamWaitEvent", True,
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
 )
+# ROCm's: torch keeps CUDA's names (torch.cuda, its events, graphs and allocator settings); the runtime's calls are HIP's.
 # An Intel GPU's (torch.xpu): Inductor's graph replay (cudagraph trees) and the allocator's expandable segments are
 # CUDA's, not promised there.
 _RUNTIMES = {
+    "rocm": Runtime(
+        "CUDA", "torch.cuda", "a CUDA event", "hipStreamSynchronize", "hipStreamWaitEvent", True,
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    ),
     "xpu": Runtime(
         "XPU", "torch.xpu", "an XPU event (torch.xpu.Event)", "urQueueFinish", "urEnqueueEventsWait", False, None
     )
@@ -84,8 +89,8 @@ _RUNTIMES = {
 
 
 def runtime_of(device: str) -> Runtime:
-    """The runtime a fix names for ``device`` (a RankSummary's: cuda, rocm, xpu...); CUDA's where torch names
-    the device so (ROCm's HIP build keeps torch.cuda) or where the trace does not say."""
+    """The runtime a fix names for ``device`` (a RankSummary's: cuda, rocm, xpu...); CUDA's where the trace does
+    not say."""
     return _RUNTIMES.get(device, _CUDA_RUNTIME)
 
 

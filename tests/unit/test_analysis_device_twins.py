@@ -1,8 +1,10 @@
-"""Intel GPUs (torch.xpu): a trace from Kineto's XPU plugin is judged as its CUDA twin is, in its own runtime's words.
+"""Devices no public trace shows rayprof: Intel GPUs (torch.xpu), judged as their CUDA twins are and told in their own
+runtime's words; and an AMD GPU's twin where no real ROCm trace holds the case.
 
-The twins are real H100 recordings rewritten as the XPU plugin writes (``tests/support/xpu_trace.py`` says what
-changes and why): the DataLoader-bound step and its fix (``../shared/gpu-traces``), the profiler tutorial's
-``MASK INDICES`` round trip and a loop that frees and allocates device memory every step (``tests/data/traces``).
+The twins are real recordings rewritten as the XPU plugin (or roctracer) writes (``tests/support/twin_traces.py`` says
+what changes and why): two H100 recordings of a DataLoader-bound step and its fix (``../shared/gpu-traces``), the
+profiler tutorial's ``MASK INDICES`` round trip and a loop that frees and allocates device memory every step
+(``tests/data/traces``), and three of HTA's and PARAM's shared traces.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from orchestrator.traces.categories import device_label
 from orchestrator.traces.loader import Span
 from tests.support.realtraces import finding
 from tests.support.tracefiles import shared, write_trace
-from tests.support.xpu_trace import as_xpu_trace, xpu_properties
+from tests.support.twin_traces import as_rocm_trace, as_xpu_trace, xpu_properties
 
 _DATA = Path(__file__).parents[1] / "data" / "traces"
 _FOLDERS = {
@@ -221,3 +223,14 @@ def test_an_intel_gpu_near_its_memory_is_warned_of_in_torch_xpu_s_words(tmp_path
     found = finding(analyze_folder(folder), "memory_peak")
     assert found.title == "Memory peaks at 95% of xpu:0"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in found.fix
+
+
+def test_an_amd_gpu_s_queued_work_is_told_to_look_for_hip_s_stream_waits(tmp_path):
+    # Kineto over roctracer names HIP's calls; the fix names the one the job's runtime makes.
+    # HTA's sampled 128-rank trace (two ranks of it): queued work behind stream waits most of its idle time.
+    for trace in shared("external-traces", "hta_trace_filter_2of128", "traces").glob("*.pt.trace.json*"):
+        as_rocm_trace(trace, tmp_path)
+    summary = analyze_folder(tmp_path)
+    assert [r.device for r in summary.ranks] == ["rocm", "rocm"]
+    fix = finding(summary, "low_gpu_utilization").fix
+    assert "look for cross-stream waits (hipStreamWaitEvent, record_stream)" in fix

@@ -1,13 +1,19 @@
-"""A real CUDA recording rewritten in the words Kineto's XPU plugin writes, to judge rayprof on Intel GPUs.
+"""Real CUDA recordings rewritten in another runtime's words, to judge rayprof on devices no public trace shows it.
 
-No public Kineto trace of an Intel GPU could be found to test against (only hand-made ones in other projects' tests),
-so the tests take real H100 recordings and change what the device's runtime calls itself, as Kineto's XPU plugin
-(``libkineto/src/plugin/xpupti``) records it over Intel's PTI: the runtime's calls are category ``xpu_runtime`` and
-named by the Unified Runtime (``urEnqueueKernelLaunch``, ``urEnqueueUSMMemcpy``, ``urQueueFinish``...); copies are
-named by PTI's kinds of memory at each end (``Memcpy M2D (MEMORY(Unknown) -> DEVICE)``: M is malloc'd, pageable,
-memory, H the runtime's pinned host memory, D the device's); device work carries no ``stream`` (its ``tid`` is the
-SYCL queue), CUPTI's fields (``cuda_sync`` events, occupancy, the CUDA versions) are gone, the device is listed as the
-plugin lists it (a name and its memory, no compute capability) and its [memory] events carry XPU's device type.
+**Intel GPUs.** No public Kineto trace of an Intel GPU could be found to test against (only hand-made ones in other
+projects' tests), so the tests take real H100 recordings and change what the device's runtime calls itself, as Kineto's
+XPU plugin (``libkineto/src/plugin/xpupti``) records it over Intel's PTI: the runtime's calls are category
+``xpu_runtime`` and named by the Unified Runtime (``urEnqueueKernelLaunch``, ``urEnqueueUSMMemcpy``,
+``urQueueFinish``...); copies are named by PTI's kinds of memory at each end (``Memcpy M2D (MEMORY(Unknown) ->
+DEVICE)``: M is malloc'd, pageable, memory, H the runtime's pinned host memory, D the device's); device work carries no
+``stream`` (its ``tid`` is the SYCL queue), CUPTI's fields (``cuda_sync`` events, occupancy, the CUDA versions) are
+gone, the device is listed as the plugin lists it (a name and its memory, no compute capability) and its [memory]
+events carry XPU's device type.
+
+**AMD GPUs** have real traces of their own (TraceLens', HTA's); a ROCm twin of a CUDA recording is for a case none of
+those holds: Kineto over roctracer keeps CUDA's categories and names HIP's calls (``hipLaunchKernel``,
+``hipStreamWaitEvent``).
+
 Timings, ops, correlations and kernels' names are the recording's: what rayprof says of the one should be what it
 says of the other, in the device's own words.
 """
@@ -19,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_TO_UR", "as_xpu_trace", "xpu_properties"]
+__all__ = ["CUDA_TO_UR", "as_rocm_trace", "as_xpu_trace", "xpu_properties"]
 
 # The Unified Runtime's call for each CUDA runtime or driver call the recordings hold (the rest are queries, whose
 # nearest UR call is a device query).
@@ -86,15 +92,45 @@ def _event(e: dict[str, Any]) -> dict[str, Any] | None:
     return e
 
 
-def as_xpu_trace(cuda_trace: Path, out_dir: Path) -> Path:
-    """Write ``cuda_trace`` (a Kineto JSON, gzipped or not) into ``out_dir`` as the XPU plugin would have; its path."""
+def _read(cuda_trace: Path) -> dict[str, Any]:
     opener = gzip.open if cuda_trace.suffix == ".gz" else open
     with opener(cuda_trace, "rt") as f:
-        trace = json.load(f)
+        trace: dict[str, Any] = json.load(f)
+    return trace
+
+
+def _write(trace: dict[str, Any], cuda_trace: Path, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / cuda_trace.name.removesuffix(".gz")
+    out.write_text(json.dumps(trace))
+    return out
+
+
+def as_xpu_trace(cuda_trace: Path, out_dir: Path) -> Path:
+    """Write ``cuda_trace`` (a Kineto JSON, gzipped or not) into ``out_dir`` as the XPU plugin would have; its path."""
+    trace = _read(cuda_trace)
     events = [x for x in map(_event, trace["traceEvents"]) if x is not None]
     header = {k: v for k, v in trace.items() if k != "traceEvents" and k not in _CUPTI_HEADER}
     header["deviceProperties"] = [xpu_properties(d["id"], d["totalGlobalMem"]) for d in trace.get("deviceProperties", [])]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / cuda_trace.name.removesuffix(".gz")
-    out.write_text(json.dumps({**header, "traceEvents": events}))
-    return out
+    return _write({**header, "traceEvents": events}, cuda_trace, out_dir)
+
+
+def _hip_name(name: str) -> str:
+    """CUDA's runtime and driver calls as HIP names them: cudaStreamWaitEvent -> hipStreamWaitEvent, cuLaunchKernel ->
+    hipModuleLaunchKernel."""
+    if name.startswith("cuda"):
+        return "hip" + name[4:]
+    return "hipModule" + name[2:] if name.startswith("cuLaunch") else "hip" + name[2:]
+
+
+def as_rocm_trace(cuda_trace: Path, out_dir: Path) -> Path:
+    """Write ``cuda_trace`` into ``out_dir`` as Kineto over roctracer would have on an AMD GPU; its path."""
+    trace = _read(cuda_trace)
+    events = []
+    for e in trace["traceEvents"]:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            e = {**e, "name": _hip_name(e["name"])}
+        events.append(e)
+    header = {k: v for k, v in trace.items() if k != "traceEvents" and k not in _CUPTI_HEADER}
+    header["deviceProperties"] = [{**d, "name": "AMD Instinct MI300X"} for d in trace.get("deviceProperties", [])]
+    return _write({**header, "traceEvents": events}, cuda_trace, out_dir)
