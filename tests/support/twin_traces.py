@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.traces.loader import canonical_category
+
 __all__ = ["CUDA_TO_UR", "as_rocm_trace", "as_xpu_trace", "xpu_properties"]
 
 # The Unified Runtime's call for each CUDA runtime or driver call the recordings hold (the rest are queries, whose
@@ -74,7 +76,7 @@ def _copy_name(name: str) -> str:
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any] | None:
-    cat = e.get("cat")
+    cat = canonical_category(e.get("cat", "")) if isinstance(e.get("cat"), str) else None  # PyTorch 1.8's "Runtime"
     if cat == "cuda_sync":
         return None
     e = dict(e)
@@ -85,7 +87,8 @@ def _event(e: dict[str, Any]) -> dict[str, Any] | None:
     elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
         args = {k: v for k, v in e.get("args", {}).items() if k not in _CUPTI_ARGS}
         e["args"] = {**args, "sycl queue": e.get("tid"), "l0 queue": "0x000055d08b8fc138"}
-        if cat == "gpu_memcpy":
+        e["cat"] = cat
+        if cat == "gpu_memcpy" and "(" in e["name"]:  # PyTorch 1.8 named no memory kinds ("Memcpy HtoD"): kept
             e["name"] = _copy_name(e["name"])
         elif cat == "gpu_memset":
             e["name"] = "Memset (DEVICE)"

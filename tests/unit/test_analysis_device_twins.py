@@ -4,11 +4,12 @@ runtime's words; and an AMD GPU's twin where no real ROCm trace holds the case.
 The twins are real recordings rewritten as the XPU plugin (or roctracer) writes (``tests/support/twin_traces.py`` says
 what changes and why): two H100 recordings of a DataLoader-bound step and its fix (``../shared/gpu-traces``), the
 profiler tutorial's ``MASK INDICES`` round trip and a loop that frees and allocates device memory every step
-(``tests/data/traces``), and three of HTA's and PARAM's shared traces.
+(``tests/data/traces``), and every shared external trace recorded on NVIDIA GPUs.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -25,7 +26,7 @@ from orchestrator.analysis.copies import copy_kind
 from orchestrator.analysis.spans import is_comm, is_comm_kernel_name, is_copy_call, is_runtime, is_sync
 from orchestrator.traces.categories import device_label
 from orchestrator.traces.loader import Span
-from tests.support.realtraces import finding
+from tests.support.realtraces import external, finding, h100
 from tests.support.tracefiles import shared, write_trace
 from tests.support.twin_traces import as_rocm_trace, as_xpu_trace, xpu_properties
 
@@ -35,12 +36,17 @@ _FOLDERS = {
     "seed003_after": lambda: shared("gpu-traces", "seed003_after"),
     "h100_mask_indices": lambda: _DATA / "h100_mask_indices" / "traces",
     "h100_allocator": lambda: _DATA / "h100_allocator" / "traces",
-    # One of 16 A100 ranks whose queued work waits on other streams (HTA's), and PARAM's 8 V100 ranks, one late.
-    "hta_negative_queue_a100_r0of16": lambda: shared("external-traces", "hta_negative_queue_a100_r0of16", "traces"),
-    "param_dlrm_v100_8ranks": lambda: shared("external-traces", "param_dlrm_v100_8ranks", "traces"),
-    # A V100 busy 80% of its step, most of it in fp32 matrix math by the kernels' names (HTA's).
-    "hta_ns_resolution_v100_1rank": lambda: shared("external-traces", "hta_ns_resolution_v100_1rank", "traces"),
 }
+# Every shared external trace recorded on NVIDIA GPUs (HTA's, PARAM's, the TensorBoard plugin's; the AMD and MTIA ones
+# and the CPU-only one are their own devices): among them one of 16 A100 ranks whose queued work waits on other
+# streams, PARAM's 8 V100 ranks with one late, a V100 busy 80% of its step in fp32 matrix math, PyTorch 1.8's traces.
+_EXTERNAL_CUDA = (
+    "hta_alexnet_no_profilerstep", "hta_df_index_resolver_v100_r1of2", "hta_nccl_parser_a100_r0of2",
+    "hta_negative_queue_a100_r0of16", "hta_ns_resolution_v100_1rank", "hta_trace_diff_control_a100_r3of8",
+    "hta_trace_diff_test_v100_r1of2", "hta_trace_filter_2of128", "param_dlrm_v100_8ranks", "param_resnet_no_profilerstep",
+    "tbplugin_resnet50_nw0_a", "tbplugin_resnet50_nw0_b", "tbplugin_resnet50_nw4_a", "tbplugin_resnet50_nw4_b",
+)
+_FOLDERS.update({case: functools.partial(shared, "external-traces", case, "traces") for case in _EXTERNAL_CUDA})
 # What only CUDA has, or names: its runtime's calls and module, its allocator's setting, CUPTI, its graphs.
 _CUDA_WORDS = re.compile(r"torch\.cuda|CUDA|cuda[A-Z]|'cuda'|cu[A-Z][a-z]+\(|PYTORCH_CUDA|CUPTI|cuDNN|Ampere")
 _TWINS: dict[str, tuple[Summary, Summary]] = {}
@@ -55,7 +61,9 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Sum
             folder, out = _FOLDERS[case](), tmp_path_factory.mktemp(case)
             for trace in sorted(folder.glob("*.pt.trace.json*")):
                 as_xpu_trace(trace, out)
-            _TWINS[case] = (analyze_folder(folder), analyze_folder(out))
+            # The recordings' own analyses are the session's (realtraces caches them for every test that reads them).
+            recorded = external(case) if case in _EXTERNAL_CUDA else h100(case) if case.startswith("seed") else None
+            _TWINS[case] = (recorded or analyze_folder(folder), analyze_folder(out))
         return _TWINS[case]
 
     return get
@@ -228,7 +236,7 @@ def test_an_intel_gpu_near_its_memory_is_warned_of_in_torch_xpu_s_words(tmp_path
 def test_an_amd_gpu_s_queued_work_is_told_to_look_for_hip_s_stream_waits(tmp_path):
     # Kineto over roctracer names HIP's calls; the fix names the one the job's runtime makes.
     # HTA's sampled 128-rank trace (two ranks of it): queued work behind stream waits most of its idle time.
-    for trace in shared("external-traces", "hta_trace_filter_2of128", "traces").glob("*.pt.trace.json*"):
+    for trace in _FOLDERS["hta_trace_filter_2of128"]().glob("*.pt.trace.json*"):
         as_rocm_trace(trace, tmp_path)
     summary = analyze_folder(tmp_path)
     assert [r.device for r in summary.ranks] == ["rocm", "rocm"]
