@@ -97,10 +97,7 @@ _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_
 # MTIA's command processor also records a stream waiting for another's event, and the records it waits for: a
 # stream standing still, as CUDA's device-side syncs (category cuda_sync, never device work) are.
 _MTIA_STREAM_SYNC = frozenset({"event_wait", "event_record"})
-HOST_CATEGORIES = frozenset(
-    {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "mtia_runtime", "xpu_runtime",
-     "xpu_driver"}
-)
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"}) | RUNTIME_CATEGORIES
 # A record_function or autograd node that names backward: "## backward ##",
 # "autograd::engine::evaluate_function: AddmmBackward0", PyTorch 1.8's "CudnnConvolutionBackward".
 _BACKWARD = re.compile(r"backward|autograd::engine::evaluate_function", re.IGNORECASE)
@@ -121,7 +118,6 @@ _MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # torch.cuda.graph's own set-up and tear-down around a capture (a sync, gc.collect, empty_cache), when stacks are recorded.
 _CAPTURE_FRAMES = re.compile(r"^torch/cuda/graphs\.py\(\d+\): __(enter|exit)__$")
-
 
 
 def is_sync(span: Span) -> bool:
@@ -191,7 +187,8 @@ def is_forward(span: Span) -> bool:
 
 
 def is_runtime(span: Span) -> bool:
-    """A CUDA/HIP runtime or driver call (``cudaMalloc``, ``cudaFree``, ``cudaLaunchKernel``, ``cudaEventRecord``...)."""
+    """A device runtime or driver call (``cudaMalloc``, ``cudaLaunchKernel``, ``hipEventRecord``, MTIA's, an Intel
+    GPU's ``urEnqueueKernelLaunch``...)."""
     return span.cat in RUNTIME_CATEGORIES
 
 

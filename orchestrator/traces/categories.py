@@ -9,6 +9,7 @@ __all__ = [
     "HOST_COLLECTIVE_PREFIXES",
     "RUNTIME_CATEGORIES",
     "XPU_DEVICE_TYPE",
+    "XPU_RUNTIME_CATEGORIES",
     "device_label",
     "starts_copy",
 ]
@@ -16,7 +17,8 @@ __all__ = [
 # A device runtime's or driver's calls (a launch, a copy, a sync, the allocator), whose correlation id ties each to the
 # device work it started: CUDA's and HIP's (HIP keeps CUDA's categories), MTIA's, and an Intel GPU's (Kineto's XPU
 # plugin records the SYCL/Unified Runtime's calls and Level Zero's).
-RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver"})
+XPU_RUNTIME_CATEGORIES = frozenset({"xpu_runtime", "xpu_driver"})
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"}) | XPU_RUNTIME_CATEGORIES
 # The host's collective calls by process group: c10d's dispatcher ops and each backend's record (xccl: Intel GPUs',
 # over oneCCL).
 HOST_COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:", "xccl:")

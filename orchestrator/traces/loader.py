@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from orchestrator.layout import MAX_STEP_DIGITS
+from orchestrator.traces.categories import RUNTIME_CATEGORIES, XPU_RUNTIME_CATEGORIES
 from orchestrator.traces.discover import TraceFile
 from orchestrator.traces.stream import TraceParseError, TraceReader
 
@@ -54,11 +55,8 @@ LEGACY_CATEGORIES = {
 # Span categories the analysis reads; anything else (flows, instants, short python frames) is skipped at load
 # time to keep a rank's footprint small.
 _KEPT_CATEGORIES = frozenset(
-    {
-        "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "cuda_sync", "kernel", "gpu_memcpy", "gpu_memset",
-        "gpu_user_annotation", "mtia_runtime", "mtia_ccp_events", "xpu_runtime", "xpu_driver",
-    }
-)
+    {"cpu_op", "user_annotation", "cuda_sync", "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "mtia_ccp_events"}
+) | RUNTIME_CATEGORIES
 # Python frames kept all the same: module forwards, and torch.cuda.graph's set-up around a capture (its sync,
 # gc.collect and empty_cache: the capture's cost). The DataLoader's _next_data is kept by name below.
 _KEPT_PYTHON = ("nn.Module:", "torch/cuda/graphs.py(")
@@ -74,9 +72,6 @@ _TS, _END = attrgetter("ts"), attrgetter("end")
 TIME_RANGE_US = 1e17
 # No span of a profiling window lasts a week; a longer one (or a negative one) is not a measurement.
 MAX_SPAN_US = 7 * 86_400e6
-# Kineto's XPU plugin (Intel GPUs, over PTI) records the SYCL/Unified Runtime's calls and Level Zero's; its kernels,
-# copies and fills are CUDA's categories (kernel, gpu_memcpy, gpu_memset).
-_XPU_CATEGORIES = frozenset({"xpu_runtime", "xpu_driver"})
 _ROCM_HEADER_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version", "rocprofiler_version")
 
 
@@ -231,7 +226,7 @@ def _detect_device(out: RankTrace, categories: set[str], names: dict[str, str]) 
         return "mtia"
     if not categories & _DEVICE_CATEGORIES:
         return "cpu"
-    if categories & _XPU_CATEGORIES:
+    if categories & XPU_RUNTIME_CATEGORIES:  # an Intel GPU's kernels, copies and fills have CUDA's categories
         return "xpu"
     amd = any("AMD" in str(d.get("name", "")) for d in out.device_properties)
     if amd or any(key in out.header for key in _ROCM_HEADER_KEYS):
@@ -350,7 +345,7 @@ def load_rank(trace: TraceFile, on_batch: BatchHook | None = None) -> RankTrace:
     out.device = _detect_device(out, seen, names)
     if out.device == "cpu" and {"cuda_runtime", "cuda_driver"} & seen:
         out.unrecorded = "rocm" if _hip_named(names) else "cuda"
-    elif out.device == "cpu" and _XPU_CATEGORIES & seen:
+    elif out.device == "cpu" and XPU_RUNTIME_CATEGORIES & seen:
         out.unrecorded = "xpu"
     out.has_profiler_steps = any(name.startswith("ProfilerStep#") for name in names)
     # Two stable C-keyed sorts give (ts ascending, end descending): parents before their children.
