@@ -9,11 +9,11 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from orchestrator.analysis.intervals import Intervals, by_time, clip, total, union
-from orchestrator.analysis.spans import Kinds, collective_of, is_comm
+from orchestrator.analysis.spans import Kinds, collective_of, is_comm, is_functional
 from orchestrator.models.analysis import CollectiveKind, OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["comm_ops", "launched_by", "own_comm", "regathers_per_step"]
+__all__ = ["comm_ops", "launched_by", "optimizer_comm", "own_comm", "regathers_per_step"]
 
 # FSDP2 names its regions after the module they serve: "FSDP::all_gather (layers.3)". One name per kind.
 _MODULE_SUFFIX = re.compile(r" \([^()]*\)$")
@@ -35,11 +35,14 @@ def _outermost(main: Kinds, windows: Sequence[Window]) -> Iterator[Span]:
             yield span
 
 
-def comm_ops(main: Kinds, windows: Sequence[Window]) -> list[OpStat]:
-    """The outermost collective spans of the main thread that start inside one of ``windows``, summed by name with
-    FSDP's module suffix removed; largest time first."""
+def comm_ops(main: Kinds, windows: Sequence[Window], optimizer: Intervals) -> list[OpStat]:
+    """The outermost collective spans of the main thread that start inside one of ``windows`` and not in the
+    optimizer's own time (:func:`optimizer_comm`'s), summed by name with FSDP's module suffix removed; largest time
+    first."""
     acc: dict[str, list[float]] = {}
     for span in _outermost(main, windows):
+        if clip(optimizer, span.ts, span.end):
+            continue
         row = acc.setdefault(_MODULE_SUFFIX.sub("", span.name), [0, 0.0])
         row[0] += 1
         row[1] += span.end - span.ts
@@ -64,6 +67,24 @@ def own_comm(
         return None
     ordered = list(_outermost(main, windows))
     calls = [s for i, s in enumerate(ordered) if _own_kind(s.name) and (not clip(model, s.ts, s.end) or _logged(ordered, i))]
+    return _cost(calls, main, windows, waits, launched)
+
+
+def optimizer_comm(
+    main: Kinds, windows: Sequence[Window], optimizer: Intervals, waits: Intervals, launched: Callable[[Intervals], float]
+) -> OpStat | None:
+    """The collectives the optimizer's step makes itself, as :func:`own_comm` weighs them: those that start in its own
+    time (``optimizer``: Optimizer.step less a closure's forward and backward, where DDP's buckets are reduced), such as
+    ZeroRedundancyOptimizer's broadcast of each rank's updated shard. None where it makes none."""
+    made = _cost([s for s in _outermost(main, windows) if clip(optimizer, s.ts, s.end)], main, windows, waits, launched)
+    return made[0] if made else None
+
+
+def _cost(
+    calls: Sequence[Span], main: Kinds, windows: Sequence[Window], waits: Intervals, launched: Callable[[Intervals], float]
+) -> tuple[OpStat, Intervals] | None:
+    """``calls``' names and count, and as ``total_ms`` their cost per window: the waits they begin and the exposed
+    device collectives they launch; with those waits, inside ``windows``. None without calls."""
     if not calls:
         return None
     # The waits these calls begin, and no other: not those other collectives begin outside the model (Lightning's
@@ -94,8 +115,9 @@ def _begun(waits: Intervals, calls: Sequence[Span], starts: Sequence[float]) -> 
 
 
 def _own_kind(name: str) -> bool:
-    """An all-reduce or a barrier (``c10d::barrier``: an all-reduce of one element that moves no data)."""
-    return collective_of(name) == "all_reduce" or name.endswith("barrier")
+    """An all-reduce or a barrier (``c10d::barrier``: an all-reduce of one element that moves no data), as a loop calls
+    them: not a functional collective, which DTensor (tensor parallelism) and compiled graphs issue."""
+    return not is_functional(name) and (collective_of(name) == "all_reduce" or name.endswith("barrier"))
 
 
 def launched_by(kernels: Sequence[Span], launches: Mapping[int, Launch], kinds: Mapping[Thread, Kinds]) -> dict[int, CollectiveKind]:

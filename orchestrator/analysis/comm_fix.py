@@ -13,12 +13,13 @@ it is read from its host collectives' names (``gloo:all_reduce``, ``c10d::alltoa
 
 from __future__ import annotations
 
+from orchestrator.analysis.deepspeed_fix import deepspeed_reduces, deepspeed_reduction
 from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.python_frames import frame_label
-from orchestrator.analysis.spans import collective_of
+from orchestrator.analysis.spans import collective_of, is_functional
 from orchestrator.loops import Loop
-from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, RankSummary
+from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, OpStat, RankSummary
 
 __all__ = ["by_collective_text", "comm_fix", "fsdp_fix", "own_fix", "surely_own"]
 
@@ -70,6 +71,35 @@ _BROADCAST = (
     "forward (broadcast_buffers=True, its default): pass DDP(..., broadcast_buffers=False) where each rank may keep its "
     "own buffers (sync them once before evaluating or saving); a broadcast of the job's own (a value from rank 0 every "
     "step) is better sent once, or computed on every rank."
+)
+_TENSOR_PARALLEL = (
+    "The all-reduces are tensor parallelism's (DTensor's functional collectives: a RowwiseParallel layer's output in "
+    "forward, a ColwiseParallel layer's input gradient in backward): each layer waits for its own, and no DDP or FSDP "
+    "setting moves them. "
+)
+_TENSOR_PARALLEL_DEVICE = (
+    "Keep the tensor-parallel group inside one node (NVLink); SequenceParallel for the norms turns each all-reduce into "
+    "an all-gather and a reduce-scatter that torch.compile's async tensor parallelism overlaps with the matmuls "
+    "(torch._inductor.config._micro_pipeline_tp = True, symmetric memory enabled for the group); and a smaller "
+    "tensor-parallel degree, with FSDP or DDP across the other ranks, sends fewer of them."
+)
+_TENSOR_PARALLEL_CPU = (
+    "On a CPU (gloo) nothing overlaps them, and each is a round trip its layer waits for whatever its size: more rows "
+    "per step (a larger batch, longer sequences) spread each over more compute; data parallelism instead (DDP) "
+    "exchanges every gradient each step, cheaper only where the gradients are small beside the activations."
+)
+_ZERO_REDUNDANCY = (
+    "ZeroRedundancyOptimizer broadcasts each rank's updated shard of the parameters once its step is done, after "
+    "backward, where no compute hides it: {calls}. "
+)
+_ZERO_OVERLAP = (
+    "Construct it with overlap_with_ddp=True and register DDP's comm hook hook_with_zero_step(allreduce_hook, "
+    "ddp_model, zero) (torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook), so that each bucket's step and "
+    "broadcast run during backward (NCCL: gloo refuses it). "
+)
+_ZERO_LESS = (
+    "With parameters_as_bucket_view=True each rank's shard goes as one broadcast where each parameter goes on its own; "
+    "where the optimizer's state fits on every rank, a plain optimizer broadcasts nothing."
 )
 
 
@@ -124,7 +154,11 @@ def comm_fix(r: RankSummary) -> str:
         return own
     if (fsdp := fsdp_fix(r)) is not None:
         return fsdp
+    if (optimizer := _optimizer_fix(r)) is not None:
+        return optimizer
     lead = leading_collective(r) or "all_reduce"
+    if lead == "all_reduce" and _tensor_parallel(r):
+        return _TENSOR_PARALLEL + (_TENSOR_PARALLEL_CPU if r.device == "cpu" else _TENSOR_PARALLEL_DEVICE)
     if lead in ("all_to_all", "all_gather", "reduce_scatter") and _embeddings(r):  # not a MoE's, not FSDP's
         how = "" if lead == "all_to_all" else "; row-wise sharding reduce-scatters pooled embeddings forward and all-gathers their gradients backward"
         return _EMBEDDINGS.format(label=COLLECTIVE_LABELS[lead], how=how)
@@ -137,6 +171,43 @@ def comm_fix(r: RankSummary) -> str:
     if lead == "broadcast":
         return _BROADCAST
     return (_ddp(r) if r.ddp else _ALL_REDUCE) + in_loop(r.loop, _ddp_changes(r))
+
+
+def _tensor_parallel(r: RankSummary) -> bool:
+    """The rank all-reduces through functional collectives without DDP: DTensor's tensor parallelism (a compiled DDP
+    model's, issued in backward, marks DDP's forward)."""
+    return not r.ddp and any(is_functional(op.name) and collective_of(op.name) == "all_reduce" for op in r.comm_ops)
+
+
+def _optimizer_fix(r: RankSummary) -> str | None:
+    """The fix for the collectives the optimizer's step makes itself, when they hold at least a third of the rank's
+    collective wait (a DeepSpeed engine's are told as its ZeRO stage makes them): no gradient bucketing moves them.
+    Where the rest holds a third too (ZeroRedundancyOptimizer under DDP: the gradients' all-reduce), its fix follows."""
+    made = r.optimizer_comm
+    if made is None or 3 * made.total_ms < r.comm_wait_ms or made.total_ms <= 0 or deepspeed_reduces(r):
+        return None
+    text = _optimizer_text(r, made)
+    rest = r.comm_wait_ms - made.total_ms
+    if 3 * rest < r.comm_wait_ms:
+        return text
+    return f"{text} The other {rest:.1f} ms: " + comm_fix(r.model_copy(update={"optimizer_comm": None, "comm_wait_ms": rest}))
+
+
+def _optimizer_text(r: RankSummary, made: OpStat) -> str:
+    per_step = made.calls / max(len(r.steps), 1)
+    calls = (
+        f"{per_step:.0f} collective call{'' if round(per_step) == 1 else 's'} a step ({made.name}) hold {made.total_ms:.1f} ms "
+        f"of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
+    )
+    if "ZeroRedundancyOptimizer" in r.optimizers:
+        return _ZERO_REDUNDANCY.format(calls=calls) + ("" if r.device == "cpu" else _ZERO_OVERLAP) + _ZERO_LESS
+    stepped = " and ".join(f"{name}.step" for name in r.optimizers) or "the optimizer's step"
+    return (
+        f"{stepped} makes collectives of its own after backward, where no compute hides them: {calls}. They exchange "
+        "its parameters or state (a sharded or distributed optimizer's), not the gradients' reduction, so no DDP "
+        "setting moves them: its own options for overlapping them with backward do, or, where its state fits on every "
+        "rank, an unsharded optimizer, which makes none."
+    )
 
 
 def _own_fix(r: RankSummary) -> str | None:
@@ -183,8 +254,8 @@ def own_fix(r: RankSummary) -> str | None:
                 "than every step."
             )
         )
-    if _deepspeed(r):  # not the job's own values: the engine's reduction, as its ZeRO stage does it
-        return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {_deepspeed_reduction(r)}"
+    if deepspeed_reduces(r):  # not the job's own values: the engine's reduction, as its ZeRO stage does it
+        return f"{calls}: DeepSpeed's engine makes them itself once backward is done, {deepspeed_reduction(r)}"
     lead = (
         "DDP reduces the gradients during backward already, so these are the job's own values"
         if _reduces_in_backward(r)
@@ -196,47 +267,6 @@ def own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
-
-
-# The stages (None: the frames did not tell) at which the engine reduces after backward, and why.
-_AFTER_BACKWARD = {
-    0: "reducing the gradients (without ZeRO it always reduces them after backward).",
-    1: "reducing the gradients once per step at ZeRO stage 1: a bucket is reduced during backward only with "
-    '"overlap_comm" and once it fills, and the default "reduce_bucket_size" (5e8 elements) holds every gradient of '
-    "a smaller model until backward ends.",
-    2: "reducing the gradients of every micro-batch at ZeRO stage 2: a bucket is reduced during backward only once it "
-    'fills, and the default "reduce_bucket_size" (5e8 elements) holds every gradient of a smaller model until backward '
-    "ends. Stage 1 reduces once per accumulated step where the memory for whole gradients on each rank allows.",
-    None: "reducing the gradients: at ZeRO stage 0 always, and at stages 1 and 2 while a bucket of "
-    '"reduce_bucket_size" elements (5e8 by default) holds every gradient of the model, so none fills during backward.',
-}
-
-
-def _deepspeed_reduction(r: RankSummary) -> str:
-    """Why the engine reduces after backward at the rank's ZeRO stage, and its config's keys that move the reduction
-    into backward; at stage 3 (the gradients reduce-scattered during backward) what it reduces after."""
-    stage = r.zero_stage
-    if r.zero_bf16_optimizer:
-        return (
-            "reducing the gradients through its BF16_Optimizer (bf16 weights with fp32 gradient accumulation), which "
-            'reduces them after backward whatever "overlap_comm" and "reduce_bucket_size" say. Where the job runs no '
-            'pipeline parallelism, ZeRO stage 2 reduces buckets during backward as they fill: "zero_optimization": '
-            '{"stage": 2, "overlap_comm": true, "reduce_bucket_size": N} with N well below the model\'s parameter '
-            "count (it reduces on every micro-batch of an accumulation)." + in_loop(Loop.DEEPSPEED, [Change.COMPRESS_GRADIENTS])
-        )
-    if stage == 3:
-        return (
-            "all-reducing what it computes over the gradients (their norm, an overflow check) once ZeRO stage 3 has "
-            "reduce-scattered them during backward: one round trip across the ranks per optimizer step."
-            + in_loop(Loop.DEEPSPEED, [Change.ACCUMULATE])
-        )
-    return _AFTER_BACKWARD[stage] + in_loop(Loop.DEEPSPEED, [Change.GRADIENT_BUCKETS, Change.ACCUMULATE, Change.COMPRESS_GRADIENTS])
-
-
-def _deepspeed(r: RankSummary) -> bool:
-    """A DeepSpeed engine reduces the rank's gradients: its loop is DeepSpeed's, or its frames show the engine's
-    reduction under another owner (a transformers Trainer given a DeepSpeed config), whose keys are DeepSpeed's."""
-    return r.loop is Loop.DEEPSPEED or r.zero_stage is not None or r.zero_bf16_optimizer
 
 
 def _made_in(r: RankSummary) -> str:
@@ -253,7 +283,7 @@ def surely_own(r: RankSummary) -> bool:
     backward, or they are a logged value's barrier and all-reduce. Without either (a DeepSpeed engine reducing after
     backward, a hand-written loop) an all-reduce after backward may be the gradients'."""
     own = r.own_comm
-    if own is None or _deepspeed(r):
+    if own is None or deepspeed_reduces(r):
         return False
     return _reduces_in_backward(r) or _logged_syncs(own.name)
 

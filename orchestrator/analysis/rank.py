@@ -60,7 +60,7 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
-from orchestrator.analysis.collectives import comm_ops, launched_by, own_comm, regathers_per_step
+from orchestrator.analysis.collectives import comm_ops, launched_by, optimizer_comm, own_comm, regathers_per_step
 from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.cpu_wait import read_thread_time
@@ -349,13 +349,16 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         )
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
-    collectives = comm_ops(main_kinds, windows)
-    waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), any_main_span)))
+    # As rule 8 counts them: a wait inside an annotation (DDP's forward around Lightning's sync_dist) is a wait too.
+    waits = union(rules[2][1] + intersect(comm_elsewhere, subtract(list(windows), main_ops)))
     model_time = union(nested["forward"] + backward_anywhere) if backward_anywhere else []
     own_optimizer = [iv for t0, t1 in windows for iv in clip(nested["optimizer"], t0, t1)]
-    own, own_waits = own_comm(
-        main_kinds, windows, model_time, waits, lambda calls: dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
-    ) or (None, [])
+    collectives = comm_ops(main_kinds, windows, own_optimizer)
+
+    def launched(calls: Intervals) -> float:
+        return dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
+
+    own, own_waits = own_comm(main_kinds, windows, model_time, waits, launched) or (None, [])
     zero = zero_of(frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
     return RankSummary(
         rank=trace.file.rank,
@@ -377,7 +380,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         data_ops=collated_ops(main, loading) / max(len(windows), 1),
         comm_ops=collectives,
-        own_comm=own, own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
+        own_comm=own, optimizer_comm=optimizer_comm(main_kinds, windows, own_optimizer, waits, launched), own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
         zero_stage=zero.stage, zero_bf16_optimizer=zero.bf16_optimizer,
         regathers_per_step=regathers_per_step(main_kinds, windows),
         gpu=gpu_stats,

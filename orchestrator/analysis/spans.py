@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from orchestrator.analysis.intervals import Intervals, union
 from orchestrator.models.analysis import CollectiveKind
-from orchestrator.traces.categories import HOST_COLLECTIVE_PREFIXES, RUNTIME_CATEGORIES, starts_copy
+from orchestrator.traces.categories import (
+    FUNCTIONAL_COLLECTIVE_PREFIXES,
+    HOST_COLLECTIVE_PREFIXES,
+    RUNTIME_CATEGORIES,
+    starts_copy,
+)
 from orchestrator.traces.loader import Span
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "graph_captures",
     "is_backward",
     "is_comm",
+    "is_functional",
     "is_comm_kernel",
     "is_comm_kernel_name",
     "is_compute_kernel",
@@ -128,6 +134,12 @@ def is_sync(span: Span) -> bool:
 def is_comm(span: Span) -> bool:
     """A host-side collective call or its worker span (FSDP2's collective regions included)."""
     return span.name.startswith(_COMM_PREFIXES) or span.name == "record_param_comms"
+
+
+def is_functional(name: str) -> bool:
+    """A functional collective or its wait (``_c10d_functional::all_reduce``, ``wait_tensor``): DTensor's (tensor
+    parallelism) and torch.compile'd graphs', not a loop's ``dist.all_reduce``."""
+    return name.startswith(FUNCTIONAL_COLLECTIVE_PREFIXES)
 
 
 def is_copy_call(span: Span) -> bool:

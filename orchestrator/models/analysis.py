@@ -255,16 +255,16 @@ class RankSummary(_Model):
     )
     ddp: bool = Field(default=False, description="DDP's forward ran: its all-reduce runs in buckets during backward.")
     grad_scaler: bool = Field(default=False, description="torch.amp.GradScaler ran (aten::_amp_update_scale_).")
-    comm_ops: list[OpStat] = Field(
-        default_factory=list,
-        description="Outermost collective spans on the main thread, by name (FSDP's module suffix removed), over the steps.",
-    )
+    comm_ops: list[OpStat] = Field(default_factory=list, description="Outermost collective spans on the main thread "
+                                   "but optimizer_comm's, by name (FSDP's module suffix removed), over the steps.")
     own_comm: OpStat | None = Field(
         default=None,
         description="The main thread's collective calls outside forward and backward, and barriers with the all-reduce "
         "right after each anywhere (the job's own: metrics, a logged loss, Lightning's sync_dist), their count over the "
         "steps, and total_ms: the main thread's waits those calls begin, per step.",
     )
+    optimizer_comm: OpStat | None = Field(default=None, description="The collective calls the optimizer's step makes "
+        "itself (ZeroRedundancyOptimizer's broadcasts), their count over the steps and their cost per step, as own_comm's.")
     own_comm_callers: list[OpStat] = Field(
         default_factory=list,
         description="The innermost frame of the user's or a library's code around the main thread's waits in own_comm "
@@ -278,11 +278,8 @@ class RankSummary(_Model):
         default=False, description="A DeepSpeed engine reduces through BF16_Optimizer (bf16 weights, fp32 gradient "
         "accumulation): after backward, whatever its buckets.",
     )
-    regathers_per_step: float = Field(
-        default=0.0,
-        description="FSDP2: all-gathers per step of a unit already gathered in that step (resharded after forward, "
-        "gathered again for backward).",
-    )
+    regathers_per_step: float = Field(default=0.0, description="FSDP2: all-gathers per step of a unit already gathered "
+                                      "in that step (resharded after forward, gathered again for backward).")
     sync_ops: list[OpStat] = Field(
         default_factory=list,
         description="Outermost sync calls on the main thread, as 'region / op' where a record_function region or an "

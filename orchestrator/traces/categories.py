@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "CPU_DEVICE_TYPE",
     "CUDA_DEVICE_TYPE",
+    "FUNCTIONAL_COLLECTIVE_PREFIXES",
     "HOST_COLLECTIVE_PREFIXES",
     "RUNTIME_CATEGORIES",
     "XPU_DEVICE_TYPE",
@@ -20,8 +21,10 @@ __all__ = [
 XPU_RUNTIME_CATEGORIES = frozenset({"xpu_runtime", "xpu_driver"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "mtia_runtime"}) | XPU_RUNTIME_CATEGORIES
 # The host's collective calls by process group: c10d's dispatcher ops and each backend's record (xccl: Intel GPUs',
-# over oneCCL).
-HOST_COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:", "xccl:")
+# over oneCCL), and the functional collectives DTensor (tensor parallelism) and torch.compile'd graphs issue, with the
+# wait_tensor that blocks on each (torch 2.3+ names them _c10d_functional, 2.1-2.2 c10d_functional).
+FUNCTIONAL_COLLECTIVE_PREFIXES = ("_c10d_functional::", "_c10d_functional_autograd::", "c10d_functional::")
+HOST_COLLECTIVE_PREFIXES = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:", "hccl:", "xccl:", *FUNCTIONAL_COLLECTIVE_PREFIXES)
 
 
 def starts_copy(cat: str, name: str) -> bool:

@@ -35,16 +35,17 @@ def test_the_waits_lightnings_own_broadcast_begins_are_not_the_jobs() -> None:
     ranks = analyze_folder(case(SYNC_DIST)).ranks
     for r in ranks:
         assert not any("_broadcast_sigterm_tensor" in c.name for c in r.own_comm_callers), r.own_comm_callers
-    assert ranks[0].own_comm_callers[0].name == "lightning/fabric/utilities/distributed.py(213): _sync_ddp"
+    assert ranks[0].own_comm_callers[0].name == "lightning/fabric/utilities/distributed.py(214): _sync_ddp"
 
 
-def test_syncs_that_cost_the_last_arriving_rank_little_are_not_told() -> None:
-    # Two gloo ranks on one host: the rank that arrives last waits 0.4 ms a step in them (1.5%); the other's wait is
-    # for it, which removing them would not win back.
+def test_the_waits_inside_ddps_forward_are_the_logged_syncs_cost() -> None:
+    # Two gloo ranks on one host, both in each call's gloo record while the main thread runs no op: 5.3-5.5 ms a step
+    # (22%). DDP's forward annotation around them hid those waits before: 0.4 ms on one rank, nothing told.
     summary = analyze_folder(case(SYNC_DIST))
-    assert min(share(r, r.own_comm.total_ms) for r in summary.ranks if r.own_comm) < 0.05
-    assert own_collectives(summary.ranks) is None
-    assert [f.code for f in summary.findings] == ["host_sync"]
+    assert min(share(r, r.own_comm.total_ms) for r in summary.ranks if r.own_comm) > 0.15
+    found = own_collectives(summary.ranks)
+    assert found is not None and found.severity == "warning" and found.ranks == [0, 1]
+    assert [f.code for f in summary.findings] == ["comm_exposed", "host_sync"]
 
 
 def test_lightnings_sync_dist_is_told_to_log_without_it_or_per_epoch_where_it_costs() -> None:
@@ -59,7 +60,7 @@ def test_lightnings_sync_dist_is_told_to_log_without_it_or_per_epoch_where_it_co
 
 def test_the_fix_names_where_the_syncs_are_made() -> None:
     rank = analyze_folder(case(SYNC_DIST)).ranks[0]  # its stack samples, no with_stack
-    assert "(c10d::barrier + c10d::allreduce_, made in _sync_ddp (lightning/fabric/utilities/distributed.py:213))" in (
+    assert "(c10d::barrier + c10d::allreduce_, made in _sync_ddp (lightning/fabric/utilities/distributed.py:214))" in (
         own_fix(rank) or ""
     )
 
