@@ -174,9 +174,15 @@ def comm_fix(r: RankSummary) -> str:
 
 
 def _tensor_parallel(r: RankSummary) -> bool:
-    """The rank all-reduces through functional collectives without DDP: DTensor's tensor parallelism (a compiled DDP
-    model's, issued in backward, marks DDP's forward)."""
-    return not r.ddp and any(is_functional(op.name) and collective_of(op.name) == "all_reduce" for op in r.comm_ops)
+    """The rank all-reduces through functional collectives without DDP, and they hold most of its collective calls'
+    time: DTensor's tensor parallelism (a compiled DDP model's, issued in backward, marks DDP's forward; FSDP2's
+    clip_grad_norm_ all-reduces the norm so, once a step beside its own regions)."""
+    functional = sum(op.total_ms for op in r.comm_ops if is_functional(op.name))
+    return (
+        not r.ddp
+        and 2 * functional >= sum(op.total_ms for op in r.comm_ops)
+        and any(is_functional(op.name) and collective_of(op.name) == "all_reduce" for op in r.comm_ops)
+    )
 
 
 def _optimizer_fix(r: RankSummary) -> str | None:

@@ -108,3 +108,10 @@ def test_an_optimizers_collectives_under_a_third_of_the_wait_leave_the_fix_to_th
 def test_a_closure_optimizers_ddp_buckets_are_not_its_own_collectives() -> None:
     # Lightning under DDP: the closure's backward, inside Optimizer.step, launches and waits for DDP's buckets.
     assert [r.optimizer_comm for r in analyze_folder(case("cpu_lightning_ddp")).ranks] == [None, None]
+
+
+def test_a_functional_all_reduce_beside_other_collectives_is_not_tensor_parallelism() -> None:
+    # FSDP2's clip_grad_norm_ all-reduces the norm through DTensor once a step, beside FSDP's own regions.
+    rank = analyze_folder(case(TENSOR_PARALLEL)).ranks[0]
+    gloo = OpStat(name="c10d::allreduce_", calls=3, total_ms=10 * sum(op.total_ms for op in rank.comm_ops))
+    assert "tensor parallelism" not in comm_fix(rank.model_copy(update={"comm_ops": [*rank.comm_ops, gloo]}))
