@@ -9,6 +9,8 @@ Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz`` and ``rank1...``
                    block's forward and inside backward, each waited for by _c10d_functional::wait_tensor
   zero_redundancy  an MLP of six blocks under DDP stepped by torch.distributed.optim.ZeroRedundancyOptimizer
                    (AdamW): after its step each rank broadcasts its updated shard, one broadcast per parameter
+  fsdp2_clip       an MLP of six blocks under FSDP2 (fully_shard per block, then the root), its gradients clipped with
+                   clip_grad_norm_ each step: the norm is all-reduced through DTensor's functional collectives
 Each recording takes seconds (torch 2.13.0+cpu when recorded).
 """
 
@@ -80,7 +82,27 @@ def _zero_redundancy_rank(rank: int, out: Path, name: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-CASES = {"tensor_parallel": _tensor_parallel_rank, "zero_redundancy": _zero_redundancy_rank}
+def _fsdp2_clip_rank(rank: int, out: Path, name: str, port: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    _join(rank, port)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
+    for block in net[:-1]:
+        fully_shard(block)
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
+    with recording(out, name, rank) as prof:
+        for _ in range(STEPS):
+            nn.functional.cross_entropy(net(x), y).backward()
+            nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.destroy_process_group()
+
+
+CASES = {"tensor_parallel": _tensor_parallel_rank, "zero_redundancy": _zero_redundancy_rank, "fsdp2_clip": _fsdp2_clip_rank}
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

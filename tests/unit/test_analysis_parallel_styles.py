@@ -110,8 +110,17 @@ def test_a_closure_optimizers_ddp_buckets_are_not_its_own_collectives() -> None:
     assert [r.optimizer_comm for r in analyze_folder(case("cpu_lightning_ddp")).ranks] == [None, None]
 
 
-def test_a_functional_all_reduce_beside_other_collectives_is_not_tensor_parallelism() -> None:
-    # FSDP2's clip_grad_norm_ all-reduces the norm through DTensor once a step, beside FSDP's own regions.
+def test_fsdp2s_norm_all_reduced_through_dtensor_is_not_tensor_parallelism() -> None:
+    # clip_grad_norm_ on FSDP2's sharded gradients: one functional all-reduce a step beside FSDP's own regions.
+    summary = analyze_folder(case("cpu_fsdp2_clip"))
+    for r in summary.ranks:
+        assert "_c10d_functional::all_reduce" in {op.name for op in r.comm_ops} and r.own_comm is None
+    fix = finding(summary, "comm_exposed").fix
+    assert fix.startswith("FSDP's collectives do not overlap compute") and "tensor parallelism" not in fix
+
+
+def test_a_functional_all_reduce_beside_longer_collectives_is_not_tensor_parallelism() -> None:
+    # As FSDP2's norm beside FSDP's regions, where those hold under half of the wait and FSDP's fix does not take it.
     rank = analyze_folder(case(TENSOR_PARALLEL)).ranks[0]
     gloo = OpStat(name="c10d::allreduce_", calls=3, total_ms=10 * sum(op.total_ms for op in rank.comm_ops))
     assert "tensor parallelism" not in comm_fix(rank.model_copy(update={"comm_ops": [*rank.comm_ops, gloo]}))
