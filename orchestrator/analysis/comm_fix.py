@@ -5,6 +5,8 @@ prefetching is the lever for all-gathers.
 A job that runs DDP already (its forward marks itself) is told DDP's own settings, or, where its collectives outlast
 the compute that could hide them, to send fewer bytes per sample. A DeepSpeed engine's own all-reduce after backward
 is told its config's keys for the ZeRO stage its frames show (:mod:`orchestrator.analysis.zero_stage`), not DDP's.
+The collectives an optimizer's step makes itself (ZeroRedundancyOptimizer's broadcast of its shards) are told as its
+own, and all-reduces made through functional collectives without DDP as tensor parallelism's, which no bucket moves.
 
 The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
 a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
@@ -200,6 +202,7 @@ def _optimizer_fix(r: RankSummary) -> str | None:
 
 
 def _optimizer_text(r: RankSummary, made: OpStat) -> str:
+    """What the optimizer's own collectives (``made``) cost and the change that moves them, by its class."""
     per_step = made.calls / max(len(r.steps), 1)
     calls = (
         f"{per_step:.0f} collective call{'' if round(per_step) == 1 else 's'} a step ({made.name}) hold {made.total_ms:.1f} ms "
