@@ -297,7 +297,7 @@ def _fsdp2_rank(rank: int, out: Path, name: str, per_block: bool, port: int) -> 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
-    net = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
+    net = six_blocks()
     if per_block:
         for block in net[:-1]:
             fully_shard(block)
@@ -311,6 +311,11 @@ def _fsdp2_rank(rank: int, out: Path, name: str, per_block: bool, port: int) -> 
             opt.zero_grad()
             prof.step()
     dist.destroy_process_group()
+
+
+def six_blocks() -> nn.Module:
+    """Six Linear+ReLU blocks and a head: the model the FSDP2 and ZeroRedundancyOptimizer recordings shard."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
 
 
 def _two_ranks(rank_main: Callable[..., None], *args: Any) -> None:

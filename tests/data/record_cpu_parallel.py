@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.data.record_cpu_issue29 import STEPS, _two_ranks, recording
+from tests.data.record_cpu_issue29 import STEPS, _two_ranks, recording, six_blocks
 
 
 class _Block(nn.Module):
@@ -64,45 +64,49 @@ def _tensor_parallel_rank(rank: int, out: Path, name: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _zero_redundancy_rank(rank: int, out: Path, name: str, port: int) -> None:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    _join(rank, port)
-    net = nn.parallel.DistributedDataParallel(
-        nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
-    )
-    opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
-    x, y = torch.randn(128, 512), torch.randint(0, 10, (128,))
+def _classify(
+    out: Path, name: str, rank: int, net: nn.Module, opt: torch.optim.Optimizer, rows: int, clip: bool = False
+) -> None:
+    """Record ``net`` classifying ``rows`` random rows of 512 features into 10 classes, stepped by ``opt`` (its
+    gradients clipped first with ``clip``), then leave the process group."""
+    x, y = torch.randn(rows, 512), torch.randint(0, 10, (rows,))
     with recording(out, name, rank) as prof:
         for _ in range(STEPS):
             nn.functional.cross_entropy(net(x), y).backward()
+            if clip:
+                nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
             prof.step()
     dist.destroy_process_group()
+
+
+def _zero_redundancy_rank(rank: int, out: Path, name: str, port: int) -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    _join(rank, port)
+    net = nn.parallel.DistributedDataParallel(six_blocks())
+    _classify(
+        out, name, rank, net, ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3), 128
+    )
 
 
 def _fsdp2_clip_rank(rank: int, out: Path, name: str, port: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     _join(rank, port)
-    net = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)], nn.Linear(512, 10))
+    net = six_blocks()
     for block in net[:-1]:
         fully_shard(block)
     fully_shard(net)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
-    with recording(out, name, rank) as prof:
-        for _ in range(STEPS):
-            nn.functional.cross_entropy(net(x), y).backward()
-            nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-            prof.step()
-    dist.destroy_process_group()
+    _classify(out, name, rank, net, torch.optim.AdamW(net.parameters(), lr=1e-3), 64, clip=True)
 
 
-CASES = {"tensor_parallel": _tensor_parallel_rank, "zero_redundancy": _zero_redundancy_rank, "fsdp2_clip": _fsdp2_clip_rank}
+CASES = {
+    "tensor_parallel": _tensor_parallel_rank,
+    "zero_redundancy": _zero_redundancy_rank,
+    "fsdp2_clip": _fsdp2_clip_rank,
+}
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])
