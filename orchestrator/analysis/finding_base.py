@@ -220,12 +220,13 @@ def idle_text(r: RankSummary, limit: int = 4) -> str:
 
 def make_finding(
     code: str, r: RankSummary, saving_ms: float, *, title: str, evidence: str, fix: str, ranks: list[int],
-    severity: str | None = None, cause_ms: float | None = None, one_off: OneStep | None = None,
+    severity: str | None = None, cause_ms: float | None = None, one_off: OneStep | None = None, floor: str | None = None,
 ) -> Finding:
     """A finding whose evidence ends with its bound, as a warning when its named cause (``cause_ms``, by default
     the bound itself) explains at least WARNING_FRACTION of the step: the one rule every finding follows.
 
-    A device trace without ProfilerStep and without repeating iterations claims no saving: its one window may be
+    Where the trace shows only part of what the fix removes, ``floor`` says what it leaves out, and the bound is what
+    the fix saves at least. A device trace without ProfilerStep and without repeating iterations claims no saving: its one window may be
     mostly one-off work (initialisation, warm-up) that no step of a longer run pays for. A cause one step carries
     (``one_off``) is said, and is an info line: the mean the finding reads is that step's.
     """
@@ -238,8 +239,12 @@ def make_finding(
         )
     fraction = share(r, saving_ms)
     cause_fraction = fraction if cause_ms is None or r.window == "device_span" else share(r, cause_ms)
+    floor = floor if r.window != "device_span" else None
     if saving_ms > 0:
-        bound = f" Fixing it saves at most {saving_ms:.1f} ms ({fraction:.0%}) of the {r.mean_step_ms or 0:.1f} ms {step_word(r)} on rank {r.rank}."
+        bound = (
+            f" Fixing it saves {'at least' if floor else 'at most'} {saving_ms:.1f} ms ({fraction:.0%}) of the "
+            f"{r.mean_step_ms or 0:.1f} ms {step_word(r)} on rank {r.rank}" + (f", and {floor}." if floor else ".")
+        )
     if one_off is not None:
         evidence += one_off.sentence(r)
         severity = severity or "info"
@@ -252,6 +257,7 @@ def make_finding(
         ranks=ranks,
         max_saving_ms=saving_ms,
         max_saving_fraction=fraction,
+        saving_floor=floor is not None,
     )
 
 
@@ -277,7 +283,8 @@ def verdict(summary: Summary) -> str:
     measured_on = next((r for r in summary.ranks if top.ranks and r.rank == top.ranks[0]), None)
     step = step_word(measured_on) if measured_on is not None else "step"
     bound = (
-        f": fixing it saves at most {top.max_saving_ms:.1f} ms, {top.max_saving_fraction:.0%} of the {step}"
+        f": fixing it saves {'at least' if top.saving_floor else 'at most'} {top.max_saving_ms:.1f} ms, "
+        f"{top.max_saving_fraction:.0%} of the {step}"
         if top.max_saving_ms > 0
         else ""
     )

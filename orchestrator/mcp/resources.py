@@ -43,7 +43,7 @@ def report_text(manifest: Manifest, analysis: Analysis | None) -> str:
     lines.append(f"findings ({len(analysis.findings)}), largest saving first:")
     for f in analysis.findings:
         lines.append(
-            f"- [{f.severity}] {f.code}: {f.title} (save up to {f.max_saving_ms:.1f} ms/step, "
+            f"- [{f.severity}] {f.code}: {f.title} (save {'at least' if f.saving_floor else 'up to'} {f.max_saving_ms:.1f} ms/step, "
             f"{f.max_saving_fraction:.0%}; ranks {f.ranks})\n  evidence: {f.evidence}\n  fix: {f.fix}"
         )
     for s in analysis.stragglers:

@@ -54,11 +54,18 @@ class Finding(_Model):
     code: Literal[
         "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
         "optimizer_host", "slow_link", "imbalance", "loader_restart", "train_report", "host_python",
-        "accumulation_sync", "gc_pause", "cores_shared",
+        "accumulation_sync", "gc_pause", "cores_shared", "anomaly_mode",
     ]
     severity: Literal["warning", "info"]
-    max_saving_ms: float = Field(default=0.0, description="Step time its fix could save at most, per step.")
+    max_saving_ms: float = Field(
+        default=0.0, description="Step time its fix could save at most, per step (at least, where saving_floor)."
+    )
     max_saving_fraction: float = Field(default=0.0, description="max_saving_ms over the step time.")
+    saving_floor: bool = Field(
+        default=False,
+        description="max_saving_ms is what the fix saves at least: the trace shows only part of what it removes "
+        "(anomaly detection's tracebacks run inside forward's ops).",
+    )
     title: str
     evidence: str
     fix: str
