@@ -19,7 +19,8 @@ at most an info line.
 The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
 the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early reductions in
-:mod:`orchestrator.analysis.accumulation`, the garbage collector's pauses in :mod:`orchestrator.analysis.gc_finding`, the loader restart's in
+:mod:`orchestrator.analysis.accumulation`, the garbage collector's pauses in :mod:`orchestrator.analysis.gc_finding`, anomaly detection's in
+:mod:`orchestrator.analysis.anomaly`, the loader restart's in
 :mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.analysis.accumulation import accumulation_sync
 from orchestrator.analysis.advice import round_trips
+from orchestrator.analysis.anomaly import anomaly_mode
 from orchestrator.analysis.cores_finding import cores_shared
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
@@ -331,6 +333,7 @@ def memory_peak(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding
 
 RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | None], ...] = (
     gc_pause,
+    anomaly_mode,
     straggler,
     cores_shared,
     moving_imbalance,

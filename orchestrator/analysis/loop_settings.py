@@ -41,6 +41,7 @@ class Change(str, Enum):
     BALANCE_LENGTHS = "balance_lengths"
     BETWEEN_STEPS = "between_steps"
     LOG_LESS_OFTEN = "log_less_often"
+    NO_ANOMALY_DETECTION = "no_anomaly_detection"
 
 
 _SETTINGS: dict[Loop, dict[Change, str]] = {
@@ -82,6 +83,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         "log_every_n_steps=...) say how often it saves, validates and logs after a step",
         Change.LOG_LESS_OFTEN: "Trainer(log_every_n_steps=N): it reads what self.log collected back when it writes "
         "to the logger",
+        Change.NO_ANOMALY_DETECTION: "Trainer(detect_anomaly=False), its default: with True it runs the whole fit "
+        "under torch.autograd.set_detect_anomaly(True)",
     },
     Loop.LIGHTNING_FABRIC: {
         Change.BF16: "Fabric(precision='bf16-mixed')",

@@ -60,6 +60,7 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
+from orchestrator.analysis.anomaly import nan_checks, step_checks
 from orchestrator.analysis.collectives import comm_ops, launched_by, optimizer_comm, own_comm, regathers_per_step
 from orchestrator.analysis.comm_time import comm_time
 from orchestrator.analysis.cpu_reads import waits_on_a_device
@@ -164,6 +165,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     others = [kinds[k] for k in other_keys]
     autograd = [k for k in other_keys if any(is_backward(x[0]) for x in kinds[k].values())]
     main_kinds: Kinds = kinds.get(main_key, {}) if main_key is not None else {}
+    checks = nan_checks(kinds[k] for k in [main_key, *other_keys] if k is not None)  # anomaly detection's
+    check_reads = {id(read) for _, _, read in checks}  # no read of the job's: told by its own finding
 
     # Walk every thread: the ops' self times; on the main thread, the copies (by direction) and the outermost syncs.
     op_self: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -199,6 +202,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         outer = next((a for a in [*ancestors, span] if a.name in _SCALAR_READS or a.name in COPY_OPS), None) or next(
             (a for a in reversed(ancestors) if a.name in READING_OPS), span
         )
+        if id(outer) in check_reads:
+            return
         region = next((a.name for a in reversed(ancestors) if is_region(a) and a.name not in around), None)  # who reads
         # An op that reads back by its nature (x[mask]'s aten::index, if t:'s aten::is_nonzero) names the read.
         reader = next((a.name for a in ancestors if a.name in READING_OPS), outer.name)
@@ -240,6 +245,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     base_us = trace.file.base_time_ns / 1000
     timeline, unread = Timeline.read(trace.header, base_us)
     (thread_time, unread_time), (gc_pauses, unread_gc) = read_thread_time(trace.header), read_gc(trace.header)
+    anomaly = step_checks(checks, windows, frames.get(main_key, ()), timeline)
     issues += [why for why in (unread, unread_time, unread_gc) if why]
     untraced = untraced_waits(frames.get(main_key, ()), timeline, gaps := subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
@@ -308,7 +314,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 sync_calls=len(clip(sync_rule, t0, t1)),
                 report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000,
                 python_ms=total(python) / 1000,
-                copy_calls=len(clip(rules[3][1], t0, t1)),
+                copy_calls=len(clip(rules[3][1], t0, t1)), anomaly=anomaly[index],
                 backward=reduced.of(passes),
                 gpu_busy_ms=row.busy / 1000 if row else None,
                 kernel_ms=row.kernel / 1000 if row else None,
@@ -361,12 +367,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     own, own_waits = own_comm(main_kinds, windows, model_time, waits, launched) or (None, [])
     zero = zero_of(frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
     return RankSummary(
-        rank=trace.file.rank,
-        host=trace.file.host, file=trace.file.path.name,
-        device=trace.device,
-        accelerator=Accelerator.of(trace.device_properties, trace.device),
-        unrecorded_device=trace.unrecorded,
-        window=window_kind,
+        rank=trace.file.rank, host=trace.file.host, file=trace.file.path.name,
+        device=trace.device, accelerator=Accelerator.of(trace.device_properties, trace.device),
+        unrecorded_device=trace.unrecorded, window=window_kind,
         steps=steps,
         mean_step_ms=sum(durations) / len(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
@@ -383,13 +386,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         own_comm=own, optimizer_comm=optimizer_comm(main_kinds, windows, own_optimizer, waits, launched), own_comm_callers=callers(frames_or_samples(main_frames, timeline, own_waits), own_waits),
         zero_stage=zero.stage, zero_bf16_optimizer=zero.bf16_optimizer,
         regathers_per_step=regathers_per_step(main_kinds, windows),
-        gpu=gpu_stats,
-        idle=idle,
+        gpu=gpu_stats, idle=idle,
         copies=dev.copies(windows, copy_calls, issuers) if windows else [],
         process_groups=groups,
-        top_ops=by_time(op_self)[:top_n],
-        top_kernels=dev.top_kernels(windows, top_n),
-        memory=memory_peaks(trace),
+        top_ops=by_time(op_self)[:top_n], top_kernels=dev.top_kernels(windows, top_n), memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
         thread_time=thread_time, gc=gc_pauses,

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.loops import Loop
 from orchestrator.models.accelerator import Accelerator
+from orchestrator.models.anomaly import AnomalyChecks
 from orchestrator.models.gc_pauses import GcPauses
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
@@ -136,6 +137,7 @@ class StepBreakdown(_Model):
     )
     sync_calls: int = 0
     copy_calls: int = 0
+    anomaly: AnomalyChecks | None = Field(default=None, description="None where backward ran no NaN check.")
     backward: BackwardPasses | None = Field(default=None, description="None in a summary from before they were counted.")
     report_ms: float = Field(
         default=0.0,
