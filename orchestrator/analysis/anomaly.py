@@ -31,7 +31,7 @@ from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.anomaly import AnomalyChecks
 from orchestrator.traces.loader import Span
 
-__all__ = ["NanCheck", "anomaly_mode", "nan_checks", "step_checks"]
+__all__ = ["NanCheck", "alone", "anomaly_mode", "nan_checks", "step_checks"]
 
 _NODE = "autograd::engine::evaluate_function: "
 _ISNAN, _ANY, _READ = ("aten::isnan", "cpu_op"), ("aten::_is_any_true", "cpu_op"), ("aten::item", "cpu_op")
@@ -113,6 +113,15 @@ def _cost(r: RankSummary) -> list[float]:
     return [min(ms, sum(s.idle_ms.values())) for ms, s in zip(cost, r.steps)]
 
 
+def alone(rank: int, ranks: Sequence[RankSummary]) -> tuple[float, float] | None:
+    """Where ``rank`` runs anomaly detection and some other rank does not (a rank-gated debugging aid: the others wait
+    for it at the next collective): its checks and its cost a step (:func:`_cost`); else None."""
+    r = next((x for x in ranks if x.rank == rank), None)
+    if r is None or not r.steps or not any(s.anomaly for s in r.steps) or all(any(s.anomaly for s in x.steps) for x in ranks):
+        return None
+    return statistics.fmean(s.anomaly.checks if s.anomaly else 0 for s in r.steps), statistics.fmean(_cost(r))
+
+
 def anomaly_mode(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
     """Any rank's backward runs the engine's NaN checks: a debugging aid left on, told whatever it costs (at most an
     info line below WARNING_FRACTION, as every finding)."""
@@ -132,6 +141,8 @@ def anomaly_mode(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         " Forward also formats a Python traceback for each op that records a gradient function, time inside its ops "
         "that this trace does not separate (the agent's stack samples or with_stack do)."
     )
+    without = [r for r in ranks if r not in hit]
+    others = f" Only {ranks_text(hit)} run{'s' if len(hit) == 1 else ''} it: the others wait at the next collective." if without else ""
     device = (
         " Each check reads a device value: the autograd thread waits for every kernel queued before it, and the "
         "device idles while the next node's kernels are launched."
@@ -145,7 +156,7 @@ def anomaly_mode(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
         evidence=(
             f"The autograd engine checks each backward node's outputs for NaN on {ranks_text(hit)} (aten::isnan, "
             f"aten::_is_any_true and a read of the answer, aten::item, inside the node): {checks:.0f} check{'' if round(checks) == 1 else 's'}, "
-            f"{check_ms:.1f} ms of the {step} on rank {worst.rank}.{device}{tracebacks}"
+            f"{check_ms:.1f} ms of the {step} on rank {worst.rank}.{others}{device}{tracebacks}"
         ),
         fix=(
             "Turn anomaly detection off for training: remove torch.autograd.set_detect_anomaly(True) (or the "

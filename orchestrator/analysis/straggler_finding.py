@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.analysis.anomaly import alone
 from orchestrator.analysis.comm_fix import leading_collective
 from orchestrator.analysis.cpu_wait import cores_fix, starved
 from orchestrator.analysis.finding_base import make_finding, runtime_of, worst_straggler
@@ -72,8 +73,20 @@ def straggler(ranks: Sequence[RankSummary], stragglers: Sequence[Straggler]) -> 
             + fixes.get(worst.phase, f"compare its {worst.phase} spans with another rank's in the merged trace")
             + ". Every rank runs at the straggler's speed until it is fixed."
         )
-        own = own_python(worst, ranks, {s.rank for s in stragglers})
-        waited = starved(worst, ranks, {s.rank for s in stragglers}) if own is None else None
+        anomaly = alone(worst.rank, ranks)  # a certain cause: before the guesses from samples and thread time
+        own = own_python(worst, ranks, {s.rank for s in stragglers}) if anomaly is None else None
+        waited = starved(worst, ranks, {s.rank for s in stragglers}) if own is None and anomaly is None else None
+        if anomaly is not None:
+            title = f"Rank {worst.rank} is a straggler: it alone runs autograd's anomaly detection"
+            evidence += (
+                f" It alone checks every gradient for NaN ({anomaly[0]:.0f} checks and at least {anomaly[1]:.1f} ms a step: "
+                "anomaly detection's own finding)."
+            )
+            fix = (
+                f"Turn autograd's anomaly detection off on rank {worst.rank} (torch.autograd.set_detect_anomaly(True) "
+                "under a rank condition, or a detect_anomaly() context only it enters): every other rank waits for it each "
+                "step until then."
+            )
         if waited is not None:
             title = f"Rank {worst.rank} is a straggler: its training thread waits for a CPU"
             evidence += (

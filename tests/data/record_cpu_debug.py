@@ -7,6 +7,7 @@ Each case lands as ``OUT/<case>/traces/rank<N>.pt.trace.json.gz`` (one intra-op 
                      torch.autograd.set_detect_anomaly(True); plain torch.profiler (CPU, schedule(wait=1, warmup=1,
                      active=8)) with the agent's stack sampler over the recorded steps
   anomaly_off        the same loop without it: the step it measures against
+  anomaly_rank0      the same loop with it on rank 0 alone (a rank-gated debugging aid)
   lightning_anomaly  a Lightning Trainer(detect_anomaly=True) under DDP on two gloo ranks (record_cpu_issue29's
                      LightningModule, batches of 64), the step boundary where the agent puts it, the loop named as the
                      agent names it, the agent's stack sampler
@@ -39,7 +40,8 @@ from tests.data.sampled import SampledSteps  # noqa: E402
 SAMPLE_S = DEFAULT_FRAME_SAMPLE_MS / 1000
 
 
-def _ddp_rank(rank: int, out: Path, name: str, anomaly: bool, port: int) -> None:
+def _ddp_rank(rank: int, out: Path, name: str, anomaly: tuple[int, ...], port: int) -> None:
+    """The DDP loop on this rank, under anomaly detection where ``rank`` is in ``anomaly``."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -49,7 +51,7 @@ def _ddp_rank(rank: int, out: Path, name: str, anomaly: bool, port: int) -> None
     net = nn.parallel.DistributedDataParallel(six_blocks())
     opt = torch.optim.AdamW(net.parameters())
     x, y = torch.randn(128, 512), torch.randint(0, 10, (128,))
-    torch.autograd.set_detect_anomaly(anomaly)
+    torch.autograd.set_detect_anomaly(rank in anomaly)
     with recording(out, name, rank) as prof:
         steps = SampledSteps(prof, first=2, last=STEPS, interval_s=SAMPLE_S)
         for _ in range(STEPS):
@@ -92,8 +94,9 @@ def case_anomaly_stack(out: Path) -> None:
 
 
 CASES: dict[str, Callable[[Path], None]] = {
-    "anomaly": lambda out: _two_ranks(_ddp_rank, out, "anomaly", True),
-    "anomaly_off": lambda out: _two_ranks(_ddp_rank, out, "anomaly_off", False),
+    "anomaly": lambda out: _two_ranks(_ddp_rank, out, "anomaly", (0, 1)),
+    "anomaly_off": lambda out: _two_ranks(_ddp_rank, out, "anomaly_off", ()),
+    "anomaly_rank0": lambda out: _two_ranks(_ddp_rank, out, "anomaly_rank0", (0,)),
     "lightning_anomaly": lambda out: _two_ranks(_lightning_rank, out, "lightning_anomaly"),
     "anomaly_stack": case_anomaly_stack,
 }

@@ -4,7 +4,8 @@ backward node (orchestrator.analysis.anomaly).
 Recorded by tests/data/record_cpu_debug.py: cpu_anomaly is two gloo ranks of a six-block MLP under DDP with
 torch.autograd.set_detect_anomaly(True) (before: an info line, "The host waits for a device value every step", 35
 waits per step of aten::item, "To see which Python line reads, profile with with_stack=True"); cpu_anomaly_off is the
-same loop without it; cpu_lightning_anomaly is Lightning's Trainer(detect_anomaly=True) under DDP; cpu_anomaly_stack a
+same loop without it, cpu_anomaly_rank0 with it on rank 0 alone (before: "Rank 0 is a straggler (backward)", "Find
+what differs on that rank: compare its backward spans"); cpu_lightning_anomaly is Lightning's Trainer(detect_anomaly=True) under DDP; cpu_anomaly_stack a
 with_stack recording under torch.autograd.detect_anomaly().
 """
 
@@ -70,6 +71,21 @@ def test_the_checks_reads_are_not_told_as_the_loops_own_syncs():
     summary = analyze_folder(case("cpu_anomaly"))
     assert not any(f.code == "host_sync" for f in summary.findings)
     assert all(s.sync_calls == 0 for r in summary.ranks for s in r.steps)
+
+
+def test_a_straggler_that_alone_runs_anomaly_detection_is_told_to_turn_it_off_there():
+    summary = analyze_folder(case("cpu_anomaly_rank0"))
+    lead = summary.findings[0]
+    assert lead.code == "straggler" and lead.ranks == [0]
+    assert lead.title == "Rank 0 is a straggler: it alone runs autograd's anomaly detection"
+    assert "It alone checks every gradient for NaN (35 checks" in lead.evidence
+    assert lead.fix.startswith("Turn autograd's anomaly detection off on rank 0")
+
+
+def test_the_anomaly_finding_says_which_ranks_run_it_while_the_others_wait():
+    found = anomaly(analyze_folder(case("cpu_anomaly_rank0")))
+    assert found is not None and found.ranks == [0]
+    assert "Only rank 0 runs it: the others wait at the next collective." in found.evidence
 
 
 def test_lightning_detect_anomaly_is_told_as_the_trainers_setting():
