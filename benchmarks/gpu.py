@@ -21,7 +21,8 @@ Checks, each recorded with its numbers in the JSON it writes:
   (compiling, recording CUDA graphs), and 20 steps later no step compiles or records;
 - ``verdicts``: ``analyze`` on the fresh traces of a healthy loop, a DataLoader-bound one, and one that runs a
   Python loop on the training thread each step (the device idle finding names its function from the agent's stack
-  samples, with no with_stack; on CPU the host_python finding does);
+  samples, with no with_stack; on CPU the host_python finding does), and the CNN left under anomaly detection (told,
+  with its step time beside the plain CNN's: what turning it off saves, against the finding's figure);
 - ``export_peak_rss``: the export children's peak memory and the largest raw trace.
 """
 
@@ -100,6 +101,7 @@ def _verdict(store: Path, profile_id: str) -> dict[str, Any]:
         "first_finding": first.code if first else None, "first_title": first.title if first else None,
         "first_fix": first.fix if first else None, "warnings": [f.code for f in warnings],
         "findings": [f.code for f in summary.findings],
+        "savings_ms": {f.code: f.max_saving_ms for f in summary.findings},
     }
 
 
@@ -135,6 +137,7 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
         section("dataloader_window", lambda: (driver.train(models["dataloader_bound"], 3),
                                               driver.window(models["dataloader_bound"], "dl-bound"))[1])
         section("python_window", lambda: driver.window(models["python_bound"], "py-bound"))
+        section("anomaly_window", lambda: _anomaly(driver, models, 10 if quick else 50))
         if cuda:
             section("oom", lambda: oom_check(driver, models["cnn"]))
         section("warm_up", lambda: warm_up_check(driver, quick))
@@ -146,12 +149,26 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     section("verdicts", lambda: {"healthy_cnn": _verdict(work / "store", "cnn-w0"),
                                  "healthy_transformer": _verdict(work / "store", "transformer-w0"),
                                  "dataloader_bound": _verdict(work / "store", "dl-bound"),
-                                 "python_bound": _verdict(work / "store", "py-bound")})
+                                 "python_bound": _verdict(work / "store", "py-bound"),
+                                 "anomaly": _verdict(work / "store", "anomaly")})
     section("export_child", lambda: _export_peak(work / "store"))
     section("memory_devices", lambda: _memory_devices(work / "store"))
     result["errors"] = errors
     result["failures"] = _failures(result, cuda)
     return result
+
+
+def _anomaly(driver: Driver, models: dict[str, Loop], steps: int) -> dict[str, Any]:
+    """The CNN under anomaly detection: one window, and its step time beside the plain CNN's, alternated (the
+    difference is what turning it off saves)."""
+    plain, anomaly = models["cnn"], models["anomaly"]
+    driver.train(anomaly, 3)
+    window = driver.window(anomaly, "anomaly")
+    plain_ms, anomaly_ms = [], []
+    for _ in range(2):
+        plain_ms += driver.train(plain, steps)
+        anomaly_ms += driver.train(anomaly, steps)
+    return {**window, "plain_step_ms": statistics.median(plain_ms), "anomaly_step_ms": statistics.median(anomaly_ms)}
 
 
 def _lasting(device: torch.device, activities: list[str], work: Path, quick: bool) -> dict[str, Any]:
@@ -209,6 +226,11 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
         out.append("the healthy CNN was called DataLoader-bound")
     if verdicts and verdicts["dataloader_bound"]["first_finding"] != "dataloader_bound":
         out.append(f"the DataLoader-bound loop's first finding: {verdicts['dataloader_bound']['first_finding']}")
+    anomaly = verdicts.get("anomaly")
+    if anomaly and "anomaly_mode" not in anomaly["warnings"]:
+        out.append(f"the loop under anomaly detection: no anomaly_mode warning ({anomaly['findings']})")
+    if any("anomaly_mode" in v["findings"] for k, v in verdicts.items() if k != "anomaly"):
+        out.append("a loop without anomaly detection was told it is on")
     python = verdicts.get("python_bound")
     expected = "low_gpu_utilization" if cuda else "host_python"
     if python and (python["first_finding"] != expected or "_score_labels" not in (python["first_fix"] or "")):

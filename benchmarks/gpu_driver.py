@@ -1,5 +1,5 @@
-"""What the device check trains and how it drives the agent: two small models and a DataLoader-bound loop,
-and :class:`Driver`, the real agent armed and read as the controller would, minus Ray (benchmarks/gpu.py)."""
+"""What the device check trains and how it drives the agent: two small models, a DataLoader-bound loop, a Python-bound
+one and one left under autograd's anomaly detection, and :class:`Driver`, the real agent armed and read as the controller would, minus Ray (benchmarks/gpu.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["WINDOW_STEPS", "Driver", "Loop", "SmallCNN", "SmallTransformer", "loops"]
+__all__ = ["WINDOW_STEPS", "AnomalyLoop", "Driver", "Loop", "SmallCNN", "SmallTransformer", "loops"]
 
 WINDOW_STEPS = 3
 
@@ -64,6 +65,17 @@ class Loop:
         self.opt.step()
 
 
+class AnomalyLoop(Loop):
+    """A loop left under autograd's anomaly detection, a debugging aid: the engine checks every backward node's
+    outputs for NaN (on a GPU, each check waits for the queued kernels) and forward formats a traceback per op."""
+
+    def step(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled...", on every entry
+            with torch.autograd.detect_anomaly():
+                super().step()
+
+
 def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
     side, batch, seq = (32, 8, 32) if quick else (64, 64, 128)
     images = torch.randn(batch, 3, side, side, device=device)
@@ -80,6 +92,7 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
         "dataloader_bound": Loop("dataloader_bound", SmallCNN(16 if quick else 64), lambda: next(loader), device),
         # The same CNN with a Python loop over a million values on the training thread before each step (~30 ms).
         "python_bound": Loop("python_bound", SmallCNN(16 if quick else 64), _after_python((images, labels)), device),
+        "anomaly": AnomalyLoop("anomaly", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
     }
 
 

@@ -165,7 +165,9 @@ def anomaly_mode(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Findin
             + in_loop(worst.loop, [Change.NO_ANOMALY_DETECTION])
         ),
         ranks=[r.rank for r in hit],
-        one_off=one_step(worst, _cost(worst)),
+        # Whether one step holds it, by the checks alone: the samples put a few ms of tracebacks in whichever step
+        # a sample fell in (5 ms apart), which would make three steps of steady cost read as one step's.
+        one_off=one_step(worst, [s.anomaly.check_ms if s.anomaly else 0.0 for s in worst.steps]),
         # On a CPU-only trace the fix removes the checks, the tracebacks the Python stack saw, and those it missed: a
         # sampler that waits for the GIL sees little of a 0.2 ms traceback between two ops that release it.
         floor=(
