@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.anomaly import nan_checks
+from orchestrator.analysis.anomaly import anomaly_mode, nan_checks
 from orchestrator.analysis.finding_base import verdict
 from orchestrator.analysis.spans import by_kind
 from orchestrator.models.analysis import Finding, Summary
@@ -71,6 +71,21 @@ def test_the_checks_reads_are_not_told_as_the_loops_own_syncs():
     summary = analyze_folder(case("cpu_anomaly"))
     assert not any(f.code == "host_sync" for f in summary.findings)
     assert all(s.sync_calls == 0 for r in summary.ranks for s in r.steps)
+
+
+def test_tracebacks_the_samples_put_in_one_step_do_not_make_anomaly_modes_cost_one_steps():
+    # Samples 5 ms apart put forward's tracebacks in whichever step one fell in: a steady cost must not read as one
+    # step's (the device check's CPU run once told it an info line, "most of it is one step's").
+    summary = analyze_folder(case("cpu_anomaly"))
+    ranks = [
+        r.model_copy(update={"steps": [
+            s.model_copy(update={"anomaly": s.anomaly.model_copy(update={"traceback_ms": 200.0 if i == 0 else 0.0})})
+            for i, s in enumerate(r.steps) if s.anomaly
+        ]})
+        for r in summary.ranks
+    ]
+    found = anomaly_mode(ranks, [])
+    assert found is not None and found.severity == "warning" and "one step's" not in found.evidence
 
 
 def test_a_straggler_that_alone_runs_anomaly_detection_is_told_to_turn_it_off_there():
