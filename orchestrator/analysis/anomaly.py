@@ -22,6 +22,7 @@ import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 
+from orchestrator.analysis.autograd_nodes import Nodes
 from orchestrator.analysis.finding_base import make_finding, one_step, ranks_text, step_word
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.python_frames import frame_parts
@@ -33,7 +34,6 @@ from orchestrator.traces.loader import Span
 
 __all__ = ["NanCheck", "alone", "anomaly_mode", "nan_checks", "step_checks"]
 
-_NODE = "autograd::engine::evaluate_function: "
 _ISNAN, _ANY, _READ = ("aten::isnan", "cpu_op"), ("aten::_is_any_true", "cpu_op"), ("aten::item", "cpu_op")
 _TRACEBACK = ("torch/fx/traceback.py", "format_stack")  # what anomaly mode calls for each gradient function it records
 
@@ -48,13 +48,12 @@ def nan_checks(threads: Iterable[Kinds]) -> list[NanCheck]:
         anys = kinds.get(_ANY)
         if not anys:
             continue  # the common case: one lookup a thread
-        nodes = sorted((s for (name, _), group in kinds.items() if name.startswith(_NODE) for s in group), key=lambda s: s.ts)
-        starts = [s.ts for s in nodes]
+        nodes = Nodes(kinds)
         isnans = sorted(kinds.get(_ISNAN, ()), key=lambda s: s.end)  # these ops do not nest in one another
         reads = sorted(kinds.get(_READ, ()), key=lambda s: s.ts)
         isnan_ends, read_starts = [s.end for s in isnans], [s.ts for s in reads]
         for check in anys:
-            node = _innermost(nodes, starts, check)
+            node = nodes.holding(check)
             i, j = bisect.bisect_right(isnan_ends, check.ts), bisect.bisect_left(read_starts, check.end)
             if node is None or not i or j == len(reads):
                 continue
@@ -62,14 +61,6 @@ def nan_checks(threads: Iterable[Kinds]) -> list[NanCheck]:
             if node.ts <= before.ts and after.end <= node.end:
                 found.append((before, check, after))
     return found
-
-
-def _innermost(nodes: Sequence[Span], starts: Sequence[float], span: Span) -> Span | None:
-    """The latest-starting node that holds ``span`` (a reentrant backward's nodes nest)."""
-    for i in range(bisect.bisect_right(starts, span.ts) - 1, -1, -1):
-        if nodes[i].end >= span.end:
-            return nodes[i]
-    return None
 
 
 def step_checks(
