@@ -173,6 +173,21 @@ class DeviceView:
         ]
         return total(subtract(union(ivs), self.compute)) / 1000 / max(len(windows), 1)
 
+    def kernel_ms_launched_in(
+        self, windows: Sequence[Window], calls: Mapping[object, Intervals], launches: Mapping[int, tuple[float, float, object]]
+    ) -> list[float]:
+        """ms per window of the kernels whose launch a thread made inside that thread's ``calls`` (sorted, disjoint),
+        each in the window of its launch: a device that runs behind the host runs them in a later one."""
+        inside = {thread: membership(ivs) for thread, ivs in calls.items()}
+        window_of = _window_finder(windows)
+        out = [0.0] * len(windows)
+        for s in self.spans:
+            launch = launches.get(s.correlation) if s.cat == "kernel" and s.correlation is not None else None
+            if launch is not None and launch[2] in inside and inside[launch[2]](launch[0]):
+                if (i := window_of(launch[0])) is not None:
+                    out[i] += (s.end - s.ts) / 1000
+        return out
+
     def in_windows(self, windows: Sequence[Window]) -> list[Span]:
         """The device spans that start inside one of the windows."""
         return [s for _, s in self.placed(windows)]

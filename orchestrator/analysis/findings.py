@@ -5,7 +5,8 @@ Each rule reads the per-rank and cross-rank results and either returns one
 A job under every threshold below gets no findings at all, never generic advice.
 
 Every finding states the step time its fix could save *at most*
-(``max_saving_ms``), and findings are ranked by it. On a device the bound is
+(``max_saving_ms``), and findings are ranked by it; two claim none: the memory peak (a risk, not step time) and
+activation checkpointing's recomputation (a trade for memory the trace rarely shows). On a device the bound is
 the device idle time attributed to the finding's cause
 (:mod:`orchestrator.analysis.idle`): removing a host-side cost (data loading,
 a sync, a blocking copy) shortens the step only where the device was idle
@@ -20,7 +21,7 @@ The host-side and job-wide rules are here; the device's are in
 :mod:`orchestrator.analysis.device_findings`, the straggler's in :mod:`orchestrator.analysis.straggler_finding`,
 the moving imbalance's in :mod:`orchestrator.analysis.imbalance`, the accumulation's early reductions in
 :mod:`orchestrator.analysis.accumulation`, the garbage collector's pauses in :mod:`orchestrator.analysis.gc_finding`, anomaly detection's in
-:mod:`orchestrator.analysis.anomaly`, the loader restart's in
+:mod:`orchestrator.analysis.anomaly`, activation checkpointing's in :mod:`orchestrator.analysis.recompute`, the loader restart's in
 :mod:`orchestrator.analysis.epochs`, the slow link's in :mod:`orchestrator.analysis.groups`.
 """
 
@@ -56,6 +57,7 @@ from orchestrator.analysis.optimizer_fix import optimizer_changes
 from orchestrator.analysis.precision import half_autocast, half_changes
 from orchestrator.analysis.ray_findings import train_report
 from orchestrator.analysis.readers import readers, reading_fix
+from orchestrator.analysis.recompute import activation_recompute
 from orchestrator.analysis.straggler_finding import straggler
 from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.models.analysis import CopyStats, Finding, IdleCause, RankSummary, Straggler
@@ -350,6 +352,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     host_sync,
     htod_copy,
     memory_peak,
+    activation_recompute,
 )
 
 

@@ -42,6 +42,7 @@ class Change(str, Enum):
     BETWEEN_STEPS = "between_steps"
     LOG_LESS_OFTEN = "log_less_often"
     NO_ANOMALY_DETECTION = "no_anomaly_detection"
+    NO_CHECKPOINT_ACTIVATIONS = "no_checkpoint_activations"
 
 
 _SETTINGS: dict[Loop, dict[Change, str]] = {
@@ -53,6 +54,7 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.ACCUMULATE: "TrainingArguments(gradient_accumulation_steps=N), which syncs the gradients on the last "
         "micro-batch only",
         Change.CHECKPOINT_ACTIVATIONS: "TrainingArguments(gradient_checkpointing=True)",
+        Change.NO_CHECKPOINT_ACTIVATIONS: "TrainingArguments(gradient_checkpointing=False), its default",
         Change.GRADIENT_BUCKETS: "TrainingArguments(ddp_bucket_cap_mb=...)",
         Change.COMPILE: "TrainingArguments(torch_compile=True), torch_compile_mode='reduce-overhead' for CUDA graphs",
         Change.LOADER_WORKERS: "TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)",

@@ -82,6 +82,7 @@ from orchestrator.analysis.phases import (
     unmarked_forward,
 )
 from orchestrator.analysis.python_frames import HOT_SHARE, callers, enclosing, hot_path, user_frames
+from orchestrator.analysis.recompute import recompute_of
 from orchestrator.analysis.spans import (
     COPY_OPS,
     DDP_FORWARD,
@@ -165,8 +166,9 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     others = [kinds[k] for k in other_keys]
     autograd = [k for k in other_keys if any(is_backward(x[0]) for x in kinds[k].values())]
     main_kinds: Kinds = kinds.get(main_key, {}) if main_key is not None else {}
-    checks = nan_checks(kinds[k] for k in [main_key, *other_keys] if k is not None)  # anomaly detection's
-    check_reads = {id(read) for _, _, read in checks}  # no read of the job's: told by its own finding
+    process = {k: kinds[k] for k in [main_key, *other_keys] if k is not None}
+    checks = nan_checks(process.values())  # anomaly detection's: its reads are no sync of the job's
+    check_reads = {id(read) for _, _, read in checks}
 
     # Walk every thread: the ops' self times; on the main thread, the copies (by direction) and the outermost syncs.
     op_self: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -284,8 +286,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             taken = intersect(clip(intervals, start, t1), remaining)
             phase_us[phase] += total(taken)
             remaining = subtract(remaining, taken)
-        python = taken  # the last rule's: the loop's own Python
-        python_taken += python
+        python_taken += (python := taken)  # the last rule's: the loop's own Python
         # Rule 8: the main thread runs no op of its own.
         idle = subtract(remaining, clip(main_ops, t0, t1))
         for phase, intervals in (("backward", backward_elsewhere), ("comm", comm_elsewhere)):
@@ -337,8 +338,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     whole = window_kind != "profiler_steps"  # HTA's active span is then the whole trace, however it is cut
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
-    idle = None
-    main_frames = user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are the main thread's
+    idle, main_frames = None, user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are main's
     loading = [iv for t0, t1 in windows for iv in clip(training_data, t0, t1)]
     reads = [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]  # each read's wait
     if device_spans and windows:
@@ -392,7 +392,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         top_ops=by_time(op_self)[:top_n], top_kernels=dev.top_kernels(windows, top_n), memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
-        thread_time=thread_time, gc=gc_pauses,
+        thread_time=thread_time, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
