@@ -18,7 +18,7 @@ so nested spans are never counted twice and the phases add up to the step time:
                   (Adam's step count) and is no sync; on a CPU-only trace ``aten::item`` is the sync, except where it
                   reads a CPU tensor on a GPU too (:mod:`orchestrator.analysis.cpu_reads`). A pageable upload's own
                   stream sync is a sync only until the device starts the copy (it waits for earlier queued work), then
-                  it is the copy's (rule 4).
+                  it is the copy's (rule 4). Anomaly detection's NaN checks read too (:mod:`~.anomaly`): not a sync.
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``record_param_comms``), or inside gloo's record
                   of a collective's work (``gloo:*``) where the host runs no op of its own: an asynchronous
                   send's record lasts across the next ops (:mod:`orchestrator.analysis.comm_time`).
