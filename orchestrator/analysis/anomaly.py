@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from orchestrator.analysis.autograd_nodes import Nodes
 from orchestrator.analysis.finding_base import make_finding, one_step, ranks_text, step_word
+from orchestrator.analysis.intervals import clip, total, union
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.python_frames import frame_parts
 from orchestrator.analysis.spans import Kinds
@@ -79,15 +80,11 @@ def step_checks(
 
 
 def _traceback_ms(frames: Sequence[Span], timeline: Timeline | None, windows: Sequence[tuple[float, float]]) -> list[float]:
-    """Each window's time in anomaly mode's tracebacks: ``with_stack`` frames of ``format_stack`` (the outermost
-    ones), else the agent's samples whose stack holds it, each worth the sampling interval."""
+    """Each window's time in anomaly mode's tracebacks: ``with_stack`` frames of ``format_stack`` (nested ones once),
+    else the agent's samples whose stack holds it, each worth the sampling interval."""
     if frames:
-        held = sorted((f.ts, f.end) for f in frames if frame_parts(f.name) == _TRACEBACK)
-        outer: list[tuple[float, float]] = []
-        for a, b in held:
-            if not outer or a >= outer[-1][1]:
-                outer.append((a, b))
-        return [sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in outer) / 1000 for t0, t1 in windows]
+        held = union((f.ts, f.end) for f in frames if frame_parts(f.name) == _TRACEBACK)
+        return [total(clip(held, t0, t1)) / 1000 for t0, t1 in windows]
     if timeline is None:
         return [0.0] * len(windows)
     return [
