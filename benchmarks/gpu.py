@@ -227,8 +227,10 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
     if verdicts and verdicts["dataloader_bound"]["first_finding"] != "dataloader_bound":
         out.append(f"the DataLoader-bound loop's first finding: {verdicts['dataloader_bound']['first_finding']}")
     anomaly = verdicts.get("anomaly")
-    if anomaly and "anomaly_mode" not in anomaly["warnings"]:
-        out.append(f"the loop under anomaly detection: no anomaly_mode warning ({anomaly['findings']})")
+    # A warning on a GPU, where each check waits for the queued kernels; on CPU told at all: its floor there is 10-33%
+    # of the step by the samples' luck, too near the 8% bar for a check that runs beside other work.
+    if anomaly and "anomaly_mode" not in (anomaly["warnings"] if cuda else anomaly["findings"]):
+        out.append(f"the loop under anomaly detection: no anomaly_mode {'warning' if cuda else 'finding'} ({anomaly['findings']})")
     if any("anomaly_mode" in v["findings"] for k, v in verdicts.items() if k != "anomaly"):
         out.append("a loop without anomaly detection was told it is on")
     python = verdicts.get("python_bound")

@@ -31,7 +31,7 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     assert python["first_finding"] == "host_python" and "_score_labels" in python["first_fix"]
     assert result["export_child"]["peak_rss_mib"] > 0
     # The loop left under anomaly detection is told so, through the agent's own capture; no other loop is.
-    assert "anomaly_mode" in result["verdicts"]["anomaly"]["warnings"]
+    assert "anomaly_mode" in result["verdicts"]["anomaly"]["findings"]
     assert not any("anomaly_mode" in v["findings"] for name, v in result["verdicts"].items() if name != "anomaly")
     # The compiled model's first window holds its compilation, the later one none (what the trace records, not
     # step times: beside other work on two cores a steady step took 1.5 s, twice the compiling one).
