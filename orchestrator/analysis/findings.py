@@ -54,6 +54,7 @@ from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_changes
+from orchestrator.analysis.param_loops import param_loop
 from orchestrator.analysis.precision import half_autocast, half_changes
 from orchestrator.analysis.ray_findings import train_report
 from orchestrator.analysis.readers import readers, reading_fix
@@ -345,6 +346,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     slow_link,
     dataloader_bound,
     optimizer_host,
+    param_loop,
     accumulation_sync,
     comm_exposed,
     gpu_bound,

@@ -43,7 +43,7 @@ from orchestrator.analysis.spans import (
 from orchestrator.models.analysis import BackwardPasses, OptimizerImpl
 from orchestrator.traces.loader import Span
 
-__all__ = ["Reductions", "backward_passes", "batch_fetch", "collated_ops", "nested_phases", "optimizer_impl", "top_level_ops", "unmarked_forward"]
+__all__ = ["Reductions", "backward_passes", "batch_fetch", "collated_ops", "nested_phases", "optimizer_impl", "top_level", "top_level_ops", "unmarked_forward"]
 
 # ``step``: an Optimizer.step itself, in which a closure may run the model; ``optimizer``: zero_grad.
 Label = Literal["forward", "backward", "optimizer", "step"]
@@ -218,18 +218,19 @@ def top_level_ops(main: list[Span], intervals: Intervals) -> int:
     """How many ops of ``main`` (in start order) start in ``intervals`` inside no other such op: for the optimizer's
     own time, several per parameter for a per-parameter optimizer (Adam(foreach=False): 9), a few in all for a foreach
     or fused one. The Optimizer.step / zero_grad spans themselves are no op."""
-    return sum(1 for _ in _top_level(main, intervals))
+    return sum(1 for _ in top_level(main, intervals))
 
 
 def collated_ops(main: list[Span], intervals: Intervals) -> int:
     """:func:`top_level_ops` in ``intervals`` (DataLoader next()) where an ``aten::stack`` among them collates samples
     fetched one by one (default_collate stacks each field of them), else 0: a dataset that builds whole batches runs
     many ops a call too (PARAM's DLRM generator: 159, per embedding table) and concatenates."""
-    ops = [s.name for s in _top_level(main, intervals)]
+    ops = [s.name for s in top_level(main, intervals)]
     return len(ops) if "aten::stack" in ops else 0
 
 
-def _top_level(main: list[Span], intervals: Intervals) -> Iterator[Span]:
+def top_level(main: list[Span], intervals: Intervals) -> Iterator[Span]:
+    """The ops of ``main`` (in start order) that start in ``intervals`` (sorted, apart) inside no other such op."""
     end, i = float("-inf"), 0
     for s in main:
         if s.cat != "cpu_op" or s.ts < end or is_optimizer(s):

@@ -24,7 +24,7 @@ from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
 __all__ = [
-    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "sampled_path", "sampled_spot",
+    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "is_users", "sampled_path", "sampled_spot",
     "spot_and_caller", "user_frames",
 ]
 
@@ -58,7 +58,8 @@ def _plumbing(path: str) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _is_users(name: str) -> bool:
+def is_users(name: str) -> bool:
+    """A frame (by its Kineto name) of the user's or a library's code: not torch's, numpy's or the standard library's."""
     match = _FRAME.match(name)
     return match is not None and not _plumbing(match["path"])
 
@@ -94,7 +95,7 @@ def frame_parts(name: str) -> tuple[str, str] | None:
 def user_frames(frames: Iterable[Span]) -> list[Span]:
     """The frames that name the user's or a library's code, in the order
     :func:`~orchestrator.analysis.intervals.name_innermost` sweeps them."""
-    return sorted((f for f in frames if _is_users(f.name)), key=lambda f: (f.ts, -f.end))
+    return sorted((f for f in frames if is_users(f.name)), key=lambda f: (f.ts, -f.end))
 
 
 def callers(frames: Sequence[Span], waits: Intervals) -> list[OpStat]:
@@ -154,7 +155,7 @@ def sampled_path(stacks: Sequence[Sequence[str]], share: float, interval_ms: flo
     for stack in stacks:
         node = root
         for frame in reversed(stack):
-            if _is_users(frame):
+            if is_users(frame):
                 node = node.children.setdefault(frame_parts(frame) or ("", frame), _Node())
                 node.samples += 1
                 node.lines[frame] += 1

@@ -8,10 +8,10 @@ thread repeats (then the busiest thread running the model's forward or an optimi
 issue say so. Every instant of a step is given to exactly one phase, by the first rule below that holds at that instant,
 so nested spans are never counted twice and the phases add up to the step time:
 
- 1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...``
-                  or ``_next_data``), or where Ray Data's iterator hands over a batch (its Python frames or
-                  the agent's stack samples: :mod:`orchestrator.analysis.untraced`), from the step's batch fetch
-                  on: the fix is the loader's. Fetches before it (an evaluation's loader) are between steps.
+ 1. ``data``      inside a DataLoader ``__next__`` span (``enumerate(DataLoader)#...`` or ``_next_data``), or where Ray
+                  Data's iterator hands over a batch (its Python frames or the agent's stack samples:
+                  :mod:`orchestrator.analysis.untraced`), from the step's batch fetch on: the fix is the loader's.
+                  Fetches before it (an evaluation's loader) are between steps.
  2. ``sync``      the host waits for the device: a runtime's ``*Synchronize`` (SYCL's ``urQueueFinish``...) or device-to-host copy
                   call, widened to the outermost ``aten::item`` / ``aten::_local_scalar_dense`` / ``aten::to`` /
                   ``aten::copy_`` around it. On a device trace an ``aten::item`` with no such call reads a CPU scalar
@@ -45,10 +45,8 @@ so nested spans are never counted twice and the phases add up to the step time:
                   step's start or the previous pass's end: the model and loss, which need not carry any marker
                   (:func:`orchestrator.analysis.phases.unmarked_forward`); accumulation runs one per micro-batch.
 10. ``other``     the rest: a checkpoint save, an evaluation or logging before the step's batch is fetched,
-                  clipping and metrics after its last backward, Python between optimizer and next step.
-
-Rules 2-4 come before 5-7 because a sync, collective or copy is what costs time
-wherever it is called from (``loss.item()`` inside the forward is a sync).
+                  clipping, metrics and a weights' average after its last backward (:mod:`~.param_loops`).
+Rules 2-4 come before 5-7: a sync, collective or copy costs time wherever it is called from (``.item()`` in forward).
 
 A rank's *communication wait* per step is its ``comm`` phase plus, on GPU, the collective kernel time not overlapped
 by compute kernels; in a synchronous allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
@@ -71,6 +69,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import recorded_steps, unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
+from orchestrator.analysis.param_loops import loop_of
 from orchestrator.analysis.phases import (
     Reductions,
     backward_passes,
@@ -393,6 +392,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
         thread_time=thread_time, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
+        param_loop=loop_of(main, windows, backward_anywhere, nested["optimizer"], rules[0][1], op_starts, frames.get(main_key, ()), timeline),
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

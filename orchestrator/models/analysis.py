@@ -12,35 +12,16 @@ from orchestrator.models.anomaly import AnomalyChecks
 from orchestrator.models.gc_pauses import GcPauses
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.models.param_loops import ParamLoop
 from orchestrator.models.recompute import Recompute
 from orchestrator.models.thread_time import ThreadTime
 from orchestrator.models.verdicts import Finding, SlowGroup, StepSpread
 
 __all__ = [
-    "PHASES",
-    "BackwardPasses",
-    "Finding",
-    "CopyStats",
-    "COLLECTIVE_LABELS",
-    "CollectiveKind",
-    "GpuStats",
-    "IDLE_CAUSES",
-    "IDLE_LABELS",
-    "IdleAttribution",
-    "IdleCause",
-    "IdleShare",
-    "MemoryPeak",
-    "OpStat",
-    "OptimizerImpl",
-    "Phase",
-    "PhaseTimes",
-    "ProcessGroupComm",
-    "RankSummary",
-    "SlowGroup",
-    "StepBreakdown",
-    "StepSpread",
-    "Straggler",
-    "Summary",
+    "PHASES", "BackwardPasses", "Finding", "CopyStats", "COLLECTIVE_LABELS", "CollectiveKind", "GpuStats",
+    "IDLE_CAUSES", "IDLE_LABELS", "IdleAttribution", "IdleCause", "IdleShare", "MemoryPeak", "OpStat",
+    "OptimizerImpl", "Phase", "PhaseTimes", "ProcessGroupComm", "RankSummary", "SlowGroup", "StepBreakdown",
+    "StepSpread", "Straggler", "Summary",
 ]
 
 SUMMARY_VERSION: Final = 1
@@ -317,6 +298,7 @@ class RankSummary(_Model):
     top_kernels: list[OpStat] = Field(default_factory=list)
     memory: list[MemoryPeak] = Field(default_factory=list)
     recompute: Recompute | None = Field(default=None, description="Forward's ops backward runs again; None for none.")
+    param_loop: ParamLoop | None = Field(default=None, description="A loop over tensors outside model and optimizer.")
     step_definition: str | None = Field(
         default=None,
         description="What one step holds in the trace: '1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes "

@@ -1,0 +1,126 @@
+"""Record CPU-only traces of training loops that keep an exponential moving average of the weights, with plain
+torch.profiler over eight steps and the agent's stack sampler, thread clock and gc watch (:mod:`tests.data.sampled`).
+
+    PYTHONPATH=.:<diffusers> python tests/data/record_cpu_ema.py OUT [CASE ...]
+
+Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz``: CPU activities only, schedule(wait=1, warmup=1,
+active=8), record_shapes=True. One rank (one intra-op thread) of a 16-block MLP (Linear 128, LayerNorm, GELU: 66
+parameter tensors) on batches of 256 from a DataLoader over a TensorDataset, AdamW(fused=True), and after each
+optimizer step one update of the average:
+  ema_diffusers          diffusers' EMAModel(model.parameters()) (foreach=False, its default), the step boundary an
+                         optimizer step post-hook as rayprof's agent has it: the update opens the next step, before its
+                         batch is fetched (diffusers 0.42.1 is no dependency: install it beside the recorder to record)
+  ema_diffusers_foreach  the same with EMAModel(..., foreach=True)
+  ema_averaged_model     torch's AveragedModel(model, avg_fn=get_ema_avg_fn(0.999)), prof.step() after the update
+  ema_averaged_model_foreach  AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+  ema_own_loop           the loop's own average: for each tensor, average.mul_(0.999).add_(param, alpha=0.001)
+Each recording takes seconds (torch 2.13.0+cpu).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.profiler import ProfilerActivity, profile, schedule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
+from tests.data.sampled import SampledSteps  # noqa: E402
+
+ACTIVE = 8
+STEPS = ACTIVE + 2
+WIDTH, BLOCKS, BATCH = 128, 16, 256
+
+
+def _parts() -> tuple[nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader[tuple[torch.Tensor, ...]]]:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *[m for _ in range(BLOCKS) for m in (nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH), nn.GELU())], nn.Linear(WIDTH, 1)
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(BATCH * STEPS, WIDTH), torch.randn(BATCH * STEPS, 1))
+    return model, torch.optim.AdamW(model.parameters(), fused=True), torch.utils.data.DataLoader(data, batch_size=BATCH)
+
+
+def _record(out: Path, name: str, average: Callable[[nn.Module], Callable[[], None]], post_hook: bool) -> None:
+    """Train ``STEPS`` steps under the profiler, calling ``average(model)``'s update after each optimizer step; the
+    step boundary the optimizer's post-hook (``post_hook``: the agent's) or ``prof.step()`` after the update."""
+    model, opt, loader = _parts()
+    update = average(model)
+    folder = out / name / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "rank0.pt.trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
+                 record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+        hook = register_optimizer_step_post_hook(lambda *_: steps.step()) if post_hook else None
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            update()
+            if hook is None:
+                steps.step()
+        if hook is not None:
+            hook.remove()
+    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+
+
+def _diffusers(foreach: bool) -> Callable[[nn.Module], Callable[[], None]]:
+    def average(model: nn.Module) -> Callable[[], None]:
+        from diffusers.training_utils import EMAModel
+
+        ema = EMAModel(model.parameters(), foreach=foreach)
+        return lambda: ema.step(model.parameters())
+
+    return average
+
+
+def _averaged_model(foreach: bool) -> Callable[[nn.Module], Callable[[], None]]:
+    def average(model: nn.Module) -> Callable[[], None]:
+        from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn, get_ema_multi_avg_fn
+
+        ema = (
+            AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999)) if foreach
+            else AveragedModel(model, avg_fn=get_ema_avg_fn(0.999))
+        )
+        return lambda: ema.update_parameters(model)
+
+    return average
+
+
+def _own_loop(model: nn.Module) -> Callable[[], None]:
+    averages = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def update_average() -> None:
+        for average, param in zip(averages, model.parameters()):
+            average.mul_(0.999).add_(param, alpha=0.001)
+
+    return update_average
+
+
+CASES: dict[str, Callable[[Path], None]] = {
+    "ema_diffusers": lambda out: _record(out, "ema_diffusers", _diffusers(False), post_hook=True),
+    "ema_diffusers_foreach": lambda out: _record(out, "ema_diffusers_foreach", _diffusers(True), post_hook=True),
+    "ema_averaged_model": lambda out: _record(out, "ema_averaged_model", _averaged_model(False), post_hook=False),
+    "ema_averaged_model_foreach": lambda out: _record(out, "ema_averaged_model_foreach", _averaged_model(True), post_hook=False),
+    "ema_own_loop": lambda out: _record(out, "ema_own_loop", _own_loop, post_hook=False),
+}
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1])
+    for case in sys.argv[2:] or list(CASES):
+        CASES[case](target)
+        print("recorded", target / case, flush=True)

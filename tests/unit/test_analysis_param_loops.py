@@ -1,0 +1,154 @@
+"""A weights' average (or other tensors) updated one tensor at a time outside the model and the optimizer, told with the
+option that updates them all at once (orchestrator.analysis.param_loops).
+
+Recorded by tests/data/record_cpu_ema.py: one rank of a 16-block MLP (66 parameter tensors) keeping an exponential moving
+average through diffusers' EMAModel (foreach=False, its default; the step boundary the agent's optimizer post-hook),
+torch's AveragedModel(avg_fn=get_ema_avg_fn(...)), or its own mul_/add_ loop, each beside the same loop with foreach
+ops. Before: "No findings" (or only a 0.01 ms read) on all of them, the loop's 2.5-4.6 ms a step left in "other".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.param_loops import MIN_ITERATIONS, _loops, owner_fix
+from orchestrator.models.analysis import Finding, Summary
+from orchestrator.traces.loader import Span
+from tests.support.tracefiles import case, write_trace, x_event
+from tests.unit.test_analysis_idle_causes import kernel
+
+
+def loop_finding(summary: Summary) -> Finding | None:
+    return next((f for f in summary.findings if f.code == "param_loop"), None)
+
+
+def test_diffusers_ema_model_is_told_to_update_with_foreach():
+    summary = analyze_folder(case("cpu_ema_diffusers"))
+    found = loop_finding(summary)
+    assert found is not None and found.ranks == [0]
+    assert found.title.startswith("The weights' average is updated one tensor at a time")
+    assert "EMAModel.step (diffusers/training_utils.py:" in found.evidence
+    assert "runs aten::sub, aten::mul, aten::sub_ for one tensor after another, 66 times a step" in found.evidence
+    assert found.fix.startswith("Update them all at once: EMAModel(model.parameters(), foreach=True)")
+    assert found.max_saving_ms > 0
+
+
+def test_the_update_that_opens_the_agents_next_step_is_found_before_its_batch_fetch():
+    # The step ends in the optimizer's post-hook, so each update runs before the next step fetches its batch.
+    (rank,) = analyze_folder(case("cpu_ema_diffusers")).ranks
+    assert rank.param_loop is not None and rank.param_loop.ops == ["aten::sub", "aten::mul", "aten::sub_"]
+    assert rank.param_loop.iterations == [66] * len(rank.steps)
+    assert all(ms > 0 for ms in rank.param_loop.ms)
+
+
+def test_an_averaged_model_with_avg_fn_is_told_multi_avg_fn():
+    found = loop_finding(analyze_folder(case("cpu_ema_averaged_model")))
+    assert found is not None
+    assert "AveragedModel.update_parameters (torch/optim/swa_utils.py:" in found.evidence
+    assert "multi_avg_fn=get_ema_multi_avg_fn(decay)" in found.fix
+
+
+def test_the_loops_own_average_is_told_torch_foreach():
+    found = loop_finding(analyze_folder(case("cpu_ema_own_loop")))
+    assert found is not None
+    assert found.title == "A Python loop updates 66 tensors one at a time outside the model and the optimizer"
+    assert "update_average (record_cpu_ema.py:" in found.evidence and "aten::mul_, aten::add_" in found.evidence
+    assert "torch._foreach_lerp_(averages, params, 1 - decay)" in found.fix
+
+
+def test_averages_updated_with_foreach_ops_are_not_told():
+    for name in ("cpu_ema_diffusers_foreach", "cpu_ema_averaged_model_foreach"):
+        summary = analyze_folder(case(name))
+        assert loop_finding(summary) is None, name
+        # AveragedModel sorts its tensors by device first (aten::detach, aten::to, ... ×66): no arithmetic, no loop.
+        assert all(r.param_loop is None for r in summary.ranks), name
+
+
+def test_a_librarys_own_loop_over_gradients_is_found_but_not_told():
+    # DeepSpeed's ZeRO-1 copies each gradient into its bucket outside any optimizer step: its settings are its fix.
+    summary = analyze_folder(case("cpu_deepspeed_zero1"))
+    assert all(r.param_loop is not None and "deepspeed/" in (r.param_loop.owner or "") for r in summary.ranks)
+    assert loop_finding(summary) is None
+
+
+def test_who_owns_the_loop_decides_the_fix():
+    assert owner_fix("diffusers/training_utils.py(811): EMAModel.step") == (
+        "EMAModel(model.parameters(), foreach=True): diffusers' EMAModel updates one parameter at a time unless told"
+    )
+    assert "ModelEmaV3" in (owner_fix("timm/utils/model_ema.py(121): ModelEmaV2._update") or "")
+    assert "torch._foreach_lerp_" in (owner_fix("train.py(40): update_ema") or "")
+    assert "torch._foreach_lerp_" in (owner_fix("/home/me/project/train.py(40): update_ema") or "")
+    # torch's own code takes foreach kernels where it can; a library's loop and a loop no stack names get no advice.
+    assert owner_fix("torch/nn/utils/clip_grad.py(90): _clip_grads_with_norm_") is None
+    assert owner_fix("deepspeed/runtime/utils.py(427): clip_grad_norm_") is None
+    assert owner_fix(None) is None
+
+
+def _ops(names: list[str], start: float = 0.0) -> list[Span]:
+    return [Span(start + 10 * i, start + 10 * i + 5, n, "cpu_op", 1, 1) for i, n in enumerate(names)]
+
+
+@given(
+    period=st.lists(st.sampled_from(["aten::mul_", "aten::add_", "aten::lerp_", "aten::sub", "aten::copy_"]), min_size=1, max_size=4, unique=True),
+    iterations=st.integers(min_value=MIN_ITERATIONS, max_value=80),
+    before=st.lists(st.sampled_from(["aten::view", "aten::linear", "aten::mm"]), max_size=5),
+    after=st.lists(st.sampled_from(["aten::view", "aten::linear", "aten::mm"]), max_size=5),
+)
+def test_a_planted_loop_is_found_with_its_iterations(period: list[str], iterations: int, before: list[str], after: list[str]):
+    runs = _loops(_ops(before + period * iterations + after))
+    (run,) = runs.values()
+    assert run.iterations == iterations and sorted(run.ops) == sorted(period)
+
+
+@given(
+    period=st.lists(st.sampled_from(["aten::view", "aten::detach", "aten::to", "aten::t"]), min_size=1, max_size=4, unique=True),
+    iterations=st.integers(min_value=0, max_value=60),
+)
+def test_a_loop_without_arithmetic_or_of_few_iterations_is_no_update(period: list[str], iterations: int):
+    assert _loops(_ops(period * iterations)) == {}
+    assert _loops(_ops(["aten::mul_", "aten::add_"] * (MIN_ITERATIONS - 1))) == {}
+
+
+def test_a_pause_inside_the_loop_leaves_one_loop_of_two_stretches():
+    ops = _ops(["aten::lerp_"] * 20) + _ops(["aten::lerp_"] * 20, start=10_000)
+    (run,) = _loops(ops).values()
+    assert run.iterations == 40 and len(run.spans) == 2
+
+
+def _device_steps(tmp_path: Path) -> Summary:
+    """Three 10 ms GPU steps: a backward node's 3 ms kernel, then the user's update_ema launching 20 × (mul_, add_),
+    each a 5 µs kernel, over 2 ms while the device idles; a with_stack frame names the function."""
+    events: list[dict[str, Any]] = []
+    for i in range(3):
+        o, c = 10_000 * i, 1000 * i
+        events += [
+            x_event(f"ProfilerStep#{i + 1}", o, 10_000, cat="user_annotation"),
+            x_event("autograd::engine::evaluate_function: AddmmBackward0", o, 500),
+            x_event("cudaLaunchKernel", o + 100, 5, cat="cuda_runtime", correlation=c), kernel(o + 110, 3000, c),
+            x_event("train.py(40): update_ema", o + 4000, 2000, cat="python_function"),
+        ]
+        for j in range(40):
+            t = o + 4000 + 50 * j
+            name = "aten::mul_" if j % 2 == 0 else "aten::add_"
+            events += [
+                x_event(name, t, 40),
+                x_event("cudaLaunchKernel", t + 10, 20, cat="cuda_runtime", correlation=c + 1 + j),
+                kernel(t + 25, 5, c + 1 + j, name="elementwise_kernel"),
+            ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return analyze_folder(tmp_path)
+
+
+def test_on_a_device_the_loop_costs_at_most_the_idle_time_of_its_step(tmp_path: Path):
+    summary = _device_steps(tmp_path)
+    (rank,) = summary.ranks
+    found = loop_finding(summary)
+    assert found is not None and rank.idle is not None
+    assert rank.param_loop is not None and rank.param_loop.iterations == [20, 20, 20]
+    assert found.max_saving_ms <= rank.idle.idle_ms_per_step
+    assert "update_ema (train.py:40)" in found.evidence and "each of them is a kernel launch" in found.evidence
