@@ -22,7 +22,8 @@ Checks, each recorded with its numbers in the JSON it writes:
 - ``verdicts``: ``analyze`` on the fresh traces of a healthy loop, a DataLoader-bound one, and one that runs a
   Python loop on the training thread each step (the device idle finding names its function from the agent's stack
   samples, with no with_stack; on CPU the host_python finding does), and the CNN left under anomaly detection (told,
-  with its step time beside the plain CNN's: what turning it off saves, against the finding's figure);
+  with its step time beside the plain CNN's: what turning it off saves, against the finding's figure), and a
+  transformer keeping a weights' average through AveragedModel(avg_fn=...) (told param_loop; no other loop is);
 - ``export_peak_rss``: the export children's peak memory and the largest raw trace.
 """
 
@@ -138,6 +139,7 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
                                               driver.window(models["dataloader_bound"], "dl-bound"))[1])
         section("python_window", lambda: driver.window(models["python_bound"], "py-bound"))
         section("anomaly_window", lambda: _anomaly(driver, models, 10 if quick else 50))
+        section("ema_window", lambda: (driver.train(models["ema"], 3), driver.window(models["ema"], "ema"))[1])
         if cuda:
             section("oom", lambda: oom_check(driver, models["cnn"]))
         section("warm_up", lambda: warm_up_check(driver, quick))
@@ -150,7 +152,8 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
                                  "healthy_transformer": _verdict(work / "store", "transformer-w0"),
                                  "dataloader_bound": _verdict(work / "store", "dl-bound"),
                                  "python_bound": _verdict(work / "store", "py-bound"),
-                                 "anomaly": _verdict(work / "store", "anomaly")})
+                                 "anomaly": _verdict(work / "store", "anomaly"),
+                                 "ema": _verdict(work / "store", "ema")})
     section("export_child", lambda: _export_peak(work / "store"))
     section("memory_devices", lambda: _memory_devices(work / "store"))
     result["errors"] = errors
@@ -233,6 +236,11 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
         out.append(f"the loop under anomaly detection: no anomaly_mode {'warning' if cuda else 'finding'} ({anomaly['findings']})")
     if any("anomaly_mode" in v["findings"] for k, v in verdicts.items() if k != "anomaly"):
         out.append("a loop without anomaly detection was told it is on")
+    ema = verdicts.get("ema")
+    if ema and "param_loop" not in ema["findings"]:
+        out.append(f"the loop keeping a weights' average one tensor at a time: no param_loop finding ({ema['findings']})")
+    if any("param_loop" in v["findings"] for k, v in verdicts.items() if k != "ema"):
+        out.append("a loop with no average of its weights was told one")
     python = verdicts.get("python_bound")
     expected = "low_gpu_utilization" if cuda else "host_python"
     if python and (python["first_finding"] != expected or "_score_labels" not in (python["first_fix"] or "")):

@@ -1,5 +1,6 @@
 """What the device check trains and how it drives the agent: two small models, a DataLoader-bound loop, a Python-bound
-one and one left under autograd's anomaly detection, and :class:`Driver`, the real agent armed and read as the controller would, minus Ray (benchmarks/gpu.py)."""
+one, one left under autograd's anomaly detection, one keeping a weights' average one tensor at a time, and
+:class:`Driver`, the real agent armed and read as the controller would, minus Ray (benchmarks/gpu.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import platform
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["WINDOW_STEPS", "AnomalyLoop", "Driver", "Loop", "SmallCNN", "SmallTransformer", "loops"]
+__all__ = ["WINDOW_STEPS", "AnomalyLoop", "Driver", "EmaLoop", "Loop", "SmallCNN", "SmallTransformer", "loops"]
 
 WINDOW_STEPS = 3
 
@@ -76,6 +77,32 @@ class AnomalyLoop(Loop):
                 super().step()
 
 
+class EmaLoop(Loop):
+    """A transformer fed by a DataLoader that keeps an average of its weights through torch's ``AveragedModel`` given an
+    ``avg_fn``, which updates one tensor at a time (on a GPU, a few kernel launches per tensor): told ``param_loop``."""
+
+    def __init__(self, name: str, model: nn.Module, ids: torch.Tensor, device: torch.device) -> None:
+        from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
+
+        super().__init__(name, model, self._batches(ids), device)
+        self.average = AveragedModel(self.model, avg_fn=get_ema_avg_fn(0.999))
+
+    @staticmethod
+    def _batches(ids: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids, ids), batch_size=len(ids))
+
+        def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            while True:  # one batch an epoch: each step's fetch is a DataLoader next(), as a real loop's
+                yield from loader
+
+        batches = forever()
+        return lambda: next(batches)
+
+    def step(self) -> None:
+        super().step()
+        self.average.update_parameters(self.model)
+
+
 def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
     side, batch, seq = (32, 8, 32) if quick else (64, 64, 128)
     images = torch.randn(batch, 3, side, side, device=device)
@@ -93,6 +120,7 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
         # The same CNN with a Python loop over a million values on the training thread before each step (~30 ms).
         "python_bound": Loop("python_bound", SmallCNN(16 if quick else 64), _after_python((images, labels)), device),
         "anomaly": AnomalyLoop("anomaly", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
+        "ema": EmaLoop("ema", SmallTransformer(dim=64 if quick else 256), ids.cpu(), device),
     }
 
 

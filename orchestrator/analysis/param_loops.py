@@ -11,7 +11,8 @@ it as the same few ops again and again, one tensor after another (``aten::sub, a
 no module, backward node or optimizer step is open: after the step's last backward pass, or before it fetches its
 batch (rayprof's agent ends a step when the optimizer's does, so an update after ``optimizer.step()`` opens the
 next). Before its first backward pass the loop would be the model's own forward, unmarked (a stack of identical
-blocks repeats too), so that stretch is never read. The loop's arithmetic makes it an update: a run of views and
+blocks repeats too), so that stretch is never read: a loop that fetches no batch (tensors already in memory) and
+whose steps open with the update, as the agent's do, is not told. The loop's arithmetic makes it an update: a run of views and
 detaches alone (``AveragedModel`` sorting its tensors by device before one foreach update) is bookkeeping.
 
 The stack samples (or ``with_stack`` frames) say whose loop it is, and so which option removes it; a loop of the

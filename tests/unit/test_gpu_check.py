@@ -33,6 +33,9 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     # The loop left under anomaly detection is told so, through the agent's own capture; no other loop is.
     assert "anomaly_mode" in result["verdicts"]["anomaly"]["findings"]
     assert not any("anomaly_mode" in v["findings"] for name, v in result["verdicts"].items() if name != "anomaly")
+    # The transformer keeping a weights' average one tensor at a time (AveragedModel given an avg_fn) is told so.
+    assert "param_loop" in result["verdicts"]["ema"]["findings"]
+    assert not any("param_loop" in v["findings"] for name, v in result["verdicts"].items() if name != "ema")
     # The compiled model's first window holds its compilation, the later one none (what the trace records, not
     # step times: beside other work on two cores a steady step took 1.5 s, twice the compiling one).
     first, steady = result["warm_up"]["first_steps"], result["warm_up"]["steady"]
