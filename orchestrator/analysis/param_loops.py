@@ -4,15 +4,17 @@ tensor at a time, told with the option that updates them all at once.
 Training loops keep an exponential moving average of the weights (diffusion models, vision models, self-supervised
 teachers) through a library's helper, and several helpers update one parameter at a time unless told otherwise:
 diffusers' ``EMAModel`` (``foreach=False`` by default: ``s_param.sub_(one_minus_decay * (s_param - param))``, three
-ops a parameter), torch's ``AveragedModel`` given an ``avg_fn`` (and without ``multi_avg_fn`` on a CPU), timm's
+ops a parameter), torch's ``AveragedModel`` given an ``avg_fn`` (and without ``multi_avg_fn`` on a CPU; Lightning's
+``WeightAveraging`` callback builds one, and its own example passes ``avg_fn=get_ema_avg_fn()``), timm's
 ``ModelEma`` / ``ModelEmaV2``. Each iteration is a few small ops and their Python, so the loop costs in proportion to
 the tensor count, not their size: on a GPU it is launch-bound host time the device idles through. A trace shows
 it as the same few ops again and again, one tensor after another (``aten::sub, aten::mul, aten::sub_`` × 66), where
 no module, backward node or optimizer step is open: after the step's last backward pass, or before it fetches its
 batch (rayprof's agent ends a step when the optimizer's does, so an update after ``optimizer.step()`` opens the
 next). Before its first backward pass the loop would be the model's own forward, unmarked (a stack of identical
-blocks repeats too), so that stretch is never read: a loop that fetches no batch (tensors already in memory) and
-whose steps open with the update, as the agent's do, is not told. The loop's arithmetic makes it an update: a run of views and
+blocks repeats too), so that stretch is read only in a step that fetches no batch (tensors already in memory: the
+agent's step, which ends in the optimizer's post-hook, then opens with the update), and a loop found there counts
+only where the stacks over it name a known helper (below), which no forward calls. The loop's arithmetic makes it an update: a run of views and
 detaches alone (``AveragedModel`` sorting its tensors by device before one foreach update) is bookkeeping.
 
 The stack samples (or ``with_stack`` frames) say whose loop it is, and so which option removes it; a loop of the
@@ -60,6 +62,13 @@ OWNERS: dict[tuple[str, str], str] = {
         "(get_swa_multi_avg_fn() for an equal average) in place of avg_fn=get_ema_avg_fn(decay): one foreach update "
         "per device and dtype; given an avg_fn, or on a CPU without multi_avg_fn, it updates one tensor at a time"
     ),
+    # Lightning's callback, around AveragedModel: its keyword arguments are the user's setting (found first: outer).
+    **dict.fromkeys(
+        [(f"{package}/callbacks/weight_averaging.py", "WeightAveraging.on_train_batch_end") for package in ("lightning/pytorch", "pytorch_lightning")],
+        "WeightAveraging(multi_avg_fn=get_ema_multi_avg_fn(decay)) (its keyword arguments go to torch's AveragedModel) "
+        "in place of avg_fn=get_ema_avg_fn(...), which Lightning's own example passes: given an avg_fn, AveragedModel "
+        "updates one tensor at a time on any device",
+    ),
     ("diffusers/training_utils.py", "EMAModel.step"): (
         "EMAModel(model.parameters(), foreach=True): diffusers' EMAModel updates one parameter at a time unless told"
     ),
@@ -93,14 +102,22 @@ def loop_of(
     """The loop (:data:`MAX_PERIOD` ops an iteration at most) outside the model and the optimizer that most steps
     run :data:`MIN_ITERATIONS` times or more, with each step's iterations and time; else None."""
     found: list[dict[_Period, _Run]] = []
+    ahead: list[dict[_Period, _Run]] = []  # before the first backward pass of a step that fetches no batch
     for t0, t1 in windows:
         passes = backward_passes(clip(backward, t0, t1), op_starts)
-        if not passes:
-            found.append({})
-            continue
-        fetch = batch_fetch(t0, t1, passes, data, op_starts)
-        region = ([(t0, fetch)] if fetch is not None and fetch > t0 else []) + [(passes[-1][1], t1)]
-        found.append(_loops(list(top_level(main, subtract(union(region), union([*optimizer, *data]))))))
+        fetch = batch_fetch(t0, t1, passes, data, op_starts) if passes else None
+        region = ([(t0, fetch)] if fetch is not None and fetch > t0 else []) + ([(passes[-1][1], t1)] if passes else [])
+        outside = union([*optimizer, *data])
+        found.append(_loops(list(top_level(main, subtract(union(region), outside)))))
+        ahead.append(_loops(list(top_level(main, subtract([(t0, passes[0][0])], outside)))) if passes and fetch is None else {})
+    # There the model's unmarked forward runs, or an update that opens the agent's step (it ends in the optimizer's
+    # post-hook): an update only where the stacks over it name a known helper, which no forward calls.
+    for period in {p for runs in ahead for p in runs}:
+        spans = [iv for runs in ahead if period in runs for iv in runs[period].spans]
+        if frame_parts(_owner(spans, frames, timeline) or "") in OWNERS:
+            for runs, more in zip(found, ahead):
+                if period in more:
+                    runs[period] = _Run(more[period].ops, 0, 0.0, []).add(runs.get(period)).add(more[period])
     tops = [max(runs, key=lambda p: runs[p].ms) for runs in found if runs]
     if len(tops) * 2 <= len(windows):
         return None
@@ -123,6 +140,12 @@ class _Run:
     iterations: int
     ms: float
     spans: Intervals
+
+    def add(self, other: _Run | None) -> _Run:
+        """This run with ``other``'s iterations, time and stretches (one loop's, found in two parts of a step)."""
+        if other is not None:
+            self.iterations, self.ms, self.spans = self.iterations + other.iterations, self.ms + other.ms, self.spans + other.spans
+        return self
 
 
 def _loops(ops: list[Span]) -> dict[_Period, _Run]:
@@ -149,10 +172,8 @@ def _loops(ops: list[Span]) -> dict[_Period, _Run]:
         taken.append((i, i + n * k))
         as_run = tuple(names[i:i + k])
         period = min(as_run[r:] + as_run[:r] for r in range(k))
-        run = out.setdefault(period, _Run(as_run, 0, 0.0, []))
-        run.iterations += n
-        run.ms += (ops[i + n * k - 1].end - ops[i].ts) / 1000
-        run.spans.append((ops[i].ts, ops[i + n * k - 1].end))
+        span = (ops[i].ts, ops[i + n * k - 1].end)
+        out[period] = out.get(period, _Run(as_run, 0, 0.0, [])).add(_Run(as_run, n, (span[1] - span[0]) / 1000, [span]))
     return out
 
 
@@ -165,7 +186,7 @@ def _owner(loops: Intervals, frames: Sequence[Span], timeline: Timeline | None) 
     elif timeline is not None:
         stacks = [timeline.stacks[i] for a, b in loops for i in timeline.within(a, b)]
     for stack in stacks:
-        known = next((f for f in stack if frame_parts(f) in OWNERS), None)
+        known = next((f for f in reversed(stack) if frame_parts(f) in OWNERS), None)  # outermost first
         if known is not None:
             return known
     inner = Counter(next((f for f in stack if is_users(f)), None) for stack in stacks)

@@ -13,7 +13,13 @@ optimizer step one update of the average:
   ema_diffusers_foreach  the same with EMAModel(..., foreach=True)
   ema_averaged_model     torch's AveragedModel(model, avg_fn=get_ema_avg_fn(0.999)), prof.step() after the update
   ema_averaged_model_foreach  AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+  ema_averaged_model_in_memory  AveragedModel(avg_fn=...) on batches already in memory, the step boundary the
+                         agent's post-hook: each step opens with the update and fetches no batch
   ema_own_loop           the loop's own average: for each tensor, average.mul_(0.999).add_(param, alpha=0.001)
+  lightning_ema          the same model in a LightningModule under Lightning's Trainer (CPU, one device, no logger, no
+                         checkpoint) with the WeightAveraging callback as Lightning's own example has it
+                         (super().__init__(avg_fn=get_ema_avg_fn())), the step boundary the agent's post-hook and the
+                         trace saying whose loop it is (lightning 2.6.6)
 Each recording takes seconds (torch 2.13.0+cpu).
 """
 
@@ -49,10 +55,15 @@ def _parts() -> tuple[nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoa
     return model, torch.optim.AdamW(model.parameters(), fused=True), torch.utils.data.DataLoader(data, batch_size=BATCH)
 
 
-def _record(out: Path, name: str, average: Callable[[nn.Module], Callable[[], None]], post_hook: bool) -> None:
+def _record(
+    out: Path, name: str, average: Callable[[nn.Module], Callable[[], None]], post_hook: bool, in_memory: bool = False
+) -> None:
     """Train ``STEPS`` steps under the profiler, calling ``average(model)``'s update after each optimizer step; the
-    step boundary the optimizer's post-hook (``post_hook``: the agent's) or ``prof.step()`` after the update."""
+    step boundary the optimizer's post-hook (``post_hook``: the agent's) or ``prof.step()`` after the update; with
+    ``in_memory``, on the loader's batches read before the profiler starts (no fetch in the steps)."""
     model, opt, loader = _parts()
+    if in_memory:
+        loader = list(loader)  # type: ignore[assignment]
     update = average(model)
     folder = out / name / "traces"
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,12 +121,64 @@ def _own_loop(model: nn.Module) -> Callable[[], None]:
     return update_average
 
 
+def _lightning_ema(out: Path) -> None:
+    import lightning as L
+    from lightning.pytorch.callbacks import WeightAveraging
+    from torch.optim.swa_utils import get_ema_avg_fn
+
+    from orchestrator.loops import METADATA_KEY, Loop
+
+    class Module(L.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), fused=True)
+
+    class EMAWeightAveraging(WeightAveraging):  # Lightning's example, as its docstring has it
+        def __init__(self) -> None:
+            super().__init__(avg_fn=get_ema_avg_fn())
+
+    model, _, loader = _parts()
+    folder = out / "lightning_ema" / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "rank0.pt.trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
+                 record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+
+        def boundary(*_: object) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
+            steps.step()
+            if steps.calls == 2:
+                prof.add_metadata(METADATA_KEY, Loop.LIGHTNING.value)
+
+        hook = register_optimizer_step_post_hook(boundary)
+        try:
+            L.Trainer(
+                max_steps=STEPS, accelerator="cpu", devices=1, callbacks=[EMAWeightAveraging()], enable_progress_bar=False,
+                logger=False, enable_model_summary=False, enable_checkpointing=False,
+            ).fit(Module(model), loader)
+        finally:
+            hook.remove()
+    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+
+
 CASES: dict[str, Callable[[Path], None]] = {
     "ema_diffusers": lambda out: _record(out, "ema_diffusers", _diffusers(False), post_hook=True),
     "ema_diffusers_foreach": lambda out: _record(out, "ema_diffusers_foreach", _diffusers(True), post_hook=True),
     "ema_averaged_model": lambda out: _record(out, "ema_averaged_model", _averaged_model(False), post_hook=False),
     "ema_averaged_model_foreach": lambda out: _record(out, "ema_averaged_model_foreach", _averaged_model(True), post_hook=False),
+    "ema_averaged_model_in_memory": lambda out: _record(
+        out, "ema_averaged_model_in_memory", _averaged_model(False), post_hook=True, in_memory=True
+    ),
     "ema_own_loop": lambda out: _record(out, "ema_own_loop", _own_loop, post_hook=False),
+    "lightning_ema": _lightning_ema,
 }
 
 

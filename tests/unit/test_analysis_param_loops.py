@@ -4,7 +4,8 @@ option that updates them all at once (orchestrator.analysis.param_loops).
 Recorded by tests/data/record_cpu_ema.py: one rank of a 16-block MLP (66 parameter tensors) keeping an exponential moving
 average through diffusers' EMAModel (foreach=False, its default; the step boundary the agent's optimizer post-hook),
 torch's AveragedModel(avg_fn=get_ema_avg_fn(...)), or its own mul_/add_ loop, each beside the same loop with foreach
-ops. Before: "No findings" (or only a 0.01 ms read) on all of them, the loop's 2.5-4.6 ms a step left in "other".
+ops, and under Lightning's Trainer with its WeightAveraging callback as Lightning's own example has it. Before: "No
+findings" (or only a 0.01 ms read) on all of them, the loop's 2.5-7 ms a step left in "other".
 """
 
 from __future__ import annotations
@@ -46,11 +47,43 @@ def test_the_update_that_opens_the_agents_next_step_is_found_before_its_batch_fe
     assert all(ms > 0 for ms in rank.param_loop.ms)
 
 
+def test_an_update_that_opens_a_step_which_fetches_no_batch_is_found_by_its_helpers_frames():
+    # Batches already in memory and the agent's boundary: each step opens with AveragedModel's loop, then forward.
+    (rank,) = analyze_folder(case("cpu_ema_averaged_model_in_memory")).ranks
+    assert rank.param_loop is not None and rank.param_loop.iterations == [66] * len(rank.steps)
+    assert (rank.param_loop.owner or "").startswith("torch/optim/swa_utils.py(")
+
+
+def test_a_forward_of_identical_blocks_before_backward_is_no_update(tmp_path: Path):
+    # No batch fetched, no stack: 20 residual blocks (linear, relu, add) before backward are the model's forward.
+    events: list[dict[str, Any]] = []
+    for i in range(3):
+        o = 10_000 * i
+        events.append(x_event(f"ProfilerStep#{i + 1}", o, 10_000, cat="user_annotation"))
+        events += [x_event(name, o + 150 * j + 50 * n, 40) for j in range(20) for n, name in enumerate(("aten::linear", "aten::relu", "aten::add"))]
+        events += [
+            x_event("autograd::engine::evaluate_function: AddmmBackward0", o + 4000, 2000),
+            x_event("Optimizer.step#AdamW.step", o + 7000, 1000, cat="user_annotation"),
+            x_event("aten::_fused_adamw_", o + 7100, 800),
+        ]
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    (rank,) = analyze_folder(tmp_path).ranks
+    assert rank.param_loop is None
+
+
 def test_an_averaged_model_with_avg_fn_is_told_multi_avg_fn():
     found = loop_finding(analyze_folder(case("cpu_ema_averaged_model")))
     assert found is not None
     assert "AveragedModel.update_parameters (torch/optim/swa_utils.py:" in found.evidence
     assert "multi_avg_fn=get_ema_multi_avg_fn(decay)" in found.fix
+
+
+def test_lightnings_weight_averaging_as_its_own_example_has_it_is_told_the_callbacks_argument():
+    # Lightning's WeightAveraging docstring passes avg_fn=get_ema_avg_fn(): AveragedModel then loops on any device.
+    found = loop_finding(analyze_folder(case("cpu_lightning_ema")))
+    assert found is not None
+    assert "WeightAveraging.on_train_batch_end (lightning/pytorch/callbacks/weight_averaging.py:" in found.evidence
+    assert found.fix.startswith("Update them all at once: WeightAveraging(multi_avg_fn=get_ema_multi_avg_fn(decay))")
 
 
 def test_the_loops_own_average_is_told_torch_foreach():
