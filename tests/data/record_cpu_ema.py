@@ -25,8 +25,6 @@ Each recording takes seconds (torch 2.13.0+cpu).
 
 from __future__ import annotations
 
-import gzip
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,14 +32,14 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).parent))
+from record_cpu_loops import STEPS, recording  # noqa: E402
+
 from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
 from tests.data.sampled import SampledSteps  # noqa: E402
 
-ACTIVE = 8
-STEPS = ACTIVE + 2
 WIDTH, BLOCKS, BATCH = 128, 16, 256
 
 
@@ -65,11 +63,7 @@ def _record(
     if in_memory:
         loader = list(loader)  # type: ignore[assignment]
     update = average(model)
-    folder = out / name / "traces"
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = folder / "rank0.pt.trace.json"
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
-                 record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+    with recording(out, name) as prof:
         steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
         hook = register_optimizer_step_post_hook(lambda *_: steps.step()) if post_hook else None
         for x, y in loader:
@@ -82,9 +76,6 @@ def _record(
                 steps.step()
         if hook is not None:
             hook.remove()
-    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
 
 
 def _diffusers(foreach: bool) -> Callable[[nn.Module], Callable[[], None]]:
@@ -144,11 +135,7 @@ def _lightning_ema(out: Path) -> None:
             super().__init__(avg_fn=get_ema_avg_fn())
 
     model, _, loader = _parts()
-    folder = out / "lightning_ema" / "traces"
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = folder / "rank0.pt.trace.json"
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE),
-                 record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+    with recording(out, "lightning_ema") as prof:
         steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
 
         def boundary(*_: object) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
@@ -164,9 +151,6 @@ def _lightning_ema(out: Path) -> None:
             ).fit(Module(model), loader)
         finally:
             hook.remove()
-    with raw.open("rb") as src, gzip.open(folder / "rank0.pt.trace.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
 
 
 CASES: dict[str, Callable[[Path], None]] = {
