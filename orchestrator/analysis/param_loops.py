@@ -88,7 +88,7 @@ def owner_fix(owner: str | None) -> str | None:
     for the user's own code (a script's file: no package folder under the import path); None for torch's other code,
     another library's (DeepSpeed's gradient bookkeeping: its own settings are its fix) or a loop no stack names."""
     parts = frame_parts(owner) if owner else None
-    if parts is None or owner is None:
+    if owner is None or parts is None:
         return None
     if parts in OWNERS:
         return OWNERS[parts]
@@ -103,11 +103,11 @@ def loop_of(
     run :data:`MIN_ITERATIONS` times or more, with each step's iterations and time; else None."""
     found: list[dict[_Period, _Run]] = []
     ahead: list[dict[_Period, _Run]] = []  # before the first backward pass of a step that fetches no batch
+    outside = union([*optimizer, *data])
     for t0, t1 in windows:
         passes = backward_passes(clip(backward, t0, t1), op_starts)
         fetch = batch_fetch(t0, t1, passes, data, op_starts) if passes else None
         region = ([(t0, fetch)] if fetch is not None and fetch > t0 else []) + ([(passes[-1][1], t1)] if passes else [])
-        outside = union([*optimizer, *data])
         found.append(_loops(list(top_level(main, subtract(union(region), outside)))))
         ahead.append(_loops(list(top_level(main, subtract([(t0, passes[0][0])], outside)))) if passes and fetch is None else {})
     # There the model's unmarked forward runs, or an update that opens the agent's step (it ends in the optimizer's
