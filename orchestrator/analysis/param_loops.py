@@ -112,7 +112,8 @@ def loop_of(
         ahead.append(_loops(list(top_level(main, subtract([(t0, passes[0][0])], outside)))) if passes and fetch is None else {})
     # There the model's unmarked forward runs, or an update that opens the agent's step (it ends in the optimizer's
     # post-hook): an update only where the stacks over it name a known helper, which no forward calls.
-    for period in {p for runs in ahead for p in runs}:
+    counts = Counter(p for runs in ahead for p in runs)
+    for period in [p for p, n in counts.items() if n * 2 > len(windows)]:  # only a loop most steps run can be told
         spans = [iv for runs in ahead if period in runs for iv in runs[period].spans]
         if frame_parts(_owner(spans, frames, timeline) or "") in OWNERS:
             for runs, more in zip(found, ahead):
