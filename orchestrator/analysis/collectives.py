@@ -54,7 +54,8 @@ def own_comm(
 ) -> tuple[OpStat, Intervals] | None:
     """The main thread's all-reduce and barrier calls that are the job's own, not DDP's buckets (launched in
     backward): those that overlap no forward or backward (``model``) time, a metric or the loss reduced for logging,
-    one round trip across the ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one);
+    one round trip across the ranks each (a TorchRec pipeline's input all-to-all, also outside forward, is not one),
+    and there the all-gathers a barrier opens (:func:`_synced_gather`: a metric's state);
     and, inside the model's time too, a barrier and the all-reduce right after one: a logged value's sync (Lightning's
     ``self.log(..., sync_dist=True)`` runs both for each value inside training_step, which DDP's forward holds;
     neither DDP nor FSDP calls a barrier). Their names and count over ``windows``, and as ``total_ms`` their cost per
@@ -66,7 +67,11 @@ def own_comm(
     if not model:
         return None
     ordered = list(_outermost(main, windows))
-    calls = [s for i, s in enumerate(ordered) if _own_kind(s.name) and (not clip(model, s.ts, s.end) or _logged(ordered, i))]
+    calls = [
+        s for i, s in enumerate(ordered)
+        if _own_kind(s.name) and (not clip(model, s.ts, s.end) or _logged(ordered, i))
+        or _synced_gather(ordered, i) and not clip(model, s.ts, s.end)
+    ]
     return _cost(calls, main, windows, waits, launched)
 
 
@@ -101,6 +106,15 @@ def _logged(ordered: Sequence[Span], i: int) -> bool:
     """Whether the ``i``-th of the main thread's outermost collectives is a logged value's sync: a barrier, or the
     all-reduce that follows one."""
     return ordered[i].name.endswith("barrier") or (i > 0 and ordered[i - 1].name.endswith("barrier"))
+
+
+def _synced_gather(ordered: Sequence[Span], i: int) -> bool:
+    """Whether the ``i``-th of the main thread's outermost collectives is an all-gather in a run of them that a barrier
+    opens: a metric's state gathered from every rank (torchmetrics' ``gather_all_tensors``: a barrier, then the
+    state's sizes and the state itself). An engine's or an optimizer's all-gather of parameters follows no barrier."""
+    while i >= 0 and collective_of(ordered[i].name) == "all_gather":
+        i -= 1
+    return i >= 0 and i < len(ordered) - 1 and ordered[i].name.endswith("barrier") and collective_of(ordered[i + 1].name) == "all_gather"
 
 
 def _begun(waits: Intervals, calls: Sequence[Span], starts: Sequence[float]) -> Intervals:

@@ -7,6 +7,8 @@ the compute that could hide them, to send fewer bytes per sample. A DeepSpeed en
 is told its config's keys for the ZeRO stage its frames show (:mod:`orchestrator.analysis.zero_stage`), not DDP's.
 The collectives an optimizer's step makes itself (ZeroRedundancyOptimizer's broadcast of its shards) are told as its
 own, and all-reduces made through functional collectives without DDP as tensor parallelism's, which no bucket moves.
+The job's own, where they hold most of the wait, are told by who makes them: Lightning's ``sync_dist``, torchmetrics'
+state sync (``dist_sync_on_step=True``), a loop's own values.
 
 The lead is the collective whose kernels no compute overlaps the longest (:attr:`GpuStats.comm_exposed_by_collective`):
 a large all-reduce that backward hides needs no change, a small exposed all-gather does. On a rank without a device
@@ -18,7 +20,7 @@ from __future__ import annotations
 from orchestrator.analysis.deepspeed_fix import deepspeed_reduces, deepspeed_reduction
 from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.loop_settings import Change, in_loop
-from orchestrator.analysis.python_frames import frame_label
+from orchestrator.analysis.python_frames import frame_label, frame_parts
 from orchestrator.analysis.spans import collective_of, is_functional
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, OpStat, RankSummary
@@ -246,6 +248,13 @@ def own_fix(r: RankSummary) -> str | None:
         f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}{_made_in(r)}) run{'s' if one else ''} outside forward "
         f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
     )
+    if _made_by_torchmetrics(r):
+        return (
+            f"{calls}: torchmetrics gathers each metric's state from every rank at every update (a metric built with "
+            "dist_sync_on_step=True: a barrier and all-gathers per state), a round trip that every rank waits for. "
+            "Build the metrics with dist_sync_on_step=False, their default: each rank accumulates its own state and "
+            "compute() gathers them once, at the epoch's end or every N steps where the value is logged."
+        )
     if _logged_syncs(own.name):
         # A barrier, then an all-reduce: Lightning's sync of each value self.log(..., sync_dist=True) logs on the step,
         # inside training_step (DDP's forward holds it).
@@ -276,6 +285,13 @@ def own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
+
+
+def _made_by_torchmetrics(r: RankSummary) -> bool:
+    """Whether torchmetrics' frames are around more than half of the waits in the job's own collectives (its
+    ``gather_all_tensors``, a metric's state sync)."""
+    ours = sum(c.total_ms for c in r.own_comm_callers if (frame_parts(c.name) or ("",))[0].startswith("torchmetrics/"))
+    return 2 * ours > sum(c.total_ms for c in r.own_comm_callers) > 0
 
 
 def _made_in(r: RankSummary) -> str:

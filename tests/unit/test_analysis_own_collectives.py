@@ -107,3 +107,35 @@ def test_an_ignite_metrics_all_reduce_is_its_own_and_ddps_wait_leads_the_fix() -
     found = summary.findings[0]
     assert found.code == "comm_exposed" and found.fix.startswith("DDP already all-reduces the gradients in buckets")
     assert summary.step_definition == "1 step = AdamW.step ×1; 1 forward pass (DistributedDataParallel)"
+
+
+# tests/data/record_cpu_metrics.py: two gloo ranks under DDP updating a MulticlassAccuracy and a MulticlassF1Score
+# every step (torchmetrics 1.9.0). Before: "Parameters are gathered and gradients reduce-scattered (FSDP, ZeRO-3):
+# prefetch each unit's all-gather...", the all-gathers read as FSDP's; the job runs DDP.
+TORCHMETRICS = "cpu_ddp_torchmetrics"
+
+
+def test_a_metrics_state_gathered_after_a_barrier_is_the_jobs_own() -> None:
+    for r in analyze_folder(case(TORCHMETRICS)).ranks:
+        assert r.own_comm is not None and r.own_comm.name == "c10d::barrier + c10d::allgather_"
+        # Eight states (tp, fp, tn, fn of each metric), each a barrier and two all-gathers (its sizes, then itself).
+        assert r.own_comm.calls == 8 * 3 * len(r.steps)
+
+
+def test_torchmetrics_syncing_on_every_step_is_told_dist_sync_on_step_false() -> None:
+    found = analyze_folder(case(TORCHMETRICS)).findings[0]
+    assert found.code == "comm_exposed" and found.severity == "warning"
+    assert "torchmetrics gathers each metric's state from every rank at every update" in found.fix
+    assert "Build the metrics with dist_sync_on_step=False" in found.fix and "FSDP" not in found.fix
+
+
+def test_metrics_that_sync_at_compute_make_no_collective_of_the_jobs() -> None:
+    summary = analyze_folder(case("cpu_ddp_torchmetrics_default"))
+    assert all(r.own_comm is None for r in summary.ranks)
+    assert not any("torchmetrics" in f.fix for f in summary.findings)
+
+
+def test_an_engines_all_gather_after_the_step_is_not_a_metrics() -> None:
+    # DeepSpeed ZeRO-1 all-gathers the updated parameters once the step is done, with no barrier before it.
+    for r in analyze_folder(case("cpu_deepspeed_zero1")).ranks:
+        assert r.own_comm is not None and "allgather" not in r.own_comm.name
