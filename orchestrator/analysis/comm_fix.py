@@ -250,10 +250,11 @@ def own_fix(r: RankSummary) -> str | None:
     )
     if _made_by_torchmetrics(r):
         return (
-            f"{calls}: torchmetrics gathers each metric's state from every rank at every update (a metric built with "
-            "dist_sync_on_step=True: a barrier and all-gathers per state), a round trip that every rank waits for. "
-            "Build the metrics with dist_sync_on_step=False, their default: each rank accumulates its own state and "
-            "compute() gathers them once, at the epoch's end or every N steps where the value is logged."
+            f"{calls}: torchmetrics gathers each metric's state from every rank every step (a barrier and all-gathers "
+            "per state), a round trip that every rank waits for: a metric built with dist_sync_on_step=True does it at "
+            "every update, and compute() at every call. Keep dist_sync_on_step=False (the default) and call compute() "
+            "once per epoch or every N steps, where the value is logged: each rank accumulates its own state until then, "
+            "and the per-step value metric(preds, target) returns is that rank's own."
         )
     if _logged_syncs(own.name):
         # A barrier, then an all-reduce: Lightning's sync of each value self.log(..., sync_dist=True) logs on the step,

@@ -125,8 +125,9 @@ def test_a_metrics_state_gathered_after_a_barrier_is_the_jobs_own() -> None:
 def test_torchmetrics_syncing_on_every_step_is_told_dist_sync_on_step_false() -> None:
     found = analyze_folder(case(TORCHMETRICS)).findings[0]
     assert found.code == "comm_exposed" and found.severity == "warning"
-    assert "torchmetrics gathers each metric's state from every rank at every update" in found.fix
-    assert "Build the metrics with dist_sync_on_step=False" in found.fix and "FSDP" not in found.fix
+    assert "torchmetrics gathers each metric's state from every rank every step" in found.fix
+    assert "Keep dist_sync_on_step=False (the default) and call compute() once per epoch" in found.fix
+    assert "FSDP" not in found.fix
 
 
 def test_metrics_that_sync_at_compute_make_no_collective_of_the_jobs() -> None:
