@@ -112,9 +112,11 @@ def _synced_gather(ordered: Sequence[Span], i: int) -> bool:
     """Whether the ``i``-th of the main thread's outermost collectives is an all-gather in a run of them that a barrier
     opens: a metric's state gathered from every rank (torchmetrics' ``gather_all_tensors``: a barrier, then the
     state's sizes and the state itself). An engine's or an optimizer's all-gather of parameters follows no barrier."""
+    if collective_of(ordered[i].name) != "all_gather":
+        return False
     while i >= 0 and collective_of(ordered[i].name) == "all_gather":
         i -= 1
-    return i >= 0 and i < len(ordered) - 1 and ordered[i].name.endswith("barrier") and collective_of(ordered[i + 1].name) == "all_gather"
+    return i >= 0 and ordered[i].name.endswith("barrier")
 
 
 def _begun(waits: Intervals, calls: Sequence[Span], starts: Sequence[float]) -> Intervals:
