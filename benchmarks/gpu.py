@@ -23,7 +23,8 @@ Checks, each recorded with its numbers in the JSON it writes:
   Python loop on the training thread each step (the device idle finding names its function from the agent's stack
   samples, with no with_stack; on CPU the host_python finding does), and the CNN left under anomaly detection (told,
   with its step time beside the plain CNN's: what turning it off saves, against the finding's figure), and a
-  transformer keeping a weights' average through AveragedModel(avg_fn=...) (told param_loop; no other loop is);
+  16-layer transformer keeping a weights' average through AveragedModel(avg_fn=...) (told param_loop; no other
+  loop is);
 - ``export_peak_rss``: the export children's peak memory and the largest raw trace.
 """
 

@@ -120,7 +120,10 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
         # The same CNN with a Python loop over a million values on the training thread before each step (~30 ms).
         "python_bound": Loop("python_bound", SmallCNN(16 if quick else 64), _after_python((images, labels)), device),
         "anomaly": AnomalyLoop("anomaly", SmallCNN(16 if quick else 64), lambda: (images, labels), device),
-        "ema": EmaLoop("ema", SmallTransformer(dim=64 if quick else 256), ids.cpu(), device),
+        # 16 layers (195 tensors): the average's loop lasts long enough in three steps for the agent's stack samples
+        # (every 5 ms) to name its owner in every run; with 4 (51 tensors, 2-4 ms a step on a CPU) 3 runs in 16 had
+        # none, and an unnamed loop is not told.
+        "ema": EmaLoop("ema", SmallTransformer(dim=64 if quick else 256, layers=16), ids.cpu(), device),
     }
 
 
