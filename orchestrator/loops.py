@@ -28,12 +28,14 @@ _MAX_FRAMES = 256
 
 class Loop(str, Enum):
     """A framework that owns the training loop. The order is precedence: a transformers ``Trainer`` runs Accelerate
-    inside (and DeepSpeed, when configured), so its frames show both, and the outermost owner's settings are the ones
-    its user writes; a DeepSpeed engine driven by the job's own loop is DeepSpeed's."""
+    inside (and DeepSpeed, when configured), as fastai's distributed training does, so their frames show both, and
+    the outermost owner's settings are the ones its user writes; a DeepSpeed engine driven by the job's own loop is
+    DeepSpeed's."""
 
     TRANSFORMERS_TRAINER = "transformers_trainer"
     LIGHTNING = "lightning"
     LIGHTNING_FABRIC = "lightning_fabric"
+    FASTAI = "fastai"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
     KERAS = "keras"
@@ -47,6 +49,7 @@ _LABELS = {
     Loop.TRANSFORMERS_TRAINER: "transformers' Trainer",
     Loop.LIGHTNING: "Lightning's Trainer",
     Loop.LIGHTNING_FABRIC: "Lightning Fabric",
+    Loop.FASTAI: "fastai's Learner",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
     Loop.KERAS: "Keras's fit()",
@@ -56,6 +59,8 @@ _OWNERS = (
     (Loop.TRANSFORMERS_TRAINER, re.compile(r"(?:^|/)transformers/trainer\.py$")),
     (Loop.LIGHTNING, re.compile(r"(?:^|/)(?:lightning/pytorch|pytorch_lightning)/")),
     (Loop.LIGHTNING_FABRIC, re.compile(r"(?:^|/)(?:lightning/fabric|lightning_fabric)/wrappers\.py$")),
+    # fastai's Learner steps its own optimizer (no torch one): read from the training thread's stack, as Keras's.
+    (Loop.FASTAI, re.compile(r"(?:^|/)fastai/learner\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
     # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().

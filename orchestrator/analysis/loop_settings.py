@@ -5,8 +5,8 @@ A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``f
 the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
-stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), Accelerate 1, DeepSpeed 0.19 and
-Keras 3 (on its torch backend).
+stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Accelerate 1,
+DeepSpeed 0.19 and Keras 3 (on its torch backend).
 """
 
 from __future__ import annotations
@@ -98,6 +98,22 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.GRADIENT_BUCKETS: "Fabric(strategy=DDPStrategy(bucket_cap_mb=..., gradient_as_bucket_view=True, "
         "static_graph=True)), DDP's own arguments",
         Change.COMPILE: "torch.compile(model) before fabric.setup(model)",
+    },
+    # fastai 2.8: its callbacks make the changes (MixedPrecision through to_bf16/to_fp16). Its GradientAccumulation
+    # skips the optimizer step, not DDP's all-reduce, so it is no setting for syncing less.
+    Loop.FASTAI: {
+        Change.BF16: "learn.to_bf16() (its MixedPrecision callback)",
+        Change.FP16: "learn.to_fp16() (its MixedPrecision callback, a GradScaler included)",
+        Change.FUSED_ADAMW: "fused=True on the torch optimizer its OptimWrapper builds (Learner(..., "
+        "opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, fused=True)))",
+        Change.FUSED_OPTIMIZER: "fused=True on the torch optimizer its OptimWrapper builds (Learner(..., "
+        "opt_func=partial(OptimWrapper, opt=torch.optim.SGD, fused=True)))",
+        Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True where its DataLoaders are made "
+        "(DataBlock.dataloaders(source, num_workers=N), ImageDataLoaders.from_folder(..., num_workers=N)), or on the "
+        "torch DataLoaders given to DataLoaders(...)",
+        Change.PERSISTENT_WORKERS: "persistent_workers=True where its DataLoaders are made (dataloaders(..., "
+        "persistent_workers=True)), or on the torch DataLoaders given to DataLoaders(...)",
+        Change.COMPILE: "learn.model = torch.compile(learn.model) before learn.fit",
     },
     Loop.ACCELERATE: {
         Change.BF16: "Accelerator(mixed_precision='bf16')",

@@ -35,7 +35,7 @@ def test_the_loop_the_agent_wrote_into_the_trace_is_the_ranks_and_the_profiles(t
 
 def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
     # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
-    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "fastai"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "composer"}))
     assert summary.loop is None
 
 
@@ -141,6 +141,20 @@ def test_a_keras_fit_waiting_for_its_data_is_told_keras_own_workers():
         "In Keras's fit(): fit() on a keras.utils.PyDataset(workers=N, use_multiprocessing=True), or on a torch "
         "DataLoader(num_workers=N, persistent_workers=True)."
     )
+
+
+def test_a_fastai_learner_waiting_for_its_data_is_told_where_its_dataloaders_are_made():
+    fix = _as_if(external("tbplugin_resnet50_nw0_a"), Loop.FASTAI, "dataloader_bound").fix
+    assert fix.endswith(
+        "In fastai's Learner: num_workers=N, persistent_workers=True where its DataLoaders are made "
+        "(DataBlock.dataloaders(source, num_workers=N), ImageDataLoaders.from_folder(..., num_workers=N)), or on the "
+        "torch DataLoaders given to DataLoaders(...)."
+    )
+
+
+def test_an_unfused_adam_in_a_fastai_learner_is_told_its_optimwrapper():
+    fix = _as_if(h100("seed003_after"), Loop.FASTAI, "low_gpu_utilization").fix
+    assert "In fastai's Learner: fused=True on the torch optimizer its OptimWrapper builds (Learner(..., " in fix
 
 
 def test_fp32_matmuls_in_a_keras_fit_are_told_its_dtype_policy():

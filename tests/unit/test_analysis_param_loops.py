@@ -5,11 +5,15 @@ Recorded by tests/data/record_cpu_ema.py: one rank of a 16-block MLP (66 paramet
 average through diffusers' EMAModel (foreach=False, its default; the step boundary the agent's optimizer post-hook),
 torch's AveragedModel(avg_fn=get_ema_avg_fn(...)), or its own mul_/add_ loop, each beside the same loop with foreach
 ops, and under Lightning's Trainer with its WeightAveraging callback as Lightning's own example has it. Before: "No
-findings" (or only a 0.01 ms read) on all of them, the loop's 2.5-7 ms a step left in "other".
+findings" (or only a 0.01 ms read) on all of them, the loop's 2.5-7 ms a step left in "other". tests/data/record_cpu_fastai.py
+fits the same MLP with fastai's Learner and its own Adam, which decays the weights and not the biases: an iteration of
+nine ops on some tensors and eight on the others, which no loop of one form matched ("No findings", 6-9 ms a step in
+"other"), beside the same Learner given torch's fused AdamW through fastai's OptimWrapper.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.param_loops import MIN_ITERATIONS, _loops, owner_fix
+from orchestrator.analysis.param_loops import MAX_FORMS, MAX_PERIOD, MIN_ITERATIONS, _loops, owner_fix
+from orchestrator.loops import Loop
 from orchestrator.models.analysis import Finding, Summary
 from orchestrator.traces.loader import Span
 from tests.support.tracefiles import case, write_trace, x_event
@@ -109,6 +114,33 @@ def test_a_librarys_own_loop_over_gradients_is_found_but_not_told():
     assert loop_finding(summary) is None
 
 
+def test_fastais_own_optimizer_is_told_torchs_fused_adamw_through_its_optimwrapper():
+    summary = analyze_folder(case("cpu_fastai_adam"))
+    found = loop_finding(summary)
+    assert summary.loop is Loop.FASTAI and found is not None and found.ranks == [0]
+    assert found.title.startswith("fastai's own optimizer updates the parameters one tensor at a time")
+    assert "Optimizer.step (fastai/optimizer.py:" in found.evidence and "66 times a step" in found.evidence
+    assert found.fix.startswith(
+        "Update them all at once: a torch optimizer through fastai's OptimWrapper, Learner(..., "
+        "opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, fused=True, betas=(0.9, 0.99), eps=1e-5, weight_decay=0.01))"
+    )
+
+
+def test_a_loop_that_branches_per_tensor_counts_every_tensor_once():
+    # fastai's Adam: mul_ (weight decay) first on the 17 weights, not on the 49 biases and norm parameters.
+    (rank,) = analyze_folder(case("cpu_fastai_adam")).ranks
+    assert rank.param_loop is not None and rank.param_loop.iterations == [66] * len(rank.steps)
+    assert rank.param_loop.ops == [
+        "aten::mul_", "aten::add_", "aten::mul_", "aten::addcmul_", "aten::div", "aten::sqrt", "aten::add", "aten::addcdiv_"
+    ]
+
+
+def test_fastai_given_torchs_fused_adamw_is_not_told():
+    summary = analyze_folder(case("cpu_fastai_adamw_fused"))
+    assert summary.loop is Loop.FASTAI and loop_finding(summary) is None
+    assert all(r.param_loop is None for r in summary.ranks)
+
+
 def test_who_owns_the_loop_decides_the_fix():
     assert owner_fix("diffusers/training_utils.py(811): EMAModel.step") == (
         "EMAModel(model.parameters(), foreach=True): diffusers' EMAModel updates one parameter at a time unless told"
@@ -145,6 +177,43 @@ def test_a_planted_loop_is_found_with_its_iterations(period: list[str], iteratio
 def test_a_loop_without_arithmetic_or_of_few_iterations_is_no_update(period: list[str], iterations: int):
     assert _loops(_ops(period * iterations)) == {}
     assert _loops(_ops(["aten::mul_", "aten::add_"] * (MIN_ITERATIONS - 1))) == {}
+
+
+def _repeats(order: list[bool]) -> bool:
+    return any(all(order[i] == order[i + p] for i in range(len(order) - p)) for p in range(1, MAX_PERIOD + 1))
+
+
+@given(
+    body=st.lists(st.sampled_from(["aten::mul_", "aten::add_", "aten::addcmul_", "aten::div", "aten::sqrt", "aten::addcdiv_"]), min_size=1, max_size=6, unique=True),
+    extra=st.sampled_from(["aten::mul", "aten::clamp_", "aten::neg"]),
+    at=st.integers(min_value=0, max_value=6),
+    # Forms in an order that repeats (weight, bias, weight, bias) read as one longer iteration: planted in none.
+    branches=st.lists(st.booleans(), min_size=MIN_ITERATIONS, max_size=80).filter(lambda b: 2 <= sum(b) <= len(b) - 2 and not _repeats(b)),
+    before=st.lists(st.sampled_from(["aten::view", "aten::linear", "aten::mm"]), max_size=5),
+)
+def test_a_loop_whose_iterations_take_two_forms_is_found_once_per_tensor(
+    body: list[str], extra: str, at: int, branches: list[bool], before: list[str]
+):
+    # One op more on two tensors or more (a weight decay the biases skip), anywhere in the iteration.
+    longer = body[:at] + [extra] + body[at:]
+    (run,) = _loops(_ops(before + [x for b in branches for x in (longer if b else body)])).values()
+    assert run.iterations == len(branches)
+    assert run.ops in (body, longer) or sorted(run.ops) in (sorted(body), sorted(longer))
+
+
+def test_the_code_after_a_loop_that_ends_in_its_last_op_is_no_iteration():
+    # DeepSpeed's BF16 optimizer: 18 × (view, add_, to), then its buckets flattened and copied (one 9.7 ms aten::to).
+    loop = ["aten::view", "aten::add_", "aten::to"] * 18
+    after = ["aten::view", "aten::add_", "aten::_is_mkldnn_fp16_supported", "aten::flatten_dense_tensors", "aten::to"]
+    (run,) = _loops(_ops(loop + after)).values()
+    assert run.iterations == 18 and run.ops == ("aten::view", "aten::add_", "aten::to")
+
+
+def test_a_loop_of_more_forms_than_the_bound_is_not_one_loop():
+    forms = [["aten::mul_", "aten::add_"], ["aten::mul", "aten::mul_", "aten::add_"], ["aten::neg", "aten::mul_", "aten::add_"]]
+    assert len(forms) > MAX_FORMS
+    order = random.Random(0).choices(range(3), k=3 * MIN_ITERATIONS)  # in no order that repeats
+    assert _loops(_ops([x for i in order for x in forms[i]])) == {}
 
 
 def test_a_pause_inside_the_loop_leaves_one_loop_of_two_stretches():

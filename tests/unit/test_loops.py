@@ -50,6 +50,14 @@ def test_keras_owns_the_loop_its_fit_runs_on_the_torch_backend():
     assert loop_of(["train.py", SITE + "keras/src/layers/core/dense.py"]) is None  # its layers in the job's own loop
 
 
+def test_fastais_learner_owns_its_loop_and_its_accelerate_inside():
+    fit = ["train.py", SITE + "fastai/learner.py", SITE + "fastai/callback/core.py", SITE + "torch/_tensor.py"]
+    assert loop_of(fit) is Loop.FASTAI
+    # fastai's distributed training drives an Accelerator: fastai's callbacks are the settings its user writes.
+    assert loop_of(fit + [SITE + "accelerate/accelerator.py"]) is Loop.FASTAI
+    assert loop_of(["train.py", SITE + "fastai/optimizer.py"]) is None  # its optimizer in the job's own loop
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 
