@@ -7,7 +7,8 @@ device idled: ``cpu`` and ``runtime`` name the innermost op or call and the opti
 causes a fix can point at, each with its idle ms per step:
 
 * ``optimizer``: host time in ``Optimizer.step`` / ``zero_grad`` (its ops and its launch pace):
-  a fused or foreach optimizer;
+  a fused or foreach optimizer (time in a loop over tensors the param_loop finding tells, fastai's own optimizer or
+  a weights' average, is that finding's: :func:`loop_idle_ms`);
 * ``region``: host time in one of the user's ``record_function`` regions (its ops and Python):
   keep its work on the device, or off the step;
 * ``allocator``: ``cudaMalloc`` / ``cudaFree`` / ``hipMalloc``...: the caching allocator;
@@ -46,12 +47,13 @@ from typing import Literal, get_args
 from orchestrator.analysis.finding_base import first_use_examples, ms_list, runtime_of
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
+from orchestrator.analysis.param_loops import LOOP_REGION
 from orchestrator.analysis.python_fix import PythonKind, python_fix, python_kind
 from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
-__all__ = ["Cause", "fix_for", "host_op", "named_causes", "once_note", "paid_once", "round_trips"]
+__all__ = ["Cause", "fix_for", "host_op", "loop_idle_ms", "named_causes", "once_note", "paid_once", "round_trips"]
 
 Kind = (
     Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture", "compile"]
@@ -123,6 +125,8 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     for cause in ("cpu", "launch"):
         if cause in shares:
             for name, ms in _per_step(r, shares[cause].regions).items():
+                if name.startswith(LOOP_REGION):
+                    continue  # the param_loop finding's
                 if name.startswith("Optimizer."):
                     optimizer += ms
                 elif cause == "cpu":
@@ -146,7 +150,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
             Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms, ("runtime",)) for n, ms in calls.items() if n not in alloc
         ]
     if "launch" in shares:
-        in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith("Optimizer."))
+        in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith(("Optimizer.", LOOP_REGION)))
         out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0), ("launch",)))
     if "cpu" in shares and shares["cpu"].model_ops:
         ops = shares["cpu"].model_ops
@@ -172,6 +176,14 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     if "compile" in shares:
         out.append(Cause("compile", "torch.compile's compilation", shares["compile"].ms_per_step, ("compile",)))
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
+
+
+def loop_idle_ms(r: RankSummary) -> float:
+    """The device idle ms per step in a told loop over tensors (:func:`~orchestrator.analysis.param_loops.with_loop`):
+    the param_loop finding's, as the DataLoader's wait is the dataloader_bound finding's."""
+    if r.idle is None:
+        return 0.0
+    return sum(ms for c in r.idle.causes for name, ms in _per_step(r, c.regions).items() if name.startswith(LOOP_REGION))
 
 
 def _once(r: RankSummary) -> bool:

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.accumulation import early_ms
-from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once
+from orchestrator.analysis.advice import Cause, fix_for, loop_idle_ms, named_causes, once_note, paid_once
 from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix, leading_collective
 from orchestrator.analysis.finding_base import (
@@ -130,11 +130,12 @@ def _periodic_fix(r: RankSummary, when: OneStep) -> str:
 
 
 def _unclaimed(r: RankSummary) -> float:
-    """Device idle ms per step not claimed by a finding of its own (DataLoader, syncs, copies, collectives)."""
+    """Device idle ms per step not claimed by a finding of its own (DataLoader, syncs, copies, collectives, a loop
+    over tensors)."""
     if r.idle is None:
         return 0.0
     claimed = claimed_causes(r)
-    return sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed)
+    return sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - loop_idle_ms(r)
 
 
 def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
@@ -162,6 +163,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         return None
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
+    owned = sorted(claimed) + (["the loop over tensors"] if loop_idle_ms(worst) > 0 else [])
     named = named_causes(worst, exclude=claimed)
     # A graph capture or a compilation is told as such even in one step; other causes one step holds are named with it.
     one_offs = {c: found for c in named if c.kind not in ("capture", "compile") and (found := _one_off(worst, c)) is not None}
@@ -221,7 +223,7 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
             f"Kernels and copies cover {worst.gpu.utilization:.0%} of the {step_word(worst)} on rank {worst.rank} "
             f"({worst.gpu.kernel_ms_per_step:.1f} ms of kernels per {worst.mean_step_ms:.1f} ms); found on {ranks_text(hit)}. "
             + idle_text(worst)
-            + (f" Idle time with a finding of its own ({', '.join(sorted(claimed))}) is counted there, not here." if claimed else "")
+            + (f" Idle time with a finding of its own ({', '.join(owned)}) is counted there, not here." if owned else "")
             + (f" By what the host does: {listed}." if (listed := ms_list(((c.name, c.ms) for c in named), limit=4)) else "")
             + held
         ),

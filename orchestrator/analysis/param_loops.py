@@ -50,11 +50,13 @@ from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.param_loops import ParamLoop
 from orchestrator.traces.loader import Span
 
-__all__ = ["MAX_FORMS", "MAX_PERIOD", "MIN_ITERATIONS", "OWNERS", "loop_of", "owner_fix", "param_loop"]
+__all__ = ["LOOP_REGION", "MAX_FORMS", "MAX_PERIOD", "MIN_ITERATIONS", "OWNERS", "loop_of", "owner_fix", "param_loop", "with_loop"]
 
 # A loop of this many iterations or more, of at most this many ops each, in most steps, is told.
 MIN_ITERATIONS = 16
 MAX_PERIOD = 12
+# The name of a told loop's stretches among a thread's regions (with_loop), its owner after it.
+LOOP_REGION = "loop over tensors in "
 # An iteration in at most this many forms: one branch per tensor (a weight decay some tensors skip).
 MAX_FORMS = 2
 # Longer than this between two of its ops and the loop has ended (its Python per iteration is tens of µs).
@@ -163,7 +165,19 @@ def loop_of(
         iterations=[f[period].iterations if period in f else 0 for f in found],
         ms=[f[period].ms if period in f else 0.0 for f in found],
         owner=_owner([iv for r in runs for iv in r.spans], frames, timeline),
+        stretches=sorted(iv for r in runs for iv in r.spans),
     )
+
+
+def with_loop(regions: list[Span], loop: ParamLoop | None) -> list[Span]:
+    """``regions`` (sorted by start, then longest first) with a told loop's stretches as regions of their own: the
+    device idle time in them is the param_loop finding's, not the device idle finding's model ops or launch pace
+    (on a GPU each of the loop's ops launches a kernel shorter than its host time)."""
+    if loop is None or loop.owner is None or owner_fix(loop.owner) is None:
+        return regions
+    name = LOOP_REGION + frame_label(loop.owner)
+    spans = [Span(a, b, name, "user_annotation", None, None) for a, b in loop.stretches]
+    return sorted([*regions, *spans], key=lambda s: (s.ts, -s.end))
 
 
 _Period = tuple[str, ...]  # an iteration's ops, from the rotation that sorts first: one loop entered anywhere

@@ -20,3 +20,7 @@ class ParamLoop(StrictModel):
         default=None, description="The Python function that runs it, by the stack samples or with_stack frames "
         "(a Kineto frame name, '<file>(<line>): <function>'); None where neither shows one."
     )
+    stretches: list[tuple[float, float]] = Field(
+        default_factory=list, description="Where it runs in the trace: each stretch's first op's start and last "
+        "op's end (µs, the trace's clock), in order."
+    )
