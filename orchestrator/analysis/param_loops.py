@@ -46,11 +46,11 @@ from orchestrator.analysis.intervals import Intervals, clip, subtract, union
 from orchestrator.analysis.phases import backward_passes, batch_fetch, top_level
 from orchestrator.analysis.python_frames import frame_label, frame_parts, is_users
 from orchestrator.analysis.untraced import Timeline
-from orchestrator.models.analysis import Finding, RankSummary, Straggler
+from orchestrator.models.analysis import Finding, RankSummary, StepBreakdown, Straggler
 from orchestrator.models.param_loops import ParamLoop
 from orchestrator.traces.loader import Span
 
-__all__ = ["LOOP_REGION", "MAX_FORMS", "MAX_PERIOD", "MIN_ITERATIONS", "OWNERS", "loop_of", "owner_fix", "param_loop", "with_loop"]
+__all__ = ["LOOP_REGION", "MAX_FORMS", "MAX_PERIOD", "MIN_ITERATIONS", "OWNERS", "loop_of", "optimizer_phase", "owner_fix", "param_loop", "with_loop"]
 
 # A loop of this many iterations or more, of at most this many ops each, in most steps, is told.
 MIN_ITERATIONS = 16
@@ -67,11 +67,12 @@ _ARITHMETIC = re.compile(
 )
 
 class Helper(NamedTuple):
-    """A library's function that loops over tensors one at a time: what its loop updates, and the change that updates
-    them all at once."""
+    """A library's function that loops over tensors one at a time: what its loop updates, the change that updates
+    them all at once, and whether it is the job's optimizer (whose time is the step's optimizer phase)."""
 
     title: str
     fix: str
+    optimizer: bool = False
 
 
 _AVERAGE = "The weights' average is updated one tensor at a time"
@@ -83,6 +84,7 @@ _FASTAI = Helper(
     "parameter group (torch.optim.SGD(fused=True) for its SGD, foreach=True for RMSprop and RAdam): fastai's own "
     "optimizers run their update functions on one parameter after another in Python (OptimWrapper decays every "
     "parameter; fastai's own skips biases and norm layers)",
+    optimizer=True,
 )
 # The helpers that loop over tensors one at a time: (file, function) -> what they update and the change.
 OWNERS: dict[tuple[str, str], Helper] = {
@@ -167,6 +169,19 @@ def loop_of(
         owner=_owner([iv for r in runs for iv in r.spans], frames, timeline),
         stretches=sorted(iv for r in runs for iv in r.spans),
     )
+
+
+def optimizer_phase(steps: list[StepBreakdown], loop: ParamLoop | None) -> list[StepBreakdown]:
+    """``steps`` with the loop of a framework's own optimizer (fastai's, which no ``Optimizer.step`` span marks) in
+    their optimizer phase, out of "other", each step's at most its "other"."""
+    helper = OWNERS.get(frame_parts(loop.owner) or ("", "")) if loop is not None and loop.owner else None
+    if loop is None or helper is None or not helper.optimizer:
+        return steps
+    moved = [min(ms, s.phases.other) for s, ms in zip(steps, loop.ms)]
+    return [
+        s.model_copy(update={"phases": s.phases.model_copy(update={"optimizer": s.phases.optimizer + ms, "other": s.phases.other - ms})})
+        for s, ms in zip(steps, moved)
+    ]
 
 
 def with_loop(regions: list[Span], loop: ParamLoop | None) -> list[Span]:

@@ -22,10 +22,9 @@ so nested spans are never counted twice and the phases add up to the step time:
  3. ``comm``      inside a collective (``c10d::*``, ``nccl:*``, ``record_param_comms``), or inside gloo's record
                   of a collective's work (``gloo:*``) where the host runs no op of its own: an asynchronous
                   send's record lasts across the next ops (:mod:`orchestrator.analysis.comm_time`).
- 4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device
-                  copy is HtoD (or unknown), widened to the innermost ``aten::copy_`` /
-                  ``aten::_to_copy`` / ``aten::to`` around it (not the allocation beside it).
-                  Device-to-device copies never block the host for long and get no phase of their own.
+ 4. ``memcpy``    inside a host-to-device copy: a ``cudaMemcpy*`` runtime call whose device copy is HtoD (or unknown),
+                  widened to the innermost ``aten::copy_`` / ``aten::_to_copy`` / ``aten::to`` around it (not the
+                  allocation beside it). Device-to-device copies never block the host for long: no phase of their own.
  5-7. ``optimizer``, ``backward``, ``forward``: the innermost of these spans open on the main thread decides
                   (:mod:`orchestrator.analysis.phases`), so forward and backward that a closure optimizer runs inside
                   ``Optimizer.step#...`` are forward and backward; where it runs no op while another thread runs
@@ -44,12 +43,12 @@ so nested spans are never counted twice and the phases add up to the step time:
  9. ``forward``   before each backward pass, from the batch's fetch (DataLoader next()) before it, else from the
                   step's start or the previous pass's end: the model and loss, which need not carry any marker
                   (:func:`orchestrator.analysis.phases.unmarked_forward`); accumulation runs one per micro-batch.
-10. ``other``     the rest: a checkpoint save, an evaluation or logging before the step's batch is fetched,
-                  clipping, metrics and a weights' average after its last backward (:mod:`~.param_loops`).
+10. ``other``     the rest: a checkpoint save, an evaluation or logging before the batch's fetch; clipping, metrics and
+                  a weights' average after the last backward (:mod:`~.param_loops`: fastai's own optimizer is ``optimizer``).
 Rules 2-4 come before 5-7: a sync, collective or copy costs time wherever it is called from (``.item()`` in forward).
 
-A rank's *communication wait* per step is its ``comm`` phase plus, on GPU, the collective kernel time not overlapped
-by compute kernels; in a synchronous allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
+A rank's *communication wait* per step is its ``comm`` phase plus, on GPU, the collective kernel time not overlapped by
+compute kernels; in a synchronous allreduce the fast ranks wait for the slowest, so it is largest on fast ranks.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import recorded_steps, unscheduled_windows
 from orchestrator.analysis.loop_settings import trace_loop
-from orchestrator.analysis.param_loops import loop_of, with_loop
+from orchestrator.analysis.param_loops import loop_of, optimizer_phase, with_loop
 from orchestrator.analysis.phases import (
     Reductions,
     backward_passes,
@@ -330,6 +329,8 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         python_path = timeline.paths([python_taken], windows, at_line=True)[0]
         steps = [s.model_copy(update={"between_samples": n, "between_frames": hot}) for s, (n, hot) in zip(steps, paths)]
     training_data = subtract(rules[0][1], union(h for h in step_heads if h is not None))  # the loads of the batches the steps train on
+    param = loop_of(main, windows, backward_anywhere, nested["optimizer"], rules[0][1], op_starts, frames.get(main_key, ()), timeline)
+    steps = optimizer_phase(steps, param)  # a framework's own optimizer, which no torch.optim span marks
     durations = [s.duration_ms for s in steps]
     mean_phases = PhaseTimes(**{p: sum(s.phases.get(p) for s in steps) / len(steps) if steps else 0.0 for p in PHASES})
     calls = [(key, s) for key, by_name in kinds.items() for group in by_name.values() if is_runtime(group[0]) for s in group]
@@ -338,7 +339,6 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle, main_frames = None, user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are main's
-    param = loop_of(main, windows, backward_anywhere, nested["optimizer"], rules[0][1], op_starts, frames.get(main_key, ()), timeline)
     loading = [iv for t0, t1 in windows for iv in clip(training_data, t0, t1)]
     reads = [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]  # each read's wait
     if device_spans and windows:

@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -133,6 +134,15 @@ def test_a_loop_that_branches_per_tensor_counts_every_tensor_once():
     assert rank.param_loop.ops == [
         "aten::mul_", "aten::add_", "aten::mul_", "aten::addcmul_", "aten::div", "aten::sqrt", "aten::add", "aten::addcdiv_"
     ]
+
+
+def test_fastais_own_optimizer_is_the_steps_optimizer_phase():
+    # No Optimizer.step span marks it: its loop's time was "other", and the optimizer phase 0 ms.
+    (rank,) = analyze_folder(case("cpu_fastai_adam")).ranks
+    assert rank.param_loop is not None
+    for step, ms in zip(rank.steps, rank.param_loop.ms):
+        assert step.phases.optimizer == pytest.approx(ms)
+        assert step.phases.total() == pytest.approx(step.duration_ms, rel=1e-6)
 
 
 def test_fastai_given_torchs_fused_adamw_is_not_told():
