@@ -1,7 +1,7 @@
 """Record CPU-only traces of training loops that keep an exponential moving average of the weights, with plain
 torch.profiler over eight steps and the agent's stack sampler, thread clock and gc watch (:mod:`tests.data.sampled`).
 
-    PYTHONPATH=.:<diffusers> python tests/data/record_cpu_ema.py OUT [CASE ...]
+    PYTHONPATH=.:<diffusers>:<timm> python tests/data/record_cpu_ema.py OUT [CASE ...]
 
 Each case lands as ``OUT/<case>/traces/rank0.pt.trace.json.gz``: CPU activities only, schedule(wait=1, warmup=1,
 active=8), record_shapes=True. One rank (one intra-op thread) of a 16-block MLP (Linear 128, LayerNorm, GELU: 66
@@ -16,6 +16,9 @@ optimizer step one update of the average:
   ema_averaged_model_in_memory  AveragedModel(avg_fn=...) on batches already in memory, the step boundary the
                          agent's post-hook: each step opens with the update and fetches no batch
   ema_own_loop           the loop's own average: for each tensor, average.mul_(0.999).add_(param, alpha=0.001)
+  ema_timm_v2            timm's ModelEmaV2(model, decay=0.999) (timm 1.0.31 beside the recorder, its
+                         timm/utils/model_ema.py loaded from its file: timm's package imports torchvision)
+  ema_timm_v3            timm's ModelEmaV3(model, decay=0.999), foreach=True its default
   lightning_ema          the same model in a LightningModule under Lightning's Trainer (CPU, one device, no logger, no
                          checkpoint) with the WeightAveraging callback as Lightning's own example has it
                          (super().__init__(avg_fn=get_ema_avg_fn())), the step boundary the agent's post-hook and the
@@ -101,6 +104,25 @@ def _averaged_model(foreach: bool) -> Callable[[nn.Module], Callable[[], None]]:
     return average
 
 
+def _timm(version: str) -> Callable[[nn.Module], Callable[[], None]]:
+    def average(model: nn.Module) -> Callable[[], None]:
+        import importlib.util
+
+        # timm's package imports torchvision, whose wheel here is built for another torch; its model_ema module needs
+        # torch alone, so it is loaded from the installed package's own file (found on the path, timm not imported).
+        package = importlib.util.find_spec("timm")
+        assert package is not None and package.submodule_search_locations, "install timm beside the recorder"
+        path = f"{package.submodule_search_locations[0]}/utils/model_ema.py"
+        spec = importlib.util.spec_from_file_location("timm.utils.model_ema", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        ema = getattr(module, version)(model, decay=0.999)
+        return lambda: ema.update(model)
+
+    return average
+
+
 def _own_loop(model: nn.Module) -> Callable[[], None]:
     averages = [p.detach().clone() for p in model.parameters()]
 
@@ -162,6 +184,8 @@ CASES: dict[str, Callable[[Path], None]] = {
         out, "ema_averaged_model_in_memory", _averaged_model(False), post_hook=True, in_memory=True
     ),
     "ema_own_loop": lambda out: _record(out, "ema_own_loop", _own_loop, post_hook=False),
+    "ema_timm_v2": lambda out: _record(out, "ema_timm_v2", _timm("ModelEmaV2"), post_hook=False),
+    "ema_timm_v3": lambda out: _record(out, "ema_timm_v3", _timm("ModelEmaV3"), post_hook=False),
     "lightning_ema": _lightning_ema,
 }
 

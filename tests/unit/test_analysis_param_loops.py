@@ -100,8 +100,16 @@ def test_the_loops_own_average_is_told_torch_foreach():
     assert "torch._foreach_lerp_(averages, params, 1 - decay)" in found.fix
 
 
+def test_timms_model_ema_v2_is_told_its_foreach_successor():
+    # timm 1.0.31's ModelEmaV2 copies each tensor's update back one at a time (ema_v.copy_(update_fn(ema_v, model_v))).
+    found = loop_finding(analyze_folder(case("cpu_ema_timm_v2")))
+    assert found is not None and found.title.startswith("The weights' average is updated one tensor at a time")
+    assert "ModelEmaV2._update (timm/utils/model_ema.py:" in found.evidence and "66 times a step" in found.evidence
+    assert found.fix == "Update them all at once: timm.utils.ModelEmaV3(model, decay=...), which updates all tensors in foreach ops."
+
+
 def test_averages_updated_with_foreach_ops_are_not_told():
-    for name in ("cpu_ema_diffusers_foreach", "cpu_ema_averaged_model_foreach"):
+    for name in ("cpu_ema_diffusers_foreach", "cpu_ema_averaged_model_foreach", "cpu_ema_timm_v3"):
         summary = analyze_folder(case(name))
         assert loop_finding(summary) is None, name
         # AveragedModel sorts its tensors by device first (aten::detach, aten::to, ... ×66): no arithmetic, no loop.
