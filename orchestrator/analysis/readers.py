@@ -51,7 +51,18 @@ _LIGHTNING_SIGTERM = (
     "trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None before trainer.fit() removes it (a private "
     "method: check it on upgrades). "
 )
+# PyTorch Ignite's supervised training step returns output_transform(x, y, y_pred, loss) from every iteration, and its
+# default (create_supervised_trainer's, supervised_training_step's and their amp/apex/tpu variants') is loss.item()
+# (ignite 0.5.5, recorded with stacks: the read is in the step's update function).
+_IGNITE_OUTPUT = (
+    "PyTorch Ignite's supervised trainer returns output_transform(x, y, y_pred, loss) from every iteration, and its "
+    "default is loss.item(), a read that waits for the step's kernels: pass create_supervised_trainer(..., "
+    "output_transform=lambda x, y, y_pred, loss: loss.detach()) and read engine.state.output in a handler every N "
+    "iterations (Events.ITERATION_COMPLETED(every=N)); a metric attached per iteration (RunningAverage) turns its "
+    "value into a number every iteration too. "
+)
 _KNOWN = {
+    ("ignite/engine/__init__.py", "update"): _IGNITE_OUTPUT,
     ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,
     ("transformers/trainer.py", "_inner_training_loop"): _TRAINER_NAN_FILTER,
     **dict(_LIGHTNING_METRICS),

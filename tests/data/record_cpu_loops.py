@@ -33,6 +33,8 @@ active=8), record_shapes=True, so steps 2-9 of 10 (eight steps: a cost that recu
                create_supervised_trainer with a RunningAverage of the loss (which all-reduces it every iteration),
                the step boundary a global optimizer step post-hook with the agent's stack sampler, thread clock and gc
                watch (pytorch-ignite 0.5.5 is no dependency: install it beside the recorder to record)
+  ignite_stacks  one rank of the MLP under create_supervised_trainer with its defaults (no DDP, no metric),
+               with_stack=True over three steps (record_cpu_issue29's schedule): the frames around each read
   tensor_dataset  a small MLP (one intra-op thread) fed by DataLoader(TensorDataset, batch_size=256, shuffle=True,
                num_workers=0) over tensors in memory: the loader fetches and stacks 256 samples one by one each step
   keras_loader Keras 3's fit() on its torch backend over a DataLoader(num_workers=0) whose __getitem__ decodes each
@@ -59,6 +61,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
 from record_cpu_issue29 import _two_ranks, fit_on_two_ranks, lightning_parts, lightning_rank_env, mlp  # noqa: E402
+from record_cpu_issue29 import STEPS as STACKED_STEPS  # noqa: E402
+from record_cpu_issue29 import recording as stacked_recording  # noqa: E402
 
 from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
 from tests.data.sampled import SampledSteps  # noqa: E402
@@ -234,6 +238,24 @@ def _ignite_rank(rank: int, out: Path, name: str, port: int) -> None:
     dist.destroy_process_group()
 
 
+def case_ignite_stacks(out: Path) -> None:
+    from ignite.engine import Events, create_supervised_trainer
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = mlp()
+    data = torch.utils.data.TensorDataset(torch.randn(64 * STEPS, 256), torch.randint(0, 10, (64 * STEPS,)))
+    trainer = create_supervised_trainer(net, torch.optim.AdamW(net.parameters()), nn.CrossEntropyLoss())
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STACKED_STEPS + 1), lambda engine: engine.terminate())
+    with stacked_recording(out, "ignite_stacks", with_stack=True) as prof:
+        hook = register_optimizer_step_post_hook(lambda *_: prof.step())  # the agent's step boundary
+        try:
+            trainer.run(torch.utils.data.DataLoader(data, batch_size=64), max_epochs=1)
+        finally:
+            hook.remove()
+
+
 class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return 24
@@ -351,6 +373,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "lightning_ddp_accumulate": lambda out: _two_ranks(_lightning_accumulate_rank, out, "lightning_ddp_accumulate"),
     "lightning_sync_dist": lambda out: _two_ranks(_lightning_sync_dist_rank, out, "lightning_sync_dist"),
     "ignite": lambda out: _two_ranks(_ignite_rank, out, "ignite"),
+    "ignite_stacks": case_ignite_stacks,
     "fsdp2_accumulate": lambda out: _two_ranks(_fsdp2_accumulate_rank, out, "fsdp2_accumulate"),
     "ddp_contended": lambda out: _two_ranks(_contended_rank, out, "ddp_contended", True),
     "ddp_own_cores": lambda out: _two_ranks(_contended_rank, out, "ddp_own_cores", False),

@@ -142,6 +142,14 @@ def test_the_trainers_loss_filter_is_told_the_setting_that_removes_its_reads() -
     assert "logging_nan_inf_filter=False" in fix and "with_stack" not in fix
 
 
+def test_ignites_supervised_trainer_is_told_to_return_the_loss_as_a_tensor() -> None:
+    # pytorch-ignite 0.5.5's create_supervised_trainer with its defaults: output_transform returns loss.item().
+    [read] = cpu_case("ignite_stacks").findings
+    assert read.code == "host_sync" and "update (ignite/engine/__init__.py:" in read.evidence
+    assert read.fix.startswith("The reads are mostly in update (ignite/engine/__init__.py:")
+    assert "output_transform=lambda x, y, y_pred, loss: loss.detach()" in read.fix and "with_stack" not in read.fix
+
+
 def test_a_per_parameter_adam_is_told_fused_true_for_adam() -> None:
     # 40 tiny Linear layers (80 parameters) under Adam(foreach=False): the optimizer runs ~9 small ops per parameter
     # and takes 58% of the step. Before: no optimizer finding; the first finding was host_sync info for Adam's reads.
