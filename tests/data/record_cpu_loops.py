@@ -60,8 +60,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_cpu_issue29 import _two_ranks, fit_on_two_ranks, lightning_parts, lightning_rank_env, mlp  # noqa: E402
 from record_cpu_issue29 import STEPS as STACKED_STEPS  # noqa: E402
+from record_cpu_issue29 import _two_ranks, fit_on_two_ranks, lightning_parts, lightning_rank_env, mlp  # noqa: E402
 from record_cpu_issue29 import recording as stacked_recording  # noqa: E402
 
 from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
