@@ -240,6 +240,15 @@ def test_a_pause_inside_the_loop_leaves_one_loop_of_two_stretches():
     assert run.iterations == 40 and len(run.spans) == 2
 
 
+def _launching(name: str, t: float, host: float, device: float, correlation: int) -> list[dict[str, Any]]:
+    """An op of ``host`` µs at ``t`` whose launch runs a kernel of ``device`` µs."""
+    return [
+        x_event(name, t, host),
+        x_event("cudaLaunchKernel", t + host / 4, host / 4, cat="cuda_runtime", correlation=correlation),
+        kernel(t + host / 2, device, correlation, name="elementwise_kernel" if device < 10 else "volta_sgemm_128x64_nn"),
+    ]
+
+
 def _device_steps(tmp_path: Path) -> Summary:
     """Three 10 ms GPU steps: a backward node's 3 ms kernel, then the user's update_ema launching 20 × (mul_, add_),
     each a 5 µs kernel, over 2 ms while the device idles; a with_stack frame names the function."""
@@ -255,11 +264,7 @@ def _device_steps(tmp_path: Path) -> Summary:
         for j in range(40):
             t = o + 4000 + 50 * j
             name = "aten::mul_" if j % 2 == 0 else "aten::add_"
-            events += [
-                x_event(name, t, 40),
-                x_event("cudaLaunchKernel", t + 10, 20, cat="cuda_runtime", correlation=c + 1 + j),
-                kernel(t + 25, 5, c + 1 + j, name="elementwise_kernel"),
-            ]
+            events += _launching(name, t, 40, 5, c + 1 + j)
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     return analyze_folder(tmp_path)
 
@@ -282,15 +287,9 @@ def _fastai_on_a_device(tmp_path: Path) -> Summary:
     of 40 kernels, then fastai's Adam over 66 tensors (a weight decay on every fourth): each op 14 µs of host time
     launching a 4 µs kernel, with_stack frames naming Optimizer.step."""
     events: list[dict[str, Any]] = []
-    c = 0
 
     def op(name: str, t: float, host: float, device: float) -> None:
-        nonlocal c
-        c += 1
-        events.extend([
-            x_event(name, t, host), x_event("cudaLaunchKernel", t + 2, 2, cat="cuda_runtime", correlation=c),
-            kernel(t + 5, device, c, name="elementwise_kernel" if device < 10 else "volta_sgemm_128x64_nn"),
-        ])
+        events.extend(_launching(name, t, host, device, len(events)))
 
     for i in range(4):
         o = 25_000 * i
