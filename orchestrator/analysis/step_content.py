@@ -144,8 +144,10 @@ def one_step(summary: Summary, manifest: Manifest | None = None) -> str | None:
     (the manifest's ranks), what the trace's steps hold, or both when they say different things; and whose
     loop runs the steps, where a framework's does."""
     said = _one_step(summary, manifest)
-    if said is not None and summary.loop is not None:
-        return f"{said} Training loop: {summary.loop.label}."
+    if summary.loop is not None:
+        # Whose loop it is, even where nothing says what a step holds (a trace of a loop that steps no torch
+        # optimizer and records no forward marker: fastai's Learner, Keras's fit()).
+        return f"{said + ' ' if said else ''}Training loop: {summary.loop.label}."
     return said
 
 

@@ -68,6 +68,11 @@ def test_what_one_step_is_says_whose_loop_runs_it():
     )
 
 
+def test_a_loop_that_steps_no_torch_optimizer_still_says_whose_it_is():
+    # fastai's Learner: no Optimizer.step span and, without stacks, no forward marker: nothing says what a step holds.
+    assert one_step(analyze_folder(case("cpu_fastai_adam"))) == "Training loop: fastai's Learner."
+
+
 # ---- the settings ---------------------------------------------------------------------
 
 
