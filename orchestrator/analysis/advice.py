@@ -180,10 +180,14 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
 
 def loop_idle_ms(r: RankSummary) -> float:
     """The device idle ms per step in a told loop over tensors (:func:`~orchestrator.analysis.param_loops.with_loop`):
-    the param_loop finding's, as the DataLoader's wait is the dataloader_bound finding's."""
+    the param_loop finding's, as the DataLoader's wait is the dataloader_bound finding's. Its host ops and launch
+    pace, the causes :func:`named_causes` leaves out for it (a runtime call is named by the call, in a loop or not)."""
     if r.idle is None:
         return 0.0
-    return sum(ms for c in r.idle.causes for name, ms in _per_step(r, c.regions).items() if name.startswith(LOOP_REGION))
+    return sum(
+        ms for c in r.idle.causes if c.cause in ("cpu", "launch")
+        for name, ms in _per_step(r, c.regions).items() if name.startswith(LOOP_REGION)
+    )
 
 
 def _once(r: RankSummary) -> bool:

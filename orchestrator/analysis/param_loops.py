@@ -86,6 +86,7 @@ _FASTAI = Helper(
     "parameter; fastai's own skips biases and norm layers)",
     optimizer=True,
 )
+_NONE = Helper("", "")  # no known helper
 # The helpers that loop over tensors one at a time: (file, function) -> what they update and the change.
 OWNERS: dict[tuple[str, str], Helper] = {
     ("torch/optim/swa_utils.py", "AveragedModel.update_parameters"): Helper(_AVERAGE, (
@@ -174,8 +175,7 @@ def loop_of(
 def optimizer_phase(steps: list[StepBreakdown], loop: ParamLoop | None) -> list[StepBreakdown]:
     """``steps`` with the loop of a framework's own optimizer (fastai's, which no ``Optimizer.step`` span marks) in
     their optimizer phase, out of "other", each step's at most its "other"."""
-    helper = OWNERS.get(frame_parts(loop.owner) or ("", "")) if loop is not None and loop.owner else None
-    if loop is None or helper is None or not helper.optimizer:
+    if loop is None or not OWNERS.get(frame_parts(loop.owner or "") or ("", ""), _NONE).optimizer:
         return steps
     moved = [min(ms, s.phases.other) for s, ms in zip(steps, loop.ms)]
     return [
