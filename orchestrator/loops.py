@@ -36,6 +36,7 @@ class Loop(str, Enum):
     LIGHTNING = "lightning"
     LIGHTNING_FABRIC = "lightning_fabric"
     FASTAI = "fastai"
+    COMPOSER = "composer"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
     KERAS = "keras"
@@ -50,6 +51,7 @@ _LABELS = {
     Loop.LIGHTNING: "Lightning's Trainer",
     Loop.LIGHTNING_FABRIC: "Lightning Fabric",
     Loop.FASTAI: "fastai's Learner",
+    Loop.COMPOSER: "Composer's Trainer",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
     Loop.KERAS: "Keras's fit()",
@@ -61,6 +63,7 @@ _OWNERS = (
     (Loop.LIGHTNING_FABRIC, re.compile(r"(?:^|/)(?:lightning/fabric|lightning_fabric)/wrappers\.py$")),
     # fastai's Learner steps its own optimizer (no torch one): read from the training thread's stack, as Keras's.
     (Loop.FASTAI, re.compile(r"(?:^|/)fastai/learner\.py$")),
+    (Loop.COMPOSER, re.compile(r"(?:^|/)composer/trainer/trainer\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
     # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().

@@ -20,7 +20,8 @@ from __future__ import annotations
 from orchestrator.analysis.deepspeed_fix import deepspeed_reduces, deepspeed_reduction
 from orchestrator.analysis.kernel_kinds import kernel_kind
 from orchestrator.analysis.loop_settings import Change, in_loop
-from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.analysis.metric_sync import metric_sync
+from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import collective_of, is_functional
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import COLLECTIVE_LABELS, CollectiveKind, OpStat, RankSummary
@@ -248,14 +249,8 @@ def own_fix(r: RankSummary) -> str | None:
         f"{per_step:.0f} collective call{'' if one else 's'} a step ({own.name}{_made_in(r)}) run{'s' if one else ''} outside forward "
         f"and backward and hold{'s' if one else ''} {own.total_ms:.1f} ms of the {r.comm_wait_ms:.1f} ms the step waits in collectives"
     )
-    if _made_by_torchmetrics(r):
-        return (
-            f"{calls}: torchmetrics gathers each metric's state from every rank every step (a barrier and all-gathers "
-            "per state), a round trip that every rank waits for: a metric built with dist_sync_on_step=True does it at "
-            "every update, and compute() at every call. Keep dist_sync_on_step=False (the default) and call compute() "
-            "once per epoch or every N steps, where the value is logged: each rank accumulates its own state until then, "
-            "and the per-step value metric(preds, target) returns is that rank's own."
-        )
+    if metrics := metric_sync(r):
+        return f"{calls}: {metrics}"
     if _logged_syncs(own.name):
         # A barrier, then an all-reduce: Lightning's sync of each value self.log(..., sync_dist=True) logs on the step,
         # inside training_step (DDP's forward holds it).
@@ -286,13 +281,6 @@ def own_fix(r: RankSummary) -> str | None:
         "the values, one all_reduce), every N steps rather than every step, or with async_op=True, waiting only when "
         "the value is logged."
     )
-
-
-def _made_by_torchmetrics(r: RankSummary) -> bool:
-    """Whether torchmetrics' frames are around more than half of the waits in the job's own collectives (its
-    ``gather_all_tensors``, a metric's state sync)."""
-    ours = sum(c.total_ms for c in r.own_comm_callers if (frame_parts(c.name) or ("",))[0].startswith("torchmetrics/"))
-    return 2 * ours > sum(c.total_ms for c in r.own_comm_callers) > 0
 
 
 def _made_in(r: RankSummary) -> str:

@@ -5,8 +5,8 @@ A fix says the change in PyTorch's words (``torch.autocast``, ``no_sync()``, ``f
 the user does not write those calls, the framework does, from its settings. So a fix whose rank ran in one gets a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
-stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Accelerate 1,
-DeepSpeed 0.19 and Keras 3 (on its torch backend).
+stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Composer 0.32,
+Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
 """
 
 from __future__ import annotations
@@ -114,6 +114,23 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "persistent_workers=True where its DataLoaders are made (dataloaders(..., "
         "persistent_workers=True)), or on the torch DataLoaders given to DataLoaders(...)",
         Change.COMPILE: "learn.model = torch.compile(learn.model) before learn.fit",
+    },
+    # Composer 0.32: its Trainer wraps the model in DDP itself (no bucket or hook setting) and has no fused optimizer
+    # of its own (DecoupledAdamW steps per tensor).
+    Loop.COMPOSER: {
+        Change.BF16: "Trainer(precision='amp_bf16')",
+        Change.FP16: "Trainer(precision='amp_fp16'), its GradScaler included",
+        Change.FUSED_ADAMW: "fused=True on the torch optimizer given to Trainer(optimizers=torch.optim.AdamW(..., "
+        "fused=True)) (Composer's DecoupledAdamW has no fused kernel)",
+        Change.FUSED_OPTIMIZER: "fused=True on the torch optimizer given to Trainer(optimizers=...)",
+        Change.ACCUMULATE: "Trainer(device_train_microbatch_size=N) with a batch of several micro-batches: its default "
+        "ddp_sync_strategy syncs the gradients on the last micro-batch only",
+        Change.COMPILE: "Trainer(compile_config={}), which runs torch.compile on the model",
+        Change.LOADER_WORKERS: "num_workers=N, persistent_workers=True on the DataLoader given to "
+        "Trainer(train_dataloader=...)",
+        Change.PERSISTENT_WORKERS: "persistent_workers=True on the DataLoader given to Trainer(train_dataloader=...)",
+        Change.BETWEEN_STEPS: "Trainer(save_interval=..., eval_interval=...) say how often it saves and evaluates "
+        "after a batch",
     },
     Loop.ACCELERATE: {
         Change.BF16: "Accelerator(mixed_precision='bf16')",

@@ -35,7 +35,7 @@ def test_the_loop_the_agent_wrote_into_the_trace_is_the_ranks_and_the_profiles(t
 
 def test_a_loop_this_version_does_not_know_names_no_framework(tmp_path):
     # A newer agent's framework: its settings are unknown here, so no fix may name another framework's.
-    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "composer"}))
+    summary = analyze_folder(with_header(tmp_path, "cpu_lightning", **{METADATA_KEY: "levanter"}))
     assert summary.loop is None
 
 
@@ -80,6 +80,12 @@ def test_the_jobs_own_loop_gets_no_framework_sentence():
     assert in_loop(None, list(Change)) == ""
 
 
+@pytest.mark.parametrize("loop", list(Loop))
+def test_every_framework_the_agent_can_name_has_its_settings(loop):
+    # A loop added to orchestrator.loops without its row here made every fix of its traces raise KeyError.
+    assert in_loop(loop, [Change.BF16, Change.COMPILE]).startswith(f" In {loop.label}: ")
+
+
 def test_a_change_the_framework_has_no_setting_for_adds_nothing():
     # The Trainer has no comm hook argument; Accelerate users build their own optimizer.
     assert in_loop(Loop.TRANSFORMERS_TRAINER, [Change.COMPRESS_GRADIENTS]) == ""
@@ -94,6 +100,7 @@ def test_a_change_the_framework_has_no_setting_for_adds_nothing():
         (Loop.ACCELERATE, "Accelerator(mixed_precision='fp16'), its GradScaler included"),
         (Loop.LIGHTNING_FABRIC, "Fabric(precision='16-mixed'), its GradScaler included"),
         (Loop.DEEPSPEED, '"fp16": {"enabled": true}, its loss scaler included'),
+        (Loop.COMPOSER, "Trainer(precision='amp_fp16'), its GradScaler included"),
     ],
 )
 def test_fp32_matmuls_on_a_v100_are_told_the_frameworks_fp16_setting(loop, setting):

@@ -58,6 +58,12 @@ def test_fastais_learner_owns_its_loop_and_its_accelerate_inside():
     assert loop_of(["train.py", SITE + "fastai/optimizer.py"]) is None  # its optimizer in the job's own loop
 
 
+def test_composers_trainer_owns_its_loop_and_its_models_are_not_a_loop():
+    fit = ["train.py", SITE + "composer/trainer/trainer.py", SITE + "composer/core/engine.py", "torch/optim/optimizer.py"]
+    assert loop_of(fit) is Loop.COMPOSER
+    assert loop_of(["train.py", SITE + "composer/models/tasks/classification.py"]) is None  # its model in the job's own loop
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 
