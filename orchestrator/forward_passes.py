@@ -2,7 +2,9 @@
 
 ``4 forward passes (Discriminator ×3, Generator ×1)``: the most common count per step, by module, modules
 by count then name; one module: ``1 forward pass (Net)``. torch.nn's loss modules (``*Loss``) are left out
-on both sides: a loss's forward is part of the step, not a pass of the model. One home for the wording, so
+on both sides: a loss's forward is part of the step, not a pass of the model; so are MMEngine's data preprocessors
+(``*DataPreprocessor``), which its ``train_step`` calls on each batch before the model to move it to the device and
+normalise it (recorded: ``tests/data/record_cpu_mmengine.py``). One home for the wording, so
 that the agent's statement and the trace's read alike and :func:`stated` reads the count back from either.
 Standard library only: the agent imports it in the training process.
 """
@@ -13,18 +15,21 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 
-__all__ = ["UNNAMED", "is_loss", "phrase", "stated", "typical"]
+__all__ = ["UNNAMED", "not_a_pass", "phrase", "stated", "typical"]
 
 UNNAMED = "forward"
 """The module of a forward that names none (a ``## forward ##`` annotation): counted, not named."""
 
-_LOSS = re.compile(r"Loss(_\d+)?$")  # torch.nn's losses (MSELoss, BCEWithLogitsLoss_0 as the tracer names it)
+# torch.nn's losses (MSELoss, BCEWithLogitsLoss_0 as the tracer names it); MMEngine's BaseDataPreprocessor and the
+# OpenMMLab libraries' own (mmpretrain's ClsDataPreprocessor, mmdet's DetDataPreprocessor, mmseg's SegDataPreProcessor).
+_NOT_A_PASS = re.compile(r"(?:Loss|DataPre[pP]rocessor)(_\d+)?$")
 _STATED = re.compile(r"(?:^|; )(\d+) forward pass")
 
 
-def is_loss(module: str) -> bool:
-    """A loss module (a class, or a traced instance such as ``MSELoss_0``): not a forward pass of the model."""
-    return _LOSS.search(module) is not None
+def not_a_pass(module: str) -> bool:
+    """A loss module or a batch's preprocessor (a class, or a traced instance such as ``MSELoss_0``): not a forward
+    pass of the model."""
+    return _NOT_A_PASS.search(module) is not None
 
 
 def typical(counts: list[Counter[str]]) -> Counter[str]:

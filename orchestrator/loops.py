@@ -37,6 +37,7 @@ class Loop(str, Enum):
     LIGHTNING_FABRIC = "lightning_fabric"
     FASTAI = "fastai"
     COMPOSER = "composer"
+    MMENGINE = "mmengine"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
     KERAS = "keras"
@@ -52,6 +53,7 @@ _LABELS = {
     Loop.LIGHTNING_FABRIC: "Lightning Fabric",
     Loop.FASTAI: "fastai's Learner",
     Loop.COMPOSER: "Composer's Trainer",
+    Loop.MMENGINE: "MMEngine's Runner",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
     Loop.KERAS: "Keras's fit()",
@@ -64,6 +66,8 @@ _OWNERS = (
     # fastai's Learner steps its own optimizer (no torch one): read from the training thread's stack, as Keras's.
     (Loop.FASTAI, re.compile(r"(?:^|/)fastai/learner\.py$")),
     (Loop.COMPOSER, re.compile(r"(?:^|/)composer/trainer/trainer\.py$")),
+    # OpenMMLab's MMEngine: its Runner's train loops (its FlexibleRunner can drive a DeepSpeed engine inside).
+    (Loop.MMENGINE, re.compile(r"(?:^|/)mmengine/runner/loops\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
     # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().

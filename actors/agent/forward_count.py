@@ -4,9 +4,9 @@
 and the discriminator three times, a step with gradient accumulation runs four forwards per optimizer
 step. So while it learns the cycle it counts them here, through torch's global module hooks: the
 pre-hook keeps the depth of module calls and counts a call at depth 0 by its class (the model's class
-for torch.compile's, DDP's and DataParallel's wrappers), leaving out torch.nn's loss modules as the
-trace does (:mod:`orchestrator.forward_passes`); the post-hook (``always_call``: a forward that raises
-still closes its depth) closes it. Calls from other threads (DataParallel's replicas) are not the
+for torch.compile's, DDP's and DataParallel's wrappers), leaving out torch.nn's loss modules and MMEngine's
+data preprocessors as the trace does (:mod:`orchestrator.forward_passes`); the post-hook (``always_call``: a
+forward that raises still closes its depth) closes it. Calls from other threads (DataParallel's replicas) are not the
 training loop's, nor calls while backward runs: activation checkpointing runs a checkpointed block's
 forward again there (on a CPU on the training thread), which is no pass over a batch. A forward that
 runs outside ``Module.__call__`` (``model.forward(x)``, a module compiled in place with
@@ -40,7 +40,7 @@ import torch
 from torch.compiler import is_compiling
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from orchestrator.forward_passes import is_loss
+from orchestrator.forward_passes import not_a_pass
 
 __all__ = ["ForwardCount"]
 
@@ -172,7 +172,7 @@ class ForwardCount:
         self._depth += 1
         if self._depth == 1:
             name = _name(module)
-            if not is_loss(name):
+            if not not_a_pass(name):
                 self.seen[name] += 1
             # Dynamo may have been loaded (by the job's torch.compile) or reset since: a compile may come next.
             self._watch_compiles()

@@ -6,7 +6,7 @@ the user does not write those calls, the framework does, from its settings. So a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
 stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Composer 0.32,
-Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
+MMEngine 0.10, Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
 """
 
 from __future__ import annotations
@@ -131,6 +131,25 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "persistent_workers=True on the DataLoader given to Trainer(train_dataloader=...)",
         Change.BETWEEN_STEPS: "Trainer(save_interval=..., eval_interval=...) say how often it saves and evaluates "
         "after a batch",
+    },
+    # MMEngine 0.10, in its config's words (the dicts Runner takes, or a config file's variables): it builds the torch
+    # optimizer from optim_wrapper's optimizer dict, passing every key on, and wraps the model in DDP with
+    # model_wrapper_cfg's keys.
+    Loop.MMENGINE: {
+        Change.BF16: "optim_wrapper=dict(type='AmpOptimWrapper', dtype='bfloat16', optimizer=...)",
+        Change.FP16: "optim_wrapper=dict(type='AmpOptimWrapper', optimizer=...), its GradScaler included",
+        Change.FUSED_ADAMW: "optim_wrapper=dict(optimizer=dict(type='AdamW', fused=True, ...))",
+        Change.FUSED_OPTIMIZER: "fused=True in optim_wrapper's optimizer dict (optim_wrapper=dict(optimizer=dict(type=..., "
+        "fused=True)))",
+        Change.ACCUMULATE: "optim_wrapper=dict(..., accumulative_counts=N), which skips DDP's sync on all but the last "
+        "micro-batch",
+        Change.GRADIENT_BUCKETS: "model_wrapper_cfg=dict(type='MMDistributedDataParallel', bucket_cap_mb=..., "
+        "gradient_as_bucket_view=True, static_graph=True), DDP's own arguments",
+        Change.COMPILE: "compile=True in the config (torch.compile of the model's train_step)",
+        Change.LOADER_WORKERS: "train_dataloader=dict(..., num_workers=N, persistent_workers=True)",
+        Change.PERSISTENT_WORKERS: "train_dataloader=dict(..., persistent_workers=True)",
+        Change.BETWEEN_STEPS: "default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=...)) and "
+        "train_cfg=dict(val_interval=...) say how often it saves and validates",
     },
     Loop.ACCELERATE: {
         Change.BF16: "Accelerator(mixed_precision='bf16')",

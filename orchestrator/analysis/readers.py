@@ -70,10 +70,22 @@ _COMPOSER_READS = (
     "skips them (Composer 0.32), and on a GPU only the loss read waits for the step's kernels, the others for their "
     "own collective. Any other reads are the job's own. "
 )
+# OpenMMLab's MMEngine puts every value the model's train_step returns (each loss term, and the sum parse_losses adds)
+# into its MessageHub after each iteration (RuntimeInfoHook.after_train_iter), which turns each into a Python number
+# (MMEngine 0.10.7, recorded with stacks: three reads for two terms).
+_MMENGINE_READS = (
+    "MMEngine's RuntimeInfoHook turns every value the model's train_step returns (each loss term of its loss() and "
+    "the sum parse_losses adds) into a Python number after each iteration, for its MessageHub: no setting skips them "
+    "(MMEngine 0.10); on a GPU the first waits for the step's kernels and the rest cost one read each, so a term "
+    "returned only to be logged can be left out, or summed into another. "
+)
 _KNOWN = {
     ("ignite/engine/__init__.py", "update"): _IGNITE_OUTPUT,
     **{("composer/trainer/trainer.py", function): _COMPOSER_READS
        for function in ("_iter_dataloader", "_train_microbatches", "_train_loop", "<dictcomp>", "_accumulate_time_across_ranks")},
+    ("mmengine/hooks/runtime_info_hook.py", "after_train_iter"): _MMENGINE_READS,
+    **{("mmengine/logging/message_hub.py", function): _MMENGINE_READS
+       for function in ("update_scalar", "update_scalars", "_get_valid_value")},
     ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,
     ("transformers/trainer.py", "_inner_training_loop"): _TRAINER_NAN_FILTER,
     **dict(_LIGHTNING_METRICS),

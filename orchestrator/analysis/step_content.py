@@ -12,7 +12,8 @@ differs, such as the first one that builds the optimizer's state, does not chang
 * optimizer steps: the outermost ``Optimizer.step#<Class>.step`` spans torch's profiler hook records;
 * forward passes: the outermost forward spans (:func:`spans.is_forward`: ``nn.Module:`` spans,
   ``*.forward`` annotations such as DDP's, ``## forward ##``) by module, leaving out loss modules
-  (``*Loss``): a loss's forward is part of the step, not a pass of the model; and those that begin in
+  (``*Loss``): a loss's forward is part of the step, not a pass of the model; MMEngine's data preprocessors
+  (:func:`~orchestrator.forward_passes.not_a_pass`); and those that begin in
   backward: activation checkpointing runs a checkpointed block's forward again there (on a CPU on the main
   thread), which is no pass of the model over a batch. A trace without any forward marker says nothing about
   forward passes.
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 from orchestrator.analysis.intervals import Intervals, clip, membership
 from orchestrator.analysis.spans import OPTIMIZER_STEP, Kinds, is_forward
-from orchestrator.forward_passes import UNNAMED, is_loss, phrase, stated, typical
+from orchestrator.forward_passes import UNNAMED, not_a_pass, phrase, stated, typical
 from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 from orchestrator.traces.loader import Span
@@ -115,7 +116,7 @@ def describe_step(kinds: Kinds, windows: list[tuple[float, float]], backward: In
     inner = sorted((s for s in every if id(s) not in outer_ids), key=lambda s: s.ts)
     forwards = _outermost(s for group in kinds.values() if is_forward(group[0]) for s in group)
     in_backward = membership(backward)
-    models = [s for s in forwards if not is_loss(_module(s)) and not in_backward(s.ts)]
+    models = [s for s in forwards if not not_a_pass(_module(s)) and not in_backward(s.ts)]
     optimizer_counts = _per_window(steps, windows, lambda s: s.name.removeprefix(OPTIMIZER_STEP))
     model_counts = _per_window(models, windows, _module)
     if not any(optimizer_counts) and not any(model_counts):

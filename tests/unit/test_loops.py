@@ -64,6 +64,14 @@ def test_composers_trainer_owns_its_loop_and_its_models_are_not_a_loop():
     assert loop_of(["train.py", SITE + "composer/models/tasks/classification.py"]) is None  # its model in the job's own loop
 
 
+def test_mmengines_runner_owns_its_loop_and_a_deepspeed_engine_inside():
+    fit = ["train.py", SITE + "mmengine/runner/runner.py", SITE + "mmengine/runner/loops.py",
+           SITE + "mmengine/optim/optimizer/optimizer_wrapper.py", "torch/optim/optimizer.py"]
+    assert loop_of(fit) is Loop.MMENGINE
+    # Its FlexibleRunner's DeepSpeedStrategy: the config's optim_wrapper and strategy are what its user writes.
+    assert loop_of(fit + [SITE + "deepspeed/runtime/engine.py"]) is Loop.MMENGINE
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 

@@ -101,6 +101,23 @@ def test_a_loss_module_is_not_a_forward_pass(cycle):
     assert c.definition == "1 step = SGD.step ×1; 1 forward pass (Net)"
 
 
+def test_a_batchs_preprocessor_called_before_the_model_is_not_a_forward_pass(cycle):
+    # MMEngine's train_step calls the model's data_preprocessor (a module: BaseDataPreprocessor, mmdet's
+    # DetDataPreprocessor) on each batch, then the model.
+    class ImgDataPreprocessor(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x - 0.5) / 0.25
+
+    c, _ = cycle
+    model, preprocess = Net(), ImgDataPreprocessor()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(10):
+        opt.zero_grad()
+        model(preprocess(torch.randn(4, 8))).sum().backward()
+        opt.step()
+    assert c.definition == "1 step = SGD.step ×1; 1 forward pass (Net)"
+
+
 def test_nested_modules_count_once_as_the_outermost(cycle):
     c, _ = cycle
     model = Net()  # Net > Sequential > Linear, ReLU, Linear
