@@ -38,6 +38,7 @@ class Loop(str, Enum):
     FASTAI = "fastai"
     COMPOSER = "composer"
     MMENGINE = "mmengine"
+    SKORCH = "skorch"
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
     KERAS = "keras"
@@ -54,6 +55,7 @@ _LABELS = {
     Loop.FASTAI: "fastai's Learner",
     Loop.COMPOSER: "Composer's Trainer",
     Loop.MMENGINE: "MMEngine's Runner",
+    Loop.SKORCH: "skorch's NeuralNet",
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
     Loop.KERAS: "Keras's fit()",
@@ -68,6 +70,8 @@ _OWNERS = (
     (Loop.COMPOSER, re.compile(r"(?:^|/)composer/trainer/trainer\.py$")),
     # OpenMMLab's MMEngine: its Runner's train loops (its FlexibleRunner can drive a DeepSpeed engine inside).
     (Loop.MMENGINE, re.compile(r"(?:^|/)mmengine/runner/loops\.py$")),
+    # skorch's NeuralNet (its AcceleratedNet drives an Accelerator inside: skorch's arguments are what its user writes).
+    (Loop.SKORCH, re.compile(r"(?:^|/)skorch/net\.py$")),
     (Loop.ACCELERATE, re.compile(r"(?:^|/)accelerate/(?:accelerator|optimizer)\.py$")),
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
     # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().

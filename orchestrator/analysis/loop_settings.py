@@ -6,7 +6,7 @@ the user does not write those calls, the framework does, from its settings. So a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
 stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Composer 0.32,
-MMEngine 0.10, Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
+MMEngine 0.10, skorch 1.4, Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
 """
 
 from __future__ import annotations
@@ -150,6 +150,21 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "train_dataloader=dict(..., persistent_workers=True)",
         Change.BETWEEN_STEPS: "default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=...)) and "
         "train_cfg=dict(val_interval=...) say how often it saves and validates",
+    },
+    # skorch 1.4: NeuralNet passes optimizer__* to the optimizer and iterator_train__* to the training DataLoader; its
+    # mixed precision and accumulation are Accelerate's, through skorch.hf's AccelerateMixin (a net class the user
+    # declares, AcceleratedNet in its docs; its train_step runs under accelerator.accumulate).
+    Loop.SKORCH: {
+        Change.BF16: "a net with skorch.hf's AccelerateMixin given accelerator=Accelerator(mixed_precision='bf16')",
+        Change.FP16: "a net with skorch.hf's AccelerateMixin given accelerator=Accelerator(mixed_precision='fp16'), its "
+        "GradScaler included",
+        Change.ACCUMULATE: "a net with skorch.hf's AccelerateMixin given accelerator=Accelerator("
+        "gradient_accumulation_steps=N), which skips DDP's sync on all but the last micro-batch",
+        Change.FUSED_ADAMW: "NeuralNet(..., optimizer=torch.optim.AdamW, optimizer__fused=True)",
+        Change.FUSED_OPTIMIZER: "optimizer__fused=True on the NeuralNet (its optimizer__* arguments go to the optimizer)",
+        Change.COMPILE: "NeuralNet(..., compile=True)",
+        Change.LOADER_WORKERS: "NeuralNet(..., iterator_train__num_workers=N, iterator_train__persistent_workers=True)",
+        Change.PERSISTENT_WORKERS: "NeuralNet(..., iterator_train__persistent_workers=True)",
     },
     Loop.ACCELERATE: {
         Change.BF16: "Accelerator(mixed_precision='bf16')",

@@ -79,11 +79,18 @@ _MMENGINE_READS = (
     "(MMEngine 0.10); on a GPU the first waits for the step's kernels and the rest cost one read each, so a term "
     "returned only to be logged can be left out, or summed into another. "
 )
+# skorch's NeuralNet records each batch's loss in its history as a number (run_single_epoch: step["loss"].item(), skorch
+# 1.4.0, recorded with stacks).
+_SKORCH_HISTORY = (
+    "skorch's NeuralNet records every batch's loss in net.history as a Python number (its run_single_epoch, one read "
+    "a batch, after the optimizer step is queued): no setting skips it (skorch 1.4). "
+)
 _KNOWN = {
     ("ignite/engine/__init__.py", "update"): _IGNITE_OUTPUT,
     **{("composer/trainer/trainer.py", function): _COMPOSER_READS
        for function in ("_iter_dataloader", "_train_microbatches", "_train_loop", "<dictcomp>", "_accumulate_time_across_ranks")},
     ("mmengine/hooks/runtime_info_hook.py", "after_train_iter"): _MMENGINE_READS,
+    ("skorch/net.py", "run_single_epoch"): _SKORCH_HISTORY,
     **{("mmengine/logging/message_hub.py", function): _MMENGINE_READS
        for function in ("update_scalar", "update_scalars", "_get_valid_value")},
     ("transformers/trainer.py", "_run_epoch"): _TRAINER_NAN_FILTER,

@@ -102,6 +102,8 @@ def test_a_change_the_framework_has_no_setting_for_adds_nothing():
         (Loop.DEEPSPEED, '"fp16": {"enabled": true}, its loss scaler included'),
         (Loop.COMPOSER, "Trainer(precision='amp_fp16'), its GradScaler included"),
         (Loop.MMENGINE, "optim_wrapper=dict(type='AmpOptimWrapper', optimizer=...), its GradScaler included"),
+        (Loop.SKORCH, "a net with skorch.hf's AccelerateMixin given accelerator=Accelerator(mixed_precision='fp16'), its "
+         "GradScaler included"),
     ],
 )
 def test_fp32_matmuls_on_a_v100_are_told_the_frameworks_fp16_setting(loop, setting):

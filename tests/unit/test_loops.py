@@ -72,6 +72,12 @@ def test_mmengines_runner_owns_its_loop_and_a_deepspeed_engine_inside():
     assert loop_of(fit + [SITE + "deepspeed/runtime/engine.py"]) is Loop.MMENGINE
 
 
+def test_skorchs_neuralnet_owns_its_loop_and_the_accelerator_its_mixin_drives():
+    fit = ["train.py", SITE + "skorch/classifier.py", SITE + "skorch/net.py", "torch/optim/optimizer.py"]
+    assert loop_of(fit) is Loop.SKORCH
+    assert loop_of(fit + [SITE + "accelerate/optimizer.py"]) is Loop.SKORCH  # skorch.hf's AccelerateMixin
+
+
 def test_a_loop_of_the_jobs_own_is_nobodys_even_with_a_transformers_model():
     assert loop_of(OWN) is None
 
