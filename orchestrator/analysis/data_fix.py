@@ -10,6 +10,10 @@ Without frames the ops tell one case apart: a loader in the step's own process t
 (:data:`PER_SAMPLE_OPS` or more, :data:`CHEAP_OP_US` or less each) and stacks what they fetched fetches samples
 already in memory one by one: its time is the DataLoader's per-sample overhead. Fetching each batch with one index
 removes it, where a worker process would add its own transfer per batch (:func:`per_sample_fetch`).
+
+A loader that already runs in worker processes on a host with too few cores for them and the step is told so, from
+the agent's thread clock: its training thread preempted again and again (a core taken from it every few ms)
+(:func:`contended_workers`). More workers would take more cores from the step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from orchestrator.analysis.between import WORKER_LOADER
 from orchestrator.analysis.loop_settings import Change, in_loop, setting
 from orchestrator.analysis.python_frames import frame_file, frame_label, spot_and_caller
 from orchestrator.analysis.ray_findings import RAY_DATA_FIX
@@ -24,7 +29,10 @@ from orchestrator.analysis.untraced import RAY_DATA_ITERATOR
 from orchestrator.loops import Loop
 from orchestrator.models.analysis import RankSummary
 
-__all__ = ["CHEAP_OP_US", "PER_SAMPLE_OPS", "PIPELINE_WORKERS", "data_fix", "data_where", "in_pipeline", "per_sample_fetch", "prep_clause"]
+__all__ = [
+    "CHEAP_OP_US", "PER_SAMPLE_OPS", "PIPELINE_WORKERS", "PREEMPTED_PER_S", "contended_workers", "data_fix", "data_where", "in_pipeline",
+    "per_sample_fetch", "prep_clause",
+]
 
 _WORKERS = (
     "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and pin_memory=True"
@@ -50,6 +58,10 @@ _FAST_TOKENIZER = re.compile(r"^(transformers/tokenization_utils_(fast|tokenizer
 # fetched per sample, 41 µs with one index, 892 µs from one worker process.
 PER_SAMPLE_OPS = 32
 CHEAP_OP_US = 20.0
+# Preemptions a second of the window from which a training thread cannot keep a core for a scheduler slice: one rank
+# alone on the 2-core box, 0-7 a second (13 recordings); two ranks sharing its 2 cores, 100-2,000; the PyG loader's
+# workers beside one rank, 5,100-7,000.
+PREEMPTED_PER_S = 100.0
 PIPELINE_WORKERS = (
     "call the pipeline on a dataset or list with num_workers and batch_size (pipe(inputs, num_workers=8, "
     "batch_size=16)): its DataLoader workers then prepare the inputs"
@@ -122,6 +134,30 @@ def per_sample_fetch(r: RankSummary) -> str:
     )
 
 
+def contended_workers(r: RankSummary) -> str:
+    """The change for a loader whose worker processes compete with the step for the rank's cores: its training thread
+    preempted PREEMPTED_PER_S times a second of the window or more ('' where the loader runs no workers, or the agent
+    did not time the thread). Recorded (PyTorch Geometric's DataLoader of 32 small graphs a batch, one CPU thread, a
+    2-core box): in the step's process 1.8 ms of a 6.6 ms step; with num_workers=2, 4.4-5.8 ms of 12.0-12.8 ms, the
+    forward and backward longer, the thread preempted 1,600-5,100 times a second."""
+    t = r.thread_time
+    if r.data_loader != WORKER_LOADER or t is None or not r.steps or not t.wall_s:
+        return ""
+    # Not against its voluntary switches: the thread gives its core up each time it waits for a worker's batch.
+    if t.involuntary_switches is None or t.involuntary_switches < PREEMPTED_PER_S * t.wall_s:
+        return ""
+    cores = f" on a host where it has {t.usable_cores} usable core{'' if t.usable_cores == 1 else 's'}" if t.usable_cores else ""
+    return (
+        f"The loader already runs in worker processes, and the training thread was preempted "
+        f"{t.involuntary_switches / len(r.steps):.0f} times a step ({t.involuntary_switches / t.wall_s:,.0f} a second){cores}: "
+        "the workers take cores from the step (its forward and backward read longer for it too), so more workers "
+        "would load no faster. Keep num_workers within the cores left beside the training thread and its intra-op "
+        "threads (torch.set_num_threads), give the rank more cores (Ray's ScalingConfig(resources_per_worker={'CPU': "
+        "N})), or make each batch cheaper to build; where a batch takes little to build, num_workers=0 spares the "
+        "transfer from a worker."
+    )
+
+
 def data_fix(r: RankSummary, steady: bool = True) -> str:
     """The change for the loader ``r`` waits for: by whose loop iterates it and what its hot path computes; ``steady``:
     its time is the steps' alike (not one step's), so what its ops cost a step is what a step pays."""
@@ -140,6 +176,8 @@ def data_fix(r: RankSummary, steady: bool = True) -> str:
     else:
         first = f"Load batches in parallel with the step: {_WORKERS}"
     what = prep_clause([f.name for f in r.data_frames], pipeline, r.device)
+    if contended := contended_workers(r):  # more workers, whatever sets them, would take more of the step's cores
+        return contended + what + in_loop(r.loop, [Change.LOADER_WORKERS])
     if what or pipeline or trainer:
         return f"{first}.{what}"
     if steady and (fetch := per_sample_fetch(r)):
