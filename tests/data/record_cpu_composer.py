@@ -35,11 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from record_cpu_issue29 import STEPS as STACKED_STEPS  # noqa: E402
 from record_cpu_issue29 import _two_ranks, mlp  # noqa: E402
 from record_cpu_issue29 import recording as stacked_recording  # noqa: E402
-from record_cpu_loops import STEPS, recording  # noqa: E402
-
-from orchestrator.loops import METADATA_KEY, loop_of_stack  # noqa: E402
-from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
-from tests.data.sampled import SampledSteps  # noqa: E402
+from record_cpu_loops import STEPS, agent_recording  # noqa: E402
 
 BATCH = 64
 
@@ -72,15 +68,7 @@ def _fit(batches: int, boundary: Any, train_metrics: bool = True) -> None:
 def _ddp_rank(rank: int, out: Path, name: str, train_metrics: bool, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", NODE_RANK="0")
-    with recording(out, name, rank) as prof:
-        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
-
-        def boundary(*_: Any) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
-            if steps.calls < STEPS:
-                steps.step()
-            if steps.calls == 2:
-                prof.add_metadata(METADATA_KEY, getattr(loop_of_stack(sys._getframe()), "value", "none"))
-
+    with agent_recording(out, name, rank) as boundary:
         _fit(STEPS + 2, boundary, train_metrics)
 
 

@@ -85,6 +85,26 @@ def recording(out: Path, name: str, rank: int = 0) -> Iterator[Any]:
     raw.unlink()
 
 
+@contextmanager
+def agent_recording(out: Path, name: str, rank: int = 0) -> Iterator[Callable[..., None]]:
+    """:func:`recording` with the agent's step boundary, to run where the agent ends a step (an optimizer post-step
+    hook): its stack sampler, thread clock and gc watch over the recorded steps, and whose loop it is, read from the
+    boundary's stack as the agent reads it, written into the trace at the second step. Steps past the recorded ones
+    are not counted (a framework's epoch runs on)."""
+    from orchestrator.loops import METADATA_KEY, loop_of_stack
+
+    with recording(out, name, rank) as prof:
+        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
+
+        def boundary(*_: Any) -> None:
+            if steps.calls < STEPS:
+                steps.step()
+            if steps.calls == 2:
+                prof.add_metadata(METADATA_KEY, getattr(loop_of_stack(sys._getframe()), "value", "none"))
+
+        yield boundary
+
+
 def _varlen_rank(rank: int, out: Path, name: str, port: int) -> None:
     import torch.distributed as dist
 

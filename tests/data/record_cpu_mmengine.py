@@ -34,11 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from record_cpu_issue29 import STEPS as STACKED_STEPS  # noqa: E402
 from record_cpu_issue29 import _two_ranks, mlp  # noqa: E402
 from record_cpu_issue29 import recording as stacked_recording  # noqa: E402
-from record_cpu_loops import STEPS, recording  # noqa: E402
-
-from orchestrator.loops import METADATA_KEY, loop_of_stack  # noqa: E402
-from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
-from tests.data.sampled import SampledSteps  # noqa: E402
+from record_cpu_loops import STEPS, agent_recording  # noqa: E402
 
 BATCH = 64
 
@@ -88,15 +84,7 @@ def _ddp_rank(rank: int, out: Path, name: str, port: int) -> None:
                       LOCAL_RANK=str(rank))
     # The group made first, as Ray Train makes it: MMEngine's own init_dist sets a CUDA device whatever the backend.
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    with recording(out, name, rank) as prof:
-        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
-
-        def boundary(*_: Any) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
-            if steps.calls < STEPS:
-                steps.step()
-            if steps.calls == 2:
-                prof.add_metadata(METADATA_KEY, getattr(loop_of_stack(sys._getframe()), "value", "none"))
-
+    with agent_recording(out, name, rank) as boundary:
         _fit(STEPS + 2, boundary, "pytorch")
 
 

@@ -29,11 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from record_cpu_issue29 import STEPS as STACKED_STEPS  # noqa: E402
 from record_cpu_issue29 import mlp  # noqa: E402
 from record_cpu_issue29 import recording as stacked_recording  # noqa: E402
-from record_cpu_loops import STEPS, recording  # noqa: E402
-
-from orchestrator.loops import METADATA_KEY, loop_of_stack  # noqa: E402
-from orchestrator.settings import DEFAULT_FRAME_SAMPLE_MS  # noqa: E402
-from tests.data.sampled import SampledSteps  # noqa: E402
+from record_cpu_loops import STEPS, agent_recording  # noqa: E402
 
 BATCH = 64
 
@@ -54,15 +50,7 @@ def _fit(batches: int, boundary: Any) -> None:
 
 
 def case_skorch(out: Path) -> None:
-    with recording(out, "skorch") as prof:
-        steps = SampledSteps(prof, first=2, last=STEPS, interval_s=DEFAULT_FRAME_SAMPLE_MS / 1000)
-
-        def boundary(*_: Any) -> None:  # the agent's step boundary, and whose loop it is once the profiler records
-            if steps.calls < STEPS:
-                steps.step()
-            if steps.calls == 2:
-                prof.add_metadata(METADATA_KEY, getattr(loop_of_stack(sys._getframe()), "value", "none"))
-
+    with agent_recording(out, "skorch") as boundary:
         _fit(STEPS + 2, boundary)
 
 
