@@ -16,7 +16,8 @@ forward and backward; only the optimizer's own remainder is optimizer time.
   backward (``torch.utils.checkpoint``, a Trainer's ``gradient_checkpointing``),
   backward's cost, and backward however the trace was recorded (``with_stack``
   adds the ``nn.Module:`` spans that would otherwise have made it forward);
-* optimizer: ``Optimizer.step`` / ``zero_grad`` where neither of the above holds.
+* optimizer: ``Optimizer.step`` / ``zero_grad`` where neither of the above holds, and not the rest of a closure's
+  call, which a ``with_stack`` trace's frames show (:mod:`~orchestrator.analysis.closures`): that is the loop's own.
 
 Within the optimizer's own time, the ops it runs say how it updates the parameters (:func:`top_level_ops`,
 :func:`optimizer_impl`), which decides its fix.
@@ -29,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
+from orchestrator.analysis.closures import closure_calls
 from orchestrator.analysis.intervals import Intervals, clip, cover, intersect, membership, subtract, union
 from orchestrator.analysis.spans import (
     OPTIMIZER_STEP,
@@ -89,7 +91,8 @@ def innermost(spans: Iterable[tuple[float, float, Label]]) -> dict[Label, Interv
 
 
 def nested_phases(
-    main: list[Span], main_kinds: Kinds, skip: frozenset[str], backward_elsewhere: Intervals, comm_elsewhere: Intervals
+    main: list[Span], main_kinds: Kinds, skip: frozenset[str], backward_elsewhere: Intervals, comm_elsewhere: Intervals,
+    frames: Sequence[Span] = (),
 ) -> dict[Literal["forward", "backward", "optimizer"], Intervals]:
     """The main thread's forward, backward and optimizer intervals (disjoint).
 
@@ -123,7 +126,10 @@ def nested_phases(
         if first is not None:
             before += clip(step, t0, first[0])
     forward = union(inner.get("forward", []) + before)
-    optimizer = union(subtract(step, before) + inner.get("optimizer", []))
+    # What a closure runs after its backward (its calls read from with_stack ``frames``) is the loop's own work:
+    # neither the optimizer's nor a phase of the model's.
+    calls = closure_calls(frames, union((s[0], s[1]) for s in labelled if s[2] == "step"))
+    optimizer = union(subtract(subtract(step, before), calls) + inner.get("optimizer", []))
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
 
 

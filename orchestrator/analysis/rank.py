@@ -233,7 +233,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     step_names = frozenset(name for name, _ in main_kinds if parse_profiler_step(name) is not None)
     backward_elsewhere = union(iv for key in autograd for iv in cover(threads[key]))
     comm_elsewhere = union(iv for by_name in others for iv in where(by_name, is_comm))
-    nested = nested_phases(main, main_kinds, step_names, backward_elsewhere, comm_elsewhere)
+    nested = nested_phases(main, main_kinds, step_names, backward_elsewhere, comm_elsewhere, frames.get(main_key, ()))
     if not device_spans:
         sync_spans = waits_on_a_device(sync_spans, nested["optimizer"], main, main_kinds)
     sync_calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])

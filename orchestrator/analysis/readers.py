@@ -61,13 +61,14 @@ _IGNITE_OUTPUT = (
     "iterations (Events.ITERATION_COMPLETED(every=N)); a metric attached per iteration (RunningAverage) turns its "
     "value into a number every iteration too. "
 )
-# MosaicML Composer's Trainer makes five small collectives a batch and reads their results back, six reads in four of
-# its functions (Composer 0.32.1, recorded with stacks; read in its source). None is behind a setting. The loss is
-# read after the optimizer step is queued, and the rest after the loss or before the forward pass.
+# MosaicML Composer's Trainer reads seven values back a batch itself (Composer 0.32.1, recorded with stacks; read in its
+# source): the results of five small collectives, in four of its functions, and the loss its optimizer closure returns
+# (.item(): it steps the optimizer with a closure unless the precision is amp_fp16). None is behind a setting.
 _COMPOSER_READS = (
-    "Composer's Trainer makes five small collectives a batch and reads their results back itself (whether any rank's "
-    "data ran out, the batch's size, the loss, the samples and tokens seen, rank 0's batch time): no Trainer setting "
-    "skips them (Composer 0.32), and on a GPU only the loss read waits for the step's kernels, the others for their "
+    "Composer's Trainer reads seven values back every batch itself: the results of five small collectives (whether "
+    "any rank's data ran out, the batch's size, the loss, the samples and tokens seen, rank 0's batch time) and the "
+    "loss its optimizer closure returns. No Trainer setting skips them (Composer 0.32); on a GPU the closure's read "
+    "waits for forward and backward, the loss's after the step for the optimizer's update, the others only for their "
     "own collective. Any other reads are the job's own. "
 )
 # OpenMMLab's MMEngine puts every value the model's train_step returns (each loss term, and the sum parse_losses adds)
@@ -88,7 +89,9 @@ _SKORCH_HISTORY = (
 _KNOWN = {
     ("ignite/engine/__init__.py", "update"): _IGNITE_OUTPUT,
     **{("composer/trainer/trainer.py", function): _COMPOSER_READS
-       for function in ("_iter_dataloader", "_train_microbatches", "_train_loop", "<dictcomp>", "_accumulate_time_across_ranks")},
+       for function in (
+           "_iter_dataloader", "_train_microbatches", "_train_loop", "<dictcomp>", "<lambda>", "_accumulate_time_across_ranks",
+       )},
     ("mmengine/hooks/runtime_info_hook.py", "after_train_iter"): _MMENGINE_READS,
     ("skorch/net.py", "run_single_epoch"): _SKORCH_HISTORY,
     **{("mmengine/logging/message_hub.py", function): _MMENGINE_READS

@@ -82,6 +82,40 @@ def test_a_closures_wait_for_ddps_all_reduce_on_gloo_is_communication(tmp_path: 
     assert (p.forward, p.backward, p.comm, p.optimizer, p.other) == pytest.approx((0.31, 0.19, 0.28, 0.12, 0.1))
 
 
+def _frame(name: str, ts: float, dur: float) -> dict:
+    return x_event(name, ts, dur, cat="python_function")
+
+
+def test_what_a_closure_runs_after_its_backward_is_the_loops_own_not_the_optimizers(tmp_path: Path) -> None:
+    # with_stack, Composer's Trainer as recorded: Adam.step calls the closure, which runs the model and the loss,
+    # backward, then updates a training metric (ops of its own); the optimizer's own update follows the closure.
+    events = [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("Optimizer.step#Adam.step", 100, 800, cat="user_annotation"),
+        _frame("torch/optim/adam.py(213): step", 105, 790),
+        _frame("composer/trainer/trainer.py(2685): <lambda>", 110, 590),
+        x_event("aten::linear", 120, 180),
+        x_event("autograd::engine::evaluate_function: AddmmBackward0", 310, 190),
+        x_event("aten::argmax", 520, 170),  # the metric's update, in the closure
+        x_event("aten::add_", 710, 180),  # the optimizer's update
+    ]
+    p = _phases(tmp_path, events)
+    # other: before and after the step (100 µs) and the closure's rest after backward (500-700 µs).
+    assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.31, 0.19, 0.2, 0.3))
+
+
+def test_a_library_optimizers_own_step_is_no_closure(tmp_path: Path) -> None:
+    # Composer's DecoupledAdamW: its step (code outside torch) is called by torch's hook wrapper, not by a step.
+    p = _phases(tmp_path, [
+        x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x_event("Optimizer.step#DecoupledAdamW.step", 100, 800, cat="user_annotation"),
+        _frame("torch/optim/optimizer.py(485): wrapper", 105, 790),
+        _frame("composer/optim/decoupled_weight_decay.py(246): step", 110, 780),
+        x_event("aten::add_", 120, 760),
+    ])
+    assert p.optimizer == pytest.approx(0.8)
+
+
 def test_a_region_waiting_while_the_autograd_thread_runs_backward_is_backward(tmp_path: Path) -> None:
     # DeepSeek's DualPipe training trace (H800): the main thread opens record_function regions around the whole
     # step ("1F1B") and each chunk ("attn(F)", "attn(B)"); in a backward chunk it runs no op of its own while the
