@@ -9,9 +9,9 @@ step its recording read as optimizer time, ``tests/data/traces/cpu_composer_stac
 cannot be cut there, and the rest of it stays the optimizer's.
 
 A closure's call is a frame of code outside torch, numpy and the standard library that begins inside an optimizer
-step and is called by a method named ``step`` (torch's ``Adam.step``, a library optimizer's own): a library
-optimizer's ``step`` is called by torch's hook wrapper instead, and a wrapper such as LightningOptimizer's opens
-before the step span does.
+step and is called by a ``step`` method of torch's own optimizers (``torch/optim/``): a wrapper such as
+LightningOptimizer's opens before the step span does. A library optimizer's ``step`` calls its own helpers as it
+calls a closure, so a closure it runs is not told apart: its step stays the optimizer's, as without frames.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from orchestrator.analysis.python_frames import frame_parts, is_users
 from orchestrator.traces.loader import Span
 
 __all__ = ["closure_calls"]
+
+_TORCH_OPTIM = "torch/optim/"
 
 
 def closure_calls(frames: Sequence[Span], steps: Intervals) -> Intervals:
@@ -36,7 +38,8 @@ def closure_calls(frames: Sequence[Span], steps: Intervals) -> Intervals:
         while stack and stack[-1].end <= frame.ts:
             stack.pop()
         caller = frame_parts(stack[-1].name) if stack else None
-        if caller is not None and caller[1].rsplit(".", 1)[-1] == "step" and is_users(frame.name) and in_step(frame.ts):
+        if caller is not None and caller[0].startswith(_TORCH_OPTIM) and caller[1].rsplit(".", 1)[-1] == "step" \
+                and is_users(frame.name) and in_step(frame.ts):
             calls.append((frame.ts, frame.end))
         stack.append(frame)
     return union(calls)

@@ -259,7 +259,7 @@ def _function(r: RankSummary) -> tuple[str, str]:
     if 2 * weight(top) > total:
         where = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
         return where, _known(top.name)
-    # A library's own reads spread over several of its functions (Composer's, in four): its word, where they hold
+    # A library's own reads spread over several of its functions (Composer's, in five): its word, where they hold
     # more than half.
     by_known: dict[str, float] = {}
     for c in r.sync_callers:

@@ -104,13 +104,15 @@ def test_what_a_closure_runs_after_its_backward_is_the_loops_own_not_the_optimiz
     assert (p.forward, p.backward, p.optimizer, p.other) == pytest.approx((0.31, 0.19, 0.2, 0.3))
 
 
-def test_a_library_optimizers_own_step_is_no_closure(tmp_path: Path) -> None:
-    # Composer's DecoupledAdamW: its step (code outside torch) is called by torch's hook wrapper, not by a step.
+def test_a_library_optimizers_own_step_and_its_helpers_are_no_closure(tmp_path: Path) -> None:
+    # Composer's DecoupledAdamW: its step (code outside torch) is called by torch's hook wrapper, and calls its own
+    # helper (adamw) as it would call a closure.
     p = _phases(tmp_path, [
         x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"),
         x_event("Optimizer.step#DecoupledAdamW.step", 100, 800, cat="user_annotation"),
         _frame("torch/optim/optimizer.py(485): wrapper", 105, 790),
         _frame("composer/optim/decoupled_weight_decay.py(246): step", 110, 780),
+        _frame("composer/optim/decoupled_weight_decay.py(120): adamw", 115, 770),
         x_event("aten::add_", 120, 760),
     ])
     assert p.optimizer == pytest.approx(0.8)
