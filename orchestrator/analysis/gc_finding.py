@@ -11,7 +11,10 @@ different steps on the two ranks) were told "Communication does not overlap comp
 A step's cost is the process's collections that start in it, on any thread (a DataLoader's pin-memory thread, say):
 a collection holds the GIL, so the training thread runs no Python meanwhile. Across ranks, a step costs the longest
 of the ranks' (the others wait for it at the next collective, and ranks that collect in the same step pay once).
-On a device trace a step's cost is at most its idle time: a pause while the device runs queued work costs nothing.
+On a device trace a step's cost is at most its idle time: a pause while the device runs queued work costs nothing. Nor
+does one while torch.compile compiles or records CUDA graphs: the compiler makes and drops objects by the million, its
+collections are part of its warm-up, and the idle time they fall in is already told as that warm-up's (an H200 saw a
+567 ms full collection inside Inductor's code generation).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.gc_pauses import GC_METADATA_KEY, GcCollection, GcPauses
+from orchestrator.models.idle import IdleCause
 
 __all__ = [
     "SUMMARY_COLLECTIONS", "explains_imbalance", "explains_straggler", "gc_pause", "gc_wait_ms", "pauses_per_step", "read_gc",
 ]
 
 FULL = 2  # the oldest generation: a collection of it walks every object the collector tracks
+WARM_UP: frozenset[IdleCause] = frozenset({"compile", "capture"})  # idle causes whose collections are theirs
 
 
 # Collections a rank's summary keeps, the longest (a trace holds up to GC_RECORDS_MAX): the pauses that cost the
@@ -63,11 +68,11 @@ def _in_steps(r: RankSummary) -> list[list[GcCollection]]:
 
 def pauses_per_step(r: RankSummary) -> list[float]:
     """What the collections cost each of ``r``'s steps, ms: their pauses (:attr:`GcCollection.pause_ms`), at most the
-    step's device idle time on a device."""
+    step's device idle time on a device, less its warm-up's (WARM_UP)."""
     cost = [sum(c.pause_ms for c in found) for found in _in_steps(r)]
     if r.idle is None:
         return cost
-    return [min(ms, sum(s.idle_ms.values())) for ms, s in zip(cost, r.steps)]
+    return [min(ms, sum(v for k, v in s.idle_ms.items() if k not in WARM_UP)) for ms, s in zip(cost, r.steps)]
 
 
 def explains_straggler(worst: Straggler, ranks: Sequence[RankSummary]) -> bool:
