@@ -70,7 +70,8 @@ def _stderr_to(path: Path):
 
 def _windows_check(driver: Driver, loop: Loop, count: int, steps_timed: int) -> dict[str, Any]:
     """``count`` windows in a row, and the step time before them (twice: the A/A spread), after the
-    first and after the last (twice: a lasting cost shows in both, a passing one in the first only)."""
+    first and after the last (twice: a lasting cost shows in both, a passing one in the first only); whose cost a
+    slowdown is, benchmarks/gpu_lasting.py measures."""
     driver.train(loop, 10)  # warm: cuDNN autotuning, the allocator's first segments
     med = lambda: statistics.median(driver.train(loop, steps_timed))  # noqa: E731
     before, before_again = med(), med()
@@ -175,16 +176,6 @@ def _anomaly(driver: Driver, models: dict[str, Loop], steps: int) -> dict[str, A
     return {**window, "plain_step_ms": statistics.median(plain_ms), "anomaly_step_ms": statistics.median(anomaly_ms)}
 
 
-def _lasting(device: torch.device, activities: list[str], work: Path, quick: bool) -> dict[str, Any]:
-    torch.manual_seed(0)
-    driver = Driver(work / "store", device)
-    driver.activities = activities
-    windows = _windows_check(driver, loops(device, quick)["cnn"], 2 if quick else 10, 10 if quick else 100)
-    env = {k: v for k, v in os.environ.items() if "CUPTI" in k or "KINETO" in k}
-    return {"activities": activities, "env": env, "windows": windows,
-            "failures": [f"{len(windows['bad_windows'])} bad windows"] if windows["bad_windows"] else []}
-
-
 def _export_peak(store: Path) -> dict[str, Any]:
     """The export child's own peak RSS on the largest trace of this run (its raw JSON again)."""
     from benchmarks.export import run_child
@@ -260,21 +251,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write the results (JSON)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="2 windows per model, small models")
-    parser.add_argument(
-        "--lasting", metavar="ACTIVITIES",
-        help="only the CNN's windows with these activities (cpu or cpu,cuda): is a slowdown after the windows "
-        "the profiler's lasting cost?",
-    )
+    # A device run is too dear to lose its traces: kept, they become test data read later on CPU.
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="write the profiles under DIR and keep them")
     args = parser.parse_args(argv)
+    if args.keep and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep {args.keep}: the folder is not empty")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks.gpu: no CUDA device here; run it on a GPU machine, or --device cpu", file=sys.stderr)
         return 2
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rayprof-gpu-") as tmp:
-        if args.lasting:
-            result = _lasting(torch.device(args.device), args.lasting.split(","), Path(tmp), args.quick)
-        else:
-            result = run_check(torch.device(args.device), args.quick, Path(tmp))
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        result = run_check(torch.device(args.device), args.quick, work)
     result["wall_s"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))

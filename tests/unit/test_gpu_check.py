@@ -6,21 +6,31 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from benchmarks.gpu_lasting import CPU_SETTINGS
+from orchestrator.analysis import analyze_folder
 from tests.support.common import REPO
 
 
-def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_loop(tmp_path):
-    out = tmp_path / "gpu.json"
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    """One quick run of the whole check on CPU, its profiles kept: its exit, its results and the kept folder."""
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    out, keep = tmp / "gpu.json", tmp / "kept"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--keep", str(keep), "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
+    return done, json.loads(out.read_text()), keep
 
-    result = json.loads(out.read_text())
+
+def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_loop(cpu_run):
+    done, result, _ = cpu_run
     assert done.returncode == 0, (result["failures"], result["errors"], done.stderr[-2000:])
     for name in ("cnn", "transformer"):
         assert result["windows"][name]["windows"] == 2 and result["windows"][name]["bad_windows"] == []
@@ -43,6 +53,37 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     assert first["compile_spans"] > 0 and steady["compile_spans"] == 0
     # CUDA-only checks are absent on CPU, not passed vacuously.
     assert ("oom" in result, "memory_snapshot" in result) == (torch.cuda.is_available(),) * 2
+
+
+def test_kept_profiles_are_read_again_as_the_check_read_them(cpu_run):
+    _, result, keep = cpu_run
+    again = analyze_folder(keep / "store" / "gpu" / "dl-bound")
+    assert again.findings[0].code == result["verdicts"]["dataloader_bound"]["first_finding"] == "dataloader_bound"
+
+
+def test_keep_refuses_a_folder_that_holds_files_already(tmp_path):
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("not the check's")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--keep", str(tmp_path / "kept"), "--out", str(tmp_path / "x.json")],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 2 and "the folder is not empty" in done.stderr
+    assert (tmp_path / "kept" / "mine.txt").read_text() == "not the check's"
+
+
+def test_the_lasting_probe_runs_each_setting_in_its_own_process_on_cpu(tmp_path):
+    out = tmp_path / "lasting.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_lasting", "--device", "cpu", "--rounds", "1", "--windows", "2",
+         "--steps", "3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    result = json.loads(out.read_text())
+    assert done.returncode == 0, [r.get("error") for r in result["runs"]]
+    assert sorted(r["setting"] for r in result["runs"]) == sorted(CPU_SETTINGS)
+    assert set(result["summary"]) == set(CPU_SETTINGS)
+    assert all(r["after"] > 0 and r["a_a"] > 0 for r in result["runs"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run, not refuse")
