@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from orchestrator.analysis.accumulation import early_ms
 from orchestrator.analysis.advice import Cause, fix_for, loop_idle_ms, named_causes, once_note, paid_once
+from orchestrator.analysis.anomaly import traceback_ms
 from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix, leading_collective
 from orchestrator.analysis.finding_base import (
@@ -135,7 +136,7 @@ def _unclaimed(r: RankSummary) -> float:
     if r.idle is None:
         return 0.0
     claimed = claimed_causes(r)
-    return sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - loop_idle_ms(r)
+    return max(0.0, sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - loop_idle_ms(r) - traceback_ms(r))
 
 
 def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
@@ -163,7 +164,9 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         return None
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
-    owned = sorted(claimed) + (["the loop over tensors"] if loop_idle_ms(worst) > 0 else [])
+    owned = sorted(claimed) + (["the loop over tensors"] if loop_idle_ms(worst) > 0 else []) + (
+        ["anomaly detection's tracebacks"] if traceback_ms(worst) > 0 else []
+    )
     named = named_causes(worst, exclude=claimed)
     # A graph capture or a compilation is told as such even in one step; other causes one step holds are named with it.
     one_offs = {c: found for c in named if c.kind not in ("capture", "compile") and (found := _one_off(worst, c)) is not None}

@@ -96,7 +96,7 @@ def runtime_of(device: str) -> Runtime:
 
 # Idle causes with a finding of their own (DataLoader, sync, copy, collectives, late ranks), each when its idle
 # time reaches REPORT_FRACTION of the step; the device-utilization finding counts the rest.
-OWN_FINDING_CAUSES: tuple[IdleCause, ...] = ("data", "sync", "copy", "collective", "late_rank")
+OWN_FINDING_CAUSES: tuple[IdleCause, ...] = ("data", "anomaly", "sync", "copy", "collective", "late_rank")
 
 
 def first_use_examples(device: str) -> str:

@@ -351,8 +351,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         )
         idle, idle_rows = attribute(
             device_spans, windows, launches, lambda key: main_host if key == main_key else HostThread.other(threads[key], kinds[key], windows),
-            main_key, {s.correlation: s.name for _, s in calls if s.correlation is not None},
-        )
+            main_key, {s.correlation: s.name for _, s in calls if s.correlation is not None}, union((a.ts, c.end) for a, _, c in checks))
         steps = [s.model_copy(update={"idle_ms": row}) for s, row in zip(steps, idle_rows)]
     comm_wait = mean_phases.comm + (gpu_stats.comm_exposed_ms_per_step if gpu_stats else 0.0)
     # As rule 8 counts them: a wait inside an annotation (DDP's forward around Lightning's sync_dist) is a wait too.

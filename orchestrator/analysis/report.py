@@ -33,6 +33,7 @@ PHASE_COLORS = {
 IDLE_COLORS = {
     "busy": "#555555",
     "data": PHASE_COLORS["data"],
+    "anomaly": "#f1ce63",
     "sync": PHASE_COLORS["sync"],
     "copy": PHASE_COLORS["memcpy"],
     "collective": PHASE_COLORS["comm"],

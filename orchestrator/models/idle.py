@@ -15,15 +15,18 @@ class _Model(BaseModel):
 
 
 IdleCause = Literal[
-    "data", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued", "untraced"
+    "data", "anomaly", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued",
+    "untraced",
 ]
 IDLE_CAUSES: tuple[IdleCause, ...] = (
-    "data", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued",
+    "data", "anomaly", "sync", "copy", "collective", "late_rank", "capture", "compile", "runtime", "cpu", "launch", "queued",
     "untraced",
 )
 # What each cause means, in the words the report and the console show.
 IDLE_LABELS: dict[IdleCause, str] = {
     "data": "the host waits for the DataLoader",
+    "anomaly": "autograd's anomaly detection checks a gradient for NaN and reads the answer, or the host launches again "
+    "after that read",
     "sync": "the host waits in a sync or device-to-host read, or launches again after one (the queue ran dry)",
     "copy": "the host is blocked in a host-to-device copy",
     "collective": "the host waits in a collective",
