@@ -174,7 +174,7 @@ def _ops(r: RankSummary, *, every_step: bool = True) -> str:
 
     def listed(ops: frozenset[str]) -> str:
         return ", ".join(
-            f"{op} ({n / steps:.0f}x per step)" if n >= steps else f"{op} ({n} in {steps} steps)"
+            f"{op} ({how_often(n, steps)})"
             for op, n in by_op.items()
             if op in ops and (n >= steps or not every_step)
         )
@@ -234,9 +234,17 @@ def _region(r: RankSummary) -> str:
     if 2 * calls < sum(op.calls for op in r.sync_ops):
         return ""
     return (
-        f"The region {region!r} reads tensor values back to the host {calls / max(len(r.steps), 1):.0f}x per step: compute "
+        f"The region {region!r} reads tensor values back to the host {how_often(calls, len(r.steps))}: compute "
         "what it needs on the device (boolean masks, torch.where, torch.nonzero on the device tensor) instead. "
     )
+
+
+def how_often(calls: int, steps: int) -> str:
+    """'2x per step', or '1 in 3 steps' for reads fewer than most steps hold (never '0x per step'). A read after the
+    step's boundary (a loop's loss.item() after optimizer.step()) falls in all but one of a window's steps: 2 in 3
+    steps rounds to once a step."""
+    steps = max(steps, 1)
+    return f"{max(1, round(calls / steps))}x per step" if calls / steps >= 0.6 else f"{calls} in {steps} steps"
 
 
 def _conditions_per_step(r: RankSummary) -> float:
@@ -257,7 +265,7 @@ def _function(r: RankSummary) -> tuple[str, str]:
         return "", ""
     total = sum(weight(c) for c in r.sync_callers)
     if 2 * weight(top) > total:
-        where = f"The reads are mostly in {frame_label(top.name)} ({top.calls / max(len(r.steps), 1):.0f}x per step): "
+        where = f"The reads are mostly in {frame_label(top.name)} ({how_often(top.calls, len(r.steps))}): "
         return where, _known(top.name)
     # A library's own reads spread over several of its functions (Composer's, in five): its word, where they hold
     # more than half.

@@ -27,10 +27,11 @@ SIGTERM = [
 LOOP = ["lightning/pytorch/loops/fit_loop.py(469): _FitLoop.advance", "train.py(40): main"]
 
 
-def _reads(tmp_path: Path, inside_read: list[str], steps: int = 4) -> Finding:
+def _reads(tmp_path: Path, inside_read: list[str], steps: int = 4, sampled: int | None = None) -> Finding:
     """``steps`` steps of 20 ms: an 11 ms kernel, a read from 0.5 ms that waits for it until 11.5 ms, then 4.5 ms
     of Python before the next launch (the device idles), and a 4 ms kernel; a stack sample every 5 ms from 2 ms,
-    ``inside_read`` while the read waits, the loop's own outside it."""
+    ``inside_read`` while the read waits, the loop's own outside it; in steps after the first ``sampled`` (all by
+    default) no sample falls in the read."""
     events: list[dict[str, Any]] = []
     for k in range(steps):
         o = k * STEP_US
@@ -44,7 +45,10 @@ def _reads(tmp_path: Path, inside_read: list[str], steps: int = 4) -> Finding:
     times = [2_000 + 5_000 * j for j in range(4 * steps)]
     samples = FrameSamples(
         interval_ms=5, stacks=[inside_read, LOOP],
-        samples=[(BASE_US + t, 0 if 500 <= t % STEP_US < 11_500 else 1) for t in times],
+        samples=[
+            (BASE_US + t, 0 if 500 <= t % STEP_US < 11_500 else 1) for t in times
+            if t // STEP_US < (steps if sampled is None else sampled) or not 500 <= t % STEP_US < 11_500
+        ],
     )
     write_trace(
         tmp_path / "rank0.pt.trace.json", events, world_size=1, baseTimeNanoseconds=BASE_US * 1000,
@@ -65,3 +69,9 @@ def test_lightnings_sigterm_broadcast_read_back_every_step_is_told_as_lightnings
     assert "code): _TrainingEpochLoop._broadcast_sigterm_tensor (lightning/.../training_epoch_loop.py:269) 1 a step" in found.evidence
     assert "Lightning's Trainer broadcasts a SIGTERM flag from rank 0 at the start of every training step" in found.fix
     assert "trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None" in found.fix
+
+
+def test_a_read_the_samples_caught_in_one_step_of_three_is_said_so_not_zero_times_a_step(tmp_path: Path) -> None:
+    # On the H200 a compiled transformer's synchronize, sampled in one step of three: "(0x per step): start there".
+    found = _reads(tmp_path, ["metrics.py(12): log_accuracy", "train.py(30): train_step", "train.py(40): main"], 3, 1)
+    assert found.fix.startswith("The reads are mostly in log_accuracy (metrics.py:12) (1 in 3 steps): start there.")
