@@ -18,3 +18,8 @@ class AnomalyChecks(StrictModel):
     traceback_ms: float = Field(
         ge=0, description="Forward's tracebacks (torch/fx/traceback.py's format_stack) by the Python stack; 0 without one."
     )
+    tracebacks_whole: bool = Field(
+        default=False,
+        description="with_stack frames timed the tracebacks whole; the agent's stack samples see a fraction of them "
+        "(a sampler that waits for the GIL misses most of a 0.2 ms traceback between two ops that release it).",
+    )

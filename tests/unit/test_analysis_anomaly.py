@@ -153,10 +153,12 @@ def test_on_a_device_the_checks_cost_at_most_the_idle_time_they_leave(tmp_path: 
     summary = _device_steps(tmp_path)
     (rank,) = summary.ranks
     found = anomaly(summary)
-    assert found is not None and not found.saving_floor
     assert rank.idle is not None and all(s.anomaly is not None and s.anomaly.checks == 1 for s in rank.steps)
-    # The read waited 2.35 ms, while the device ran the node's kernel: that wait costs only the idle time around it.
-    assert found.max_saving_ms <= rank.idle.idle_ms_per_step < 2.35
+    # The read waited 2.35 ms, while the device ran the node's kernel: that wait costs only the idle time around it,
+    # the checks' own (idle cause anomaly).
+    assert found is not None and found.max_saving_ms == rank.idle.ms("anomaly") < 2.35
+    # No stack timed forward's tracebacks: the figure is what turning it off saves at least.
+    assert found.saving_floor
     assert "the autograd thread waits for every kernel queued before it" in found.evidence
 
 
@@ -221,3 +223,18 @@ def test_the_utilization_finding_leaves_forwards_tracebacks_to_the_anomaly_findi
     assert traced == pytest.approx(2.98)
     assert rank.idle is not None and low.max_saving_ms <= rank.idle.idle_ms_per_step - traced + 1e-6
     assert "anomaly detection's tracebacks" in low.evidence
+
+
+def test_on_an_h200_the_checks_are_told_within_what_turning_them_off_saved():
+    # The device check's CNN under detect_anomaly() on an H200 (benchmarks/results/gpu-h200-run5.json: 7.2 ms a step
+    # with it, 3.0 ms without, the agent's capture); its one cudaDeviceSynchronize a step is the check's own timing.
+    summary = analyze_folder(case("h200_anomaly"))
+    (rank,) = summary.ranks
+    found = anomaly(summary)
+    assert found is not None and found.severity == "warning" and found.max_saving_ms <= 7.2 - 3.0
+    assert rank.idle is not None and rank.idle.ms("anomaly") > 0
+    # Before: a host_sync warning (1.3 ms, "drop it") for the gaps after the checks' reads.
+    host_sync = next((f for f in summary.findings if f.code == "host_sync"), None)
+    assert host_sync is None or host_sync.max_saving_ms < 0.5
+    low = next(f for f in summary.findings if f.code == "low_gpu_utilization")
+    assert low.max_saving_ms + found.max_saving_ms <= rank.idle.idle_ms_per_step
