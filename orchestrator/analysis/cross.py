@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from orchestrator.analysis.idle import NAMING_FIELDS, summarize
+from orchestrator.analysis.idle_summary import NAMING_FIELDS, summarize
 from orchestrator.models.analysis import PHASES, RankSummary, StepBreakdown, StepSpread, Straggler
 
 __all__ = [

@@ -57,6 +57,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.analysis.idle_summary import summarize
 from orchestrator.analysis.intervals import (
     Intervals,
     by_time,
@@ -82,17 +83,10 @@ from orchestrator.analysis.spans import (
     regions_within,
     where,
 )
-from orchestrator.models.analysis import (
-    IDLE_CAUSES,
-    IDLE_LABELS,
-    IdleAttribution,
-    IdleCause,
-    IdleShare,
-    OpStat,
-)
+from orchestrator.models.analysis import IDLE_CAUSES, IdleAttribution, IdleCause, OpStat
 from orchestrator.traces.loader import Span
 
-__all__ = ["LAUNCH_GAP_US", "NAMING_FIELDS", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute", "summarize"]
+__all__ = ["LAUNCH_GAP_US", "PYTHON_OUTSIDE_OPS", "HostThread", "attribute"]
 
 # A gap between two kernels shorter than this, while the host runs ops, is the host's launch pace, not one slow op.
 LAUNCH_GAP_US = 50.0
@@ -344,37 +338,6 @@ def _queue(out: dict[IdleCause, Intervals], by: dict[str, list[float]], launcher
     if launcher:
         by[launcher][0] += 1
         by[launcher][1] += b - a
-
-
-# What names a cause's time (IdleShare's fields besides its figures): carried over when the figures change.
-NAMING_FIELDS = (
-    "top", "regions", "model_ops", "model_ops_ms", "host_only_ops", "host_op_callers", "python_frames", "python_frames_ms",
-)
-
-
-def summarize(
-    per_window: Sequence[dict[IdleCause, float]], names: dict[IdleCause, dict[str, object]], step_ms: float | None = None
-) -> IdleAttribution:
-    """Per-step means of the windows' idle ms by cause, largest first, each with what names it (``names``: the ops,
-    calls, regions and, for ``cpu``, the model's ops and the Python functions outside any op, summed over the steps)."""
-    n = max(len(per_window), 1)
-    sums: dict[IdleCause, float] = defaultdict(float)
-    for row in per_window:
-        for cause, ms in row.items():
-            sums[cause] += ms
-    idle = sum(sums.values()) / n
-    step = step_ms or None
-    causes = [
-        IdleShare.model_validate(
-            {
-                "cause": cause, "label": IDLE_LABELS[cause], "ms_per_step": ms / n, "fraction_of_step": (ms / n / step) if step else 0.0,
-                **names.get(cause, {}),
-            }
-        )
-        for cause, ms in sorted(sums.items(), key=lambda kv: (-kv[1], IDLE_CAUSES.index(kv[0])))
-        if ms > 0
-    ]
-    return IdleAttribution(idle_ms_per_step=idle, causes=causes)
 
 
 def _host_only(
