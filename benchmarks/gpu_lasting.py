@@ -10,7 +10,11 @@ runs in a fresh process, the settings interleaved round by round (a machine's dr
 - ``sham``: the same steps a window's would be, and no window at all (the measurement's own drift);
 - ``cpu`` / ``cpu,cuda``: real windows with those activities, the agent's own work only;
 - ``cpu,cuda+read``: the same, and the check's reading of each trace back (what benchmarks/gpu.py does);
-  on CPU (``--device cpu``, a rehearsal) ``cpu+read``.
+  on CPU (``--device cpu``, a rehearsal) ``cpu+read``;
+- ``cpu,cuda+teardown``: CPU + CUDA windows with Kineto's ``TEARDOWN_CUPTI=1`` (CUPTI finalized after each window).
+  Upstream (pytorch/pytorch issue 144455, open) reports training 10-20% slower after profiling because Kineto leaves
+  CUPTI attached by default; torch sets ``TEARDOWN_CUPTI=0`` itself where CUDA graphs and CUPTI re-init crash
+  (CUDA < 12.6), so the agent cannot turn teardown on blind: this setting is the evidence it would need.
 
 A setting's ratios above sham's are its lasting cost. Needs torch and rayprof's small dependencies only, as the check.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +36,7 @@ import torch
 
 from benchmarks.gpu_driver import WINDOW_STEPS, Driver, loops
 
-SETTINGS = ("sham", "cpu", "cpu,cuda", "cpu,cuda+read")
+SETTINGS = ("sham", "cpu", "cpu,cuda", "cpu,cuda+read", "cpu,cuda+teardown")
 CPU_SETTINGS = ("sham", "cpu", "cpu+read")  # a rehearsal of the flow where there is no CUDA device
 
 
@@ -40,7 +45,7 @@ def child(setting: str, device: torch.device, model: str, windows: int, steps: i
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="rayprof-lasting-") as tmp:
         driver = Driver(Path(tmp) / "store", device)
-        driver.activities = setting.removesuffix("+read").split(",") if setting != "sham" else []
+        driver.activities = setting.split("+")[0].split(",") if setting != "sham" else []
         driver.read_traces = setting.endswith("+read")
         loop = loops(device, quick=device.type == "cpu")[model]
         driver.train(loop, 10)
@@ -106,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         for setting in settings[n % len(settings):] + settings[: n % len(settings)]:  # a different setting first each round
             cmd = [sys.executable, "-m", "benchmarks.gpu_lasting", "--child", setting, "--device", args.device,
                    "--model", args.model, "--windows", str(args.windows), "--steps", str(args.steps)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            env = {**os.environ, **({"TEARDOWN_CUPTI": "1"} if setting.endswith("+teardown") else {})}
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             lines = done.stdout.strip().splitlines()
             runs.append(json.loads(lines[-1]) if done.returncode == 0 and lines else
                         {"setting": setting, "error": done.stderr[-1500:]})
