@@ -10,6 +10,7 @@ is stopped and started again during the test).
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ from orchestrator.models.requests import ProfileRequest, ProfileState
 from orchestrator.models.summaries import GcRequest
 from orchestrator.settings import UPLOAD_RETRIES_ENV_VAR
 from orchestrator.storage import open_storage
+from orchestrator.storage.local import FileStorage
 from tests.support.fake_agents import make_controller, run, start_agents, status_when, until
 from tests.support.stepped_runner import ManualClock
 
@@ -230,3 +232,43 @@ def test_gc_keeps_a_stacks_bundle_whose_ranks_are_stored_while_it_waits_for_the_
     storage = open_storage(root)
     assert f"run/{bundle.id}/stacks/rank0.txt" in storage.list(f"run/{bundle.id}/")
     assert not storage.exists(owner_key("run", bundle.id))  # removed once the bundle ended
+
+
+def test_a_renewal_still_writing_when_the_profile_ends_leaves_no_lease_behind(tmp_path, monkeypatch):
+    # A renewal round's write (in a worker thread) that lands after the profile ended and its lease was removed
+    # wrote the lease back, and nothing removed it again: a CI run saw it (a renewal and the end, 0.2 s apart).
+    root = file_root(tmp_path, "shared")
+    writing, landed, removing = threading.Event(), threading.Event(), threading.Event()
+    real_put, real_delete = FileStorage._put_bytes, FileStorage.delete
+
+    def slow_lease(self, data: bytes, key: str) -> None:
+        if key.endswith("owner.json") and not landed.is_set():
+            writing.set()
+            landed.wait(30)  # held until the profile has ended
+        real_put(self, data, key)
+
+    def delete(self, key: str) -> None:
+        removing.set()
+        real_delete(self, key)
+
+    async def go():
+        # Rank 1 never finishes: the profile ends at its request timeout, while the renewal's write is held.
+        a = make_controller(root, cluster_name="a", owner_lease_s=3600, request_timeout_s=3)
+        agents, running = await running_profile(a, root)
+        monkeypatch.setattr(FileStorage, "_put_bytes", slow_lease)
+        monkeypatch.setattr(FileStorage, "delete", delete)
+        renewal = asyncio.create_task(a._leases.renew())
+        assert await until(writing.is_set, timeout_s=30)
+        status = await status_when(a, running, lambda s: s.state.is_terminal, timeout_s=60)
+        # The end removes the lease; a controller that orders its lease writes waits for the held one first, and
+        # the wait below runs out (5 s) with nothing removed yet.
+        await until(removing.is_set, timeout_s=5)
+        landed.set()
+        await renewal
+        gone = await until(lambda: not open_storage(root).exists(owner_key("run", running)), timeout_s=10)
+        for agent in agents:
+            await agent.stop()
+        return status.state, gone
+
+    state, gone = run(go(), timeout_s=120)
+    assert state.is_terminal and gone
