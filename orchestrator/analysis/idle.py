@@ -188,7 +188,7 @@ def attribute(
     host_of: Callable[[Thread], HostThread],
     main: Thread | None,
     launchers: Mapping[int, str] | None = None,
-    checks: Intervals = (),
+    checks: Intervals | None = None,
 ) -> tuple[IdleAttribution, list[dict[IdleCause, float]]]:
     """The idle attribution over ``windows`` (sorted, disjoint), and each window's idle ms by cause.
 
@@ -211,6 +211,7 @@ def attribute(
     short: Intervals = []
     drains: Intervals = []
     checked: Intervals = []  # drains after an anomaly check's read
+    checks = checks or []
     # A sync on any thread drains the device's one queue, for every thread's launches after it.
     syncs = union(iv for thread in {main, *(t for _, _, t in launches.values())} for iv in host(thread).sync)
     # A collective kernel that runs during a wait spins for the other ranks: the late-rank story, not queued work.
@@ -219,7 +220,7 @@ def attribute(
 
     def drained(a: float, b: float) -> None:
         if (piece := drain.take(syncs, work, a, b)) is not None:
-            from_check = drain.sync is not None and clip(list(checks), *drain.sync)
+            from_check = drain.sync is not None and clip(checks, *drain.sync)
             (checked if from_check else drains).append(piece)
 
     queued_by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # the launching call of the work that waited
