@@ -35,6 +35,17 @@ def test_a_python_loop_in_the_step_is_the_first_finding_named_by_its_function():
     assert "in _sample_weights (record_ray_loops.py:" in found.evidence
 
 
+def test_on_an_h200_the_python_the_device_waits_for_is_named_from_the_samples_alone():
+    # The device check's CNN whose training thread scores a million values in a Python loop before each step, no
+    # with_stack (benchmarks/results/gpu-h200-run5.json): on a device the device idle finding tells it, by name.
+    summary = analyze_folder(case("h200_python_bound"))
+    first = summary.findings[0]
+    assert first.code == "low_gpu_utilization" and first.severity == "warning"
+    assert first.fix.startswith("Python functions (_score_labels (benchmarks/gpu_driver.py:135)")
+    assert "move that work off the step" in first.fix
+    assert finding(summary, "host_python") is None  # one finding for the time, not two
+
+
 def test_the_loops_own_python_is_not_the_models_forward():
     summary = analyze_folder(case("cpu_python_weights"))
     for r in summary.ranks:
