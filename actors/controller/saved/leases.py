@@ -85,9 +85,10 @@ class Leases:
         self._profiles = profiles
         # Leases written and not yet removed, by profile id.
         self._held: dict[str, Record] = {}
-        # One lease write or removal at a time: a renewal's write still in its thread when the profile ends would
-        # land after the removal and leave a finished profile's lease behind, renewed by no one and removed by no one.
-        self._writing = asyncio.Lock()
+        # One write or removal of a profile's lease at a time: a renewal's write still in its thread when the profile
+        # ends would land after the removal and leave its lease behind, renewed and removed by no one. Per profile:
+        # one profile's storage that hangs must not hold up another's end. Dropped with the lease.
+        self._writing: dict[str, asyncio.Lock] = {}
 
     async def hold(self, profile: Record) -> None:
         """Write ``profile``'s lease now, before anything is written to its folder. A storage error is
@@ -116,7 +117,7 @@ class Leases:
                 await self._write(profile)
 
     async def _write(self, profile: Record) -> None:
-        async with self._writing:
+        async with self._writing.setdefault(profile.id, asyncio.Lock()):
             if not profile.state.is_terminal:  # ended while this waited: the removal is due, not a renewal
                 await self._put(profile)
 
@@ -144,10 +145,11 @@ class Leases:
         await self._release(profile)
 
     async def _release(self, profile: Record) -> None:
-        async with self._writing:
+        async with self._writing.setdefault(profile.id, asyncio.Lock()):
             try:
                 await asyncio.to_thread(open_storage(profile.storage).delete, owner_key(profile.target, profile.id))
             except StorageError as e:
                 logger.warning("rayprof controller: cannot remove the owner lease of %s (next round): %s", profile.id, e)
                 return
             self._held.pop(profile.id, None)
+            self._writing.pop(profile.id, None)
