@@ -9,6 +9,7 @@ then run off the training thread (a short-lived thread and a child process).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -25,6 +26,7 @@ from actors.agent.cuda_memory import Allocator, TorchAllocator
 from actors.agent.devices import profiler_activities
 from actors.agent.frame_sampler import FrameSampler
 from actors.agent.gc_watch import GcWatch
+from actors.agent.pace import Measure
 from actors.agent.thread_clock import ThreadClock
 from actors.export.contract import (
     EXIT_TOO_LARGE,
@@ -40,6 +42,7 @@ from orchestrator.loops import METADATA_KEY, Loop
 from orchestrator.models.agent_protocol import WindowSpec, WorkerInfo
 from orchestrator.models.common import utcnow
 from orchestrator.models.gc_pauses import GC_METADATA_KEY
+from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 from orchestrator.models.profile import Artifact, RankEvent
 from orchestrator.models.requests import RankState
 from orchestrator.models.samples import FRAMES_METADATA_KEY
@@ -89,10 +92,13 @@ class Capture:
         on_closed: Callable[[], None],
         allocator: Allocator | None = None,
         loop: Loop | None = None,
+        before: Measure | None = None,
     ) -> None:
         self.window = window
         # Whose loop the job runs (None: its own), written into the trace for the fixes its report names.
         self.loop = loop
+        # The steps just before the window (the agent's heartbeats), written into the trace beside the window's own.
+        self.before = before
         self.info = info
         self._emit = emit
         self._on_closed = on_closed
@@ -169,18 +175,26 @@ class Capture:
             self._window_begins()
         prof.start()
         self._prof = prof
-        self._mark_loop(prof)
+        self._mark(prof)
         if step == w.start_step:
             self._emit_state(RankState.CAPTURING)
 
-    def _mark_loop(self, prof: torch.profiler.profile) -> None:
-        """Write whose loop this is into the trace's metadata; a profiler that cannot costs the trace only that line."""
-        if self.loop is None:
-            return
-        try:
-            prof.add_metadata(METADATA_KEY, self.loop.value)
-        except Exception as e:
-            logger.warning("rayprof: the trace of window %s will not say whose loop it is: %s", self.window.profile_id, e)
+    def _mark(self, prof: torch.profiler.profile) -> None:
+        """Write whose loop this is and the steps before the window into the trace's metadata; a profiler that cannot
+        costs the trace only those lines."""
+        marks: list[tuple[str, str]] = []
+        if self.loop is not None:
+            marks.append((METADATA_KEY, json.dumps(self.loop.value)))  # as add_metadata writes a string
+        if (b := self.before) is not None:
+            seen = StepsBefore(
+                step_ms=b.step_s * 1000, steps=b.steps, span_s=b.span_s, options=self.window.options.per_op_costs()
+            )
+            marks.append((STEPS_BEFORE_METADATA_KEY, seen.model_dump_json()))
+        for key, value in marks:
+            try:
+                prof.add_metadata_json(key, value)
+            except Exception as e:
+                logger.warning("rayprof: the trace of window %s will not hold its %s: %s", self.window.profile_id, key, e)
 
     def _window_begins(self) -> None:
         """The boundary before the window's first step: record the allocator, sample the stack, time the thread and

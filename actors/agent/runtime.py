@@ -26,6 +26,7 @@ from actors.agent import hook as setup_hook
 from actors.agent.capture import Capture
 from actors.agent.cuda_memory import TorchAllocator
 from actors.agent.memory_watch import MemoryWatch
+from actors.agent.pace import Pace
 from actors.agent.step_cycle import BACKWARD_STEP, EXPLICIT_STEP, StepCycle
 from actors.agent.thread_stacks import take_stacks
 from actors.agent.worker_info import worker_info
@@ -67,7 +68,6 @@ __all__ = ["Agent", "adopt_backward_passes", "adopt_lazy_hook", "attach", "step"
 
 logger = logging.getLogger(__name__)
 
-_STEP_TIME_WINDOW_S = 1.0
 _MIN_REGISTER_INTERVAL_S = 1.0
 
 _agent: Agent | None = None
@@ -96,8 +96,7 @@ class Agent:
         # An OOM watch's part on this rank; an out-of-memory report goes up like any event.
         self.memory = MemoryWatch(info, TorchAllocator(), lambda report: self._inbox.put(("event", report)))
         self._thread = threading.Thread(target=self._run, name="rayprof-agent", daemon=True)
-        self._last_sample: tuple[int, float] | None = None
-        self._step_time_s: float | None = None
+        self.pace = Pace()  # the step time each heartbeat carries, and each window's trace the steps before it
         # attach() runs in the training thread (the train function, or its first optimizer step).
         self.training_thread = threading.get_ident()
 
@@ -116,22 +115,13 @@ class Agent:
 
     def _window_closed(self) -> None:
         self.capture = None
+        self.pace.window_closed(time.monotonic())
 
     def _heartbeat(self) -> Heartbeat:
-        now = time.monotonic()
-        count = self.step_count
-        last = self._last_sample
-        if last is None:
-            self._last_sample = (count, now)
-        elif now - last[1] >= _STEP_TIME_WINDOW_S:
-            # Polls can come milliseconds apart (a sync round); a step time taken
-            # over so short a span is noise, and the controller's lead depends on it.
-            if count > last[0]:
-                self._step_time_s = (now - last[1]) / (count - last[0])
-            self._last_sample = (count, now)
+        step_time_s = self.pace.sample(self.step_count, time.monotonic())
         cycle = self.step_cycle
         definition = cycle.definition if cycle is not None else self.counted
-        return Heartbeat(agent_id=self.info.agent_id, step=count, step_time_s=self._step_time_s, step_definition=definition)
+        return Heartbeat(agent_id=self.info.agent_id, step=self.step_count, step_time_s=step_time_s, step_definition=definition)
 
     def _handle(self, command: Command) -> None:
         """Carry out a command; ``sync`` needs nothing but the next poll, ``register`` is the poll thread's."""
@@ -178,7 +168,8 @@ class Agent:
         cycle = self.step_cycle
         # Explicit agent.step() calls: whose loop it is from the training thread's stack as it is now (it is in the loop).
         loop = cycle.loop if cycle is not None else loop_of_stack(sys._current_frames().get(self.training_thread))
-        self.capture = Capture(window, self.info, self._emit, self._window_closed, loop=loop)
+        before = self.pace.before_window(self.step_count, time.monotonic())
+        self.capture = Capture(window, self.info, self._emit, self._window_closed, loop=loop, before=before)
         self._emit(
             RankEvent(profile_id=window.profile_id, agent_id=self.info.agent_id, state=RankState.ARMED, at=utcnow())
         )

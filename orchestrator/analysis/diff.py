@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.analysis.significance import mann_whitney_p, min_p_value, quantile
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, Finding, OpStat, Phase, RankSummary, Summary
-from orchestrator.models.requests import ProfileOptions
+from orchestrator.models.requests import PER_OP_OPTIONS, ProfileOptions
 
 __all__ = [
     "ALPHA",
@@ -49,7 +49,7 @@ MIN_CHANGE = 0.05
 """A change under 5% of the first profile's median step time is never claimed."""
 TOP_CHANGES = 10
 # Options that change what the profiler costs per step: two windows that differ in them measure different overheads.
-_OVERHEAD_OPTIONS = ("activities", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+_OVERHEAD_OPTIONS = ("activities", *PER_OP_OPTIONS)
 
 Verdict = Literal["decreased", "increased", "unchanged", "too_few_steps"]
 

@@ -22,6 +22,7 @@ from orchestrator.analysis.cpu_wait import shared_cores_note
 from orchestrator.analysis.cross import StragglerImpl, arrivals, blame_late_ranks, common_steps, step_spread, stragglers
 from orchestrator.analysis.findings import find_all
 from orchestrator.analysis.groups import held_back, slow_groups
+from orchestrator.analysis.profiler_cost import profiler_cost_note
 from orchestrator.analysis.rank import analyze_rank
 from orchestrator.models.analysis import Finding, RankSummary, Summary
 from orchestrator.models.merge_stats import RejectedTrace
@@ -150,6 +151,8 @@ def _join(
             for r in ranks
         ]
     steps = common_steps(ranks)
+    if (cost := profiler_cost_note(ranks)) is not None:
+        issues.insert(0, cost)  # it qualifies every figure after it
     if ranks and all(r.window == "profiler_steps" and len(r.steps) == 1 for r in ranks):
         issues.append(
             f"one step analysed (step {ranks[0].steps[0].step}): a one-off (compilation, warm-up, an epoch's first batch) "

@@ -79,6 +79,7 @@ from orchestrator.analysis.phases import (
     top_level_ops,
     unmarked_forward,
 )
+from orchestrator.analysis.profiler_cost import read_steps_before
 from orchestrator.analysis.python_frames import HOT_SHARE, callers, enclosing, hot_path, user_frames
 from orchestrator.analysis.recompute import recompute_of
 from orchestrator.analysis.spans import (
@@ -244,9 +245,10 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     main_ops = cover((s for s in main if s.cat != "user_annotation"), skip=step_names)
     base_us = trace.file.base_time_ns / 1000
     timeline, unread = Timeline.read(trace.header, base_us)
-    (thread_time, unread_time), (gc_pauses, unread_gc) = read_thread_time(trace.header), read_gc(trace.header)
+    (thread_time, _), (gc_pauses, _), (steps_before, _) = agent_wrote = (
+        read_thread_time(trace.header), read_gc(trace.header), read_steps_before(trace.header))
     anomaly = step_checks(checks, windows, frames.get(main_key, ()), timeline)
-    issues += [why for why in (unread, unread_time, unread_gc) if why]
+    issues += [why for why in (unread, *(w[1] for w in agent_wrote)) if why]
     untraced = untraced_waits(frames.get(main_key, ()), timeline, gaps := subtract(union(windows), main_ops))
     rules: list[tuple[Phase, Intervals]] = [
         ("data", union([*where(main_kinds, is_data), *untraced[Untraced.RAY_DATA]])),
@@ -367,8 +369,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     zero = zero_of(frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
     return RankSummary(
         rank=trace.file.rank, host=trace.file.host, file=trace.file.path.name, device=trace.device,
-        accelerator=Accelerator.of(trace.device_properties, trace.device), unrecorded_device=trace.unrecorded, window=window_kind,
-        steps=steps,
+        accelerator=Accelerator.of(trace.device_properties, trace.device), unrecorded_device=trace.unrecorded, window=window_kind, steps=steps,
         mean_step_ms=sum(durations) / len(durations) if steps else None,
         median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases, comm_wait_ms=comm_wait,
@@ -390,7 +391,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         top_ops=by_time(op_self)[:top_n], top_kernels=dev.top_kernels(windows, top_n), memory=memory_peaks(trace),
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
-        thread_time=thread_time, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
+        thread_time=thread_time, steps_before=steps_before, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
         param_loop=param,
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),

@@ -12,6 +12,7 @@ from orchestrator.models.anomaly import AnomalyChecks
 from orchestrator.models.gc_pauses import GcPauses
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
+from orchestrator.models.pace import StepsBefore
 from orchestrator.models.param_loops import ParamLoop
 from orchestrator.models.recompute import Recompute
 from orchestrator.models.thread_time import ThreadTime
@@ -311,6 +312,10 @@ class RankSummary(_Model):
     )
     thread_time: ThreadTime | None = Field(
         default=None, description="The training thread's CPU time over the window, as the agent wrote it (None: not written)."
+    )
+    steps_before: StepsBefore | None = Field(
+        default=None,
+        description="The rank's step time just before the window, as the agent measured it (None: not written).",
     )
     gc: GcPauses | None = Field(
         default=None,

@@ -13,6 +13,8 @@ from orchestrator.models.common import Name, StrictModel
 # GPUs, as torch's HIP build keeps CUDA's names; xpu: Intel's).
 Activity = Literal["cpu", "cuda", "xpu"]
 ACCELERATOR_ACTIVITIES: tuple[Activity, ...] = ("cuda", "xpu")
+# torch.profiler's options that add to what the profiler costs each op it records, beyond its own record of it.
+PER_OP_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
 
 class ProfileState(str, enum.Enum):
@@ -75,6 +77,10 @@ class TorchOptions(StrictModel):
     def profiler_kwargs(self) -> dict[str, bool]:
         """The arguments ``torch.profiler.profile`` takes as they are (activities are mapped by the agent)."""
         return self.model_dump(exclude={"activities", "memory_snapshot"})
+
+    def per_op_costs(self) -> list[str]:
+        """The options on that add to what each recorded op costs (:data:`PER_OP_OPTIONS`)."""
+        return [name for name in PER_OP_OPTIONS if getattr(self, name)]
 
 
 class ProfileOptions(TorchOptions):

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from actors.agent.capture import Capture
+from actors.agent.pace import Measure
 from actors.agent.runtime import Agent
 from orchestrator.models.agent_protocol import StorageSpec, WindowSpec, WorkerInfo
+from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 from orchestrator.models.profile import RankEvent
 from orchestrator.models.requests import RankState, TorchOptions
 from tests.support.tracefiles import load_trace, profiler_steps
@@ -198,3 +200,37 @@ def test_step_time_is_measured_over_at_least_a_second(monkeypatch):
 
     assert first.step_time_s is None and early.step_time_s is None
     assert later.step_time_s == pytest.approx(1.5 / 30)
+
+
+def test_an_armed_window_gets_the_agents_measure_of_the_steps_before_it(monkeypatch, tmp_path):
+    agent = Agent(INFO)
+    clock = iter([100.0, 102.0, 104.0])
+    monkeypatch.setattr("actors.agent.runtime.time.monotonic", lambda: next(clock))
+    agent._heartbeat()
+    agent.step_count = 40
+    agent._heartbeat()
+    agent.step_count = 60
+
+    agent._arm(_window(tmp_path, start=70, steps=2))
+
+    assert agent.capture is not None
+    assert agent.capture.before == Measure(steps=20, span_s=2.0, began=102.0)
+
+
+def test_the_trace_carries_the_steps_before_the_window_and_the_options_that_cost_each_op(tmp_path):
+    events: list[RankEvent] = []
+    window = _window(tmp_path, start=3, steps=2, record_shapes=True, with_stack=True)
+    _train(Capture(window, INFO, events.append, lambda: None, before=Measure(steps=40, span_s=2.0, began=1.0)), range(1, 7))
+
+    trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
+    assert events[-1].state is RankState.DONE
+    seen = StepsBefore.model_validate(trace[STEPS_BEFORE_METADATA_KEY])
+    assert seen == StepsBefore(step_ms=50.0, steps=40, span_s=2.0, options=["record_shapes", "with_stack"])
+
+
+def test_a_window_armed_with_no_measure_of_the_steps_before_it_writes_none(tmp_path):
+    events = _run(tmp_path, _window(tmp_path, start=3, steps=2), range(1, 7))
+
+    trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
+    assert events[-1].state is RankState.DONE
+    assert STEPS_BEFORE_METADATA_KEY not in trace

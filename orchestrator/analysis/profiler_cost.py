@@ -1,0 +1,71 @@
+"""What the profiler cost the steps it recorded: the window's steps against the rank's steps just before it.
+
+The agent writes the rank's last step time before the window into the trace (:mod:`orchestrator.models.pace`). A
+window whose steps run far slower than that describes profiled steps: what the profiler adds to each op reads as
+the job's own host time, and every host-side figure and saving in the report is of a job the profiler slowed. The
+report then says so first, with the options that add most to what each op costs. A job that changed pace of its
+own as the window opened reads the same; the post-window check (steps after against before) tells the two apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.analysis.finding_base import ranks_text
+from orchestrator.analysis.trace_metadata import read_metadata
+from orchestrator.models.analysis import RankSummary
+from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
+
+__all__ = ["SLOWED", "profiler_cost_note", "read_steps_before", "slowdown"]
+
+# The ranks' median of window step / step before it from which the report says the profiler slowed the steps. Steps
+# vary by some percent between measures, and the profiler's own record of each op cost a LoRA fine-tune's CPU-bound
+# steps nothing measurable (tests/data/traces/cpu_peft_lora: 0.97x); record_shapes cost it 8.8x (cpu_peft_lora_shapes).
+SLOWED = 1.5
+# A window of one step is a one-off as likely as a pace (its own note says so).
+_MIN_STEPS = 2
+
+
+def read_steps_before(header: Mapping[str, Any]) -> tuple[StepsBefore | None, str | None]:
+    """A trace's steps before its window (None where the agent wrote none), and why it was not read where malformed."""
+    return read_metadata(header, STEPS_BEFORE_METADATA_KEY, StepsBefore, "steps before the window")
+
+
+def slowdown(r: RankSummary) -> float | None:
+    """The rank's median window step over its step time just before the window (None: either is unknown)."""
+    b = r.steps_before
+    if b is None or r.median_step_ms is None or len(r.steps) < _MIN_STEPS:
+        return None
+    return r.median_step_ms / b.step_ms
+
+
+def profiler_cost_note(ranks: Sequence[RankSummary]) -> str | None:
+    """The note that the window's steps are the profiler's more than the job's, where the ranks' median slowdown
+    reaches :data:`SLOWED`; None otherwise."""
+    measured = [(r, x) for r in ranks if (x := slowdown(r)) is not None]
+    if not measured or (median := statistics.median(x for _, x in measured)) < SLOWED:
+        return None
+    r, worst = max(measured, key=lambda m: m[1])
+    b = r.steps_before
+    assert b is not None and r.median_step_ms is not None
+    slowed = [m[0] for m in measured if m[1] >= SLOWED]
+    across = f"; the ranks' median {median:.1f}x, {ranks_text(slowed)} over {SLOWED:g}x" if len(measured) > 1 else ""
+    options = ", ".join(f"{name}=True" for name in b.options)
+    if options:
+        cause = (
+            f"It recorded with {options}, which adds to what each op costs the profiler: profile again without "
+            f"{' and '.join(b.options)} to see the job's own pace."
+        )
+    else:
+        cause = (
+            "It recorded no option that adds to each op's cost: the profiler's own record of each op is what slowed "
+            "them, on a loop of many small host ops; the device's kernels keep their time, the host's do not."
+        )
+    return (
+        f"the profiler slowed the steps it recorded: {r.median_step_ms:.1f} ms a step in the window (median) against "
+        f"{b.step_ms:.1f} ms over the {b.steps} steps ({b.span_s:.1f} s) just before it on rank {r.rank} "
+        f"({worst:.1f}x{across}). Every figure and saving below is of profiled "
+        f"steps, where what the profiler adds to each op reads as the job's host time. {cause}"
+    )

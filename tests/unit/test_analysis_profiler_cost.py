@@ -1,0 +1,110 @@
+"""What the profiler cost the steps it recorded (orchestrator/analysis/profiler_cost.py): the window's steps against
+the rank's steps just before it, as the agent measured and wrote them. The real cases are a LoRA fine-tune (PEFT)
+under transformers' Trainer, unmodified (tests/data/record_cpu_pace.py, peft 0.21.2 on torch 2.13.0+cpu)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import Summary, analyze_folder
+from orchestrator.analysis.profiler_cost import SLOWED, profiler_cost_note, read_steps_before, slowdown
+from orchestrator.loops import Loop
+from orchestrator.models.analysis import PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
+from tests.support.realtraces import only_rank
+from tests.support.tracefiles import case
+
+
+@functools.cache
+def lora(name: str) -> Summary:
+    return analyze_folder(case(f"cpu_{name}"))
+
+
+def _rank(rank: int, window_ms: float, before_ms: float | None, steps: int = 4, options: list[str] | None = None) -> RankSummary:
+    breakdown = [StepBreakdown(step=10 + i, start_unix_us=0.0, duration_ms=window_ms, phases=PhaseTimes()) for i in range(steps)]
+    before = StepsBefore(step_ms=before_ms, steps=20, span_s=before_ms * 20 / 1000, options=options or []) if before_ms else None
+    return RankSummary(
+        rank=rank, host="h", file="f", device="cpu", steps=breakdown, mean_step_ms=window_ms, median_step_ms=window_ms,
+        mean_phases=PhaseTimes(), comm_wait_ms=0.0, steps_before=before,
+    )
+
+
+def test_a_lora_fine_tune_recorded_with_record_shapes_is_said_to_describe_the_profiler_first() -> None:
+    summary = lora("peft_lora_shapes")
+    r = only_rank(summary)
+    assert r.loop is Loop.TRANSFORMERS_TRAINER
+    assert r.steps_before is not None and r.steps_before.options == ["record_shapes"]
+    assert (slowdown(r) or 0) > 5  # 8.8x when recorded: ~80 ms steps before the window, 280-770 ms in it
+    note = summary.issues[0]
+    assert note.startswith("the profiler slowed the steps it recorded: ")
+    assert f"against {r.steps_before.step_ms:.1f} ms over the 15 steps" in note
+    assert "profile again without record_shapes" in note
+
+
+def test_the_same_fine_tune_without_record_shapes_runs_at_its_own_pace_and_gets_no_note() -> None:
+    summary = lora("peft_lora")
+    r = only_rank(summary)
+    assert r.steps_before is not None and r.steps_before.options == []
+    assert 0.8 < (slowdown(r) or 0) < 1.25
+    assert not any("profiler slowed" in issue for issue in summary.issues)
+
+
+def test_a_trace_the_agent_wrote_no_pace_into_gets_no_note() -> None:
+    summary = analyze_folder(case("cpu_hf_trainer"))
+    assert only_rank(summary).steps_before is None
+    assert not any("profiler slowed" in issue for issue in summary.issues)
+
+
+def test_the_note_follows_the_ranks_median_not_one_slow_rank() -> None:
+    # One rank slower in the window (its own data, a straggler) is the straggler finding's, not the profiler's.
+    ranks = [_rank(0, 100.0, 95.0), _rank(1, 100.0, 98.0), _rank(2, 300.0, 97.0)]
+    assert profiler_cost_note(ranks) is None
+
+
+def test_slowed_ranks_are_named_with_the_worst_and_the_median() -> None:
+    ranks = [_rank(0, 200.0, 100.0), _rank(1, 180.0, 100.0), _rank(2, 110.0, 100.0)]
+    note = profiler_cost_note(ranks)
+    assert note is not None
+    assert "200.0 ms a step in the window (median) against 100.0 ms over the 20 steps (2.0 s) just before it on rank 0" in note
+    assert "(2.0x; the ranks' median 1.8x, ranks 0, 1 over 1.5x)" in note
+    assert "no option that adds to each op's cost" in note
+
+
+def test_the_options_that_add_to_each_ops_cost_are_named() -> None:
+    note = profiler_cost_note([_rank(0, 500.0, 100.0, options=["record_shapes", "with_stack"])])
+    assert note is not None
+    assert "with record_shapes=True, with_stack=True" in note
+    assert "profile again without record_shapes and with_stack" in note
+
+
+def test_a_window_of_one_step_or_a_pace_under_the_bar_says_nothing() -> None:
+    assert slowdown(_rank(0, 900.0, 100.0, steps=1)) is None  # a one-off as likely as a pace
+    assert profiler_cost_note([_rank(0, 900.0, 100.0, steps=1)]) is None
+    assert profiler_cost_note([_rank(0, SLOWED * 100.0 - 1, 100.0)]) is None
+    assert profiler_cost_note([_rank(0, SLOWED * 100.0, 100.0)]) is not None
+
+
+def test_a_malformed_measure_is_not_read_and_says_why() -> None:
+    seen, why = read_steps_before({STEPS_BEFORE_METADATA_KEY: {"step_ms": -1, "steps": 3, "span_s": 1.0}})
+    assert seen is None
+    assert why is not None and why.startswith("the trace's steps before the window (rayprof_steps_before): malformed")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["step_ms", "steps", "span_s", "options", "other"]), json_values, max_size=5))
+def test_any_value_under_the_key_reads_as_a_measure_or_a_reason_never_an_error(raw: dict[str, Any]) -> None:
+    seen, why = read_steps_before({STEPS_BEFORE_METADATA_KEY: json.loads(json.dumps(raw, allow_nan=True))})
+    assert (seen is None) != (why is None)
+    if seen is not None:
+        assert seen.step_ms > 0 and seen.steps >= 1 and seen.span_s > 0
