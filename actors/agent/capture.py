@@ -187,7 +187,8 @@ class Capture:
             marks.append((METADATA_KEY, json.dumps(self.loop.value)))  # as add_metadata writes a string
         if (b := self.before) is not None:
             seen = StepsBefore(
-                step_ms=b.step_s * 1000, steps=b.steps, span_s=b.span_s, options=self.window.options.per_op_costs()
+                step_ms=b.step_s * 1000, steps=b.steps, span_s=b.span_s, windows_before=b.windows_before,
+                options=self.window.options.per_op_costs(),
             )
             marks.append((STEPS_BEFORE_METADATA_KEY, seen.model_dump_json()))
         for key, value in marks:

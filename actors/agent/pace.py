@@ -2,23 +2,29 @@
 carries) and just before a window (what the window's trace carries, :mod:`orchestrator.models.pace`).
 
 Nothing here runs on the step path: the training thread only counts. A measure spans at least ``MIN_SPAN_S``
-(polls can come milliseconds apart in a sync round, and a step time over so short a span is noise), and one that
-began before the last window closed is not a measure of the job without a profiler.
+(polls can come milliseconds apart in a sync round, and a step time over so short a span is noise). The steps
+before a window are measured from the earliest sample of the last ``LOOKBACK_S`` taken after the last window closed
+(the close itself is one): the longest recent span of the job without a profiler, whenever the window is armed.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import NamedTuple
 
-__all__ = ["MIN_SPAN_S", "Measure", "Pace"]
+__all__ = ["LOOKBACK_S", "MIN_SPAN_S", "Measure", "Pace"]
 
 MIN_SPAN_S = 1.0
+LOOKBACK_S = 60.0
+# Heartbeats come at least every poll timeout (10 s by default): a minute of them, and more in sync rounds.
+_SAMPLES = 64
 
 
 class Measure(NamedTuple):
     steps: int
     span_s: float
     began: float  # monotonic
+    windows_before: int = 0  # windows this process closed before: its first pays the profiler's first use
 
     @property
     def step_s(self) -> float:
@@ -26,34 +32,42 @@ class Measure(NamedTuple):
 
 
 class Pace:
-    """Samples of (step count, monotonic time), taken by the poll thread."""
+    """Samples of (step count, monotonic time): the poll thread's at each heartbeat, the closing thread's at a close."""
 
     def __init__(self) -> None:
         self._anchor: tuple[int, float] | None = None
-        self._last: Measure | None = None
-        self._closed_at = float("-inf")
+        self._last: float | None = None
+        self._samples: deque[tuple[int, float]] = deque(maxlen=_SAMPLES)
+        self._closed: tuple[int, float] | None = None  # replaced whole: the training thread sets it
+        self._windows = 0
 
     def sample(self, count: int, now: float) -> float | None:
-        """A heartbeat's step time: the latest measure of at least ``MIN_SPAN_S`` (None before the first)."""
-        if self._anchor is None:
+        """A heartbeat's step time: the latest over at least ``MIN_SPAN_S`` (None before the first)."""
+        self._samples.append((count, now))
+        anchor = self._anchor
+        if anchor is None:
             self._anchor = (count, now)
-        elif (fresh := self._since_anchor(count, now)) is not None or now - self._anchor[1] >= MIN_SPAN_S:
-            self._last = fresh or self._last
+        elif now - anchor[1] >= MIN_SPAN_S:
+            if count > anchor[0]:
+                self._last = (now - anchor[1]) / (count - anchor[0])
             self._anchor = (count, now)
-        return self._last.step_s if self._last is not None else None
+        return self._last
 
     def before_window(self, count: int, now: float) -> Measure | None:
-        """The steps up to ``now`` since the last heartbeat where they span ``MIN_SPAN_S``, else the last measure;
-        None where none is known, or the one known began before the last window closed."""
-        measure = self._since_anchor(count, now) or self._last
-        return measure if measure is not None and measure.began >= self._closed_at else None
-
-    def window_closed(self, now: float) -> None:
-        """A window closed at ``now``: the steps before it were profiled (any thread may call it)."""
-        self._closed_at = now
-
-    def _since_anchor(self, count: int, now: float) -> Measure | None:
-        anchor = self._anchor
-        if anchor is None or now - anchor[1] < MIN_SPAN_S or count <= anchor[0]:
+        """The steps from the earliest usable sample up to ``now`` (None: no sample of the last ``LOOKBACK_S`` since
+        the last window closed is ``MIN_SPAN_S`` old with steps after it)."""
+        closed = self._closed
+        since = closed[1] if closed is not None else float("-inf")
+        usable = [
+            (c, t) for c, t in (*self._samples, *([closed] if closed else []))
+            if t >= since and MIN_SPAN_S <= now - t <= LOOKBACK_S and c < count
+        ]
+        if not usable:
             return None
-        return Measure(count - anchor[0], now - anchor[1], anchor[1])
+        c, t = min(usable, key=lambda s: s[1])
+        return Measure(count - c, now - t, t, self._windows)
+
+    def window_closed(self, count: int, now: float) -> None:
+        """A window closed at step ``count``: the steps before it were profiled."""
+        self._closed = (count, now)
+        self._windows += 1

@@ -115,7 +115,7 @@ class Agent:
 
     def _window_closed(self) -> None:
         self.capture = None
-        self.pace.window_closed(time.monotonic())
+        self.pace.window_closed(self.step_count, time.monotonic())
 
     def _heartbeat(self) -> Heartbeat:
         step_time_s = self.pace.sample(self.step_count, time.monotonic())

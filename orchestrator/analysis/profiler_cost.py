@@ -21,11 +21,20 @@ from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 __all__ = ["SLOWED", "profiler_cost_note", "read_steps_before", "slowdown"]
 
 # The ranks' median of window step / step before it from which the report says the profiler slowed the steps. Steps
-# vary by some percent between measures, and the profiler's own record of each op cost a LoRA fine-tune's CPU-bound
-# steps nothing measurable (tests/data/traces/cpu_peft_lora: 0.97x); record_shapes cost it 8.8x (cpu_peft_lora_shapes).
-SLOWED = 1.5
+# vary between measures, and a window costs its steps some percent: the example job's later windows ran at 0.75-1.0x
+# of their steps before, its first 1.5-3.1x; a LoRA fine-tune's 0.97x without record_shapes, 8.8x with it.
+SLOWED = 2.0
 # A window of one step is a one-off as likely as a pace (its own note says so).
 _MIN_STEPS = 2
+# What each per-op option adds, in the note's words.
+_OPTION_COSTS = {
+    "record_shapes": "holds a reference to each op's tensors until the window closes (torch.profiler's docs), so "
+    "tensors reused in place are copied and memory grows with every recorded step",
+    "with_stack": "records each op's Python stack",
+    "profile_memory": "records every allocation and free",
+    "with_flops": "works out each op's flops from its input shapes",
+    "with_modules": "records each op's module hierarchy",
+}
 
 
 def read_steps_before(header: Mapping[str, Any]) -> tuple[StepsBefore | None, str | None]:
@@ -52,20 +61,26 @@ def profiler_cost_note(ranks: Sequence[RankSummary]) -> str | None:
     assert b is not None and r.median_step_ms is not None
     slowed = [m[0] for m in measured if m[1] >= SLOWED]
     across = f"; the ranks' median {median:.1f}x, {ranks_text(slowed)} over {SLOWED:g}x" if len(measured) > 1 else ""
-    options = ", ".join(f"{name}=True" for name in b.options)
-    if options:
-        cause = (
-            f"It recorded with {options}, which adds to what each op costs the profiler: profile again without "
-            f"{' and '.join(b.options)} to see the job's own pace."
-        )
-    else:
-        cause = (
-            "It recorded no option that adds to each op's cost: the profiler's own record of each op is what slowed "
-            "them, on a loop of many small host ops; the device's kernels keep their time, the host's do not."
-        )
     return (
         f"the profiler slowed the steps it recorded: {r.median_step_ms:.1f} ms a step in the window (median) against "
         f"{b.step_ms:.1f} ms over the {b.steps} steps ({b.span_s:.1f} s) just before it on rank {r.rank} "
-        f"({worst:.1f}x{across}). Every figure and saving below is of profiled "
-        f"steps, where what the profiler adds to each op reads as the job's host time. {cause}"
+        f"({worst:.1f}x{across}). Every figure and saving below is of profiled steps, where what the profiler adds to "
+        f"each op reads as the job's host time. {_causes(b)}"
+    )
+
+
+def _causes(b: StepsBefore) -> str:
+    costs = "; ".join(f"{name}=True, which {_OPTION_COSTS.get(name, 'adds to each op')}" for name in b.options)
+    without = " and ".join(b.options)
+    if b.windows_before == 0:
+        return (
+            "It was the process's first window, which pays the profiler's first use: profile the same steps again (the "
+            "example job's first windows ran 1.5-3.1x its pace, its later ones 0.75-1.0x)."
+            + (f" It also recorded with {costs}: if a second window is slow too, profile without {without}." if costs else "")
+        )
+    if costs:
+        return f"It recorded with {costs}: profile again without {without} for the job's own pace."
+    return (
+        "It recorded no option that adds to each op's cost: the profiler's own record of each op is what slowed a loop "
+        "of many small host ops; the device's kernels keep their time, the host's do not."
     )

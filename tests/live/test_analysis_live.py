@@ -58,6 +58,16 @@ def test_manifest_lists_the_merged_trace_and_report(live_job, file_store):
     assert [a.rank for a in manifest.merge.alignment] == [0, 1] and manifest.merge.events > 0
 
 
+def test_each_rank_s_trace_carries_its_pace_just_before_the_window(live_job, file_store):
+    # The agent's heartbeats measure it (actors/agent/pace.py); the analysis reads it back beside the window's steps.
+    summary = _summary(file_store, LIVE_TARGET, steps=2)
+
+    for rank in summary.ranks:
+        assert rank.steps_before is not None, f"rank {rank.rank}: no pace before the window in its trace"
+        assert rank.steps_before.span_s >= 1.0 and rank.steps_before.steps >= 1
+        assert rank.steps_before.options == []
+
+
 # Before the planted jobs start (their module fixture starts at first use):
 # two extra jobs on 2 cores would make any job look unhealthy.
 def test_healthy_job_gets_no_warning(live_job, file_store):

@@ -25,9 +25,13 @@ def lora(name: str) -> Summary:
     return analyze_folder(case(f"cpu_{name}"))
 
 
-def _rank(rank: int, window_ms: float, before_ms: float | None, steps: int = 4, options: list[str] | None = None) -> RankSummary:
+def _rank(
+    rank: int, window_ms: float, before_ms: float, steps: int = 4, options: list[str] | None = None, windows_before: int = 1
+) -> RankSummary:
     breakdown = [StepBreakdown(step=10 + i, start_unix_us=0.0, duration_ms=window_ms, phases=PhaseTimes()) for i in range(steps)]
-    before = StepsBefore(step_ms=before_ms, steps=20, span_s=before_ms * 20 / 1000, options=options or []) if before_ms else None
+    before = StepsBefore(
+        step_ms=before_ms, steps=20, span_s=before_ms * 20 / 1000, windows_before=windows_before, options=options or []
+    )
     return RankSummary(
         rank=rank, host="h", file="f", device="cpu", steps=breakdown, mean_step_ms=window_ms, median_step_ms=window_ms,
         mean_phases=PhaseTimes(), comm_wait_ms=0.0, steps_before=before,
@@ -43,7 +47,9 @@ def test_a_lora_fine_tune_recorded_with_record_shapes_is_said_to_describe_the_pr
     note = summary.issues[0]
     assert note.startswith("the profiler slowed the steps it recorded: ")
     assert f"against {r.steps_before.step_ms:.1f} ms over the 15 steps" in note
-    assert "profile again without record_shapes" in note
+    assert "It was the process's first window" in note  # the recorder's window was its process's first
+    assert "It also recorded with record_shapes=True, which holds a reference to each op's tensors" in note
+    assert "if a second window is slow too, profile without record_shapes" in note
 
 
 def test_the_same_fine_tune_without_record_shapes_runs_at_its_own_pace_and_gets_no_note() -> None:
@@ -67,19 +73,29 @@ def test_the_note_follows_the_ranks_median_not_one_slow_rank() -> None:
 
 
 def test_slowed_ranks_are_named_with_the_worst_and_the_median() -> None:
-    ranks = [_rank(0, 200.0, 100.0), _rank(1, 180.0, 100.0), _rank(2, 110.0, 100.0)]
+    ranks = [_rank(0, 300.0, 100.0), _rank(1, 260.0, 100.0), _rank(2, 110.0, 100.0)]
     note = profiler_cost_note(ranks)
     assert note is not None
-    assert "200.0 ms a step in the window (median) against 100.0 ms over the 20 steps (2.0 s) just before it on rank 0" in note
-    assert "(2.0x; the ranks' median 1.8x, ranks 0, 1 over 1.5x)" in note
-    assert "no option that adds to each op's cost" in note
+    assert "300.0 ms a step in the window (median) against 100.0 ms over the 20 steps (2.0 s) just before it on rank 0" in note
+    assert "(3.0x; the ranks' median 2.6x, ranks 0, 1 over 2x)" in note
+    assert "no option that adds to each op's cost" in note and "first window" not in note
 
 
-def test_the_options_that_add_to_each_ops_cost_are_named() -> None:
+def test_the_options_that_add_to_each_ops_cost_are_named_with_what_each_adds() -> None:
     note = profiler_cost_note([_rank(0, 500.0, 100.0, options=["record_shapes", "with_stack"])])
     assert note is not None
-    assert "with record_shapes=True, with_stack=True" in note
-    assert "profile again without record_shapes and with_stack" in note
+    assert "It recorded with record_shapes=True, which holds a reference to each op's tensors until the window closes" in note
+    assert "; with_stack=True, which records each op's Python stack:" in note
+    assert "profile again without record_shapes and with_stack for the job's own pace" in note
+
+
+def test_a_process_s_first_window_is_told_as_such_before_any_option() -> None:
+    note = profiler_cost_note([_rank(0, 300.0, 100.0, windows_before=0)])
+    assert note is not None
+    assert note.endswith(
+        "It was the process's first window, which pays the profiler's first use: profile the same steps again (the "
+        "example job's first windows ran 1.5-3.1x its pace, its later ones 0.75-1.0x)."
+    )
 
 
 def test_a_window_of_one_step_or_a_pace_under_the_bar_says_nothing() -> None:

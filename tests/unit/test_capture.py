@@ -214,7 +214,7 @@ def test_an_armed_window_gets_the_agents_measure_of_the_steps_before_it(monkeypa
     agent._arm(_window(tmp_path, start=70, steps=2))
 
     assert agent.capture is not None
-    assert agent.capture.before == Measure(steps=20, span_s=2.0, began=102.0)
+    assert agent.capture.before == Measure(steps=60, span_s=4.0, began=100.0)
 
 
 def test_the_trace_carries_the_steps_before_the_window_and_the_options_that_cost_each_op(tmp_path):
