@@ -5,7 +5,7 @@ A trace times the steps the profiler recorded, with the profiler on. What the pr
 record, and more with ``record_shapes``, ``with_stack``, ``profile_memory``) is read as the loop's own host time, and
 on some loops it is most of the step: a LoRA fine-tune under transformers' Trainer on CPU ran 84 ms steps before
 its window and 280-770 ms steps inside it with ``record_shapes=True`` (tests/data/record_cpu_pace.py), and the example
-job's first window ran 1.5-3.1x its pace with no option on. The agent's heartbeats already time the steps between
+job's first windows ran 1.5-3.5x its pace with no option on. The agent's heartbeats already time the steps between
 polls, with no profiler on and nothing on the step path; that measure up to the window, beside the window's own
 steps, says how far the window's figures are the profiler's.
 """

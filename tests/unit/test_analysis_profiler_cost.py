@@ -93,8 +93,8 @@ def test_a_process_s_first_window_is_told_as_such_before_any_option() -> None:
     note = profiler_cost_note([_rank(0, 300.0, 100.0, windows_before=0)])
     assert note is not None
     assert note.endswith(
-        "It was the process's first window, which pays the profiler's first use: profile the same steps again (the "
-        "example job's first windows ran 1.5-3.1x its pace, its later ones 0.75-1.0x)."
+        "It was the process's first window, which pays the profiler's first use: profile the same steps again to "
+        "see how much of it stays (the example job's first windows ran 1.5-3.5x its pace under Ray on 2 cores)."
     )
 
 
