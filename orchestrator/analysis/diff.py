@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.analysis.profiler_cost import slowed_by_profiler
 from orchestrator.analysis.significance import mann_whitney_p, min_p_value, quantile
 from orchestrator.layout import parse_profiler_step
 from orchestrator.models.analysis import PHASES, Finding, OpStat, Phase, RankSummary, Summary
@@ -257,7 +258,7 @@ def _not_comparable(a: DiffInput, b: DiffInput) -> list[str]:
             va, vb = getattr(a.options, name), getattr(b.options, name)
             if va != vb:
                 reasons.append(f"different profiler option {name}: {va} vs {vb} (it changes the profiler's overhead)")
-    return reasons
+    return reasons + [why for side in (a, b) if (why := slowed_by_profiler(side.label, side.summary.ranks))]
 
 
 def _per_step(rows: dict[str, float], steps: int) -> dict[str, float]:

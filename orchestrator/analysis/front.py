@@ -151,8 +151,6 @@ def _join(
             for r in ranks
         ]
     steps = common_steps(ranks)
-    if (cost := profiler_cost_note(ranks)) is not None:
-        issues.insert(0, cost)  # it qualifies every figure after it
     if ranks and all(r.window == "profiler_steps" and len(r.steps) == 1 for r in ranks):
         issues.append(
             f"one step analysed (step {ranks[0].steps[0].step}): a one-off (compilation, warm-up, an epoch's first batch) "
@@ -178,6 +176,7 @@ def _join(
         loop=loops.most_common(1)[0][0] if (loops := Counter(r.loop for r in ranks if r.loop is not None)) else None,
         ranks=ranks,
         rejected=sorted(rejected, key=lambda r: (r.rank is None, r.rank or 0, r.path.name)),
+        caution=profiler_cost_note(ranks),
         issues=issues,
         step_spread=step_spread(ranks),
         stragglers=slow,

@@ -18,7 +18,7 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import RankSummary
 from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 
-__all__ = ["SLOWED", "profiler_cost_note", "read_steps_before", "slowdown"]
+__all__ = ["SLOWED", "median_slowdown", "profiler_cost_note", "read_steps_before", "slowdown", "slowed_by_profiler"]
 
 # The ranks' median of window step / step before it from which the report says the profiler slowed the steps. Steps
 # vary between measures: a LoRA fine-tune's window ran 0.97x its steps before without record_shapes, 8.8x with it;
@@ -51,12 +51,27 @@ def slowdown(r: RankSummary) -> float | None:
     return r.median_step_ms / b.step_ms
 
 
+def median_slowdown(ranks: Sequence[RankSummary]) -> float | None:
+    """The ranks' median :func:`slowdown` (None: no rank has one)."""
+    measured = [x for r in ranks if (x := slowdown(r)) is not None]
+    return statistics.median(measured) if measured else None
+
+
+def slowed_by_profiler(label: str, ranks: Sequence[RankSummary]) -> str | None:
+    """Why a diff cannot claim a change where the profiler slowed ``label``'s steps (None: it did not)."""
+    median = median_slowdown(ranks)
+    if median is None or median < SLOWED:
+        return None
+    return f"the profiler slowed the steps of {label} ({median:.1f}x its steps before the window): a change may be its"
+
+
 def profiler_cost_note(ranks: Sequence[RankSummary]) -> str | None:
     """The note that the window's steps are the profiler's more than the job's, where the ranks' median slowdown
     reaches :data:`SLOWED`; None otherwise."""
-    measured = [(r, x) for r in ranks if (x := slowdown(r)) is not None]
-    if not measured or (median := statistics.median(x for _, x in measured)) < SLOWED:
+    median = median_slowdown(ranks)
+    if median is None or median < SLOWED:
         return None
+    measured = [(r, x) for r in ranks if (x := slowdown(r)) is not None]
     r, worst = max(measured, key=lambda m: m[1])
     b = r.steps_before
     assert b is not None and r.median_step_ms is not None

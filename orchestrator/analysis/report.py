@@ -71,7 +71,8 @@ def _ms(value: float | None) -> str:
 
 def _findings(summary: Summary) -> str:
     warns = any(f.severity == "warning" for f in summary.findings)
-    parts = [f'<p class="{"verdict" if warns else "ok"}">{escape(verdict(summary))}</p>']
+    parts = [f'<p class="verdict">Caution: {escape(summary.caution)}</p>'] if summary.caution else []
+    parts.append(f'<p class="{"verdict" if warns else "ok"}">{escape(verdict(summary))}</p>')
     for f in summary.findings:
         parts.append(
             f'<div class="finding {escape(f.severity)}"><strong>{escape(f.title)}</strong>'

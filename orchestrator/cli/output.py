@@ -138,6 +138,8 @@ def print_analysis(summary: Any, report: Path | str | None, manifest: Manifest |
             out(f"rank {r.rank}: device idle {r.idle.idle_ms_per_step:.1f} ms per step ({causes})")
     for rejected in summary.rejected:
         out(f"skipped {printable(rejected.path.name)}: {printable(rejected.reason)}")
+    if summary.caution is not None:
+        out(f"caution: {printable(summary.caution)}")
     for issue in summary.issues:
         out(f"note: {printable(issue)}")
     out(f"verdict: {verdict(summary)}")

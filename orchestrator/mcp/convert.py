@@ -136,6 +136,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         steps=summary.steps,
         one_step=one_step(summary, manifest),
         verdict=verdict(summary),
+        caution=summary.caution,
         findings=sorted(summary.findings, key=lambda f: -f.max_saving_ms),
         stragglers=summary.stragglers,
         slow_groups=summary.slow_groups,

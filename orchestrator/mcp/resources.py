@@ -39,6 +39,7 @@ def report_text(manifest: Manifest, analysis: Analysis | None) -> str:
     if analysis is None:
         lines.append("no analysis" + (f": {manifest.analysis_error}" if manifest.analysis_error else ""))
         return "\n".join(lines) + "\n"
+    lines.extend([f"caution: {analysis.caution}"] if analysis.caution else [])  # it qualifies every figure below
     lines.append(f"verdict: {analysis.verdict}")
     lines.append(f"findings ({len(analysis.findings)}), largest saving first:")
     for f in analysis.findings:

@@ -106,6 +106,10 @@ class Analysis(_Capped):
     verdict: str = Field(
         description="The analysis in one line: the largest warning and what fixing it saves, or that nothing warns.",
     )
+    caution: str | None = Field(
+        default=None,
+        description="Read before any figure: the profiler slowed the steps it recorded (how much, and why it may have).",
+    )
     findings: list[Finding] = Field(description="Largest possible saving first.")
     stragglers: list[Straggler] = Field(description="Ranks that hold the others back, and in which phase.")
     slow_groups: list[SlowGroup] = Field(

@@ -376,6 +376,11 @@ class Summary(_Model):
     loop: Loop | None = Field(default=None, description="Whose training loop most ranks run (RankSummary.loop).")
     ranks: list[RankSummary]
     rejected: list[RejectedTrace] = Field(default_factory=list)
+    caution: str | None = Field(
+        default=None,
+        description="What qualifies every figure after it: the profiler slowed the steps it recorded, against the "
+        "steps just before the window (orchestrator/analysis/profiler_cost.py); None where it did not, or nobody measured.",
+    )
     issues: list[str] = Field(
         default_factory=list,
         description="Notes: what the analysis could not do (a trace it could not read, clocks it could not align), and "

@@ -6,16 +6,28 @@ from __future__ import annotations
 
 import functools
 import json
+from html import escape
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import Summary, analyze_folder
+from orchestrator.analysis.diff import diff_profiles
+from orchestrator.analysis.diff_inputs import load_folder
+from orchestrator.analysis.finding_base import verdict
 from orchestrator.analysis.profiler_cost import SLOWED, profiler_cost_note, read_steps_before, slowdown
+from orchestrator.analysis.report import render_report
+from orchestrator.cli.output import print_analysis
 from orchestrator.loops import Loop
+from orchestrator.mcp.convert import analysis_of
+from orchestrator.mcp.resources import report_text
 from orchestrator.models.analysis import PhaseTimes, RankSummary, StepBreakdown
+from orchestrator.models.common import utcnow
 from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
+from orchestrator.models.profile import Manifest
+from orchestrator.models.requests import ProfileRequest, ProfileState
+from tests.support.common import cli_results
 from tests.support.realtraces import only_rank
 from tests.support.tracefiles import case
 
@@ -44,8 +56,8 @@ def test_a_lora_fine_tune_recorded_with_record_shapes_is_said_to_describe_the_pr
     assert r.loop is Loop.TRANSFORMERS_TRAINER
     assert r.steps_before is not None and r.steps_before.options == ["record_shapes"]
     assert (slowdown(r) or 0) > 5  # 8.8x when recorded: ~80 ms steps before the window, 280-770 ms in it
-    note = summary.issues[0]
-    assert note.startswith("the profiler slowed the steps it recorded: ")
+    note = summary.caution
+    assert note is not None and note.startswith("the profiler slowed the steps it recorded: ")
     assert f"against {r.steps_before.step_ms:.1f} ms over the 15 steps" in note
     assert "It was the process's first window" in note  # the recorder's window was its process's first
     assert "It also recorded with record_shapes=True, which holds a reference to each op's tensors" in note
@@ -57,13 +69,30 @@ def test_the_same_fine_tune_without_record_shapes_runs_at_its_own_pace_and_gets_
     r = only_rank(summary)
     assert r.steps_before is not None and r.steps_before.options == []
     assert 0.8 < (slowdown(r) or 0) < 1.25
-    assert not any("profiler slowed" in issue for issue in summary.issues)
+    assert summary.caution is None
 
 
 def test_a_trace_the_agent_wrote_no_pace_into_gets_no_note() -> None:
     summary = analyze_folder(case("cpu_hf_trainer"))
     assert only_rank(summary).steps_before is None
-    assert not any("profiler slowed" in issue for issue in summary.issues)
+    assert summary.caution is None
+
+
+def test_the_cli_the_report_and_the_mcp_answer_say_the_caution_before_the_verdict() -> None:
+    summary = lora("peft_lora_shapes")
+    caution = summary.caution
+    assert caution is not None
+    manifest = Manifest(
+        profile_id="p-1", target="t", status=ProfileState.DONE, request=ProfileRequest(target="t", steps=6),
+        storage_uri="file:///p", start_step=17, stop_step=23, ranks=[], artifacts=[], requested_at=utcnow(),
+        finished_at=utcnow(), summary=summary,
+    )
+    analysis = analysis_of(manifest)
+    assert analysis is not None and analysis.caution == caution
+    for lines in (report_text(manifest, analysis).splitlines(), cli_results(print_analysis, summary, None)[1].splitlines()):
+        assert lines.index(f"caution: {caution}") < next(i for i, line in enumerate(lines) if line.startswith("verdict: "))
+    page = render_report(summary)
+    assert page.index(f'<p class="verdict">Caution: {escape(caution)}</p>') < page.index(escape(verdict(summary)))
 
 
 def test_the_note_follows_the_ranks_median_not_one_slow_rank() -> None:
@@ -124,3 +153,13 @@ def test_any_value_under_the_key_reads_as_a_measure_or_a_reason_never_an_error(r
     assert (seen is None) != (why is None)
     if seen is not None:
         assert seen.step_ms > 0 and seen.steps >= 1 and seen.span_s > 0
+
+
+def test_a_diff_against_a_window_the_profiler_slowed_claims_no_change() -> None:
+    # The same loop without and with record_shapes: 8.8x "slower" is the profiler's, not the job's.
+    a = load_folder(case("cpu_peft_lora"), "without")
+    b = load_folder(case("cpu_peft_lora_shapes"), "with")
+    diff = diff_profiles(a, b)
+    assert not diff.comparable and diff.claims == []
+    assert "the profiler slowed the steps of with (8.8x its steps before the window): a change may be its" in diff.not_comparable
+    assert not any(reason.startswith("the profiler slowed the steps of without") for reason in diff.not_comparable)
