@@ -18,13 +18,16 @@ from orchestrator.analysis.trace_metadata import read_metadata
 from orchestrator.models.analysis import RankSummary
 from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 
-__all__ = ["SLOWED", "median_slowdown", "profiler_cost_note", "read_steps_before", "slowdown", "slowed_by_profiler"]
+__all__ = ["KERNEL_SHARE", "SLOWED", "median_slowdown", "profiler_cost_note", "read_steps_before", "slowdown", "slowed_by_profiler"]
 
 # The ranks' median of window step / step before it from which the report says the profiler slowed the steps. Steps
 # vary between measures: a LoRA fine-tune's window ran 0.97x its steps before without record_shapes, 8.8x with it;
 # the example job's first windows 1.5-3.5x, its later ones 0.75-1.15x (against steps the last window's export and
 # analysis still slowed, 45-54 ms where the job's own are 38).
 SLOWED = 2.0
+# The share of the window's step the training thread's time in the kernel must reach to be said: on this
+# repository's VMs the first touch of memory took 27-35 ms of a 120 ms step in a record_shapes window (~100k faults).
+KERNEL_SHARE = 0.1
 # A window of one step is a one-off as likely as a pace (its own note says so).
 _MIN_STEPS = 2
 # What each per-op option adds, in the note's words.
@@ -81,7 +84,22 @@ def profiler_cost_note(ranks: Sequence[RankSummary]) -> str | None:
         f"the profiler slowed the steps it recorded: {r.median_step_ms:.1f} ms a step in the window (median) against "
         f"{b.step_ms:.1f} ms over the {b.steps} steps ({b.span_s:.1f} s) just before it on rank {r.rank} "
         f"({worst:.1f}x{across}). Every figure and saving below is of profiled steps, where what the profiler adds to "
-        f"each op reads as the job's host time. {_causes(b)}"
+        f"each op reads as the job's host time. {_kernel(r)}{_causes(b)}"
+    )
+
+
+def _kernel(r: RankSummary) -> str:
+    """What the training thread spent in the kernel a step, where that is a part of the step worth saying."""
+    t = r.thread_time
+    if t is None or t.system_s is None or not r.steps or r.median_step_ms is None:
+        return ""
+    ms = t.system_s * 1000 / len(r.steps)
+    if ms < KERNEL_SHARE * r.median_step_ms:
+        return ""
+    faults = f" ({t.minor_faults:,} page faults in the window)" if t.minor_faults else ""
+    return (
+        f"Its training thread spent {ms:.1f} ms a step in the kernel{faults}: memory new to the process, touched for "
+        "the first time (the profiler's records, and the tensors record_shapes holds), costs that much on this host. "
     )
 
 
@@ -90,8 +108,8 @@ def _causes(b: StepsBefore) -> str:
     without = " and ".join(b.options)
     if b.windows_before == 0:
         return (
-            "It was the process's first window, which pays the profiler's first use: profile the same steps again to "
-            "see how much of it stays (the example job's first windows ran 1.5-3.5x its pace under Ray on 2 cores)."
+            "It was the process's first window, whose records take memory new to the process (a later one reuses it): "
+            "profile the same steps again to see how much stays (the example job's first windows ran 1.5-3.5x its pace)."
             + (f" It also recorded with {costs}: if a second window is slow too, profile without {without}." if costs else "")
         )
     if costs:

@@ -32,5 +32,13 @@ class ThreadTime(StrictModel):
     voluntary_switches: int | None = Field(
         default=None, ge=0, description="Times the thread gave up its core to wait (a lock, I/O, a sleep, a collective)."
     )
+    minor_faults: int | None = Field(
+        default=None, ge=0,
+        description="Page faults the thread took that needed no disk: memory new to the process, touched for the first "
+        "time (None where the system does not count per thread, or an agent before this field wrote it).",
+    )
+    system_s: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="The part of cpu_s the thread spent in the kernel."
+    )
     usable_cores: int | None = Field(default=None, ge=1, description="Cores the process may run on (its affinity).")
     intra_op_threads: int = Field(ge=1, description="torch.get_num_threads() in the window.")

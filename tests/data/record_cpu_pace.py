@@ -8,10 +8,14 @@ active=ACTIVE). A two-layer GPT-2 built from a config (no download) wrapped by `
 adapters (r=8) on its attention and projection layers, trained by ``Trainer`` on synthetic token ids, one intra-op
 thread, a TrainerCallback's on_step_end as the step boundary. The steps after the first and up to the window are
 timed as the agent's heartbeats time them (time over steps, no profiler on), and written into the trace as the
-agent writes them when the window opens:
-  peft_lora_shapes  record_shapes=True: the recorded steps 6-9x the steps before the window when recorded, and
-               slower as the window goes on (torch 2.13.0+cpu; the process's memory grows with each recorded step)
-  peft_lora    the same without record_shapes: the window's steps within 5% of the steps before it
+agent writes them when the window opens; the agent's thread clock (CPU and kernel time, switches, page faults)
+runs over the recorded steps:
+  peft_lora_shapes  record_shapes=True: the recorded steps 3-9x the steps before the window in the committed
+               recording (8.8x at the median), slower as the window went on; it was made before the recorder ran the
+               thread clock. Four recordings half an hour later ran 1.06-1.37x, their thread 27-35 ms a step in the
+               kernel on ~100k page faults: a first touch of memory costs what the host's memory state makes it
+  peft_lora    the same without record_shapes: the window's steps within 5% of the steps before it (also made
+               before the thread clock)
 peft 0.21.2 is no dependency: install it beside the recorder to record (pip install --target DIR --no-deps peft).
 """
 
@@ -27,8 +31,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from actors.agent.thread_clock import ThreadClock  # noqa: E402
 from orchestrator.loops import METADATA_KEY, loop_of_stack  # noqa: E402
 from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore  # noqa: E402
+from orchestrator.models.thread_time import THREAD_TIME_METADATA_KEY  # noqa: E402
 
 WAIT = 16  # unprofiled steps: the first, then 15 timed (over a second at ~0.09 s a step, as the agent needs)
 ACTIVE = 6
@@ -55,14 +61,18 @@ def _record(out: Path, name: str, record_shapes: bool) -> None:
                  record_shapes=record_shapes, on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
 
         class Boundary(TrainerCallback):
-            calls, began = 0, 0.0
+            calls, began, clock = 0, 0.0, None
 
             def on_step_end(self, *_: object, **__: object) -> None:
                 self.calls += 1
                 if self.calls == 1:
                     self.began = time.monotonic()
                 span = time.monotonic() - self.began
+                if self.calls == WAIT + 1 + ACTIVE:  # the last recorded step ended: the agent's thread clock stops
+                    prof.add_metadata_json(THREAD_TIME_METADATA_KEY, self.clock.stop().model_dump_json())
                 prof.step()
+                if self.calls == WAIT + 1:  # the boundary before the first recorded step: the clock starts
+                    self.clock = ThreadClock()
                 if self.calls == WAIT:  # the window opens (its warmup): the agent writes whose loop and the steps before it
                     prof.add_metadata(METADATA_KEY, getattr(loop_of_stack(sys._getframe()), "value", "none"))
                     seen = StepsBefore(step_ms=span / (WAIT - 1) * 1000, steps=WAIT - 1, span_s=span, options=options)

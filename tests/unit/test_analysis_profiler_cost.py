@@ -16,7 +16,7 @@ from orchestrator.analysis import Summary, analyze_folder
 from orchestrator.analysis.diff import diff_profiles
 from orchestrator.analysis.diff_inputs import load_folder
 from orchestrator.analysis.finding_base import verdict
-from orchestrator.analysis.profiler_cost import SLOWED, profiler_cost_note, read_steps_before, slowdown
+from orchestrator.analysis.profiler_cost import KERNEL_SHARE, SLOWED, profiler_cost_note, read_steps_before, slowdown
 from orchestrator.analysis.report import render_report
 from orchestrator.cli.output import print_analysis
 from orchestrator.loops import Loop
@@ -27,6 +27,7 @@ from orchestrator.models.common import utcnow
 from orchestrator.models.pace import STEPS_BEFORE_METADATA_KEY, StepsBefore
 from orchestrator.models.profile import Manifest
 from orchestrator.models.requests import ProfileRequest, ProfileState
+from orchestrator.models.thread_time import ThreadTime
 from tests.support.common import cli_results
 from tests.support.realtraces import only_rank
 from tests.support.tracefiles import case
@@ -118,12 +119,23 @@ def test_the_options_that_add_to_each_ops_cost_are_named_with_what_each_adds() -
     assert "profile again without record_shapes and with_stack for the job's own pace" in note
 
 
+def test_the_training_threads_time_in_the_kernel_is_said_where_it_is_a_part_of_the_step() -> None:
+    ran = ThreadTime(wall_s=1.2, cpu_s=1.1, system_s=0.3, minor_faults=104_941, intra_op_threads=1)
+    note = profiler_cost_note([_rank(0, 300.0, 100.0).model_copy(update={"thread_time": ran})])
+    assert note is not None
+    assert "Its training thread spent 75.0 ms a step in the kernel (104,941 page faults in the window)" in note
+    light = ran.model_copy(update={"system_s": 0.1})  # 25 ms of a 300 ms step: under the share
+    note = profiler_cost_note([_rank(0, 300.0, 100.0).model_copy(update={"thread_time": light})])
+    assert note is not None and "in the kernel" not in note
+    assert 25.0 < KERNEL_SHARE * 300.0
+
+
 def test_a_process_s_first_window_is_told_as_such_before_any_option() -> None:
     note = profiler_cost_note([_rank(0, 300.0, 100.0, windows_before=0)])
     assert note is not None
     assert note.endswith(
-        "It was the process's first window, which pays the profiler's first use: profile the same steps again to "
-        "see how much of it stays (the example job's first windows ran 1.5-3.5x its pace under Ray on 2 cores)."
+        "It was the process's first window, whose records take memory new to the process (a later one reuses it): "
+        "profile the same steps again to see how much stays (the example job's first windows ran 1.5-3.5x its pace)."
     )
 
 

@@ -76,3 +76,17 @@ def test_the_window_writes_its_thread_time_into_the_trace(tmp_path):
     trace = load_trace(tmp_path / "store" / "unit" / "p1" / "traces" / "rank0.h.1.pt.trace.json.gz")
     t = ThreadTime.model_validate(trace[THREAD_TIME_METADATA_KEY])
     assert 0 <= t.cpu_s <= t.wall_s
+
+
+@pytest.mark.skipif(not LINUX, reason="page faults per thread are counted by Linux's RUSAGE_THREAD only")
+def test_memory_the_thread_touches_for_the_first_time_counts_as_page_faults_and_kernel_time():
+    def touch() -> None:
+        fresh = bytearray(64 << 20)  # zero pages the kernel maps only when written
+        for i in range(0, len(fresh), 4096):
+            fresh[i] = 1
+
+    t = _timed(touch)
+    assert t.minor_faults is not None and t.minor_faults >= 1
+    assert t.system_s is not None and 0 <= t.system_s <= t.wall_s
+    idle = _timed(lambda: None)
+    assert idle.minor_faults is not None and idle.minor_faults < t.minor_faults
