@@ -188,14 +188,17 @@ def test_cli_diff_prints_the_change_and_json_has_the_verdicts():
 def test_two_profiles_of_the_live_job_compare_the_same_over_the_client_and_http(live_job, client, service, http):
     # Whether the diff claims a change here depends on the CI machine's load between the
     # two windows (it has claimed a real +39%), so "no change" is asserted on two
-    # recordings of one unchanged GPU job above; this test asserts the live route.
+    # recordings of one unchanged GPU job above; this test asserts the live route. Nothing
+    # differs between the two requests: only a window the profiler slowed (a caution) may
+    # keep them from comparing, and the diff then says so.
     first = client.profile(LIVE_TARGET, steps=6).wait(timeout=180)
     second = client.profile(LIVE_TARGET, steps=6).wait(timeout=180)
 
     diff = client.diff(first.profile_id, second.profile_id)
     over_http = http.get(f"/v1/profiles/{first.profile_id}/diff/{second.profile_id}").json()
 
-    assert diff.comparable and diff.ops_source == "op_table"
+    assert all(why.startswith("the profiler slowed the steps of ") for why in diff.not_comparable)
+    assert diff.comparable == (diff.not_comparable == []) and diff.ops_source == "op_table"
     assert (diff.a.profile_id, diff.b.profile_id) == (first.profile_id, second.profile_id)
     assert over_http["step_time"]["a"]["n"] == over_http["step_time"]["b"]["n"] == 6
     assert over_http["claims"] == diff.claims
@@ -210,9 +213,11 @@ def test_profiles_with_different_options_are_not_comparable_over_http(live_job, 
     body = http.get(f"/v1/profiles/{plain.profile_id}/diff/{shapes.profile_id}").json()
 
     assert body["comparable"] is False
-    assert body["not_comparable"] == [
+    assert body["not_comparable"][0] == (
         "different profiler option record_shapes: False vs True (it changes the profiler's overhead)"
-    ]
+    )
+    # record_shapes may slow its window 1.5x or more on these machines (docs/results.md): then the diff says so too.
+    assert all(why.startswith("the profiler slowed the steps of ") for why in body["not_comparable"][1:])
 
 
 def test_missing_before_folder_is_a_usage_error(tmp_path: Path):

@@ -137,7 +137,10 @@ def test_an_agent_finds_the_slow_rank_and_the_hung_one_over_stdio(ray_cluster, c
             assert manifest["profile_id"] == named["id"] and "secret" not in json.dumps(manifest).lower()
 
             diff = await t.call("diff", {"a": first["id"], "b": second["id"]})
-            assert (diff["a"], diff["b"]) == (first["id"], second["id"]) and diff["comparable"]
+            assert (diff["a"], diff["b"]) == (first["id"], second["id"])
+            # Same request twice: only a window the profiler slowed (its caution) may keep them from comparing.
+            assert all(why.startswith("the profiler slowed the steps of ") for why in diff["not_comparable"])
+            assert diff["comparable"] == (diff["not_comparable"] == [])
             assert diff["step_time"]["verdict"] in ("decreased", "increased", "unchanged", "too_few_steps")
             history = await t.call("history", {"target": SLOW_TARGET, "span_s": 600, "max_points": 20})
             assert {r["rank"] for r in history["ranks"]} == {0, 1} and all(len(r["t"]) <= 20 for r in history["ranks"])

@@ -30,6 +30,28 @@ def test_a_window_armed_right_after_a_heartbeat_still_gets_the_span_before_it() 
     assert pace.before_window(21, 102.25) == Measure(steps=21, span_s=2.25, began=100.0)
 
 
+def test_a_window_armed_right_after_the_last_one_closed_gets_the_pace_the_last_one_got() -> None:
+    # Windows back to back (a schedule, a test's profiles): no clean second since the last close.
+    pace = Pace()
+    pace.sample(0, 100.0)
+    first = pace.before_window(40, 102.0)
+    assert first == Measure(steps=40, span_s=2.0, began=100.0)
+    pace.window_closed(50, 103.0)
+    assert pace.before_window(60, 103.8) == first._replace(windows_before=1)
+    pace.window_closed(70, 104.5)
+    assert pace.before_window(75, 104.5 + LOOKBACK_S + 1) is None  # nothing of the last minute, nor the last measure
+
+
+def test_a_burst_of_polls_just_before_the_arming_keeps_the_measure() -> None:
+    # A sync round (as the controller schedules a window) polls many times within a second.
+    pace = Pace()
+    pace.sample(0, 100.0)
+    pace.sample(100, 110.0)
+    for i in range(200):
+        pace.sample(150, 114.5 + i * 0.002)
+    assert pace.before_window(160, 115.0) == Measure(steps=160, span_s=15.0, began=100.0)
+
+
 def test_heartbeats_older_than_the_lookback_are_not_the_pace_now() -> None:
     pace = Pace()
     pace.sample(0, 100.0)
