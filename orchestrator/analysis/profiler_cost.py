@@ -1,10 +1,11 @@
 """What the profiler cost the steps it recorded: the window's steps against the rank's steps just before it.
 
-The agent writes the rank's last step time before the window into the trace (:mod:`orchestrator.models.pace`). A
+The agent writes the rank's step time just before the window into the trace (:mod:`orchestrator.models.pace`). A
 window whose steps run far slower than that describes profiled steps: what the profiler adds to each op reads as
 the job's own host time, and every host-side figure and saving in the report is of a job the profiler slowed. The
-report then says so first, with the options that add most to what each op costs. A job that changed pace of its
-own as the window opened reads the same; the post-window check (steps after against before) tells the two apart.
+summary's ``caution`` then says so, before the verdict: how much, whether it was the process's first window, the
+training thread's time in the kernel, what each option on adds. A job that changed pace of its own as the window
+opened reads the same; the post-window check (steps after against before) tells the two apart.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["KERNEL_SHARE", "SLOWED", "median_slowdown", "profiler_cost_note", "r
 
 # The ranks' median of window step / step before it from which the report says the profiler slowed the steps. The
 # measure before is a mean over whole seconds (data loading, logging, evaluations in it), so a window's median at
-# half as much again is the profiler's: a LoRA fine-tune's window ran 0.97x its steps before without record_shapes,
+# half as much again is past the loop's own spread: a LoRA fine-tune's window ran 0.97x its steps before without record_shapes,
 # 1.06-8.8x with it; the example job's first windows 1.5-3.5x (`make demo`: 1.95x with its threads 40 ms of an 83 ms
 # step in the kernel), its later ones 0.75-1.15x (against steps the last window's export and analysis still slowed).
 SLOWED = 1.5
@@ -99,8 +100,8 @@ def _kernel(r: RankSummary) -> str:
         return ""
     faults = f" ({t.minor_faults:,} page faults in the window)" if t.minor_faults else ""
     return (
-        f"Its training thread spent {ms:.1f} ms a step in the kernel{faults}: memory new to the process, touched for "
-        "the first time (the profiler's records, and the tensors record_shapes holds), costs that much on this host. "
+        f"Its training thread spent {ms:.1f} ms a step in the kernel{faults}: most often memory new to the process, "
+        "touched for the first time (the profiler's records, and tensors it holds), which costs that much on this host. "
     )
 
 
