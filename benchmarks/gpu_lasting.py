@@ -14,9 +14,12 @@ runs in a fresh process, the settings interleaved round by round (a machine's dr
 - ``cpu,cuda+teardown``: CPU + CUDA windows with Kineto's ``TEARDOWN_CUPTI=1`` (CUPTI finalized after each window).
   Upstream (pytorch/pytorch issue 144455, open) reports training 10-20% slower after profiling because Kineto leaves
   CUPTI attached by default; torch sets ``TEARDOWN_CUPTI=0`` itself where CUDA graphs and CUPTI re-init crash
-  (CUDA < 12.6), so the agent cannot turn teardown on blind: this setting is the evidence it would need.
+  (CUDA < 12.6), so the agent cannot turn teardown on blind: this setting is the evidence it would need;
+- ``torch:cpu`` / ``torch:cpu,cuda`` / ``torch:cpu,cuda+teardown``: the same windows taken with ``torch.profiler``
+  alone (no agent: a ``profile`` context over the window's steps, its trace written with ``export_chrome_trace``):
+  whether a lasting cost is rayprof's or torch's own. On CPU ``torch:cpu``.
 
-A setting's ratios above sham's are its lasting cost. Needs torch and rayprof's small dependencies only, as the check.
+A setting's ratios above sham's are its lasting cost. ``--setting`` (repeatable) runs only those named. Needs torch and rayprof's small dependencies only, as the check.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.gpu_driver import WINDOW_STEPS, Driver, loops
 
-SETTINGS = ("sham", "cpu", "cpu,cuda", "cpu,cuda+read", "cpu,cuda+teardown")
-CPU_SETTINGS = ("sham", "cpu", "cpu+read")  # a rehearsal of the flow where there is no CUDA device
+SETTINGS = ("sham", "cpu", "cpu,cuda", "cpu,cuda+read", "cpu,cuda+teardown", "torch:cpu", "torch:cpu,cuda",
+            "torch:cpu,cuda+teardown")
+CPU_SETTINGS = ("sham", "cpu", "cpu+read", "torch:cpu")  # a rehearsal of the flow where there is no CUDA device
 
 
 def child(setting: str, device: torch.device, model: str, windows: int, steps: int) -> dict[str, Any]:
@@ -45,7 +50,8 @@ def child(setting: str, device: torch.device, model: str, windows: int, steps: i
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="rayprof-lasting-") as tmp:
         driver = Driver(Path(tmp) / "store", device)
-        driver.activities = setting.split("+")[0].split(",") if setting != "sham" else []
+        bare = setting.startswith("torch:")
+        driver.activities = setting.removeprefix("torch:").split("+")[0].split(",") if setting != "sham" else []
         driver.read_traces = setting.endswith("+read")
         loop = loops(device, quick=device.type == "cpu")[model]
         driver.train(loop, 10)
@@ -54,6 +60,12 @@ def child(setting: str, device: torch.device, model: str, windows: int, steps: i
         def window(i: int) -> None:
             if setting == "sham":
                 driver.train(loop, WINDOW_STEPS + 2)  # armed 2 steps ahead, then its steps
+            elif bare:
+                driver.train(loop, 2)
+                kinds = {"cpu": ProfilerActivity.CPU, "cuda": ProfilerActivity.CUDA}
+                with profile(activities=[kinds[a] for a in driver.activities]) as prof:
+                    driver.train(loop, WINDOW_STEPS)
+                prof.export_chrome_trace(str(Path(tmp) / f"w{i}.json"))
             else:
                 facts = driver.window(loop, f"w{i}")
                 if facts["state"] != "DONE":
@@ -94,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="processes per setting")
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100, help="steps per timed median")
+    parser.add_argument("--setting", action="append", choices=SETTINGS + CPU_SETTINGS,
+                        help="run only this setting (repeatable; default: every one the device has)")
     parser.add_argument("--child", choices=SETTINGS + CPU_SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is required")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     started, runs, result = time.monotonic(), [], {}
-    settings = SETTINGS if args.device == "cuda" else CPU_SETTINGS
+    settings = tuple(args.setting or (SETTINGS if args.device == "cuda" else CPU_SETTINGS))
     for n in range(args.rounds):
         for setting in settings[n % len(settings):] + settings[: n % len(settings)]:  # a different setting first each round
             cmd = [sys.executable, "-m", "benchmarks.gpu_lasting", "--child", setting, "--device", args.device,

@@ -106,7 +106,10 @@ def summarize(ranks: list[RankPostWindow], threshold: float, steps: int) -> Post
         worst = max((r.ratio or 0.0) for r in ranks if r.verdict == "slower")
         detail = (
             f"the profiler may not have let go: ranks {slower} stayed over {threshold:g}x their step time before "
-            f"the window for more than {steps} steps after it (up to {worst:.2f}x)"
+            f"the window for more than {steps} steps after it (up to {worst:.2f}x). torch.profiler itself leaves "
+            f"this on steps that launch many small CUDA kernels (windows taken with torch.profiler alone left an "
+            f"H200's launch-bound steps 1.2-1.4x slower; pytorch/pytorch#144455); restarting the workers from a "
+            f"checkpoint clears it"
         )
     elif verdict == "pending":
         detail = f"waiting for {steps} steps after the window on every rank"
