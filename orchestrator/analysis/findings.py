@@ -49,6 +49,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.gc_finding import gc_pause
+from orchestrator.analysis.generation import generation
 from orchestrator.analysis.groups import slow_link
 from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
@@ -347,6 +348,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     dataloader_bound,
     optimizer_host,
     param_loop,
+    generation,
     accumulation_sync,
     comm_exposed,
     gpu_bound,

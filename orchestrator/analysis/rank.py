@@ -64,6 +64,7 @@ from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.cpu_wait import read_thread_time
 from orchestrator.analysis.device import DeviceView, WindowGpu, copy_issuer, memory_peaks
 from orchestrator.analysis.gc_finding import read_gc
+from orchestrator.analysis.generation import generation_of
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import recorded_steps, unscheduled_windows
@@ -366,12 +367,11 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         return dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
 
     own, own_waits = own_comm(main_kinds, windows, model_time, waits, launched) or (None, [])
-    zero = zero_of(frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
+    zero = zero_of(stepped := frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
     return RankSummary(
         rank=trace.file.rank, host=trace.file.host, file=trace.file.path.name, device=trace.device,
         accelerator=Accelerator.of(trace.device_properties, trace.device), unrecorded_device=trace.unrecorded, window=window_kind, steps=steps,
-        mean_step_ms=sum(durations) / len(durations) if steps else None,
-        median_step_ms=statistics.median(durations) if steps else None,
+        mean_step_ms=sum(durations) / len(durations) if steps else None, median_step_ms=statistics.median(durations) if steps else None,
         mean_phases=mean_phases, comm_wait_ms=comm_wait,
         ray_train=train_version(frames.get(main_key, ()), timeline),
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
@@ -392,7 +392,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
         thread_time=thread_time, steps_before=steps_before, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
-        param_loop=param,
+        param_loop=param, generation=generation_of(stepped, windows),
         issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.

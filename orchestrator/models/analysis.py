@@ -10,6 +10,7 @@ from orchestrator.loops import Loop
 from orchestrator.models.accelerator import Accelerator
 from orchestrator.models.anomaly import AnomalyChecks
 from orchestrator.models.gc_pauses import GcPauses
+from orchestrator.models.generation import Generation
 from orchestrator.models.idle import IDLE_CAUSES, IDLE_LABELS, IdleAttribution, IdleCause, IdleShare, OpStat
 from orchestrator.models.merge_stats import RejectedTrace
 from orchestrator.models.pace import StepsBefore
@@ -300,6 +301,7 @@ class RankSummary(_Model):
     memory: list[MemoryPeak] = Field(default_factory=list)
     recompute: Recompute | None = Field(default=None, description="Forward's ops backward runs again; None for none.")
     param_loop: ParamLoop | None = Field(default=None, description="A loop over tensors outside model and optimizer.")
+    generation: Generation | None = Field(default=None, description="transformers' generate in the steps; None for none.")
     step_definition: str | None = Field(
         default=None,
         description="What one step holds in the trace: '1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes "

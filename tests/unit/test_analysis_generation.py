@@ -1,0 +1,91 @@
+"""Text generation inside the training step, told with the engine that generates faster
+(orchestrator.analysis.generation).
+
+Recorded by tests/data/record_cpu_grpo.py: TRL 1.16's GRPOTrainer, unmodified, on a two-layer GPT-2 built from a config,
+8 completions of 16 tokens a step. Before: one info line about reads and one about activation checkpointing; the
+generation's half of the step stood in "forward" with nothing said about it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.analysis import analyze_folder
+from orchestrator.analysis.generation import GENERATE_FILE, generation_of
+from orchestrator.analysis.python_frames import user_frames
+from orchestrator.models.analysis import Finding, Summary
+from orchestrator.traces.loader import Span
+from tests.support.tracefiles import case
+
+
+def generation_finding(summary: Summary) -> Finding | None:
+    return next((f for f in summary.findings if f.code == "generation"), None)
+
+
+def frame(name: str, ts: float, end: float) -> Span:
+    return Span(ts=ts, end=end, name=name, cat="python_function", pid=0, tid=0)
+
+
+def test_trl_grpo_generation_is_the_first_finding_with_trls_vllm_option():
+    summary = analyze_folder(case("cpu_trl_grpo"))
+    found = summary.findings[0]
+    assert found.code == "generation" and found.severity == "warning" and found.ranks == [0]
+    assert "GRPOTrainer._generate_single_turn (trl/trainer/grpo_trainer.py:" in found.evidence
+    assert "use_vllm=True" in found.fix and "cache_implementation='static'" in found.fix
+    (rank,) = summary.ranks
+    assert rank.generation is not None and len(rank.generation.ms) == len(rank.steps) == 3
+    # Generation is forward's ops without gradients: inside the forward phase, and most of it.
+    assert 0.3 < found.max_saving_fraction < rank.mean_phases.forward / (rank.mean_step_ms or 1)
+
+
+@pytest.mark.parametrize("name", ["cpu_hf_trainer", "cpu_peft_lora", "cpu_hf_trainer_stacks", "cpu_lightning"])
+def test_a_loop_that_generates_nothing_is_not_told(name):
+    summary = analyze_folder(case(name))
+    assert generation_finding(summary) is None and all(r.generation is None for r in summary.ranks)
+
+
+def test_with_stack_frames_name_the_caller_outside_transformers_and_a_wrappers_generate():
+    frames = user_frames([
+        frame("my_rl/rollout.py(10): collect", 0, 100),
+        frame("peft/peft_model.py(1900): generate", 5, 95),  # PEFT hands over to transformers' generate
+        frame(f"{GENERATE_FILE}(2000): generate", 10, 90),
+        frame(f"{GENERATE_FILE}(2500): _sample", 12, 88),
+        frame("trl/trainer/utils.py(1609): _fused_forward", 20, 30),  # called from inside generate: not its caller
+    ])
+    gen = generation_of(frames, [(0.0, 50.0), (50.0, 100.0)])
+    assert gen is not None and gen.caller == "my_rl/rollout.py(10): collect"
+    assert gen.ms == [pytest.approx(0.04), pytest.approx(0.04)]
+
+
+def test_stack_samples_name_the_frame_above_generate_in_the_same_sample():
+    # A sample's frames share its stretch, outermost first: the caller is the one just above generate.
+    frames = [
+        frame("trl/trainer/grpo_trainer.py(1512): GRPOTrainer.training_step", 0, 5),
+        frame("trl/trainer/grpo_trainer.py(1873): GRPOTrainer._generate_single_turn", 0, 5),
+        frame(f"{GENERATE_FILE}(3008): GenerationMixin.generate", 0, 5),
+        frame("trl/trainer/utils.py(1609): _fused_forward", 0, 5),
+    ]
+    gen = generation_of(frames, [(0.0, 10.0)])
+    assert gen is not None and gen.caller == "trl/trainer/grpo_trainer.py(1873): GRPOTrainer._generate_single_turn"
+
+
+def test_a_function_named_generate_outside_transformers_is_not_generation():
+    frames = [frame("my_data/synth.py(3): generate", 0, 50)]
+    assert generation_of(frames, [(0.0, 100.0)]) is None
+
+
+@given(st.lists(st.tuples(st.floats(0, 1000), st.floats(0, 500), st.booleans()), max_size=30),
+       st.lists(st.floats(1, 400), min_size=1, max_size=5))
+def test_generation_never_exceeds_the_steps_it_is_counted_in(spans, lengths):
+    frames = user_frames([
+        frame(f"{GENERATE_FILE}(1): generate" if gen else "my/loop.py(1): step", ts, ts + width) for ts, width, gen in spans
+    ])
+    windows, start = [], 0.0
+    for length in lengths:
+        windows.append((start, start + length))
+        start += length
+    gen = generation_of(frames, windows)
+    if gen is not None:
+        assert all(0 <= ms * 1000 <= b - a + 1e-6 for ms, (a, b) in zip(gen.ms, windows, strict=True))
