@@ -21,7 +21,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from orchestrator.analysis.finding_base import make_finding, one_step, ranks_text, step_word
+from orchestrator.analysis.finding_base import make_finding, ranks_text, step_word
 from orchestrator.analysis.intervals import Intervals, clip, total, union
 from orchestrator.analysis.python_frames import frame_label, frame_parts
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
@@ -34,6 +34,11 @@ GENERATE_FILE = "transformers/generation/utils.py"
 _TRANSFORMERS = "transformers/"
 # A wrapper's generate that hands over to transformers' (PEFT's PeftModel.generate): not the caller that decides.
 _GENERATE = "generate"
+# Functions of an evaluation (transformers' Trainer and Seq2SeqTrainer, Lightning): generation under them is not the
+# training step's, and an evaluation's cost is told as the work between steps.
+_EVALUATION = frozenset({
+    "evaluate", "evaluation_loop", "prediction_step", "predict", "validate", "validation_step", "test_step", "predict_step",
+})
 
 _TRL_FIX = (
     "Generate with vLLM: use_vllm=True in the trainer's config (GRPOConfig, RLOOConfig; vllm_mode='colocate' runs it "
@@ -58,37 +63,43 @@ def _is_generate(name: str) -> bool:
     return parts is not None and parts[0] == GENERATE_FILE and _function(name) == _GENERATE
 
 
-def _caller(frames: Sequence[Span], calls: Sequence[int]) -> str | None:
-    """The innermost frame around each of ``calls`` (indices into ``frames``: the outermost generate frame of each
-    stretch of generation) that is neither transformers' nor a wrapper's ``generate``, the one around most of the
-    time. A frame's callers come before it in ``frames`` (sorted by start, the longer first; a stack sample's frames
-    share its stretch and come outermost first)."""
-    held: Counter[str] = Counter()
-    for call in calls:
-        g = frames[call]
-        around = [
-            i for i in range(call) if frames[i].ts <= g.ts and frames[i].end >= g.end
-            and _function(frames[i].name) != _GENERATE
-            and not (frame_parts(frames[i].name) or ("", ""))[0].startswith(_TRANSFORMERS)
-        ]
-        if around:
-            held[frames[around[-1]].name] += g.end - g.ts
-    return held.most_common(1)[0][0] if held else None
+def _above(frames: Sequence[Span], call: int) -> list[int]:
+    """The frames around ``frames[call]`` that called it, outermost first. A frame's callers come before it in
+    ``frames`` (sorted by start, the longer first; a stack sample's frames share its stretch, outermost first)."""
+    g = frames[call]
+    return [i for i in range(call) if frames[i].ts <= g.ts and frames[i].end >= g.end]
+
+
+def _decides(name: str) -> bool:
+    """A frame that can be generate's caller: neither transformers' own nor a wrapper's generate (PEFT's)."""
+    parts = frame_parts(name)
+    return parts is not None and not parts[0].startswith(_TRANSFORMERS) and _function(name) != _GENERATE
 
 
 def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | None:
     """The time the main thread's ``frames`` (with_stack frames, or stack samples as frames, in the order
     :func:`~orchestrator.analysis.python_frames.user_frames` gives them) spend inside transformers' generate in each of
-    ``windows`` (the steps); None where they show none."""
-    generating = [i for i, f in enumerate(frames) if _is_generate(f.name)]
-    spans = union((frames[i].ts, frames[i].end) for i in generating)
-    ms = [total(clip(spans, a, b)) / 1000 for a, b in windows]
+    ``windows`` (the steps), and its caller: the innermost frame above the outermost generate of each stretch that
+    :func:`_decides`, the one above most of the time. An evaluation's generation (a stretch under
+    ``Trainer.evaluate``, ``prediction_step``, ``validation_step``...) is not counted. None where they show none."""
+    firsts: dict[float, int] = {}
+    for i, f in enumerate(frames):
+        if _is_generate(f.name):
+            firsts.setdefault(f.ts, i)  # each start's first frame: the outermost (with_stack) or the sample's own
+    kept: list[tuple[float, float]] = []
+    held: Counter[str] = Counter()
+    for a, b in union((frames[i].ts, frames[i].end) for i in firsts.values()):
+        above = _above(frames, firsts[a])
+        if any(_function(frames[i].name) in _EVALUATION for i in above):
+            continue
+        kept.append((a, b))
+        caller = next((frames[i].name for i in reversed(above) if _decides(frames[i].name)), None)
+        if caller is not None:
+            held[caller] += b - a
+    ms = [total(clip(kept, a, b)) / 1000 for a, b in windows]
     if not any(ms):
         return None
-    firsts: dict[float, int] = {}
-    for i in generating:
-        firsts.setdefault(frames[i].ts, i)  # each start's first frame: the outermost (with_stack) or the sample's own
-    return Generation(ms=ms, caller=_caller(frames, [firsts[a] for a, _ in spans]))
+    return Generation(ms=ms, caller=held.most_common(1)[0][0] if held else None)
 
 
 def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
@@ -112,9 +123,23 @@ def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding 
             f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on rank {worst.rank}"
             + (f" (found on {ranks_text(hit)})" if len(hit) > 1 else "")
             + ". It runs one forward pass of the whole model per generated token, without gradients (counted in "
-            "forward above); on a device, small kernels issued one token after another."
+            "forward above); on a device, small kernels issued one token after another." + _some_steps(worst, gen.ms)
         ),
         fix=_TRL_FIX if trl else _FIX,
         ranks=[r.rank for r in hit],
-        one_off=one_step(worst, gen.ms),  # an evaluation's generation in one step of the window
+    )
+
+
+def _some_steps(r: RankSummary, per_step: Sequence[float]) -> str:
+    """Where only some steps generate: which, and why the mean still stands. A trainer's rollout recurs by design (an
+    evaluation's is not counted), so this is no one-off and the finding reads the mean."""
+    generating = [s.step for s, v in zip(r.steps, per_step, strict=True) if v > 0]
+    if len(generating) == len(per_step):
+        return ""
+    return (
+        f" It ran in {len(generating)} of the {len(per_step)} steps (step{'s' if len(generating) > 1 else ''} "
+        f"{', '.join(map(str, generating))}): a trainer "
+        "that reuses its completions for several updates (TRL's num_iterations, or steps_per_generation above "
+        "gradient_accumulation_steps) generates every few steps, so the mean over whole periods is its cost; a "
+        "window of more steps measures it closer."
     )

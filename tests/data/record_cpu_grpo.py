@@ -9,6 +9,8 @@ code, 8 completions of 16 tokens a step (4 per prompt), a reward of the completi
 TrainerCallback's on_step_end as the step boundary:
   trl_grpo   the agent's stack samples (every 5 ms, tests/data/sampled.py) over the recorded steps, as a rayprof window
              records them: GRPOTrainer._generate_single_turn calls generate in every step, half the step
+  trl_grpo_iterations  the same with num_iterations=3: each generation's completions serve three updates, so one step
+             in three generates (step 3 of the recorded 2-4)
 trl 1.16.0 and datasets are no dependencies: install them beside the recorder to record (pip install --target DIR
 --no-deps trl datasets dill xxhash multiprocess).
 """
@@ -31,7 +33,7 @@ from sampled import SampledSteps  # noqa: E402
 STEPS = 5  # wait 1 + warmup 1 + active 3: the trace is written at the fifth prof.step()
 
 
-def _record(out: Path, name: str) -> None:
+def _record(out: Path, name: str, **options: Any) -> None:
     from datasets import Dataset
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TrainerCallback
@@ -64,7 +66,7 @@ def _record(out: Path, name: str) -> None:
 
     args = GRPOConfig(
         output_dir=str(out / name / "run"), max_steps=STEPS, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=16, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
+        max_completion_length=16, use_cpu=True, **options, report_to="none", save_strategy="no", logging_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0,
     )
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
@@ -78,7 +80,10 @@ def _record(out: Path, name: str) -> None:
     raw.unlink()
 
 
-CASES = {"trl_grpo": lambda out: _record(out, "trl_grpo")}
+CASES = {
+    "trl_grpo": lambda out: _record(out, "trl_grpo"),
+    "trl_grpo_iterations": lambda out: _record(out, "trl_grpo_iterations", num_iterations=3),
+}
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])

@@ -89,3 +89,21 @@ def test_generation_never_exceeds_the_steps_it_is_counted_in(spans, lengths):
     gen = generation_of(frames, windows)
     if gen is not None:
         assert all(0 <= ms * 1000 <= b - a + 1e-6 for ms, (a, b) in zip(gen.ms, windows, strict=True))
+
+
+def test_a_rollout_every_few_steps_still_warns_on_its_mean_and_says_which_steps():
+    summary = analyze_folder(case("cpu_trl_grpo_iterations"))  # num_iterations=3: one step in three generates
+    found = summary.findings[0]
+    assert found.code == "generation" and found.severity == "warning"
+    assert "It ran in 1 of the 3 steps (step 3)" in found.evidence and "num_iterations" in found.evidence
+    (rank,) = summary.ranks
+    assert rank.generation is not None and sorted(v > 0 for v in rank.generation.ms) == [False, False, True]
+
+
+def test_an_evaluations_generation_is_not_the_training_steps():
+    frames = [
+        frame("transformers/trainer.py(4000): Trainer.evaluate", 0, 40),
+        frame("transformers/trainer_seq2seq.py(300): Seq2SeqTrainer.prediction_step", 0, 40),
+        frame(f"{GENERATE_FILE}(3008): GenerationMixin.generate", 0, 40),
+    ]
+    assert generation_of(frames, [(0.0, 100.0)]) is None
