@@ -107,7 +107,7 @@ def summarize(ranks: list[RankPostWindow], threshold: float, steps: int) -> Post
         detail = (
             f"the profiler may not have let go: ranks {slower} stayed over {threshold:g}x their step time before "
             f"the window for more than {steps} steps after it (up to {worst:.2f}x). torch.profiler itself leaves "
-            f"this on steps that launch many small CUDA kernels (windows taken with torch.profiler alone left an "
+            f"this in a CUDA process whose steps launch many small kernels (windows taken with torch.profiler alone left an "
             f"H200's launch-bound steps 1.2-1.4x slower; pytorch/pytorch#144455); restarting the workers from a "
             f"checkpoint clears it"
         )
