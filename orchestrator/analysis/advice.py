@@ -8,7 +8,7 @@ causes a fix can point at, each with its idle ms per step:
 
 * ``optimizer``: host time in ``Optimizer.step`` / ``zero_grad`` (its ops and its launch pace):
   a fused or foreach optimizer (time in a loop over tensors the param_loop finding tells, fastai's own optimizer or
-  a weights' average, is that finding's: :func:`loop_idle_ms`);
+  a weights' average, is that finding's: :func:`told_idle_ms`; so is generation's);
 * ``region``: host time in one of the user's ``record_function`` regions (its ops and Python):
   keep its work on the device, or off the step;
 * ``allocator``: ``cudaMalloc`` / ``cudaFree`` / ``hipMalloc``...: the caching allocator;
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from orchestrator.analysis.finding_base import first_use_examples, ms_list, runtime_of
+from orchestrator.analysis.generation import GENERATION_REGION
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.param_loops import LOOP_REGION
@@ -53,7 +54,10 @@ from orchestrator.analysis.python_frames import frame_label
 from orchestrator.analysis.spans import is_compiled_name, site_parts
 from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
-__all__ = ["Cause", "fix_for", "host_op", "loop_idle_ms", "named_causes", "once_note", "paid_once", "round_trips"]
+__all__ = ["Cause", "fix_for", "host_op", "named_causes", "once_note", "paid_once", "round_trips", "told_idle_ms"]
+
+# Regions whose device idle time a finding of its own tells: a loop over tensors (param_loop), generation.
+_TOLD = (LOOP_REGION, GENERATION_REGION)
 
 Kind = (
     Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture", "compile"]
@@ -125,8 +129,8 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     for cause in ("cpu", "launch"):
         if cause in shares:
             for name, ms in _per_step(r, shares[cause].regions).items():
-                if name.startswith(LOOP_REGION):
-                    continue  # the param_loop finding's
+                if name.startswith(_TOLD):
+                    continue  # the param_loop or generation finding's
                 if name.startswith("Optimizer."):
                     optimizer += ms
                 elif cause == "cpu":
@@ -150,7 +154,7 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
             Cause("launch_calls" if "Launch" in n else "runtime_calls", n, ms, ("runtime",)) for n, ms in calls.items() if n not in alloc
         ]
     if "launch" in shares:
-        in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith(("Optimizer.", LOOP_REGION)))
+        in_optimizer = sum(ms for n, ms in _per_step(r, shares["launch"].regions).items() if n.startswith(("Optimizer.", *_TOLD)))
         out.append(Cause("launch", "launch pace", max(shares["launch"].ms_per_step - in_optimizer, 0.0), ("launch",)))
     if "cpu" in shares and shares["cpu"].model_ops:
         ops = shares["cpu"].model_ops
@@ -159,16 +163,16 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
         name = ops[0].name if len(ops) == 1 else "the model's ops" + (f" ({listed})" if listed else "")
         kind: Kind = "op" if len(ops) == 1 else "ops"
         out.append(Cause(kind, name, shares["cpu"].model_ops_ms / steps, ("cpu",), lead_ms=ops[0].total_ms / steps))
-    if "cpu" in shares and shares["cpu"].python_frames:
-        frames, steps = shares["cpu"].python_frames, max(len(r.steps), 1)
+    # The function a told stretch names (its region's name, after the prefix) is that finding's, as the stretch is.
+    owners = {n.name[len(p):] for c in ("cpu", "launch") if c in shares for n in shares[c].regions for p in _TOLD if n.name.startswith(p)}
+    frames = [f for f in shares["cpu"].python_frames if frame_label(f.name) not in owners] if "cpu" in shares else []
+    if frames:
+        steps, gone = max(len(r.steps), 1), sum(f.total_ms for f in shares["cpu"].python_frames if f not in frames)
         listed = ms_list((frame_label(f.name, 90), f.total_ms / steps) for f in frames)
-        name = "Python functions" + (f" ({listed})" if listed else "")
-        out.append(
-            Cause(
-                python_kind(frames[0].name), name, shares["cpu"].python_frames_ms / steps, ("cpu",),
-                lead_ms=frames[0].total_ms / steps, frames=tuple(f.name for f in frames),
-            )
-        )
+        out.append(Cause(
+            python_kind(frames[0].name), "Python functions" + (f" ({listed})" if listed else ""),
+            (shares["cpu"].python_frames_ms - gone) / steps, ("cpu",), lead_ms=frames[0].total_ms / steps, frames=tuple(f.name for f in frames),
+        ))
     if "queued" in shares:
         out.append(Cause("queued", "queued work", shares["queued"].ms_per_step, ("queued",)))
     if "capture" in shares:
@@ -178,15 +182,16 @@ def named_causes(r: RankSummary, exclude: Iterable[IdleCause] = ()) -> list[Caus
     return sorted((c for c in out if c.ms > 0), key=lambda c: -c.ms)
 
 
-def loop_idle_ms(r: RankSummary) -> float:
-    """The device idle ms per step in a told loop over tensors (:func:`~orchestrator.analysis.param_loops.with_loop`):
-    the param_loop finding's, as the DataLoader's wait is the dataloader_bound finding's. Its host ops and launch
-    pace, the causes :func:`named_causes` leaves out for it (a runtime call is named by the call, in a loop or not)."""
+def told_idle_ms(r: RankSummary, region: str) -> float:
+    """The device idle ms per step in the stretches named ``region`` and after (a loop over tensors: :func:`~.param_loops.with_loop`;
+    generation: :func:`~.generation.with_generation`): a finding of its own's, as the DataLoader's wait is the
+    dataloader_bound finding's. Their host ops and launch pace, the causes :func:`named_causes` leaves out for them (a
+    runtime call is named by the call, in a stretch or not)."""
     if r.idle is None:
         return 0.0
     return sum(
         ms for c in r.idle.causes if c.cause in ("cpu", "launch")
-        for name, ms in _per_step(r, c.regions).items() if name.startswith(LOOP_REGION)
+        for name, ms in _per_step(r, c.regions).items() if name.startswith(region)
     )
 
 

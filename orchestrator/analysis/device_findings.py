@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.analysis.accumulation import early_ms
-from orchestrator.analysis.advice import Cause, fix_for, loop_idle_ms, named_causes, once_note, paid_once
+from orchestrator.analysis.advice import Cause, fix_for, named_causes, once_note, paid_once, told_idle_ms
 from orchestrator.analysis.anomaly import traceback_ms
 from orchestrator.analysis.between import MOSTLY, periodic_text, periodic_work
 from orchestrator.analysis.comm_fix import by_collective_text, comm_fix, leading_collective
@@ -27,10 +27,12 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.gc_finding import gc_wait_ms
+from orchestrator.analysis.generation import GENERATION_REGION
 from orchestrator.analysis.groups import slow_groups
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
 from orchestrator.analysis.kernel_kinds import device_work_fix, kinds, short_name
 from orchestrator.analysis.own_collectives import own_collectives
+from orchestrator.analysis.param_loops import LOOP_REGION
 from orchestrator.analysis.spans import is_comm_kernel_name
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -73,11 +75,12 @@ _SPREAD = (
 
 def _unnamed_ms(r: RankSummary) -> float:
     """Idle ms per step no cause names: Python outside any op that no frame of the user's code names (a trace without
-    stacks names none), and host time nothing profiled."""
+    stacks names none), and host time nothing profiled; at most the idle time no finding claims (Python inside a told
+    loop or generation is that finding's)."""
     assert r.idle is not None
     cpu = r.idle.get("cpu")
     python = sum(o.total_ms for o in cpu.top if o.name == PYTHON_OUTSIDE_OPS) - cpu.python_frames_ms if cpu is not None else 0.0
-    return max(python, 0.0) / max(len(r.steps), 1) + r.idle.ms("untraced")
+    return min(max(python, 0.0) / max(len(r.steps), 1) + r.idle.ms("untraced"), _unclaimed(r))
 
 
 def _unnamed_fix(r: RankSummary, ms: float) -> str:
@@ -132,11 +135,12 @@ def _periodic_fix(r: RankSummary, when: OneStep) -> str:
 
 def _unclaimed(r: RankSummary) -> float:
     """Device idle ms per step not claimed by a finding of its own (DataLoader, syncs, copies, collectives, a loop
-    over tensors)."""
+    over tensors, generation)."""
     if r.idle is None:
         return 0.0
     claimed = claimed_causes(r)
-    return max(0.0, sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - loop_idle_ms(r) - traceback_ms(r))
+    told = told_idle_ms(r, LOOP_REGION) + told_idle_ms(r, GENERATION_REGION) + traceback_ms(r)
+    return max(0.0, sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - told)
 
 
 def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
@@ -164,7 +168,9 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
         return None
     worst = max(hit, key=lambda r: (share(r, _unclaimed(r)), -r.gpu.utilization))
     claimed = claimed_causes(worst)
-    owned = sorted(claimed) + (["the loop over tensors"] if loop_idle_ms(worst) > 0 else []) + (
+    owned = sorted(claimed) + (["the loop over tensors"] if told_idle_ms(worst, LOOP_REGION) > 0 else []) + (
+        ["the generation"] if told_idle_ms(worst, GENERATION_REGION) > 0 else []
+    ) + (
         ["anomaly detection's tracebacks"] if traceback_ms(worst) > 0 else []
     )
     named = named_causes(worst, exclude=claimed)

@@ -10,9 +10,10 @@ say that they are generation: time inside ``transformers/generation/utils.py``'s
 where the completions come from: an inference engine that batches and keeps its KV cache on the device (vLLM,
 SGLang; TRL's ``use_vllm=True``), or transformers' own static KV cache, which torch.compile can compile.
 
-Recorded: TRL 1.16's ``GRPOTrainer``, unmodified, on a two-layer GPT-2 built from a config, 8 completions of 32
-tokens a step on a CPU (``tests/data/record_cpu_grpo.py``): generate held 49% of the step's stack samples, and the
-report said nothing beyond two info lines. A loop that generates nothing has no such frame and is not told.
+Recorded: TRL 1.16's ``GRPOTrainer``, unmodified, on a two-layer GPT-2 built from a config, 8 completions of 16
+tokens a step on a CPU (``tests/data/record_cpu_grpo.py``): generate held 70.7 ms of a 142.3 ms step, and the report
+said nothing beyond two info lines. A loop that generates nothing has no such frame and is not told. On a device the
+idle time in generation's stretches is this finding's (:func:`with_generation`), as a told loop's is param_loop's.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.generation import Generation
 from orchestrator.traces.loader import Span
 
-__all__ = ["GENERATE_FILE", "generation", "generation_of"]
+__all__ = ["GENERATE_FILE", "GENERATION_REGION", "generation", "generation_of", "with_generation"]
 
 GENERATE_FILE = "transformers/generation/utils.py"
+# The name of generation's stretches among a thread's regions (with_generation), its caller after it.
+GENERATION_REGION = "generation by "
 _TRANSFORMERS = "transformers/"
 # A wrapper's generate that hands over to transformers' (PEFT's PeftModel.generate): not the caller that decides.
 _GENERATE = "generate"
@@ -99,7 +102,18 @@ def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | No
     ms = [total(clip(kept, a, b)) / 1000 for a, b in windows]
     if not any(ms):
         return None
-    return Generation(ms=ms, caller=held.most_common(1)[0][0] if held else None)
+    return Generation(ms=ms, caller=held.most_common(1)[0][0] if held else None, stretches=kept)
+
+
+def with_generation(regions: list[Span], gen: Generation | None) -> list[Span]:
+    """``regions`` (sorted by start, then longest first) with generation's stretches as regions of their own: the
+    device idle time in them (a token's small kernels, issued one after another) is the generation finding's, not
+    the device idle finding's model ops or launch pace."""
+    if gen is None:
+        return regions
+    name = GENERATION_REGION + (frame_label(gen.caller) if gen.caller else "the loop")
+    spans = [Span(a, b, name, "user_annotation", None, None) for a, b in gen.stretches]
+    return sorted([*regions, *spans], key=lambda s: (s.ts, -s.end))
 
 
 def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:

@@ -64,7 +64,7 @@ from orchestrator.analysis.cpu_reads import waits_on_a_device
 from orchestrator.analysis.cpu_wait import read_thread_time
 from orchestrator.analysis.device import DeviceView, WindowGpu, copy_issuer, memory_peaks
 from orchestrator.analysis.gc_finding import read_gc
-from orchestrator.analysis.generation import generation_of
+from orchestrator.analysis.generation import generation_of, with_generation
 from orchestrator.analysis.idle import HostThread, attribute
 from orchestrator.analysis.intervals import Intervals, by_time, clip, cover, intersect, subtract, total, union
 from orchestrator.analysis.iterations import recorded_steps, unscheduled_windows
@@ -342,13 +342,14 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     named = launched_by([s for s in device_spans if is_comm_kernel(s)], launches, kinds) if device_spans else {}
     gpu_stats = dev.stats(windows, gpu_rows, launches, whole=whole, launched_by=named) if device_spans and windows else None
     idle, main_frames = None, user_frames(frames.get(main_key, ()))  # Python outside ops and the reads are main's
+    gen = generation_of(stepped := frames_or_samples(main_frames, timeline, list(windows)), windows)
     loading = [iv for t0, t1 in windows for iv in clip(training_data, t0, t1)]
     reads = [iv for t0, t1 in windows for iv in clip(sync_rule, t0, t1)]  # each read's wait
     if device_spans and windows:
         main_host = HostThread(
             data=training_data, sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
-            steps=windows if step_spans else [], spans=main, skip=step_names | around, regions=with_loop(regions, param),
+            steps=windows if step_spans else [], spans=main, skip=step_names | around, regions=with_loop(with_generation(regions, gen), param),
             optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
             frames=frames_or_samples(main_frames, timeline, gaps),  # samples stand in for stacks
         )
@@ -367,7 +368,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         return dev.exposed_launched_in(windows, calls, launches, main_key) if device_spans else 0.0
 
     own, own_waits = own_comm(main_kinds, windows, model_time, waits, launched) or (None, [])
-    zero = zero_of(stepped := frames_or_samples(main_frames, timeline, list(windows)))  # a DeepSpeed engine's reduction
+    zero = zero_of(stepped)  # a DeepSpeed engine's reduction
     return RankSummary(
         rank=trace.file.rank, host=trace.file.host, file=trace.file.path.name, device=trace.device,
         accelerator=Accelerator.of(trace.device_properties, trace.device), unrecorded_device=trace.unrecorded, window=window_kind, steps=steps,
@@ -392,8 +393,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         step_definition=describe_step(main_kinds, windows, backward_anywhere),
         loop=trace_loop(trace.header, frames.get(main_key, ())),
         thread_time=thread_time, steps_before=steps_before, gc=gc_pauses, recompute=recompute_of(process, windows, dev if device_spans else None, launches),
-        param_loop=param, generation=generation_of(stepped, windows),
-        issues=issues,
+        param_loop=param, generation=gen, issues=issues,
         optimizers=optimizer_classes(main_kinds, windows), optimizer_impl=optimizer_impl(main_kinds, own_optimizer),
         # Asked of CPU-only traces only (the optimizer_host finding): a pass over the main thread's spans.
         optimizer_ops=0.0 if device_spans else top_level_ops(main, own_optimizer) / max(len(windows), 1),

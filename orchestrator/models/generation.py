@@ -15,6 +15,10 @@ class Generation(StrictModel):
     with_stack frames."""
 
     ms: list[float] = Field(description="Per step: the time the training thread spent inside generate.")
+    stretches: list[tuple[float, float]] = Field(
+        default_factory=list, description="Where it runs in the trace: each stretch's start and end (µs, the trace's "
+        "clock), in order."
+    )
     caller: str | None = Field(
         default=None, description="The innermost frame outside transformers that called generate (a Kineto frame "
         "name, '<file>(<line>): <function>'); None where no frame encloses it."

@@ -8,6 +8,9 @@ generation's half of the step stood in "forward" with nothing said about it.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +20,8 @@ from orchestrator.analysis.generation import GENERATE_FILE, generation_of
 from orchestrator.analysis.python_frames import user_frames
 from orchestrator.models.analysis import Finding, Summary
 from orchestrator.traces.loader import Span
-from tests.support.tracefiles import case
+from tests.support.tracefiles import case, write_trace, x_event
+from tests.unit.test_analysis_idle_causes import launching
 
 
 def generation_finding(summary: Summary) -> Finding | None:
@@ -107,3 +111,42 @@ def test_an_evaluations_generation_is_not_the_training_steps():
         frame(f"{GENERATE_FILE}(3008): GenerationMixin.generate", 0, 40),
     ]
     assert generation_of(frames, [(0.0, 100.0)]) is None
+
+
+def _rollouts_on_a_device(tmp_path: Path) -> Summary:
+    """Three 30 ms GPU steps of an RL fine-tune: 15 ms of TRL's generation, 100 ops of 40 µs host time each launching
+    a 5 µs kernel (a token's small kernels), then a training forward and backward whose 300-400 µs kernels keep the
+    device busy; with_stack frames name generate and its caller."""
+    events: list[dict[str, Any]] = []
+
+    def op(name: str, t: float, host: float, device: float) -> None:
+        events.extend(launching(name, t, host, device, len(events)))
+
+    for i in range(3):
+        o = 30_000 * i
+        events += [
+            x_event(f"ProfilerStep#{i + 1}", o, 30_000, cat="user_annotation"),
+            x_event("trl/trainer/grpo_trainer.py(1873): _generate_single_turn", o + 100, 15_000, cat="python_function"),
+            x_event(f"{GENERATE_FILE}(3008): generate", o + 200, 14_800, cat="python_function"),
+            x_event("autograd::engine::evaluate_function: AddmmBackward0", o + 22_000, 8_000),
+        ]
+        for j in range(100):
+            op("aten::linear", o + 300 + 140 * j, 40, 5)
+        for j in range(20):
+            op("aten::linear", o + 15_500 + 320 * j, 20, 300)
+            op("aten::mm", o + 22_000 + 400 * j, 20, 390)
+    write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
+    return analyze_folder(tmp_path)
+
+
+def test_on_a_device_generations_idle_time_is_its_own_findings(tmp_path: Path):
+    # A token's kernels outpace nothing: 5 µs kernels for 40 µs of host time. That idle is generation's cost, told
+    # with generation's fix; the device idle finding leaves it out, as it leaves out a told loop over tensors'.
+    summary = _rollouts_on_a_device(tmp_path)
+    (rank,) = summary.ranks
+    found = summary.findings[0]
+    assert found.code == "generation" and found.severity == "warning", [(f.code, f.title) for f in summary.findings]
+    assert rank.generation is not None and rank.generation.stretches and rank.idle is not None
+    utilization = next((f for f in summary.findings if f.code == "low_gpu_utilization"), None)
+    assert utilization is None or "the generation" in utilization.evidence, utilization
+    assert utilization is None or utilization.max_saving_ms < rank.idle.idle_ms_per_step - 10, utilization

@@ -22,6 +22,15 @@ def launch(ts: float, corr: int, dur: float = 5) -> dict[str, Any]:
     return x_event("cudaLaunchKernel", ts, dur, cat="cuda_runtime", correlation=corr)
 
 
+def launching(name: str, t: float, host: float, device: float, correlation: int) -> list[dict[str, Any]]:
+    """An op of ``host`` µs at ``t`` whose launch runs a kernel of ``device`` µs (a small elementwise one under 10 µs)."""
+    return [
+        x_event(name, t, host),
+        x_event("cudaLaunchKernel", t + host / 4, host / 4, cat="cuda_runtime", correlation=correlation),
+        kernel(t + host / 2, device, correlation, name="elementwise_kernel" if device < 10 else "volta_sgemm_128x64_nn"),
+    ]
+
+
 def analyse(tmp_path: Path, events: list[dict[str, Any]]) -> RankSummary:
     write_trace(tmp_path / "rank0.pt.trace.json", [x_event("ProfilerStep#1", 0, 1000, cat="user_annotation"), *events], world_size=1)
     (rank,) = analyze_folder(tmp_path).ranks

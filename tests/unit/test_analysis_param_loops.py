@@ -27,7 +27,7 @@ from orchestrator.loops import Loop
 from orchestrator.models.analysis import Finding, Summary
 from orchestrator.traces.loader import Span
 from tests.support.tracefiles import case, write_trace, x_event
-from tests.unit.test_analysis_idle_causes import kernel
+from tests.unit.test_analysis_idle_causes import kernel, launching
 
 
 def loop_finding(summary: Summary) -> Finding | None:
@@ -240,15 +240,6 @@ def test_a_pause_inside_the_loop_leaves_one_loop_of_two_stretches():
     assert run.iterations == 40 and len(run.spans) == 2
 
 
-def _launching(name: str, t: float, host: float, device: float, correlation: int) -> list[dict[str, Any]]:
-    """An op of ``host`` µs at ``t`` whose launch runs a kernel of ``device`` µs."""
-    return [
-        x_event(name, t, host),
-        x_event("cudaLaunchKernel", t + host / 4, host / 4, cat="cuda_runtime", correlation=correlation),
-        kernel(t + host / 2, device, correlation, name="elementwise_kernel" if device < 10 else "volta_sgemm_128x64_nn"),
-    ]
-
-
 def _device_steps(tmp_path: Path) -> Summary:
     """Three 10 ms GPU steps: a backward node's 3 ms kernel, then the user's update_ema launching 20 × (mul_, add_),
     each a 5 µs kernel, over 2 ms while the device idles; a with_stack frame names the function."""
@@ -264,7 +255,7 @@ def _device_steps(tmp_path: Path) -> Summary:
         for j in range(40):
             t = o + 4000 + 50 * j
             name = "aten::mul_" if j % 2 == 0 else "aten::add_"
-            events += _launching(name, t, 40, 5, c + 1 + j)
+            events += launching(name, t, 40, 5, c + 1 + j)
     write_trace(tmp_path / "rank0.pt.trace.json", events, world_size=1)
     return analyze_folder(tmp_path)
 
@@ -289,7 +280,7 @@ def _fastai_on_a_device(tmp_path: Path) -> Summary:
     events: list[dict[str, Any]] = []
 
     def op(name: str, t: float, host: float, device: float) -> None:
-        events.extend(_launching(name, t, host, device, len(events)))
+        events.extend(launching(name, t, host, device, len(events)))
 
     for i in range(4):
         o = 25_000 * i
