@@ -66,11 +66,20 @@ def _is_generate(name: str) -> bool:
     return parts is not None and parts[0] == GENERATE_FILE and _function(name) == _GENERATE
 
 
-def _above(frames: Sequence[Span], call: int) -> list[int]:
-    """The frames around ``frames[call]`` that called it, outermost first. A frame's callers come before it in
-    ``frames`` (sorted by start, the longer first; a stack sample's frames share its stretch, outermost first)."""
-    g = frames[call]
-    return [i for i in range(call) if frames[i].ts <= g.ts and frames[i].end >= g.end]
+def _callers(frames: Sequence[Span], calls: set[int]) -> dict[int, list[int]]:
+    """For each of ``calls`` (indices into ``frames``), the frames around it that called it, outermost first: one
+    sweep with the stack of open frames. A frame's callers come before it in ``frames`` (sorted by start, the longer
+    first; a stack sample's frames share its stretch and come outermost first), and a frame is open over the next
+    while it reaches the next's end."""
+    open_: list[int] = []
+    out: dict[int, list[int]] = {}
+    for i, f in enumerate(frames):
+        while open_ and frames[open_[-1]].end < f.end:
+            open_.pop()
+        if i in calls:
+            out[i] = list(open_)
+        open_.append(i)
+    return out
 
 
 def _decides(name: str) -> bool:
@@ -91,8 +100,10 @@ def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | No
             firsts.setdefault(f.ts, i)  # each start's first frame: the outermost (with_stack) or the sample's own
     kept: list[tuple[float, float]] = []
     held: Counter[str] = Counter()
-    for a, b in union((frames[i].ts, frames[i].end) for i in firsts.values()):
-        above = _above(frames, firsts[a])
+    stretches = union((frames[i].ts, frames[i].end) for i in firsts.values())
+    callers = _callers(frames, {firsts[a] for a, _ in stretches})
+    for a, b in stretches:
+        above = callers[firsts[a]]
         if any(_function(frames[i].name) in _EVALUATION for i in above):
             continue
         kept.append((a, b))

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.analysis import analyze_folder
-from orchestrator.analysis.generation import GENERATE_FILE, generation_of
+from orchestrator.analysis.generation import GENERATE_FILE, _callers, generation_of
 from orchestrator.analysis.python_frames import user_frames
 from orchestrator.models.analysis import Finding, Summary
 from orchestrator.traces.loader import Span
@@ -150,3 +150,16 @@ def test_on_a_device_generations_idle_time_is_its_own_findings(tmp_path: Path):
     utilization = next((f for f in summary.findings if f.code == "low_gpu_utilization"), None)
     assert utilization is None or "the generation" in utilization.evidence, utilization
     assert utilization is None or utilization.max_saving_ms < rank.idle.idle_ms_per_step - 10, utilization
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=40))
+def test_the_callers_of_a_sampled_frame_are_the_frames_above_it_in_its_own_sample(depths):
+    # Each sample's stack as frames over its own stretch, outermost first (Timeline.frames): the callers found for a
+    # sample's innermost frame are exactly its sample's others, whatever the depths of the samples around it.
+    frames, innermost, expected = [], set(), {}
+    for n, depth in enumerate(depths):
+        first = len(frames)
+        frames += [frame(f"my/loop.py({d}): f{d}", 10.0 * n, 10.0 * n + 10) for d in range(depth)]
+        innermost.add(len(frames) - 1)
+        expected[len(frames) - 1] = list(range(first, len(frames) - 1))
+    assert _callers(frames, innermost) == expected
