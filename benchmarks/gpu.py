@@ -142,6 +142,9 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
         section("python_window", lambda: driver.window(models["python_bound"], "py-bound"))
         section("anomaly_window", lambda: _anomaly(driver, models, 10 if quick else 50))
         section("ema_window", lambda: (driver.train(models["ema"], 3), driver.window(models["ema"], "ema"))[1])
+        if "generation" in models:
+            section("generation_window", lambda: (driver.train(models["generation"], 2),
+                                                  driver.window(models["generation"], "generation"))[1])
         if cuda:
             section("oom", lambda: oom_check(driver, models["cnn"]))
         section("warm_up", lambda: warm_up_check(driver, quick))
@@ -155,7 +158,9 @@ def run_check(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
                                  "dataloader_bound": _verdict(work / "store", "dl-bound"),
                                  "python_bound": _verdict(work / "store", "py-bound"),
                                  "anomaly": _verdict(work / "store", "anomaly"),
-                                 "ema": _verdict(work / "store", "ema")})
+                                 "ema": _verdict(work / "store", "ema"),
+                                 **({"generation": _verdict(work / "store", "generation")} if "generation" in models else {})})
+    result["skipped"] = [] if "generation" in models else ["generation: transformers is not installed here"]
     section("export_child", lambda: _export_peak(work / "store"))
     section("memory_devices", lambda: _memory_devices(work / "store"))
     result["errors"] = errors
@@ -233,6 +238,11 @@ def _failures(r: dict[str, Any], cuda: bool) -> list[str]:
         out.append(f"the loop keeping a weights' average one tensor at a time: no param_loop finding ({ema['findings']})")
     if any("param_loop" in v["findings"] for k, v in verdicts.items() if k != "ema"):
         out.append("a loop with no average of its weights was told one")
+    generation = verdicts.get("generation")
+    if generation and generation["first_finding"] != "generation":
+        out.append(f"the loop generating in its step: {generation['first_finding']} first, not generation")
+    if any("generation" in v["findings"] for k, v in verdicts.items() if k != "generation"):
+        out.append("a loop that generates nothing was told it does")
     python = verdicts.get("python_bound")
     expected = "low_gpu_utilization" if cuda else "host_python"
     if python and (python["first_finding"] != expected or "_score_labels" not in (python["first_fix"] or "")):

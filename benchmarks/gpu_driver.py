@@ -5,6 +5,7 @@ one, one left under autograd's anomaly detection, one keeping a weights' average
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import platform
@@ -18,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["WINDOW_STEPS", "AnomalyLoop", "Driver", "EmaLoop", "Loop", "SmallCNN", "SmallTransformer", "loops"]
+__all__ = [
+    "WINDOW_STEPS", "AnomalyLoop", "Driver", "EmaLoop", "GenerationLoop", "Loop", "SmallCNN", "SmallTransformer", "loops",
+]
 
 WINDOW_STEPS = 3
 
@@ -103,6 +106,32 @@ class EmaLoop(Loop):
         self.average.update_parameters(self.model)
 
 
+class GenerationLoop(Loop):
+    """An RL fine-tune's step as TRL's GRPOTrainer takes it, without TRL: transformers' ``generate`` samples 16 tokens
+    for each of 8 prompts (no gradients), then the policy trains on prompts and completions; told ``generation``.
+    A GPT-2 built from a config (no download): transformers is on the device machine's image, not rayprof's."""
+
+    TOKENS = 16
+
+    def __init__(self, device: torch.device, quick: bool) -> None:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(n_layer=2 if quick else 4, n_embd=64 if quick else 256, n_head=4, vocab_size=1000,
+                            n_positions=128, bos_token_id=1, eos_token_id=1, pad_token_id=0)
+        prompts = torch.randint(2, 1000, (8, 16), device=device)
+        super().__init__("generation", GPT2LMHeadModel(config), lambda: (prompts, prompts), device)
+
+    def step(self) -> None:
+        prompts, _ = self.batch()
+        with torch.no_grad():
+            seqs = self.model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                                       max_new_tokens=self.TOKENS, min_new_tokens=self.TOKENS)
+        loss = self.model(seqs, labels=seqs).loss
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
 def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
     side, batch, seq = (32, 8, 32) if quick else (64, 64, 128)
     images = torch.randn(batch, 3, side, side, device=device)
@@ -124,6 +153,8 @@ def loops(device: torch.device, quick: bool) -> dict[str, Loop]:
         # (every 5 ms) to name its owner in every run; with 4 (51 tensors, 2-4 ms a step on a CPU) 3 runs in 16 had
         # none, and an unnamed loop is not told.
         "ema": EmaLoop("ema", SmallTransformer(dim=64 if quick else 256, layers=16), ids.cpu(), device),
+        # Where transformers is installed (the device machine's image has it): generation inside the step.
+        **({"generation": GenerationLoop(device, quick)} if importlib.util.find_spec("transformers") else {}),
     }
 
 

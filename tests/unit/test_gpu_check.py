@@ -46,6 +46,9 @@ def test_the_device_check_runs_end_to_end_on_cpu_and_finds_the_dataloader_bound_
     # The transformer keeping a weights' average one tensor at a time (AveragedModel given an avg_fn) is told so.
     assert "param_loop" in result["verdicts"]["ema"]["findings"]
     assert not any("param_loop" in v["findings"] for name, v in result["verdicts"].items() if name != "ema")
+    # The loop that generates with transformers' generate inside its step is told so first; no other loop is.
+    assert result["verdicts"]["generation"]["first_finding"] == "generation" and result["skipped"] == []
+    assert not any("generation" in v["findings"] for name, v in result["verdicts"].items() if name != "generation")
     # The compiled model's first window holds its compilation, the later one none (what the trace records, not
     # step times: beside other work on two cores a steady step took 1.5 s, twice the compiling one).
     first, steady = result["warm_up"]["first_steps"], result["warm_up"]["steady"]
