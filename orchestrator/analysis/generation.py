@@ -158,8 +158,8 @@ def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding 
 def _some_steps(r: RankSummary, per_step: Sequence[float]) -> str:
     """Where only some steps generate: which, and why the mean still stands. A trainer's rollout recurs by design (an
     evaluation's is not counted), so this is no one-off and the finding reads the mean."""
-    generating = [s.step for s, v in zip(r.steps, per_step, strict=True) if v > 0]
-    if len(generating) == len(per_step):
+    generating = [s.step for s, v in zip(r.steps, per_step, strict=False) if v > 0]
+    if len(generating) == len(per_step) or len(per_step) != len(r.steps):
         return ""
     return (
         f" It ran in {len(generating)} of the {len(per_step)} steps (step{'s' if len(generating) > 1 else ''} "
