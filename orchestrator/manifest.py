@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from orchestrator.errors import IntegrityError, StorageError
-from orchestrator.layout import manifest_key, profile_prefix
+from orchestrator.layout import MANIFEST_NAME, manifest_key, profile_prefix
 from orchestrator.models.common import read_lenient
 from orchestrator.models.profile import Manifest
 from orchestrator.storage import Storage
 
-__all__ = ["read_artifact", "read_manifest", "verify_manifest", "write_manifest"]
+__all__ = ["read_artifact", "read_folder_manifest", "read_manifest", "verify_manifest", "write_manifest"]
 
 
 def read_artifact(storage: Storage, manifest: Manifest, key: str, sha256: str) -> bytes:
@@ -44,6 +45,12 @@ def read_manifest(storage: Storage, target: str, profile_id: str) -> Manifest:
     """Load a manifest from storage (written once, never written back: read as another release may have written it)."""
     key = manifest_key(target, profile_id)
     return read_lenient(Manifest, storage.get_bytes(key), source=storage.uri(key))
+
+
+def read_folder_manifest(folder: Path) -> Manifest | None:
+    """The manifest of a downloaded profile folder (None: ``folder`` holds none, as a plain folder of traces)."""
+    path = folder / MANIFEST_NAME
+    return read_lenient(Manifest, path.read_bytes(), source=str(path)) if path.is_file() else None
 
 
 def verify_manifest(storage: Storage, manifest: Manifest) -> list[str]:

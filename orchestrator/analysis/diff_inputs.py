@@ -16,10 +16,9 @@ from pydantic import ValidationError
 
 from orchestrator.analysis.diff import DiffInput, OpRow
 from orchestrator.errors import InvalidRequestError
-from orchestrator.layout import MANIFEST_NAME, rank_in_name
+from orchestrator.layout import rank_in_name
 from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.analysis import Summary
-from orchestrator.models.common import read_lenient
 from orchestrator.models.profile import Manifest
 
 __all__ = ["load_folder", "load_stored", "parse_op_table"]
@@ -63,11 +62,11 @@ def _complete(tables: dict[int, list[OpRow]], summary: Summary) -> dict[int, lis
 def load_folder(path: Path, label: str | None = None) -> DiffInput:
     """A downloaded profile folder, a folder of traces or one trace file (analysed now)."""
     from orchestrator.analysis.front import analyze_folder
+    from orchestrator.manifest import read_folder_manifest
 
     path = Path(path)
     label = label or str(path)
-    manifest_file = path / MANIFEST_NAME
-    manifest = read_lenient(Manifest, manifest_file.read_bytes(), source=str(manifest_file)) if manifest_file.is_file() else None
+    manifest = read_folder_manifest(path)
     if manifest is not None and manifest.summary is not None:
         summary = _summary_of(manifest, label)
     else:

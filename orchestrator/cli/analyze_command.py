@@ -9,8 +9,7 @@ from pathlib import Path
 
 from orchestrator.cli.output import emit_json, print_analysis
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, InvalidRequestError, StorageError
-from orchestrator.models.common import read_lenient
-from orchestrator.models.profile import Manifest
+from orchestrator.manifest import read_folder_manifest
 
 __all__ = ["analyze", "analyze_dir"]
 
@@ -50,8 +49,7 @@ def analyze_dir(path: Path, args: argparse.Namespace, *, write: bool = True) -> 
                     unwritten = e
         else:
             summary = analyze_folder(path, rank_map=rank_map)
-    manifest_path = folder / "manifest.json"
-    manifest = read_lenient(Manifest, manifest_path.read_bytes(), source=str(manifest_path)) if whole and manifest_path.is_file() else None
+    manifest = read_folder_manifest(folder) if whole else None
     memory = render_memory_section(*load_timelines(folder)) if whole else ""
     if write and summary.ranks and unwritten is None:
         try:

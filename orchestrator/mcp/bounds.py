@@ -12,9 +12,10 @@ import json
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel
 
-__all__ = ["MAX_ANSWER_BYTES", "cap", "cut", "public_uri", "rounded"]
+__all__ = ["MAX_ANSWER_BYTES", "answer", "cap", "cut", "public_uri", "rounded"]
 
 MAX_ANSWER_BYTES = 24 * 1024
 """The JSON of one answer, at most: a few thousand tokens (the wire carries it as text and as structure)."""
@@ -109,3 +110,13 @@ def cap(result: M, max_bytes: int = MAX_ANSWER_BYTES) -> M:
     if note is not None:
         data["truncated"] = note
     return type(result).model_validate(data)
+
+
+def answer(result: BaseModel) -> CallToolResult:
+    """A tool's answer: ``result`` capped, as structured content and as the same JSON in compact text (the SDK
+    would indent it, a third more bytes of an agent's context for nothing)."""
+    capped = cap(result)
+    return CallToolResult(
+        content=[TextContent(type="text", text=capped.model_dump_json())],
+        structured_content=capped.model_dump(mode="json"),
+    )

@@ -112,6 +112,12 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
             profile_id=manifest.profile_id, verdict=f"No analysis: {manifest.analysis_error}", steps=[], findings=[],
             stragglers=[], step_spread=None, ranks=[], issues=[], analysis_error=manifest.analysis_error,
         )
+    return summary_analysis(summary, manifest.profile_id, manifest)
+
+
+def summary_analysis(summary: Summary, profile_id: str, manifest: Manifest | None = None) -> Analysis:
+    """A summary's analysis, named ``profile_id`` (a stored profile's id, or the folder a local one was read
+    from); ``manifest`` says what the agent counted as one step where there is one."""
     stragglers = [s.rank for s in summary.stragglers]
     ranks = [
         RankAnalysis(
@@ -132,7 +138,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         )
     ]
     return Analysis(
-        profile_id=manifest.profile_id,
+        profile_id=profile_id,
         steps=summary.steps,
         one_step=one_step(summary, manifest),
         verdict=verdict(summary),
@@ -143,7 +149,7 @@ def analysis_of(manifest: Manifest) -> Analysis | None:
         step_spread=summary.step_spread,
         ranks=ranks,
         issues=summary.issues,
-        analysis_error=manifest.analysis_error,
+        analysis_error=manifest.analysis_error if manifest is not None else None,
     )
 
 

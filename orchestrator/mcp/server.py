@@ -14,6 +14,7 @@ from collections.abc import Callable
 from mcp.server.mcpserver import MCPServer
 
 from orchestrator.client import ProfilingClient
+from orchestrator.mcp.local import add_local_tools
 from orchestrator.mcp.prompts import add_prompts
 from orchestrator.mcp.resources import add_resources
 from orchestrator.mcp.tools import ClientSource, add_tools
@@ -26,6 +27,10 @@ and lagging runs first), history for when it slowed and which rank, profile a fe
 their savings, stragglers, idle attribution per rank), and diff against an earlier profile to see what \
 changed and whether it is noise. A STALLED run: take_stacks names the rank that is elsewhere and the \
 collective others wait in. Answers are capped; `truncated` says what was cut.\
+"""
+LOCAL_INSTRUCTIONS = """ \
+Traces already on this machine (torch.profiler's own, or a downloaded profile): analyze_traces gives the same \
+findings with no cluster, diff_traces compares two folders.\
 """
 
 
@@ -44,8 +49,9 @@ def lazy_client(make: Callable[[], ProfilingClient]) -> ClientSource:
     return source
 
 
-def build_server(client: ClientSource, *, read_only: bool = False, version: str = "") -> MCPServer:
-    """The MCP server: tools (the acting ones unless ``read_only``), resources and prompts over ``client``.
+def build_server(client: ClientSource, *, read_only: bool = False, version: str = "", local_files: bool = False) -> MCPServer:
+    """The MCP server: tools (the acting ones unless ``read_only``; those that read this machine's traces where
+    ``local_files``: the stdio server's), resources and prompts over ``client``.
 
     Leaves the process's logging as it found it: the SDK's constructor gives a root logger with no
     handler a ``rich`` one (``mcp.server.mcpserver.utilities.logging.configure_logging``), whose boxed,
@@ -53,11 +59,14 @@ def build_server(client: ClientSource, *, read_only: bool = False, version: str 
     the process's entry point chooses (:func:`serve_stdio`; Ray's in a replica)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    server = MCPServer("rayprof", instructions=INSTRUCTIONS, version=version, log_level="WARNING")
+    instructions = INSTRUCTIONS + (LOCAL_INSTRUCTIONS if local_files else "")
+    server = MCPServer("rayprof", instructions=instructions, version=version, log_level="WARNING")
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
     root.setLevel(level)
     add_tools(server, client, read_only=read_only)
+    if local_files:
+        add_local_tools(server)
     add_resources(server, client)
     add_prompts(server, read_only=read_only)
     return server
@@ -70,4 +79,4 @@ def serve_stdio(client: ClientSource, *, read_only: bool = False, version: str =
     with the level, logger and message, then the traceback as Python prints it (a tool's unexpected
     error, and a server fault whose message the tool error hides)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    build_server(client, read_only=read_only, version=version).run("stdio")
+    build_server(client, read_only=read_only, version=version, local_files=True).run("stdio")

@@ -14,13 +14,13 @@ from typing import Annotated
 
 import anyio.from_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp.types import CallToolResult, ToolAnnotations
+from pydantic import Field
 
 from orchestrator.client import ProfileHandle, ProfilingClient
 from orchestrator.errors import InvalidRequestError, ProfileTimeoutError
 from orchestrator.mcp import convert
-from orchestrator.mcp.bounds import cap
+from orchestrator.mcp.bounds import answer
 from orchestrator.mcp.results import (
     Analysis,
     DiffResult,
@@ -67,7 +67,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         """Live training runs: ranks, each rank's step and step time, health (STALLED), lagging ranks,
         the window running now. Start here: stalled and lagging runs are listed first."""
         with tool_errors():
-            return _answer(convert.target_list(client().targets()))
+            return answer(convert.target_list(client().targets()))
 
     def get_profile(
         profile_id: ProfileId, ctx: Context, wait: bool = False, wait_timeout_s: WaitS = 300.0
@@ -76,7 +76,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         analysis: findings with their savings, stragglers, per-rank time and idle attribution."""
         with tool_errors():
             handle = client().get(profile_id)
-            return _answer(_ended(handle, wait, wait_timeout_s, ctx))
+            return answer(_ended(handle, wait, wait_timeout_s, ctx))
 
     def get_findings(profile_id: ProfileId) -> Annotated[CallToolResult, Analysis]:
         """The analysis of an ended profile: findings (largest saving first, with evidence and fix),
@@ -92,7 +92,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
                     f"{profile_id} has no analysis: a {status.kind} bundle ended {status.state.value} "
                     f"({status.reason or 'no reason given'}); get_profile shows it", profile_id=profile_id
                 )
-            return _answer(analysis)
+            return answer(analysis)
 
     def list_profiles(
         target: Target | None = None,
@@ -101,7 +101,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
     ) -> Annotated[CallToolResult, ProfileList]:
         """Stored profiles and stacks bundles, newest first (ids for get_profile, get_findings, diff)."""
         with tool_errors():
-            return _answer(convert.profile_list(client().list(target, state, limit=limit)))
+            return answer(convert.profile_list(client().list(target, state, limit=limit)))
 
     def diff(
         a: Annotated[Name, Field(description="The profile before (the baseline).")],
@@ -110,7 +110,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         """What changed from profile a to profile b: step time, phases, ranks, ops and kernels, each with a
         Mann-Whitney significance verdict; findings resolved and new. Compare profiles of the same target."""
         with tool_errors():
-            return _answer(convert.diff_result(client().diff(a, b)))
+            return answer(convert.diff_result(client().diff(a, b)))
 
     def history(
         target: Target,
@@ -124,12 +124,12 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         with tool_errors():
             # The server's budget is every rank's points together: enough for HISTORY_RANKS ranks at max_points.
             answer = client().history(target, run=run, span_s=span_s, ranks=ranks, max_points=max_points * HISTORY_RANKS)
-            return _answer(convert.history_result(answer, max_points))
+            return answer(convert.history_result(answer, max_points))
 
     def list_watches() -> Annotated[CallToolResult, WatchList]:
         """Every watch: its condition, state, what it observes now, and its last firings."""
         with tool_errors():
-            return _answer(convert.watch_list(client().watches()))
+            return answer(convert.watch_list(client().watches()))
 
     for fn in (list_targets, get_profile, get_findings, list_profiles, diff, history, list_watches):
         server.add_tool(fn, annotations=_READ, structured_output=True)
@@ -148,7 +148,7 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         One window per target at a time: set request.queue=true to run after a running one."""
         with tool_errors():
             handle = client().profile(**request.model_dump(exclude_defaults=True))
-            return _answer(_ended(handle, wait, wait_timeout_s, ctx))
+            return answer(_ended(handle, wait, wait_timeout_s, ctx))
 
     def take_stacks(
         target: Target,
@@ -160,21 +160,21 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         with tool_errors():
             bundle = client().stacks(target, run=run)
             health = next((t for t in client().targets() if t.name == target), None)
-            return _answer(convert.stacks_result(bundle, health))
+            return answer(convert.stacks_result(bundle, health))
 
     def create_watch(watch: WatchSpec) -> Annotated[CallToolResult, WatchCreated]:
         """ACTS on the live job: watches a target and, while the condition holds, takes a profile or
         stacks on its own (slower_than a baseline, rank_lag, stalled, or every_s on a schedule)."""
         with tool_errors():
             created = client().watch(**watch.model_dump(exclude_defaults=True))
-            return _answer(WatchCreated(watch=convert.watch_brief(created)))
+            return answer(WatchCreated(watch=convert.watch_brief(created)))
 
     def delete_watch(watch_id: Annotated[Name, Field(description="The watch's id (list_watches).")]) -> Annotated[CallToolResult, WatchList]:
         """ACTS on the controller: stops and forgets a watch (its firings' profiles stay). Answers the watches left."""
         with tool_errors():
             c = client()
             c.delete_watch(watch_id)
-            return _answer(convert.watch_list(c.watches()))
+            return answer(convert.watch_list(c.watches()))
 
     acts = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
     server.add_tool(profile, annotations=acts, structured_output=True)
@@ -182,16 +182,6 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
     server.add_tool(create_watch, annotations=acts, structured_output=True)
     removes = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
     server.add_tool(delete_watch, annotations=removes, structured_output=True)
-
-
-def _answer(result: BaseModel) -> CallToolResult:
-    """``result`` capped, as structured content and as the same JSON in compact text (the SDK would
-    indent it, a third more bytes of an agent's context for nothing)."""
-    capped = cap(result)
-    return CallToolResult(
-        content=[TextContent(type="text", text=capped.model_dump_json())],
-        structured_content=capped.model_dump(mode="json"),
-    )
 
 
 def _progress(ctx: Context) -> Callable[[ProfileStatus], None]:
