@@ -42,6 +42,7 @@ class Loop(str, Enum):
     ACCELERATE = "accelerate"
     DEEPSPEED = "deepspeed"
     KERAS = "keras"
+    STABLE_BASELINES3 = "stable_baselines3"
 
     @property
     def label(self) -> str:
@@ -59,6 +60,7 @@ _LABELS = {
     Loop.ACCELERATE: "Accelerate",
     Loop.DEEPSPEED: "DeepSpeed",
     Loop.KERAS: "Keras's fit()",
+    Loop.STABLE_BASELINES3: "stable-baselines3's learn()",
 }
 # A file of the framework's, by its path below site-packages (or the source tree a package was installed from).
 _OWNERS = (
@@ -76,6 +78,8 @@ _OWNERS = (
     (Loop.DEEPSPEED, re.compile(r"(?:^|/)deepspeed/runtime/engine\.py$")),
     # Keras 3 on its torch backend steps no torch optimizer: read from the training thread's stack in its fit().
     (Loop.KERAS, re.compile(r"(?:^|/)keras/src/backend/torch/trainer\.py$")),
+    # stable-baselines3's learn(): PPO and A2C (on-policy), SAC, TD3 and DQN (off-policy), sb3-contrib's built on them.
+    (Loop.STABLE_BASELINES3, re.compile(r"(?:^|/)stable_baselines3/common/(?:on|off)_policy_algorithm\.py$")),
 )
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from orchestrator.analysis.finding_base import first_use_examples, ms_list, runtime_of
-from orchestrator.analysis.generation import GENERATION_REGION
+from orchestrator.analysis.generation import GENERATION_REGION, ROLLOUT_REGION
 from orchestrator.analysis.loop_settings import Change, in_loop
 from orchestrator.analysis.optimizer_fix import optimizer_fix
 from orchestrator.analysis.param_loops import LOOP_REGION
@@ -56,8 +56,8 @@ from orchestrator.models.analysis import IdleCause, OpStat, RankSummary
 
 __all__ = ["Cause", "fix_for", "host_op", "named_causes", "once_note", "paid_once", "round_trips", "told_idle_ms"]
 
-# Regions whose device idle time a finding of its own tells: a loop over tensors (param_loop), generation.
-_TOLD = (LOOP_REGION, GENERATION_REGION)
+# Regions whose device idle time a finding of its own tells: a loop over tensors (param_loop), rollouts (generation, rollout).
+_TOLD = (LOOP_REGION, GENERATION_REGION, ROLLOUT_REGION)
 
 Kind = (
     Literal["optimizer", "region", "allocator", "launch_calls", "runtime_calls", "first_use", "launch", "op", "ops", "queued", "capture", "compile"]

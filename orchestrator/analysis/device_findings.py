@@ -27,7 +27,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.gc_finding import gc_wait_ms
-from orchestrator.analysis.generation import GENERATION_REGION
+from orchestrator.analysis.generation import GENERATION_REGION, ROLLOUT_REGION
 from orchestrator.analysis.groups import slow_groups
 from orchestrator.analysis.idle import PYTHON_OUTSIDE_OPS
 from orchestrator.analysis.kernel_kinds import device_work_fix, kinds, short_name
@@ -139,7 +139,7 @@ def _unclaimed(r: RankSummary) -> float:
     if r.idle is None:
         return 0.0
     claimed = claimed_causes(r)
-    told = told_idle_ms(r, LOOP_REGION) + told_idle_ms(r, GENERATION_REGION) + traceback_ms(r)
+    told = sum(told_idle_ms(r, region) for region in (LOOP_REGION, GENERATION_REGION, ROLLOUT_REGION)) + traceback_ms(r)
     return max(0.0, sum(c.ms_per_step for c in r.idle.causes if c.cause not in claimed) - told)
 
 
@@ -170,6 +170,8 @@ def low_gpu_utilization(ranks: Sequence[RankSummary], _: Sequence[Straggler]) ->
     claimed = claimed_causes(worst)
     owned = sorted(claimed) + (["the loop over tensors"] if told_idle_ms(worst, LOOP_REGION) > 0 else []) + (
         ["the generation"] if told_idle_ms(worst, GENERATION_REGION) > 0 else []
+    ) + (
+        ["the rollout"] if told_idle_ms(worst, ROLLOUT_REGION) > 0 else []
     ) + (
         ["anomaly detection's tracebacks"] if traceback_ms(worst) > 0 else []
     )

@@ -49,7 +49,7 @@ from orchestrator.analysis.finding_base import (
     step_word,
 )
 from orchestrator.analysis.gc_finding import gc_pause
-from orchestrator.analysis.generation import generation
+from orchestrator.analysis.generation import generation, rollout
 from orchestrator.analysis.groups import slow_link
 from orchestrator.analysis.host_python import host_python
 from orchestrator.analysis.imbalance import moving_imbalance
@@ -349,6 +349,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     optimizer_host,
     param_loop,
     generation,
+    rollout,
     accumulation_sync,
     comm_exposed,
     gpu_bound,

@@ -14,6 +14,13 @@ Recorded: TRL 1.16's ``GRPOTrainer``, unmodified, on a two-layer GPT-2 built fro
 tokens a step on a CPU (``tests/data/record_cpu_grpo.py``): generate held 70.7 ms of a 142.3 ms step, and the report
 said nothing beyond two info lines. A loop that generates nothing has no such frame and is not told. On a device the
 idle time in generation's stretches is this finding's (:func:`with_generation`), as a told loop's is param_loop's.
+
+A reinforcement-learning loop over environments has the same shape, told by :func:`rollout`: stable-baselines3's
+PPO and A2C (and its off-policy SAC, TD3, DQN) step their environments in ``collect_rollouts``, one policy forward
+without gradients per environment step, then train on what they collected. Recorded: PPO on CartPole-v1, unmodified
+(``tests/data/record_cpu_sb3.py``): the step that collects took 211 ms against 4.7-12.4 ms for the 15 updates after it
+(72% of the time, measured unprofiled), and the report's first line was a 7% optimizer info line. The change there is
+more environments per policy call (a vectorized environment), which the frames alone say: SB3's own.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
 
 from orchestrator.analysis.finding_base import make_finding, ranks_text, step_word
 from orchestrator.analysis.intervals import Intervals, clip, total, union
@@ -29,12 +37,16 @@ from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.generation import Generation
 from orchestrator.traces.loader import Span
 
-__all__ = ["GENERATE_FILE", "GENERATION_REGION", "generation", "generation_of", "with_generation"]
+__all__ = ["GENERATE_FILE", "GENERATION_REGION", "ROLLOUT_REGION", "generation", "generation_of", "rollout", "with_generation"]
 
 GENERATE_FILE = "transformers/generation/utils.py"
-# The name of generation's stretches among a thread's regions (with_generation), its caller after it.
+# The names of the rollouts' stretches among a thread's regions (with_generation), their caller after it.
 GENERATION_REGION = "generation by "
+ROLLOUT_REGION = "rollout by "
 _TRANSFORMERS = "transformers/"
+# stable-baselines3 and its contrib algorithms (RecurrentPPO, MaskablePPO) collect in a method of this name.
+_SB3 = ("stable_baselines3/", "sb3_contrib/")
+_COLLECT = "collect_rollouts"
 # A wrapper's generate that hands over to transformers' (PEFT's PeftModel.generate): not the caller that decides.
 _GENERATE = "generate"
 # Functions of an evaluation (transformers' Trainer and Seq2SeqTrainer, Lightning): generation under them is not the
@@ -54,6 +66,18 @@ _FIX = (
     "transformers' generate, a static KV cache (generation_config.cache_implementation='static') lets torch.compile "
     "compile the decoding step, and generating larger batches less often amortizes each token's pass."
 )
+_SB3_FIX = (
+    "Step more environments per policy call: make_vec_env(env_id, n_envs=N) (a DummyVecEnv, in this process) runs the "
+    "policy once per step for all N environments, so each call's fixed cost (module dispatch, building the action "
+    "distribution, sampling it) is shared; lower n_steps to keep n_steps x n_envs, the rollout's size. "
+    "SubprocVecEnv (vec_env_cls=SubprocVecEnv) pays only where an environment's own step is slow: for a cheap one each "
+    "step crossing processes costs more than it saves. torch.distributions checks every distribution's arguments as "
+    "the policy builds one: torch.distributions.Distribution.set_default_validate_args(False) skips the checks."
+)
+_SB3_DEVICE = (
+    " On a GPU an MLP policy's forward of a few observations is mostly launch cost: stable-baselines3 advises "
+    "device='cpu' for PPO and A2C without a CNN policy."
+)
 
 
 def _function(name: str) -> str:
@@ -61,9 +85,16 @@ def _function(name: str) -> str:
     return parts[1].rsplit(".", 1)[-1] if parts else ""
 
 
-def _is_generate(name: str) -> bool:
+def _kind(name: str) -> Literal["text", "env"] | None:
+    """The rollout a frame starts: transformers' generate (text), SB3's collect_rollouts (env); None for neither."""
     parts = frame_parts(name)
-    return parts is not None and parts[0] == GENERATE_FILE and _function(name) == _GENERATE
+    if parts is None:
+        return None
+    if parts[0] == GENERATE_FILE and _function(name) == _GENERATE:
+        return "text"
+    if parts[0].startswith(_SB3) and _function(name) == _COLLECT:
+        return "env"
+    return None
 
 
 def _callers(frames: Sequence[Span], calls: set[int]) -> dict[int, list[int]]:
@@ -90,30 +121,36 @@ def _decides(name: str) -> bool:
 
 def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | None:
     """The time the main thread's ``frames`` (with_stack frames, or stack samples as frames, in the order
-    :func:`~orchestrator.analysis.python_frames.user_frames` gives them) spend inside transformers' generate in each of
-    ``windows`` (the steps), and its caller: the innermost frame above the outermost generate of each stretch that
-    :func:`_decides`, the one above most of the time. An evaluation's generation (a stretch under
+    :func:`~orchestrator.analysis.python_frames.user_frames` gives them) spend inside a rollout in each of ``windows``
+    (the steps): transformers' generate, or SB3's collect_rollouts where the frames show no generate. Its caller: for
+    generate the innermost frame above the outermost generate of each stretch that :func:`_decides`, the one above
+    most of the time; for collect_rollouts that frame itself. An evaluation's rollout (a stretch under
     ``Trainer.evaluate``, ``prediction_step``, ``validation_step``...) is not counted. None where they show none."""
-    firsts: dict[float, int] = {}
+    firsts: dict[Literal["text", "env"], dict[float, int]] = {"text": {}, "env": {}}
     for i, f in enumerate(frames):
-        if _is_generate(f.name):
-            firsts.setdefault(f.ts, i)  # each start's first frame: the outermost (with_stack) or the sample's own
+        if (kind := _kind(f.name)) is not None:
+            firsts[kind].setdefault(f.ts, i)  # each start's first frame: the outermost (with_stack) or the sample's own
+    kind = "text" if firsts["text"] else "env"
+    starts = firsts[kind]
     kept: list[tuple[float, float]] = []
     held: Counter[str] = Counter()
-    stretches = union((frames[i].ts, frames[i].end) for i in firsts.values())
-    callers = _callers(frames, {firsts[a] for a, _ in stretches})
+    stretches = union((frames[i].ts, frames[i].end) for i in starts.values())
+    callers = _callers(frames, {starts[a] for a, _ in stretches})
     for a, b in stretches:
-        above = callers[firsts[a]]
+        above = callers[starts[a]]
         if any(_function(frames[i].name) in _EVALUATION for i in above):
             continue
         kept.append((a, b))
-        caller = next((frames[i].name for i in reversed(above) if _decides(frames[i].name)), None)
+        if kind == "env":
+            caller: str | None = frames[starts[a]].name
+        else:
+            caller = next((frames[i].name for i in reversed(above) if _decides(frames[i].name)), None)
         if caller is not None:
             held[caller] += b - a
     ms = [total(clip(kept, a, b)) / 1000 for a, b in windows]
     if not any(ms):
         return None
-    return Generation(ms=ms, caller=held.most_common(1)[0][0] if held else None, stretches=kept)
+    return Generation(kind=kind, ms=ms, caller=held.most_common(1)[0][0] if held else None, stretches=kept)
 
 
 def with_generation(regions: list[Span], gen: Generation | None) -> list[Span]:
@@ -122,20 +159,27 @@ def with_generation(regions: list[Span], gen: Generation | None) -> list[Span]:
     the device idle finding's model ops or launch pace."""
     if gen is None:
         return regions
-    name = GENERATION_REGION + (frame_label(gen.caller) if gen.caller else "the loop")
+    name = (GENERATION_REGION if gen.kind == "text" else ROLLOUT_REGION) + (frame_label(gen.caller) if gen.caller else "the loop")
     spans = [Span(a, b, name, "user_annotation", None, None) for a, b in gen.stretches]
     return sorted([*regions, *spans], key=lambda s: (s.ts, -s.end))
 
 
-def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
-    """Some rank generates text with transformers' generate inside its training steps."""
-    hit = [r for r in ranks if r.generation is not None and r.steps and r.mean_step_ms]
+def _hit(ranks: Sequence[RankSummary], kind: str) -> tuple[list[RankSummary], RankSummary, Generation, float] | None:
+    """The ranks whose steps hold a rollout of ``kind``, the one holding the most, its rollout and mean ms a step."""
+    hit = [r for r in ranks if r.generation is not None and r.generation.kind == kind and r.steps and r.mean_step_ms]
     if not hit:
         return None
     worst = max(hit, key=lambda r: statistics.fmean(r.generation.ms) if r.generation else 0.0)
-    gen = worst.generation
-    assert gen is not None
-    ms = statistics.fmean(gen.ms)
+    assert worst.generation is not None
+    return hit, worst, worst.generation, statistics.fmean(worst.generation.ms)
+
+
+def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
+    """Some rank generates text with transformers' generate inside its training steps."""
+    found = _hit(ranks, "text")
+    if found is None:
+        return None
+    hit, worst, gen, ms = found
     who = f"{frame_label(gen.caller)} calls" if gen.caller else "The loop calls"
     trl = gen.caller is not None and (frame_parts(gen.caller) or ("", ""))[0].startswith("trl/")
     return make_finding(
@@ -155,16 +199,50 @@ def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding 
     )
 
 
-def _some_steps(r: RankSummary, per_step: Sequence[float]) -> str:
-    """Where only some steps generate: which, and why the mean still stands. A trainer's rollout recurs by design (an
-    evaluation's is not counted), so this is no one-off and the finding reads the mean."""
+def rollout(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
+    """Some rank steps its environments (stable-baselines3's collect_rollouts) inside its training steps."""
+    found = _hit(ranks, "env")
+    if found is None:
+        return None
+    hit, worst, gen, ms = found
+    where = f"stable-baselines3's {frame_label(gen.caller)}" if gen.caller else "stable-baselines3's collect_rollouts"
+    return make_finding(
+        "rollout",
+        worst,
+        ms,
+        title=f"Collecting rollouts takes {ms / (worst.mean_step_ms or ms):.0%} of the {step_word(worst)}: stable-baselines3's collect_rollouts",
+        evidence=(
+            f"{where} steps the environments inside the training {step_word(worst)}: {ms:.1f} ms of the "
+            f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on rank {worst.rank}"
+            + (f" (found on {ranks_text(hit)})" if len(hit) > 1 else "")
+            + ". It runs the policy's forward once per environment step, without gradients (counted in forward above), "
+            "and the environments' own step between." + _some_steps(worst, gen.ms, _SB3_PERIOD)
+        ),
+        fix=_SB3_FIX + (_SB3_DEVICE if worst.gpu is not None else ""),
+        ranks=[r.rank for r in hit],
+    )
+
+
+_TRL_PERIOD = (
+    "a trainer that reuses its completions for several updates (TRL's num_iterations, or steps_per_generation above "
+    "gradient_accumulation_steps) generates every few steps, so the mean over whole periods is its cost; a window of "
+    "more steps measures it closer."
+)
+_SB3_PERIOD = (
+    "stable-baselines3 trains on each rollout for n_epochs passes of n_steps x n_envs / batch_size minibatches, one "
+    "optimizer step each, so one step in that many collects; the mean is its cost where the window spans whole "
+    "cycles (steps a multiple of that count) and overstates it in a shorter window."
+)
+
+
+def _some_steps(r: RankSummary, per_step: Sequence[float], period: str = _TRL_PERIOD) -> str:
+    """Where only some steps hold the rollout: which, and why the mean still stands (``period``: the loop's rhythm).
+    A trainer's rollout recurs by design (an evaluation's is not counted), so this is no one-off and the finding
+    reads the mean."""
     generating = [s.step for s, v in zip(r.steps, per_step, strict=False) if v > 0]
     if len(generating) == len(per_step) or len(per_step) != len(r.steps):
         return ""
     return (
         f" It ran in {len(generating)} of the {len(per_step)} steps (step{'s' if len(generating) > 1 else ''} "
-        f"{', '.join(map(str, generating))}): a trainer "
-        "that reuses its completions for several updates (TRL's num_iterations, or steps_per_generation above "
-        "gradient_accumulation_steps) generates every few steps, so the mean over whole periods is its cost; a "
-        "window of more steps measures it closer."
+        f"{', '.join(map(str, generating))}): {period}"
     )

@@ -6,7 +6,7 @@ the user does not write those calls, the framework does, from its settings. So a
 sentence naming the settings that make the change there (``In Lightning's Trainer: Trainer(precision='bf16-mixed')``;
 DeepSpeed's are keys of its config). A change the framework has no setting for says nothing more: the PyTorch words
 stand. The names are those of transformers 5, Lightning 2 (its Trainer and Fabric), fastai 2.8, Composer 0.32,
-MMEngine 0.10, skorch 1.4, Accelerate 1, DeepSpeed 0.19 and Keras 3 (on its torch backend).
+MMEngine 0.10, skorch 1.4, Accelerate 1, DeepSpeed 0.19, Keras 3 (on its torch backend) and stable-baselines3 2.9.
 """
 
 from __future__ import annotations
@@ -207,6 +207,16 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "persistent_workers=True on the torch DataLoader given to fit()",
         Change.BETWEEN_STEPS: "ModelCheckpoint(save_freq=...) and fit(validation_freq=...) say how often it saves and "
         "validates",
+    },
+    # stable-baselines3 2.9: each algorithm builds its policy's optimizer from policy_kwargs (Adam by default); it has
+    # no mixed precision, compile or DataLoader setting.
+    Loop.STABLE_BASELINES3: {
+        Change.FUSED_ADAMW: "PPO(..., policy_kwargs=dict(optimizer_kwargs=dict(fused=True))) (A2C, SAC, TD3 and DQN take "
+        "the same policy_kwargs)",
+        Change.FUSED_OPTIMIZER: "policy_kwargs=dict(optimizer_class=..., optimizer_kwargs=dict(fused=True)) on the "
+        "algorithm",
+        Change.BETWEEN_STEPS: "EvalCallback(eval_freq=...) and CheckpointCallback(save_freq=...) say how often it "
+        "evaluates and saves",
     },
 }
 

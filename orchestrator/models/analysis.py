@@ -301,7 +301,9 @@ class RankSummary(_Model):
     memory: list[MemoryPeak] = Field(default_factory=list)
     recompute: Recompute | None = Field(default=None, description="Forward's ops backward runs again; None for none.")
     param_loop: ParamLoop | None = Field(default=None, description="A loop over tensors outside model and optimizer.")
-    generation: Generation | None = Field(default=None, description="transformers' generate in the steps; None for none.")
+    generation: Generation | None = Field(
+        default=None, description="The steps' own rollouts (transformers' generate, SB3's collect_rollouts); None for none."
+    )
     step_definition: str | None = Field(
         default=None,
         description="What one step holds in the trace: '1 step = SGD.step ×1 + Adam.step ×1; 4 forward passes "
