@@ -5,7 +5,7 @@ the next batch is fetched (a transformers ``Trainer`` after ``save_steps`` / ``e
 Lightning's ``ModelCheckpoint`` and validation). A window that holds such a step reads a step many times its
 median, and every mean over the window carries it: the report says which step it is and what runs there, rather
 than count it as every step's cost. It is not a fix of its own: how often it recurs is the loop's setting, which
-the trace cannot see.
+the trace cannot see. (Where most of a window's steps evaluate, it can: :mod:`orchestrator.analysis.evaluations`.)
 """
 
 from __future__ import annotations

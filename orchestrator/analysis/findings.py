@@ -36,6 +36,7 @@ from orchestrator.analysis.cores_finding import cores_shared
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
 from orchestrator.analysis.epochs import loader_restart
+from orchestrator.analysis.evaluations import evaluation
 from orchestrator.analysis.finding_base import (
     DEVICE_NAMES,
     REPORT_FRACTION,
@@ -343,6 +344,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     moving_imbalance,
     loader_restart,
     train_report,
+    evaluation,
     host_python,
     slow_link,
     dataloader_bound,

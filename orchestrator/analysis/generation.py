@@ -32,7 +32,7 @@ from typing import Literal
 
 from orchestrator.analysis.finding_base import make_finding, ranks_text, step_word
 from orchestrator.analysis.intervals import Intervals, clip, total, union
-from orchestrator.analysis.python_frames import frame_label, frame_parts
+from orchestrator.analysis.python_frames import EVALUATION, frame_function, frame_label, frame_parts
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 from orchestrator.models.generation import Generation
 from orchestrator.traces.loader import Span
@@ -49,11 +49,6 @@ _SB3 = ("stable_baselines3/", "sb3_contrib/")
 _COLLECT = "collect_rollouts"
 # A wrapper's generate that hands over to transformers' (PEFT's PeftModel.generate): not the caller that decides.
 _GENERATE = "generate"
-# Functions of an evaluation (transformers' Trainer and Seq2SeqTrainer, Lightning): generation under them is not the
-# training step's, and an evaluation's cost is told as the work between steps.
-_EVALUATION = frozenset({
-    "evaluate", "evaluation_loop", "prediction_step", "predict", "validate", "validation_step", "test_step", "predict_step",
-})
 
 _TRL_FIX = (
     "Generate with vLLM: use_vllm=True in the trainer's config (GRPOConfig, RLOOConfig; vllm_mode='colocate' runs it "
@@ -80,19 +75,14 @@ _SB3_DEVICE = (
 )
 
 
-def _function(name: str) -> str:
-    parts = frame_parts(name)
-    return parts[1].rsplit(".", 1)[-1] if parts else ""
-
-
 def _kind(name: str) -> Literal["text", "env"] | None:
     """The rollout a frame starts: transformers' generate (text), SB3's collect_rollouts (env); None for neither."""
     parts = frame_parts(name)
     if parts is None:
         return None
-    if parts[0] == GENERATE_FILE and _function(name) == _GENERATE:
+    if parts[0] == GENERATE_FILE and frame_function(name) == _GENERATE:
         return "text"
-    if parts[0].startswith(_SB3) and _function(name) == _COLLECT:
+    if parts[0].startswith(_SB3) and frame_function(name) == _COLLECT:
         return "env"
     return None
 
@@ -116,7 +106,7 @@ def _callers(frames: Sequence[Span], calls: set[int]) -> dict[int, list[int]]:
 def _decides(name: str) -> bool:
     """A frame that can be generate's caller: neither transformers' own nor a wrapper's generate (PEFT's)."""
     parts = frame_parts(name)
-    return parts is not None and not parts[0].startswith(_TRANSFORMERS) and _function(name) != _GENERATE
+    return parts is not None and not parts[0].startswith(_TRANSFORMERS) and frame_function(name) != _GENERATE
 
 
 def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | None:
@@ -138,7 +128,7 @@ def generation_of(frames: Sequence[Span], windows: Intervals) -> Generation | No
     callers = _callers(frames, {starts[a] for a, _ in stretches})
     for a, b in stretches:
         above = callers[starts[a]]
-        if any(_function(frames[i].name) in _EVALUATION for i in above):
+        if any(frame_function(frames[i].name) in EVALUATION for i in above):
             continue
         kept.append((a, b))
         if kind == "env":

@@ -40,6 +40,7 @@ class Change(str, Enum):
     PERSISTENT_WORKERS = "persistent_workers"
     BALANCE_LENGTHS = "balance_lengths"
     BETWEEN_STEPS = "between_steps"
+    EVALUATE_LESS_OFTEN = "evaluate_less_often"
     LOG_LESS_OFTEN = "log_less_often"
     NO_ANOMALY_DETECTION = "no_anomaly_detection"
     NO_CHECKPOINT_ACTIVATIONS = "no_checkpoint_activations"
@@ -47,6 +48,8 @@ class Change(str, Enum):
 
 _SETTINGS: dict[Loop, dict[Change, str]] = {
     Loop.TRANSFORMERS_TRAINER: {
+        Change.EVALUATE_LESS_OFTEN: "TrainingArguments(eval_strategy='steps', eval_steps=N) with N in the hundreds, or "
+        "eval_strategy='epoch'",
         Change.BF16: "TrainingArguments(bf16=True)",
         Change.FP16: "TrainingArguments(fp16=True), its GradScaler included",
         Change.TF32: "TrainingArguments(tf32=True)",
@@ -83,6 +86,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         "LightningModule's or the LightningDataModule's)",
         Change.BETWEEN_STEPS: "ModelCheckpoint(every_n_train_steps=...) and Trainer(val_check_interval=..., "
         "log_every_n_steps=...) say how often it saves, validates and logs after a step",
+        Change.EVALUATE_LESS_OFTEN: "Trainer(val_check_interval=N) (training batches between validations; "
+        "check_val_every_n_epoch=N for epochs), and limit_val_batches=... to validate on part of the data",
         Change.LOG_LESS_OFTEN: "Trainer(log_every_n_steps=N): it reads what self.log collected back when it writes "
         "to the logger",
         Change.NO_ANOMALY_DETECTION: "Trainer(detect_anomaly=False), its default: with True it runs the whole fit "
@@ -131,6 +136,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "persistent_workers=True on the DataLoader given to Trainer(train_dataloader=...)",
         Change.BETWEEN_STEPS: "Trainer(save_interval=..., eval_interval=...) say how often it saves and evaluates "
         "after a batch",
+        Change.EVALUATE_LESS_OFTEN: "Trainer(eval_interval='1ep') (or 'Nba' for N batches), and "
+        "eval_subset_num_batches=... to evaluate on part of the data",
     },
     # MMEngine 0.10, in its config's words (the dicts Runner takes, or a config file's variables): it builds the torch
     # optimizer from optim_wrapper's optimizer dict, passing every key on, and wraps the model in DDP with
@@ -150,6 +157,7 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "train_dataloader=dict(..., persistent_workers=True)",
         Change.BETWEEN_STEPS: "default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=...)) and "
         "train_cfg=dict(val_interval=...) say how often it saves and validates",
+        Change.EVALUATE_LESS_OFTEN: "train_cfg=dict(val_interval=N)",
     },
     # skorch 1.4: NeuralNet passes optimizer__* to the optimizer and iterator_train__* to the training DataLoader; its
     # mixed precision and accumulation are Accelerate's, through skorch.hf's AccelerateMixin (a net class the user
@@ -207,6 +215,8 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         Change.PERSISTENT_WORKERS: "persistent_workers=True on the torch DataLoader given to fit()",
         Change.BETWEEN_STEPS: "ModelCheckpoint(save_freq=...) and fit(validation_freq=...) say how often it saves and "
         "validates",
+        Change.EVALUATE_LESS_OFTEN: "fit(validation_freq=N) (epochs between validations), and validation_steps=... to "
+        "validate on part of the data",
     },
     # stable-baselines3 2.9: each algorithm builds its policy's optimizer from policy_kwargs (Adam by default); it has
     # no mixed precision, compile or DataLoader setting.
@@ -217,6 +227,7 @@ _SETTINGS: dict[Loop, dict[Change, str]] = {
         "algorithm",
         Change.BETWEEN_STEPS: "EvalCallback(eval_freq=...) and CheckpointCallback(save_freq=...) say how often it "
         "evaluates and saves",
+        Change.EVALUATE_LESS_OFTEN: "EvalCallback(eval_freq=N, n_eval_episodes=...)",
     },
 }
 

@@ -24,8 +24,8 @@ from orchestrator.models.analysis import OpStat
 from orchestrator.traces.loader import Span
 
 __all__ = [
-    "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_label", "frame_parts", "hot_path", "is_users", "sampled_path", "sampled_spot",
-    "spot_and_caller", "user_frames",
+    "EVALUATION", "HOT_SHARE", "callers", "enclosing", "frame_file", "frame_function", "frame_label", "frame_parts", "hot_path", "is_users",
+    "sampled_path", "sampled_spot", "spot_and_caller", "user_frames",
 ]
 
 # Kineto names a frame "<file>(<line>): <function>"; the file is relative to its sys.path entry where it has one.
@@ -90,6 +90,19 @@ def frame_parts(name: str) -> tuple[str, str] | None:
     if match is None:
         return None
     return _INSTALLED.split(match["path"], maxsplit=1)[-1], match["func"]
+
+
+# Functions of an evaluation: transformers' Trainer and Seq2SeqTrainer (sentence-transformers' builds on it), Lightning's
+# module hooks, and the names other loops give theirs.
+EVALUATION = frozenset({
+    "evaluate", "evaluation_loop", "prediction_step", "predict", "validate", "validation_step", "test_step", "predict_step",
+})
+
+
+def frame_function(name: str) -> str:
+    """A frame's function without its class (``evaluate`` of ``Trainer.evaluate``; '' for no frame)."""
+    parts = frame_parts(name)
+    return parts[1].rsplit(".", 1)[-1] if parts else ""
 
 
 def user_frames(frames: Iterable[Span]) -> list[Span]:
