@@ -34,9 +34,9 @@ __all__ = [
     "per_sample_fetch", "prep_clause",
 ]
 
-_WORKERS = (
-    "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and pin_memory=True"
-)
+_WORKERS = "raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True"
+# Page-locked batches copy to a device asynchronously; a CPU-only job has no copy to speed up (torch warns and ignores it).
+_PIN = " and pin_memory=True"
 _PIPELINE = re.compile(r"^transformers/pipelines/")
 _TRAINER = re.compile(r"^transformers/trainer\.py$")
 # A transformers image processor, and code that runs it per image off torch (its slow backend: numpy, scipy, PIL;
@@ -174,7 +174,7 @@ def data_fix(r: RankSummary, steady: bool = True) -> str:
             f"with the step with {setting(Loop.TRANSFORMERS_TRAINER, Change.LOADER_WORKERS)}, N up to the CPU cores per GPU"
         )
     else:
-        first = f"Load batches in parallel with the step: {_WORKERS}"
+        first = f"Load batches in parallel with the step: {_WORKERS}" + (_PIN if r.device != "cpu" else "")
     what = prep_clause([f.name for f in r.data_frames], pipeline, r.device)
     if contended := contended_workers(r):  # more workers, whatever sets them, would take more of the step's cores
         return contended + what + in_loop(r.loop, [Change.LOADER_WORKERS])

@@ -378,7 +378,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
         data_loader=loader_class(main_kinds) or (RAY_DATA_ITERATOR if untraced[Untraced.RAY_DATA] else None), ddp=DDP_FORWARD in main_kinds, grad_scaler=GRAD_SCALER_UPDATE in main_kinds,
         sync_ops=by_time(sync_calls),
         sync_callers=callers(frames_or_samples(main_frames, timeline, reads), reads),
-        data_frames=hot_path(main_frames, loading, HOT_SHARE),
+        data_frames=hot_path(frames_or_samples(main_frames, timeline, loading), loading, HOT_SHARE),
         python_samples=python_path[0], python_frames=python_path[1],
         data_callers=enclosing(main_frames, loading, CALLER_DEPTH),
         data_ops=collated_ops(main, loading) / max(len(windows), 1),
