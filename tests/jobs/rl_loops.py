@@ -1,10 +1,14 @@
-"""An RL fine-tune rayprof did not write, run hook-only: TRL's ``GRPOTrainer``, unmodified, under Ray Train.
+"""Reinforcement learning rayprof did not write, run hook-only under Ray Train: TRL's ``GRPOTrainer`` and
+stable-baselines3's PPO, unmodified.
 
-``python tests/jobs/rl_loops.py --loop grpo --name N --address A --stop-file F --storage-path P``
+``python tests/jobs/rl_loops.py --loop grpo|ppo --name N --address A --stop-file F --storage-path P``
 
 * ``grpo``: a two-layer GPT-2 built from a config and a word-level tokenizer built in code (no download), through
   Ray's ``prepare_trainer`` on 2 ranks: each step generates 8 completions of 16 tokens with transformers'
   ``generate`` (4 per prompt), scores them by their length and trains on them.
+* ``ppo``: stable-baselines3's PPO on CartPole-v1 on one rank (SB3 trains one process's policy): it collects 64
+  transitions from one environment, then takes 4 x 64 / 64 = 4 optimizer steps on them, so one step in 4 collects
+  (a shorter cycle than the fixtures' 16 keeps a window of two cycles under the tests' trace byte cap).
 
 The driver is ``tests/jobs/foreign_loops.py``'s (its ``main``, given this loop). Run as a script: the train function
 lives in ``__main__`` and Ray pickles it by value.
@@ -56,7 +60,24 @@ def grpo_loop(config: dict) -> None:
     rth.prepare_trainer(trainer).train()
 
 
+def ppo_loop(config: dict) -> None:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    stop, deadline = Path(config["stop_file"]), time.monotonic() + config["max_seconds"]
+
+    class StopFile(BaseCallback):
+        def _on_step(self) -> bool:  # every environment step; the file is looked at every 256th
+            return self.n_calls % 256 != 0 or not (stop.exists() or time.monotonic() > deadline)
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=4, device="cpu", seed=0)
+    model.learn(total_timesteps=10_000_000, callback=StopFile())
+
+
 foreign_loops.LOOPS["grpo"] = (grpo_loop, 2)
+foreign_loops.LOOPS["ppo"] = (ppo_loop, 1)
 
 if __name__ == "__main__":
     foreign_loops.main()
