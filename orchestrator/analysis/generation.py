@@ -75,6 +75,18 @@ _SB3_DEVICE = (
 )
 
 
+_TRL_PERIOD = (
+    "a trainer that reuses its completions for several updates (TRL's num_iterations, or steps_per_generation above "
+    "gradient_accumulation_steps) generates every few steps, so the mean over whole periods is its cost; a window of "
+    "more steps measures it closer."
+)
+_SB3_PERIOD = (
+    "stable-baselines3 trains on each rollout for n_epochs passes of n_steps x n_envs / batch_size minibatches, one "
+    "optimizer step each, so one step in that many collects; the mean is its cost where the window spans whole "
+    "cycles (steps a multiple of that count) and overstates it in a shorter window."
+)
+
+
 def _kind(name: str) -> Literal["text", "env"] | None:
     """The rollout a frame starts: transformers' generate (text), SB3's collect_rollouts (env); None for neither."""
     parts = frame_parts(name)
@@ -164,28 +176,40 @@ def _hit(ranks: Sequence[RankSummary], kind: str) -> tuple[list[RankSummary], Ra
     return hit, worst, worst.generation, statistics.fmean(worst.generation.ms)
 
 
+def _told(code: str, found: tuple[list[RankSummary], RankSummary, Generation, float], what: str, source: str, lead: str,
+          how: str, period: str, fix: str) -> Finding:
+    """The finding of a rollout ``found`` by :func:`_hit`: '``what`` takes N% of the step: ``source``', its evidence
+    '``lead`` inside the training step: ... ``how``' and which steps held it (``period``: the loop's rhythm)."""
+    hit, worst, gen, ms = found
+    word = step_word(worst)
+    return make_finding(
+        code,
+        worst,
+        ms,
+        title=f"{what} takes {ms / (worst.mean_step_ms or ms):.0%} of the {word}: {source}",
+        evidence=(
+            f"{lead} inside the training {word}: {ms:.1f} ms of the {worst.mean_step_ms or 0:.1f} ms {word} on rank "
+            f"{worst.rank}" + (f" (found on {ranks_text(hit)})" if len(hit) > 1 else "") + f". {how}"
+            + _some_steps(worst, gen.ms, period)
+        ),
+        fix=fix,
+        ranks=[r.rank for r in hit],
+    )
+
+
 def generation(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | None:
     """Some rank generates text with transformers' generate inside its training steps."""
     found = _hit(ranks, "text")
     if found is None:
         return None
-    hit, worst, gen, ms = found
-    who = f"{frame_label(gen.caller)} calls" if gen.caller else "The loop calls"
-    trl = gen.caller is not None and (frame_parts(gen.caller) or ("", ""))[0].startswith("trl/")
-    return make_finding(
-        "generation",
-        worst,
-        ms,
-        title=f"Generating text takes {ms / (worst.mean_step_ms or ms):.0%} of the {step_word(worst)}: transformers' generate",
-        evidence=(
-            f"{who} transformers' GenerationMixin.generate inside the training {step_word(worst)}: {ms:.1f} ms of the "
-            f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on rank {worst.rank}"
-            + (f" (found on {ranks_text(hit)})" if len(hit) > 1 else "")
-            + ". It runs one forward pass of the whole model per generated token, without gradients (counted in "
-            "forward above); on a device, small kernels issued one token after another." + _some_steps(worst, gen.ms)
-        ),
-        fix=_TRL_FIX if trl else _FIX,
-        ranks=[r.rank for r in hit],
+    caller = found[2].caller
+    trl = caller is not None and (frame_parts(caller) or ("", ""))[0].startswith("trl/")
+    return _told(
+        "generation", found, "Generating text", "transformers' generate",
+        f"{f'{frame_label(caller)} calls' if caller else 'The loop calls'} transformers' GenerationMixin.generate",
+        "It runs one forward pass of the whole model per generated token, without gradients (counted in forward "
+        "above); on a device, small kernels issued one token after another.",
+        _TRL_PERIOD, _TRL_FIX if trl else _FIX,
     )
 
 
@@ -194,38 +218,17 @@ def rollout(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Finding | N
     found = _hit(ranks, "env")
     if found is None:
         return None
-    hit, worst, gen, ms = found
-    where = f"stable-baselines3's {frame_label(gen.caller)}" if gen.caller else "stable-baselines3's collect_rollouts"
-    return make_finding(
-        "rollout",
-        worst,
-        ms,
-        title=f"Collecting rollouts takes {ms / (worst.mean_step_ms or ms):.0%} of the {step_word(worst)}: stable-baselines3's collect_rollouts",
-        evidence=(
-            f"{where} steps the environments inside the training {step_word(worst)}: {ms:.1f} ms of the "
-            f"{worst.mean_step_ms or 0:.1f} ms {step_word(worst)} on rank {worst.rank}"
-            + (f" (found on {ranks_text(hit)})" if len(hit) > 1 else "")
-            + ". It runs the policy's forward once per environment step, without gradients (counted in forward above), "
-            "and the environments' own step between." + _some_steps(worst, gen.ms, _SB3_PERIOD)
-        ),
-        fix=_SB3_FIX + (_SB3_DEVICE if worst.gpu is not None else ""),
-        ranks=[r.rank for r in hit],
+    worst, caller = found[1], found[2].caller
+    return _told(
+        "rollout", found, "Collecting rollouts", "stable-baselines3's collect_rollouts",
+        f"stable-baselines3's {frame_label(caller) if caller else 'collect_rollouts'} steps the environments",
+        "It runs the policy's forward once per environment step, without gradients (counted in forward above), and "
+        "the environments' own step between.",
+        _SB3_PERIOD, _SB3_FIX + (_SB3_DEVICE if worst.gpu is not None else ""),
     )
 
 
-_TRL_PERIOD = (
-    "a trainer that reuses its completions for several updates (TRL's num_iterations, or steps_per_generation above "
-    "gradient_accumulation_steps) generates every few steps, so the mean over whole periods is its cost; a window of "
-    "more steps measures it closer."
-)
-_SB3_PERIOD = (
-    "stable-baselines3 trains on each rollout for n_epochs passes of n_steps x n_envs / batch_size minibatches, one "
-    "optimizer step each, so one step in that many collects; the mean is its cost where the window spans whole "
-    "cycles (steps a multiple of that count) and overstates it in a shorter window."
-)
-
-
-def _some_steps(r: RankSummary, per_step: Sequence[float], period: str = _TRL_PERIOD) -> str:
+def _some_steps(r: RankSummary, per_step: Sequence[float], period: str) -> str:
     """Where only some steps hold the rollout: which, and why the mean still stands (``period``: the loop's rhythm).
     A trainer's rollout recurs by design (an evaluation's is not counted), so this is no one-off and the finding
     reads the mean."""
