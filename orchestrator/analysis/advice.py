@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from orchestrator.analysis.compile_finding import RECOMPILE_FIX, WARM_UP
 from orchestrator.analysis.finding_base import first_use_examples, ms_list, runtime_of
 from orchestrator.analysis.generation import GENERATION_REGION, ROLLOUT_REGION
 from orchestrator.analysis.loop_settings import Change, in_loop
@@ -312,16 +313,12 @@ def fix_for(cause: Cause, r: RankSummary, after: Cause | None = None) -> str:
         )
     if cause.kind == "compile" and paid_once(cause, r):
         return (
-            f"torch.compile compiles while the device idles ({figure}): a first call's cost (Dynamo traces the model, "
-            "Inductor generates and autotunes its kernels), not the loop's. Profile steps after it (a later window) to "
-            "judge the loop; a warm cache (TORCHINDUCTOR_CACHE_DIR kept between runs) shortens it."
+            f"torch.compile compiles while the device idles ({figure}): a first call's cost {WARM_UP}"
         )
     if cause.kind == "compile":
         return (
             f"torch.compile compiles again in {_steps_in(r, 'compile')} of {len(r.steps)} steps while the device idles "
-            f"({figure}): a new input shape or a failed guard recompiles. Mark the dimension that changes dynamic "
-            "(torch._dynamo.mark_dynamic(x, 0), or torch.compile(dynamic=True)), or pad inputs to a few fixed sizes; "
-            "TORCH_LOGS=recompiles says which guard failed."
+            f"({figure}): {RECOMPILE_FIX}"
         )
     if cause.kind == "launch_calls":
         return (

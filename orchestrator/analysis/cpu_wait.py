@@ -124,9 +124,11 @@ def oversubscribed(hit: Sequence[tuple[RankSummary, Waiting, float]]) -> bool:
     """Whether a rank of ``hit`` (:func:`shared_waits`) waited for a core CORES_SHARED_WARNING of its step beside what
     its stack samples put in the loop's own Python and in work before its batch: where a loop sleeps, reads files or
     waits on a socket of its own, its thread is off a CPU without waiting for a core, and its count of switches cannot
-    tell one long sleep from many preemptions."""
+    tell one long sleep from many preemptions. Nor in torch.compile's compiler: it waits for the C++ builds of its
+    own worker processes, which take the cores (a compiling step read 62-66% off a CPU, its fix no other job's)."""
     return any(
-        seen.off_cpu_ms - sum(s.python_ms + s.between_ms for s in r.steps) / len(r.steps) >= CORES_SHARED_WARNING * step_ms
+        seen.off_cpu_ms - sum(s.python_ms + s.between_ms + s.compile_ms for s in r.steps) / len(r.steps)
+        >= CORES_SHARED_WARNING * step_ms
         for r, seen, _ in hit if (step_ms := r.mean_step_ms or 0.0) > 0
     )
 

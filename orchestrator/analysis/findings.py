@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.analysis.accumulation import accumulation_sync
 from orchestrator.analysis.advice import round_trips
 from orchestrator.analysis.anomaly import anomaly_mode
+from orchestrator.analysis.compile_finding import compile_in_steps
 from orchestrator.analysis.cores_finding import cores_shared
 from orchestrator.analysis.data_fix import data_fix, data_where
 from orchestrator.analysis.device_findings import comm_exposed, gpu_bound, low_gpu_utilization
@@ -345,6 +346,7 @@ RULES: tuple[Callable[[Sequence[RankSummary], Sequence[Straggler]], Finding | No
     loader_restart,
     train_report,
     evaluation,
+    compile_in_steps,
     host_python,
     slow_link,
     dataloader_bound,

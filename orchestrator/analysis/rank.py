@@ -266,7 +266,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
     backward_anywhere = union(rules[5][1] + backward_elsewhere)
     op_starts = [s.ts for s in main if s.cat == "cpu_op"]
     reduced = Reductions(kinds.values(), main_kinds)  # what each step's backward passes all-reduce
-    seed_starts = [s.ts for s in main if s.name == "aten::random_"]  # a new DataLoader iterator's seed draw among them
+    seed_starts, compiling = [s.ts for s in main if s.name == "aten::random_"], compilations(main_kinds)  # a new iterator's seed draw
 
     kernel_us = dev.kernel_us_per_window(windows)
     group_ms, groups = dev.groups(windows)
@@ -314,7 +314,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
                 between_fetches=len(clip(rules[0][1], t0, fetch)) if fetch is not None else 0,
                 between_seeds=sum(t0 <= t < fetch for t in seed_starts) if fetch is not None else 0,
                 sync_calls=len(clip(sync_rule, t0, t1)),
-                report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000,
+                report_ms=total(clip(untraced[Untraced.TRAIN_REPORT], t0, t1)) / 1000, compile_ms=total(clip(compiling, t0, t1)) / 1000,
                 python_ms=total(python) / 1000,
                 copy_calls=len(clip(rules[3][1], t0, t1)), anomaly=anomaly[index],
                 backward=reduced.of(passes),
@@ -350,7 +350,7 @@ def analyze_rank(trace: RankTrace, *, top_n: int = TOP_N) -> RankSummary:
             data=training_data, sync=sync_rule, copy=rules[3][1], collective=rules[2][1],
             runtime=union(where(main_kinds, is_runtime)), busy=any_main_span, elsewhere=comm_elsewhere,
             steps=windows if step_spans else [], spans=main, skip=step_names | around, regions=with_loop(with_generation(regions, gen), param),
-            optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compilations(main_kinds),
+            optimizer=nested["optimizer"], capture=graph_captures(main_kinds), compile=compiling,
             frames=frames_or_samples(main_frames, timeline, gaps),  # samples stand in for stacks
         )
         idle, idle_rows = attribute(

@@ -133,6 +133,8 @@ class StepBreakdown(_Model):
         description="Of phases.other, from the step's batch on: the main thread running Python of the loop's own "
         "outside torch (a sample none of whose frames is torch's), running no op; stack samples only.",
     )
+    compile_ms: float = Field(default=0.0, description="The main thread's time in torch.compile's compiler (its "
+                              "'(dynamo_timed)' regions): Dynamo tracing, Inductor generating and building code.")
     gpu_busy_ms: float | None = None
     kernel_ms: float | None = None
     comm_kernel_ms: float | None = None

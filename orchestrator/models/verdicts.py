@@ -55,7 +55,7 @@ class Finding(_Model):
         "dataloader_bound", "host_sync", "htod_copy", "low_gpu_utilization", "gpu_bound", "comm_exposed", "straggler", "memory_peak",
         "optimizer_host", "slow_link", "imbalance", "loader_restart", "train_report", "host_python",
         "accumulation_sync", "gc_pause", "cores_shared", "anomaly_mode", "activation_recompute", "param_loop", "generation",
-        "rollout", "evaluation",
+        "rollout", "evaluation", "compile",
     ]
     severity: Literal["warning", "info"]
     max_saving_ms: float = Field(
