@@ -123,8 +123,8 @@ def add_tools(server: MCPServer, client: ClientSource, *, read_only: bool) -> No
         Of many ranks the slowest are listed (`ranks_total` says how many had points)."""
         with tool_errors():
             # The server's budget is every rank's points together: enough for HISTORY_RANKS ranks at max_points.
-            answer = client().history(target, run=run, span_s=span_s, ranks=ranks, max_points=max_points * HISTORY_RANKS)
-            return answer(convert.history_result(answer, max_points))
+            points = client().history(target, run=run, span_s=span_s, ranks=ranks, max_points=max_points * HISTORY_RANKS)
+            return answer(convert.history_result(points, max_points))
 
     def list_watches() -> Annotated[CallToolResult, WatchList]:
         """Every watch: its condition, state, what it observes now, and its last firings."""

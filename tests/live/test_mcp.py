@@ -133,6 +133,23 @@ def test_an_answer_over_the_cap_keeps_its_head_and_says_what_was_cut():
     assert cap(small) == small and cap(small).truncated is None
 
 
+def test_the_history_tool_answers_the_clients_points_per_rank():
+    # Before: the tool's local name for the client's answer hid the function that caps it ("Error executing tool
+    # history"), seen only by the live stdio test.
+    class _History:
+        def history(self, target: str, **_: Any) -> TargetHistory:
+            series = [RankSeries(rank=r, t=[1.0, 2.0], step=[1, 2], step_time_s=[0.1, 0.2]) for r in range(2)]
+            return TargetHistory(target=target, resolution_s=1.0, span_s=600.0, ranks=series)
+
+    async def go() -> Any:
+        async with Client(build_server(lambda: _History())) as c:
+            return await c.call_tool("history", {"target": "run"})
+
+    result = _run(go)
+    assert not result.is_error, result.content[0].text
+    assert [r["rank"] for r in result.structured_content["ranks"]] == [0, 1]
+
+
 def test_history_is_downsampled_to_max_points_per_rank_and_capped():
     n = 3600
     series = [
