@@ -19,8 +19,8 @@ from orchestrator.analysis.python_frames import sampled_spot
 from orchestrator.models.analysis import RankSummary, StepBreakdown
 
 __all__ = [
-    "BETWEEN_FRACTION", "MOSTLY", "RECURRING_FLOOR", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "periodic_text", "periodic_work",
-    "recurring_steps", "restarts_workers",
+    "BETWEEN_FRACTION", "MOSTLY", "RECURRING_FLOOR", "WORKER_LOADER", "between_note", "between_steps", "ends_epoch", "lifted", "periodic_text",
+    "periodic_work", "recurring_steps", "restarts_workers",
 ]
 
 # One step's work before its batch is told when it reaches this share of the other steps' median step time.
@@ -142,7 +142,7 @@ def between_note(ranks: Sequence[RankSummary]) -> str | None:
         return (
             f"{when.label(r)} spends {when.ms:.1f} ms on {ranks_text(alike)} before it fetches its batch (the other "
             f"{when.others} steps {when.others_ms:.1f} ms, median), outside the step's own phases (counted as 'other'): "
-            f"{periodic_text(r, when.step)}{_lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
+            f"{periodic_text(r, when.step)}{lifted(r)} Recurring every N steps, it costs {when.ms:.1f}/N ms a step."
         )
     many = [(r, hits) for r in ranks if (hits := recurring_steps(r))]
     if not many:
@@ -166,10 +166,11 @@ def between_note(ranks: Sequence[RankSummary]) -> str | None:
         f"steps {named}{f' (every {period} steps)' if period else ''} spend "
         f"{min(heads):.1f}-{max(heads):.1f} ms on {ranks_text(alike)} before they fetch their batch (the other "
         f"{len(rest)} steps {statistics.median(rest):.1f} ms, median), outside the steps' own phases (counted as "
-        f"'other'): {periodic_text(r, largest.step)}{_lifted(r)}{rate}"
+        f"'other'): {periodic_text(r, largest.step)}{lifted(r)}{rate}"
     )
 
 
-def _lifted(r: RankSummary) -> str:
+def lifted(r: RankSummary) -> str:
+    """' It lifts the mean step to X ms against a Y ms median.' where a few steps' cost does ('' where it does not)."""
     mean, median = r.mean_step_ms or 0.0, r.median_step_ms or 0.0
     return f" It lifts the mean step to {mean:.1f} ms against a {median:.1f} ms median." if mean > 1.1 * median else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.analysis.between import lifted
 from orchestrator.analysis.finding_base import make_finding, ranks_text, step_word
 from orchestrator.models.analysis import Finding, RankSummary, Straggler
 
@@ -54,14 +55,10 @@ def compile_in_steps(ranks: Sequence[RankSummary], _: Sequence[Straggler]) -> Fi
         + ". Its time is counted in the forward and backward it compiles above."
     )
     if once:
-        lifted = (
-            f" It lifts the mean {word} to {worst.mean_step_ms:.1f} ms against a {worst.median_step_ms:.1f} ms median."
-            if worst.median_step_ms and (worst.mean_step_ms or 0) > 1.1 * worst.median_step_ms else ""
-        )
         return make_finding(
             "compile", worst, 0.0, severity="info", ranks=[r.rank for r in hit],
             title=f"torch.compile compiles in {len(steps)} of the {len(worst.steps)} {word}s: warm-up",
-            evidence=evidence + lifted, fix=f"It is a first call's cost {WARM_UP}",
+            evidence=evidence + lifted(worst), fix=f"It is a first call's cost {WARM_UP}",
         )
     return make_finding(
         "compile", worst, ms, ranks=[r.rank for r in hit],

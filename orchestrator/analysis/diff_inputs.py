@@ -21,7 +21,7 @@ from orchestrator.models.agent_protocol import StorageSpec
 from orchestrator.models.analysis import Summary
 from orchestrator.models.profile import Manifest
 
-__all__ = ["load_folder", "load_stored", "parse_op_table"]
+__all__ = ["load_folder", "load_stored", "parse_op_table", "read_local"]
 
 
 def parse_op_table(text: str) -> list[OpRow]:
@@ -59,22 +59,26 @@ def _complete(tables: dict[int, list[OpRow]], summary: Summary) -> dict[int, lis
     return tables if tables and all(r.rank in tables for r in summary.ranks) else None
 
 
-def load_folder(path: Path, label: str | None = None) -> DiffInput:
-    """A downloaded profile folder, a folder of traces or one trace file (analysed now)."""
+def read_local(path: Path, label: str) -> tuple[Summary, Manifest | None]:
+    """The analysis of a downloaded profile folder (its manifest's summary), a folder of traces or one trace file
+    (analysed now), and the folder's manifest; refused, saying why, where no rank trace is analysable."""
     from orchestrator.analysis.front import analyze_folder
     from orchestrator.manifest import read_folder_manifest
 
-    path = Path(path)
-    label = label or str(path)
-    manifest = read_folder_manifest(path)
-    if manifest is not None and manifest.summary is not None:
-        summary = _summary_of(manifest, label)
-    else:
-        summary = analyze_folder(path)
+    manifest = read_folder_manifest(path) if path.is_dir() else None
+    summary = _summary_of(manifest, label) if manifest is not None and manifest.summary is not None else analyze_folder(path)
     if not summary.ranks:
         # Why each file was refused (cut short, not a trace, ...) is what the user can act on.
         reasons = [*summary.issues, *(f"{r.path.name}: {r.reason}" for r in summary.rejected)]
         raise InvalidRequestError(f"{label}: no analysable rank trace ({'; '.join(reasons) or 'none found'})")
+    return summary, manifest
+
+
+def load_folder(path: Path, label: str | None = None) -> DiffInput:
+    """A downloaded profile folder, a folder of traces or one trace file (analysed now), with its op tables."""
+    path = Path(path)
+    label = label or str(path)
+    summary, manifest = read_local(path, label)
     tables: dict[int, list[OpRow]] = {}
     for csv_file in sorted((path / "ops").glob("rank*.key_averages.csv")):
         rank = rank_in_name(csv_file.name)

@@ -19,9 +19,8 @@ from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from orchestrator.analysis.diff import diff_profiles
-from orchestrator.analysis.diff_inputs import load_folder
+from orchestrator.analysis.diff_inputs import load_folder, read_local
 from orchestrator.errors import InvalidRequestError
-from orchestrator.manifest import read_folder_manifest
 from orchestrator.mcp import convert
 from orchestrator.mcp.bounds import answer
 from orchestrator.mcp.results import Analysis, DiffResult
@@ -67,10 +66,8 @@ def add_local_tools(server: MCPServer) -> None:
         findings with their savings (evidence and the concrete fix), stragglers, per-rank step time and
         device idle by cause. Writes nothing; `profile_id` in the answer is the path read."""
         with tool_errors():
-            found = _existing(path)
-            side = load_folder(found, label=path)
-            manifest = read_folder_manifest(found) if found.is_dir() else None
-            return answer(convert.summary_analysis(side.summary, path, manifest))
+            summary, manifest = read_local(_existing(path), path)
+            return answer(convert.summary_analysis(summary, path, manifest))
 
     def diff_traces(
         before: Annotated[LocalPath, Field(description="The traces before the change (the baseline): a folder or a trace file here.")],
